@@ -1,0 +1,210 @@
+//! The [`Coordinator`] trait: everything workers agree on through a shared backend.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
+use tokio::sync::mpsc;
+
+use crate::{
+    ClaimOutcome, EventCursor, LifecycleEvent, LiveWorker, LockGuard, Owner, Permit, RateLimit,
+    Renewal, Result, WorkerCommand, WorkerMeta,
+};
+
+/// One process's handle on the fleet's shared coordination state.
+///
+/// A handle acts for at most one worker at a time: [`register`](Coordinator::register) binds
+/// it to a worker id and a fresh incarnation, and claims, renewals and command reads are made
+/// for that registration. Unregistered handles can still do the administrative calls (list
+/// workers, look up owners, publish events, send commands).
+///
+/// Every backend (in-memory, Redis) passes the same conformance suite in `botfleet-testkit`.
+#[async_trait]
+pub trait Coordinator: Send + Sync + std::fmt::Debug {
+    /// Registers `worker` with a fresh incarnation and makes it live for `lease`.
+    ///
+    /// Any earlier incarnation of the same worker id is replaced: its claims become void.
+    ///
+    /// # Errors
+    /// Backend failures; [`CoordError::InvalidArgument`](crate::CoordError) for a lease
+    /// outside 100 ms – 10 min.
+    async fn register(
+        &self,
+        worker: &WorkerId,
+        meta: &WorkerMeta,
+        lease: Duration,
+    ) -> Result<Incarnation>;
+
+    /// Extends this worker's liveness by one lease from now and records how many bots it runs.
+    ///
+    /// Answers [`Renewal::Lost`] if the liveness is gone or belongs to another incarnation;
+    /// the caller must stop its bots and register again.
+    ///
+    /// # Errors
+    /// [`CoordError::NotRegistered`](crate::CoordError) before `register`; backend failures.
+    async fn renew(&self, bots_held: u32) -> Result<Renewal>;
+
+    /// Ends this worker's liveness at once, so others see the departure without waiting for
+    /// the lease. Claims it still holds become free.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn unregister(&self) -> Result<()>;
+
+    /// The registration of this handle, if any.
+    fn registration(&self) -> Option<(WorkerId, Incarnation)>;
+
+    /// Every worker whose liveness is current, sorted by id.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn live_workers(&self) -> Result<Vec<LiveWorker>>;
+
+    /// A signal that fires (best effort, coalesced) when a worker registers or unregisters.
+    /// Expiries are not signalled: [`MemberWatch`](crate::MemberWatch) also polls.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn member_signal(&self) -> Result<mpsc::Receiver<()>>;
+
+    /// Claims `bot` for this worker.
+    ///
+    /// Granted when the bot is unowned, owned by a worker whose liveness is gone (or carries
+    /// another incarnation), owned by this very registration, or handed over to it. The fence
+    /// granted is above every fence granted for the bot before and above `min_fence` — pass
+    /// the store's highest accepted fence so fences never go back even if the backend lost
+    /// its data.
+    ///
+    /// # Errors
+    /// Backend failures; `NotRegistered` before `register`.
+    async fn claim(&self, bot: &BotId, min_fence: Fence) -> Result<ClaimOutcome>;
+
+    /// Gives up `bot` if this worker holds it under `fence`. Answers whether it did.
+    ///
+    /// # Errors
+    /// Backend failures; `NotRegistered` before `register`.
+    async fn release(&self, bot: &BotId, fence: Fence) -> Result<bool>;
+
+    /// Hands `bot` (held under `fence`) to `to` and sends `to` a
+    /// [`WorkerCommand::Take`]: while `to` is live, nobody else may claim the bot; `to` claims
+    /// it with a new fence. If `to` is not live the bot is simply released. Answers whether
+    /// this worker held the bot under `fence`.
+    ///
+    /// # Errors
+    /// Backend failures; `NotRegistered` before `register`.
+    async fn hand_over(&self, bot: &BotId, fence: Fence, to: &WorkerId) -> Result<bool>;
+
+    /// Who holds `bot`, if anyone.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn owner(&self, bot: &BotId) -> Result<Option<Owner>>;
+
+    /// Appends a lifecycle event to the fleet's event stream (trimmed to a bound).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn publish(&self, event: &LifecycleEvent) -> Result<EventCursor>;
+
+    /// The cursor of the newest event: read after it to see only what comes next. Take it
+    /// *before* the first claim pass, so nothing published during the pass is missed.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn events_head(&self) -> Result<EventCursor>;
+
+    /// Up to `max` events after `after`, oldest first; waits up to `wait` for the first one.
+    /// Events that were trimmed away are skipped (the caller re-reads the registry then).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn read_events(
+        &self,
+        after: &EventCursor,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<(EventCursor, LifecycleEvent)>>;
+
+    /// Queues `command` for worker `to`. Queued commands of a worker that never reads them
+    /// expire after a while.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn send_command(&self, to: &WorkerId, command: &WorkerCommand) -> Result<()>;
+
+    /// Up to `max` commands queued for this worker, in order; waits up to `wait` for one.
+    ///
+    /// # Errors
+    /// Backend failures; `NotRegistered` before `register`.
+    async fn recv_commands(&self, max: usize, wait: Duration) -> Result<Vec<WorkerCommand>>;
+
+    /// Takes a token from the fleet-wide bucket `key` (e.g. `connect:telegram`), or says how
+    /// long to wait for one.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn acquire_rate(&self, key: &str, limit: RateLimit) -> Result<Permit>;
+
+    /// Leads the singleton job `name` for `ttl`: answers the lock's fence while this handle
+    /// leads (calling again renews), `None` while another does.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn try_lead(&self, name: &str, ttl: Duration) -> Result<Option<Fence>>;
+
+    /// Takes the lock `key` for `ttl` if nobody holds it, with a fresh token and a fence
+    /// above every fence granted for `key` before.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn acquire_lock_fenced(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>>;
+
+    /// Extends a held lock; answers false if it was lost.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn renew_lock(&self, guard: &LockGuard, ttl: Duration) -> Result<bool>;
+
+    /// Releases a held lock; only the holder's token does. Answers whether it did.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn release_lock(&self, guard: &LockGuard) -> Result<bool>;
+}
+
+/// Checks a lease or TTL against the accepted range.
+pub(crate) fn check_ttl(what: &str, d: Duration) -> Result<u64> {
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if !(100..=600_000).contains(&ms) {
+        return Err(crate::CoordError::InvalidArgument(format!(
+            "{what} must be between 100 ms and 10 min, got {ms} ms"
+        )));
+    }
+    Ok(ms)
+}
+
+/// Checks a rate-limiter or lock key: 1–200 bytes, no white space or braces.
+pub(crate) fn check_key(what: &str, key: &str) -> Result<()> {
+    if key.is_empty()
+        || key.len() > 200
+        || key
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '{' || c == '}')
+    {
+        return Err(crate::CoordError::InvalidArgument(format!(
+            "{what} must be 1-200 bytes without white space or braces"
+        )));
+    }
+    Ok(())
+}
+
+/// A fresh random nonce, 16 hex characters.
+pub(crate) fn nonce() -> String {
+    let mut b = [0u8; 8];
+    // getrandom only fails on platforms without an entropy source; fall back to time and pid.
+    if getrandom::fill(&mut b).is_err() {
+        let t = botfleet_core::unix_ms() as u64 ^ (u64::from(std::process::id()) << 32);
+        b = t.to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,78 @@
+//! Errors of coordination.
+
+use std::time::Duration;
+
+/// What kind of failure a coordinator call met; match on it, the source is kept.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    /// The Redis URL does not parse or names an unsupported scheme.
+    #[error("invalid Redis URL: {reason}")]
+    InvalidUrl {
+        /// What is wrong; never contains the URL's password.
+        reason: String,
+    },
+    /// Redis did not answer in time or refused the connection.
+    #[error("Redis unreachable ({what})")]
+    Unreachable {
+        /// What was attempted.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: Option<redis::RedisError>,
+    },
+    /// Redis answered with an error.
+    #[error("Redis error during {what}")]
+    Redis {
+        /// What was attempted.
+        what: &'static str,
+        /// The underlying error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Redis answered something this version does not understand (another program wrote the
+    /// keys, or versions mix).
+    #[error("unexpected reply during {what}: {detail}")]
+    Protocol {
+        /// What was attempted.
+        what: &'static str,
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// The worker has not registered (or was told its liveness is lost): register first.
+    #[error("this worker is not registered")]
+    NotRegistered,
+    /// The caller gave a value out of its range.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The call did not finish within its deadline.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+impl CoordError {
+    pub(crate) fn redis(what: &'static str, source: redis::RedisError) -> Self {
+        if source.is_io_error()
+            || source.is_timeout()
+            || source.is_connection_dropped()
+            || source.is_connection_refusal()
+        {
+            CoordError::Unreachable {
+                what: what.to_owned(),
+                source: Some(source),
+            }
+        } else {
+            CoordError::Redis { what, source }
+        }
+    }
+
+    /// Whether retrying later may succeed (the backend was unreachable or slow).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            CoordError::Unreachable { .. } | CoordError::Timeout(_) | CoordError::Redis { .. }
+        )
+    }
+}
+
+/// Result of coordination calls.
+pub type Result<T, E = CoordError> = std::result::Result<T, E>;

@@ -1,0 +1,225 @@
+//! Keeping a worker's liveness, and fencing itself when it cannot.
+//!
+//! [`LeaseKeeper::start`] registers, then renews every `lease / 3`. It remembers `t_ok`, the
+//! monotonic time at which it *sent* the last renewal that succeeded: the liveness is good in
+//! the backend until at least `t_ok + lease`. [`LeaseHandle::check`] answers whether acting
+//! now is safe (`now < t_ok + 2/3 · lease`), and [`LeaseHandle::lost`] resolves as soon as it
+//! is not, so the worker stops its bots *before* anyone else can claim them. A process frozen
+//! by SIGSTOP wakes with the monotonic clock far ahead, so it acts on nothing it held before.
+
+use std::{
+    sync::{
+        atomic::{AtomicU32, AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use botfleet_core::{Clock, Incarnation, WorkerId};
+use tokio::{sync::watch, task::JoinHandle};
+use tracing::{info, warn};
+
+use crate::{Coordinator, Renewal, Result, WorkerMeta};
+
+/// Why a lease is no longer good.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseLost {
+    /// No renewal succeeded for 2/3 of the lease (backend unreachable, or this process was
+    /// stalled). The liveness may still exist, but acting on it is no longer safe.
+    #[error("lease not renewed for {0} ms")]
+    Expired(u64),
+    /// The backend says the liveness is gone or belongs to another incarnation.
+    #[error("liveness lost in the coordinator")]
+    Revoked,
+    /// The keeper was stopped (shutdown).
+    #[error("lease keeper stopped")]
+    Stopped,
+}
+
+#[derive(Debug)]
+struct Shared {
+    clock: Arc<dyn Clock>,
+    lease_ms: u64,
+    /// Monotonic ms at which the last successful renewal was sent; `u64::MAX` once revoked.
+    t_ok: AtomicU64,
+    bots_held: AtomicU32,
+}
+
+impl Shared {
+    fn check(&self) -> Result<(), LeaseLost> {
+        let t_ok = self.t_ok.load(Ordering::SeqCst);
+        if t_ok == u64::MAX {
+            return Err(LeaseLost::Revoked);
+        }
+        let age = self.clock.now_ms().saturating_sub(t_ok);
+        if age >= self.lease_ms * 2 / 3 {
+            return Err(LeaseLost::Expired(age));
+        }
+        Ok(())
+    }
+}
+
+/// A cheap, cloneable view of a running [`LeaseKeeper`].
+#[derive(Clone, Debug)]
+pub struct LeaseHandle {
+    shared: Arc<Shared>,
+    changed: watch::Receiver<u64>,
+    worker: WorkerId,
+    incarnation: Incarnation,
+}
+
+impl LeaseHandle {
+    /// Whether acting now is safe. Call it before every act others can observe: handling an
+    /// update, sending a reply, advancing a cursor, polling again.
+    ///
+    /// # Errors
+    /// [`LeaseLost`] says why not.
+    pub fn check(&self) -> Result<(), LeaseLost> {
+        self.shared.check()
+    }
+
+    /// Resolves when the lease is no longer safe to act on (see [`LeaseHandle::check`]); at
+    /// once if it already is not.
+    pub async fn lost(&mut self) -> LeaseLost {
+        loop {
+            if let Err(e) = self.shared.check() {
+                return e;
+            }
+            let t_ok = self.shared.t_ok.load(Ordering::SeqCst);
+            let stop_at = t_ok.saturating_add(self.shared.lease_ms * 2 / 3);
+            let wait = stop_at.saturating_sub(self.shared.clock.now_ms());
+            tokio::select! {
+                r = self.changed.changed() => if r.is_err() {
+                    // Keeper gone: re-check once, then report it stopped.
+                    return self.shared.check().err().unwrap_or(LeaseLost::Stopped);
+                },
+                () = tokio::time::sleep(Duration::from_millis(wait)) => {}
+            }
+        }
+    }
+
+    /// Sets the bot count reported on the next renewal.
+    pub fn set_bots_held(&self, n: u32) {
+        self.shared.bots_held.store(n, Ordering::Relaxed);
+    }
+
+    /// The worker id.
+    pub fn worker(&self) -> &WorkerId {
+        &self.worker
+    }
+
+    /// The incarnation this lease belongs to.
+    pub fn incarnation(&self) -> &Incarnation {
+        &self.incarnation
+    }
+}
+
+/// Registers a worker and renews its liveness in a background task.
+///
+/// The task is owned by the keeper: [`LeaseKeeper::stop`] (or dropping the keeper) ends it.
+#[derive(Debug)]
+pub struct LeaseKeeper {
+    handle: LeaseHandle,
+    task: JoinHandle<()>,
+}
+
+impl LeaseKeeper {
+    /// Registers `worker` on `coord` and starts renewing every `lease / 3`.
+    ///
+    /// # Errors
+    /// Registration failures (backend unreachable, lease out of range).
+    pub async fn start(
+        coord: Arc<dyn Coordinator>,
+        clock: Arc<dyn Clock>,
+        worker: WorkerId,
+        meta: WorkerMeta,
+        lease: Duration,
+    ) -> Result<Self> {
+        let t_send = clock.now_ms();
+        let incarnation = coord.register(&worker, &meta, lease).await?;
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        let shared = Arc::new(Shared {
+            clock,
+            lease_ms,
+            t_ok: AtomicU64::new(t_send),
+            bots_held: AtomicU32::new(meta.bots_held),
+        });
+        let (tx, rx) = watch::channel(t_send);
+        let task = tokio::spawn(renew_loop(coord, shared.clone(), tx, worker.clone()));
+        Ok(Self {
+            handle: LeaseHandle {
+                shared,
+                changed: rx,
+                worker,
+                incarnation,
+            },
+            task,
+        })
+    }
+
+    /// A handle to check and watch the lease.
+    pub fn handle(&self) -> LeaseHandle {
+        self.handle.clone()
+    }
+
+    /// Stops renewing (the liveness then ends by unregistering or by expiry).
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn renew_loop(
+    coord: Arc<dyn Coordinator>,
+    shared: Arc<Shared>,
+    tx: watch::Sender<u64>,
+    worker: WorkerId,
+) {
+    let period = Duration::from_millis((shared.lease_ms / 3).max(1));
+    // After a failure, try again sooner, but not in a tight loop.
+    let retry = Duration::from_millis((shared.lease_ms / 10).clamp(20, 1000));
+    let mut next = period;
+    loop {
+        tokio::time::sleep(next).await;
+        let t_send = shared.clock.now_ms();
+        // A renewal that takes longer than the lease is useless: its answer would be stale.
+        let answer = tokio::time::timeout(
+            Duration::from_millis(shared.lease_ms / 3),
+            coord.renew(shared.bots_held.load(Ordering::Relaxed)),
+        )
+        .await;
+        match answer {
+            Ok(Ok(Renewal::Renewed)) => {
+                if shared.t_ok.load(Ordering::SeqCst) != u64::MAX {
+                    shared.t_ok.store(t_send, Ordering::SeqCst);
+                    let _ = tx.send(t_send);
+                }
+                next = period;
+            }
+            Ok(Ok(Renewal::Lost)) => {
+                warn!(%worker, "liveness lost in the coordinator; stopping bots");
+                shared.t_ok.store(u64::MAX, Ordering::SeqCst);
+                let _ = tx.send(u64::MAX);
+                return;
+            }
+            Ok(Err(e)) => {
+                warn!(%worker, error = %e, "lease renewal failed; retrying");
+                next = retry;
+            }
+            Err(_) => {
+                warn!(%worker, "lease renewal timed out; retrying");
+                next = retry;
+            }
+        }
+        if shared.check().is_err() {
+            // Wake watchers so they notice the expiry even though nothing was renewed.
+            let _ = tx.send(shared.t_ok.load(Ordering::SeqCst));
+            info!(%worker, "lease no longer safe to act on");
+        }
+    }
+}

@@ -1,0 +1,563 @@
+//! The in-memory backend: a hub shared by several coordinators in one process.
+//!
+//! It is the embedded default (one process, no Redis) and the test double, and it runs the
+//! same protocol as the Redis backend: liveness with deadlines, fenced claims, hand-over
+//! records. Time comes from an injected [`Clock`], so a simulation can drive it step by step.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use botfleet_core::{BotId, Clock, Fence, Incarnation, SystemClock, WorkerId};
+use tokio::sync::{mpsc, Notify};
+
+use crate::{
+    coordinator::{check_key, check_ttl, nonce},
+    ClaimOutcome, CoordError, Coordinator, EventCursor, LifecycleEvent, LiveWorker, LockGuard,
+    Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+};
+
+/// How many lifecycle events the hub keeps.
+const MAX_EVENTS: usize = 10_000;
+/// How many commands a worker's queue keeps.
+const MAX_COMMANDS: usize = 10_000;
+
+#[derive(Debug)]
+struct Member {
+    incarnation: Incarnation,
+    meta: WorkerMeta,
+    lease_ms: u64,
+    renewed_at_ms: u64,
+    deadline_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+struct OwnerRec {
+    worker: WorkerId,
+    incarnation: Incarnation,
+    fence: Fence,
+    handed_over: bool,
+}
+
+#[derive(Debug)]
+struct Lock {
+    token: String,
+    fence: Fence,
+    deadline_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    members: HashMap<WorkerId, Member>,
+    owners: HashMap<BotId, OwnerRec>,
+    fence_counters: HashMap<BotId, u64>,
+    events: VecDeque<(EventCursor, LifecycleEvent)>,
+    next_event: u64,
+    commands: HashMap<WorkerId, VecDeque<WorkerCommand>>,
+    buckets: HashMap<String, (f64, u64)>,
+    locks: HashMap<String, Lock>,
+    lock_counters: HashMap<String, u64>,
+    member_signals: Vec<mpsc::Sender<()>>,
+    /// Handles made unusable by [`MemoryHub::crash`].
+    crashed: Vec<u64>,
+}
+
+impl State {
+    fn is_live(&self, worker: &WorkerId, inc: &Incarnation, now: u64) -> bool {
+        self.members
+            .get(worker)
+            .is_some_and(|m| &m.incarnation == inc && m.deadline_ms > now)
+    }
+
+    fn signal_members(&mut self) {
+        self.member_signals
+            .retain(|tx| !matches!(tx.try_send(()), Err(mpsc::error::TrySendError::Closed(_))));
+    }
+}
+
+#[derive(Debug)]
+struct Hub {
+    // std Mutex: never held across .await; every critical section is a few map operations.
+    state: Mutex<State>,
+    clock: Arc<dyn Clock>,
+    /// Wakes blocked event and command readers.
+    wake: Notify,
+}
+
+/// A hub of shared coordination state; [`MemoryHub::coordinator`] makes handles on it.
+///
+/// Cloning the hub shares it.
+#[derive(Debug, Clone)]
+pub struct MemoryHub {
+    hub: Arc<Hub>,
+}
+
+impl Default for MemoryHub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryHub {
+    /// A hub on the process's monotonic clock.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock::new()))
+    }
+
+    /// A hub on the given clock (e.g. a [`ManualClock`](botfleet_core::ManualClock)).
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            hub: Arc::new(Hub {
+                state: Mutex::new(State::default()),
+                clock,
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    /// A new, unregistered handle on the hub.
+    pub fn coordinator(&self) -> MemoryCoordinator {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        MemoryCoordinator {
+            hub: self.hub.clone(),
+            handle_id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            reg: Arc::new(Mutex::new(None)),
+            lead_token: nonce(),
+        }
+    }
+
+    /// Simulates the process behind `handle` dying: the handle answers every later call with
+    /// an error, and its liveness stays until its deadline passes, as a crashed worker's
+    /// Redis key would.
+    pub fn crash(&self, handle: &MemoryCoordinator) {
+        lock(&self.hub.state).crashed.push(handle.handle_id);
+        self.hub.wake.notify_waiters();
+    }
+
+    /// Simulates losing every piece of state (a Redis restart without persistence).
+    pub fn wipe(&self) {
+        let mut st = lock(&self.hub.state);
+        let signals = std::mem::take(&mut st.member_signals);
+        let crashed = std::mem::take(&mut st.crashed);
+        *st = State {
+            member_signals: signals,
+            crashed,
+            ..State::default()
+        };
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic while holding the lock leaves maps in a consistent state (every section does its
+    // checks before it writes), so a poisoned lock is still safe to use.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A handle on a [`MemoryHub`]; see [`Coordinator`].
+#[derive(Debug, Clone)]
+pub struct MemoryCoordinator {
+    hub: Arc<Hub>,
+    handle_id: u64,
+    reg: Arc<Mutex<Option<(WorkerId, Incarnation)>>>,
+    lead_token: String,
+}
+
+impl MemoryCoordinator {
+    fn state(&self) -> Result<MutexGuard<'_, State>> {
+        let st = lock(&self.hub.state);
+        if st.crashed.contains(&self.handle_id) {
+            return Err(CoordError::Unreachable {
+                what: "memory hub (handle crashed)".into(),
+                source: None,
+            });
+        }
+        Ok(st)
+    }
+
+    fn now(&self) -> u64 {
+        self.hub.clock.now_ms()
+    }
+
+    fn me(&self) -> Result<(WorkerId, Incarnation)> {
+        self.reg
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(CoordError::NotRegistered)
+    }
+
+    /// Waits until `f` yields something or `wait` passes; `f` runs under the state lock.
+    async fn wait_for<T>(
+        &self,
+        wait: Duration,
+        mut f: impl FnMut(&mut State) -> Option<T> + Send,
+    ) -> Result<Option<T>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.hub.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(v) = f(&mut *self.state()?) {
+                return Ok(Some(v));
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(f(&mut *self.state()?));
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Coordinator for MemoryCoordinator {
+    async fn register(
+        &self,
+        worker: &WorkerId,
+        meta: &WorkerMeta,
+        lease: Duration,
+    ) -> Result<Incarnation> {
+        let lease_ms = check_ttl("lease", lease)?;
+        let inc = Incarnation::from_nonce(nonce());
+        let now = self.now();
+        let mut st = self.state()?;
+        st.members.insert(
+            worker.clone(),
+            Member {
+                incarnation: inc.clone(),
+                meta: meta.clone(),
+                lease_ms,
+                renewed_at_ms: now,
+                deadline_ms: now + lease_ms,
+            },
+        );
+        st.signal_members();
+        drop(st);
+        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some((worker.clone(), inc.clone()));
+        Ok(inc)
+    }
+
+    async fn renew(&self, bots_held: u32) -> Result<Renewal> {
+        let (w, inc) = self.me()?;
+        let now = self.now();
+        let mut st = self.state()?;
+        match st.members.get_mut(&w) {
+            Some(m) if m.incarnation == inc && m.deadline_ms > now => {
+                m.deadline_ms = now + m.lease_ms;
+                m.renewed_at_ms = now;
+                m.meta.bots_held = bots_held;
+                Ok(Renewal::Renewed)
+            }
+            _ => Ok(Renewal::Lost),
+        }
+    }
+
+    async fn unregister(&self) -> Result<()> {
+        let Ok((w, inc)) = self.me() else {
+            return Ok(());
+        };
+        let mut st = self.state()?;
+        if st.members.get(&w).is_some_and(|m| m.incarnation == inc) {
+            st.members.remove(&w);
+            st.signal_members();
+        }
+        drop(st);
+        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
+    }
+
+    fn registration(&self) -> Option<(WorkerId, Incarnation)> {
+        self.me().ok()
+    }
+
+    async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
+        let now = self.now();
+        let st = self.state()?;
+        let mut out: Vec<LiveWorker> = st
+            .members
+            .iter()
+            .filter(|(_, m)| m.deadline_ms > now)
+            .map(|(id, m)| LiveWorker {
+                id: id.clone(),
+                incarnation: m.incarnation.clone(),
+                meta: m.meta.clone(),
+                heartbeat_age_ms: now.saturating_sub(m.renewed_at_ms),
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn member_signal(&self) -> Result<mpsc::Receiver<()>> {
+        let (tx, rx) = mpsc::channel(1);
+        self.state()?.member_signals.push(tx);
+        Ok(rx)
+    }
+
+    async fn claim(&self, bot: &BotId, min_fence: Fence) -> Result<ClaimOutcome> {
+        let (w, inc) = self.me()?;
+        let now = self.now();
+        let mut st = self.state()?;
+        if !st.is_live(&w, &inc, now) {
+            return Ok(ClaimOutcome::NotLive);
+        }
+        if let Some(o) = st.owners.get(bot) {
+            let ours = o.worker == w && o.incarnation == inc;
+            if !ours && st.is_live(&o.worker, &o.incarnation, now) {
+                return Ok(ClaimOutcome::Held(Owner {
+                    worker: o.worker.clone(),
+                    incarnation: o.incarnation.clone(),
+                    fence: o.fence,
+                    live: true,
+                    handed_over: o.handed_over,
+                }));
+            }
+        }
+        let counter = st.fence_counters.entry(bot.clone()).or_default();
+        *counter = (*counter).max(min_fence.0) + 1;
+        let fence = Fence(*counter);
+        st.owners.insert(
+            bot.clone(),
+            OwnerRec {
+                worker: w,
+                incarnation: inc,
+                fence,
+                handed_over: false,
+            },
+        );
+        Ok(ClaimOutcome::Granted(fence))
+    }
+
+    async fn release(&self, bot: &BotId, fence: Fence) -> Result<bool> {
+        let (w, _) = self.me()?;
+        let mut st = self.state()?;
+        match st.owners.get(bot) {
+            Some(o) if o.worker == w && o.fence == fence => {
+                st.owners.remove(bot);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn hand_over(&self, bot: &BotId, fence: Fence, to: &WorkerId) -> Result<bool> {
+        let (w, _) = self.me()?;
+        let now = self.now();
+        let mut st = self.state()?;
+        match st.owners.get(bot) {
+            Some(o) if o.worker == w && o.fence == fence && !o.handed_over => {}
+            _ => return Ok(false),
+        }
+        let target = st
+            .members
+            .get(to)
+            .filter(|m| m.deadline_ms > now)
+            .map(|m| m.incarnation.clone());
+        match target {
+            Some(target_inc) => {
+                st.owners.insert(
+                    bot.clone(),
+                    OwnerRec {
+                        worker: to.clone(),
+                        incarnation: target_inc,
+                        fence,
+                        handed_over: true,
+                    },
+                );
+                let q = st.commands.entry(to.clone()).or_default();
+                q.push_back(WorkerCommand::Take {
+                    bot: bot.clone(),
+                    from: w,
+                });
+                while q.len() > MAX_COMMANDS {
+                    q.pop_front();
+                }
+                drop(st);
+                self.hub.wake.notify_waiters();
+            }
+            None => {
+                st.owners.remove(bot);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn owner(&self, bot: &BotId) -> Result<Option<Owner>> {
+        let now = self.now();
+        let st = self.state()?;
+        Ok(st.owners.get(bot).map(|o| Owner {
+            worker: o.worker.clone(),
+            incarnation: o.incarnation.clone(),
+            fence: o.fence,
+            live: st.is_live(&o.worker, &o.incarnation, now),
+            handed_over: o.handed_over,
+        }))
+    }
+
+    async fn publish(&self, event: &LifecycleEvent) -> Result<EventCursor> {
+        let mut st = self.state()?;
+        st.next_event += 1;
+        let cursor = EventCursor {
+            ms: 0,
+            seq: st.next_event,
+        };
+        st.events.push_back((cursor.clone(), event.clone()));
+        while st.events.len() > MAX_EVENTS {
+            st.events.pop_front();
+        }
+        drop(st);
+        self.hub.wake.notify_waiters();
+        Ok(cursor)
+    }
+
+    async fn events_head(&self) -> Result<EventCursor> {
+        let st = self.state()?;
+        Ok(EventCursor {
+            ms: 0,
+            seq: st.next_event,
+        })
+    }
+
+    async fn read_events(
+        &self,
+        after: &EventCursor,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<(EventCursor, LifecycleEvent)>> {
+        let max = max.max(1);
+        let got = self
+            .wait_for(wait, |st| {
+                let v: Vec<_> = st
+                    .events
+                    .iter()
+                    .filter(|(c, _)| c > after)
+                    .take(max)
+                    .cloned()
+                    .collect();
+                (!v.is_empty()).then_some(v)
+            })
+            .await?;
+        Ok(got.unwrap_or_default())
+    }
+
+    async fn send_command(&self, to: &WorkerId, command: &WorkerCommand) -> Result<()> {
+        let mut st = self.state()?;
+        let q = st.commands.entry(to.clone()).or_default();
+        q.push_back(command.clone());
+        while q.len() > MAX_COMMANDS {
+            q.pop_front();
+        }
+        drop(st);
+        self.hub.wake.notify_waiters();
+        Ok(())
+    }
+
+    async fn recv_commands(&self, max: usize, wait: Duration) -> Result<Vec<WorkerCommand>> {
+        let (w, _) = self.me()?;
+        let max = max.max(1);
+        let got = self
+            .wait_for(wait, |st| {
+                let q = st.commands.get_mut(&w)?;
+                let n = q.len().min(max);
+                (n > 0).then(|| q.drain(..n).collect::<Vec<_>>())
+            })
+            .await?;
+        Ok(got.unwrap_or_default())
+    }
+
+    async fn acquire_rate(&self, key: &str, limit: RateLimit) -> Result<Permit> {
+        check_key("rate limiter key", key)?;
+        let now = self.now();
+        let mut st = self.state()?;
+        let burst = f64::from(limit.burst);
+        let per_ms = limit.per_second / 1000.0;
+        let (tokens, last) = st.buckets.entry(key.to_owned()).or_insert((burst, now));
+        *tokens = (*tokens + (now.saturating_sub(*last)) as f64 * per_ms).min(burst);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(Permit::Granted)
+        } else {
+            let wait_ms = ((1.0 - *tokens) / per_ms).ceil().max(1.0) as u64;
+            Ok(Permit::Wait(Duration::from_millis(wait_ms)))
+        }
+    }
+
+    async fn try_lead(&self, name: &str, ttl: Duration) -> Result<Option<Fence>> {
+        let key = format!("lead:{name}");
+        acquire(self, &key, &self.lead_token, ttl).map(|g| g.map(|g| g.fence))
+    }
+
+    async fn acquire_lock_fenced(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
+        acquire(self, &format!("lock:{key}"), &nonce(), ttl)
+    }
+
+    async fn renew_lock(&self, guard: &LockGuard, ttl: Duration) -> Result<bool> {
+        let ttl = check_ttl("lock ttl", ttl)?;
+        let now = self.now();
+        let mut st = self.state()?;
+        match st.locks.get_mut(&format!("lock:{}", guard.key)) {
+            Some(l) if l.token == guard.token && l.deadline_ms > now => {
+                l.deadline_ms = now + ttl;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release_lock(&self, guard: &LockGuard) -> Result<bool> {
+        let now = self.now();
+        let mut st = self.state()?;
+        let k = format!("lock:{}", guard.key);
+        match st.locks.get(&k) {
+            Some(l) if l.token == guard.token && l.deadline_ms > now => {
+                st.locks.remove(&k);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+fn acquire(
+    c: &MemoryCoordinator,
+    full_key: &str,
+    token: &str,
+    ttl: Duration,
+) -> Result<Option<LockGuard>> {
+    let name = full_key.split_once(':').map_or(full_key, |(_, k)| k);
+    check_key("lock key", name)?;
+    let ttl = check_ttl("lock ttl", ttl)?;
+    let now = c.now();
+    let mut st = c.state()?;
+    if let Some(l) = st.locks.get_mut(full_key) {
+        if l.deadline_ms > now {
+            if l.token == token {
+                l.deadline_ms = now + ttl;
+                return Ok(Some(LockGuard {
+                    key: name.to_owned(),
+                    token: token.to_owned(),
+                    fence: l.fence,
+                }));
+            }
+            return Ok(None);
+        }
+    }
+    let counter = st.lock_counters.entry(full_key.to_owned()).or_default();
+    *counter += 1;
+    let fence = Fence(*counter);
+    st.locks.insert(
+        full_key.to_owned(),
+        Lock {
+            token: token.to_owned(),
+            fence,
+            deadline_ms: now + ttl,
+        },
+    );
+    Ok(Some(LockGuard {
+        key: name.to_owned(),
+        token: token.to_owned(),
+        fence,
+    }))
+}

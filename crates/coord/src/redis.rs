@@ -1,0 +1,730 @@
+//! The Redis backend: one fleet's coordination state in one Redis (or one Cluster slot).
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
+use redis::{
+    aio::{ConnectionManager, ConnectionManagerConfig},
+    streams::{StreamRangeReply, StreamReadReply},
+    Script,
+};
+use tokio::sync::{mpsc, Mutex, OnceCell};
+use tracing::{debug, warn};
+
+use crate::{
+    coordinator::{check_key, check_ttl, nonce},
+    ClaimOutcome, CoordError, Coordinator, EventCursor, KeySpace, LifecycleEvent, LiveWorker,
+    LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+};
+
+/// Settings of a [`RedisCoordinator`].
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    url: String,
+    prefix: String,
+    /// How long one call may wait for Redis. Default 2 s.
+    pub response_timeout: Duration,
+    /// How long connecting may take. Default 2 s.
+    pub connect_timeout: Duration,
+    /// Lifecycle events kept in the stream (approximate trim). Default 10,000.
+    pub max_events: usize,
+    /// How long a worker's unread commands are kept. Default 10 min.
+    pub command_ttl: Duration,
+}
+
+impl RedisConfig {
+    /// Settings for the Redis at `url` (`redis://[:password@]host:port[/db]`), keys under
+    /// `prefix` (default `botfleet`).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: "botfleet".into(),
+            response_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            max_events: 10_000,
+            command_ttl: Duration::from_secs(600),
+        }
+    }
+
+    /// Keys under `prefix` instead of `botfleet`; see [`KeySpace`].
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+}
+
+struct Scripts {
+    register: Script,
+    renew: Script,
+    unregister: Script,
+    live: Script,
+    claim: Script,
+    release: Script,
+    hand_over: Script,
+    owner: Script,
+    rate: Script,
+    lock_acquire: Script,
+    lock_renew: Script,
+    lock_release: Script,
+}
+
+static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scripts {
+    register: Script::new(include_str!("lua/register.lua")),
+    renew: Script::new(include_str!("lua/renew.lua")),
+    unregister: Script::new(include_str!("lua/unregister.lua")),
+    live: Script::new(include_str!("lua/live.lua")),
+    claim: Script::new(include_str!("lua/claim.lua")),
+    release: Script::new(include_str!("lua/release.lua")),
+    hand_over: Script::new(include_str!("lua/hand_over.lua")),
+    owner: Script::new(include_str!("lua/owner.lua")),
+    rate: Script::new(include_str!("lua/rate.lua")),
+    lock_acquire: Script::new(include_str!("lua/lock_acquire.lua")),
+    lock_renew: Script::new(include_str!("lua/lock_renew.lua")),
+    lock_release: Script::new(include_str!("lua/lock_release.lua")),
+});
+
+#[derive(Debug, Clone)]
+struct Registration {
+    worker: WorkerId,
+    incarnation: Incarnation,
+    lease_ms: u64,
+    meta: crate::WorkerMeta,
+}
+
+/// A [`Coordinator`] on Redis. Cloning shares the connections and the registration.
+///
+/// Reconnects by itself after Redis restarts; calls made while Redis is away fail with
+/// [`CoordError::Unreachable`] within the response timeout.
+#[derive(Clone)]
+pub struct RedisCoordinator {
+    client: redis::Client,
+    conn: ConnectionManager,
+    /// A second connection for blocking reads (XREAD BLOCK, BLPOP), so they never hold up the
+    /// shared one; made on first use.
+    blocking: Arc<OnceCell<Mutex<ConnectionManager>>>,
+    ks: KeySpace,
+    config: Arc<RedisConfig>,
+    reg: Arc<std::sync::Mutex<Option<Registration>>>,
+    lead_token: String,
+}
+
+impl std::fmt::Debug for RedisCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold a password: show only the key space.
+        f.debug_struct("RedisCoordinator")
+            .field("keyspace", &self.ks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the URL's shape and returns a client, with errors that never echo a password.
+fn open_client(url: &str) -> Result<redis::Client> {
+    let scheme = url.split_once("://").map(|(s, _)| s);
+    match scheme {
+        Some("redis" | "redis+unix" | "unix") => {}
+        Some("rediss") => {
+            return Err(CoordError::InvalidUrl {
+                reason: "TLS (rediss://) is not built into this binary".into(),
+            })
+        }
+        Some(other) => {
+            return Err(CoordError::InvalidUrl {
+                reason: format!("unsupported scheme {other:?} (expected redis://)"),
+            })
+        }
+        None => {
+            return Err(CoordError::InvalidUrl {
+                reason: "expected redis://host:port[/db]".into(),
+            })
+        }
+    }
+    redis::Client::open(url).map_err(|e| CoordError::InvalidUrl {
+        reason: format!("does not parse ({:?})", e.kind()),
+    })
+}
+
+impl RedisCoordinator {
+    /// Connects to Redis.
+    ///
+    /// # Errors
+    /// [`CoordError::InvalidUrl`] for a malformed URL or prefix, [`CoordError::Unreachable`]
+    /// when Redis does not answer within the connect timeout.
+    pub async fn connect(config: RedisConfig) -> Result<Self> {
+        let ks = KeySpace::new(&config.prefix)?;
+        let client = open_client(&config.url)?;
+        let conn = connect_manager(&client, &config, Some(config.response_timeout)).await?;
+        Ok(Self {
+            client,
+            conn,
+            blocking: Arc::new(OnceCell::new()),
+            ks,
+            config: Arc::new(config),
+            reg: Arc::new(std::sync::Mutex::new(None)),
+            lead_token: nonce(),
+        })
+    }
+
+    /// The key space in use.
+    pub fn keyspace(&self) -> &KeySpace {
+        &self.ks
+    }
+
+    fn reg(&self) -> Result<Registration> {
+        self.reg
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(CoordError::NotRegistered)
+    }
+
+    async fn blocking_conn(&self) -> Result<&Mutex<ConnectionManager>> {
+        self.blocking
+            .get_or_try_init(|| async {
+                connect_manager(&self.client, &self.config, None)
+                    .await
+                    .map(Mutex::new)
+            })
+            .await
+    }
+
+    /// Runs a script with a deadline (the response timeout covers a script load + retry).
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        what: &'static str,
+        inv: redis::ScriptInvocation<'_>,
+    ) -> Result<T> {
+        let mut conn = self.conn.clone();
+        let deadline = self.config.response_timeout * 2;
+        match tokio::time::timeout(deadline, inv.invoke_async(&mut conn)).await {
+            Ok(r) => r.map_err(|e| CoordError::redis(what, e)),
+            Err(_) => Err(CoordError::Timeout(deadline)),
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, what: &'static str, cmd: &redis::Cmd) -> Result<T> {
+        let mut conn = self.conn.clone();
+        let deadline = self.config.response_timeout * 2;
+        match tokio::time::timeout(deadline, cmd.query_async(&mut conn)).await {
+            Ok(r) => r.map_err(|e| CoordError::redis(what, e)),
+            Err(_) => Err(CoordError::Timeout(deadline)),
+        }
+    }
+
+    fn membership_keys<'a, 's>(
+        &self,
+        inv: &'a mut redis::ScriptInvocation<'s>,
+    ) -> &'a mut redis::ScriptInvocation<'s> {
+        inv.key(self.ks.workers())
+            .key(self.ks.deadlines())
+            .key(self.ks.meta())
+            .key(self.ks.beats())
+    }
+}
+
+async fn connect_manager(
+    client: &redis::Client,
+    config: &RedisConfig,
+    response_timeout: Option<Duration>,
+) -> Result<ConnectionManager> {
+    let cfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(response_timeout)
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500));
+    match tokio::time::timeout(
+        config.connect_timeout * 2,
+        ConnectionManager::new_with_config(client.clone(), cfg),
+    )
+    .await
+    {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(CoordError::Unreachable {
+            what: "connect".into(),
+            source: Some(e),
+        }),
+        Err(_) => Err(CoordError::Unreachable {
+            what: format!("connect (no answer within {:?})", config.connect_timeout * 2),
+            source: None,
+        }),
+    }
+}
+
+fn parse_fence(what: &'static str, s: &str) -> Result<Fence> {
+    s.parse::<u64>().map(Fence).map_err(|_| CoordError::Protocol {
+        what,
+        detail: format!("fence {s:?} is not a number"),
+    })
+}
+
+fn parse_worker(what: &'static str, s: &str) -> Result<WorkerId> {
+    WorkerId::new(s).map_err(|e| CoordError::Protocol {
+        what,
+        detail: e.to_string(),
+    })
+}
+
+fn parse_cursor(what: &'static str, s: &str) -> Result<EventCursor> {
+    s.parse().map_err(|detail| CoordError::Protocol { what, detail })
+}
+
+fn meta_json(meta: &WorkerMeta) -> String {
+    // Serialising a plain struct of strings and integers cannot fail.
+    serde_json::to_string(meta).unwrap_or_else(|_| "{}".into())
+}
+
+#[async_trait]
+impl Coordinator for RedisCoordinator {
+    async fn register(
+        &self,
+        worker: &WorkerId,
+        meta: &WorkerMeta,
+        lease: Duration,
+    ) -> Result<Incarnation> {
+        let lease_ms = check_ttl("lease", lease)?;
+        let inc = Incarnation::from_nonce(nonce());
+        let mut inv = SCRIPTS.register.prepare_invoke();
+        self.membership_keys(&mut inv)
+            .arg(worker.as_str())
+            .arg(inc.as_str())
+            .arg(lease_ms)
+            .arg(meta_json(meta))
+            .arg(self.ks.members_channel());
+        let _now: i64 = self.run("register", inv).await?;
+        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some(Registration {
+            worker: worker.clone(),
+            incarnation: inc.clone(),
+            lease_ms,
+            meta: meta.clone(),
+        });
+        debug!(%worker, incarnation = %inc, lease_ms, "registered");
+        Ok(inc)
+    }
+
+    async fn renew(&self, bots_held: u32) -> Result<Renewal> {
+        let mut reg = self.reg()?;
+        reg.meta.bots_held = bots_held;
+        let mut inv = SCRIPTS.renew.prepare_invoke();
+        self.membership_keys(&mut inv)
+            .arg(reg.worker.as_str())
+            .arg(reg.incarnation.as_str())
+            .arg(reg.lease_ms)
+            .arg(meta_json(&reg.meta));
+        let ok: i64 = self.run("renew", inv).await?;
+        Ok(if ok == 1 {
+            Renewal::Renewed
+        } else {
+            Renewal::Lost
+        })
+    }
+
+    async fn unregister(&self) -> Result<()> {
+        let Ok(reg) = self.reg() else {
+            return Ok(());
+        };
+        let mut inv = SCRIPTS.unregister.prepare_invoke();
+        self.membership_keys(&mut inv)
+            .arg(reg.worker.as_str())
+            .arg(reg.incarnation.as_str())
+            .arg(self.ks.members_channel());
+        let _: i64 = self.run("unregister", inv).await?;
+        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
+    }
+
+    fn registration(&self) -> Option<(WorkerId, Incarnation)> {
+        self.reg().ok().map(|r| (r.worker, r.incarnation))
+    }
+
+    async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
+        let mut inv = SCRIPTS.live.prepare_invoke();
+        self.membership_keys(&mut inv);
+        let flat: Vec<String> = self.run("list workers", inv).await?;
+        let Some((now, rest)) = flat.split_first() else {
+            return Err(CoordError::Protocol {
+                what: "list workers",
+                detail: "empty reply".into(),
+            });
+        };
+        let now: u64 = now.parse().unwrap_or(0);
+        let mut out = Vec::with_capacity(rest.len() / 4);
+        for chunk in rest.chunks_exact(4) {
+            let Ok(id) = WorkerId::new(chunk[0].as_str()) else {
+                warn!(worker = %chunk[0].escape_debug(), "skipping a member with an invalid id");
+                continue;
+            };
+            let meta: WorkerMeta = match serde_json::from_str(&chunk[2]) {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(%id, error = %e, "member metadata unreadable; showing defaults");
+                    WorkerMeta {
+                        host: String::new(),
+                        capacity: 0,
+                        started_at_ms: 0,
+                        bots_held: 0,
+                    }
+                }
+            };
+            let beat: u64 = chunk[3].parse().unwrap_or(now);
+            out.push(LiveWorker {
+                id,
+                incarnation: Incarnation::from_nonce(chunk[1].clone()),
+                meta,
+                heartbeat_age_ms: now.saturating_sub(beat),
+            });
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn member_signal(&self) -> Result<mpsc::Receiver<()>> {
+        let (tx, rx) = mpsc::channel(1);
+        let client = self.client.clone();
+        let channel = self.ks.members_channel();
+        // Owned by the receiver: the task ends once the receiver is dropped.
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            while !tx.is_closed() {
+                let sub = async {
+                    let mut ps = client.get_async_pubsub().await?;
+                    ps.subscribe(&channel).await?;
+                    Ok::<_, redis::RedisError>(ps)
+                };
+                match tokio::time::timeout(Duration::from_secs(2), sub).await {
+                    Ok(Ok(ps)) => {
+                        let mut stream = ps.into_on_message();
+                        loop {
+                            tokio::select! {
+                                m = stream.next() => match m {
+                                    Some(_) => { let _ = tx.try_send(()); }
+                                    None => break,
+                                },
+                                () = tx.closed() => return,
+                            }
+                        }
+                        // The subscription broke (Redis restarted): membership may have changed.
+                        let _ = tx.try_send(());
+                    }
+                    Ok(Err(e)) => debug!(error = %e, "member signal: subscribe failed; retrying"),
+                    Err(_) => debug!("member signal: subscribe timed out; retrying"),
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn claim(&self, bot: &BotId, min_fence: Fence) -> Result<ClaimOutcome> {
+        let reg = self.reg()?;
+        let mut inv = SCRIPTS.claim.prepare_invoke();
+        inv.key(self.ks.workers())
+            .key(self.ks.deadlines())
+            .key(self.ks.owner(bot))
+            .key(self.ks.fence(bot))
+            .arg(reg.worker.as_str())
+            .arg(reg.incarnation.as_str())
+            .arg(min_fence.0);
+        let r: Vec<String> = self.run("claim", inv).await?;
+        match r.first().map(String::as_str) {
+            Some("granted") if r.len() == 2 => Ok(ClaimOutcome::Granted(parse_fence("claim", &r[1])?)),
+            Some("held") if r.len() == 5 => Ok(ClaimOutcome::Held(Owner {
+                worker: parse_worker("claim", &r[1])?,
+                incarnation: Incarnation::from_nonce(r[2].clone()),
+                fence: parse_fence("claim", &r[3])?,
+                live: true,
+                handed_over: r[4] == "1",
+            })),
+            Some("notlive") => Ok(ClaimOutcome::NotLive),
+            _ => Err(CoordError::Protocol {
+                what: "claim",
+                detail: format!("reply {r:?}"),
+            }),
+        }
+    }
+
+    async fn release(&self, bot: &BotId, fence: Fence) -> Result<bool> {
+        let reg = self.reg()?;
+        let mut inv = SCRIPTS.release.prepare_invoke();
+        inv.key(self.ks.owner(bot))
+            .arg(reg.worker.as_str())
+            .arg(fence.0);
+        let r: i64 = self.run("release", inv).await?;
+        Ok(r == 1)
+    }
+
+    async fn hand_over(&self, bot: &BotId, fence: Fence, to: &WorkerId) -> Result<bool> {
+        let reg = self.reg()?;
+        let cmd = WorkerCommand::Take {
+            bot: bot.clone(),
+            from: reg.worker.clone(),
+        };
+        let cmd = serde_json::to_string(&cmd).map_err(|e| CoordError::Protocol {
+            what: "hand over",
+            detail: e.to_string(),
+        })?;
+        let mut inv = SCRIPTS.hand_over.prepare_invoke();
+        inv.key(self.ks.workers())
+            .key(self.ks.deadlines())
+            .key(self.ks.owner(bot))
+            .key(self.ks.commands(to))
+            .arg(reg.worker.as_str())
+            .arg(fence.0)
+            .arg(to.as_str())
+            .arg(cmd)
+            .arg(u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000));
+        let r: i64 = self.run("hand over", inv).await?;
+        Ok(r != 0)
+    }
+
+    async fn owner(&self, bot: &BotId) -> Result<Option<Owner>> {
+        let mut inv = SCRIPTS.owner.prepare_invoke();
+        inv.key(self.ks.workers())
+            .key(self.ks.deadlines())
+            .key(self.ks.owner(bot));
+        let r: Vec<String> = self.run("owner", inv).await?;
+        if r.is_empty() {
+            return Ok(None);
+        }
+        if r.len() != 5 {
+            return Err(CoordError::Protocol {
+                what: "owner",
+                detail: format!("reply has {} fields", r.len()),
+            });
+        }
+        Ok(Some(Owner {
+            worker: parse_worker("owner", &r[0])?,
+            incarnation: Incarnation::from_nonce(r[1].clone()),
+            fence: parse_fence("owner", &r[2])?,
+            handed_over: r[3] == "1",
+            live: r[4] == "1",
+        }))
+    }
+
+    async fn publish(&self, event: &LifecycleEvent) -> Result<EventCursor> {
+        let json = serde_json::to_string(event).map_err(|e| CoordError::Protocol {
+            what: "publish",
+            detail: e.to_string(),
+        })?;
+        let id: String = self
+            .query(
+                "publish",
+                redis::cmd("XADD")
+                    .arg(self.ks.events())
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(self.config.max_events)
+                    .arg("*")
+                    .arg("e")
+                    .arg(json),
+            )
+            .await?;
+        parse_cursor("publish", &id)
+    }
+
+    async fn events_head(&self) -> Result<EventCursor> {
+        let r: StreamRangeReply = self
+            .query(
+                "events head",
+                redis::cmd("XREVRANGE")
+                    .arg(self.ks.events())
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1),
+            )
+            .await?;
+        match r.ids.first() {
+            Some(e) => parse_cursor("events head", &e.id),
+            None => Ok(EventCursor::START),
+        }
+    }
+
+    async fn read_events(
+        &self,
+        after: &EventCursor,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<(EventCursor, LifecycleEvent)>> {
+        let max = max.clamp(1, 10_000);
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut after = after.clone();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let mut cmd = redis::cmd("XREAD");
+            cmd.arg("COUNT").arg(max);
+            let block_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            if block_ms > 0 {
+                cmd.arg("BLOCK").arg(block_ms);
+            }
+            cmd.arg("STREAMS").arg(self.ks.events()).arg(after.to_string());
+            let reply: Option<StreamReadReply> = if block_ms > 0 {
+                let conn = self.blocking_conn().await?;
+                let mut conn = conn.lock().await;
+                let limit = left + self.config.response_timeout;
+                match tokio::time::timeout(limit, cmd.query_async(&mut *conn)).await {
+                    Ok(r) => r.map_err(|e| CoordError::redis("read events", e))?,
+                    Err(_) => return Err(CoordError::Timeout(limit)),
+                }
+            } else {
+                self.query("read events", &cmd).await?
+            };
+            let Some(reply) = reply else {
+                return Ok(Vec::new());
+            };
+            let mut out = Vec::new();
+            for entry in reply.keys.into_iter().flat_map(|k| k.ids) {
+                let cursor = parse_cursor("read events", &entry.id)?;
+                let event = entry
+                    .map
+                    .get("e")
+                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                    .and_then(|s| serde_json::from_str::<LifecycleEvent>(&s).ok());
+                match event {
+                    Some(ev) => out.push((cursor.clone(), ev)),
+                    None => warn!(event_id = %entry.id, "skipping an unreadable lifecycle event"),
+                }
+                after = cursor;
+            }
+            // Only unreadable entries: read on past them rather than returning an empty batch
+            // that would make the caller spin.
+            if !out.is_empty() || left.is_zero() {
+                return Ok(out);
+            }
+        }
+    }
+
+    async fn send_command(&self, to: &WorkerId, command: &WorkerCommand) -> Result<()> {
+        let json = serde_json::to_string(command).map_err(|e| CoordError::Protocol {
+            what: "send command",
+            detail: e.to_string(),
+        })?;
+        let key = self.ks.commands(to);
+        let ttl = u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("RPUSH")
+            .arg(&key)
+            .arg(json)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ttl)
+            .ignore();
+        let mut conn = self.conn.clone();
+        let deadline = self.config.response_timeout * 2;
+        match tokio::time::timeout(deadline, pipe.query_async::<()>(&mut conn)).await {
+            Ok(r) => r.map_err(|e| CoordError::redis("send command", e)),
+            Err(_) => Err(CoordError::Timeout(deadline)),
+        }
+    }
+
+    async fn recv_commands(&self, max: usize, wait: Duration) -> Result<Vec<WorkerCommand>> {
+        let reg = self.reg()?;
+        let key = self.ks.commands(&reg.worker);
+        let max = max.clamp(1, 10_000);
+        let mut raw: Vec<String> = self
+            .query("receive commands", redis::cmd("LPOP").arg(&key).arg(max))
+            .await
+            .map(|v: Option<Vec<String>>| v.unwrap_or_default())?;
+        if raw.is_empty() && !wait.is_zero() {
+            let conn = self.blocking_conn().await?;
+            let mut conn = conn.lock().await;
+            let limit = wait + self.config.response_timeout;
+            let got: Option<(String, String)> = match tokio::time::timeout(
+                limit,
+                redis::cmd("BLPOP")
+                    .arg(&key)
+                    .arg(wait.as_secs_f64())
+                    .query_async(&mut *conn),
+            )
+            .await
+            {
+                Ok(r) => r.map_err(|e| CoordError::redis("receive commands", e))?,
+                Err(_) => return Err(CoordError::Timeout(limit)),
+            };
+            raw.extend(got.map(|(_, v)| v));
+        }
+        Ok(raw
+            .into_iter()
+            .filter_map(|s| match serde_json::from_str(&s) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    warn!(error = %e, "skipping an unreadable worker command");
+                    None
+                }
+            })
+            .collect())
+    }
+
+    async fn acquire_rate(&self, key: &str, limit: RateLimit) -> Result<Permit> {
+        check_key("rate limiter key", key)?;
+        let mut inv = SCRIPTS.rate.prepare_invoke();
+        inv.key(self.ks.rate(key))
+            .arg(format!("{:.12}", limit.per_second / 1000.0))
+            .arg(limit.burst);
+        let wait: i64 = self.run("rate limit", inv).await?;
+        Ok(if wait <= 0 {
+            Permit::Granted
+        } else {
+            Permit::Wait(Duration::from_millis(wait.unsigned_abs()))
+        })
+    }
+
+    async fn try_lead(&self, name: &str, ttl: Duration) -> Result<Option<Fence>> {
+        check_key("leader name", name)?;
+        let lock = format!("lead:{name}");
+        let g = lock_acquire(self, &lock, &self.lead_token, ttl).await?;
+        Ok(g.map(|g| g.fence))
+    }
+
+    async fn acquire_lock_fenced(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
+        check_key("lock key", key)?;
+        let g = lock_acquire(self, &format!("lock:{key}"), &nonce(), ttl).await?;
+        Ok(g.map(|mut g| {
+            g.key = key.to_owned();
+            g
+        }))
+    }
+
+    async fn renew_lock(&self, guard: &LockGuard, ttl: Duration) -> Result<bool> {
+        let ttl = check_ttl("lock ttl", ttl)?;
+        let mut inv = SCRIPTS.lock_renew.prepare_invoke();
+        inv.key(self.ks.lock(&format!("lock:{}", guard.key)))
+            .arg(&guard.token)
+            .arg(ttl);
+        let r: i64 = self.run("renew lock", inv).await?;
+        Ok(r == 1)
+    }
+
+    async fn release_lock(&self, guard: &LockGuard) -> Result<bool> {
+        let mut inv = SCRIPTS.lock_release.prepare_invoke();
+        inv.key(self.ks.lock(&format!("lock:{}", guard.key)))
+            .arg(&guard.token);
+        let r: i64 = self.run("release lock", inv).await?;
+        Ok(r == 1)
+    }
+}
+
+async fn lock_acquire(
+    c: &RedisCoordinator,
+    name: &str,
+    token: &str,
+    ttl: Duration,
+) -> Result<Option<LockGuard>> {
+    let ttl = check_ttl("lock ttl", ttl)?;
+    let mut inv = SCRIPTS.lock_acquire.prepare_invoke();
+    inv.key(c.ks.lock(name))
+        .key(c.ks.lock_fence(name))
+        .arg(token)
+        .arg(ttl);
+    let fence: i64 = c.run("acquire lock", inv).await?;
+    Ok((fence > 0).then(|| LockGuard {
+        key: name.to_owned(),
+        token: token.to_owned(),
+        fence: Fence(fence.unsigned_abs()),
+    }))
+}

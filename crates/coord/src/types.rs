@@ -1,0 +1,202 @@
+//! Values that cross the [`Coordinator`](crate::Coordinator) seam.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
+use serde::{Deserialize, Serialize};
+
+/// What a worker says about itself when it registers and on every renewal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerMeta {
+    /// Host name (or any label the operator recognises).
+    pub host: String,
+    /// How many bots it accepts at most.
+    pub capacity: u32,
+    /// Unix milliseconds when the process started.
+    pub started_at_ms: i64,
+    /// How many bots it runs now; refreshed on renewal.
+    pub bots_held: u32,
+}
+
+/// A worker whose liveness is current.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveWorker {
+    /// Its id.
+    pub id: WorkerId,
+    /// The incarnation that holds its liveness.
+    pub incarnation: Incarnation,
+    /// What it last said about itself.
+    pub meta: WorkerMeta,
+    /// Milliseconds since its last renewal, by the coordinator's clock.
+    pub heartbeat_age_ms: u64,
+}
+
+/// A change in the set of live workers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberEvent {
+    /// A worker registered (or re-registered with a new incarnation).
+    Joined(WorkerId),
+    /// A worker unregistered or its liveness expired.
+    Left(WorkerId),
+}
+
+/// Answer of a renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// Liveness extended by one lease from the moment the request was handled.
+    Renewed,
+    /// Liveness is gone or belongs to another incarnation: every claim of this incarnation is
+    /// void. Stop all bots and register again.
+    Lost,
+}
+
+/// Who holds a bot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The holding worker.
+    pub worker: WorkerId,
+    /// The incarnation it held the claim under.
+    pub incarnation: Incarnation,
+    /// The fence of the grant.
+    pub fence: Fence,
+    /// Whether the holder's liveness still carries that incarnation. A record whose holder is
+    /// not live is free to claim.
+    pub live: bool,
+    /// The bot was handed over to `worker`, which has not claimed it yet.
+    pub handed_over: bool,
+}
+
+/// Answer of [`Coordinator::claim`](crate::Coordinator::claim).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The caller holds the bot under this fence, greater than every fence granted before.
+    Granted(Fence),
+    /// A live worker holds it (or it was handed over to a live worker); the caller must wait
+    /// for a hand-over or for that worker's liveness to end.
+    Held(Owner),
+    /// The caller's own liveness is missing or belongs to another incarnation: it may not
+    /// claim anything until it registers again.
+    NotLive,
+}
+
+/// A bot lifecycle event, published by the CLI or an API and seen by every worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "bot", rename_all = "lowercase")]
+pub enum LifecycleEvent {
+    /// The bot was added or enabled: whoever should run it, start it.
+    Activate(BotId),
+    /// The bot was disabled or removed: whoever runs it, stop it.
+    Deactivate(BotId),
+    /// The bot's spec changed or an operator asked: whoever runs it, restart it.
+    Restart(BotId),
+}
+
+/// Position in the lifecycle event stream. Reading after a cursor returns only later events.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventCursor {
+    pub(crate) ms: u64,
+    pub(crate) seq: u64,
+}
+
+impl EventCursor {
+    /// Before every event.
+    pub const START: EventCursor = EventCursor { ms: 0, seq: 0 };
+}
+
+impl fmt::Display for EventCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+impl FromStr for EventCursor {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (ms, seq) = s
+            .split_once('-')
+            .ok_or_else(|| format!("event cursor {s:?} is not <ms>-<seq>"))?;
+        Ok(Self {
+            ms: ms
+                .parse()
+                .map_err(|_| format!("event cursor {s:?} is not <ms>-<seq>"))?,
+            seq: seq
+                .parse()
+                .map_err(|_| format!("event cursor {s:?} is not <ms>-<seq>"))?,
+        })
+    }
+}
+
+/// An order to one worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WorkerCommand {
+    /// Stop running the bot and release it.
+    Stop {
+        /// The bot.
+        bot: BotId,
+    },
+    /// Stop and start the bot again.
+    Restart {
+        /// The bot.
+        bot: BotId,
+    },
+    /// Hand the bot over to another worker.
+    HandOver {
+        /// The bot.
+        bot: BotId,
+        /// The worker to hand it to.
+        to: WorkerId,
+    },
+    /// The bot was handed over to you: claim it now.
+    Take {
+        /// The bot.
+        bot: BotId,
+        /// The worker that handed it over.
+        from: WorkerId,
+    },
+}
+
+/// A token bucket: `rate` tokens a second, at most `burst` banked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateLimit {
+    /// Tokens added per second; above 0.
+    pub per_second: f64,
+    /// Bucket size; at least 1.
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// `per_second` tokens a second with a bucket of `burst`. Out-of-range values are clamped
+    /// (rate to at least 0.001/s, burst to at least 1).
+    pub fn new(per_second: f64, burst: u32) -> Self {
+        let per_second = if per_second.is_finite() {
+            per_second.max(0.001)
+        } else {
+            0.001
+        };
+        Self {
+            per_second,
+            burst: burst.max(1),
+        }
+    }
+}
+
+/// Answer of a rate limiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Permit {
+    /// Go now; a token was taken.
+    Granted,
+    /// No token; ask again after this long.
+    Wait(Duration),
+}
+
+/// A held fenced lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockGuard {
+    /// The lock's key (without the coordinator's prefix).
+    pub key: String,
+    /// Proof of holding: only this token renews or releases.
+    pub token: String,
+    /// Grows on every grant of this lock; pass it to writes the lock protects.
+    pub fence: Fence,
+}

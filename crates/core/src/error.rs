@@ -1,0 +1,78 @@
+//! Errors of the domain types.
+
+use std::fmt;
+
+/// An id that breaks the id rules; says which id, what text and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {kind} {shown:?}: {reason}")]
+pub struct InvalidId {
+    kind: &'static str,
+    shown: String,
+    reason: &'static str,
+}
+
+impl InvalidId {
+    pub(crate) fn new(kind: &'static str, text: &str, reason: &'static str) -> Self {
+        // Show at most 40 characters of what was given: enough to find it, never a whole blob.
+        let shown: String = text.chars().take(40).collect();
+        Self {
+            kind,
+            shown,
+            reason,
+        }
+    }
+
+    /// Which kind of id it was (`"bot id"`, `"worker id"`).
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+}
+
+/// A platform name botfleet does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct UnknownPlatform(pub(crate) String);
+
+impl fmt::Display for UnknownPlatform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown: String = self.0.chars().take(40).collect();
+        write!(
+            f,
+            "unknown platform {shown:?} (expected one of: {})",
+            crate::Platform::ALL
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+/// A bot spec that cannot be run as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSpec {
+    /// The id is not a valid bot id.
+    #[error(transparent)]
+    Id(#[from] InvalidId),
+    /// The platform is unknown.
+    #[error(transparent)]
+    Platform(#[from] UnknownPlatform),
+    /// The token is empty or has characters no platform issues.
+    #[error("invalid token: {0}")]
+    Token(&'static str),
+    /// A URL option is not an `http://` or `https://` URL.
+    #[error("invalid {field}: {reason}")]
+    Url {
+        /// Which option (`api_url`, `webhook_url`).
+        field: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A handler that needs a setting did not get it.
+    #[error("handler {handler} needs {missing}")]
+    Handler {
+        /// The handler kind.
+        handler: &'static str,
+        /// The missing setting.
+        missing: &'static str,
+    },
+}

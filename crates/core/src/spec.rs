@@ -1,0 +1,246 @@
+//! What a bot is: its platform, credentials, options and handler.
+
+use std::{fmt, str::FromStr};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{error::InvalidSpec, BotId, Platform, Secret};
+
+/// How a bot answers the messages it receives.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum HandlerSpec {
+    /// Replies with the same text to the same chat.
+    Echo,
+    /// POSTs each message as JSON to `url`, signed with HMAC-SHA256 of `secret`, and sends back
+    /// the `text` of the JSON reply.
+    Webhook {
+        /// Where to POST.
+        url: String,
+        /// The per-bot signing key; `None` sends unsigned requests.
+        secret: Option<Secret>,
+    },
+}
+
+impl HandlerSpec {
+    /// The handler's name as used in flags and the store (`echo`, `webhook`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HandlerSpec::Echo => "echo",
+            HandlerSpec::Webhook { .. } => "webhook",
+        }
+    }
+}
+
+/// Optional per-bot settings.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct BotOptions {
+    /// The platform API's base URL; `None` means the platform's public endpoint. Lets a
+    /// self-hosted server (Telegram's Bot API server) or a test fake stand in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
+}
+
+/// Everything needed to run one bot.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct BotSpec {
+    /// The bot's id.
+    pub id: BotId,
+    /// Which platform it speaks to.
+    pub platform: Platform,
+    /// The platform credential (Telegram bot token, Slack app token, ...).
+    pub token: Secret,
+    /// Optional settings.
+    pub options: BotOptions,
+    /// How it answers.
+    pub handler: HandlerSpec,
+    /// Disabled bots stay registered but are not run.
+    pub enabled: bool,
+}
+
+impl BotSpec {
+    /// A bot with the echo handler, enabled, default options.
+    pub fn new(id: BotId, platform: Platform, token: impl Into<Secret>) -> Self {
+        Self {
+            id,
+            platform,
+            token: token.into(),
+            options: BotOptions::default(),
+            handler: HandlerSpec::Echo,
+            enabled: true,
+        }
+    }
+
+    /// Checks what can be checked without the network: token shape, URL shapes, handler
+    /// settings.
+    ///
+    /// # Errors
+    /// [`InvalidSpec`] says which field is wrong and why, without echoing the token.
+    pub fn validate(&self) -> Result<(), InvalidSpec> {
+        let token = self.token.expose();
+        if token.is_empty() {
+            return Err(InvalidSpec::Token("is empty"));
+        }
+        if token.len() > 4096 {
+            return Err(InvalidSpec::Token("is longer than 4096 bytes"));
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(InvalidSpec::Token("contains white space or control characters"));
+        }
+        if self.platform == Platform::Telegram && token.contains('/') {
+            // The token becomes a path segment: `/bot{token}/getMe`.
+            return Err(InvalidSpec::Token("contains '/'"));
+        }
+        if let Some(url) = &self.options.api_url {
+            check_http_url("api_url", url)?;
+        }
+        if let HandlerSpec::Webhook { url, .. } = &self.handler {
+            check_http_url("webhook_url", url)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_http_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or(InvalidSpec::Url {
+            field,
+            reason: "must start with http:// or https://",
+        })?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if host.is_empty() {
+        return Err(InvalidSpec::Url {
+            field,
+            reason: "has no host",
+        });
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(InvalidSpec::Url {
+            field,
+            reason: "contains white space",
+        });
+    }
+    Ok(())
+}
+
+/// What a bot is doing, as last reported by whoever ran it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BotStatus {
+    /// Registered, not yet started by any worker.
+    #[default]
+    Pending,
+    /// Connected and handling messages.
+    Running,
+    /// Stopped on purpose (disabled, handed over, worker shutting down).
+    Stopped,
+    /// Gave up: the platform refused the credentials or the spec is unusable. Needs an operator.
+    Failed,
+}
+
+impl BotStatus {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BotStatus::Pending => "pending",
+            BotStatus::Running => "running",
+            BotStatus::Stopped => "stopped",
+            BotStatus::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for BotStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for BotStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(BotStatus::Pending),
+            "running" => Ok(BotStatus::Running),
+            "stopped" => Ok(BotStatus::Stopped),
+            "failed" => Ok(BotStatus::Failed),
+            other => Err(format!("unknown bot status {other:?}")),
+        }
+    }
+}
+
+/// A registered bot: its spec plus what the fleet last reported about it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct BotRecord {
+    /// The spec as registered.
+    pub spec: BotSpec,
+    /// The last reported status.
+    pub status: BotStatus,
+    /// The last error, if the last report was a failure. Never contains the token.
+    pub last_error: Option<String>,
+    /// Unix milliseconds of the last change to the spec.
+    pub updated_at_ms: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(token: &str) -> BotSpec {
+        BotSpec::new(BotId::new("b1").unwrap(), Platform::Telegram, token)
+    }
+
+    #[test]
+    fn validates_tokens_without_echoing_them() {
+        assert!(spec("123:abc").validate().is_ok());
+        let e = spec("").validate().unwrap_err();
+        assert_eq!(e.to_string(), "invalid token: is empty");
+        let e = spec("12 3:secret-part").validate().unwrap_err();
+        assert!(!e.to_string().contains("secret-part"));
+        assert!(spec("12/3").validate().is_err());
+    }
+
+    #[test]
+    fn validates_urls() {
+        let mut s = spec("1:a");
+        s.options.api_url = Some("ftp://x".into());
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "invalid api_url: must start with http:// or https://"
+        );
+        s.options.api_url = Some("http:///path".into());
+        assert!(s.validate().is_err());
+        s.options.api_url = Some("http://127.0.0.1:8081".into());
+        assert!(s.validate().is_ok());
+        s.handler = HandlerSpec::Webhook {
+            url: "nope".into(),
+            secret: None,
+        };
+        assert!(s.validate().unwrap_err().to_string().contains("webhook_url"));
+    }
+
+    #[test]
+    fn debug_of_a_spec_hides_the_token() {
+        let mut s = spec("999:top-secret");
+        s.handler = HandlerSpec::Webhook {
+            url: "http://h/x".into(),
+            secret: Some(Secret::new("hmac-key")),
+        };
+        let d = format!("{s:?}");
+        assert!(!d.contains("top-secret") && !d.contains("hmac-key"), "{d}");
+    }
+
+    #[test]
+    fn status_round_trips() {
+        for s in [
+            BotStatus::Pending,
+            BotStatus::Running,
+            BotStatus::Stopped,
+            BotStatus::Failed,
+        ] {
+            assert_eq!(s.as_str().parse::<BotStatus>().unwrap(), s);
+        }
+        assert!("zombie".parse::<BotStatus>().is_err());
+    }
+}
