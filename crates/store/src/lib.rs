@@ -1,1 +1,69 @@
-//! placeholder
+//! Persistence for botfleet: the bot registry and per-bot fenced state (cursors), behind one
+//! [`Store`] trait with SQLite (the embedded default), Postgres and in-memory backends.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use botfleet_core::{BotId, BotSpec, Fence, Platform};
+//! use botfleet_store::{open, StoreError};
+//!
+//! let store = open("sqlite::memory:").await?;
+//! let bot = BotId::new("support-eu")?;
+//! store.add_bot(&BotSpec::new(bot.clone(), Platform::Telegram, "123:abc")).await?;
+//! store.put_cursor(&bot, "1001", Fence(2)).await?;
+//! // A writer that lost its claim (older fence) is refused.
+//! assert!(matches!(store.put_cursor(&bot, "999", Fence(1)).await, Err(StoreError::StaleFence { .. })));
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+mod error;
+mod memory;
+mod postgres;
+mod schema;
+mod sqlite;
+mod store;
+
+pub use error::{Result, StoreError};
+pub use memory::MemoryStore;
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+pub use store::{BotFilter, Cursor, Store};
+
+/// Opens the store a URL names:
+///
+/// - `sqlite://PATH` (relative, e.g. `sqlite://botfleet.db`) or `sqlite:///abs/path.db`
+/// - `sqlite::memory:` — a private in-memory SQLite database
+/// - `postgres://…` or `postgresql://…`
+/// - `memory://` — the in-memory store
+///
+/// # Errors
+/// [`StoreError::InvalidUrl`] for an unknown scheme; [`StoreError::Open`] when the database
+/// cannot be opened.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
+    let url = url.trim();
+    if url == "sqlite::memory:" {
+        return Ok(Arc::new(SqliteStore::open_in_memory().await?));
+    }
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(StoreError::InvalidUrl {
+                reason: "sqlite:// needs a file path, e.g. sqlite://botfleet.db".into(),
+            });
+        }
+        return Ok(Arc::new(SqliteStore::open(path).await?));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(Arc::new(PostgresStore::open(url).await?));
+    }
+    if url == "memory://" {
+        return Ok(Arc::new(MemoryStore::new()));
+    }
+    let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+    let shown: String = scheme.chars().take(20).collect();
+    Err(StoreError::InvalidUrl {
+        reason: format!(
+            "unsupported scheme {shown:?} (expected sqlite://PATH, sqlite::memory:, postgres://…, memory://)"
+        ),
+    })
+}

@@ -1,1 +1,32 @@
-//! placeholder
+//! Test helpers for botfleet (a dev-dependency only): the conformance suites every backend
+//! runs, a private `redis-server` launcher, a partition wrapper for fault tests, and
+//! wait-for-condition.
+//!
+//! A backend's tests call the suite macros once:
+//!
+//! ```ignore
+//! botfleet_testkit::coordinator_conformance!(MemoryFixture::new());
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+pub mod coord_suite;
+mod partition;
+mod pg;
+mod redis_server;
+pub mod store_suite;
+mod wait;
+
+pub use coord_suite::CoordFixture;
+pub use partition::Partition;
+pub use pg::PgSchema;
+pub use redis_server::{free_port, RedisServer};
+pub use store_suite::StoreFixture;
+pub use wait::wait_for;
+
+/// A fresh random nonce, 16 hex characters (unique names for temp files, schemas, prefixes).
+pub fn nonce() -> String {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("entropy");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,346 @@
+//! The Postgres backend, for fleets that already run one.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
+use tokio::sync::RwLock;
+use tokio_postgres::{Client, NoTls, Row};
+use tracing::warn;
+
+use crate::{
+    schema::{BotRow, MIGRATIONS},
+    BotFilter, Cursor, Result, Store, StoreError,
+};
+
+/// A [`Store`] in Postgres. Reconnects on the next call after the connection drops.
+#[derive(Clone)]
+pub struct PostgresStore {
+    config: tokio_postgres::Config,
+    client: Arc<RwLock<Arc<Client>>>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the config: it may hold a password.
+        f.debug_struct("PostgresStore")
+            .field("dbname", &self.config.get_dbname())
+            .finish_non_exhaustive()
+    }
+}
+
+async fn connect(config: &tokio_postgres::Config) -> Result<Client> {
+    let (client, conn) = config.connect(NoTls).await.map_err(|e| StoreError::Open {
+        backend: "postgres",
+        reason: e.to_string(),
+        source: Some(Box::new(e)),
+    })?;
+    // Owned by the client: ends when the client is dropped or the server goes away.
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            warn!(error = %e, "postgres connection ended");
+        }
+    });
+    Ok(client)
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://user[:password]@host[:port]/db[?options=...]`) and runs
+    /// pending migrations.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidUrl`] when the URL does not parse, [`StoreError::Open`] when the
+    /// server cannot be reached or refuses, or migrating fails.
+    pub async fn open(url: &str) -> Result<Self> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            StoreError::InvalidUrl {
+                reason: e.to_string(),
+            }
+        })?;
+        let mut client = connect(&config).await?;
+        migrate(&mut client).await?;
+        Ok(Self {
+            config,
+            client: Arc::new(RwLock::new(Arc::new(client))),
+        })
+    }
+
+    async fn client(&self) -> Result<Arc<Client>> {
+        {
+            let c = self.client.read().await;
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let mut w = self.client.write().await;
+        if w.is_closed() {
+            *w = Arc::new(connect(&self.config).await?);
+        }
+        Ok(w.clone())
+    }
+}
+
+async fn migrate(client: &mut Client) -> Result<()> {
+    let fail = |e: tokio_postgres::Error| StoreError::Open {
+        backend: "postgres",
+        reason: format!("migration failed: {e}"),
+        source: Some(Box::new(e)),
+    };
+    let tx = client.transaction().await.map_err(fail)?;
+    // Serialise concurrent migrators (several workers starting at once).
+    tx.execute("SELECT pg_advisory_xact_lock(727366110)", &[])
+        .await
+        .map_err(fail)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS botfleet_migrations (
+            version BIGINT PRIMARY KEY, applied_at_ms BIGINT NOT NULL)",
+    )
+    .await
+    .map_err(fail)?;
+    let done: i64 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0)::BIGINT FROM botfleet_migrations",
+            &[],
+        )
+        .await
+        .map_err(fail)?
+        .get(0);
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i as i64 + 1;
+        if version > done {
+            tx.batch_execute(sql).await.map_err(fail)?;
+            tx.execute(
+                "INSERT INTO botfleet_migrations (version, applied_at_ms) VALUES ($1, $2)",
+                &[&version, &botfleet_core::unix_ms()],
+            )
+            .await
+            .map_err(fail)?;
+        }
+    }
+    tx.commit().await.map_err(fail)
+}
+
+const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
+    webhook_secret, enabled, status, last_error, updated_at_ms FROM bots";
+
+fn row_to_bot(r: &Row) -> Result<BotRow> {
+    let get = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
+    Ok(BotRow {
+        id: r.try_get(0).map_err(get)?,
+        platform: r.try_get(1).map_err(get)?,
+        token: r.try_get(2).map_err(get)?,
+        api_url: r.try_get(3).map_err(get)?,
+        handler: r.try_get(4).map_err(get)?,
+        webhook_url: r.try_get(5).map_err(get)?,
+        webhook_secret: r.try_get(6).map_err(get)?,
+        enabled: r.try_get(7).map_err(get)?,
+        status: r.try_get(8).map_err(get)?,
+        last_error: r.try_get(9).map_err(get)?,
+        updated_at_ms: r.try_get(10).map_err(get)?,
+    })
+}
+
+fn fence_i64(f: Fence) -> i64 {
+    i64::try_from(f.0).unwrap_or(i64::MAX)
+}
+
+fn db(op: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
+    move |e| StoreError::backend(op, e)
+}
+
+impl PostgresStore {
+    async fn current_fence(&self, c: &Client, bot: &str) -> Result<Fence> {
+        let r = c
+            .query_opt("SELECT fence FROM bot_fences WHERE bot_id = $1", &[&bot])
+            .await
+            .map_err(db("read fence"))?;
+        let f: i64 = r.map(|r| r.get(0)).unwrap_or(0);
+        Ok(Fence(f.max(0).unsigned_abs()))
+    }
+
+    async fn fenced_write(&self, op: &'static str, sql: &str, bot: &BotId, fence: Fence, value: Option<&str>) -> Result<()> {
+        let c = self.client().await?;
+        let n = c
+            .execute(sql, &[&bot.as_str(), &fence_i64(fence), &value])
+            .await
+            .map_err(db(op))?;
+        if n > 0 {
+            return Ok(());
+        }
+        Err(StoreError::StaleFence {
+            bot: bot.clone(),
+            offered: fence,
+            current: self.current_fence(&c, bot.as_str()).await?,
+        })
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
+        spec.validate()?;
+        let r = BotRow::from_spec(spec);
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
+                 webhook_secret, enabled, status, last_error, created_at_ms, updated_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, $10, $10) \
+                 ON CONFLICT (id) DO NOTHING",
+                &[
+                    &r.id,
+                    &r.platform,
+                    &r.token,
+                    &r.api_url,
+                    &r.handler,
+                    &r.webhook_url,
+                    &r.webhook_secret,
+                    &r.enabled,
+                    &r.status,
+                    &r.updated_at_ms,
+                ],
+            )
+            .await
+            .map_err(db("add bot"))?;
+        if n == 0 {
+            return Err(StoreError::AlreadyExists(spec.id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn get_bot(&self, id: &BotId) -> Result<Option<BotRecord>> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(&format!("{SELECT_BOT} WHERE id = $1"), &[&id.as_str()])
+            .await
+            .map_err(db("get bot"))?;
+        row.map(|r| row_to_bot(&r).and_then(BotRow::into_record))
+            .transpose()
+    }
+
+    async fn list_bots(&self, filter: &BotFilter) -> Result<Vec<BotRecord>> {
+        let c = self.client().await?;
+        let platform = filter.platform.map(|p| p.as_str());
+        let rows = c
+            .query(
+                &format!(
+                    "{SELECT_BOT} WHERE ($1::TEXT IS NULL OR platform = $1) \
+                     AND ($2::BOOLEAN IS NULL OR enabled = $2) ORDER BY id"
+                ),
+                &[&platform, &filter.enabled],
+            )
+            .await
+            .map_err(db("list bots"))?;
+        rows.iter()
+            .map(|r| row_to_bot(r).and_then(BotRow::into_record))
+            .collect()
+    }
+
+    async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
+        spec.validate()?;
+        let r = BotRow::from_spec(spec);
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
+                 webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9 \
+                 WHERE id = $1",
+                &[
+                    &r.id,
+                    &r.platform,
+                    &r.token,
+                    &r.api_url,
+                    &r.handler,
+                    &r.webhook_url,
+                    &r.webhook_secret,
+                    &r.enabled,
+                    &r.updated_at_ms,
+                ],
+            )
+            .await
+            .map_err(db("update bot"))?;
+        if n == 0 {
+            return Err(StoreError::NotFound(spec.id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn remove_bot(&self, id: &BotId) -> Result<bool> {
+        let c = self.client().await?;
+        let n = c
+            .execute("DELETE FROM bots WHERE id = $1", &[&id.as_str()])
+            .await
+            .map_err(db("remove bot"))?;
+        Ok(n > 0)
+    }
+
+    async fn set_status(
+        &self,
+        id: &BotId,
+        status: BotStatus,
+        last_error: Option<&str>,
+    ) -> Result<()> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE bots SET status = $2, last_error = $3 WHERE id = $1",
+                &[&id.as_str(), &status.as_str(), &last_error],
+            )
+            .await
+            .map_err(db("set status"))?;
+        if n == 0 {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        Ok(())
+    }
+
+    async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>> {
+        let c = self.client().await?;
+        let r = c
+            .query_opt(
+                "SELECT fence, cursor FROM bot_fences WHERE bot_id = $1",
+                &[&id.as_str()],
+            )
+            .await
+            .map_err(db("read cursor"))?;
+        Ok(r.and_then(|r| {
+            let f: i64 = r.get(0);
+            let v: Option<String> = r.get(1);
+            v.map(|value| Cursor {
+                value,
+                fence: Fence(f.max(0).unsigned_abs()),
+            })
+        }))
+    }
+
+    async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()> {
+        self.fenced_write(
+            "write cursor",
+            "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ($1, $2, $3) \
+             ON CONFLICT (bot_id) DO UPDATE SET fence = EXCLUDED.fence, cursor = EXCLUDED.cursor \
+             WHERE bot_fences.fence <= EXCLUDED.fence",
+            id,
+            fence,
+            Some(value),
+        )
+        .await
+    }
+
+    async fn accept_fence(&self, id: &BotId, fence: Fence) -> Result<()> {
+        self.fenced_write(
+            "accept fence",
+            "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ($1, $2, $3) \
+             ON CONFLICT (bot_id) DO UPDATE SET fence = EXCLUDED.fence \
+             WHERE bot_fences.fence <= EXCLUDED.fence",
+            id,
+            fence,
+            None,
+        )
+        .await
+    }
+
+    async fn highest_fence(&self, id: &BotId) -> Result<Fence> {
+        let c = self.client().await?;
+        self.current_fence(&c, id.as_str()).await
+    }
+}

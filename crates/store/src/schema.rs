@@ -1,0 +1,107 @@
+//! The schema, as an ordered list of migrations shared by the SQL backends.
+
+/// Migrations in order; a migration's version is its index + 1. Append only: never edit a
+/// migration that has shipped.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // 1: bot registry and fenced per-bot state.
+    "CREATE TABLE bots (
+        id TEXT PRIMARY KEY,
+        platform TEXT NOT NULL,
+        token TEXT NOT NULL,
+        api_url TEXT,
+        handler TEXT NOT NULL,
+        webhook_url TEXT,
+        webhook_secret TEXT,
+        enabled BOOLEAN NOT NULL,
+        status TEXT NOT NULL,
+        last_error TEXT,
+        created_at_ms BIGINT NOT NULL,
+        updated_at_ms BIGINT NOT NULL
+    );
+    CREATE INDEX bots_by_platform ON bots (platform, enabled);
+    CREATE TABLE bot_fences (
+        bot_id TEXT PRIMARY KEY,
+        fence BIGINT NOT NULL,
+        cursor TEXT
+    );",
+];
+
+/// A row of `bots` as plain values, shared by the SQL backends.
+pub(crate) struct BotRow {
+    pub(crate) id: String,
+    pub(crate) platform: String,
+    pub(crate) token: String,
+    pub(crate) api_url: Option<String>,
+    pub(crate) handler: String,
+    pub(crate) webhook_url: Option<String>,
+    pub(crate) webhook_secret: Option<String>,
+    pub(crate) enabled: bool,
+    pub(crate) status: String,
+    pub(crate) last_error: Option<String>,
+    pub(crate) updated_at_ms: i64,
+}
+
+impl BotRow {
+    pub(crate) fn from_spec(spec: &botfleet_core::BotSpec) -> Self {
+        use botfleet_core::HandlerSpec;
+        let (webhook_url, webhook_secret) = match &spec.handler {
+            HandlerSpec::Echo => (None, None),
+            HandlerSpec::Webhook { url, secret } => (
+                Some(url.clone()),
+                secret.as_ref().map(|s| s.expose().to_owned()),
+            ),
+        };
+        Self {
+            id: spec.id.as_str().to_owned(),
+            platform: spec.platform.as_str().to_owned(),
+            token: spec.token.expose().to_owned(),
+            api_url: spec.options.api_url.clone(),
+            handler: spec.handler.kind().to_owned(),
+            webhook_url,
+            webhook_secret,
+            enabled: spec.enabled,
+            status: botfleet_core::BotStatus::Pending.as_str().to_owned(),
+            last_error: None,
+            updated_at_ms: botfleet_core::unix_ms(),
+        }
+    }
+
+    pub(crate) fn into_record(self) -> crate::Result<botfleet_core::BotRecord> {
+        use botfleet_core::{BotId, BotOptions, BotRecord, BotSpec, HandlerSpec, Secret};
+        let corrupt = |what: String| crate::StoreError::Corrupt(what);
+        let id = BotId::new(self.id.clone()).map_err(|e| corrupt(e.to_string()))?;
+        let platform = self
+            .platform
+            .parse()
+            .map_err(|e: botfleet_core::UnknownPlatform| corrupt(format!("bot {id}: {e}")))?;
+        let handler = match self.handler.as_str() {
+            "echo" => HandlerSpec::Echo,
+            "webhook" => HandlerSpec::Webhook {
+                url: self
+                    .webhook_url
+                    .ok_or_else(|| corrupt(format!("bot {id}: webhook handler without URL")))?,
+                secret: self.webhook_secret.map(Secret::new),
+            },
+            other => return Err(corrupt(format!("bot {id}: unknown handler {other:?}"))),
+        };
+        let status = self
+            .status
+            .parse()
+            .map_err(|e: String| corrupt(format!("bot {id}: {e}")))?;
+        Ok(BotRecord {
+            spec: BotSpec {
+                id,
+                platform,
+                token: Secret::new(self.token),
+                options: BotOptions {
+                    api_url: self.api_url,
+                },
+                handler,
+                enabled: self.enabled,
+            },
+            status,
+            last_error: self.last_error,
+            updated_at_ms: self.updated_at_ms,
+        })
+    }
+}

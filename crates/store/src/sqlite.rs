@@ -1,0 +1,387 @@
+//! The SQLite backend: the embedded default.
+//!
+//! One connection behind a mutex, used from blocking threads. WAL mode and a busy timeout make
+//! it safe for several processes on one machine (the CLI writing while a worker runs).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::{
+    schema::{BotRow, MIGRATIONS},
+    BotFilter, Cursor, Result, Store, StoreError,
+};
+
+/// A [`Store`] in a SQLite file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    // std Mutex: only locked inside spawn_blocking, never across .await.
+    conn: Arc<Mutex<Connection>>,
+    path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+    }
+}
+
+fn open_err(reason: String, e: rusqlite::Error) -> StoreError {
+    StoreError::Open {
+        backend: "sqlite",
+        reason,
+        source: Some(Box::new(e)),
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file at `path` and runs pending migrations.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] when the file cannot be opened or is not a SQLite database, or
+    /// its directory does not exist.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let p = path.clone();
+        let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
+            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if !dir.is_dir() {
+                    return Err(StoreError::Open {
+                        backend: "sqlite",
+                        reason: format!("directory {} does not exist", dir.display()),
+                        source: None,
+                    });
+                }
+            }
+            let conn = Connection::open(&p)
+                .map_err(|e| open_err(format!("{}: {e}", p.display()), e))?;
+            setup(conn, &p.display().to_string())
+        })
+        .await
+        .map_err(|e| StoreError::backend("open", e))??;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path: Some(path),
+        })
+    }
+
+    /// A private in-memory database (gone when the store is dropped); for tests.
+    ///
+    /// # Errors
+    /// Only if SQLite itself fails.
+    pub async fn open_in_memory() -> Result<Self> {
+        let conn = tokio::task::spawn_blocking(|| {
+            let conn = Connection::open_in_memory()
+                .map_err(|e| open_err(format!("in-memory: {e}"), e))?;
+            setup(conn, ":memory:")
+        })
+        .await
+        .map_err(|e| StoreError::backend("open", e))??;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path: None,
+        })
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut c)
+        })
+        .await
+        .map_err(|e| StoreError::backend(op, e))?
+    }
+}
+
+fn setup(mut conn: Connection, shown: &str) -> Result<Connection> {
+    let fail = |e: rusqlite::Error| open_err(format!("{shown}: {e}"), e);
+    conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
+    // journal_mode answers a row; WAL lets readers and one writer of several processes
+    // coexist. (An in-memory database answers "memory", which is fine.)
+    let _mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(fail)?;
+    conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+        .map_err(fail)?;
+    migrate(&mut conn).map_err(fail)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    // IMMEDIATE: two processes opening a fresh file at once must not both migrate.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS botfleet_migrations (
+            version INTEGER PRIMARY KEY, applied_at_ms INTEGER NOT NULL)",
+    )?;
+    let done: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM botfleet_migrations",
+        [],
+        |r| r.get(0),
+    )?;
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i as i64 + 1;
+        if version > done {
+            tx.execute_batch(sql)?;
+            tx.execute(
+                "INSERT INTO botfleet_migrations (version, applied_at_ms) VALUES (?1, ?2)",
+                params![version, botfleet_core::unix_ms()],
+            )?;
+        }
+    }
+    tx.commit()
+}
+
+const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
+    webhook_secret, enabled, status, last_error, updated_at_ms FROM bots";
+
+fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
+    Ok(BotRow {
+        id: r.get(0)?,
+        platform: r.get(1)?,
+        token: r.get(2)?,
+        api_url: r.get(3)?,
+        handler: r.get(4)?,
+        webhook_url: r.get(5)?,
+        webhook_secret: r.get(6)?,
+        enabled: r.get(7)?,
+        status: r.get(8)?,
+        last_error: r.get(9)?,
+        updated_at_ms: r.get(10)?,
+    })
+}
+
+fn fence_i64(f: Fence) -> i64 {
+    i64::try_from(f.0).unwrap_or(i64::MAX)
+}
+
+fn current_fence(c: &Connection, bot: &str) -> rusqlite::Result<Fence> {
+    let f: Option<i64> = c
+        .query_row(
+            "SELECT fence FROM bot_fences WHERE bot_id = ?1",
+            [bot],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(Fence(f.unwrap_or(0).max(0).unsigned_abs()))
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
+        spec.validate()?;
+        let row = BotRow::from_spec(spec);
+        let id = spec.id.clone();
+        self.with("add bot", move |c| {
+            let n = c
+                .execute(
+                    "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
+                     webhook_secret, enabled, status, last_error, created_at_ms, updated_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10, ?10) \
+                     ON CONFLICT (id) DO NOTHING",
+                    params![
+                        row.id,
+                        row.platform,
+                        row.token,
+                        row.api_url,
+                        row.handler,
+                        row.webhook_url,
+                        row.webhook_secret,
+                        row.enabled,
+                        row.status,
+                        row.updated_at_ms
+                    ],
+                )
+                .map_err(|e| StoreError::backend("add bot", e))?;
+            if n == 0 {
+                return Err(StoreError::AlreadyExists(id));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_bot(&self, id: &BotId) -> Result<Option<BotRecord>> {
+        let id = id.as_str().to_owned();
+        let row = self
+            .with("get bot", move |c| {
+                c.query_row(&format!("{SELECT_BOT} WHERE id = ?1"), [id], row_to_bot)
+                    .optional()
+                    .map_err(|e| StoreError::backend("get bot", e))
+            })
+            .await?;
+        row.map(BotRow::into_record).transpose()
+    }
+
+    async fn list_bots(&self, filter: &BotFilter) -> Result<Vec<BotRecord>> {
+        let platform = filter.platform.map(|p| p.as_str().to_owned());
+        let enabled = filter.enabled;
+        let rows = self
+            .with("list bots", move |c| {
+                let mut st = c
+                    .prepare(&format!(
+                        "{SELECT_BOT} WHERE (?1 IS NULL OR platform = ?1) \
+                         AND (?2 IS NULL OR enabled = ?2) ORDER BY id"
+                    ))
+                    .map_err(|e| StoreError::backend("list bots", e))?;
+                let rows = st
+                    .query_map(params![platform, enabled], row_to_bot)
+                    .map_err(|e| StoreError::backend("list bots", e))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(|e| StoreError::backend("list bots", e))?;
+                Ok(rows)
+            })
+            .await?;
+        rows.into_iter().map(BotRow::into_record).collect()
+    }
+
+    async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
+        spec.validate()?;
+        let row = BotRow::from_spec(spec);
+        let id = spec.id.clone();
+        self.with("update bot", move |c| {
+            let n = c
+                .execute(
+                    "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
+                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9 \
+                     WHERE id = ?1",
+                    params![
+                        row.id,
+                        row.platform,
+                        row.token,
+                        row.api_url,
+                        row.handler,
+                        row.webhook_url,
+                        row.webhook_secret,
+                        row.enabled,
+                        row.updated_at_ms
+                    ],
+                )
+                .map_err(|e| StoreError::backend("update bot", e))?;
+            if n == 0 {
+                return Err(StoreError::NotFound(id));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn remove_bot(&self, id: &BotId) -> Result<bool> {
+        let id = id.as_str().to_owned();
+        self.with("remove bot", move |c| {
+            c.execute("DELETE FROM bots WHERE id = ?1", [id])
+                .map(|n| n > 0)
+                .map_err(|e| StoreError::backend("remove bot", e))
+        })
+        .await
+    }
+
+    async fn set_status(
+        &self,
+        id: &BotId,
+        status: BotStatus,
+        last_error: Option<&str>,
+    ) -> Result<()> {
+        let bot = id.clone();
+        let err = last_error.map(str::to_owned);
+        self.with("set status", move |c| {
+            let n = c
+                .execute(
+                    "UPDATE bots SET status = ?2, last_error = ?3 WHERE id = ?1",
+                    params![bot.as_str(), status.as_str(), err],
+                )
+                .map_err(|e| StoreError::backend("set status", e))?;
+            if n == 0 {
+                return Err(StoreError::NotFound(bot));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>> {
+        let id = id.as_str().to_owned();
+        self.with("read cursor", move |c| {
+            let r: Option<(i64, Option<String>)> = c
+                .query_row(
+                    "SELECT fence, cursor FROM bot_fences WHERE bot_id = ?1",
+                    [id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(|e| StoreError::backend("read cursor", e))?;
+            Ok(r.and_then(|(f, v)| {
+                v.map(|value| Cursor {
+                    value,
+                    fence: Fence(f.max(0).unsigned_abs()),
+                })
+            }))
+        })
+        .await
+    }
+
+    async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()> {
+        let bot = id.clone();
+        let value = value.to_owned();
+        self.with("write cursor", move |c| {
+            let n = c
+                .execute(
+                    "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (bot_id) DO UPDATE SET fence = excluded.fence, \
+                     cursor = excluded.cursor WHERE bot_fences.fence <= excluded.fence",
+                    params![bot.as_str(), fence_i64(fence), value],
+                )
+                .map_err(|e| StoreError::backend("write cursor", e))?;
+            stale_unless_written(c, n, bot, fence)
+        })
+        .await
+    }
+
+    async fn accept_fence(&self, id: &BotId, fence: Fence) -> Result<()> {
+        let bot = id.clone();
+        self.with("accept fence", move |c| {
+            let n = c
+                .execute(
+                    "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES (?1, ?2, NULL) \
+                     ON CONFLICT (bot_id) DO UPDATE SET fence = excluded.fence \
+                     WHERE bot_fences.fence <= excluded.fence",
+                    params![bot.as_str(), fence_i64(fence)],
+                )
+                .map_err(|e| StoreError::backend("accept fence", e))?;
+            stale_unless_written(c, n, bot, fence)
+        })
+        .await
+    }
+
+    async fn highest_fence(&self, id: &BotId) -> Result<Fence> {
+        let id = id.as_str().to_owned();
+        self.with("read fence", move |c| {
+            current_fence(c, &id).map_err(|e| StoreError::backend("read fence", e))
+        })
+        .await
+    }
+}
+
+fn stale_unless_written(c: &Connection, changed: usize, bot: BotId, offered: Fence) -> Result<()> {
+    if changed > 0 {
+        return Ok(());
+    }
+    let current =
+        current_fence(c, bot.as_str()).map_err(|e| StoreError::backend("read fence", e))?;
+    Err(StoreError::StaleFence {
+        bot,
+        offered,
+        current,
+    })
+}

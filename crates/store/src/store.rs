@@ -1,0 +1,100 @@
+//! The [`Store`] trait.
+
+use async_trait::async_trait;
+use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence, Platform};
+
+use crate::Result;
+
+/// Which bots [`Store::list_bots`] returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BotFilter {
+    /// Only bots of this platform.
+    pub platform: Option<Platform>,
+    /// Only enabled (`Some(true)`) or disabled (`Some(false)`) bots.
+    pub enabled: Option<bool>,
+}
+
+/// A per-bot cursor (e.g. Telegram's update offset) and the fence it was written under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    /// The value, opaque to the store.
+    pub value: String,
+    /// The fence of the write that stored it.
+    pub fence: Fence,
+}
+
+/// Persistence of the bot registry and of per-bot fenced state.
+///
+/// Every backend (SQLite, Postgres, in-memory) passes one conformance suite in
+/// `botfleet-testkit`.
+///
+/// # Fences
+/// The store keeps, per bot, the highest fence it has accepted. A write that carries a lower
+/// fence is refused with [`StoreError::StaleFence`](crate::StoreError::StaleFence), so a
+/// worker that lost its claim cannot overwrite its successor's state. Fences outlive the bot:
+/// removing and re-adding a bot does not reset them.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Registers a new bot (status `pending`).
+    ///
+    /// # Errors
+    /// `AlreadyExists`, `InvalidSpec`, backend failures.
+    async fn add_bot(&self, spec: &BotSpec) -> Result<()>;
+
+    /// The bot, if registered.
+    ///
+    /// # Errors
+    /// Backend failures; `Corrupt` for an unreadable row.
+    async fn get_bot(&self, id: &BotId) -> Result<Option<BotRecord>>;
+
+    /// Registered bots matching `filter`, sorted by id.
+    ///
+    /// # Errors
+    /// Backend failures; `Corrupt` for an unreadable row.
+    async fn list_bots(&self, filter: &BotFilter) -> Result<Vec<BotRecord>>;
+
+    /// Replaces a registered bot's spec (status and last error are kept).
+    ///
+    /// # Errors
+    /// `NotFound`, `InvalidSpec`, backend failures.
+    async fn update_bot(&self, spec: &BotSpec) -> Result<()>;
+
+    /// Unregisters a bot. Answers whether it existed.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn remove_bot(&self, id: &BotId) -> Result<bool>;
+
+    /// Records what the bot is doing; `last_error` is cleared when `None`.
+    ///
+    /// # Errors
+    /// `NotFound`, backend failures.
+    async fn set_status(&self, id: &BotId, status: BotStatus, last_error: Option<&str>)
+        -> Result<()>;
+
+    /// The bot's cursor, if one was written.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>>;
+
+    /// Writes the bot's cursor under `fence`.
+    ///
+    /// # Errors
+    /// `StaleFence` when a higher fence was accepted before; backend failures.
+    async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()>;
+
+    /// Records that `fence` was granted for the bot, so every lower fence is refused from now
+    /// on. Call it right after a claim, before acting.
+    ///
+    /// # Errors
+    /// `StaleFence` when a higher fence was accepted before; backend failures.
+    async fn accept_fence(&self, id: &BotId, fence: Fence) -> Result<()>;
+
+    /// The highest fence accepted for the bot ([`Fence::ZERO`] if none). Pass it as the
+    /// claim's minimum so fences never go back, even if the coordinator lost its state.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn highest_fence(&self, id: &BotId) -> Result<Fence>;
+}

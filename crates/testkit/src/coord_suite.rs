@@ -1,0 +1,579 @@
+//! The [`Coordinator`] conformance suite, written once and run against every backend through
+//! [`coordinator_conformance!`](crate::coordinator_conformance).
+
+use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
+
+use botfleet_coord::{
+    ClaimOutcome, Coordinator, LeaseKeeper, LeaseLost, LifecycleEvent, MemberEvent, MemberWatch,
+    Permit, RateLimit, Renewal, WorkerCommand, WorkerMeta,
+};
+use botfleet_core::{BotId, Fence, SystemClock, WorkerId};
+use botfleet_store::{MemoryStore, Store, StoreError};
+
+use crate::{wait_for, Partition};
+
+/// Makes handles on one shared backend (one hub, one Redis key space).
+pub trait CoordFixture: Send + Sync {
+    /// A new, unregistered handle on the shared backend.
+    fn handle(&self) -> impl Future<Output = Arc<dyn Coordinator>> + Send;
+}
+
+/// A short lease, so expiry tests stay quick.
+pub const LEASE: Duration = Duration::from_millis(600);
+
+/// Metadata for test workers.
+pub fn meta() -> WorkerMeta {
+    WorkerMeta {
+        host: "test-host".into(),
+        capacity: 100,
+        started_at_ms: 1,
+        bots_held: 0,
+    }
+}
+
+/// `WorkerId` from text.
+pub fn wid(s: &str) -> WorkerId {
+    WorkerId::new(s).expect("valid worker id")
+}
+
+/// `BotId` from text.
+pub fn bid(s: &str) -> BotId {
+    BotId::new(s).expect("valid bot id")
+}
+
+async fn worker<F: CoordFixture>(f: &F, name: &str, lease: Duration) -> Arc<dyn Coordinator> {
+    let h = f.handle().await;
+    h.register(&wid(name), &meta(), lease).await.expect("register");
+    h
+}
+
+fn granted(o: ClaimOutcome) -> Fence {
+    match o {
+        ClaimOutcome::Granted(f) => f,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// Waits past `LEASE` (plus a margin for clock granularity), renewing `keep` meanwhile.
+async fn outlive_lease(keep: &[&Arc<dyn Coordinator>]) {
+    let end = tokio::time::Instant::now() + LEASE + Duration::from_millis(150);
+    while tokio::time::Instant::now() < end {
+        for k in keep {
+            assert_eq!(k.renew(0).await.expect("renew"), Renewal::Renewed);
+        }
+        tokio::time::sleep(LEASE / 4).await;
+    }
+}
+
+/// Registered workers are listed with their metadata; a clean unregister is visible at once.
+pub async fn membership_lists_and_unregisters<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    assert_eq!(b.renew(7).await.unwrap(), Renewal::Renewed);
+    let live = a.live_workers().await.unwrap();
+    let ids: Vec<_> = live.iter().map(|w| w.id.as_str()).collect();
+    assert_eq!(ids, ["w-a", "w-b"]);
+    assert_eq!(live[1].meta.bots_held, 7);
+    assert_eq!(live[1].meta.capacity, 100);
+    assert!(live[1].heartbeat_age_ms < 5_000);
+    b.unregister().await.unwrap();
+    let ids: Vec<_> = a
+        .live_workers()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.id)
+        .collect();
+    assert_eq!(ids, vec![wid("w-a")]);
+    assert!(b.registration().is_none());
+}
+
+/// A worker that stops renewing is gone after its lease; its renewal then answers `Lost`.
+pub async fn liveness_expires_without_renewal<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    outlive_lease(&[&b]).await;
+    let ids: Vec<_> = b.live_workers().await.unwrap().into_iter().map(|w| w.id).collect();
+    assert_eq!(ids, vec![wid("w-b")]);
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Lost);
+    // Registering again brings it back with a new incarnation.
+    let old = a.registration().unwrap().1;
+    let new = a.register(&wid("w-a"), &meta(), LEASE).await.unwrap();
+    assert_ne!(old, new);
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Renewed);
+}
+
+/// A second life of the same worker id voids the first one's liveness and claims.
+pub async fn new_incarnation_voids_the_old<F: CoordFixture>(f: &F) {
+    let old = worker(f, "w-a", Duration::from_secs(30)).await;
+    let bot = bid("bot-1");
+    let f1 = granted(old.claim(&bot, Fence::ZERO).await.unwrap());
+    let new = worker(f, "w-a", Duration::from_secs(30)).await;
+    assert_eq!(old.renew(0).await.unwrap(), Renewal::Lost);
+    assert_eq!(old.claim(&bot, Fence::ZERO).await.unwrap(), ClaimOutcome::NotLive);
+    let f2 = granted(new.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(f2 > f1);
+}
+
+/// Only one worker holds a bot; the holder may claim again (a fresh, higher fence).
+pub async fn claim_is_exclusive<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    let bot = bid("bot-1");
+    let f1 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    match b.claim(&bot, Fence::ZERO).await.unwrap() {
+        ClaimOutcome::Held(o) => {
+            assert_eq!(o.worker, wid("w-a"));
+            assert_eq!(o.fence, f1);
+            assert!(o.live && !o.handed_over);
+        }
+        other => panic!("b must not get a held bot: {other:?}"),
+    }
+    let f2 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(f2 > f1);
+    let o = b.owner(&bot).await.unwrap().unwrap();
+    assert_eq!((o.worker, o.fence, o.live), (wid("w-a"), f2, true));
+    assert!(b.owner(&bid("nobody")).await.unwrap().is_none());
+}
+
+/// Many workers claiming one bot at the same instant: exactly one wins.
+pub async fn simultaneous_claims_have_one_winner<F: CoordFixture>(f: &F) {
+    let mut ws = Vec::new();
+    for i in 0..8 {
+        ws.push(worker(f, &format!("w-{i}"), Duration::from_secs(30)).await);
+    }
+    for round in 0..5 {
+        let bot = bid(&format!("contested-{round}"));
+        let barrier = Arc::new(tokio::sync::Barrier::new(ws.len()));
+        let tasks: Vec<_> = ws
+            .iter()
+            .map(|w| {
+                let (w, bot, barrier) = (w.clone(), bot.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    w.claim(&bot, Fence::ZERO).await.unwrap()
+                })
+            })
+            .collect();
+        let mut wins = 0;
+        for t in tasks {
+            if matches!(t.await.unwrap(), ClaimOutcome::Granted(_)) {
+                wins += 1;
+            }
+        }
+        assert_eq!(wins, 1, "round {round}: exactly one claim wins");
+    }
+}
+
+/// A dead holder's bot can be claimed after its lease, with a higher fence; before, never.
+pub async fn claim_after_holder_expires<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    let bot = bid("bot-1");
+    let f1 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(matches!(b.claim(&bot, Fence::ZERO).await.unwrap(), ClaimOutcome::Held(_)));
+    outlive_lease(&[&b]).await;
+    assert!(!b.owner(&bot).await.unwrap().unwrap().live);
+    let f2 = granted(b.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(f2 > f1);
+    // The old holder, once back, cannot claim, release or hand over.
+    assert_eq!(a.claim(&bot, Fence::ZERO).await.unwrap(), ClaimOutcome::NotLive);
+    assert!(!a.release(&bot, f1).await.unwrap());
+}
+
+/// A clean unregister frees the worker's bots at once.
+pub async fn unregister_frees_claims<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    let bot = bid("bot-1");
+    granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    a.unregister().await.unwrap();
+    granted(b.claim(&bot, Fence::ZERO).await.unwrap());
+}
+
+/// Release is compare-and-set on the fence: a stale fence is refused.
+pub async fn release_with_stale_fence_is_refused<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    let bot = bid("bot-1");
+    let f1 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    let f2 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(!a.release(&bot, f1).await.unwrap(), "stale fence");
+    assert!(!b.release(&bot, f2).await.unwrap(), "not the holder");
+    assert!(a.owner(&bot).await.unwrap().is_some());
+    assert!(a.release(&bot, f2).await.unwrap());
+    assert!(a.owner(&bot).await.unwrap().is_none());
+    assert!(!a.release(&bot, f2).await.unwrap(), "already released");
+}
+
+/// Fences grow on every grant, across release and workers, and respect the caller's minimum.
+pub async fn fences_never_go_back<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    let bot = bid("bot-1");
+    let mut last = Fence::ZERO;
+    for i in 0..10 {
+        let w = if i % 2 == 0 { &a } else { &b };
+        let fence = granted(w.claim(&bot, Fence::ZERO).await.unwrap());
+        assert!(fence > last, "{fence} after {last}");
+        assert!(w.release(&bot, fence).await.unwrap());
+        last = fence;
+    }
+    let fence = granted(a.claim(&bot, Fence(1000)).await.unwrap());
+    assert_eq!(fence, Fence(1001));
+    assert!(a.release(&bot, fence).await.unwrap());
+    // The counter remembers the minimum too.
+    assert_eq!(granted(b.claim(&bot, Fence::ZERO).await.unwrap()), Fence(1002));
+}
+
+/// Hand-over reserves the bot for the target, tells it, and lets only it claim.
+pub async fn hand_over_reserves_for_the_target<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    let c = worker(f, "w-c", Duration::from_secs(30)).await;
+    let bot = bid("bot-1");
+    let f1 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(!a.hand_over(&bot, Fence(f1.0 + 7), &wid("w-b")).await.unwrap(), "wrong fence");
+    assert!(a.hand_over(&bot, f1, &wid("w-b")).await.unwrap());
+    let o = c.owner(&bot).await.unwrap().unwrap();
+    assert!(o.handed_over && o.live);
+    assert_eq!(o.worker, wid("w-b"));
+    assert!(matches!(c.claim(&bot, Fence::ZERO).await.unwrap(), ClaimOutcome::Held(_)));
+    assert!(!a.release(&bot, f1).await.unwrap(), "the old owner let go");
+    let cmds = b.recv_commands(10, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(
+        cmds,
+        vec![WorkerCommand::Take {
+            bot: bot.clone(),
+            from: wid("w-a")
+        }]
+    );
+    let f2 = granted(b.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(f2 > f1);
+    assert!(!b.owner(&bot).await.unwrap().unwrap().handed_over);
+}
+
+/// Handing over to a worker that is not live just releases the bot.
+pub async fn hand_over_to_a_dead_worker_releases<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let bot = bid("bot-1");
+    let f1 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(a.hand_over(&bot, f1, &wid("w-gone")).await.unwrap());
+    assert!(a.owner(&bot).await.unwrap().is_none());
+}
+
+/// Calls that act for a worker need a registration.
+pub async fn unregistered_handles_cannot_claim<F: CoordFixture>(f: &F) {
+    let h = f.handle().await;
+    let e = h.claim(&bid("b"), Fence::ZERO).await.unwrap_err();
+    assert!(e.to_string().contains("not registered"), "{e}");
+    assert!(h.renew(0).await.is_err());
+    assert!(h.recv_commands(1, Duration::ZERO).await.is_err());
+    // Out-of-range leases are refused with a reason.
+    let e = h.register(&wid("w"), &meta(), Duration::from_millis(5)).await.unwrap_err();
+    assert!(e.to_string().contains("lease"), "{e}");
+}
+
+/// Events are read in order after a cursor; nothing published after the head is missed.
+pub async fn events_are_ordered_and_not_replayed<F: CoordFixture>(f: &F) {
+    let a = f.handle().await;
+    let reader = f.handle().await;
+    a.publish(&LifecycleEvent::Activate(bid("old"))).await.unwrap();
+    let head = reader.events_head().await.unwrap();
+    let evs = [
+        LifecycleEvent::Activate(bid("b1")),
+        LifecycleEvent::Restart(bid("b2")),
+        LifecycleEvent::Deactivate(bid("b1")),
+    ];
+    for e in &evs {
+        a.publish(e).await.unwrap();
+    }
+    let got = reader.read_events(&head, 100, Duration::ZERO).await.unwrap();
+    let kinds: Vec<_> = got.iter().map(|(_, e)| e.clone()).collect();
+    assert_eq!(kinds, evs, "no replay of history before the head, nothing lost after it");
+    let last = got.last().unwrap().0.clone();
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
+    let none = reader.read_events(&last, 100, Duration::from_millis(100)).await.unwrap();
+    assert!(none.is_empty());
+    // A blocked reader wakes up for a new event.
+    let publisher = a.clone();
+    let t = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        publisher.publish(&LifecycleEvent::Activate(bid("late"))).await.unwrap();
+    });
+    let started = tokio::time::Instant::now();
+    let got = reader.read_events(&last, 10, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1, LifecycleEvent::Activate(bid("late")));
+    assert!(started.elapsed() < Duration::from_secs(8));
+    t.await.unwrap();
+}
+
+/// Commands reach the one worker they are sent to, in order.
+pub async fn commands_reach_one_worker<F: CoordFixture>(f: &F) {
+    let admin = f.handle().await;
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    let c = worker(f, "w-c", Duration::from_secs(30)).await;
+    let cmds = [
+        WorkerCommand::Stop { bot: bid("x") },
+        WorkerCommand::Restart { bot: bid("y") },
+        WorkerCommand::HandOver {
+            bot: bid("z"),
+            to: wid("w-c"),
+        },
+    ];
+    for cmd in &cmds {
+        admin.send_command(&wid("w-b"), cmd).await.unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let batch = b.recv_commands(2, Duration::from_secs(2)).await.unwrap();
+        assert!(!batch.is_empty(), "commands lost: {got:?}");
+        got.extend(batch);
+    }
+    assert_eq!(got, cmds);
+    assert!(c.recv_commands(10, Duration::from_millis(100)).await.unwrap().is_empty());
+    assert!(b.recv_commands(10, Duration::ZERO).await.unwrap().is_empty());
+}
+
+/// The rate limiter is one bucket for the whole fleet.
+pub async fn rate_limiter_is_fleet_wide<F: CoordFixture>(f: &F) {
+    let a = f.handle().await;
+    let b = f.handle().await;
+    let limit = RateLimit::new(5.0, 2);
+    assert_eq!(a.acquire_rate("connect:telegram", limit).await.unwrap(), Permit::Granted);
+    assert_eq!(b.acquire_rate("connect:telegram", limit).await.unwrap(), Permit::Granted);
+    match a.acquire_rate("connect:telegram", limit).await.unwrap() {
+        Permit::Wait(d) => assert!(d > Duration::ZERO && d <= Duration::from_millis(200), "{d:?}"),
+        Permit::Granted => panic!("burst of 2 exceeded"),
+    }
+    // Another key is another bucket.
+    assert_eq!(b.acquire_rate("connect:slack", limit).await.unwrap(), Permit::Granted);
+    // A token comes back after 1/rate.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(b.acquire_rate("connect:telegram", limit).await.unwrap(), Permit::Granted);
+    assert!(a.acquire_rate("bad key", limit).await.is_err());
+}
+
+/// Over a second, a bucket grants about `burst + rate` tokens, whoever asks.
+pub async fn rate_limiter_holds_the_rate<F: CoordFixture>(f: &F) {
+    let hs = [f.handle().await, f.handle().await, f.handle().await];
+    let limit = RateLimit::new(20.0, 1);
+    let start = tokio::time::Instant::now();
+    let mut granted = 0;
+    let mut i = 0;
+    while start.elapsed() < Duration::from_secs(1) {
+        match hs[i % 3].acquire_rate("connect:x", limit).await.unwrap() {
+            Permit::Granted => granted += 1,
+            Permit::Wait(d) => tokio::time::sleep(d.min(Duration::from_millis(20))).await,
+        }
+        i += 1;
+    }
+    // 1 (burst) + 20/s over ~1 s; slack for scheduling on a loaded machine.
+    assert!((15..=23).contains(&granted), "granted {granted} in 1 s at 20/s");
+}
+
+/// Fenced locks: one holder, token-checked renew and release, fences that grow.
+pub async fn fenced_locks<F: CoordFixture>(f: &F) {
+    let a = f.handle().await;
+    let b = f.handle().await;
+    let ttl = Duration::from_millis(400);
+    let g1 = a.acquire_lock_fenced("migrate", ttl).await.unwrap().unwrap();
+    assert!(b.acquire_lock_fenced("migrate", ttl).await.unwrap().is_none());
+    assert!(a.renew_lock(&g1, ttl).await.unwrap());
+    let mut forged = g1.clone();
+    forged.token = "not-the-token".into();
+    assert!(!b.release_lock(&forged).await.unwrap());
+    assert!(!b.renew_lock(&forged, ttl).await.unwrap());
+    assert!(a.release_lock(&g1).await.unwrap());
+    let g2 = b.acquire_lock_fenced("migrate", ttl).await.unwrap().unwrap();
+    assert!(g2.fence > g1.fence);
+    // Expiry frees it for the next holder, with a higher fence; the old guard is dead.
+    wait_for("lock expiry", Duration::from_secs(5), || async {
+        a.acquire_lock_fenced("migrate", ttl).await.unwrap()
+    })
+    .await;
+    assert!(!b.renew_lock(&g2, ttl).await.unwrap());
+    assert!(!b.release_lock(&g2).await.unwrap());
+}
+
+/// Singleton jobs: one leader, re-entrant for the leader, taken over after it stops renewing.
+pub async fn leader_election<F: CoordFixture>(f: &F) {
+    let a = f.handle().await;
+    let b = f.handle().await;
+    let ttl = Duration::from_millis(400);
+    let fa = a.try_lead("compactor", ttl).await.unwrap().expect("a leads");
+    assert_eq!(b.try_lead("compactor", ttl).await.unwrap(), None);
+    assert_eq!(a.try_lead("compactor", ttl).await.unwrap(), Some(fa), "renewal keeps the fence");
+    assert!(b.try_lead("other-job", ttl).await.unwrap().is_some());
+    let fb = wait_for("leadership to pass", Duration::from_secs(5), || async {
+        b.try_lead("compactor", ttl).await.unwrap()
+    })
+    .await;
+    assert!(fb > fa);
+    assert_eq!(a.try_lead("compactor", ttl).await.unwrap(), None);
+}
+
+/// Joins and clean leaves are seen at once (signalled), not after the poll period.
+pub async fn member_watch_sees_joins_and_leaves<F: CoordFixture>(f: &F) {
+    let watcher = f.handle().await;
+    let _a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let mut rx = MemberWatch::spawn(watcher, Duration::from_secs(60));
+    let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    assert_eq!(first, Some(MemberEvent::Joined(wid("w-a"))));
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    assert_eq!(ev, Some(MemberEvent::Joined(wid("w-b"))));
+    b.unregister().await.unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    assert_eq!(ev, Some(MemberEvent::Left(wid("w-b"))));
+}
+
+/// A worker cut off from the backend learns it must stop *before* its liveness can expire
+/// there; one whose liveness was taken learns at its next renewal.
+pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
+    let lease = Duration::from_millis(900);
+    let link = Partition::new(f.handle().await);
+    let observer = f.handle().await;
+    let keeper = LeaseKeeper::start(
+        Arc::new(link.clone()),
+        Arc::new(SystemClock::new()),
+        wid("w-a"),
+        meta(),
+        lease,
+    )
+    .await
+    .unwrap();
+    let mut h = keeper.handle();
+    // Renewals keep it valid well past one lease.
+    tokio::time::sleep(lease * 2).await;
+    h.check().expect("renewed lease is valid");
+    link.cut(true);
+    let cut_at = tokio::time::Instant::now();
+    let why = tokio::time::timeout(lease * 2, h.lost()).await.expect("learns in time");
+    assert!(matches!(why, LeaseLost::Expired(_)), "{why:?}");
+    assert!(cut_at.elapsed() < lease, "stopped before the lease could expire");
+    // At that moment the backend still shows it live: nobody else can have claimed its bots.
+    let live = observer.live_workers().await.unwrap();
+    assert!(live.iter().any(|w| w.id == wid("w-a")), "stopped before expiry in the backend");
+    assert!(h.check().is_err());
+    keeper.stop();
+
+    // Revocation: another life of the same id takes over; the keeper learns at its next renewal.
+    let keeper = LeaseKeeper::start(
+        f.handle().await,
+        Arc::new(SystemClock::new()),
+        wid("w-b"),
+        meta(),
+        lease,
+    )
+    .await
+    .unwrap();
+    let mut h = keeper.handle();
+    let usurper = f.handle().await;
+    usurper.register(&wid("w-b"), &meta(), lease).await.unwrap();
+    let why = tokio::time::timeout(lease * 2, h.lost()).await.expect("learns in time");
+    assert_eq!(why, LeaseLost::Revoked);
+}
+
+/// A holder stalled past its lease loses the claim, and its fenced write is refused.
+pub async fn stalled_holder_is_fenced_out<F: CoordFixture>(f: &F) {
+    let store = MemoryStore::new();
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    let bot = bid("bot-1");
+    let fa = granted(a.claim(&bot, store.highest_fence(&bot).await.unwrap()).await.unwrap());
+    store.accept_fence(&bot, fa).await.unwrap();
+    store.put_cursor(&bot, "10", fa).await.unwrap();
+    // a stalls (renews nothing) past its lease; b takes over.
+    outlive_lease(&[&b]).await;
+    let fb = granted(b.claim(&bot, store.highest_fence(&bot).await.unwrap()).await.unwrap());
+    store.accept_fence(&bot, fb).await.unwrap();
+    store.put_cursor(&bot, "11", fb).await.unwrap();
+    // a wakes up and tries to write what it fetched before the stall.
+    match store.put_cursor(&bot, "10", fa).await {
+        Err(StoreError::StaleFence { offered, current, .. }) => {
+            assert_eq!((offered, current), (fa, fb));
+        }
+        other => panic!("stale write must be refused, got {other:?}"),
+    }
+    assert_eq!(store.cursor(&bot).await.unwrap().unwrap().value, "11");
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Lost);
+}
+
+/// Many bots across a few workers: each bot has exactly one owner, whoever asked first.
+pub async fn many_bots_one_owner_each<F: CoordFixture>(f: &F) {
+    let mut ws = Vec::new();
+    for i in 0..4 {
+        ws.push(worker(f, &format!("w-{i}"), Duration::from_secs(30)).await);
+    }
+    let bots: Vec<_> = (0..50).map(|i| bid(&format!("b-{i}"))).collect();
+    let mut tasks = Vec::new();
+    for w in &ws {
+        let (w, bots) = (w.clone(), bots.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut mine = HashSet::new();
+            for b in &bots {
+                if let ClaimOutcome::Granted(_) = w.claim(b, Fence::ZERO).await.unwrap() {
+                    mine.insert(b.clone());
+                }
+            }
+            mine
+        }));
+    }
+    let mut all = HashSet::new();
+    let mut total = 0;
+    for t in tasks {
+        let mine = t.await.unwrap();
+        total += mine.len();
+        all.extend(mine);
+    }
+    assert_eq!(total, bots.len(), "no bot granted twice");
+    assert_eq!(all.len(), bots.len(), "every bot granted once");
+}
+
+/// Generates a module `conformance_coord` with one `#[tokio::test]` per suite case, each
+/// running against a fresh fixture from `$fixture` (an async expression). The tests' paths
+/// (`conformance_coord::<case>`) match `cargo test conformance`.
+#[macro_export]
+macro_rules! coordinator_conformance {
+    ($fixture:expr) => {
+        $crate::coordinator_conformance!(@cases $fixture;
+            membership_lists_and_unregisters,
+            liveness_expires_without_renewal,
+            new_incarnation_voids_the_old,
+            claim_is_exclusive,
+            simultaneous_claims_have_one_winner,
+            claim_after_holder_expires,
+            unregister_frees_claims,
+            release_with_stale_fence_is_refused,
+            fences_never_go_back,
+            hand_over_reserves_for_the_target,
+            hand_over_to_a_dead_worker_releases,
+            unregistered_handles_cannot_claim,
+            events_are_ordered_and_not_replayed,
+            commands_reach_one_worker,
+            rate_limiter_is_fleet_wide,
+            rate_limiter_holds_the_rate,
+            fenced_locks,
+            leader_election,
+            member_watch_sees_joins_and_leaves,
+            lease_keeper_fences_itself,
+            stalled_holder_is_fenced_out,
+            many_bots_one_owner_each,
+        );
+    };
+    (@cases $fixture:expr; $($case:ident),* $(,)?) => {
+        mod conformance_coord {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let fixture = $fixture;
+                    $crate::coord_suite::$case(&fixture).await;
+                }
+            )*
+        }
+    };
+}

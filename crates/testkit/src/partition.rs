@@ -1,0 +1,138 @@
+//! A coordinator wrapper that can cut a worker off from the backend, to test self-fencing on
+//! any backend.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use botfleet_coord::{
+    ClaimOutcome, CoordError, Coordinator, EventCursor, LifecycleEvent, LiveWorker, LockGuard,
+    Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+};
+use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
+use tokio::sync::mpsc;
+
+/// Wraps a coordinator; while [`Partition::cut`] is on, every call fails as if the backend
+/// were unreachable.
+#[derive(Debug, Clone)]
+pub struct Partition {
+    inner: Arc<dyn Coordinator>,
+    cut: Arc<AtomicBool>,
+}
+
+impl Partition {
+    /// Wraps `inner`, connected.
+    pub fn new(inner: Arc<dyn Coordinator>) -> Self {
+        Self {
+            inner,
+            cut: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Cuts (`true`) or heals (`false`) the link.
+    pub fn cut(&self, on: bool) {
+        self.cut.store(on, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(CoordError::Unreachable {
+                what: "partitioned by test".into(),
+                source: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Coordinator for Partition {
+    async fn register(&self, w: &WorkerId, m: &WorkerMeta, l: Duration) -> Result<Incarnation> {
+        self.check()?;
+        self.inner.register(w, m, l).await
+    }
+    async fn renew(&self, n: u32) -> Result<Renewal> {
+        self.check()?;
+        self.inner.renew(n).await
+    }
+    async fn unregister(&self) -> Result<()> {
+        self.check()?;
+        self.inner.unregister().await
+    }
+    fn registration(&self) -> Option<(WorkerId, Incarnation)> {
+        self.inner.registration()
+    }
+    async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
+        self.check()?;
+        self.inner.live_workers().await
+    }
+    async fn member_signal(&self) -> Result<mpsc::Receiver<()>> {
+        self.check()?;
+        self.inner.member_signal().await
+    }
+    async fn claim(&self, b: &BotId, f: Fence) -> Result<ClaimOutcome> {
+        self.check()?;
+        self.inner.claim(b, f).await
+    }
+    async fn release(&self, b: &BotId, f: Fence) -> Result<bool> {
+        self.check()?;
+        self.inner.release(b, f).await
+    }
+    async fn hand_over(&self, b: &BotId, f: Fence, to: &WorkerId) -> Result<bool> {
+        self.check()?;
+        self.inner.hand_over(b, f, to).await
+    }
+    async fn owner(&self, b: &BotId) -> Result<Option<Owner>> {
+        self.check()?;
+        self.inner.owner(b).await
+    }
+    async fn publish(&self, e: &LifecycleEvent) -> Result<EventCursor> {
+        self.check()?;
+        self.inner.publish(e).await
+    }
+    async fn events_head(&self) -> Result<EventCursor> {
+        self.check()?;
+        self.inner.events_head().await
+    }
+    async fn read_events(
+        &self,
+        a: &EventCursor,
+        m: usize,
+        w: Duration,
+    ) -> Result<Vec<(EventCursor, LifecycleEvent)>> {
+        self.check()?;
+        self.inner.read_events(a, m, w).await
+    }
+    async fn send_command(&self, to: &WorkerId, c: &WorkerCommand) -> Result<()> {
+        self.check()?;
+        self.inner.send_command(to, c).await
+    }
+    async fn recv_commands(&self, m: usize, w: Duration) -> Result<Vec<WorkerCommand>> {
+        self.check()?;
+        self.inner.recv_commands(m, w).await
+    }
+    async fn acquire_rate(&self, k: &str, l: RateLimit) -> Result<Permit> {
+        self.check()?;
+        self.inner.acquire_rate(k, l).await
+    }
+    async fn try_lead(&self, n: &str, t: Duration) -> Result<Option<Fence>> {
+        self.check()?;
+        self.inner.try_lead(n, t).await
+    }
+    async fn acquire_lock_fenced(&self, k: &str, t: Duration) -> Result<Option<LockGuard>> {
+        self.check()?;
+        self.inner.acquire_lock_fenced(k, t).await
+    }
+    async fn renew_lock(&self, g: &LockGuard, t: Duration) -> Result<bool> {
+        self.check()?;
+        self.inner.renew_lock(g, t).await
+    }
+    async fn release_lock(&self, g: &LockGuard) -> Result<bool> {
+        self.check()?;
+        self.inner.release_lock(g).await
+    }
+}

@@ -1,0 +1,235 @@
+//! The [`Store`] conformance suite, written once and run against every backend through
+//! [`store_conformance!`](crate::store_conformance).
+
+use std::{future::Future, sync::Arc};
+
+use botfleet_core::{BotSpec, BotStatus, Fence, HandlerSpec, Platform, Secret};
+use botfleet_store::{BotFilter, Store, StoreError};
+
+use crate::coord_suite::bid;
+
+/// Makes fresh, empty stores of one backend.
+pub trait StoreFixture: Send + Sync {
+    /// A new empty store (its own file, schema or map).
+    fn store(&self) -> impl Future<Output = Arc<dyn Store>> + Send;
+}
+
+fn spec(id: &str, platform: Platform) -> BotSpec {
+    BotSpec::new(bid(id), platform, format!("{id}-token:SECRET"))
+}
+
+/// A bot comes back exactly as added, with status `pending`.
+pub async fn bots_round_trip(s: Arc<dyn Store>) {
+    let mut b = spec("b1", Platform::Telegram);
+    b.options.api_url = Some("http://127.0.0.1:9/api".into());
+    b.handler = HandlerSpec::Webhook {
+        url: "http://127.0.0.1:9/hook".into(),
+        secret: Some(Secret::new("hmac-key")),
+    };
+    s.add_bot(&b).await.unwrap();
+    let r = s.get_bot(&bid("b1")).await.unwrap().unwrap();
+    assert_eq!(r.spec, b);
+    assert_eq!(r.status, BotStatus::Pending);
+    assert_eq!(r.last_error, None);
+    assert!(r.updated_at_ms > 0);
+    assert!(s.get_bot(&bid("nope")).await.unwrap().is_none());
+    let debug = format!("{r:?} {s:?}");
+    assert!(!debug.contains("SECRET") && !debug.contains("hmac-key"), "{debug}");
+}
+
+/// Adding an id twice, or an invalid spec, is refused with a clear error.
+pub async fn add_refuses_duplicates_and_bad_specs(s: Arc<dyn Store>) {
+    s.add_bot(&spec("b1", Platform::Telegram)).await.unwrap();
+    match s.add_bot(&spec("b1", Platform::Slack)).await {
+        Err(StoreError::AlreadyExists(id)) => assert_eq!(id, bid("b1")),
+        other => panic!("expected AlreadyExists, got {other:?}"),
+    }
+    let mut bad = spec("b2", Platform::Telegram);
+    bad.token = Secret::new("");
+    let e = s.add_bot(&bad).await.unwrap_err();
+    assert!(matches!(e, StoreError::InvalidSpec(_)), "{e:?}");
+    assert_eq!(e.to_string(), "invalid token: is empty");
+    assert!(s.get_bot(&bid("b2")).await.unwrap().is_none());
+}
+
+/// Listing filters by platform and enabled flag, sorted by id.
+pub async fn list_filters(s: Arc<dyn Store>) {
+    for (id, p, enabled) in [
+        ("c", Platform::Telegram, true),
+        ("a", Platform::Telegram, false),
+        ("b", Platform::Slack, true),
+        ("d", Platform::Discord, true),
+    ] {
+        let mut b = spec(id, p);
+        b.enabled = enabled;
+        s.add_bot(&b).await.unwrap();
+    }
+    let ids = |v: Vec<botfleet_core::BotRecord>| -> Vec<String> {
+        v.into_iter().map(|r| r.spec.id.to_string()).collect()
+    };
+    assert_eq!(ids(s.list_bots(&BotFilter::default()).await.unwrap()), ["a", "b", "c", "d"]);
+    let tg = BotFilter {
+        platform: Some(Platform::Telegram),
+        enabled: None,
+    };
+    assert_eq!(ids(s.list_bots(&tg).await.unwrap()), ["a", "c"]);
+    let on = BotFilter {
+        platform: Some(Platform::Telegram),
+        enabled: Some(true),
+    };
+    assert_eq!(ids(s.list_bots(&on).await.unwrap()), ["c"]);
+    let off = BotFilter {
+        platform: None,
+        enabled: Some(false),
+    };
+    assert_eq!(ids(s.list_bots(&off).await.unwrap()), ["a"]);
+}
+
+/// Updates replace the spec but keep status and last error; unknown ids are `NotFound`.
+pub async fn update_keeps_status(s: Arc<dyn Store>) {
+    let mut b = spec("b1", Platform::Telegram);
+    s.add_bot(&b).await.unwrap();
+    s.set_status(&b.id, BotStatus::Failed, Some("401 Unauthorized")).await.unwrap();
+    b.token = Secret::new("new:token");
+    b.enabled = false;
+    s.update_bot(&b).await.unwrap();
+    let r = s.get_bot(&b.id).await.unwrap().unwrap();
+    assert_eq!(r.spec, b);
+    assert_eq!(r.status, BotStatus::Failed);
+    assert_eq!(r.last_error.as_deref(), Some("401 Unauthorized"));
+    let ghost = spec("ghost", Platform::Telegram);
+    assert!(matches!(s.update_bot(&ghost).await, Err(StoreError::NotFound(_))));
+}
+
+/// Status and last error are recorded and cleared.
+pub async fn status_is_recorded(s: Arc<dyn Store>) {
+    let b = spec("b1", Platform::Telegram);
+    s.add_bot(&b).await.unwrap();
+    s.set_status(&b.id, BotStatus::Running, None).await.unwrap();
+    let r = s.get_bot(&b.id).await.unwrap().unwrap();
+    assert_eq!((r.status, r.last_error), (BotStatus::Running, None));
+    s.set_status(&b.id, BotStatus::Failed, Some("bad token")).await.unwrap();
+    let r = s.get_bot(&b.id).await.unwrap().unwrap();
+    assert_eq!(r.last_error.as_deref(), Some("bad token"));
+    assert!(matches!(
+        s.set_status(&bid("ghost"), BotStatus::Running, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+/// Removing answers whether the bot existed.
+pub async fn remove_bots(s: Arc<dyn Store>) {
+    s.add_bot(&spec("b1", Platform::Telegram)).await.unwrap();
+    assert!(s.remove_bot(&bid("b1")).await.unwrap());
+    assert!(!s.remove_bot(&bid("b1")).await.unwrap());
+    assert!(s.get_bot(&bid("b1")).await.unwrap().is_none());
+    // The id is free again.
+    s.add_bot(&spec("b1", Platform::Slack)).await.unwrap();
+}
+
+/// Cursor writes carry fences; an older fence is refused and changes nothing.
+pub async fn cursor_writes_are_fenced(s: Arc<dyn Store>) {
+    let bot = bid("b1");
+    assert!(s.cursor(&bot).await.unwrap().is_none());
+    assert_eq!(s.highest_fence(&bot).await.unwrap(), Fence::ZERO);
+    s.put_cursor(&bot, "100", Fence(1)).await.unwrap();
+    s.put_cursor(&bot, "101", Fence(1)).await.unwrap();
+    s.put_cursor(&bot, "200", Fence(3)).await.unwrap();
+    match s.put_cursor(&bot, "150", Fence(2)).await {
+        Err(StoreError::StaleFence {
+            bot: b,
+            offered,
+            current,
+        }) => {
+            assert_eq!((b, offered, current), (bot.clone(), Fence(2), Fence(3)));
+        }
+        other => panic!("expected StaleFence, got {other:?}"),
+    }
+    let c = s.cursor(&bot).await.unwrap().unwrap();
+    assert_eq!((c.value.as_str(), c.fence), ("200", Fence(3)));
+    assert_eq!(s.highest_fence(&bot).await.unwrap(), Fence(3));
+}
+
+/// Accepting a fence raises the floor before any cursor is written.
+pub async fn accept_fence_raises_the_floor(s: Arc<dyn Store>) {
+    let bot = bid("b1");
+    s.put_cursor(&bot, "7", Fence(2)).await.unwrap();
+    s.accept_fence(&bot, Fence(5)).await.unwrap();
+    assert_eq!(s.highest_fence(&bot).await.unwrap(), Fence(5));
+    assert!(matches!(
+        s.put_cursor(&bot, "8", Fence(4)).await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    assert!(matches!(
+        s.accept_fence(&bot, Fence(3)).await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    // The cursor value is kept by accept_fence.
+    assert_eq!(s.cursor(&bot).await.unwrap().unwrap().value, "7");
+    s.accept_fence(&bot, Fence(5)).await.unwrap();
+    s.put_cursor(&bot, "9", Fence(6)).await.unwrap();
+}
+
+/// Fences outlive the bot: a re-added bot still refuses the old holder's writes.
+pub async fn fences_survive_removal(s: Arc<dyn Store>) {
+    let b = spec("b1", Platform::Telegram);
+    s.add_bot(&b).await.unwrap();
+    s.accept_fence(&b.id, Fence(9)).await.unwrap();
+    s.remove_bot(&b.id).await.unwrap();
+    s.add_bot(&b).await.unwrap();
+    assert_eq!(s.highest_fence(&b.id).await.unwrap(), Fence(9));
+    assert!(s.put_cursor(&b.id, "x", Fence(8)).await.is_err());
+}
+
+/// Concurrent fenced writers: the highest fence wins, whatever the interleaving.
+pub async fn concurrent_fenced_writes(s: Arc<dyn Store>) {
+    let bot = bid("b1");
+    let mut tasks = Vec::new();
+    for f in [5u64, 17, 3, 11, 20, 1, 14, 8, 19, 2, 16, 7] {
+        let (s, bot) = (s.clone(), bot.clone());
+        tasks.push(tokio::spawn(async move {
+            let _ = s.put_cursor(&bot, &format!("v{f}"), Fence(f)).await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let c = s.cursor(&bot).await.unwrap().unwrap();
+    assert_eq!((c.value.as_str(), c.fence), ("v20", Fence(20)));
+}
+
+/// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
+/// fresh store from `$fixture` (an async expression yielding a
+/// [`StoreFixture`](crate::store_suite::StoreFixture)).
+#[macro_export]
+macro_rules! store_conformance {
+    ($fixture:expr) => {
+        $crate::store_conformance!(@cases $fixture;
+            bots_round_trip,
+            add_refuses_duplicates_and_bad_specs,
+            list_filters,
+            update_keeps_status,
+            status_is_recorded,
+            remove_bots,
+            cursor_writes_are_fenced,
+            accept_fence_raises_the_floor,
+            fences_survive_removal,
+            concurrent_fenced_writes,
+        );
+    };
+    (@cases $fixture:expr; $($case:ident),* $(,)?) => {
+        mod conformance_store {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let fixture = $fixture;
+                    let Some(fixture) = fixture else { return };
+                    let store = $crate::store_suite::StoreFixture::store(&fixture).await;
+                    $crate::store_suite::$case(store).await;
+                }
+            )*
+        }
+    };
+}
