@@ -102,7 +102,12 @@ mod tests {
         let bot = BotId::new("b1").unwrap();
         assert_eq!(ks.owner(&bot), "{prod}:owner:b1");
         assert_eq!(ks.workers(), "{prod}:workers");
-        for k in [ks.fence(&bot), ks.events(), ks.lock("x"), ks.rate("connect:telegram")] {
+        for k in [
+            ks.fence(&bot),
+            ks.events(),
+            ks.lock("x"),
+            ks.rate("connect:telegram"),
+        ] {
             assert!(k.starts_with("{prod}:"), "{k}");
         }
     }

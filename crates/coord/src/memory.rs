@@ -203,6 +203,11 @@ impl MemoryCoordinator {
             if let Some(v) = f(&mut *self.state()?) {
                 return Ok(Some(v));
             }
+            // No wait asked for: answer now rather than arming a timer (which rounds up to the
+            // timer's 1 ms tick).
+            if wait.is_zero() {
+                return Ok(None);
+            }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return Ok(f(&mut *self.state()?));
             }

@@ -203,7 +203,11 @@ impl RedisCoordinator {
         }
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, what: &'static str, cmd: &redis::Cmd) -> Result<T> {
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        what: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
         let mut conn = self.conn.clone();
         let deadline = self.config.response_timeout * 2;
         match tokio::time::timeout(deadline, cmd.query_async(&mut conn)).await {
@@ -245,17 +249,22 @@ async fn connect_manager(
             source: Some(e),
         }),
         Err(_) => Err(CoordError::Unreachable {
-            what: format!("connect (no answer within {:?})", config.connect_timeout * 2),
+            what: format!(
+                "connect (no answer within {:?})",
+                config.connect_timeout * 2
+            ),
             source: None,
         }),
     }
 }
 
 fn parse_fence(what: &'static str, s: &str) -> Result<Fence> {
-    s.parse::<u64>().map(Fence).map_err(|_| CoordError::Protocol {
-        what,
-        detail: format!("fence {s:?} is not a number"),
-    })
+    s.parse::<u64>()
+        .map(Fence)
+        .map_err(|_| CoordError::Protocol {
+            what,
+            detail: format!("fence {s:?} is not a number"),
+        })
 }
 
 fn parse_worker(what: &'static str, s: &str) -> Result<WorkerId> {
@@ -266,7 +275,8 @@ fn parse_worker(what: &'static str, s: &str) -> Result<WorkerId> {
 }
 
 fn parse_cursor(what: &'static str, s: &str) -> Result<EventCursor> {
-    s.parse().map_err(|detail| CoordError::Protocol { what, detail })
+    s.parse()
+        .map_err(|detail| CoordError::Protocol { what, detail })
 }
 
 fn meta_json(meta: &WorkerMeta) -> String {
@@ -430,7 +440,9 @@ impl Coordinator for RedisCoordinator {
             .arg(min_fence.0);
         let r: Vec<String> = self.run("claim", inv).await?;
         match r.first().map(String::as_str) {
-            Some("granted") if r.len() == 2 => Ok(ClaimOutcome::Granted(parse_fence("claim", &r[1])?)),
+            Some("granted") if r.len() == 2 => {
+                Ok(ClaimOutcome::Granted(parse_fence("claim", &r[1])?))
+            }
             Some("held") if r.len() == 5 => Ok(ClaimOutcome::Held(Owner {
                 worker: parse_worker("claim", &r[1])?,
                 incarnation: Incarnation::from_nonce(r[2].clone()),
@@ -560,7 +572,9 @@ impl Coordinator for RedisCoordinator {
             if block_ms > 0 {
                 cmd.arg("BLOCK").arg(block_ms);
             }
-            cmd.arg("STREAMS").arg(self.ks.events()).arg(after.to_string());
+            cmd.arg("STREAMS")
+                .arg(self.ks.events())
+                .arg(after.to_string());
             let reply: Option<StreamReadReply> = if block_ms > 0 {
                 let conn = self.blocking_conn().await?;
                 let mut conn = conn.lock().await;

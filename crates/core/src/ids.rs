@@ -147,7 +147,9 @@ impl fmt::Debug for Incarnation {
 ///
 /// Stores keep the highest fence seen per bot and refuse writes that carry a lower one, so a
 /// worker that lost its claim (stalled, partitioned) cannot overwrite its successor's work.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize,
+)]
 pub struct Fence(pub u64);
 
 impl Fence {

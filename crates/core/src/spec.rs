@@ -84,7 +84,9 @@ impl BotSpec {
             return Err(InvalidSpec::Token("is longer than 4096 bytes"));
         }
         if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(InvalidSpec::Token("contains white space or control characters"));
+            return Err(InvalidSpec::Token(
+                "contains white space or control characters",
+            ));
         }
         if self.platform == Platform::Telegram && token.contains('/') {
             // The token becomes a path segment: `/bot{token}/getMe`.
@@ -217,7 +219,11 @@ mod tests {
             url: "nope".into(),
             secret: None,
         };
-        assert!(s.validate().unwrap_err().to_string().contains("webhook_url"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("webhook_url"));
     }
 
     #[test]

@@ -119,9 +119,11 @@ impl Store for MemoryStore {
     }
 
     async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>> {
-        Ok(self.st().fences.get(id).and_then(|(f, v)| {
-            v.clone().map(|value| Cursor { value, fence: *f })
-        }))
+        Ok(self
+            .st()
+            .fences
+            .get(id)
+            .and_then(|(f, v)| v.clone().map(|value| Cursor { value, fence: *f })))
     }
 
     async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()> {

@@ -52,11 +52,11 @@ impl PostgresStore {
     /// [`StoreError::InvalidUrl`] when the URL does not parse, [`StoreError::Open`] when the
     /// server cannot be reached or refuses, or migrating fails.
     pub async fn open(url: &str) -> Result<Self> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
-            StoreError::InvalidUrl {
-                reason: e.to_string(),
-            }
-        })?;
+        let config: tokio_postgres::Config =
+            url.parse()
+                .map_err(|e: tokio_postgres::Error| StoreError::InvalidUrl {
+                    reason: e.to_string(),
+                })?;
         let mut client = connect(&config).await?;
         migrate(&mut client).await?;
         Ok(Self {
@@ -158,7 +158,14 @@ impl PostgresStore {
         Ok(Fence(f.max(0).unsigned_abs()))
     }
 
-    async fn fenced_write(&self, op: &'static str, sql: &str, bot: &BotId, fence: Fence, value: Option<&str>) -> Result<()> {
+    async fn fenced_write(
+        &self,
+        op: &'static str,
+        sql: &str,
+        bot: &BotId,
+        fence: Fence,
+        value: Option<&str>,
+    ) -> Result<()> {
         let c = self.client().await?;
         let n = c
             .execute(sql, &[&bot.as_str(), &fence_i64(fence), &value])

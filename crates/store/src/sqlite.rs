@@ -28,7 +28,9 @@ pub struct SqliteStore {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -59,8 +61,8 @@ impl SqliteStore {
                     });
                 }
             }
-            let conn = Connection::open(&p)
-                .map_err(|e| open_err(format!("{}: {e}", p.display()), e))?;
+            let conn =
+                Connection::open(&p).map_err(|e| open_err(format!("{}: {e}", p.display()), e))?;
             setup(conn, &p.display().to_string())
         })
         .await
@@ -77,8 +79,8 @@ impl SqliteStore {
     /// Only if SQLite itself fails.
     pub async fn open_in_memory() -> Result<Self> {
         let conn = tokio::task::spawn_blocking(|| {
-            let conn = Connection::open_in_memory()
-                .map_err(|e| open_err(format!("in-memory: {e}"), e))?;
+            let conn =
+                Connection::open_in_memory().map_err(|e| open_err(format!("in-memory: {e}"), e))?;
             setup(conn, ":memory:")
         })
         .await

@@ -69,8 +69,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// `NotFound`, backend failures.
-    async fn set_status(&self, id: &BotId, status: BotStatus, last_error: Option<&str>)
-        -> Result<()>;
+    async fn set_status(
+        &self,
+        id: &BotId,
+        status: BotStatus,
+        last_error: Option<&str>,
+    ) -> Result<()>;
 
     /// The bot's cursor, if one was written.
     ///

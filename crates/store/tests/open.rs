@@ -16,8 +16,19 @@ async fn unknown_schemes_are_refused() {
 
 #[tokio::test]
 async fn a_missing_directory_is_a_clear_error() {
-    let e = open("sqlite:///nonexistent-dir-botfleet/x/bots.db").await.unwrap_err();
-    assert!(matches!(e, StoreError::Open { backend: "sqlite", .. }), "{e:?}");
+    let e = open("sqlite:///nonexistent-dir-botfleet/x/bots.db")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::Open {
+                backend: "sqlite",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("does not exist"), "{e}");
 }
 
@@ -27,11 +38,18 @@ async fn a_file_that_is_not_a_database_is_a_clear_error() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("garbage.db");
     std::fs::write(&path, vec![0x42u8; 8192]).unwrap();
-    let e = open(&format!("sqlite://{}", path.display())).await.unwrap_err();
+    let e = open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap_err();
     assert!(matches!(e, StoreError::Open { .. }), "{e:?}");
-    assert!(e.to_string().contains("cannot open the sqlite database"), "{e}");
+    assert!(
+        e.to_string().contains("cannot open the sqlite database"),
+        "{e}"
+    );
     // A directory where the file should be.
-    let e = open(&format!("sqlite://{}", dir.display())).await.unwrap_err();
+    let e = open(&format!("sqlite://{}", dir.display()))
+        .await
+        .unwrap_err();
     assert!(matches!(e, StoreError::Open { .. }), "{e:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -42,10 +60,22 @@ async fn an_unreachable_postgres_is_a_clear_error() {
     let e = open("postgres://botfleet:pw-secret@127.0.0.1:1/db?connect_timeout=2")
         .await
         .unwrap_err();
-    assert!(matches!(e, StoreError::Open { backend: "postgres", .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            StoreError::Open {
+                backend: "postgres",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert!(!e.to_string().contains("pw-secret"), "{e}");
     let e = open("postgres://[::bad").await.unwrap_err();
-    assert!(matches!(e, StoreError::InvalidUrl { .. } | StoreError::Open { .. }), "{e:?}");
+    assert!(
+        matches!(e, StoreError::InvalidUrl { .. } | StoreError::Open { .. }),
+        "{e:?}"
+    );
 }
 
 #[tokio::test]

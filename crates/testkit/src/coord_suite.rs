@@ -43,7 +43,9 @@ pub fn bid(s: &str) -> BotId {
 
 async fn worker<F: CoordFixture>(f: &F, name: &str, lease: Duration) -> Arc<dyn Coordinator> {
     let h = f.handle().await;
-    h.register(&wid(name), &meta(), lease).await.expect("register");
+    h.register(&wid(name), &meta(), lease)
+        .await
+        .expect("register");
     h
 }
 
@@ -93,7 +95,13 @@ pub async fn liveness_expires_without_renewal<F: CoordFixture>(f: &F) {
     let a = worker(f, "w-a", LEASE).await;
     let b = worker(f, "w-b", LEASE).await;
     outlive_lease(&[&b]).await;
-    let ids: Vec<_> = b.live_workers().await.unwrap().into_iter().map(|w| w.id).collect();
+    let ids: Vec<_> = b
+        .live_workers()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.id)
+        .collect();
     assert_eq!(ids, vec![wid("w-b")]);
     assert_eq!(a.renew(0).await.unwrap(), Renewal::Lost);
     // Registering again brings it back with a new incarnation.
@@ -110,7 +118,10 @@ pub async fn new_incarnation_voids_the_old<F: CoordFixture>(f: &F) {
     let f1 = granted(old.claim(&bot, Fence::ZERO).await.unwrap());
     let new = worker(f, "w-a", Duration::from_secs(30)).await;
     assert_eq!(old.renew(0).await.unwrap(), Renewal::Lost);
-    assert_eq!(old.claim(&bot, Fence::ZERO).await.unwrap(), ClaimOutcome::NotLive);
+    assert_eq!(
+        old.claim(&bot, Fence::ZERO).await.unwrap(),
+        ClaimOutcome::NotLive
+    );
     let f2 = granted(new.claim(&bot, Fence::ZERO).await.unwrap());
     assert!(f2 > f1);
 }
@@ -171,13 +182,19 @@ pub async fn claim_after_holder_expires<F: CoordFixture>(f: &F) {
     let b = worker(f, "w-b", LEASE).await;
     let bot = bid("bot-1");
     let f1 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
-    assert!(matches!(b.claim(&bot, Fence::ZERO).await.unwrap(), ClaimOutcome::Held(_)));
+    assert!(matches!(
+        b.claim(&bot, Fence::ZERO).await.unwrap(),
+        ClaimOutcome::Held(_)
+    ));
     outlive_lease(&[&b]).await;
     assert!(!b.owner(&bot).await.unwrap().unwrap().live);
     let f2 = granted(b.claim(&bot, Fence::ZERO).await.unwrap());
     assert!(f2 > f1);
     // The old holder, once back, cannot claim, release or hand over.
-    assert_eq!(a.claim(&bot, Fence::ZERO).await.unwrap(), ClaimOutcome::NotLive);
+    assert_eq!(
+        a.claim(&bot, Fence::ZERO).await.unwrap(),
+        ClaimOutcome::NotLive
+    );
     assert!(!a.release(&bot, f1).await.unwrap());
 }
 
@@ -223,7 +240,10 @@ pub async fn fences_never_go_back<F: CoordFixture>(f: &F) {
     assert_eq!(fence, Fence(1001));
     assert!(a.release(&bot, fence).await.unwrap());
     // The counter remembers the minimum too.
-    assert_eq!(granted(b.claim(&bot, Fence::ZERO).await.unwrap()), Fence(1002));
+    assert_eq!(
+        granted(b.claim(&bot, Fence::ZERO).await.unwrap()),
+        Fence(1002)
+    );
 }
 
 /// Hand-over reserves the bot for the target, tells it, and lets only it claim.
@@ -233,12 +253,20 @@ pub async fn hand_over_reserves_for_the_target<F: CoordFixture>(f: &F) {
     let c = worker(f, "w-c", Duration::from_secs(30)).await;
     let bot = bid("bot-1");
     let f1 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
-    assert!(!a.hand_over(&bot, Fence(f1.0 + 7), &wid("w-b")).await.unwrap(), "wrong fence");
+    assert!(
+        !a.hand_over(&bot, Fence(f1.0 + 7), &wid("w-b"))
+            .await
+            .unwrap(),
+        "wrong fence"
+    );
     assert!(a.hand_over(&bot, f1, &wid("w-b")).await.unwrap());
     let o = c.owner(&bot).await.unwrap().unwrap();
     assert!(o.handed_over && o.live);
     assert_eq!(o.worker, wid("w-b"));
-    assert!(matches!(c.claim(&bot, Fence::ZERO).await.unwrap(), ClaimOutcome::Held(_)));
+    assert!(matches!(
+        c.claim(&bot, Fence::ZERO).await.unwrap(),
+        ClaimOutcome::Held(_)
+    ));
     assert!(!a.release(&bot, f1).await.unwrap(), "the old owner let go");
     let cmds = b.recv_commands(10, Duration::from_secs(2)).await.unwrap();
     assert_eq!(
@@ -270,7 +298,10 @@ pub async fn unregistered_handles_cannot_claim<F: CoordFixture>(f: &F) {
     assert!(h.renew(0).await.is_err());
     assert!(h.recv_commands(1, Duration::ZERO).await.is_err());
     // Out-of-range leases are refused with a reason.
-    let e = h.register(&wid("w"), &meta(), Duration::from_millis(5)).await.unwrap_err();
+    let e = h
+        .register(&wid("w"), &meta(), Duration::from_millis(5))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("lease"), "{e}");
 }
 
@@ -278,7 +309,9 @@ pub async fn unregistered_handles_cannot_claim<F: CoordFixture>(f: &F) {
 pub async fn events_are_ordered_and_not_replayed<F: CoordFixture>(f: &F) {
     let a = f.handle().await;
     let reader = f.handle().await;
-    a.publish(&LifecycleEvent::Activate(bid("old"))).await.unwrap();
+    a.publish(&LifecycleEvent::Activate(bid("old")))
+        .await
+        .unwrap();
     let head = reader.events_head().await.unwrap();
     let evs = [
         LifecycleEvent::Activate(bid("b1")),
@@ -288,21 +321,36 @@ pub async fn events_are_ordered_and_not_replayed<F: CoordFixture>(f: &F) {
     for e in &evs {
         a.publish(e).await.unwrap();
     }
-    let got = reader.read_events(&head, 100, Duration::ZERO).await.unwrap();
+    let got = reader
+        .read_events(&head, 100, Duration::ZERO)
+        .await
+        .unwrap();
     let kinds: Vec<_> = got.iter().map(|(_, e)| e.clone()).collect();
-    assert_eq!(kinds, evs, "no replay of history before the head, nothing lost after it");
+    assert_eq!(
+        kinds, evs,
+        "no replay of history before the head, nothing lost after it"
+    );
     let last = got.last().unwrap().0.clone();
     assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
-    let none = reader.read_events(&last, 100, Duration::from_millis(100)).await.unwrap();
+    let none = reader
+        .read_events(&last, 100, Duration::from_millis(100))
+        .await
+        .unwrap();
     assert!(none.is_empty());
     // A blocked reader wakes up for a new event.
     let publisher = a.clone();
     let t = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        publisher.publish(&LifecycleEvent::Activate(bid("late"))).await.unwrap();
+        publisher
+            .publish(&LifecycleEvent::Activate(bid("late")))
+            .await
+            .unwrap();
     });
     let started = tokio::time::Instant::now();
-    let got = reader.read_events(&last, 10, Duration::from_secs(10)).await.unwrap();
+    let got = reader
+        .read_events(&last, 10, Duration::from_secs(10))
+        .await
+        .unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].1, LifecycleEvent::Activate(bid("late")));
     assert!(started.elapsed() < Duration::from_secs(8));
@@ -332,8 +380,16 @@ pub async fn commands_reach_one_worker<F: CoordFixture>(f: &F) {
         got.extend(batch);
     }
     assert_eq!(got, cmds);
-    assert!(c.recv_commands(10, Duration::from_millis(100)).await.unwrap().is_empty());
-    assert!(b.recv_commands(10, Duration::ZERO).await.unwrap().is_empty());
+    assert!(c
+        .recv_commands(10, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(b
+        .recv_commands(10, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// The rate limiter is one bucket for the whole fleet.
@@ -341,17 +397,32 @@ pub async fn rate_limiter_is_fleet_wide<F: CoordFixture>(f: &F) {
     let a = f.handle().await;
     let b = f.handle().await;
     let limit = RateLimit::new(5.0, 2);
-    assert_eq!(a.acquire_rate("connect:telegram", limit).await.unwrap(), Permit::Granted);
-    assert_eq!(b.acquire_rate("connect:telegram", limit).await.unwrap(), Permit::Granted);
+    assert_eq!(
+        a.acquire_rate("connect:telegram", limit).await.unwrap(),
+        Permit::Granted
+    );
+    assert_eq!(
+        b.acquire_rate("connect:telegram", limit).await.unwrap(),
+        Permit::Granted
+    );
     match a.acquire_rate("connect:telegram", limit).await.unwrap() {
-        Permit::Wait(d) => assert!(d > Duration::ZERO && d <= Duration::from_millis(200), "{d:?}"),
+        Permit::Wait(d) => assert!(
+            d > Duration::ZERO && d <= Duration::from_millis(200),
+            "{d:?}"
+        ),
         Permit::Granted => panic!("burst of 2 exceeded"),
     }
     // Another key is another bucket.
-    assert_eq!(b.acquire_rate("connect:slack", limit).await.unwrap(), Permit::Granted);
+    assert_eq!(
+        b.acquire_rate("connect:slack", limit).await.unwrap(),
+        Permit::Granted
+    );
     // A token comes back after 1/rate.
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(b.acquire_rate("connect:telegram", limit).await.unwrap(), Permit::Granted);
+    assert_eq!(
+        b.acquire_rate("connect:telegram", limit).await.unwrap(),
+        Permit::Granted
+    );
     assert!(a.acquire_rate("bad key", limit).await.is_err());
 }
 
@@ -370,7 +441,10 @@ pub async fn rate_limiter_holds_the_rate<F: CoordFixture>(f: &F) {
         i += 1;
     }
     // 1 (burst) + 20/s over ~1 s; slack for scheduling on a loaded machine.
-    assert!((15..=23).contains(&granted), "granted {granted} in 1 s at 20/s");
+    assert!(
+        (15..=23).contains(&granted),
+        "granted {granted} in 1 s at 20/s"
+    );
 }
 
 /// Fenced locks: one holder, token-checked renew and release, fences that grow.
@@ -378,15 +452,27 @@ pub async fn fenced_locks<F: CoordFixture>(f: &F) {
     let a = f.handle().await;
     let b = f.handle().await;
     let ttl = Duration::from_millis(400);
-    let g1 = a.acquire_lock_fenced("migrate", ttl).await.unwrap().unwrap();
-    assert!(b.acquire_lock_fenced("migrate", ttl).await.unwrap().is_none());
+    let g1 = a
+        .acquire_lock_fenced("migrate", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b
+        .acquire_lock_fenced("migrate", ttl)
+        .await
+        .unwrap()
+        .is_none());
     assert!(a.renew_lock(&g1, ttl).await.unwrap());
     let mut forged = g1.clone();
     forged.token = "not-the-token".into();
     assert!(!b.release_lock(&forged).await.unwrap());
     assert!(!b.renew_lock(&forged, ttl).await.unwrap());
     assert!(a.release_lock(&g1).await.unwrap());
-    let g2 = b.acquire_lock_fenced("migrate", ttl).await.unwrap().unwrap();
+    let g2 = b
+        .acquire_lock_fenced("migrate", ttl)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(g2.fence > g1.fence);
     // Expiry frees it for the next holder, with a higher fence; the old guard is dead.
     wait_for("lock expiry", Duration::from_secs(5), || async {
@@ -402,9 +488,17 @@ pub async fn leader_election<F: CoordFixture>(f: &F) {
     let a = f.handle().await;
     let b = f.handle().await;
     let ttl = Duration::from_millis(400);
-    let fa = a.try_lead("compactor", ttl).await.unwrap().expect("a leads");
+    let fa = a
+        .try_lead("compactor", ttl)
+        .await
+        .unwrap()
+        .expect("a leads");
     assert_eq!(b.try_lead("compactor", ttl).await.unwrap(), None);
-    assert_eq!(a.try_lead("compactor", ttl).await.unwrap(), Some(fa), "renewal keeps the fence");
+    assert_eq!(
+        a.try_lead("compactor", ttl).await.unwrap(),
+        Some(fa),
+        "renewal keeps the fence"
+    );
     assert!(b.try_lead("other-job", ttl).await.unwrap().is_some());
     let fb = wait_for("leadership to pass", Duration::from_secs(5), || async {
         b.try_lead("compactor", ttl).await.unwrap()
@@ -419,13 +513,19 @@ pub async fn member_watch_sees_joins_and_leaves<F: CoordFixture>(f: &F) {
     let watcher = f.handle().await;
     let _a = worker(f, "w-a", Duration::from_secs(30)).await;
     let mut rx = MemberWatch::spawn(watcher, Duration::from_secs(60));
-    let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap();
     assert_eq!(first, Some(MemberEvent::Joined(wid("w-a"))));
     let b = worker(f, "w-b", Duration::from_secs(30)).await;
-    let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap();
     assert_eq!(ev, Some(MemberEvent::Joined(wid("w-b"))));
     b.unregister().await.unwrap();
-    let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap();
     assert_eq!(ev, Some(MemberEvent::Left(wid("w-b"))));
 }
 
@@ -450,12 +550,20 @@ pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
     h.check().expect("renewed lease is valid");
     link.cut(true);
     let cut_at = tokio::time::Instant::now();
-    let why = tokio::time::timeout(lease * 2, h.lost()).await.expect("learns in time");
+    let why = tokio::time::timeout(lease * 2, h.lost())
+        .await
+        .expect("learns in time");
     assert!(matches!(why, LeaseLost::Expired(_)), "{why:?}");
-    assert!(cut_at.elapsed() < lease, "stopped before the lease could expire");
+    assert!(
+        cut_at.elapsed() < lease,
+        "stopped before the lease could expire"
+    );
     // At that moment the backend still shows it live: nobody else can have claimed its bots.
     let live = observer.live_workers().await.unwrap();
-    assert!(live.iter().any(|w| w.id == wid("w-a")), "stopped before expiry in the backend");
+    assert!(
+        live.iter().any(|w| w.id == wid("w-a")),
+        "stopped before expiry in the backend"
+    );
     assert!(h.check().is_err());
     keeper.stop();
 
@@ -472,7 +580,9 @@ pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
     let mut h = keeper.handle();
     let usurper = f.handle().await;
     usurper.register(&wid("w-b"), &meta(), lease).await.unwrap();
-    let why = tokio::time::timeout(lease * 2, h.lost()).await.expect("learns in time");
+    let why = tokio::time::timeout(lease * 2, h.lost())
+        .await
+        .expect("learns in time");
     assert_eq!(why, LeaseLost::Revoked);
 }
 
@@ -482,17 +592,27 @@ pub async fn stalled_holder_is_fenced_out<F: CoordFixture>(f: &F) {
     let a = worker(f, "w-a", LEASE).await;
     let b = worker(f, "w-b", LEASE).await;
     let bot = bid("bot-1");
-    let fa = granted(a.claim(&bot, store.highest_fence(&bot).await.unwrap()).await.unwrap());
+    let fa = granted(
+        a.claim(&bot, store.highest_fence(&bot).await.unwrap())
+            .await
+            .unwrap(),
+    );
     store.accept_fence(&bot, fa).await.unwrap();
     store.put_cursor(&bot, "10", fa).await.unwrap();
     // a stalls (renews nothing) past its lease; b takes over.
     outlive_lease(&[&b]).await;
-    let fb = granted(b.claim(&bot, store.highest_fence(&bot).await.unwrap()).await.unwrap());
+    let fb = granted(
+        b.claim(&bot, store.highest_fence(&bot).await.unwrap())
+            .await
+            .unwrap(),
+    );
     store.accept_fence(&bot, fb).await.unwrap();
     store.put_cursor(&bot, "11", fb).await.unwrap();
     // a wakes up and tries to write what it fetched before the stall.
     match store.put_cursor(&bot, "10", fa).await {
-        Err(StoreError::StaleFence { offered, current, .. }) => {
+        Err(StoreError::StaleFence {
+            offered, current, ..
+        }) => {
             assert_eq!((offered, current), (fa, fb));
         }
         other => panic!("stale write must be refused, got {other:?}"),

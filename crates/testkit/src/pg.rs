@@ -42,7 +42,10 @@ impl Drop for PgSchema {
         let name = self.name.clone();
         // Drop runs inside a runtime; do the async cleanup on a thread with its own.
         let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
                 return;
             };
             rt.block_on(async {

@@ -34,7 +34,10 @@ pub async fn bots_round_trip(s: Arc<dyn Store>) {
     assert!(r.updated_at_ms > 0);
     assert!(s.get_bot(&bid("nope")).await.unwrap().is_none());
     let debug = format!("{r:?} {s:?}");
-    assert!(!debug.contains("SECRET") && !debug.contains("hmac-key"), "{debug}");
+    assert!(
+        !debug.contains("SECRET") && !debug.contains("hmac-key"),
+        "{debug}"
+    );
 }
 
 /// Adding an id twice, or an invalid spec, is refused with a clear error.
@@ -67,7 +70,10 @@ pub async fn list_filters(s: Arc<dyn Store>) {
     let ids = |v: Vec<botfleet_core::BotRecord>| -> Vec<String> {
         v.into_iter().map(|r| r.spec.id.to_string()).collect()
     };
-    assert_eq!(ids(s.list_bots(&BotFilter::default()).await.unwrap()), ["a", "b", "c", "d"]);
+    assert_eq!(
+        ids(s.list_bots(&BotFilter::default()).await.unwrap()),
+        ["a", "b", "c", "d"]
+    );
     let tg = BotFilter {
         platform: Some(Platform::Telegram),
         enabled: None,
@@ -89,7 +95,9 @@ pub async fn list_filters(s: Arc<dyn Store>) {
 pub async fn update_keeps_status(s: Arc<dyn Store>) {
     let mut b = spec("b1", Platform::Telegram);
     s.add_bot(&b).await.unwrap();
-    s.set_status(&b.id, BotStatus::Failed, Some("401 Unauthorized")).await.unwrap();
+    s.set_status(&b.id, BotStatus::Failed, Some("401 Unauthorized"))
+        .await
+        .unwrap();
     b.token = Secret::new("new:token");
     b.enabled = false;
     s.update_bot(&b).await.unwrap();
@@ -98,7 +106,10 @@ pub async fn update_keeps_status(s: Arc<dyn Store>) {
     assert_eq!(r.status, BotStatus::Failed);
     assert_eq!(r.last_error.as_deref(), Some("401 Unauthorized"));
     let ghost = spec("ghost", Platform::Telegram);
-    assert!(matches!(s.update_bot(&ghost).await, Err(StoreError::NotFound(_))));
+    assert!(matches!(
+        s.update_bot(&ghost).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 /// Status and last error are recorded and cleared.
@@ -108,7 +119,9 @@ pub async fn status_is_recorded(s: Arc<dyn Store>) {
     s.set_status(&b.id, BotStatus::Running, None).await.unwrap();
     let r = s.get_bot(&b.id).await.unwrap().unwrap();
     assert_eq!((r.status, r.last_error), (BotStatus::Running, None));
-    s.set_status(&b.id, BotStatus::Failed, Some("bad token")).await.unwrap();
+    s.set_status(&b.id, BotStatus::Failed, Some("bad token"))
+        .await
+        .unwrap();
     let r = s.get_bot(&b.id).await.unwrap().unwrap();
     assert_eq!(r.last_error.as_deref(), Some("bad token"));
     assert!(matches!(
