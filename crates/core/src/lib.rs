@@ -1,14 +1,4 @@
-//! Domain types of botfleet, shared by every layer: identifiers, bot specs, platform-neutral
-//! messages, secrets and clocks. This crate does no I/O and knows no async runtime.
-//!
-//! ```
-//! use botfleet_core::{BotId, BotSpec, Platform};
-//!
-//! let spec = BotSpec::new(BotId::new("support-eu")?, "telegram".parse::<Platform>()?, "123:abc");
-//! spec.validate()?;
-//! assert_eq!(format!("{:?}", spec.token), "<redacted>");
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+#![doc = include_str!("../README.md")]
 
 mod clock;
 mod error;

@@ -1,19 +1,4 @@
-//! Persistence for botfleet: the bot registry and per-bot fenced state (cursors), behind one
-//! [`Store`] trait with SQLite (the embedded default), Postgres and in-memory backends.
-//!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use botfleet_core::{BotId, BotSpec, Fence, Platform};
-//! use botfleet_store::{open, StoreError};
-//!
-//! let store = open("sqlite::memory:").await?;
-//! let bot = BotId::new("support-eu")?;
-//! store.add_bot(&BotSpec::new(bot.clone(), Platform::Telegram, "123:abc")).await?;
-//! store.put_cursor(&bot, "1001", Fence(2)).await?;
-//! // A writer that lost its claim (older fence) is refused.
-//! assert!(matches!(store.put_cursor(&bot, "999", Fence(1)).await, Err(StoreError::StaleFence { .. })));
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../README.md")]
 
 use std::sync::Arc;
 

@@ -1,13 +1,4 @@
-//! Test helpers for botfleet (a dev-dependency only): the conformance suites every backend
-//! runs, a private `redis-server` launcher, a partition wrapper for fault tests, and
-//! wait-for-condition.
-//!
-//! A backend's tests call the suite macros once:
-//!
-//! ```ignore
-//! botfleet_testkit::coordinator_conformance!(MemoryFixture::new());
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 pub mod coord_suite;

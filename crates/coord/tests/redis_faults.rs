@@ -1,0 +1,318 @@
+//! Fault tests of the Redis backend against a private `redis-server`: restarts that lose every
+//! key, a Redis that is down, bad URLs. And the steady-state cost of an idle worker.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use botfleet_coord::{
+    placement::{Ring, RingConfig, DEFAULT_BALANCE},
+    ClaimOutcome, CoordError, Coordinator, LeaseKeeper, LifecycleEvent, MemberWatch, RedisConfig,
+    RedisCoordinator,
+};
+use botfleet_core::{BotId, Fence, SystemClock};
+use botfleet_store::{SqliteStore, Store};
+use botfleet_testkit::{
+    coord_suite::{bid, meta, wid},
+    free_port, nonce, wait_for, RedisServer,
+};
+
+async fn connect(server: &RedisServer) -> Arc<dyn Coordinator> {
+    Arc::new(
+        RedisCoordinator::connect(RedisConfig::new(server.url()).prefix("faults"))
+            .await
+            .unwrap(),
+    )
+}
+
+struct TempDb(std::path::PathBuf);
+
+impl TempDb {
+    async fn open() -> (Self, SqliteStore) {
+        let dir = std::env::temp_dir().join(format!("botfleet-faults-{}", nonce()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("s.db")).await.unwrap();
+        (Self(dir), store)
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Claims `bots` for `c`, passing the store's highest fence; returns bot → fence.
+async fn claim_all(
+    c: &dyn Coordinator,
+    store: &dyn Store,
+    bots: &[&BotId],
+) -> HashMap<BotId, Fence> {
+    let mut out = HashMap::new();
+    for b in bots {
+        let min = store.highest_fence(b).await.unwrap();
+        match c.claim(b, min).await.unwrap() {
+            ClaimOutcome::Granted(f) => {
+                store.accept_fence(b, f).await.unwrap();
+                out.insert((*b).clone(), f);
+            }
+            other => panic!("{b}: {other:?}"),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_with_data_loss_never_yields_two_owners() {
+    let mut server = RedisServer::start().unwrap();
+    let (_db, store) = TempDb::open().await;
+    let lease = Duration::from_millis(1500);
+    let bots: Vec<BotId> = (0..40).map(|i| bid(&format!("bot-{i}"))).collect();
+    let (wa, wb) = (wid("w-a"), wid("w-b"));
+    let ring = Ring::new([&wa, &wb], RingConfig::default());
+    let plan = ring.assign(&bots, DEFAULT_BALANCE, |_| None);
+    let (mine_a, mine_b) = (plan.bots_of(&wa), plan.bots_of(&wb));
+
+    let a = connect(&server).await;
+    let b = connect(&server).await;
+    let clock = Arc::new(SystemClock::new());
+    let ka = LeaseKeeper::start(a.clone(), clock.clone(), wa.clone(), meta(), lease)
+        .await
+        .unwrap();
+    let kb = LeaseKeeper::start(b.clone(), clock.clone(), wb.clone(), meta(), lease)
+        .await
+        .unwrap();
+    let before_a = claim_all(&*a, &store, &mine_a).await;
+    let before_b = claim_all(&*b, &store, &mine_b).await;
+
+    server.restart().unwrap();
+
+    // Both keepers learn the liveness is gone (revoked at the next renewal, or expired if
+    // Redis answered nothing in time) well within one lease.
+    let (mut ha, mut hb) = (ka.handle(), kb.handle());
+    tokio::time::timeout(lease, ha.lost())
+        .await
+        .expect("a learns");
+    tokio::time::timeout(lease, hb.lost())
+        .await
+        .expect("b learns");
+    drop((ka, kb));
+
+    // Re-register with new incarnations (the clients reconnect by themselves) and re-claim.
+    let ka = wait_for("a re-registers", Duration::from_secs(10), || {
+        let (a, clock, wa) = (a.clone(), clock.clone(), wa.clone());
+        async move { LeaseKeeper::start(a, clock, wa, meta(), lease).await.ok() }
+    })
+    .await;
+    let kb = LeaseKeeper::start(b.clone(), clock.clone(), wb.clone(), meta(), lease)
+        .await
+        .unwrap();
+    let after_a = claim_all(&*a, &store, &mine_a).await;
+    // b may not take a's bots: they are held again, by a live worker.
+    for bot in &mine_a {
+        assert!(
+            matches!(
+                b.claim(bot, Fence::ZERO).await.unwrap(),
+                ClaimOutcome::Held(_)
+            ),
+            "{bot} claimed twice after the restart"
+        );
+    }
+    let after_b = claim_all(&*b, &store, &mine_b).await;
+    // Fences kept growing although Redis forgot every counter: the store's floor carried them.
+    for (bot, f) in before_a.iter().chain(&before_b) {
+        let now = after_a.get(bot).or_else(|| after_b.get(bot)).unwrap();
+        assert!(now > f, "{bot}: fence went from {f} to {now}");
+        assert!(store.put_cursor(bot, "stale", *f).await.is_err());
+    }
+    assert!(ka.handle().check().is_ok() && kb.handle().check().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_fail_fast_while_redis_is_down_and_recover_after() {
+    let mut server = RedisServer::start().unwrap();
+    let c = connect(&server).await;
+    c.register(&wid("w-a"), &meta(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    server.stop();
+    let started = tokio::time::Instant::now();
+    let e = c.claim(&bid("b"), Fence::ZERO).await.unwrap_err();
+    assert!(e.is_transient(), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(e, CoordError::Unreachable { .. } | CoordError::Timeout(_)),
+        "{e:?}"
+    );
+    server.restart().unwrap();
+    // Reconnected by itself; the data is gone, so the worker must register again.
+    let renewal = wait_for("reconnect", Duration::from_secs(10), || async {
+        c.renew(0).await.ok()
+    })
+    .await;
+    assert_eq!(renewal, botfleet_coord::Renewal::Lost);
+    c.register(&wid("w-a"), &meta(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(
+        c.claim(&bid("b"), Fence::ZERO).await.unwrap(),
+        ClaimOutcome::Granted(_)
+    ));
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_is_a_clear_error() {
+    let port = free_port().unwrap();
+    let started = tokio::time::Instant::now();
+    let e = RedisCoordinator::connect(RedisConfig::new(format!("redis://127.0.0.1:{port}")))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CoordError::Unreachable { .. }), "{e:?}");
+    assert!(e.to_string().starts_with("Redis unreachable"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn malformed_redis_urls_are_refused_without_echoing_secrets() {
+    for url in [
+        "",
+        "localhost:6379",
+        "http://127.0.0.1:6379",
+        "rediss://127.0.0.1:6379",
+        "redis://:pw-secret@[::1",
+        "redis://:pw-secret@127.0.0.1:notaport",
+    ] {
+        match RedisCoordinator::connect(RedisConfig::new(url)).await {
+            Err(e @ CoordError::InvalidUrl { .. }) => {
+                assert!(!e.to_string().contains("pw-secret"), "{e}");
+            }
+            other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+    let e = RedisCoordinator::connect(RedisConfig::new("redis://127.0.0.1:1").prefix("a b"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CoordError::InvalidArgument(_)), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_is_trimmed_to_its_bound() {
+    let server = RedisServer::start().unwrap();
+    let mut cfg = RedisConfig::new(server.url());
+    cfg.max_events = 100;
+    let c = RedisCoordinator::connect(cfg).await.unwrap();
+    for i in 0..1_000 {
+        c.publish(&LifecycleEvent::Restart(bid(&format!("b{i}"))))
+            .await
+            .unwrap();
+    }
+    let all = c
+        .read_events(&botfleet_coord::EventCursor::START, 10_000, Duration::ZERO)
+        .await
+        .unwrap();
+    // Redis trims by whole stream nodes (`MAXLEN ~`), so a little over the bound is normal.
+    assert!((100..400).contains(&all.len()), "kept {}", all.len());
+    assert_eq!(all.last().unwrap().1, LifecycleEvent::Restart(bid("b999")));
+}
+
+/// Redis commands a worker's steady state costs per second, with `bots` bots held: the lease
+/// keeper, the member watch, and blocking reads of events and commands.
+async fn idle_calls_per_second(bots: usize) -> f64 {
+    let server = RedisServer::start().unwrap();
+    let c = connect(&server).await;
+    let lease = Duration::from_secs(3);
+    let keeper = LeaseKeeper::start(
+        c.clone(),
+        Arc::new(SystemClock::new()),
+        wid("w-a"),
+        meta(),
+        lease,
+    )
+    .await
+    .unwrap();
+    for i in 0..bots {
+        c.claim(&bid(&format!("bot-{i}")), Fence::ZERO)
+            .await
+            .unwrap();
+    }
+    keeper.handle().set_bots_held(bots as u32);
+    let _members = MemberWatch::spawn(c.clone(), lease / 3);
+    let reader = c.clone();
+    let events = tokio::spawn(async move {
+        let mut cur = reader.events_head().await.unwrap();
+        loop {
+            for (id, _) in reader
+                .read_events(&cur, 100, Duration::from_secs(5))
+                .await
+                .unwrap()
+            {
+                cur = id;
+            }
+        }
+    });
+    let reader = c.clone();
+    let commands = tokio::spawn(async move {
+        loop {
+            reader
+                .recv_commands(100, Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Round trips, not commands: `total_commands_processed` also counts every command a Lua
+    // script runs inside one EVALSHA. These are the commands only clients send.
+    let count = || {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &server.port().to_string(), "INFO", "commandstats"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| l.split_once(":calls="))
+            .filter(|(cmd, _)| {
+                matches!(
+                    *cmd,
+                    "evalsha"
+                        | "eval"
+                        | "script|load"
+                        | "xadd"
+                        | "xrevrange"
+                        | "xread"
+                        | "lpop"
+                        | "blpop"
+                        | "multi"
+                        | "ping"
+                        | "subscribe"
+                )
+            })
+            .map(|(_, rest)| rest.split(',').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    let window = Duration::from_secs(10);
+    let before = count();
+    tokio::time::sleep(window).await;
+    let after = count();
+    events.abort();
+    commands.abort();
+    (after - before) / window.as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_costs_the_same_few_calls_whatever_it_holds() {
+    let none = idle_calls_per_second(0).await;
+    let many = idle_calls_per_second(2_000).await;
+    println!(
+        "idle worker, lease 3 s: {none:.2} Redis calls/s holding 0 bots, {many:.2} holding 2,000"
+    );
+    assert!(none < 5.0 && many < 5.0, "{none} / {many} calls per second");
+    assert!(
+        (many - none).abs() < 1.0,
+        "cost grew with bots: {none} -> {many}"
+    );
+}
