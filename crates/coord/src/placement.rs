@@ -267,29 +267,28 @@ impl Ring {
             .map(|(i, w)| (w, i))
             .collect();
         let mut load = vec![0usize; self.workers.len()];
-        let mut overflow = Vec::new();
-        for (_, bot) in order {
-            match self
+        // The first worker of the bot's preference with room under `limit`; takes the room.
+        let mut place = |bot: &BotId, limit: &[usize]| {
+            let i = self
                 .preference(bot)
                 .map(|w| index[w])
-                .find(|&i| load[i] < soft[i])
-            {
-                Some(i) => {
-                    load[i] += 1;
-                    out.owners.insert(bot.clone(), self.workers[i].clone());
+                .find(|&i| load[i] < limit[i])?;
+            load[i] += 1;
+            Some(self.workers[i].clone())
+        };
+        let mut overflow = Vec::new();
+        for (_, bot) in order {
+            match place(bot, &soft) {
+                Some(w) => {
+                    out.owners.insert(bot.clone(), w);
                 }
                 None => overflow.push(bot),
             }
         }
         for bot in overflow {
-            match self
-                .preference(bot)
-                .map(|w| index[w])
-                .find(|&i| load[i] < hard[i])
-            {
-                Some(i) => {
-                    load[i] += 1;
-                    out.owners.insert(bot.clone(), self.workers[i].clone());
+            match place(bot, &hard) {
+                Some(w) => {
+                    out.owners.insert(bot.clone(), w);
                 }
                 None => out.unplaced.push(bot.clone()),
             }

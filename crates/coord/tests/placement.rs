@@ -8,22 +8,7 @@ use std::collections::HashMap;
 use botfleet_coord::placement::{Ring, RingConfig, DEFAULT_BALANCE};
 use botfleet_core::{BotId, WorkerId};
 
-/// splitmix64: a tiny seeded generator, so the cases are the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+type Rng = botfleet_testkit::SeededRng;
 
 /// Worker names as an operator might set them (host-like) or as the default makes them
 /// (random hex).
@@ -31,9 +16,9 @@ fn workers(rng: &mut Rng, n: usize) -> Vec<WorkerId> {
     (0..n)
         .map(|i| {
             let id = if rng.below(2) == 0 {
-                format!("worker-{i}-{:x}", rng.next())
+                format!("worker-{i}-{:x}", rng.next_u64())
             } else {
-                format!("{:016x}", rng.next())
+                format!("{:016x}", rng.next_u64())
             };
             WorkerId::new(id).unwrap()
         })
@@ -62,7 +47,7 @@ fn max_over_mean(ring: &Ring, bots: &[BotId]) -> f64 {
 
 #[test]
 fn every_process_computes_the_same_owner() {
-    let mut rng = Rng(1);
+    let mut rng = Rng::new(1);
     let bots = bots(2_000);
     for _ in 0..20 {
         let n = 1 + rng.below(12) as usize;
@@ -82,7 +67,7 @@ fn every_process_computes_the_same_owner() {
 #[test]
 fn ten_workers_ten_thousand_bots_are_balanced() {
     let bots = bots(10_000);
-    let mut rng = Rng(2);
+    let mut rng = Rng::new(2);
     let (mut worst_ring, mut sum_ring, mut worst_assigned): (f64, f64, f64) = (0.0, 0.0, 0.0);
     let cases = 100;
     for _ in 0..cases {
@@ -117,7 +102,7 @@ fn ten_workers_ten_thousand_bots_are_balanced() {
 #[test]
 fn assignment_respects_capacity_and_reports_the_rest() {
     let bots = bots(1_000);
-    let ws = workers(&mut Rng(7), 4);
+    let ws = workers(&mut Rng::new(7), 4);
     let ring = Ring::new(&ws, RingConfig::default());
     let full = ws[0].clone();
     let a = ring.assign(&bots, DEFAULT_BALANCE, |w| {
@@ -146,7 +131,7 @@ fn assignment_respects_capacity_and_reports_the_rest() {
 #[test]
 fn adding_or_removing_one_worker_moves_only_its_share() {
     let bots = bots(10_000);
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let mut worst_excess: f64 = 0.0;
     for _ in 0..20 {
         let n = 2 + rng.below(14) as usize;
@@ -203,7 +188,7 @@ fn bounded_assignment_moves_little_on_a_join() {
     // preference; when the membership changes some of those move between old workers. Count
     // them: the movement bound still holds, and cross moves stay a fraction of a percent.
     let bots = bots(10_000);
-    let mut rng = Rng(8);
+    let mut rng = Rng::new(8);
     let (mut worst_cross, mut total_cross, mut worst_frac): (usize, usize, f64) = (0, 0, 0.0);
     let cases = 60;
     for _ in 0..cases {
@@ -247,7 +232,7 @@ fn bounded_assignment_moves_little_on_a_join() {
 #[test]
 fn weights_set_shares() {
     let bots = bots(20_000);
-    let ws = workers(&mut Rng(4), 4);
+    let ws = workers(&mut Rng::new(4), 4);
     let ring = Ring::weighted(
         ws.iter().cloned().zip([1.0, 1.0, 2.0, 4.0]),
         RingConfig::default(),
@@ -267,7 +252,7 @@ fn weights_set_shares() {
 #[test]
 fn bots_of_partitions_the_bots() {
     let bots = bots(3_000);
-    let ws = workers(&mut Rng(5), 5);
+    let ws = workers(&mut Rng::new(5), 5);
     let ring = Ring::new(&ws, RingConfig::default());
     let mut total = 0;
     for w in &ws {
@@ -286,7 +271,7 @@ fn the_preference_list_is_where_a_bot_goes_next() {
     // When the owner leaves, the bot goes to the second worker of its preference list: the
     // list is the ring's answer to "who takes over", consistent with removal.
     let bots = bots(2_000);
-    let ws = workers(&mut Rng(6), 6);
+    let ws = workers(&mut Rng::new(6), 6);
     let ring = Ring::new(&ws, RingConfig::default());
     for b in &bots {
         let pref: Vec<_> = ring.preference(b).cloned().collect();

@@ -173,6 +173,8 @@ async fn an_unreachable_redis_is_a_clear_error() {
         .unwrap_err();
     assert!(matches!(e, CoordError::Unreachable { .. }), "{e:?}");
     assert!(e.to_string().starts_with("Redis unreachable"), "{e}");
+    // The cause survives for whoever logs the chain.
+    assert!(std::error::Error::source(&e).is_some(), "{e:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 

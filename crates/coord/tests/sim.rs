@@ -23,23 +23,7 @@ use botfleet_store::{MemoryStore, Store};
 const LEASE_MS: u64 = 3_000;
 const STEP_MS: u64 = 100;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
+type Rng = botfleet_testkit::SeededRng;
 
 struct SimWorker {
     id: WorkerId,
@@ -108,7 +92,7 @@ impl Sim {
                 .map(|i| BotId::new(format!("bot-{i}")).unwrap())
                 .collect(),
             workers: Vec::new(),
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             next_name: 0,
             assign_cache: HashMap::new(),
             stats: Stats::default(),

@@ -164,6 +164,23 @@ fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
     })
 }
 
+/// A bot row as SQL parameters, in the order both INSERT and UPDATE use: ?1 id … ?9
+/// updated_at_ms, ?10 status.
+fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 10] {
+    [
+        &r.id,
+        &r.platform,
+        &r.token,
+        &r.api_url,
+        &r.handler,
+        &r.webhook_url,
+        &r.webhook_secret,
+        &r.enabled,
+        &r.updated_at_ms,
+        &r.status,
+    ]
+}
+
 fn fence_i64(f: Fence) -> i64 {
     i64::try_from(f.0).unwrap_or(i64::MAX)
 }
@@ -189,21 +206,10 @@ impl Store for SqliteStore {
             let n = c
                 .execute(
                     "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
-                     webhook_secret, enabled, status, last_error, created_at_ms, updated_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10, ?10) \
+                     webhook_secret, enabled, updated_at_ms, status, last_error, created_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, ?9) \
                      ON CONFLICT (id) DO NOTHING",
-                    params![
-                        row.id,
-                        row.platform,
-                        row.token,
-                        row.api_url,
-                        row.handler,
-                        row.webhook_url,
-                        row.webhook_secret,
-                        row.enabled,
-                        row.status,
-                        row.updated_at_ms
-                    ],
+                    &row_params(&row)[..],
                 )
                 .map_err(|e| StoreError::backend("add bot", e))?;
             if n == 0 {
@@ -258,17 +264,8 @@ impl Store for SqliteStore {
                     "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
                      webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9 \
                      WHERE id = ?1",
-                    params![
-                        row.id,
-                        row.platform,
-                        row.token,
-                        row.api_url,
-                        row.handler,
-                        row.webhook_url,
-                        row.webhook_secret,
-                        row.enabled,
-                        row.updated_at_ms
-                    ],
+                    // Everything but the status (the last parameter): updates keep it.
+                    &row_params(&row)[..9],
                 )
                 .map_err(|e| StoreError::backend("update bot", e))?;
             if n == 0 {

@@ -5,6 +5,7 @@ pub mod coord_suite;
 mod partition;
 mod pg;
 mod redis_server;
+mod rng;
 pub mod store_suite;
 mod wait;
 
@@ -12,6 +13,7 @@ pub use coord_suite::CoordFixture;
 pub use partition::Partition;
 pub use pg::PgSchema;
 pub use redis_server::{free_port, RedisServer};
+pub use rng::SeededRng;
 pub use store_suite::StoreFixture;
 pub use wait::wait_for;
 
