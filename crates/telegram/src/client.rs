@@ -1,0 +1,231 @@
+//! The Bot API client: one HTTP connection pool shared by every bot.
+
+use std::time::Duration;
+
+use botfleet_core::Secret;
+use serde::{de::DeserializeOwned, Deserialize};
+use serde_json::json;
+
+use crate::{
+    inbound::{split_updates, RawUpdate},
+    TelegramConfig, TelegramError, DEFAULT_API_URL,
+};
+
+/// What `getMe` says about a bot.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct BotUser {
+    /// The bot's user id.
+    pub id: i64,
+    /// The bot's username, when it has one.
+    #[serde(default)]
+    pub username: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Reply<T> {
+    ok: bool,
+    result: Option<T>,
+    #[serde(default)]
+    error_code: Option<u16>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<ReplyParameters>,
+}
+
+#[derive(Deserialize)]
+struct ReplyParameters {
+    #[serde(default)]
+    retry_after: Option<u64>,
+}
+
+/// A Bot API client shared by all bots of a process.
+///
+/// Requests go to `{api_url}/bot{token}/{method}`, as for a self-hosted Bot API server; the
+/// base is per call so each bot may have its own (`--api-url`). Cloning shares the pool.
+#[derive(Clone, Debug)]
+pub struct TelegramClient {
+    http: reqwest::Client,
+    config: TelegramConfig,
+}
+
+impl TelegramClient {
+    /// A client with its own connection pool.
+    ///
+    /// # Errors
+    /// [`TelegramError::Network`] if the TLS backend cannot be set up.
+    pub fn new(config: TelegramConfig) -> Result<Self, TelegramError> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(config.pool_idle_per_host)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| TelegramError::Network(e.without_url()))?;
+        Ok(Self { http, config })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &TelegramConfig {
+        &self.config
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        api_url: Option<&str>,
+        token: &Secret,
+        method: &str,
+        body: serde_json::Value,
+        timeout: Duration,
+    ) -> Result<T, TelegramError> {
+        let base = api_url.unwrap_or(DEFAULT_API_URL).trim_end_matches('/');
+        let url = format!("{base}/bot{}/{method}", token.expose());
+        // `without_url` everywhere: the URL holds the token.
+        let resp = self
+            .http
+            .post(url)
+            .json(&body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| TelegramError::Network(e.without_url()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| TelegramError::Network(e.without_url()))?;
+        let reply: Reply<T> = match serde_json::from_slice(&bytes) {
+            Ok(r) => r,
+            Err(e) if status >= 500 => {
+                return Err(TelegramError::Server {
+                    status,
+                    description: format!("non-JSON reply ({e})"),
+                })
+            }
+            Err(e) => return Err(TelegramError::Malformed(format!("{method}: {e}"))),
+        };
+        if reply.ok {
+            return reply
+                .result
+                .ok_or_else(|| TelegramError::Malformed(format!("{method}: ok without result")));
+        }
+        let code = reply.error_code.unwrap_or(status);
+        let description = reply.description.unwrap_or_default();
+        Err(match code {
+            401 | 404 if method == "getMe" || code == 401 => {
+                TelegramError::Unauthorized(description)
+            }
+            409 => TelegramError::Conflict(description),
+            429 => TelegramError::RateLimited(Duration::from_secs(
+                reply
+                    .parameters
+                    .and_then(|p| p.retry_after)
+                    .unwrap_or(1)
+                    .clamp(1, 3600),
+            )),
+            500..=599 => TelegramError::Server {
+                status: code,
+                description,
+            },
+            _ => TelegramError::Refused {
+                status: code,
+                description,
+            },
+        })
+    }
+
+    /// `getMe`: checks the token. A wrong token fails fast with `Unauthorized`.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn get_me(
+        &self,
+        api_url: Option<&str>,
+        token: &Secret,
+    ) -> Result<BotUser, TelegramError> {
+        self.call(
+            api_url,
+            token,
+            "getMe",
+            json!({}),
+            self.config.request_slack,
+        )
+        .await
+    }
+
+    /// `getUpdates` from `offset` (confirming every update below it), waiting up to the
+    /// configured poll timeout for the first one.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn get_updates(
+        &self,
+        api_url: Option<&str>,
+        token: &Secret,
+        offset: i64,
+    ) -> Result<Vec<RawUpdate>, TelegramError> {
+        let timeout = self.config.poll_timeout.min(Duration::from_secs(50));
+        let result: serde_json::Value = self
+            .call(
+                api_url,
+                token,
+                "getUpdates",
+                json!({
+                    "offset": offset,
+                    "limit": self.config.batch.clamp(1, 100),
+                    "timeout": timeout.as_secs(),
+                }),
+                timeout + self.config.request_slack,
+            )
+            .await?;
+        split_updates(result).map_err(TelegramError::Malformed)
+    }
+
+    /// `sendMessage` of `text` to `chat_id`, as a reply to `reply_to` when given.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn send_message(
+        &self,
+        api_url: Option<&str>,
+        token: &Secret,
+        chat_id: &str,
+        text: &str,
+        reply_to: Option<i64>,
+    ) -> Result<(), TelegramError> {
+        let mut body = json!({ "chat_id": chat_id, "text": text });
+        if let Some(id) = reply_to {
+            body["reply_parameters"] =
+                json!({ "message_id": id, "allow_sending_without_reply": true });
+        }
+        let _: serde_json::Value = self
+            .call(
+                api_url,
+                token,
+                "sendMessage",
+                body,
+                self.config.request_slack,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `deleteWebhook`: long polling fails with 409 while a webhook is set.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn delete_webhook(
+        &self,
+        api_url: Option<&str>,
+        token: &Secret,
+    ) -> Result<(), TelegramError> {
+        let _: serde_json::Value = self
+            .call(
+                api_url,
+                token,
+                "deleteWebhook",
+                json!({}),
+                self.config.request_slack,
+            )
+            .await?;
+        Ok(())
+    }
+}

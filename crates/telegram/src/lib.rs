@@ -1,0 +1,13 @@
+#![doc = include_str!("../README.md")]
+
+mod client;
+mod config;
+mod error;
+mod inbound;
+mod outbound;
+
+pub use client::{BotUser, TelegramClient};
+pub use config::{TelegramConfig, DEFAULT_API_URL};
+pub use error::TelegramError;
+pub use inbound::{parse_update, split_updates, RawUpdate, Update};
+pub use outbound::{send, MAX_TEXT_CHARS};

@@ -1,0 +1,186 @@
+//! The client against the testkit's fake Bot API, which speaks the real JSON.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::Duration;
+
+use botfleet_core::{BotId, Secret};
+use botfleet_telegram::{parse_update, TelegramClient, TelegramConfig, TelegramError, Update};
+use botfleet_testkit::{free_port, wait_for, FakeTelegram, Fault};
+
+const TOKEN: &str = "1234:secret-token-part";
+
+fn client(poll: Duration) -> TelegramClient {
+    TelegramClient::new(TelegramConfig {
+        poll_timeout: poll,
+        request_slack: Duration::from_secs(5),
+        ..TelegramConfig::default()
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn get_me_checks_the_token_without_leaking_it() {
+    let fake = FakeTelegram::start().await;
+    fake.state().add_bot(TOKEN);
+    let c = client(Duration::from_secs(1));
+    let me = c
+        .get_me(Some(&fake.url()), &Secret::new(TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(me.id, 1234);
+    let e = c
+        .get_me(Some(&fake.url()), &Secret::new("999:wrong-secret"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, TelegramError::Unauthorized(_)), "{e:?}");
+    assert!(!e.is_transient());
+    let shown = format!("{e} {e:?}");
+    assert!(!shown.contains("wrong-secret"), "{shown}");
+}
+
+#[tokio::test]
+async fn long_polls_wake_on_a_message_and_offsets_confirm() {
+    let fake = FakeTelegram::start().await;
+    fake.state().add_bot(TOKEN);
+    let c = client(Duration::from_secs(10));
+    let (url, token) = (fake.url(), Secret::new(TOKEN));
+    let state = fake.state().clone();
+    let writer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        state.user_writes(TOKEN, 77, "hello")
+    });
+    let started = tokio::time::Instant::now();
+    let got = c.get_updates(Some(&url), &token, 0).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "woke on the message"
+    );
+    let id = writer.await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].update_id, Some(id));
+    match parse_update(&BotId::new("b").unwrap(), &got[0]) {
+        Update::Message(m) => assert_eq!((m.chat.chat.as_str(), m.text.as_str()), ("77", "hello")),
+        other => panic!("{other:?}"),
+    }
+    // Not confirmed yet: asked again from the same offset, it comes again.
+    assert_eq!(c.get_updates(Some(&url), &token, 0).await.unwrap().len(), 1);
+    // Confirmed by the next offset: gone (the short poll returns empty after its timeout).
+    let quick = client(Duration::ZERO);
+    assert!(quick
+        .get_updates(Some(&url), &token, id + 1)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_second_poller_gets_409_and_a_dropped_poll_frees_the_token() {
+    let fake = FakeTelegram::start().await;
+    fake.state().add_bot(TOKEN);
+    let c = client(Duration::from_secs(20));
+    let (url, token) = (fake.url(), Secret::new(TOKEN));
+    let first = {
+        let (c, url, token) = (c.clone(), url.clone(), token.clone());
+        tokio::spawn(async move { c.get_updates(Some(&url), &token, 0).await })
+    };
+    wait_for("first poll in flight", Duration::from_secs(5), || async {
+        fake.state().is_polling(TOKEN).then_some(())
+    })
+    .await;
+    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    assert!(matches!(e, TelegramError::Conflict(_)), "{e:?}");
+    assert_eq!(fake.state().conflicts(), 1);
+    // Abandoning the in-flight poll (what a worker does when it stops a bot) frees the token
+    // at once, not after the 20 s poll timeout.
+    first.abort();
+    wait_for("token freed", Duration::from_secs(5), || async {
+        (!fake.state().is_polling(TOKEN)).then_some(())
+    })
+    .await;
+    assert!(client(Duration::ZERO)
+        .get_updates(Some(&url), &token, 0)
+        .await
+        .is_ok());
+}
+
+#[tokio::test]
+async fn faults_are_classified() {
+    let fake = FakeTelegram::start().await;
+    fake.state().add_bot(TOKEN);
+    let c = client(Duration::ZERO);
+    let (url, token) = (fake.url(), Secret::new(TOKEN));
+    fake.state().inject(TOKEN, Fault::TooManyRequests(7));
+    fake.state().inject(TOKEN, Fault::ServerError);
+    fake.state().inject(TOKEN, Fault::Garbage);
+    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    assert!(
+        matches!(e, TelegramError::RateLimited(d) if d == Duration::from_secs(7)),
+        "{e:?}"
+    );
+    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    assert!(
+        matches!(e, TelegramError::Server { status: 500, .. }),
+        "{e:?}"
+    );
+    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    assert!(matches!(e, TelegramError::Malformed(_)), "{e:?}");
+    assert!(c.get_updates(Some(&url), &token, 0).await.is_ok());
+    fake.state().revoke(TOKEN);
+    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    assert!(matches!(e, TelegramError::Unauthorized(_)), "{e:?}");
+}
+
+#[tokio::test]
+async fn messages_are_sent_and_recorded() {
+    let fake = FakeTelegram::start().await;
+    fake.state().add_bot(TOKEN);
+    let c = client(Duration::ZERO);
+    c.send_message(
+        Some(&fake.url()),
+        &Secret::new(TOKEN),
+        "77",
+        "hi there",
+        None,
+    )
+    .await
+    .unwrap();
+    let sent = fake.state().sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (sent[0].chat_id.as_str(), sent[0].text.as_str()),
+        ("77", "hi there")
+    );
+    let e = c
+        .send_message(Some(&fake.url()), &Secret::new(TOKEN), "77", "", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, TelegramError::Refused { status: 400, .. }),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn network_errors_never_show_the_token() {
+    let port = free_port().unwrap();
+    let c = client(Duration::ZERO);
+    let e = c
+        .get_me(
+            Some(&format!("http://127.0.0.1:{port}")),
+            &Secret::new(TOKEN),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, TelegramError::Network(_)) && e.is_transient(),
+        "{e:?}"
+    );
+    let mut chain = format!("{e} {e:?}");
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        chain.push_str(&format!(" {s} {s:?}"));
+        src = s.source();
+    }
+    assert!(!chain.contains("secret-token-part"), "{chain}");
+}

@@ -1,0 +1,414 @@
+//! A fake Telegram Bot API server that speaks the real JSON: `getMe`, `getUpdates` (offset,
+//! limit, timeout), `sendMessage`, `setWebhook`/`deleteWebhook`. It answers 409 to a second
+//! concurrent `getUpdates` on one token, can inject 401/429/5xx, and records what it received.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use axum::{
+    extract::{Path, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::post,
+    Json, Router,
+};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+/// A fault to answer the next call of a token with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// 401 Unauthorized.
+    Unauthorized,
+    /// 429 with `retry_after` seconds.
+    TooManyRequests(u64),
+    /// 500.
+    ServerError,
+    /// 200 with a body that is not JSON.
+    Garbage,
+}
+
+/// A message the fake received through `sendMessage`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    /// The token it was sent with.
+    pub token: String,
+    /// `chat_id` as text.
+    pub chat_id: String,
+    /// The text.
+    pub text: String,
+}
+
+#[derive(Default)]
+struct TokenState {
+    /// Updates not yet confirmed (id >= the last offset seen).
+    pending: VecDeque<Value>,
+    next_update: i64,
+    pollers: u32,
+    revoked: bool,
+    faults: VecDeque<Fault>,
+    webhook: Option<String>,
+    polls: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    tokens: HashMap<String, TokenState>,
+    sent: Vec<Sent>,
+}
+
+/// Shared state of the fake; cheap to clone.
+#[derive(Clone, Default)]
+pub struct FakeState {
+    inner: Arc<Mutex<Inner>>,
+    wake: Arc<Notify>,
+    conflicts: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
+}
+
+impl FakeState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a bot: `token` becomes valid (`<digits>:<anything>`, as Telegram's).
+    pub fn add_bot(&self, token: &str) {
+        self.lock()
+            .tokens
+            .entry(token.to_owned())
+            .or_insert_with(|| TokenState {
+                next_update: 1,
+                ..TokenState::default()
+            });
+    }
+
+    /// Makes `token` answer 401 from now on.
+    pub fn revoke(&self, token: &str) {
+        if let Some(t) = self.lock().tokens.get_mut(token) {
+            t.revoked = true;
+        }
+    }
+
+    /// Answers the next call of `token` with `fault`.
+    pub fn inject(&self, token: &str, fault: Fault) {
+        if let Some(t) = self.lock().tokens.get_mut(token) {
+            t.faults.push_back(fault);
+        }
+    }
+
+    /// A user writes `text` in chat `chat_id` to the bot of `token`; returns the update id.
+    pub fn user_writes(&self, token: &str, chat_id: i64, text: &str) -> i64 {
+        let id = {
+            let mut g = self.lock();
+            let t = g
+                .tokens
+                .entry(token.to_owned())
+                .or_insert_with(|| TokenState {
+                    next_update: 1,
+                    ..TokenState::default()
+                });
+            let id = t.next_update;
+            t.next_update += 1;
+            t.pending.push_back(json!({
+                "update_id": id,
+                "message": {
+                    "message_id": id,
+                    "date": 1_700_000_000,
+                    "chat": {"id": chat_id, "type": "private"},
+                    "from": {"id": chat_id, "is_bot": false, "first_name": "user"},
+                    "text": text,
+                }
+            }));
+            id
+        };
+        self.wake.notify_waiters();
+        id
+    }
+
+    /// Queues a raw update (any JSON) for `token`, e.g. a malformed one.
+    pub fn push_raw(&self, token: &str, update: Value) {
+        if let Some(t) = self.lock().tokens.get_mut(token) {
+            t.pending.push_back(update);
+        }
+        self.wake.notify_waiters();
+    }
+
+    /// Everything received through `sendMessage`, in arrival order.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.lock().sent.clone()
+    }
+
+    /// How many `sendMessage` calls were received.
+    pub fn sent_count(&self) -> usize {
+        self.lock().sent.len()
+    }
+
+    /// How many `getUpdates` calls were refused with 409 because another was in flight.
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts.load(Ordering::SeqCst)
+    }
+
+    /// How many tokens have a `getUpdates` in flight now.
+    pub fn polling_tokens(&self) -> usize {
+        self.lock()
+            .tokens
+            .values()
+            .filter(|t| t.pollers > 0)
+            .count()
+    }
+
+    /// Whether `token` has a `getUpdates` in flight now.
+    pub fn is_polling(&self, token: &str) -> bool {
+        self.lock().tokens.get(token).is_some_and(|t| t.pollers > 0)
+    }
+
+    /// How many `getUpdates` calls `token` made.
+    pub fn polls(&self, token: &str) -> u64 {
+        self.lock().tokens.get(token).map_or(0, |t| t.polls)
+    }
+
+    /// How many requests the fake answered in all.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+}
+
+fn tg_error(status: StatusCode, description: &str, retry_after: Option<u64>) -> Response {
+    let mut body = json!({"ok": false, "error_code": status.as_u16(), "description": description});
+    if let Some(r) = retry_after {
+        body["parameters"] = json!({"retry_after": r});
+    }
+    (status, Json(body)).into_response()
+}
+
+fn ok(result: Value) -> Response {
+    Json(json!({"ok": true, "result": result})).into_response()
+}
+
+/// Releases a token's poller slot when the request ends, even if the client went away and
+/// the server dropped the handler.
+struct PollGuard {
+    state: FakeState,
+    token: String,
+}
+
+impl Drop for PollGuard {
+    fn drop(&mut self) {
+        if let Some(t) = self.state.lock().tokens.get_mut(&self.token) {
+            t.pollers = t.pollers.saturating_sub(1);
+        }
+    }
+}
+
+async fn handle(
+    State(state): State<FakeState>,
+    Path((bot, method)): Path<(String, String)>,
+    body: Option<Json<Value>>,
+) -> Response {
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    let Some(token) = bot.strip_prefix("bot").map(str::to_owned) else {
+        return tg_error(StatusCode::NOT_FOUND, "Not Found", None);
+    };
+    let args = body.map(|Json(v)| v).unwrap_or_else(|| json!({}));
+    // Token checks and injected faults.
+    {
+        let mut g = state.lock();
+        let Some(t) = g.tokens.get_mut(&token) else {
+            return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
+        };
+        if t.revoked {
+            return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
+        }
+        if let Some(f) = t.faults.pop_front() {
+            return match f {
+                Fault::Unauthorized => tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None),
+                Fault::TooManyRequests(s) => tg_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "Too Many Requests: retry later",
+                    Some(s),
+                ),
+                Fault::ServerError => tg_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Internal Server Error",
+                    None,
+                ),
+                Fault::Garbage => (StatusCode::OK, "<html>bad gateway</html>").into_response(),
+            };
+        }
+    }
+    match method.as_str() {
+        "getMe" => {
+            let id: i64 = token
+                .split(':')
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1);
+            ok(
+                json!({"id": id, "is_bot": true, "first_name": "fake", "username": format!("bot{id}")}),
+            )
+        }
+        "getUpdates" => get_updates(state, token, args).await,
+        "sendMessage" => {
+            let chat_id = match &args["chat_id"] {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                _ => {
+                    return tg_error(
+                        StatusCode::BAD_REQUEST,
+                        "Bad Request: chat_id is empty",
+                        None,
+                    )
+                }
+            };
+            let Some(text) = args["text"].as_str().filter(|t| !t.is_empty()) else {
+                return tg_error(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: message text is empty",
+                    None,
+                );
+            };
+            state.lock().sent.push(Sent {
+                token,
+                chat_id: chat_id.clone(),
+                text: text.to_owned(),
+            });
+            ok(
+                json!({"message_id": 1, "date": 1_700_000_000, "chat": {"id": chat_id}, "text": text}),
+            )
+        }
+        "setWebhook" => {
+            if let Some(t) = state.lock().tokens.get_mut(&token) {
+                t.webhook = args["url"].as_str().map(str::to_owned);
+            }
+            ok(json!(true))
+        }
+        "deleteWebhook" => {
+            if let Some(t) = state.lock().tokens.get_mut(&token) {
+                t.webhook = None;
+            }
+            ok(json!(true))
+        }
+        _ => tg_error(StatusCode::NOT_FOUND, "Not Found: method not found", None),
+    }
+}
+
+async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
+    let offset = args["offset"].as_i64().unwrap_or(0);
+    let limit = args["limit"].as_u64().unwrap_or(100).clamp(1, 100) as usize;
+    let timeout = Duration::from_secs(args["timeout"].as_u64().unwrap_or(0).min(50));
+    let _guard = {
+        let mut g = state.lock();
+        let Some(t) = g.tokens.get_mut(&token) else {
+            return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
+        };
+        if t.webhook.is_some() {
+            return tg_error(
+                StatusCode::CONFLICT,
+                "Conflict: can't use getUpdates method while webhook is active",
+                None,
+            );
+        }
+        if t.pollers > 0 {
+            state.conflicts.fetch_add(1, Ordering::SeqCst);
+            return tg_error(
+                StatusCode::CONFLICT,
+                "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
+                None,
+            );
+        }
+        t.pollers += 1;
+        t.polls += 1;
+        // Confirm everything below the offset.
+        while t
+            .pending
+            .front()
+            .and_then(|u| u["update_id"].as_i64())
+            .is_some_and(|id| id < offset)
+        {
+            t.pending.pop_front();
+        }
+        PollGuard {
+            state: state.clone(),
+            token: token.clone(),
+        }
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let notified = state.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let batch: Vec<Value> = {
+            let g = state.lock();
+            g.tokens.get(&token).map_or_else(Vec::new, |t| {
+                t.pending
+                    .iter()
+                    .filter(|u| u["update_id"].as_i64().is_none_or(|id| id >= offset))
+                    .take(limit)
+                    .cloned()
+                    .collect()
+            })
+        };
+        if !batch.is_empty() {
+            return ok(Value::Array(batch));
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return ok(json!([]));
+        }
+    }
+}
+
+/// The fake's routes, callable without a socket.
+pub fn app(state: FakeState) -> Router {
+    Router::new()
+        .route("/{bot}/{method}", post(handle).get(handle))
+        .with_state(state)
+}
+
+/// A running fake on `127.0.0.1:<free port>`; stops when dropped.
+pub struct FakeTelegram {
+    addr: SocketAddr,
+    state: FakeState,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeTelegram {
+    /// Binds `127.0.0.1:0` and serves in the background.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound.
+    pub async fn start() -> Self {
+        let state = FakeState::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let router = app(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Self { addr, state, task }
+    }
+
+    /// `http://127.0.0.1:<port>`: pass as the bots' API URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The shared state: add bots, write as users, read what was sent.
+    pub fn state(&self) -> &FakeState {
+        &self.state
+    }
+}
+
+impl Drop for FakeTelegram {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
