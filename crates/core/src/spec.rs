@@ -181,6 +181,8 @@ pub struct BotRecord {
     pub status: BotStatus,
     /// The last error, if the last report was a failure. Never contains the token.
     pub last_error: Option<String>,
+    /// The worker that made the last report (in a fleet, the one that ran the bot).
+    pub reported_by: Option<String>,
     /// Unix milliseconds of the last change to the spec.
     pub updated_at_ms: i64,
 }

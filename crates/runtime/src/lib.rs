@@ -1,1 +1,16 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+
+mod bot;
+mod config;
+mod handler;
+pub mod http;
+mod lock;
+pub mod metrics;
+mod starter;
+mod worker;
+
+pub use config::{hostname, WorkerConfig};
+pub use handler::{sign, Handler, HandlerError, SIGNATURE_HEADER};
+pub use lock::InstanceLock;
+pub use metrics::Metrics;
+pub use worker::{Worker, WorkerError};

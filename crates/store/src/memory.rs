@@ -65,6 +65,7 @@ impl Store for MemoryStore {
                 spec: spec.clone(),
                 status: BotStatus::Pending,
                 last_error: None,
+                reported_by: None,
                 updated_at_ms: botfleet_core::unix_ms(),
             },
         );
@@ -107,6 +108,7 @@ impl Store for MemoryStore {
         id: &BotId,
         status: BotStatus,
         last_error: Option<&str>,
+        reported_by: Option<&str>,
     ) -> Result<()> {
         let mut st = self.st();
         let rec = st
@@ -115,6 +117,7 @@ impl Store for MemoryStore {
             .ok_or_else(|| StoreError::NotFound(id.clone()))?;
         rec.status = status;
         rec.last_error = last_error.map(str::to_owned);
+        rec.reported_by = reported_by.map(str::to_owned);
         Ok(())
     }
 

@@ -121,7 +121,7 @@ async fn migrate(client: &mut Client) -> Result<()> {
 }
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
-    webhook_secret, enabled, status, last_error, updated_at_ms FROM bots";
+    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by FROM bots";
 
 fn row_to_bot(r: &Row) -> Result<BotRow> {
     let get = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
@@ -137,6 +137,7 @@ fn row_to_bot(r: &Row) -> Result<BotRow> {
         status: r.try_get(8).map_err(get)?,
         last_error: r.try_get(9).map_err(get)?,
         updated_at_ms: r.try_get(10).map_err(get)?,
+        reported_by: r.try_get(11).map_err(get)?,
     })
 }
 
@@ -283,12 +284,13 @@ impl Store for PostgresStore {
         id: &BotId,
         status: BotStatus,
         last_error: Option<&str>,
+        reported_by: Option<&str>,
     ) -> Result<()> {
         let c = self.client().await?;
         let n = c
             .execute(
-                "UPDATE bots SET status = $2, last_error = $3 WHERE id = $1",
-                &[&id.as_str(), &status.as_str(), &last_error],
+                "UPDATE bots SET status = $2, last_error = $3, reported_by = $4 WHERE id = $1",
+                &[&id.as_str(), &status.as_str(), &last_error, &reported_by],
             )
             .await
             .map_err(db("set status"))?;

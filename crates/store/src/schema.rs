@@ -24,6 +24,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         fence BIGINT NOT NULL,
         cursor TEXT
     );",
+    // 2: which worker reported a bot's status last.
+    "ALTER TABLE bots ADD COLUMN reported_by TEXT;",
 ];
 
 /// A row of `bots` as plain values, shared by the SQL backends.
@@ -38,6 +40,7 @@ pub(crate) struct BotRow {
     pub(crate) enabled: bool,
     pub(crate) status: String,
     pub(crate) last_error: Option<String>,
+    pub(crate) reported_by: Option<String>,
     pub(crate) updated_at_ms: i64,
 }
 
@@ -62,6 +65,7 @@ impl BotRow {
             enabled: spec.enabled,
             status: botfleet_core::BotStatus::Pending.as_str().to_owned(),
             last_error: None,
+            reported_by: None,
             updated_at_ms: botfleet_core::unix_ms(),
         }
     }
@@ -101,6 +105,7 @@ impl BotRow {
             },
             status,
             last_error: self.last_error,
+            reported_by: self.reported_by,
             updated_at_ms: self.updated_at_ms,
         })
     }

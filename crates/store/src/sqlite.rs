@@ -146,7 +146,7 @@ fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
 }
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
-    webhook_secret, enabled, status, last_error, updated_at_ms FROM bots";
+    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by FROM bots";
 
 fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
     Ok(BotRow {
@@ -161,6 +161,7 @@ fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
         status: r.get(8)?,
         last_error: r.get(9)?,
         updated_at_ms: r.get(10)?,
+        reported_by: r.get(11)?,
     })
 }
 
@@ -291,14 +292,16 @@ impl Store for SqliteStore {
         id: &BotId,
         status: BotStatus,
         last_error: Option<&str>,
+        reported_by: Option<&str>,
     ) -> Result<()> {
         let bot = id.clone();
         let err = last_error.map(str::to_owned);
+        let by = reported_by.map(str::to_owned);
         self.with("set status", move |c| {
             let n = c
                 .execute(
-                    "UPDATE bots SET status = ?2, last_error = ?3 WHERE id = ?1",
-                    params![bot.as_str(), status.as_str(), err],
+                    "UPDATE bots SET status = ?2, last_error = ?3, reported_by = ?4 WHERE id = ?1",
+                    params![bot.as_str(), status.as_str(), err, by],
                 )
                 .map_err(|e| StoreError::backend("set status", e))?;
             if n == 0 {

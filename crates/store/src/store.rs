@@ -65,7 +65,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn remove_bot(&self, id: &BotId) -> Result<bool>;
 
-    /// Records what the bot is doing; `last_error` is cleared when `None`.
+    /// Records what the bot is doing, and which worker says so; `last_error` is cleared when
+    /// `None`.
     ///
     /// # Errors
     /// `NotFound`, backend failures.
@@ -74,6 +75,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         id: &BotId,
         status: BotStatus,
         last_error: Option<&str>,
+        reported_by: Option<&str>,
     ) -> Result<()>;
 
     /// The bot's cursor, if one was written.

@@ -31,6 +31,7 @@ pub async fn bots_round_trip(s: Arc<dyn Store>) {
     assert_eq!(r.spec, b);
     assert_eq!(r.status, BotStatus::Pending);
     assert_eq!(r.last_error, None);
+    assert_eq!(r.reported_by, None);
     assert!(r.updated_at_ms > 0);
     assert!(s.get_bot(&bid("nope")).await.unwrap().is_none());
     let debug = format!("{r:?} {s:?}");
@@ -95,9 +96,14 @@ pub async fn list_filters(s: Arc<dyn Store>) {
 pub async fn update_keeps_status(s: Arc<dyn Store>) {
     let mut b = spec("b1", Platform::Telegram);
     s.add_bot(&b).await.unwrap();
-    s.set_status(&b.id, BotStatus::Failed, Some("401 Unauthorized"))
-        .await
-        .unwrap();
+    s.set_status(
+        &b.id,
+        BotStatus::Failed,
+        Some("401 Unauthorized"),
+        Some("w-1"),
+    )
+    .await
+    .unwrap();
     b.token = Secret::new("new:token");
     b.enabled = false;
     s.update_bot(&b).await.unwrap();
@@ -116,16 +122,20 @@ pub async fn update_keeps_status(s: Arc<dyn Store>) {
 pub async fn status_is_recorded(s: Arc<dyn Store>) {
     let b = spec("b1", Platform::Telegram);
     s.add_bot(&b).await.unwrap();
-    s.set_status(&b.id, BotStatus::Running, None).await.unwrap();
+    s.set_status(&b.id, BotStatus::Running, None, Some("w-2"))
+        .await
+        .unwrap();
     let r = s.get_bot(&b.id).await.unwrap().unwrap();
     assert_eq!((r.status, r.last_error), (BotStatus::Running, None));
-    s.set_status(&b.id, BotStatus::Failed, Some("bad token"))
+    assert_eq!(r.reported_by.as_deref(), Some("w-2"));
+    s.set_status(&b.id, BotStatus::Failed, Some("bad token"), None)
         .await
         .unwrap();
     let r = s.get_bot(&b.id).await.unwrap().unwrap();
     assert_eq!(r.last_error.as_deref(), Some("bad token"));
     assert!(matches!(
-        s.set_status(&bid("ghost"), BotStatus::Running, None).await,
+        s.set_status(&bid("ghost"), BotStatus::Running, None, None)
+            .await,
         Err(StoreError::NotFound(_))
     ));
 }

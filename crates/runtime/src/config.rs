@@ -1,0 +1,58 @@
+//! Settings of a worker. Every value has a default and a range; the CLI maps flags and
+//! `BOTFLEET_*` variables onto it.
+
+use std::time::Duration;
+
+use botfleet_core::WorkerId;
+use botfleet_telegram::TelegramConfig;
+
+/// Settings of one worker process.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// This worker's id (default: random).
+    pub worker_id: WorkerId,
+    /// Host label shown in `fleet status`.
+    pub host: String,
+    /// Most bots this worker runs. Default 10,000; at least 1.
+    pub capacity: u32,
+    /// Liveness lease. Default 10 s; 1 s – 10 min. A dead worker's bots move after at most
+    /// this long.
+    pub lease: Duration,
+    /// Fleet-wide bot starts per second per platform. Default 30; above 0.
+    pub connect_rate: f64,
+    /// Telegram client settings (poll timeout, batch).
+    pub telegram: TelegramConfig,
+    /// How often the bot registry is re-read besides lifecycle events. Default 30 s.
+    pub registry_refresh: Duration,
+    /// How often the worker re-checks placement besides events. Default 1 s.
+    pub reconcile_every: Duration,
+    /// Timeout of a webhook handler call. Default 10 s.
+    pub webhook_timeout: Duration,
+}
+
+impl WorkerConfig {
+    /// Defaults for `worker_id`.
+    pub fn new(worker_id: WorkerId) -> Self {
+        Self {
+            worker_id,
+            host: hostname(),
+            capacity: 10_000,
+            lease: Duration::from_secs(10),
+            connect_rate: 30.0,
+            telegram: TelegramConfig::default(),
+            registry_refresh: Duration::from_secs(30),
+            reconcile_every: Duration::from_secs(1),
+            webhook_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The machine's host name, or `unknown`.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}

@@ -1,0 +1,121 @@
+//! Handlers: what a bot answers to a message.
+
+use std::time::Duration;
+
+use botfleet_core::{HandlerSpec, Inbound, Secret};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// The header carrying the webhook signature: `sha256=<hex of HMAC-SHA256(secret, body)>`.
+pub const SIGNATURE_HEADER: &str = "x-botfleet-signature";
+
+/// Why a handler produced no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// The webhook could not be reached or timed out.
+    #[error("webhook unreachable: {0}")]
+    Unreachable(#[source] reqwest::Error),
+    /// The webhook answered with an error status.
+    #[error("webhook answered {0}")]
+    Status(u16),
+    /// The webhook's answer was not JSON (or `text` was not a string).
+    #[error("webhook answer unreadable: {0}")]
+    BadReply(String),
+}
+
+/// Runs one bot's handler.
+#[derive(Clone, Debug)]
+pub struct Handler {
+    spec: HandlerSpec,
+    http: reqwest::Client,
+    timeout: Duration,
+}
+
+/// `sha256=<hex>` of `body` under `secret`.
+pub fn sign(secret: &Secret, body: &[u8]) -> String {
+    // HMAC accepts keys of any length, so new_from_slice cannot fail.
+    let mut mac = match Hmac::<Sha256>::new_from_slice(secret.expose().as_bytes()) {
+        Ok(m) => m,
+        Err(_) => return String::new(),
+    };
+    mac.update(body);
+    let bytes = mac.finalize().into_bytes();
+    let mut hex = String::with_capacity(7 + bytes.len() * 2);
+    hex.push_str("sha256=");
+    for b in bytes {
+        hex.push_str(&format!("{b:02x}"));
+    }
+    hex
+}
+
+impl Handler {
+    /// A handler for `spec`, sharing the process's HTTP client.
+    pub fn new(spec: HandlerSpec, http: reqwest::Client, timeout: Duration) -> Self {
+        Self {
+            spec,
+            http,
+            timeout,
+        }
+    }
+
+    /// The answer to `msg`, if any.
+    ///
+    /// # Errors
+    /// Webhook failures; echo never fails.
+    pub async fn answer(&self, msg: &Inbound) -> Result<Option<String>, HandlerError> {
+        match &self.spec {
+            HandlerSpec::Echo => Ok((!msg.text.is_empty()).then(|| msg.text.clone())),
+            HandlerSpec::Webhook { url, secret } => {
+                let body =
+                    serde_json::to_vec(msg).map_err(|e| HandlerError::BadReply(e.to_string()))?;
+                let mut req = self
+                    .http
+                    .post(url)
+                    .timeout(self.timeout)
+                    .header("content-type", "application/json");
+                if let Some(s) = secret {
+                    req = req.header(SIGNATURE_HEADER, sign(s, &body));
+                }
+                let resp = req
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
+                let status = resp.status();
+                if !status.is_success() {
+                    return Err(HandlerError::Status(status.as_u16()));
+                }
+                let bytes = resp
+                    .bytes()
+                    .await
+                    .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
+                if bytes.iter().all(u8::is_ascii_whitespace) {
+                    return Ok(None);
+                }
+                let v: serde_json::Value = serde_json::from_slice(&bytes)
+                    .map_err(|e| HandlerError::BadReply(e.to_string()))?;
+                match v.get("text") {
+                    None | Some(serde_json::Value::Null) => Ok(None),
+                    Some(serde_json::Value::String(s)) if s.is_empty() => Ok(None),
+                    Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+                    Some(_) => Err(HandlerError::BadReply("`text` is not a string".into())),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_matches_a_known_vector() {
+        // RFC 4231 test case 2.
+        let s = sign(&Secret::new("Jefe"), b"what do ya want for nothing?");
+        assert_eq!(
+            s,
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+}

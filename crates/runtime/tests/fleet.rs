@@ -1,0 +1,265 @@
+//! Workers in one process against the fake Bot API: the embedded mode and a small fleet on the
+//! in-memory hub. (The multi-process fleet with Redis, kill -9 and SIGSTOP is in the CLI
+//! crate's tests.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use botfleet_coord::{Coordinator, MemoryHub};
+use botfleet_core::{BotId, BotSpec, BotStatus, Platform, WorkerId};
+use botfleet_runtime::{Worker, WorkerConfig};
+use botfleet_store::{SqliteStore, Store};
+use botfleet_telegram::TelegramConfig;
+use botfleet_testkit::{nonce, wait_for, FakeTelegram, Fault, Sent};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+struct TempDir(std::path::PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn store() -> (TempDir, Arc<dyn Store>) {
+    let dir = std::env::temp_dir().join(format!("botfleet-rt-{}", nonce()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = SqliteStore::open(dir.join("bots.db")).await.unwrap();
+    (TempDir(dir), Arc::new(s))
+}
+
+fn token(i: usize) -> String {
+    format!("{}:tok-{i}", 1000 + i)
+}
+
+async fn add_bots(store: &dyn Store, fake: &FakeTelegram, n: usize) -> Vec<BotId> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = BotId::new(format!("bot-{i}")).unwrap();
+        fake.state().add_bot(&token(i));
+        let mut spec = BotSpec::new(id.clone(), Platform::Telegram, token(i));
+        spec.options.api_url = Some(fake.url());
+        store.add_bot(&spec).await.unwrap();
+        ids.push(id);
+    }
+    ids
+}
+
+fn config(name: &str) -> WorkerConfig {
+    let mut c = WorkerConfig::new(WorkerId::new(name).unwrap());
+    c.lease = Duration::from_millis(1500);
+    c.connect_rate = 1000.0;
+    c.reconcile_every = Duration::from_millis(200);
+    c.telegram = TelegramConfig {
+        poll_timeout: Duration::from_secs(2),
+        request_slack: Duration::from_secs(3),
+        ..TelegramConfig::default()
+    };
+    c
+}
+
+struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    metrics: Arc<botfleet_runtime::Metrics>,
+}
+
+impl Running {
+    async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("drains in time")
+            .unwrap();
+    }
+}
+
+fn start(cfg: WorkerConfig, coord: Arc<dyn Coordinator>, store: Arc<dyn Store>) -> Running {
+    let w = Worker::new(cfg, coord, store).unwrap();
+    let metrics = w.metrics();
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        w.run(async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Running {
+        stop: Some(tx),
+        task,
+        metrics,
+    }
+}
+
+/// Per token and chat, the texts sent, in order.
+fn by_chat(sent: &[Sent]) -> HashMap<(String, String), Vec<String>> {
+    let mut m: HashMap<(String, String), Vec<String>> = HashMap::new();
+    for s in sent {
+        m.entry((s.token.clone(), s.chat_id.clone()))
+            .or_default()
+            .push(s.text.clone());
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_worker_answers_every_message_once_in_order() {
+    let fake = FakeTelegram::start().await;
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 20).await;
+    let hub = MemoryHub::new();
+    let w = start(config("solo"), Arc::new(hub.coordinator()), store.clone());
+    wait_for("all bots polling", Duration::from_secs(20), || async {
+        (fake.state().polling_tokens() == bots.len()).then_some(())
+    })
+    .await;
+    // Three chats per bot, five messages each, written interleaved.
+    for m in 0..5 {
+        for i in 0..bots.len() {
+            for chat in 0..3 {
+                fake.state()
+                    .user_writes(&token(i), 100 + chat, &format!("m{m}"));
+            }
+        }
+    }
+    let expected = bots.len() * 3 * 5;
+    wait_for(
+        "every message answered",
+        Duration::from_secs(30),
+        || async { (fake.state().sent_count() >= expected).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = fake.state().sent();
+    assert_eq!(sent.len(), expected, "nothing answered twice");
+    for ((tok, chat), texts) in by_chat(&sent) {
+        assert_eq!(texts, ["m0", "m1", "m2", "m3", "m4"], "{tok} chat {chat}");
+    }
+    assert_eq!(fake.state().conflicts(), 0);
+    let rec = store.get_bot(&bots[0]).await.unwrap().unwrap();
+    assert_eq!(rec.status, BotStatus::Running);
+    assert_eq!(rec.reported_by.as_deref(), Some("solo"));
+    // The cursor moved past the handled updates, under the claim's fence.
+    let cur = store.cursor(&bots[0]).await.unwrap().unwrap();
+    assert_eq!(cur.value, "16");
+    assert_eq!(w.metrics.sent_total(), expected as u64);
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_token_fails_fast_and_is_not_retried() {
+    let fake = FakeTelegram::start().await;
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 3).await;
+    fake.state().revoke(&token(1));
+    fake.state().inject(&token(2), Fault::ServerError);
+    fake.state().inject(&token(2), Fault::TooManyRequests(1));
+    let hub = MemoryHub::new();
+    let w = start(config("solo"), Arc::new(hub.coordinator()), store.clone());
+    let rec = wait_for("bot-1 failed", Duration::from_secs(10), || async {
+        store
+            .get_bot(&bots[1])
+            .await
+            .unwrap()
+            .filter(|r| r.status == BotStatus::Failed)
+    })
+    .await;
+    assert!(rec.last_error.unwrap().contains("401"));
+    // Transient faults are retried: bot-2 ends up polling.
+    wait_for("bot-2 polling", Duration::from_secs(10), || async {
+        fake.state().is_polling(&token(2)).then_some(())
+    })
+    .await;
+    let polls = fake.state().polls(&token(1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        fake.state().polls(&token(1)),
+        polls,
+        "a 401 bot is not polled again"
+    );
+    let text = w.metrics.render("solo");
+    assert!(
+        text.contains("botfleet_bot_start_failures_total{worker_id=\"solo\",platform=\"telegram\",reason=\"unauthorized\"} 1"),
+        "{text}"
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_splits_bots_hands_over_on_drain_and_survives_a_partition() {
+    let fake = FakeTelegram::start().await;
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 60).await;
+    let hub = MemoryHub::new();
+    let handles: Vec<_> = (0..3).map(|_| hub.coordinator()).collect();
+    let mut ws: Vec<Running> = handles
+        .iter()
+        .enumerate()
+        .map(|(i, h)| start(config(&format!("w{i}")), Arc::new(h.clone()), store.clone()))
+        .collect();
+    wait_for("all bots polling", Duration::from_secs(20), || async {
+        (fake.state().polling_tokens() == bots.len()).then_some(())
+    })
+    .await;
+    wait_for(
+        "each worker runs a share",
+        Duration::from_secs(10),
+        || async {
+            ws.iter()
+                .all(|w| w.metrics.running_now(Platform::Telegram) >= 10)
+                .then_some(())
+        },
+    )
+    .await;
+    // Clean shutdown of w2: its bots move to the others at once.
+    let w2 = ws.pop().unwrap();
+    let started = tokio::time::Instant::now();
+    w2.shutdown().await;
+    wait_for("bots back after drain", Duration::from_secs(5), || async {
+        (fake.state().polling_tokens() == bots.len()
+            && ws
+                .iter()
+                .map(|w| w.metrics.running_now(Platform::Telegram))
+                .sum::<i64>()
+                == 60)
+            .then_some(())
+    })
+    .await;
+    let handover = started.elapsed();
+    println!("drain to all bots polling again: {handover:?}");
+    assert!(handover < Duration::from_secs(3), "{handover:?}");
+    // w1 is cut off from the coordinator (as if its process died): it stops its bots before
+    // its lease ends; w0 takes them after the lease.
+    hub.crash(&handles[1]);
+    let cut = tokio::time::Instant::now();
+    wait_for("w0 runs everything", Duration::from_secs(10), || async {
+        (ws[0].metrics.running_now(Platform::Telegram) == 60
+            && fake.state().polling_tokens() == bots.len())
+        .then_some(())
+    })
+    .await;
+    println!(
+        "partition to all bots polling on the survivor: {:?}",
+        cut.elapsed()
+    );
+    assert!(cut.elapsed() < Duration::from_millis(1500 + 1500));
+    assert_eq!(
+        fake.state().conflicts(),
+        0,
+        "never two pollers on one token"
+    );
+    // Every message is still answered.
+    for i in 0..bots.len() {
+        fake.state().user_writes(&token(i), 5, "after");
+    }
+    wait_for(
+        "answers after the moves",
+        Duration::from_secs(10),
+        || async { (fake.state().sent_count() == bots.len()).then_some(()) },
+    )
+    .await;
+    for w in ws {
+        w.task.abort();
+    }
+}
