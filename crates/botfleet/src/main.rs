@@ -7,6 +7,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bots;
+mod common;
+mod demo;
+mod fleet;
+mod worker;
+
 /// Run thousands of chat bots on a few worker processes, as one fleet.
 #[derive(Debug, Parser)]
 #[command(name = "botfleet", version, about, long_about = None)]
@@ -17,6 +23,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Host bots: alone (embedded, SQLite, no Redis) or as one of a fleet (--redis-url).
+    Worker(worker::WorkerArgs),
+    /// Manage the bot registry.
+    #[command(subcommand)]
+    Bots(bots::BotsCommand),
+    /// Look at the fleet.
+    #[command(subcommand)]
+    Fleet(fleet::FleetCommand),
+    /// A self-contained show: a fake Telegram, three workers, a few hundred bots, users
+    /// writing; one worker is killed midway and another joins; then a report.
+    Demo(demo::DemoArgs),
     /// Print the version, the supported platforms and storage backends.
     Version,
 }
@@ -30,8 +47,18 @@ fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -39,18 +66,25 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Worker(a) => worker::run(a).await,
+        Command::Bots(c) => bots::run(c).await,
+        Command::Fleet(c) => fleet::run(c).await,
+        Command::Demo(a) => demo::run(a).await,
         Command::Version => {
             println!("botfleet {}", env!("CARGO_PKG_VERSION"));
             let platforms: Vec<_> = botfleet_core::Platform::ALL
                 .iter()
                 .map(|p| p.as_str())
                 .collect();
-            println!("platforms: {}", platforms.join(", "));
+            println!(
+                "platforms: {} (workers run telegram today)",
+                platforms.join(", ")
+            );
             println!("stores: sqlite (default), postgres, memory");
             println!("coordinators: memory (embedded), redis (fleet)");
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -199,12 +199,42 @@ impl State {
         }
     }
 
+    /// Re-reads the registry. Running bots whose spec changed since (new token, URL, handler,
+    /// or an operator's `bots restart`) are stopped; the next pass starts them again.
     async fn refresh_registry(&mut self) {
-        match self.w.store.list_bots(&BotFilter::default()).await {
-            Ok(bots) => {
-                self.registry = bots.into_iter().map(|b| (b.spec.id.clone(), b)).collect();
+        let bots = match self.w.store.list_bots(&BotFilter::default()).await {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(error = %e, "cannot read the bot registry; keeping the last one");
+                return;
             }
-            Err(e) => warn!(error = %e, "cannot read the bot registry; keeping the last one"),
+        };
+        let fresh: HashMap<BotId, BotRecord> =
+            bots.into_iter().map(|b| (b.spec.id.clone(), b)).collect();
+        let changed: Vec<BotId> = self
+            .running
+            .keys()
+            .filter(|b| match (self.registry.get(*b), fresh.get(*b)) {
+                (Some(old), Some(new)) => {
+                    old.spec != new.spec || old.updated_at_ms != new.updated_at_ms
+                }
+                _ => false,
+            })
+            .cloned()
+            .collect();
+        self.registry = fresh;
+        for bot in changed {
+            info!(%bot, "spec changed; restarting");
+            self.restart(&bot).await;
+        }
+    }
+
+    /// Stops a running bot and gives up its claim; the next pass claims and starts it again.
+    async fn restart(&mut self, bot: &BotId) {
+        if let Some(r) = self.running.remove(bot) {
+            let fence = r.fence;
+            stop_task(r).await;
+            let _ = self.w.coord.release(bot, fence).await;
         }
     }
 
@@ -369,12 +399,7 @@ impl State {
             Signal::Command(WorkerCommand::Restart { bot })
             | Signal::Event(LifecycleEvent::Restart(bot)) => {
                 self.refresh_registry().await;
-                if let Some(r) = self.running.remove(&bot) {
-                    let fence = r.fence;
-                    stop_task(r).await;
-                    // Keep the claim; the reconcile pass starts it again under a new fence.
-                    let _ = self.w.coord.release(&bot, fence).await;
-                }
+                self.restart(&bot).await;
                 true
             }
             Signal::Command(WorkerCommand::HandOver { bot, to }) => {

@@ -105,7 +105,7 @@ fn by_chat(sent: &[Sent]) -> HashMap<(String, String), Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_worker_answers_every_message_once_in_order() {
-    let fake = FakeTelegram::start().await;
+    let fake = FakeTelegram::start().await.unwrap();
     let (_dir, store) = store().await;
     let bots = add_bots(&*store, &fake, 20).await;
     let hub = MemoryHub::new();
@@ -149,7 +149,7 @@ async fn embedded_worker_answers_every_message_once_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_token_fails_fast_and_is_not_retried() {
-    let fake = FakeTelegram::start().await;
+    let fake = FakeTelegram::start().await.unwrap();
     let (_dir, store) = store().await;
     let bots = add_bots(&*store, &fake, 3).await;
     fake.state().revoke(&token(1));
@@ -188,7 +188,7 @@ async fn a_bad_token_fails_fast_and_is_not_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_splits_bots_hands_over_on_drain_and_survives_a_partition() {
-    let fake = FakeTelegram::start().await;
+    let fake = FakeTelegram::start().await.unwrap();
     let (_dir, store) = store().await;
     let bots = add_bots(&*store, &fake, 60).await;
     let hub = MemoryHub::new();

@@ -3,6 +3,8 @@
 mod client;
 mod config;
 mod error;
+#[cfg(feature = "fake")]
+pub mod fake;
 mod inbound;
 mod outbound;
 

@@ -21,7 +21,7 @@ fn client(poll: Duration) -> TelegramClient {
 
 #[tokio::test]
 async fn get_me_checks_the_token_without_leaking_it() {
-    let fake = FakeTelegram::start().await;
+    let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::from_secs(1));
     let me = c
@@ -41,7 +41,7 @@ async fn get_me_checks_the_token_without_leaking_it() {
 
 #[tokio::test]
 async fn long_polls_wake_on_a_message_and_offsets_confirm() {
-    let fake = FakeTelegram::start().await;
+    let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::from_secs(10));
     let (url, token) = (fake.url(), Secret::new(TOKEN));
@@ -76,7 +76,7 @@ async fn long_polls_wake_on_a_message_and_offsets_confirm() {
 
 #[tokio::test]
 async fn a_second_poller_gets_409_and_a_dropped_poll_frees_the_token() {
-    let fake = FakeTelegram::start().await;
+    let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::from_secs(20));
     let (url, token) = (fake.url(), Secret::new(TOKEN));
@@ -106,7 +106,7 @@ async fn a_second_poller_gets_409_and_a_dropped_poll_frees_the_token() {
 
 #[tokio::test]
 async fn faults_are_classified() {
-    let fake = FakeTelegram::start().await;
+    let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::ZERO);
     let (url, token) = (fake.url(), Secret::new(TOKEN));
@@ -133,7 +133,7 @@ async fn faults_are_classified() {
 
 #[tokio::test]
 async fn messages_are_sent_and_recorded() {
-    let fake = FakeTelegram::start().await;
+    let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::ZERO);
     c.send_message(

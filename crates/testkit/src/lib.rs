@@ -2,7 +2,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 pub mod coord_suite;
-mod fake_telegram;
 mod partition;
 mod pg;
 mod redis_server;
@@ -10,8 +9,8 @@ mod rng;
 pub mod store_suite;
 mod wait;
 
+pub use botfleet_telegram::fake::{app as fake_telegram_app, FakeState, FakeTelegram, Fault, Sent};
 pub use coord_suite::CoordFixture;
-pub use fake_telegram::{app as fake_telegram_app, FakeState, FakeTelegram, Fault, Sent};
 pub use partition::Partition;
 pub use pg::PgSchema;
 pub use redis_server::{free_port, RedisServer};

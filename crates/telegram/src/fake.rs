@@ -1,4 +1,4 @@
-//! A fake Telegram Bot API server that speaks the real JSON: `getMe`, `getUpdates` (offset,
+//! A fake Telegram Bot API server (feature `fake`) that speaks the real JSON: `getMe`, `getUpdates` (offset,
 //! limit, timeout), `sendMessage`, `setWebhook`/`deleteWebhook`. It answers 409 to a second
 //! concurrent `getUpdates` on one token, can inject 401/429/5xx, and records what it received.
 
@@ -381,19 +381,17 @@ pub struct FakeTelegram {
 impl FakeTelegram {
     /// Binds `127.0.0.1:0` and serves in the background.
     ///
-    /// # Panics
+    /// # Errors
     /// When no loopback port can be bound.
-    pub async fn start() -> Self {
+    pub async fn start() -> std::io::Result<Self> {
         let state = FakeState::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("local addr");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         let router = app(state.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        Self { addr, state, task }
+        Ok(Self { addr, state, task })
     }
 
     /// `http://127.0.0.1:<port>`: pass as the bots' API URL.

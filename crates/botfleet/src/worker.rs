@@ -1,0 +1,146 @@
+//! `botfleet worker`.
+
+use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use botfleet_coord::{Coordinator, MemoryHub};
+use botfleet_core::WorkerId;
+use botfleet_runtime::{http, InstanceLock, Worker, WorkerConfig};
+use clap::Args;
+use tracing::info;
+
+use crate::common::{init_logs, Backends};
+
+fn positive_rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && v > 0.0 && v <= 100_000.0 {
+        Ok(v)
+    } else {
+        Err("must be above 0 and at most 100000".into())
+    }
+}
+
+fn worker_id(s: &str) -> Result<WorkerId, String> {
+    WorkerId::new(s).map_err(|e| e.to_string())
+}
+
+/// Flags of `botfleet worker`; each also reads a `BOTFLEET_*` variable.
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    #[command(flatten)]
+    backends: Backends,
+    /// This worker's id [default: random]
+    #[arg(long, env = "BOTFLEET_WORKER_ID", value_parser = worker_id)]
+    worker_id: Option<WorkerId>,
+    /// Address of /healthz, /readyz and /metrics (port 0 picks a free one).
+    #[arg(long, env = "BOTFLEET_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    http_addr: SocketAddr,
+    /// Most bots this worker runs (1-1000000).
+    #[arg(long, env = "BOTFLEET_CAPACITY", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    capacity: u32,
+    /// Liveness lease in ms (1000-600000): a dead worker's bots move after at most this.
+    #[arg(long, env = "BOTFLEET_LEASE_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
+    lease_ms: u64,
+    /// Fleet-wide bot starts per second per platform (0-100000, exclusive of 0).
+    #[arg(long, env = "BOTFLEET_CONNECT_RATE", default_value_t = 30.0, value_parser = positive_rate)]
+    connect_rate: f64,
+    /// Telegram long-poll timeout in seconds (0-50).
+    #[arg(long, env = "BOTFLEET_POLL_TIMEOUT_S", default_value_t = 25,
+          value_parser = clap::value_parser!(u64).range(0..=50))]
+    poll_timeout_s: u64,
+    /// How often the registry is re-read besides lifecycle events, in ms
+    /// [default: 2000 embedded, 30000 in a fleet]
+    #[arg(long, env = "BOTFLEET_REGISTRY_REFRESH_MS",
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    registry_refresh_ms: Option<u64>,
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
+    init_logs("info");
+    let id = match a.worker_id {
+        Some(id) => id,
+        None => WorkerId::new(format!("w-{}", random_hex()))?,
+    };
+    let store = a.backends.store().await?;
+    let fleet = a.backends.redis().await?;
+    let embedded = fleet.is_none();
+    // Embedded: one worker per database; the lock is released by the OS even on kill -9.
+    let _lock = match (&fleet, a.backends.sqlite_path()) {
+        (None, Some(path)) => Some(InstanceLock::acquire(&path).map_err(anyhow::Error::msg)?),
+        _ => None,
+    };
+    let coord: Arc<dyn Coordinator> = match fleet {
+        Some(c) => c,
+        None => Arc::new(MemoryHub::new().coordinator()),
+    };
+    let mut cfg = WorkerConfig::new(id.clone());
+    cfg.capacity = a.capacity;
+    cfg.lease = Duration::from_millis(a.lease_ms);
+    cfg.connect_rate = a.connect_rate;
+    cfg.telegram.poll_timeout = Duration::from_secs(a.poll_timeout_s);
+    cfg.registry_refresh = Duration::from_millis(a.registry_refresh_ms.unwrap_or(if embedded {
+        2_000
+    } else {
+        30_000
+    }));
+    let worker = Worker::new(cfg, coord, store)?;
+    let (addr, http_task) = http::serve(
+        a.http_addr,
+        http::HttpState {
+            metrics: worker.metrics(),
+            ready: worker.readiness(),
+            worker_id: id.to_string(),
+        },
+    )
+    .await
+    .with_context(|| format!("binding the HTTP address {} (--http-addr)", a.http_addr))?;
+    info!(worker = %id, %addr, mode = if embedded { "embedded" } else { "fleet" }, "worker starting");
+    // A machine-readable line for scripts and tests: where the HTTP endpoints are.
+    eprintln!("botfleet worker {id} listening on http://{addr}");
+    worker.run(shutdown_signal()).await?;
+    http_task.abort();
+    info!(worker = %id, "worker stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// 8 random hex characters (from the OS's randomness through std's hasher seed).
+pub(crate) fn random_hex() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    format!("{:08x}", h.finish() as u32)
+}
