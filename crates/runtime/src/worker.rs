@@ -336,9 +336,18 @@ impl State {
                     dirty = true;
                 }
                 _ = tick.tick() => {
-                    if self.fenced && self.lease.as_ref().is_some_and(|l| l.check().is_ok()) {
-                        info!(worker = %self.me(), "lease is safe again; resuming");
-                        self.fenced = false;
+                    if self.fenced {
+                        match self.lease.as_ref().map(LeaseHandle::check) {
+                            Some(Ok(())) => {
+                                info!(worker = %self.me(), "lease is safe again; resuming");
+                                self.fenced = false;
+                            }
+                            // Still unsure (the backend may be away): keep waiting.
+                            Some(Err(LeaseLost::Expired(_))) => {}
+                            // The liveness is gone for good (e.g. we were frozen past it):
+                            // register again as a new incarnation.
+                            _ => self.start_keeper().await,
+                        }
                     }
                     dirty = true;
                 }

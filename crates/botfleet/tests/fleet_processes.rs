@@ -1,0 +1,344 @@
+//! The fleet as operators run it: separate `botfleet worker` processes on one Redis (a
+//! private redis-server) and one SQLite registry, 300 bots on the fake Bot API, users writing
+//! all along. One worker is killed with SIGKILL, one joins, one is stopped with SIGTERM, one
+//! is frozen with SIGSTOP past its lease and thawed. After each event every bot must be polling
+//! again within lease + 1 s; the fake must never see two pollers on one token; every message
+//! must be answered, in order per chat.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator};
+use botfleet_core::{BotId, BotSpec, Platform};
+use botfleet_store::{SqliteStore, Store};
+use botfleet_testkit::{nonce, wait_for, FakeTelegram, RedisServer};
+
+const BOTS: usize = 300;
+const LEASE_MS: u64 = 3_000;
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {}", self.name);
+    }
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<_> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SIGCONT first in case the test stopped it, then SIGKILL by pid.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn token(i: usize) -> String {
+    format!("{}:fleet-{i}", 5000 + i)
+}
+
+fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
+    let log = dir.join(format!("{name}.log"));
+    let child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(["worker", "--worker-id", name, "--http-addr", "127.0.0.1:0"])
+        .args([
+            "--database-url",
+            db,
+            "--redis-url",
+            redis,
+            "--prefix",
+            "itest",
+        ])
+        .args(["--lease-ms", &LEASE_MS.to_string(), "--poll-timeout-s", "2"])
+        .args(["--connect-rate", "2000"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Proc {
+        name: name.into(),
+        child,
+        log,
+    }
+}
+
+/// Waits until every bot is polled by a live worker; answers how long it took.
+async fn all_polling(fake: &FakeTelegram, what: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    wait_for(what, limit, || async {
+        (fake.state().polling_tokens() == BOTS).then_some(())
+    })
+    .await;
+    t.elapsed()
+}
+
+/// Waits until no bot is polled (the event has been noticed), at most `limit`.
+async fn some_not_polling(fake: &FakeTelegram, limit: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < limit && fake.state().polling_tokens() == BOTS {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_survive_kill_join_term_and_stop() {
+    let redis = RedisServer::start().unwrap();
+    let fake = FakeTelegram::start().await.unwrap();
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-fleet-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
+    {
+        let store = SqliteStore::open(dir.0.join("bots.db")).await.unwrap();
+        for i in 0..BOTS {
+            fake.state().add_bot(&token(i));
+            let mut spec = BotSpec::new(
+                BotId::new(format!("bot-{i}")).unwrap(),
+                Platform::Telegram,
+                token(i),
+            );
+            spec.options.api_url = Some(fake.url());
+            store.add_bot(&spec).await.unwrap();
+        }
+    }
+    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
+        .await
+        .unwrap();
+    let mut procs: Vec<Proc> = (0..3)
+        .map(|i| spawn_worker(&format!("w{i}"), &db, &redis.url(), &dir.0))
+        .collect();
+    let startup = all_polling(
+        &fake,
+        "300 bots polling on 3 workers",
+        Duration::from_secs(30),
+    )
+    .await;
+    println!("start: all {BOTS} bots polling after {startup:?}");
+
+    // Users write all along: message n of each chat says "n".
+    let stop_writing = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let expected: Arc<Mutex<HashMap<(String, String), Vec<String>>>> = Arc::default();
+    let writer = {
+        let (state, stop, written, expected) = (
+            fake.state().clone(),
+            stop_writing.clone(),
+            written.clone(),
+            expected.clone(),
+        );
+        tokio::spawn(async move {
+            let mut x: u64 = 0x1234_5678;
+            let mut next: HashMap<(usize, i64), u64> = HashMap::new();
+            while !stop.load(Ordering::SeqCst) {
+                for _ in 0..5 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let bot = (x % BOTS as u64) as usize;
+                    let chat = ((x >> 40) % 2) as i64 + 1;
+                    let n = next.entry((bot, chat)).or_default();
+                    state.user_writes(&token(bot), chat, &n.to_string());
+                    expected
+                        .lock()
+                        .unwrap()
+                        .entry((token(bot), chat.to_string()))
+                        .or_default()
+                        .push(n.to_string());
+                    *n += 1;
+                    written.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let budget = Duration::from_millis(LEASE_MS + 1_000);
+    let slack = Duration::from_secs(15);
+
+    // 1. kill -9 w1.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed_at = Instant::now();
+    procs[1].child.kill().unwrap();
+    let _ = procs[1].child.wait();
+    some_not_polling(&fake, Duration::from_secs(2)).await;
+    let t = all_polling(&fake, "bots back after kill -9", slack).await;
+    let after_kill = killed_at.elapsed();
+    println!("kill -9: all bots polling again {after_kill:?} after the kill (lease {LEASE_MS} ms)");
+
+    // 2. w3 joins and takes its share.
+    let joined_at = Instant::now();
+    procs.push(spawn_worker("w3", &db, &redis.url(), &dir.0));
+    wait_for("w3 holds bots", slack, || async {
+        let live = coord.live_workers().await.ok()?;
+        live.iter()
+            .find(|w| w.id.as_str() == "w3" && w.meta.bots_held > 50)
+            .map(|_| ())
+    })
+    .await;
+    all_polling(&fake, "bots polling after the join", slack).await;
+    println!(
+        "join: w3 runs its share {:?} after starting",
+        joined_at.elapsed()
+    );
+
+    // 3. SIGTERM w2: it hands its bots over and exits 0.
+    let term_at = Instant::now();
+    procs[2].signal("-TERM");
+    let status = tokio::task::spawn_blocking({
+        let mut child =
+            std::mem::replace(&mut procs[2].child, Command::new("true").spawn().unwrap());
+        move || child.wait().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        status.success(),
+        "w2 exit: {status:?}\n{}",
+        procs[2].log_tail()
+    );
+    let after_term = all_polling(&fake, "bots back after SIGTERM", slack)
+        .await
+        .max(term_at.elapsed());
+    println!("SIGTERM: w2 exited 0; all bots polling again {after_term:?} after the signal");
+
+    // 4. SIGSTOP w0 past its lease, then SIGCONT.
+    let stopped_at = Instant::now();
+    procs[0].signal("-STOP");
+    wait_for("w0's liveness ends", slack, || async {
+        let live = coord.live_workers().await.ok()?;
+        (!live.iter().any(|w| w.id.as_str() == "w0")).then_some(())
+    })
+    .await;
+    let t_stop = {
+        all_polling(&fake, "bots back after SIGSTOP", slack).await;
+        stopped_at.elapsed()
+    };
+    println!("SIGSTOP: all bots polling on the others {t_stop:?} after the freeze");
+    procs[0].signal("-CONT");
+    wait_for("w0 rejoins and takes bots again", slack, || async {
+        let live = coord.live_workers().await.ok()?;
+        live.iter()
+            .find(|w| w.id.as_str() == "w0" && w.meta.bots_held > 0)
+            .map(|_| ())
+    })
+    .await;
+    all_polling(&fake, "bots polling after w0 rejoined", slack).await;
+
+    // Stop writing; every message must be answered.
+    stop_writing.store(true, Ordering::SeqCst);
+    writer.await.unwrap();
+    let total = written.load(Ordering::SeqCst) as usize;
+    let answered = wait_for(
+        "every message answered",
+        Duration::from_secs(30),
+        || async {
+            let sent = fake.state().sent();
+            let mut got: HashMap<(String, String), Vec<String>> = HashMap::new();
+            for s in sent {
+                got.entry((s.token, s.chat_id)).or_default().push(s.text);
+            }
+            let want = expected.lock().unwrap().clone();
+            want.iter()
+                .all(|(k, v)| got.get(k).is_some_and(|g| v.iter().all(|t| g.contains(t))))
+                .then_some(got)
+        },
+    )
+    .await;
+    let want = expected.lock().unwrap().clone();
+    let mut dups = 0;
+    for (chat, texts) in &want {
+        let got = &answered[chat];
+        dups += got.len() - texts.len();
+        // In order: the first answer to each message follows the order of the messages.
+        let mut firsts: Vec<&String> = Vec::new();
+        for t in got {
+            if !firsts.contains(&t) {
+                firsts.push(t);
+            }
+        }
+        assert_eq!(
+            firsts,
+            texts.iter().collect::<Vec<_>>(),
+            "order in {chat:?}"
+        );
+    }
+    println!(
+        "messages: {total} written, {} answers, lost 0, duplicated {dups}, second pollers (409) {}",
+        total + dups,
+        fake.state().conflicts()
+    );
+    assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");
+    for (what, d) in [("kill -9", after_kill), ("SIGTERM", after_term)] {
+        assert!(d <= budget, "{what}: {d:?} > lease + 1 s");
+    }
+    // A frozen worker's bots wait for its lease: they are back within lease + 1 s of the
+    // moment its liveness could have ended (its last renewal before the freeze).
+    assert!(
+        t_stop <= budget + Duration::from_millis(LEASE_MS / 3),
+        "SIGSTOP: {t_stop:?}"
+    );
+    let _ = t;
+
+    // The operator's view agrees.
+    let out = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args([
+            "fleet",
+            "status",
+            "--json",
+            "--database-url",
+            &db,
+            "--redis-url",
+            &redis.url(),
+            "--prefix",
+            "itest",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let workers: Vec<_> = status["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(workers, ["w0", "w3"]);
+    assert_eq!(status["unowned"].as_array().unwrap().len(), 0, "{status}");
+}
