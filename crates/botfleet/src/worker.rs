@@ -111,6 +111,14 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     } else {
         30_000
     }));
+    if a.poll_timeout_s * 1000 >= a.lease_ms {
+        tracing::warn!(
+            poll_timeout_s = a.poll_timeout_s,
+            lease_ms = a.lease_ms,
+            "the poll timeout is not below the lease: a frozen worker's last long poll may \
+             still be open when another worker takes its bots (a 409 on Telegram)"
+        );
+    }
     let worker = Worker::new(cfg, coord, store)?;
     let (addr, http_task) = http::serve(
         a.http_addr,

@@ -24,6 +24,9 @@ use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{nonce, wait_for, FakeTelegram, RedisServer};
 
 const BOTS: usize = 300;
+
+/// Per (token, chat): the texts, in order.
+type Chats = HashMap<(String, String), Vec<String>>;
 const LEASE_MS: u64 = 3_000;
 
 struct Dir(PathBuf);
@@ -152,7 +155,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     // Users write all along: message n of each chat says "n".
     let stop_writing = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
-    let expected: Arc<Mutex<HashMap<(String, String), Vec<String>>>> = Arc::default();
+    let expected: Arc<Mutex<Chats>> = Arc::default();
     let writer = {
         let (state, stop, written, expected) = (
             fake.state().clone(),
@@ -266,7 +269,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
         Duration::from_secs(30),
         || async {
             let sent = fake.state().sent();
-            let mut got: HashMap<(String, String), Vec<String>> = HashMap::new();
+            let mut got: Chats = HashMap::new();
             for s in sent {
                 got.entry((s.token, s.chat_id)).or_default().push(s.text);
             }

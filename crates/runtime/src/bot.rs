@@ -223,6 +223,16 @@ impl BotCtx {
                 .max()
                 .map_or(offset, |m| m + 1)
                 .max(offset);
+            if next == offset {
+                // Updates without a usable id cannot be confirmed; do not spin on them.
+                self.metrics
+                    .platform_error(self.spec.platform, "malformed_update");
+                warn!(bot = %self.spec.id, "updates without update_id; backing off");
+                if sleep_or_stop(backoff(4), &mut self.stop).await {
+                    return BotExit::Stopped;
+                }
+                continue;
+            }
             let mut chats: BTreeMap<String, Vec<Inbound>> = BTreeMap::new();
             for raw in &updates {
                 match parse_update(&self.spec.id, raw) {

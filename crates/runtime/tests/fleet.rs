@@ -263,3 +263,132 @@ async fn a_fleet_splits_bots_hands_over_on_drain_and_survives_a_partition() {
         w.task.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_handler_signs_and_relays_answers_and_bad_updates_are_skipped() {
+    use axum::{http::HeaderMap, routing::post, Json, Router};
+    use botfleet_core::{HandlerSpec, Secret};
+
+    // A tenant's webhook: checks the signature, answers in upper case.
+    let app = Router::new().route(
+        "/hook",
+        post(|headers: HeaderMap, body: String| async move {
+            let want = botfleet_runtime::sign(&Secret::new("hmac-key"), body.as_bytes());
+            let got = headers
+                .get(botfleet_runtime::SIGNATURE_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            if got != want {
+                return (
+                    axum::http::StatusCode::UNAUTHORIZED,
+                    Json(serde_json::json!({})),
+                );
+            }
+            let msg: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let text = msg["text"].as_str().unwrap_or_default().to_uppercase();
+            (
+                axum::http::StatusCode::OK,
+                Json(serde_json::json!({ "text": text })),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    for (i, secret) in [(0, "hmac-key"), (1, "wrong-key")] {
+        fake.state().add_bot(&token(i));
+        let mut spec = BotSpec::new(
+            BotId::new(format!("hook-{i}")).unwrap(),
+            Platform::Telegram,
+            token(i),
+        );
+        spec.options.api_url = Some(fake.url());
+        spec.handler = HandlerSpec::Webhook {
+            url: hook.clone(),
+            secret: Some(Secret::new(secret)),
+        };
+        store.add_bot(&spec).await.unwrap();
+    }
+    let hub = MemoryHub::new();
+    let w = start(config("solo"), Arc::new(hub.coordinator()), store.clone());
+    wait_for("polling", Duration::from_secs(10), || async {
+        (fake.state().polling_tokens() == 2).then_some(())
+    })
+    .await;
+    // Garbage first: skipped, the bot keeps polling and answers what follows.
+    fake.state().push_raw(
+        &token(0),
+        serde_json::json!({"update_id": 1, "message": {"chat": "??"}}),
+    );
+    fake.state().push_raw(
+        &token(0),
+        serde_json::json!({"update_id": 2, "message": 42}),
+    );
+    // The fake numbers user messages on its own (from 1), after the raw ones above.
+    fake.state().user_writes(&token(0), 3, "hello");
+    fake.state().user_writes(&token(0), 3, "again");
+    fake.state().user_writes(&token(1), 3, "forged");
+    wait_for("answers relayed", Duration::from_secs(10), || async {
+        let sent: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+        (sent == ["HELLO", "AGAIN"]).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        fake.state().sent().len(),
+        2,
+        "a refused webhook call sends nothing"
+    );
+    assert!(w.metrics.render("solo").contains("reason=\"handler\"} 1"));
+    assert!(fake.state().is_polling(&token(0)));
+    w.shutdown().await;
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_is_never_exceeded_and_the_rest_is_reported() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 30).await;
+    let hub = MemoryHub::new();
+    let ws: Vec<Running> = (0..2)
+        .map(|i| {
+            let mut c = config(&format!("w{i}"));
+            c.capacity = 10;
+            start(c, Arc::new(hub.coordinator()), store.clone())
+        })
+        .collect();
+    wait_for("20 bots polling", Duration::from_secs(10), || async {
+        (fake.state().polling_tokens() == 20).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        fake.state().polling_tokens(),
+        20,
+        "no worker went over its capacity"
+    );
+    for w in &ws {
+        assert_eq!(w.metrics.running_now(Platform::Telegram), 10);
+        assert!(w
+            .metrics
+            .render("x")
+            .contains("botfleet_bots_unplaced{worker_id=\"x\"} 10"));
+    }
+    // A third worker makes room: every bot runs.
+    let mut c = config("w2");
+    c.capacity = 10;
+    let w2 = start(c, Arc::new(hub.coordinator()), store.clone());
+    wait_for("all bots polling", Duration::from_secs(10), || async {
+        (fake.state().polling_tokens() == bots.len()).then_some(())
+    })
+    .await;
+    for w in ws {
+        w.shutdown().await;
+    }
+    w2.task.abort();
+}

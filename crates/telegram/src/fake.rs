@@ -132,9 +132,13 @@ impl FakeState {
         id
     }
 
-    /// Queues a raw update (any JSON) for `token`, e.g. a malformed one.
+    /// Queues a raw update (any JSON) for `token`, e.g. a malformed one. An integer
+    /// `update_id` in it also moves the fake's numbering past it.
     pub fn push_raw(&self, token: &str, update: Value) {
         if let Some(t) = self.lock().tokens.get_mut(token) {
+            if let Some(id) = update["update_id"].as_i64() {
+                t.next_update = t.next_update.max(id + 1);
+            }
             t.pending.push_back(update);
         }
         self.wake.notify_waiters();

@@ -1,0 +1,392 @@
+//! The CLI as an operator uses it: the registry commands, the embedded worker with its HTTP
+//! endpoints and instance lock, and clear errors for bad input.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+use botfleet_testkit::{nonce, wait_for, FakeTelegram};
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir() -> Dir {
+    let d = std::env::temp_dir().join(format!("botfleet-cli-{}", nonce()));
+    std::fs::create_dir_all(&d).unwrap();
+    Dir(d)
+}
+
+fn db(dir: &Dir) -> String {
+    format!("sqlite://{}", dir.0.join("bots.db").display())
+}
+
+fn botfleet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(args)
+        .env_remove("BOTFLEET_TOKEN")
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_registry_commands_work_and_never_show_tokens() {
+    let dir = tempdir();
+    let db = db(&dir);
+    let o = botfleet(&[
+        "bots",
+        "add",
+        "support-eu",
+        "--platform",
+        "telegram",
+        "--token",
+        "111:SECRET-A",
+        "--database-url",
+        &db,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = botfleet(&[
+        "bots",
+        "add",
+        "support-eu",
+        "--platform",
+        "telegram",
+        "--token",
+        "111:SECRET-A",
+        "--database-url",
+        &db,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("exists already"), "{:?}", text(&o));
+    let o = botfleet(&[
+        "bots",
+        "add",
+        "x",
+        "--platform",
+        "myspace",
+        "--token",
+        "1:a",
+        "--database-url",
+        &db,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).1.contains("unknown platform \"myspace\""),
+        "{:?}",
+        text(&o)
+    );
+    let o = botfleet(&[
+        "bots",
+        "add",
+        "bad id",
+        "--platform",
+        "telegram",
+        "--token",
+        "1:a",
+        "--database-url",
+        &db,
+    ]);
+    assert!(text(&o).1.contains("invalid bot id"), "{:?}", text(&o));
+    let o = botfleet(&[
+        "bots",
+        "add",
+        "hook",
+        "--platform",
+        "telegram",
+        "--token",
+        "222:SECRET-B",
+        "--handler",
+        "webhook",
+        "--database-url",
+        &db,
+    ]);
+    assert!(text(&o).1.contains("needs webhook_url"), "{:?}", text(&o));
+    assert!(
+        botfleet(&["bots", "disable", "support-eu", "--database-url", &db])
+            .status
+            .success()
+    );
+    let o = botfleet(&["bots", "list", "--json", "--database-url", &db]);
+    let (out, _) = text(&o);
+    assert!(!out.contains("SECRET"), "{out}");
+    let row: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(row["id"], "support-eu");
+    assert_eq!(row["enabled"], false);
+    assert_eq!(row["status"], "pending");
+    let o = botfleet(&["bots", "list", "--database-url", &db]);
+    assert!(text(&o).0.starts_with("ID "), "{:?}", text(&o));
+    assert!(
+        botfleet(&["bots", "remove", "support-eu", "--database-url", &db])
+            .status
+            .success()
+    );
+    let o = botfleet(&["bots", "remove", "support-eu", "--database-url", &db]);
+    assert!(text(&o).1.contains("no bot support-eu"), "{:?}", text(&o));
+}
+
+#[test]
+fn import_reports_each_bad_line_and_keeps_the_good_ones() {
+    let dir = tempdir();
+    let db = db(&dir);
+    let file = dir.0.join("bots.jsonl");
+    std::fs::write(
+        &file,
+        [
+            r#"{"id":"a","platform":"telegram","token":"1:SECRET-1"}"#,
+            r#"{"id":"b","platform":"telegram","token":12345678}"#,
+            r#"not json"#,
+            "",
+            r#"{"id":"c","platform":"icq","token":"3:SECRET-3"}"#,
+            r#"{"id":"d","platform":"telegram","token":"4:SECRET-4","handler":"webhook","webhook_url":"http://127.0.0.1:9/h"}"#,
+            r#"{"id":"a","platform":"telegram","token":"1:SECRET-1"}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let o = botfleet(&[
+        "bots",
+        "import",
+        file.to_str().unwrap(),
+        "--database-url",
+        &db,
+    ]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains("imported 2 bots, 4 lines refused"), "{out}");
+    for n in [2, 3, 5, 7] {
+        assert!(
+            err.contains(&format!("line {n}: ")),
+            "line {n} not reported: {err}"
+        );
+    }
+    assert!(err.contains("unknown platform"), "{err}");
+    assert!(
+        !err.contains("12345678") && !err.contains("SECRET"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let o = botfleet(&["worker", "--lease-ms", "5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("--lease-ms"), "{:?}", text(&o));
+    let o = botfleet(&["worker", "--connect-rate", "fast"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = botfleet(&["worker", "--http-addr", "nowhere"]);
+    assert_eq!(o.status.code(), Some(2));
+    let dir = tempdir();
+    let o = botfleet(&[
+        "worker",
+        "--database-url",
+        &db(&dir),
+        "--redis-url",
+        "http://127.0.0.1:1",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("invalid Redis URL"), "{:?}", text(&o));
+    let o = botfleet(&[
+        "worker",
+        "--database-url",
+        "mysql://x/y",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).1.contains("invalid database URL"),
+        "{:?}",
+        text(&o)
+    );
+    let o = botfleet(&[
+        "bots",
+        "list",
+        "--database-url",
+        "sqlite:///nonexistent-dir-bf/x.db",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("does not exist"), "{:?}", text(&o));
+}
+
+struct Worker {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts an embedded worker and reads its HTTP address from its log.
+fn start_worker(db: &str) -> Worker {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args([
+            "worker",
+            "--database-url",
+            db,
+            "--http-addr",
+            "127.0.0.1:0",
+            "--poll-timeout-s",
+            "1",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(url) = line.split("listening on ").nth(1) {
+                let _ = tx.send(url.trim().to_owned());
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("worker printed its address");
+    Worker { child, url }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_worker_serves_bots_health_and_metrics() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let dir = tempdir();
+    let db = db(&dir);
+    fake.state().add_bot("777:GOOD");
+    for (id, token) in [("good", "777:GOOD"), ("late", "778:NOT-YET")] {
+        let o = botfleet(&[
+            "bots",
+            "add",
+            id,
+            "--platform",
+            "telegram",
+            "--token",
+            token,
+            "--api-url",
+            &fake.url(),
+            "--database-url",
+            &db,
+        ]);
+        assert!(o.status.success(), "{:?}", text(&o));
+    }
+    let w = start_worker(&db);
+    let http = reqwest::Client::new();
+    let get = |path: &'static str| {
+        let (http, url) = (http.clone(), w.url.clone());
+        async move {
+            let r = http.get(format!("{url}{path}")).send().await.ok()?;
+            Some((r.status().as_u16(), r.text().await.ok()?))
+        }
+    };
+    assert_eq!(get("/healthz").await.unwrap().0, 200);
+    wait_for("ready", Duration::from_secs(10), || async {
+        (get("/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+    // A second worker on the same database refuses to start.
+    let o = botfleet(&[
+        "worker",
+        "--database-url",
+        &db,
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).1.contains("another botfleet worker is running"),
+        "{:?}",
+        text(&o)
+    );
+    // The good bot answers; the unknown token is reported failed, with the reason.
+    wait_for("good polling", Duration::from_secs(10), || async {
+        fake.state().is_polling("777:GOOD").then_some(())
+    })
+    .await;
+    fake.state().user_writes("777:GOOD", 9, "ping");
+    wait_for("answer", Duration::from_secs(10), || async {
+        fake.state()
+            .sent()
+            .iter()
+            .any(|s| s.text == "ping")
+            .then_some(())
+    })
+    .await;
+    let list = wait_for("late failed", Duration::from_secs(10), || async {
+        let (out, _) = text(&botfleet(&[
+            "bots",
+            "list",
+            "--json",
+            "--database-url",
+            &db,
+        ]));
+        out.contains("\"failed\"").then_some(out)
+    })
+    .await;
+    assert!(list.contains("401"), "{list}");
+    assert!(
+        list.contains("\"owner\":\"w-"),
+        "running bots show their worker: {list}"
+    );
+    let (_, metrics) = get("/metrics").await.unwrap();
+    assert!(metrics.contains("platform=\"telegram\"} 1"), "{metrics}");
+    assert!(metrics.contains("reason=\"unauthorized\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("botfleet_messages_sent_total"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("GOOD") && !metrics.contains("NOT-YET"),
+        "{metrics}"
+    );
+    // The operator fixes the token and restarts the bot: the worker picks it up.
+    fake.state().add_bot("778:NOT-YET");
+    assert!(
+        botfleet(&["bots", "restart", "late", "--database-url", &db])
+            .status
+            .success()
+    );
+    wait_for(
+        "late polling after restart",
+        Duration::from_secs(15),
+        || async { fake.state().is_polling("778:NOT-YET").then_some(()) },
+    )
+    .await;
+    // SIGTERM: drains and exits 0.
+    let mut w = w;
+    assert!(Command::new("kill")
+        .args(["-TERM", &w.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let status = tokio::task::spawn_blocking(move || {
+        let s = w.child.wait().unwrap();
+        drop(w);
+        s
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(fake.state().conflicts(), 0);
+}
