@@ -47,7 +47,12 @@ fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
+    let threads = match &cli.command {
+        Command::Worker(a) => a.worker_threads(),
+        _ => std::thread::available_parallelism().map_or(2, |n| n.get().min(4)),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
         .enable_all()
         .build()
     {

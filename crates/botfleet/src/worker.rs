@@ -55,6 +55,17 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_REGISTRY_REFRESH_MS",
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     registry_refresh_ms: Option<u64>,
+    /// Async runtime threads (1-256). One thread serves thousands of idle long polls with the
+    /// fewest wake-ups; to use more cores, run more workers (or raise this for busy bots).
+    #[arg(long, env = "BOTFLEET_WORKER_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    worker_threads: u16,
+}
+
+impl WorkerArgs {
+    pub(crate) fn worker_threads(&self) -> usize {
+        usize::from(self.worker_threads)
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

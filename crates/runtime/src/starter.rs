@@ -18,7 +18,9 @@ impl Starter {
     /// Starts the queue's task; it ends when every handle is dropped.
     pub(crate) fn spawn(coord: Arc<dyn Coordinator>, per_second: f64) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<(Platform, oneshot::Sender<()>)>();
-        let limit = RateLimit::new(per_second, per_second.ceil().max(1.0) as u32);
+        // A bucket of a tenth of a second's starts: a cold fleet ramps at the rate from the
+        // first second on, instead of a one-second burst.
+        let limit = RateLimit::new(per_second, (per_second / 10.0).ceil().max(1.0) as u32);
         tokio::spawn(async move {
             while let Some((platform, go)) = rx.recv().await {
                 let key = format!("connect:{platform}");

@@ -138,6 +138,10 @@ impl Worker {
             lease: None,
             keeper: None,
             fenced: false,
+            stamp: None,
+            generation: 0,
+            last_inputs: None,
+            short: 0,
         };
         state.run(shutdown).await
     }
@@ -153,6 +157,14 @@ struct State {
     keeper: Option<LeaseKeeper>,
     /// Bots were stopped because the lease was unsafe; waiting for it to be good again.
     fenced: bool,
+    /// The registry stamp of the last full read.
+    stamp: Option<(u64, i64)>,
+    /// Bumped whenever the registry read changed.
+    generation: u64,
+    /// What placement was last computed from: members, capacities, registry generation.
+    last_inputs: Option<u64>,
+    /// Bots of our share that the last pass could not claim (held by others for now).
+    short: usize,
 }
 
 fn me_meta(cfg: &WorkerConfig) -> WorkerMeta {
@@ -202,10 +214,21 @@ impl State {
     /// Re-reads the registry. Running bots whose spec changed since (new token, URL, handler,
     /// or an operator's `bots restart`) are stopped; the next pass starts them again.
     async fn refresh_registry(&mut self) {
+        // The stamp is one cheap query; the full read (thousands of rows) only on a change.
+        match self.w.store.registry_stamp().await {
+            Ok(s) if Some(s) == self.stamp => return,
+            Ok(s) => self.stamp = Some(s),
+            Err(e) => {
+                warn!(error = %e, "cannot read the registry stamp; keeping the last registry");
+                return;
+            }
+        }
+        self.generation += 1;
         let bots = match self.w.store.list_bots(&BotFilter::default()).await {
             Ok(b) => b,
             Err(e) => {
                 warn!(error = %e, "cannot read the bot registry; keeping the last one");
+                self.stamp = None;
                 return;
             }
         };
@@ -309,10 +332,12 @@ impl State {
         refresh.tick().await;
         tokio::pin!(shutdown);
         let mut dirty = true;
+        let mut check = false;
         loop {
-            if dirty && !self.fenced {
-                self.reconcile(&starter, &tx).await;
+            if (dirty || check) && !self.fenced {
+                self.reconcile(&starter, &tx, dirty).await;
                 dirty = false;
+                check = false;
                 if !self.w.ready.swap(true, Ordering::SeqCst) {
                     info!(worker = %self.me(), bots = self.running.len(), "first claim pass done; ready");
                 }
@@ -333,7 +358,7 @@ impl State {
                 }
                 _ = refresh.tick() => {
                     self.refresh_registry().await;
-                    dirty = true;
+                    check = true;
                 }
                 _ = tick.tick() => {
                     if self.fenced {
@@ -346,10 +371,13 @@ impl State {
                             Some(Err(LeaseLost::Expired(_))) => {}
                             // The liveness is gone for good (e.g. we were frozen past it):
                             // register again as a new incarnation.
-                            _ => self.start_keeper().await,
+                            _ => {
+                                self.start_keeper().await;
+                                dirty = true;
+                            }
                         }
                     }
-                    dirty = true;
+                    check = true;
                 }
             }
         }
@@ -442,7 +470,10 @@ impl State {
         }
     }
 
-    async fn reconcile(&mut self, starter: &Starter, tx: &mpsc::Sender<Signal>) {
+    /// Converges on our share. Unless `force`d, the placement is recomputed only when its
+    /// inputs (members, capacities, registry) changed or some of our share is still unclaimed:
+    /// an idle worker with thousands of bots costs one member listing per tick.
+    async fn reconcile(&mut self, starter: &Starter, tx: &mpsc::Sender<Signal>, force: bool) {
         let Some(lease) = self.lease.clone() else {
             return;
         };
@@ -459,6 +490,19 @@ impl State {
         if !live.iter().any(|l| &l.id == self.me()) {
             return;
         }
+        let inputs = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for l in &live {
+                (l.id.as_str(), l.incarnation.as_str(), l.meta.capacity).hash(&mut h);
+            }
+            self.generation.hash(&mut h);
+            h.finish()
+        };
+        if !force && self.short == 0 && self.last_inputs == Some(inputs) {
+            return;
+        }
+        self.last_inputs = Some(inputs);
         let caps: HashMap<WorkerId, u32> = live
             .iter()
             .map(|l| (l.id.clone(), l.meta.capacity))
@@ -521,6 +565,7 @@ impl State {
             .take(room)
             .cloned()
             .collect();
+        let asked = wanted.len();
         let (coord, store) = (self.w.coord.clone(), self.w.store.clone());
         let granted: Vec<(BotId, Fence)> = stream::iter(wanted)
             .map(|bot| {
@@ -548,6 +593,7 @@ impl State {
             .filter_map(|x| async move { x })
             .collect()
             .await;
+        self.short = asked - granted.len();
         for (bot, fence) in granted {
             self.w.metrics.claim();
             let Some(rec) = self.registry.get(&bot) else {

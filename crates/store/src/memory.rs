@@ -137,6 +137,12 @@ impl Store for MemoryStore {
         self.fenced(id, fence, None)
     }
 
+    async fn registry_stamp(&self) -> Result<(u64, i64)> {
+        let st = self.st();
+        let max = st.bots.values().map(|b| b.updated_at_ms).max().unwrap_or(0);
+        Ok((st.bots.len() as u64, max))
+    }
+
     async fn highest_fence(&self, id: &BotId) -> Result<Fence> {
         Ok(self.st().fences.get(id).map_or(Fence::ZERO, |(f, _)| *f))
     }

@@ -345,6 +345,19 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn registry_stamp(&self) -> Result<(u64, i64)> {
+        let c = self.client().await?;
+        let r = c
+            .query_one(
+                "SELECT COUNT(*)::BIGINT, COALESCE(MAX(updated_at_ms), 0)::BIGINT FROM bots",
+                &[],
+            )
+            .await
+            .map_err(db("registry stamp"))?;
+        let n: i64 = r.get(0);
+        Ok((n.max(0).unsigned_abs(), r.get(1)))
+    }
+
     async fn highest_fence(&self, id: &BotId) -> Result<Fence> {
         let c = self.client().await?;
         self.current_fence(&c, id.as_str()).await

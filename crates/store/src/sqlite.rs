@@ -366,6 +366,18 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn registry_stamp(&self) -> Result<(u64, i64)> {
+        self.with("registry stamp", |c| {
+            c.query_row(
+                "SELECT COUNT(*), COALESCE(MAX(updated_at_ms), 0) FROM bots",
+                [],
+                |r| Ok((r.get::<_, i64>(0)?.max(0).unsigned_abs(), r.get(1)?)),
+            )
+            .map_err(|e| StoreError::backend("registry stamp", e))
+        })
+        .await
+    }
+
     async fn highest_fence(&self, id: &BotId) -> Result<Fence> {
         let id = id.as_str().to_owned();
         self.with("read fence", move |c| {

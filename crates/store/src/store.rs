@@ -103,4 +103,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Backend failures.
     async fn highest_fence(&self, id: &BotId) -> Result<Fence>;
+
+    /// A cheap stamp of the registry's specs: `(number of bots, latest spec change in unix
+    /// ms)`. It changes when a bot is added, removed or updated (not on status reports), so a
+    /// worker re-reads the whole registry only when it differs.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn registry_stamp(&self) -> Result<(u64, i64)>;
 }

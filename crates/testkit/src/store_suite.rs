@@ -221,6 +221,33 @@ pub async fn concurrent_fenced_writes(s: Arc<dyn Store>) {
     assert_eq!((c.value.as_str(), c.fence), ("v20", Fence(20)));
 }
 
+/// The registry stamp changes on add, update and remove, not on status reports.
+pub async fn registry_stamp_tracks_spec_changes(s: Arc<dyn Store>) {
+    let empty = s.registry_stamp().await.unwrap();
+    assert_eq!(empty.0, 0);
+    let mut b = spec("b1", Platform::Telegram);
+    s.add_bot(&b).await.unwrap();
+    let added = s.registry_stamp().await.unwrap();
+    assert_eq!(added.0, 1);
+    assert_ne!(added, empty);
+    s.set_status(&b.id, BotStatus::Running, None, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.registry_stamp().await.unwrap(),
+        added,
+        "status reports do not count"
+    );
+    // Updates within the same millisecond must still show: wait for the clock to move.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    b.enabled = false;
+    s.update_bot(&b).await.unwrap();
+    let updated = s.registry_stamp().await.unwrap();
+    assert!(updated.1 > added.1, "{updated:?} after {added:?}");
+    s.remove_bot(&b.id).await.unwrap();
+    assert_eq!(s.registry_stamp().await.unwrap().0, 0);
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -238,6 +265,7 @@ macro_rules! store_conformance {
             accept_fence_raises_the_floor,
             fences_survive_removal,
             concurrent_fenced_writes,
+            registry_stamp_tracks_spec_changes,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -1,0 +1,226 @@
+//! Measures a `botfleet worker` process against the fake Bot API over plain HTTP.
+//!
+//! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
+//! (`--quick` for 1,000 bots only). It prints, for 1,000 and 10,000 bots: time from start to all
+//! bots polling at a given connect rate, then RSS and CPU of the idle worker (10 s poll
+//! timeout); and the time from `kill -9` of one of two workers to all bots polling again.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context};
+use botfleet_core::{BotId, BotSpec, Platform};
+use botfleet_store::{SqliteStore, Store};
+use botfleet_testkit::{nonce, FakeTelegram, RedisServer};
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Worker(Child);
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn botfleet_bin() -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let bin = me.with_file_name("botfleet");
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it first (cargo build --release -p botfleet)",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+fn token(i: usize) -> String {
+    format!("{}:bench-{i}", 10_000_000 + i)
+}
+
+async fn registry(dir: &Path, fake: &FakeTelegram, bots: usize) -> anyhow::Result<String> {
+    let path = dir.join("bots.db");
+    let store = SqliteStore::open(&path).await?;
+    for i in 0..bots {
+        fake.state().add_bot(&token(i));
+        let mut spec = BotSpec::new(BotId::new(format!("b{i}"))?, Platform::Telegram, token(i));
+        spec.options.api_url = Some(fake.url());
+        store.add_bot(&spec).await?;
+    }
+    Ok(format!("sqlite://{}", path.display()))
+}
+
+fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
+    let child = Command::new(bin)
+        .arg("worker")
+        .args(["--http-addr", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting botfleet worker")?;
+    Ok(Worker(child))
+}
+
+/// Resident memory of a process, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// User + system CPU time of a process, in clock ticks (1/100 s on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let stime: u64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    utime + stime
+}
+
+async fn wait_polling(fake: &FakeTelegram, n: usize, limit: Duration) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    while fake.state().polling_tokens() < n {
+        if t.elapsed() > limit {
+            bail!(
+                "only {} of {n} bots polling after {limit:?}",
+                fake.state().polling_tokens()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(t.elapsed())
+}
+
+async fn idle(bots: usize, rate: f64) -> anyhow::Result<()> {
+    let fake = FakeTelegram::start().await?;
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-{}", nonce())));
+    std::fs::create_dir_all(&dir.0)?;
+    let db = registry(&dir.0, &fake, bots).await?;
+    let bin = botfleet_bin()?;
+    let started = Instant::now();
+    let w = spawn(
+        &bin,
+        &[
+            "--database-url",
+            &db,
+            "--connect-rate",
+            &rate.to_string(),
+            "--lease-ms",
+            "15000",
+            "--poll-timeout-s",
+            "10",
+        ],
+    )?;
+    let pid = w.0.id();
+    let up = wait_polling(
+        &fake,
+        bots,
+        Duration::from_secs(bots as u64 / rate as u64 + 120),
+    )
+    .await?;
+    let ideal = bots as f64 / rate;
+    println!(
+        "{bots:>6} bots: start to all polling {:.2} s at {rate} starts/s (bots / rate = {ideal:.2} s; process start included: {:.2} s)",
+        up.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    // Idle: every bot long-polls with a 10 s timeout; nobody writes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let window = Duration::from_secs(20);
+    let (c0, t0) = (cpu_ticks(pid), Instant::now());
+    tokio::time::sleep(window).await;
+    let (c1, dt) = (cpu_ticks(pid), t0.elapsed());
+    let cpu = (c1 - c0) as f64 / 100.0 / dt.as_secs_f64() * 100.0;
+    let rss = rss_kib(pid);
+    println!(
+        "{bots:>6} bots idle: RSS {:.1} MiB ({:.1} KiB per bot), CPU {cpu:.2} % of one core ({:.3} % per 1,000 bots)",
+        rss as f64 / 1024.0,
+        rss as f64 / bots as f64,
+        cpu / bots as f64 * 1000.0
+    );
+    Ok(())
+}
+
+async fn reclaim(bots: usize, lease_ms: u64) -> anyhow::Result<()> {
+    let redis = RedisServer::start()?;
+    let fake = FakeTelegram::start().await?;
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-{}", nonce())));
+    std::fs::create_dir_all(&dir.0)?;
+    let db = registry(&dir.0, &fake, bots).await?;
+    let bin = botfleet_bin()?;
+    let lease = lease_ms.to_string();
+    let common = [
+        "--database-url",
+        db.as_str(),
+        "--redis-url",
+        &redis.url(),
+        "--lease-ms",
+        &lease,
+        "--connect-rate",
+        "5000",
+    ];
+    let mut a = spawn(
+        &bin,
+        &[&common[..], &["--worker-id", "a", "--poll-timeout-s", "2"]].concat(),
+    )?;
+    let _b = spawn(
+        &bin,
+        &[&common[..], &["--worker-id", "b", "--poll-timeout-s", "2"]].concat(),
+    )?;
+    wait_polling(&fake, bots, Duration::from_secs(60)).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t = Instant::now();
+    a.0.kill()?;
+    let _ = a.0.wait();
+    while fake.state().polling_tokens() == bots && t.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let back = wait_polling(&fake, bots, Duration::from_secs(60)).await?;
+    let _ = back;
+    println!(
+        "{bots:>6} bots, 2 workers: kill -9 of one to all bots polling again {:.2} s (lease {:.1} s; goal lease + 1 s)",
+        t.elapsed().as_secs_f64(),
+        lease_ms as f64 / 1000.0
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    println!("botfleet bench: worker in its own process, fake Bot API over plain HTTP on loopback");
+    let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+    if only.as_deref().is_none_or(|o| o == "idle") {
+        idle(1_000, 500.0).await?;
+        if !quick {
+            idle(10_000, 1_000.0).await?;
+        }
+    }
+    if only.as_deref() == Some("idle") {
+        return Ok(());
+    }
+    reclaim(if quick { 1_000 } else { 5_000 }, 5_000).await?;
+    Ok(())
+}
