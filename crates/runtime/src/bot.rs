@@ -299,6 +299,21 @@ impl BotCtx {
             return Ok(());
         };
         let out = Outbound::reply_to(m, text);
+        // A replay (after a crash or a freeze of the previous owner) skips what was sent.
+        match self
+            .store
+            .is_sent(&self.spec.id, &out.idempotency_key)
+            .await
+        {
+            Ok(true) => {
+                debug!(bot = %self.spec.id, key = %out.idempotency_key, "already answered");
+                return Ok(());
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(bot = %self.spec.id, error = %e, "cannot check the sent marks; sending")
+            }
+        }
         let mut attempt = 0;
         loop {
             // Check before every act the platform can observe.
@@ -309,6 +324,13 @@ impl BotCtx {
             {
                 Ok(()) => {
                     self.metrics.sent();
+                    if let Err(e) = self
+                        .store
+                        .mark_sent(&self.spec.id, &out.idempotency_key)
+                        .await
+                    {
+                        warn!(bot = %self.spec.id, error = %e, "cannot record a sent reply");
+                    }
                     return Ok(());
                 }
                 Err(TelegramError::RateLimited(d)) if attempt < 5 => {

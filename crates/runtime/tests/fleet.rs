@@ -392,3 +392,30 @@ async fn capacity_is_never_exceeded_and_the_rest_is_reported() {
     }
     w2.task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_message_whose_reply_was_sent_is_not_answered_again() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 1).await;
+    // The previous owner answered update 1 in chat 5, then died before moving the cursor.
+    store.mark_sent(&bots[0], "bot-0/5:1:reply").await.unwrap();
+    fake.state().user_writes(&token(0), 5, "answered before the crash");
+    fake.state().user_writes(&token(0), 5, "new");
+    let hub = MemoryHub::new();
+    let w = start(config("solo"), Arc::new(hub.coordinator()), store.clone());
+    wait_for("the new message answered", Duration::from_secs(10), || async {
+        fake.state().sent().iter().any(|s| s.text == "new").then_some(())
+    })
+    .await;
+    let texts: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(texts, ["new"], "the replayed message was not answered twice");
+    // The cursor moved past both, and the marks were forgotten with it.
+    wait_for("cursor moved", Duration::from_secs(5), || async {
+        let c = store.cursor(&bots[0]).await.unwrap()?;
+        (c.value == "3").then_some(())
+    })
+    .await;
+    assert!(!store.is_sent(&bots[0], "bot-0/5:1:reply").await.unwrap());
+    w.shutdown().await;
+}

@@ -14,6 +14,7 @@ use crate::{BotFilter, Cursor, Result, Store, StoreError};
 struct State {
     bots: BTreeMap<BotId, BotRecord>,
     fences: BTreeMap<BotId, (Fence, Option<String>)>,
+    sent: BTreeMap<BotId, std::collections::BTreeSet<String>>,
 }
 
 /// A [`Store`] in process memory.
@@ -46,6 +47,7 @@ impl MemoryStore {
         entry.0 = fence;
         if let Some(v) = value {
             entry.1 = Some(v.to_owned());
+            st.sent.remove(id);
         }
         Ok(())
     }
@@ -131,6 +133,19 @@ impl Store for MemoryStore {
 
     async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()> {
         self.fenced(id, fence, Some(value))
+    }
+
+    async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()> {
+        self.st()
+            .sent
+            .entry(id.clone())
+            .or_default()
+            .insert(key.to_owned());
+        Ok(())
+    }
+
+    async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool> {
+        Ok(self.st().sent.get(id).is_some_and(|s| s.contains(key)))
     }
 
     async fn accept_fence(&self, id: &BotId, fence: Fence) -> Result<()> {

@@ -320,16 +320,53 @@ impl Store for PostgresStore {
     }
 
     async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()> {
-        self.fenced_write(
-            "write cursor",
-            "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ($1, $2, $3) \
-             ON CONFLICT (bot_id) DO UPDATE SET fence = EXCLUDED.fence, cursor = EXCLUDED.cursor \
-             WHERE bot_fences.fence <= EXCLUDED.fence",
-            id,
-            fence,
-            Some(value),
+        // One statement: the cursor moves and the bot's sent marks go, or neither.
+        let c = self.client().await?;
+        let moved: i64 = c
+            .query_one(
+                "WITH moved AS ( \
+                   INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ($1, $2, $3) \
+                   ON CONFLICT (bot_id) DO UPDATE SET fence = EXCLUDED.fence, \
+                   cursor = EXCLUDED.cursor WHERE bot_fences.fence <= EXCLUDED.fence \
+                   RETURNING bot_id), \
+                 cleared AS (DELETE FROM sent_replies WHERE bot_id IN (SELECT bot_id FROM moved)) \
+                 SELECT COUNT(*)::BIGINT FROM moved",
+                &[&id.as_str(), &fence_i64(fence), &value],
+            )
+            .await
+            .map_err(db("write cursor"))?
+            .get(0);
+        if moved > 0 {
+            return Ok(());
+        }
+        Err(StoreError::StaleFence {
+            bot: id.clone(),
+            offered: fence,
+            current: self.current_fence(&c, id.as_str()).await?,
+        })
+    }
+
+    async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO sent_replies (bot_id, key) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[&id.as_str(), &key],
         )
         .await
+        .map_err(db("mark sent"))?;
+        Ok(())
+    }
+
+    async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool> {
+        let c = self.client().await?;
+        let r = c
+            .query_opt(
+                "SELECT 1 FROM sent_replies WHERE bot_id = $1 AND key = $2",
+                &[&id.as_str(), &key],
+            )
+            .await
+            .map_err(db("read sent"))?;
+        Ok(r.is_some())
     }
 
     async fn accept_fence(&self, id: &BotId, fence: Fence) -> Result<()> {

@@ -26,6 +26,12 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );",
     // 2: which worker reported a bot's status last.
     "ALTER TABLE bots ADD COLUMN reported_by TEXT;",
+    // 3: replies sent for messages above the cursor (cleared when the cursor moves).
+    "CREATE TABLE sent_replies (
+        bot_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        PRIMARY KEY (bot_id, key)
+    );",
 ];
 
 /// A row of `bots` as plain values, shared by the SQL backends.

@@ -337,15 +337,50 @@ impl Store for SqliteStore {
         let bot = id.clone();
         let value = value.to_owned();
         self.with("write cursor", move |c| {
-            let n = c
+            let fail = |e| StoreError::backend("write cursor", e);
+            let tx = c.transaction().map_err(fail)?;
+            let n = tx
                 .execute(
                     "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES (?1, ?2, ?3) \
                      ON CONFLICT (bot_id) DO UPDATE SET fence = excluded.fence, \
                      cursor = excluded.cursor WHERE bot_fences.fence <= excluded.fence",
                     params![bot.as_str(), fence_i64(fence), value],
                 )
-                .map_err(|e| StoreError::backend("write cursor", e))?;
+                .map_err(fail)?;
+            if n > 0 {
+                tx.execute("DELETE FROM sent_replies WHERE bot_id = ?1", [bot.as_str()])
+                    .map_err(fail)?;
+            }
+            tx.commit().map_err(fail)?;
             stale_unless_written(c, n, bot, fence)
+        })
+        .await
+    }
+
+    async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()> {
+        let (bot, key) = (id.as_str().to_owned(), key.to_owned());
+        self.with("mark sent", move |c| {
+            c.execute(
+                "INSERT INTO sent_replies (bot_id, key) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                params![bot, key],
+            )
+            .map(|_| ())
+            .map_err(|e| StoreError::backend("mark sent", e))
+        })
+        .await
+    }
+
+    async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool> {
+        let (bot, key) = (id.as_str().to_owned(), key.to_owned());
+        self.with("read sent", move |c| {
+            c.query_row(
+                "SELECT 1 FROM sent_replies WHERE bot_id = ?1 AND key = ?2",
+                params![bot, key],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+            .map_err(|e| StoreError::backend("read sent", e))
         })
         .await
     }

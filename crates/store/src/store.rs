@@ -84,11 +84,25 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>>;
 
-    /// Writes the bot's cursor under `fence`.
+    /// Writes the bot's cursor under `fence`, and forgets the bot's sent-reply marks (every
+    /// message below the new cursor is done and will not be replayed).
     ///
     /// # Errors
     /// `StaleFence` when a higher fence was accepted before; backend failures.
     async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()>;
+
+    /// Records that the reply with idempotency key `key` was sent. Not fenced: it states a
+    /// fact, whoever sent it, so a successor replaying the same messages skips it.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()>;
+
+    /// Whether the reply with idempotency key `key` was sent since the cursor last moved.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool>;
 
     /// Records that `fence` was granted for the bot, so every lower fence is refused from now
     /// on. Call it right after a claim, before acting.

@@ -221,6 +221,27 @@ pub async fn concurrent_fenced_writes(s: Arc<dyn Store>) {
     assert_eq!((c.value.as_str(), c.fence), ("v20", Fence(20)));
 }
 
+/// Sent marks answer "was this reply sent?" until the cursor moves past the batch.
+pub async fn sent_marks_last_until_the_cursor_moves(s: Arc<dyn Store>) {
+    let (a, b) = (bid("a"), bid("b"));
+    assert!(!s.is_sent(&a, "chat:1:reply").await.unwrap());
+    s.mark_sent(&a, "chat:1:reply").await.unwrap();
+    s.mark_sent(&a, "chat:1:reply").await.unwrap(); // idempotent
+    s.mark_sent(&b, "chat:1:reply").await.unwrap();
+    assert!(s.is_sent(&a, "chat:1:reply").await.unwrap());
+    assert!(!s.is_sent(&a, "chat:2:reply").await.unwrap());
+    // A stale cursor write changes nothing, marks included.
+    s.accept_fence(&a, Fence(5)).await.unwrap();
+    assert!(s.put_cursor(&a, "2", Fence(4)).await.is_err());
+    assert!(s.is_sent(&a, "chat:1:reply").await.unwrap());
+    s.put_cursor(&a, "2", Fence(5)).await.unwrap();
+    assert!(!s.is_sent(&a, "chat:1:reply").await.unwrap());
+    assert!(
+        s.is_sent(&b, "chat:1:reply").await.unwrap(),
+        "other bots keep theirs"
+    );
+}
+
 /// The registry stamp changes on add, update and remove, not on status reports.
 pub async fn registry_stamp_tracks_spec_changes(s: Arc<dyn Store>) {
     let empty = s.registry_stamp().await.unwrap();
@@ -266,6 +287,7 @@ macro_rules! store_conformance {
             fences_survive_removal,
             concurrent_fenced_writes,
             registry_stamp_tracks_spec_changes,
+            sent_marks_last_until_the_cursor_moves,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
