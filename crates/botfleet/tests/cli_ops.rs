@@ -390,3 +390,32 @@ async fn an_embedded_worker_serves_bots_health_and_metrics() {
     assert!(status.success(), "{status:?}");
     assert_eq!(fake.state().conflicts(), 0);
 }
+
+#[test]
+fn the_demo_runs_and_reports_nothing_lost() {
+    let o = botfleet(&[
+        "demo",
+        "--bots",
+        "30",
+        "--duration-s",
+        "10",
+        "--lease-ms",
+        "1000",
+        "--rate",
+        "50",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    for line in [
+        "lost                  0",
+        "chats out of order    0",
+        "second pollers (409)  0",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+    assert!(
+        out.contains("killed") && out.contains("worker-3 joins"),
+        "{out}"
+    );
+    assert!(out.contains("kill -> all bots back"), "{out}");
+}

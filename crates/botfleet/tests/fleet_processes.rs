@@ -345,3 +345,88 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     assert_eq!(workers, ["w0", "w3"]);
     assert_eq!(status["unowned"].as_array().unwrap().len(), 0, "{status}");
 }
+
+/// `botfleet bots …` with `--redis-url` publishes lifecycle events: a running worker starts,
+/// stops and restarts bots within about a second, without waiting for its registry refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_commands_reach_running_workers_at_once() {
+    let redis = RedisServer::start().unwrap();
+    let fake = FakeTelegram::start().await.unwrap();
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-events-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
+    let cli = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .args(args)
+            .args([
+                "--database-url",
+                &db,
+                "--redis-url",
+                &redis.url(),
+                "--prefix",
+                "itest",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    // The registry exists before the worker starts (an empty one).
+    cli(&["bots", "list"]);
+    let _w = spawn_worker("solo", &db, &redis.url(), &dir.0);
+    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
+        .await
+        .unwrap();
+    wait_for("worker live", Duration::from_secs(20), || async {
+        (coord.live_workers().await.ok()?.len() == 1).then_some(())
+    })
+    .await;
+    fake.state().add_bot("9001:EV");
+    let t = Instant::now();
+    cli(&[
+        "bots",
+        "add",
+        "ev",
+        "--platform",
+        "telegram",
+        "--token",
+        "9001:EV",
+        "--api-url",
+        &fake.url(),
+    ]);
+    wait_for("added bot polling", Duration::from_secs(5), || async {
+        fake.state().is_polling("9001:EV").then_some(())
+    })
+    .await;
+    let added = t.elapsed();
+    let t = Instant::now();
+    cli(&["bots", "disable", "ev"]);
+    wait_for("disabled bot stops", Duration::from_secs(5), || async {
+        (!fake.state().is_polling("9001:EV")).then_some(())
+    })
+    .await;
+    let disabled = t.elapsed();
+    cli(&["bots", "enable", "ev"]);
+    wait_for("enabled bot polls", Duration::from_secs(5), || async {
+        fake.state().is_polling("9001:EV").then_some(())
+    })
+    .await;
+    let polls = fake.state().polls("9001:EV");
+    cli(&["bots", "restart", "ev"]);
+    wait_for("restarted", Duration::from_secs(5), || async {
+        (fake.state().polls("9001:EV") > polls && fake.state().is_polling("9001:EV")).then_some(())
+    })
+    .await;
+    println!("lifecycle events: add -> polling {added:?}, disable -> stopped {disabled:?}");
+    // Registry refresh in a fleet is 30 s: these came through the event stream.
+    assert!(added < Duration::from_secs(2) && disabled < Duration::from_secs(2));
+    cli(&["bots", "remove", "ev"]);
+    wait_for("removed bot stops", Duration::from_secs(5), || async {
+        (!fake.state().is_polling("9001:EV")).then_some(())
+    })
+    .await;
+    assert_eq!(fake.state().conflicts(), 0);
+}

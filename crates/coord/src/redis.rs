@@ -101,9 +101,11 @@ struct Registration {
 pub struct RedisCoordinator {
     client: redis::Client,
     conn: ConnectionManager,
-    /// A second connection for blocking reads (XREAD BLOCK, BLPOP), so they never hold up the
-    /// shared one; made on first use.
-    blocking: Arc<OnceCell<Mutex<ConnectionManager>>>,
+    /// Connections for blocking reads, one per kind (events: XREAD BLOCK; commands: BLPOP), so
+    /// a blocked read never holds up the shared connection or the other kind; made on first
+    /// use.
+    blocking_events: Arc<OnceCell<Mutex<ConnectionManager>>>,
+    blocking_commands: Arc<OnceCell<Mutex<ConnectionManager>>>,
     ks: KeySpace,
     config: Arc<RedisConfig>,
     reg: Arc<std::sync::Mutex<Option<Registration>>>,
@@ -158,7 +160,8 @@ impl RedisCoordinator {
         Ok(Self {
             client,
             conn,
-            blocking: Arc::new(OnceCell::new()),
+            blocking_events: Arc::new(OnceCell::new()),
+            blocking_commands: Arc::new(OnceCell::new()),
             ks,
             config: Arc::new(config),
             reg: Arc::new(std::sync::Mutex::new(None)),
@@ -179,14 +182,16 @@ impl RedisCoordinator {
             .ok_or(CoordError::NotRegistered)
     }
 
-    async fn blocking_conn(&self) -> Result<&Mutex<ConnectionManager>> {
-        self.blocking
-            .get_or_try_init(|| async {
-                connect_manager(&self.client, &self.config, None)
-                    .await
-                    .map(Mutex::new)
-            })
-            .await
+    async fn blocking_conn<'a>(
+        &self,
+        cell: &'a OnceCell<Mutex<ConnectionManager>>,
+    ) -> Result<&'a Mutex<ConnectionManager>> {
+        cell.get_or_try_init(|| async {
+            connect_manager(&self.client, &self.config, None)
+                .await
+                .map(Mutex::new)
+        })
+        .await
     }
 
     /// Runs a script with a deadline (the response timeout covers a script load + retry).
@@ -576,7 +581,7 @@ impl Coordinator for RedisCoordinator {
                 .arg(self.ks.events())
                 .arg(after.to_string());
             let reply: Option<StreamReadReply> = if block_ms > 0 {
-                let conn = self.blocking_conn().await?;
+                let conn = self.blocking_conn(&self.blocking_events).await?;
                 let mut conn = conn.lock().await;
                 let limit = left + self.config.response_timeout;
                 match tokio::time::timeout(limit, cmd.query_async(&mut *conn)).await {
@@ -645,7 +650,7 @@ impl Coordinator for RedisCoordinator {
             .await
             .map(|v: Option<Vec<String>>| v.unwrap_or_default())?;
         if raw.is_empty() && !wait.is_zero() {
-            let conn = self.blocking_conn().await?;
+            let conn = self.blocking_conn(&self.blocking_commands).await?;
             let mut conn = conn.lock().await;
             let limit = wait + self.config.response_timeout;
             let got: Option<(String, String)> = match tokio::time::timeout(

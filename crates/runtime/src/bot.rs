@@ -180,6 +180,10 @@ impl BotCtx {
             };
             let updates = match r {
                 Ok(u) => {
+                    if attempt > 0 {
+                        // Recovered: clear the error the failures reported.
+                        self.report(BotStatus::Running, None).await;
+                    }
                     attempt = 0;
                     u
                 }

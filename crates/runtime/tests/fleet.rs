@@ -400,16 +400,29 @@ async fn a_replayed_message_whose_reply_was_sent_is_not_answered_again() {
     let bots = add_bots(&*store, &fake, 1).await;
     // The previous owner answered update 1 in chat 5, then died before moving the cursor.
     store.mark_sent(&bots[0], "bot-0/5:1:reply").await.unwrap();
-    fake.state().user_writes(&token(0), 5, "answered before the crash");
+    fake.state()
+        .user_writes(&token(0), 5, "answered before the crash");
     fake.state().user_writes(&token(0), 5, "new");
     let hub = MemoryHub::new();
     let w = start(config("solo"), Arc::new(hub.coordinator()), store.clone());
-    wait_for("the new message answered", Duration::from_secs(10), || async {
-        fake.state().sent().iter().any(|s| s.text == "new").then_some(())
-    })
+    wait_for(
+        "the new message answered",
+        Duration::from_secs(10),
+        || async {
+            fake.state()
+                .sent()
+                .iter()
+                .any(|s| s.text == "new")
+                .then_some(())
+        },
+    )
     .await;
     let texts: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
-    assert_eq!(texts, ["new"], "the replayed message was not answered twice");
+    assert_eq!(
+        texts,
+        ["new"],
+        "the replayed message was not answered twice"
+    );
     // The cursor moved past both, and the marks were forgotten with it.
     wait_for("cursor moved", Duration::from_secs(5), || async {
         let c = store.cursor(&bots[0]).await.unwrap()?;
@@ -417,5 +430,54 @@ async fn a_replayed_message_whose_reply_was_sent_is_not_answered_again() {
     })
     .await;
     assert!(!store.is_sent(&bots[0], "bot-0/5:1:reply").await.unwrap());
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_poller_on_the_token_is_backed_off_from_and_reported() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 1).await;
+    // Someone else (an old deployment) long-polls the token for 3 s.
+    let outsider = botfleet_telegram::TelegramClient::new(TelegramConfig {
+        poll_timeout: Duration::from_secs(3),
+        ..TelegramConfig::default()
+    })
+    .unwrap();
+    let (url, tok) = (fake.url(), botfleet_core::Secret::new(token(0)));
+    let other = tokio::spawn(async move { outsider.get_updates(Some(&url), &tok, 0).await });
+    wait_for("outsider polling", Duration::from_secs(5), || async {
+        fake.state().is_polling(&token(0)).then_some(())
+    })
+    .await;
+    let hub = MemoryHub::new();
+    let w = start(config("solo"), Arc::new(hub.coordinator()), store.clone());
+    let rec = wait_for("conflict reported", Duration::from_secs(10), || async {
+        store
+            .get_bot(&bots[0])
+            .await
+            .unwrap()
+            .filter(|r| r.last_error.as_deref().is_some_and(|e| e.contains("409")))
+    })
+    .await;
+    assert_eq!(rec.status, BotStatus::Running);
+    let conflicts = fake.state().conflicts();
+    assert!(conflicts >= 1);
+    other.await.unwrap().unwrap();
+    // Once the other poller is gone, the bot polls and answers; it backed off meanwhile
+    // instead of hammering the API.
+    fake.state().user_writes(&token(0), 1, "hi");
+    wait_for(
+        "answered after the conflict",
+        Duration::from_secs(20),
+        || async { (fake.state().sent_count() == 1).then_some(()) },
+    )
+    .await;
+    assert!(
+        fake.state().conflicts() <= 4,
+        "{} conflicts: no backoff",
+        fake.state().conflicts()
+    );
+    assert!(w.metrics.render("solo").contains("reason=\"conflict\"}"));
     w.shutdown().await;
 }

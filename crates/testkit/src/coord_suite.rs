@@ -357,6 +357,45 @@ pub async fn events_are_ordered_and_not_replayed<F: CoordFixture>(f: &F) {
     t.await.unwrap();
 }
 
+/// One handle waiting for commands does not hold up its own event reads (a worker runs both
+/// readers at once).
+pub async fn blocked_readers_do_not_wait_for_each_other<F: CoordFixture>(f: &F) {
+    let w = worker(f, "w-a", Duration::from_secs(30)).await;
+    let head = w.events_head().await.unwrap();
+    let waiting = {
+        let w = w.clone();
+        tokio::spawn(async move { w.recv_commands(10, Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let publisher = f.handle().await;
+    publisher
+        .publish(&LifecycleEvent::Activate(bid("b")))
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let got = w
+        .read_events(&head, 10, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited {:?}",
+        started.elapsed()
+    );
+    // And a command still reaches the blocked reader at once.
+    publisher
+        .send_command(&wid("w-a"), &WorkerCommand::Stop { bot: bid("b") })
+        .await
+        .unwrap();
+    let cmds = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(cmds, vec![WorkerCommand::Stop { bot: bid("b") }]);
+}
+
 /// Commands reach the one worker they are sent to, in order.
 pub async fn commands_reach_one_worker<F: CoordFixture>(f: &F) {
     let admin = f.handle().await;
@@ -675,6 +714,7 @@ macro_rules! coordinator_conformance {
             unregistered_handles_cannot_claim,
             events_are_ordered_and_not_replayed,
             commands_reach_one_worker,
+            blocked_readers_do_not_wait_for_each_other,
             rate_limiter_is_fleet_wide,
             rate_limiter_holds_the_rate,
             fenced_locks,
