@@ -7,8 +7,9 @@ use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator};
 use botfleet_store::Store;
 use clap::Args;
 
-/// Where the registry lives and, in a fleet, where the workers coordinate.
-#[derive(Debug, Clone, Args)]
+/// Where the registry lives and, in a fleet, where the workers coordinate. `Debug` hides the
+/// URLs: they may hold passwords.
+#[derive(Clone, Args)]
 pub(crate) struct Backends {
     /// The bot registry and state: sqlite://PATH, postgres://..., memory://
     #[arg(
@@ -24,6 +25,16 @@ pub(crate) struct Backends {
     /// Prefix of every Redis key of this fleet.
     #[arg(long, env = "BOTFLEET_PREFIX", default_value = "botfleet")]
     pub(crate) prefix: String,
+}
+
+impl std::fmt::Debug for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backends")
+            .field("database_url", &"<redacted>")
+            .field("redis_url", &self.redis_url.as_ref().map(|_| "<redacted>"))
+            .field("prefix", &self.prefix)
+            .finish()
+    }
 }
 
 impl Backends {

@@ -18,8 +18,8 @@ use crate::{
     LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
-/// Settings of a [`RedisCoordinator`].
-#[derive(Clone, Debug)]
+/// Settings of a [`RedisCoordinator`]. `Debug` hides the URL (it may hold a password).
+#[derive(Clone)]
 pub struct RedisConfig {
     url: String,
     prefix: String,
@@ -31,6 +31,19 @@ pub struct RedisConfig {
     pub max_events: usize,
     /// How long a worker's unread commands are kept. Default 10 min.
     pub command_ttl: Duration,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &"<redacted>")
+            .field("prefix", &self.prefix)
+            .field("response_timeout", &self.response_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_events", &self.max_events)
+            .field("command_ttl", &self.command_ttl)
+            .finish()
+    }
 }
 
 impl RedisConfig {

@@ -195,6 +195,8 @@ async fn malformed_redis_urls_are_refused_without_echoing_secrets() {
             other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
         }
     }
+    let cfg = RedisConfig::new("redis://:pw-secret@127.0.0.1:1");
+    assert!(!format!("{cfg:?}").contains("pw-secret"));
     let e = RedisCoordinator::connect(RedisConfig::new("redis://127.0.0.1:1").prefix("a b"))
         .await
         .unwrap_err();
