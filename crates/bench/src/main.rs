@@ -163,38 +163,6 @@ async fn idle(bots: usize, rate: f64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Commands clients sent to the Redis on `port` (not the ones Lua scripts ran inside them).
-fn redis_round_trips(port: u16) -> f64 {
-    let Ok(out) = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "INFO", "commandstats"])
-        .output()
-    else {
-        return 0.0;
-    };
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter_map(|l| l.split_once(":calls="))
-        .filter(|(cmd, _)| {
-            matches!(
-                *cmd,
-                "evalsha"
-                    | "eval"
-                    | "script|load"
-                    | "xadd"
-                    | "xrevrange"
-                    | "xread"
-                    | "lpop"
-                    | "blpop"
-                    | "multi"
-                    | "ping"
-                    | "subscribe"
-            )
-        })
-        .filter_map(|(_, rest)| rest.split(',').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn reclaim(bots: usize, lease_ms: u64) -> anyhow::Result<()> {
     let redis = RedisServer::start()?;
     let fake = FakeTelegram::start().await?;
@@ -224,9 +192,9 @@ async fn reclaim(bots: usize, lease_ms: u64) -> anyhow::Result<()> {
     wait_polling(&fake, bots, Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let window = Duration::from_secs(10);
-    let before = redis_round_trips(redis.port());
+    let before = redis.client_round_trips();
     tokio::time::sleep(window).await;
-    let per_s = (redis_round_trips(redis.port()) - before) / window.as_secs_f64();
+    let per_s = (redis.client_round_trips() - before) / window.as_secs_f64();
     println!(
         "{bots:>6} bots, 2 idle workers (lease {:.1} s): {per_s:.1} Redis round trips/s in all, {:.1} per worker",
         lease_ms as f64 / 1000.0,

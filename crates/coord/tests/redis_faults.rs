@@ -268,40 +268,11 @@ async fn idle_calls_per_second(bots: usize) -> f64 {
         }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // Round trips, not commands: `total_commands_processed` also counts every command a Lua
-    // script runs inside one EVALSHA. These are the commands only clients send.
-    let count = || {
-        let out = std::process::Command::new("redis-cli")
-            .args(["-p", &server.port().to_string(), "INFO", "commandstats"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        text.lines()
-            .filter_map(|l| l.strip_prefix("cmdstat_"))
-            .filter_map(|l| l.split_once(":calls="))
-            .filter(|(cmd, _)| {
-                matches!(
-                    *cmd,
-                    "evalsha"
-                        | "eval"
-                        | "script|load"
-                        | "xadd"
-                        | "xrevrange"
-                        | "xread"
-                        | "lpop"
-                        | "blpop"
-                        | "multi"
-                        | "ping"
-                        | "subscribe"
-                )
-            })
-            .map(|(_, rest)| rest.split(',').next().unwrap().parse::<f64>().unwrap())
-            .sum::<f64>()
-    };
     let window = Duration::from_secs(10);
-    let before = count();
+    // Round trips, not commands: an EVALSHA counts once, whatever its script runs.
+    let before = server.client_round_trips();
     tokio::time::sleep(window).await;
-    let after = count();
+    let after = server.client_round_trips();
     events.abort();
     commands.abort();
     (after - before) / window.as_secs_f64()

@@ -97,6 +97,40 @@ impl RedisServer {
         self.port
     }
 
+    /// Commands clients have sent so far (`INFO commandstats`), counting an EVALSHA once and not
+    /// the commands its Lua script runs inside; `total_commands_processed` counts those too.
+    /// Reads it with `redis-cli`; 0 if that is missing.
+    pub fn client_round_trips(&self) -> f64 {
+        let Ok(out) = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "INFO", "commandstats"])
+            .output()
+        else {
+            return 0.0;
+        };
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| l.split_once(":calls="))
+            .filter(|(cmd, _)| {
+                matches!(
+                    *cmd,
+                    "evalsha"
+                        | "eval"
+                        | "script|load"
+                        | "xadd"
+                        | "xrevrange"
+                        | "xread"
+                        | "lpop"
+                        | "blpop"
+                        | "multi"
+                        | "ping"
+                        | "subscribe"
+                )
+            })
+            .filter_map(|(_, rest)| rest.split(',').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// The server's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
