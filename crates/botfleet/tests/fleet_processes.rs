@@ -430,3 +430,75 @@ async fn registry_commands_reach_running_workers_at_once() {
     .await;
     assert_eq!(fake.state().conflicts(), 0);
 }
+
+/// Redis restarts empty under two running workers: they notice their liveness is gone, stop
+/// their bots, register again and re-claim with fences above the old ones; every bot polls
+/// again, never twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_recover_when_redis_restarts_empty() {
+    let mut redis = RedisServer::start().unwrap();
+    let fake = FakeTelegram::start().await.unwrap();
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-redis-restart-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("bots.db");
+    let db = format!("sqlite://{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    let n = 60;
+    for i in 0..n {
+        fake.state().add_bot(&token(i));
+        let mut spec = BotSpec::new(
+            BotId::new(format!("bot-{i}")).unwrap(),
+            Platform::Telegram,
+            token(i),
+        );
+        spec.options.api_url = Some(fake.url());
+        store.add_bot(&spec).await.unwrap();
+    }
+    let _a = spawn_worker("a", &db, &redis.url(), &dir.0);
+    let _b = spawn_worker("b", &db, &redis.url(), &dir.0);
+    let polling = |want: usize| {
+        let state = fake.state().clone();
+        move || {
+            let state = state.clone();
+            async move { (state.polling_tokens() == want).then_some(()) }
+        }
+    };
+    wait_for("all polling", Duration::from_secs(30), polling(n)).await;
+    let before = store
+        .highest_fence(&BotId::new("bot-0").unwrap())
+        .await
+        .unwrap();
+    let t = Instant::now();
+    redis.restart().unwrap();
+    wait_for(
+        "bots polling after the restart",
+        Duration::from_secs(30),
+        || async {
+            // Every bot re-claimed under a fence above the one before the restart.
+            let f = store
+                .highest_fence(&BotId::new("bot-0").unwrap())
+                .await
+                .ok()?;
+            (f > before && fake.state().polling_tokens() == n).then_some(())
+        },
+    )
+    .await;
+    println!(
+        "Redis restarted empty: all bots polling again under new fences {:?} later",
+        t.elapsed()
+    );
+    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
+        .await
+        .unwrap();
+    assert_eq!(coord.live_workers().await.unwrap().len(), 2);
+    fake.state().user_writes(&token(0), 1, "still there?");
+    wait_for("answered", Duration::from_secs(10), || async {
+        fake.state()
+            .sent()
+            .iter()
+            .any(|s| s.text == "still there?")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(fake.state().conflicts(), 0);
+}
