@@ -13,7 +13,7 @@ use std::{
 use botfleet_coord::LeaseHandle;
 use botfleet_core::{BotSpec, BotStatus, Fence, Inbound, Outbound};
 use botfleet_store::{Store, StoreError};
-use botfleet_telegram::{parse_update, TelegramClient, TelegramError, Update};
+use botfleet_telegram::{parse_update, BotApi, TelegramClient, TelegramError, Update};
 use futures_util::future::join_all;
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
@@ -82,10 +82,6 @@ fn backoff(attempt: u32) -> Duration {
 }
 
 impl BotCtx {
-    fn api(&self) -> Option<&str> {
-        self.spec.options.api_url.as_deref()
-    }
-
     async fn report(&self, status: BotStatus, error: Option<&str>) {
         if let Err(e) = self
             .store
@@ -115,6 +111,10 @@ impl BotCtx {
 
     /// The whole life of a Telegram bot on this worker.
     pub(crate) async fn run(mut self) -> BotExit {
+        let api = match BotApi::new(self.spec.options.api_url.as_deref(), &self.spec.token) {
+            Ok(a) => a,
+            Err(e) => return self.fail("bad_api_url", e.to_string()).await,
+        };
         if !self.wait_for_slot().await {
             return BotExit::Stopped;
         }
@@ -125,7 +125,7 @@ impl BotCtx {
                 return BotExit::Fenced(e.to_string());
             }
             let r = tokio::select! {
-                r = self.telegram.get_me(self.api(), &self.spec.token) => r,
+                r = self.telegram.get_me(&api) => r,
                 () = stopped(self.stop.clone()) => return BotExit::Stopped,
             };
             match r {
@@ -175,7 +175,7 @@ impl BotCtx {
                 return BotExit::Fenced(e.to_string());
             }
             let r = tokio::select! {
-                r = self.telegram.get_updates(self.api(), &self.spec.token, offset) => r,
+                r = self.telegram.get_updates(&api, offset) => r,
                 () = stopped(self.stop.clone()) => return BotExit::Stopped,
             };
             let updates = match r {
@@ -253,10 +253,10 @@ impl BotCtx {
                 }
             }
             // Chats in parallel; within a chat, one message at a time, in order.
-            let this = &self;
+            let (this, api) = (&self, &api);
             let results = join_all(chats.into_values().map(|msgs| async move {
                 for m in msgs {
-                    this.handle(&m).await?;
+                    this.handle(api, &m).await?;
                 }
                 Ok(())
             }))
@@ -290,7 +290,7 @@ impl BotCtx {
     }
 
     /// Answers one message. Errors are exits (the worker may no longer act).
-    async fn handle(&self, m: &Inbound) -> Result<(), BotExit> {
+    async fn handle(&self, api: &BotApi, m: &Inbound) -> Result<(), BotExit> {
         let answer = match self.handler.answer(m).await {
             Ok(a) => a,
             Err(e) => {
@@ -324,8 +324,7 @@ impl BotCtx {
             self.lease
                 .check()
                 .map_err(|e| BotExit::Fenced(e.to_string()))?;
-            match botfleet_telegram::send(&self.telegram, self.api(), &self.spec.token, &out).await
-            {
+            match botfleet_telegram::send(&self.telegram, api, &out).await {
                 Ok(()) => {
                     self.metrics.sent();
                     if let Err(e) = self

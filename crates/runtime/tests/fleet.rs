@@ -444,8 +444,10 @@ async fn another_poller_on_the_token_is_backed_off_from_and_reported() {
         ..TelegramConfig::default()
     })
     .unwrap();
-    let (url, tok) = (fake.url(), botfleet_core::Secret::new(token(0)));
-    let other = tokio::spawn(async move { outsider.get_updates(Some(&url), &tok, 0).await });
+    let api =
+        botfleet_telegram::BotApi::new(Some(&fake.url()), &botfleet_core::Secret::new(token(0)))
+            .unwrap();
+    let other = tokio::spawn(async move { outsider.get_updates(&api, 0).await });
     wait_for("outsider polling", Duration::from_secs(5), || async {
         fake.state().is_polling(&token(0)).then_some(())
     })

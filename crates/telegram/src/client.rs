@@ -11,6 +11,44 @@ use crate::{
     TelegramConfig, TelegramError, DEFAULT_API_URL,
 };
 
+/// One bot's Bot API endpoints, parsed once: `{api_url}/bot{token}/{method}`.
+///
+/// The URLs hold the token, so `Debug` prints nothing of them.
+#[derive(Clone)]
+pub struct BotApi {
+    get_me: reqwest::Url,
+    get_updates: reqwest::Url,
+    send_message: reqwest::Url,
+    delete_webhook: reqwest::Url,
+}
+
+impl std::fmt::Debug for BotApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BotApi(<redacted>)")
+    }
+}
+
+impl BotApi {
+    /// The endpoints of the bot with `token` on `api_url` (default [`DEFAULT_API_URL`]).
+    ///
+    /// # Errors
+    /// [`TelegramError::Malformed`] when the base URL does not parse (the message does not
+    /// repeat the token).
+    pub fn new(api_url: Option<&str>, token: &Secret) -> Result<Self, TelegramError> {
+        let base = api_url.unwrap_or(DEFAULT_API_URL).trim_end_matches('/');
+        let url = |method: &str| {
+            reqwest::Url::parse(&format!("{base}/bot{}/{method}", token.expose()))
+                .map_err(|e| TelegramError::Malformed(format!("API URL does not parse: {e}")))
+        };
+        Ok(Self {
+            get_me: url("getMe")?,
+            get_updates: url("getUpdates")?,
+            send_message: url("sendMessage")?,
+            delete_webhook: url("deleteWebhook")?,
+        })
+    }
+}
+
 /// What `getMe` says about a bot.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct BotUser {
@@ -41,8 +79,8 @@ struct ReplyParameters {
 
 /// A Bot API client shared by all bots of a process.
 ///
-/// Requests go to `{api_url}/bot{token}/{method}`, as for a self-hosted Bot API server; the
-/// base is per call so each bot may have its own (`--api-url`). Cloning shares the pool.
+/// Requests go to a bot's [`BotApi`] endpoints, so each bot may have its own base
+/// (`--api-url`, e.g. a self-hosted Bot API server). Cloning shares the pool.
 #[derive(Clone, Debug)]
 pub struct TelegramClient {
     http: reqwest::Client,
@@ -70,18 +108,15 @@ impl TelegramClient {
 
     async fn call<T: DeserializeOwned>(
         &self,
-        api_url: Option<&str>,
-        token: &Secret,
+        url: &reqwest::Url,
         method: &str,
         body: serde_json::Value,
         timeout: Duration,
     ) -> Result<T, TelegramError> {
-        let base = api_url.unwrap_or(DEFAULT_API_URL).trim_end_matches('/');
-        let url = format!("{base}/bot{}/{method}", token.expose());
         // `without_url` everywhere: the URL holds the token.
         let resp = self
             .http
-            .post(url)
+            .post(url.clone())
             .json(&body)
             .timeout(timeout)
             .send()
@@ -136,19 +171,9 @@ impl TelegramClient {
     ///
     /// # Errors
     /// See [`TelegramError`].
-    pub async fn get_me(
-        &self,
-        api_url: Option<&str>,
-        token: &Secret,
-    ) -> Result<BotUser, TelegramError> {
-        self.call(
-            api_url,
-            token,
-            "getMe",
-            json!({}),
-            self.config.request_slack,
-        )
-        .await
+    pub async fn get_me(&self, api: &BotApi) -> Result<BotUser, TelegramError> {
+        self.call(&api.get_me, "getMe", json!({}), self.config.request_slack)
+            .await
     }
 
     /// `getUpdates` from `offset` (confirming every update below it), waiting up to the
@@ -158,15 +183,13 @@ impl TelegramClient {
     /// See [`TelegramError`].
     pub async fn get_updates(
         &self,
-        api_url: Option<&str>,
-        token: &Secret,
+        api: &BotApi,
         offset: i64,
     ) -> Result<Vec<RawUpdate>, TelegramError> {
         let timeout = self.config.poll_timeout.min(Duration::from_secs(50));
         let result: serde_json::Value = self
             .call(
-                api_url,
-                token,
+                &api.get_updates,
                 "getUpdates",
                 json!({
                     "offset": offset,
@@ -185,8 +208,7 @@ impl TelegramClient {
     /// See [`TelegramError`].
     pub async fn send_message(
         &self,
-        api_url: Option<&str>,
-        token: &Secret,
+        api: &BotApi,
         chat_id: &str,
         text: &str,
         reply_to: Option<i64>,
@@ -198,8 +220,7 @@ impl TelegramClient {
         }
         let _: serde_json::Value = self
             .call(
-                api_url,
-                token,
+                &api.send_message,
                 "sendMessage",
                 body,
                 self.config.request_slack,
@@ -212,15 +233,10 @@ impl TelegramClient {
     ///
     /// # Errors
     /// See [`TelegramError`].
-    pub async fn delete_webhook(
-        &self,
-        api_url: Option<&str>,
-        token: &Secret,
-    ) -> Result<(), TelegramError> {
+    pub async fn delete_webhook(&self, api: &BotApi) -> Result<(), TelegramError> {
         let _: serde_json::Value = self
             .call(
-                api_url,
-                token,
+                &api.delete_webhook,
                 "deleteWebhook",
                 json!({}),
                 self.config.request_slack,

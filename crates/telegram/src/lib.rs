@@ -8,7 +8,7 @@ pub mod fake;
 mod inbound;
 mod outbound;
 
-pub use client::{BotUser, TelegramClient};
+pub use client::{BotApi, BotUser, TelegramClient};
 pub use config::{TelegramConfig, DEFAULT_API_URL};
 pub use error::TelegramError;
 pub use inbound::{parse_update, split_updates, RawUpdate, Update};

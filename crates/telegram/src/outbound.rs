@@ -1,8 +1,8 @@
 //! [`Outbound`] messages → `sendMessage`.
 
-use botfleet_core::{Outbound, Secret};
+use botfleet_core::Outbound;
 
-use crate::{TelegramClient, TelegramError};
+use crate::{BotApi, TelegramClient, TelegramError};
 
 /// Telegram's longest message, in characters; longer texts are cut (and marked).
 pub const MAX_TEXT_CHARS: usize = 4096;
@@ -14,8 +14,7 @@ pub const MAX_TEXT_CHARS: usize = 4096;
 /// See [`TelegramError`].
 pub async fn send(
     client: &TelegramClient,
-    api_url: Option<&str>,
-    token: &Secret,
+    api: &BotApi,
     out: &Outbound,
 ) -> Result<(), TelegramError> {
     if out.text.is_empty() {
@@ -30,7 +29,5 @@ pub async fn send(
     };
     // `out.reply_to` is the update id (the idempotency key's source), not Telegram's
     // message id, so replies are sent unthreaded.
-    client
-        .send_message(api_url, token, &out.chat.chat, &text, None)
-        .await
+    client.send_message(api, &out.chat.chat, &text, None).await
 }

@@ -5,10 +5,16 @@
 use std::time::Duration;
 
 use botfleet_core::{BotId, Secret};
-use botfleet_telegram::{parse_update, TelegramClient, TelegramConfig, TelegramError, Update};
+use botfleet_telegram::{
+    parse_update, BotApi, TelegramClient, TelegramConfig, TelegramError, Update,
+};
 use botfleet_testkit::{free_port, wait_for, FakeTelegram, Fault};
 
 const TOKEN: &str = "1234:secret-token-part";
+
+fn api(url: &str, token: &str) -> BotApi {
+    BotApi::new(Some(url), &Secret::new(token)).unwrap()
+}
 
 fn client(poll: Duration) -> TelegramClient {
     TelegramClient::new(TelegramConfig {
@@ -24,18 +30,15 @@ async fn get_me_checks_the_token_without_leaking_it() {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::from_secs(1));
-    let me = c
-        .get_me(Some(&fake.url()), &Secret::new(TOKEN))
-        .await
-        .unwrap();
+    let me = c.get_me(&api(&fake.url(), TOKEN)).await.unwrap();
     assert_eq!(me.id, 1234);
     let e = c
-        .get_me(Some(&fake.url()), &Secret::new("999:wrong-secret"))
+        .get_me(&api(&fake.url(), "999:wrong-secret"))
         .await
         .unwrap_err();
     assert!(matches!(e, TelegramError::Unauthorized(_)), "{e:?}");
     assert!(!e.is_transient());
-    let shown = format!("{e} {e:?}");
+    let shown = format!("{e} {e:?} {:?}", api(&fake.url(), "999:wrong-secret"));
     assert!(!shown.contains("wrong-secret"), "{shown}");
 }
 
@@ -44,14 +47,14 @@ async fn long_polls_wake_on_a_message_and_offsets_confirm() {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::from_secs(10));
-    let (url, token) = (fake.url(), Secret::new(TOKEN));
+    let token = api(&fake.url(), TOKEN);
     let state = fake.state().clone();
     let writer = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
         state.user_writes(TOKEN, 77, "hello")
     });
     let started = tokio::time::Instant::now();
-    let got = c.get_updates(Some(&url), &token, 0).await.unwrap();
+    let got = c.get_updates(&token, 0).await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "woke on the message"
@@ -64,14 +67,10 @@ async fn long_polls_wake_on_a_message_and_offsets_confirm() {
         other => panic!("{other:?}"),
     }
     // Not confirmed yet: asked again from the same offset, it comes again.
-    assert_eq!(c.get_updates(Some(&url), &token, 0).await.unwrap().len(), 1);
+    assert_eq!(c.get_updates(&token, 0).await.unwrap().len(), 1);
     // Confirmed by the next offset: gone (the short poll returns empty after its timeout).
     let quick = client(Duration::ZERO);
-    assert!(quick
-        .get_updates(Some(&url), &token, id + 1)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(quick.get_updates(&token, id + 1).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -79,16 +78,16 @@ async fn a_second_poller_gets_409_and_a_dropped_poll_frees_the_token() {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::from_secs(20));
-    let (url, token) = (fake.url(), Secret::new(TOKEN));
+    let token = api(&fake.url(), TOKEN);
     let first = {
-        let (c, url, token) = (c.clone(), url.clone(), token.clone());
-        tokio::spawn(async move { c.get_updates(Some(&url), &token, 0).await })
+        let (c, token) = (c.clone(), token.clone());
+        tokio::spawn(async move { c.get_updates(&token, 0).await })
     };
     wait_for("first poll in flight", Duration::from_secs(5), || async {
         fake.state().is_polling(TOKEN).then_some(())
     })
     .await;
-    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    let e = c.get_updates(&token, 0).await.unwrap_err();
     assert!(matches!(e, TelegramError::Conflict(_)), "{e:?}");
     assert_eq!(fake.state().conflicts(), 1);
     // Abandoning the in-flight poll (what a worker does when it stops a bot) frees the token
@@ -98,10 +97,7 @@ async fn a_second_poller_gets_409_and_a_dropped_poll_frees_the_token() {
         (!fake.state().is_polling(TOKEN)).then_some(())
     })
     .await;
-    assert!(client(Duration::ZERO)
-        .get_updates(Some(&url), &token, 0)
-        .await
-        .is_ok());
+    assert!(client(Duration::ZERO).get_updates(&token, 0).await.is_ok());
 }
 
 #[tokio::test]
@@ -109,25 +105,25 @@ async fn faults_are_classified() {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::ZERO);
-    let (url, token) = (fake.url(), Secret::new(TOKEN));
+    let token = api(&fake.url(), TOKEN);
     fake.state().inject(TOKEN, Fault::TooManyRequests(7));
     fake.state().inject(TOKEN, Fault::ServerError);
     fake.state().inject(TOKEN, Fault::Garbage);
-    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    let e = c.get_updates(&token, 0).await.unwrap_err();
     assert!(
         matches!(e, TelegramError::RateLimited(d) if d == Duration::from_secs(7)),
         "{e:?}"
     );
-    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    let e = c.get_updates(&token, 0).await.unwrap_err();
     assert!(
         matches!(e, TelegramError::Server { status: 500, .. }),
         "{e:?}"
     );
-    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    let e = c.get_updates(&token, 0).await.unwrap_err();
     assert!(matches!(e, TelegramError::Malformed(_)), "{e:?}");
-    assert!(c.get_updates(Some(&url), &token, 0).await.is_ok());
+    assert!(c.get_updates(&token, 0).await.is_ok());
     fake.state().revoke(TOKEN);
-    let e = c.get_updates(Some(&url), &token, 0).await.unwrap_err();
+    let e = c.get_updates(&token, 0).await.unwrap_err();
     assert!(matches!(e, TelegramError::Unauthorized(_)), "{e:?}");
 }
 
@@ -136,15 +132,9 @@ async fn messages_are_sent_and_recorded() {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::ZERO);
-    c.send_message(
-        Some(&fake.url()),
-        &Secret::new(TOKEN),
-        "77",
-        "hi there",
-        None,
-    )
-    .await
-    .unwrap();
+    c.send_message(&api(&fake.url(), TOKEN), "77", "hi there", None)
+        .await
+        .unwrap();
     let sent = fake.state().sent();
     assert_eq!(sent.len(), 1);
     assert_eq!(
@@ -152,7 +142,7 @@ async fn messages_are_sent_and_recorded() {
         ("77", "hi there")
     );
     let e = c
-        .send_message(Some(&fake.url()), &Secret::new(TOKEN), "77", "", None)
+        .send_message(&api(&fake.url(), TOKEN), "77", "", None)
         .await
         .unwrap_err();
     assert!(
@@ -166,10 +156,7 @@ async fn network_errors_never_show_the_token() {
     let port = free_port().unwrap();
     let c = client(Duration::ZERO);
     let e = c
-        .get_me(
-            Some(&format!("http://127.0.0.1:{port}")),
-            &Secret::new(TOKEN),
-        )
+        .get_me(&api(&format!("http://127.0.0.1:{port}"), TOKEN))
         .await
         .unwrap_err();
     assert!(
