@@ -113,7 +113,21 @@ async fn wait_polling(fake: &FakeTelegram, n: usize, limit: Duration) -> anyhow:
     Ok(t.elapsed())
 }
 
-async fn idle(bots: usize, rate: f64) -> anyhow::Result<()> {
+/// RSS of a worker with an empty registry: the process itself, without bots.
+async fn baseline_rss() -> anyhow::Result<u64> {
+    let fake = FakeTelegram::start().await?;
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-{}", nonce())));
+    std::fs::create_dir_all(&dir.0)?;
+    let db = registry(&dir.0, &fake, 0).await?;
+    let w = spawn(
+        &botfleet_bin()?,
+        &["--database-url", &db, "--lease-ms", "15000"],
+    )?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    Ok(rss_kib(w.0.id()))
+}
+
+async fn idle(bots: usize, rate: f64, base_kib: u64) -> anyhow::Result<()> {
     let fake = FakeTelegram::start().await?;
     let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-{}", nonce())));
     std::fs::create_dir_all(&dir.0)?;
@@ -155,9 +169,10 @@ async fn idle(bots: usize, rate: f64) -> anyhow::Result<()> {
     let cpu = (c1 - c0) as f64 / 100.0 / dt.as_secs_f64() * 100.0;
     let rss = rss_kib(pid);
     println!(
-        "{bots:>6} bots idle: RSS {:.1} MiB ({:.1} KiB per bot), CPU {cpu:.2} % of one core ({:.3} % per 1,000 bots)",
+        "{bots:>6} bots idle: RSS {:.1} MiB ({:.1} KiB per bot; {:.1} KiB per bot above the empty worker), CPU {cpu:.2} % of one core ({:.3} % per 1,000 bots)",
         rss as f64 / 1024.0,
         rss as f64 / bots as f64,
+        rss.saturating_sub(base_kib) as f64 / bots as f64,
         cpu / bots as f64 * 1000.0
     );
     Ok(())
@@ -222,9 +237,14 @@ async fn main() -> anyhow::Result<()> {
     println!("botfleet bench: worker in its own process, fake Bot API over plain HTTP on loopback");
     let only = std::env::args().skip_while(|a| a != "--only").nth(1);
     if only.as_deref().is_none_or(|o| o == "idle") {
-        idle(1_000, 500.0).await?;
+        let base = baseline_rss().await?;
+        println!(
+            "     0 bots: RSS {:.1} MiB (the worker process alone)",
+            base as f64 / 1024.0
+        );
+        idle(1_000, 500.0, base).await?;
         if !quick {
-            idle(10_000, 1_000.0).await?;
+            idle(10_000, 1_000.0, base).await?;
         }
     }
     if only.as_deref() == Some("idle") {
