@@ -40,14 +40,14 @@ pub(crate) struct WorkerArgs {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     capacity: u32,
     /// Liveness lease in ms (1000-600000): a dead worker's bots move after at most this.
-    #[arg(long, env = "BOTFLEET_LEASE_MS", default_value_t = 10_000,
+    #[arg(long, env = "BOTFLEET_LEASE_MS", default_value_t = 15_000,
           value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
     lease_ms: u64,
-    /// Fleet-wide bot starts per second per platform (0-100000, exclusive of 0).
+    /// Fleet-wide bot starts per second per platform (above 0, at most 100000).
     #[arg(long, env = "BOTFLEET_CONNECT_RATE", default_value_t = 30.0, value_parser = positive_rate)]
     connect_rate: f64,
-    /// Telegram long-poll timeout in seconds (0-50).
-    #[arg(long, env = "BOTFLEET_POLL_TIMEOUT_S", default_value_t = 25,
+    /// Telegram long-poll timeout in seconds (0-50); keep it under 2/3 of the lease.
+    #[arg(long, env = "BOTFLEET_POLL_TIMEOUT_S", default_value_t = 9,
           value_parser = clap::value_parser!(u64).range(0..=50))]
     poll_timeout_s: u64,
     /// How often the registry is re-read besides lifecycle events, in ms
@@ -122,12 +122,14 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     } else {
         30_000
     }));
-    if a.poll_timeout_s * 1000 >= a.lease_ms {
+    // A frozen worker's bots are claimed at the earliest 2/3 of a lease after its freeze; its
+    // last long poll must have ended by then.
+    if a.poll_timeout_s * 1000 >= a.lease_ms * 2 / 3 {
         tracing::warn!(
             poll_timeout_s = a.poll_timeout_s,
             lease_ms = a.lease_ms,
-            "the poll timeout is not below the lease: a frozen worker's last long poll may \
-             still be open when another worker takes its bots (a 409 on Telegram)"
+            "the poll timeout is not under 2/3 of the lease: a frozen worker's last long poll \
+             may still be open when another worker takes its bots (a 409 on Telegram)"
         );
     }
     let worker = Worker::new(cfg, coord, store)?;

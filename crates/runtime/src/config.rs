@@ -15,12 +15,13 @@ pub struct WorkerConfig {
     pub host: String,
     /// Most bots this worker runs. Default 10,000; at least 1.
     pub capacity: u32,
-    /// Liveness lease. Default 10 s; 1 s – 10 min. A dead worker's bots move after at most
+    /// Liveness lease. Default 15 s; 1 s – 10 min. A dead worker's bots move after at most
     /// this long.
     pub lease: Duration,
     /// Fleet-wide bot starts per second per platform. Default 30; above 0.
     pub connect_rate: f64,
-    /// Telegram client settings (poll timeout, batch).
+    /// Telegram client settings (poll timeout, batch). Default poll timeout 9 s: under 2/3 of
+    /// the lease, so a frozen worker's last poll has ended before its bots move.
     pub telegram: TelegramConfig,
     /// How often the bot registry is re-read besides lifecycle events. Default 30 s.
     pub registry_refresh: Duration,
@@ -37,9 +38,12 @@ impl WorkerConfig {
             worker_id,
             host: hostname(),
             capacity: 10_000,
-            lease: Duration::from_secs(10),
+            lease: Duration::from_secs(15),
             connect_rate: 30.0,
-            telegram: TelegramConfig::default(),
+            telegram: TelegramConfig {
+                poll_timeout: Duration::from_secs(9),
+                ..TelegramConfig::default()
+            },
             registry_refresh: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(1),
             webhook_timeout: Duration::from_secs(10),
