@@ -185,7 +185,8 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
                 .filter(|w| w.alive)
                 .map(|w| w.metrics.running_now(Platform::Telegram))
                 .sum();
-            if survivors == i64::from(a.bots) && fake.state().polling_tokens() == a.bots as usize {
+            // Every bot polled since the kill: the survivors serve them all.
+            if survivors == i64::from(a.bots) && fake.state().polled_since(k) == a.bots as usize {
                 reclaim = Some(k.elapsed());
                 println!(
                     "{}  -> all bots running on the survivors {:?} after the kill",
@@ -208,10 +209,20 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         }
         tokio::time::sleep(tick).await;
     }
-    // Let the last answers arrive.
+    // Let the last answers arrive: until every message written has an answer (counting
+    // answers would let a duplicate stand in for a missing one), at most 15 s.
     let settle = Instant::now();
-    while (fake.state().sent_count() as u64) < written && settle.elapsed() < Duration::from_secs(15)
-    {
+    let all_answered = || {
+        let mut got: HashMap<(String, String), Vec<String>> = HashMap::new();
+        for s in fake.state().sent() {
+            got.entry((s.token, s.chat_id)).or_default().push(s.text);
+        }
+        expected.iter().all(|(k, want)| {
+            got.get(k)
+                .is_some_and(|g| want.iter().all(|t| g.contains(t)))
+        })
+    };
+    while !all_answered() && settle.elapsed() < Duration::from_secs(15) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!("{}", view(t0.elapsed(), &ws, &fake, written));

@@ -56,6 +56,8 @@ struct TokenState {
     faults: VecDeque<Fault>,
     webhook: Option<String>,
     polls: u64,
+    /// When the last `getUpdates` was accepted.
+    last_poll: Option<std::time::Instant>,
 }
 
 #[derive(Default)]
@@ -171,6 +173,17 @@ impl FakeState {
     /// Whether `token` has a `getUpdates` in flight now.
     pub fn is_polling(&self, token: &str) -> bool {
         self.lock().tokens.get(token).is_some_and(|t| t.pollers > 0)
+    }
+
+    /// How many tokens had a `getUpdates` accepted at or after `since`: after a worker dies,
+    /// the bots it ran count again once their new owner polls. (Counting tokens polling *at
+    /// one instant* undercounts busy bots, which are between polls while they answer.)
+    pub fn polled_since(&self, since: std::time::Instant) -> usize {
+        self.lock()
+            .tokens
+            .values()
+            .filter(|t| t.last_poll.is_some_and(|p| p >= since))
+            .count()
     }
 
     /// How many `getUpdates` calls `token` made.
@@ -329,6 +342,7 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
         }
         t.pollers += 1;
         t.polls += 1;
+        t.last_poll = Some(std::time::Instant::now());
         // Confirm everything below the offset.
         while t
             .pending
