@@ -100,6 +100,37 @@ fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
     }
 }
 
+/// The tokens of the bots `worker` holds now.
+async fn held_by(coord: &RedisCoordinator, worker: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in 0..BOTS {
+        let bot = BotId::new(format!("bot-{i}")).unwrap();
+        if let Ok(Some(o)) = coord.owner(&bot).await {
+            if o.worker.as_str() == worker && o.live {
+                out.push(token(i));
+            }
+        }
+    }
+    out
+}
+
+/// Waits until every bot of `moved` has been polled since `since` (by its new owner: the old
+/// one is dead, frozen or stopped it); answers how long after `since` that was.
+async fn moved_polling(
+    fake: &FakeTelegram,
+    what: &str,
+    moved: &[String],
+    since: Instant,
+    limit: Duration,
+) -> Duration {
+    assert!(!moved.is_empty(), "{what}: the worker held no bots");
+    wait_for(what, limit, || async {
+        (fake.state().polled_since_among(moved, since) == moved.len()).then_some(())
+    })
+    .await;
+    since.elapsed()
+}
+
 /// Waits until every bot has been polled since `since` (so a live worker serves it); answers
 /// how long after `since` that was.
 async fn all_polling(fake: &FakeTelegram, what: &str, since: Instant, limit: Duration) -> Duration {
@@ -187,10 +218,19 @@ async fn three_workers_survive_kill_join_term_and_stop() {
 
     // 1. kill -9 w1.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let victims = held_by(&coord, "w1").await;
     let killed_at = Instant::now();
     procs[1].child.kill().unwrap();
     let _ = procs[1].child.wait();
-    let after_kill = all_polling(&fake, "bots back after kill -9", killed_at, slack).await;
+    let after_kill = moved_polling(
+        &fake,
+        "w1's bots back after kill -9",
+        &victims,
+        killed_at,
+        slack,
+    )
+    .await;
+    all_polling(&fake, "every bot served after kill -9", killed_at, slack).await;
     println!("kill -9: all bots polling again {after_kill:?} after the kill (lease {LEASE_MS} ms)");
 
     // 2. w3 joins and takes its share.
@@ -210,6 +250,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     );
 
     // 3. SIGTERM w2: it hands its bots over and exits 0.
+    let victims = held_by(&coord, "w2").await;
     let term_at = Instant::now();
     procs[2].signal("-TERM");
     let status = tokio::task::spawn_blocking({
@@ -225,12 +266,20 @@ async fn three_workers_survive_kill_join_term_and_stop() {
         procs[2].log_tail()
     );
     let exited_at = Instant::now();
-    let after_term = all_polling(&fake, "bots back after SIGTERM", term_at, slack).await;
+    let after_term = moved_polling(
+        &fake,
+        "w2's bots back after SIGTERM",
+        &victims,
+        term_at,
+        slack,
+    )
+    .await;
     // And served by the others: polled again after w2 was gone.
     all_polling(&fake, "bots served after w2 exited", exited_at, slack).await;
     println!("SIGTERM: w2 exited 0; all bots polling again {after_term:?} after the signal");
 
     // 4. SIGSTOP w0 past its lease, then SIGCONT.
+    let victims = held_by(&coord, "w0").await;
     let stopped_at = Instant::now();
     procs[0].signal("-STOP");
     wait_for("w0's liveness ends", slack, || async {
@@ -238,7 +287,14 @@ async fn three_workers_survive_kill_join_term_and_stop() {
         (!live.iter().any(|w| w.id.as_str() == "w0")).then_some(())
     })
     .await;
-    let t_stop = all_polling(&fake, "bots back after SIGSTOP", stopped_at, slack).await;
+    let t_stop = moved_polling(
+        &fake,
+        "w0's bots back after SIGSTOP",
+        &victims,
+        stopped_at,
+        slack,
+    )
+    .await;
     println!("SIGSTOP: all bots polling on the others {t_stop:?} after the freeze");
     procs[0].signal("-CONT");
     let thawed = Instant::now();

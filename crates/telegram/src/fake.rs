@@ -186,6 +186,20 @@ impl FakeState {
             .count()
     }
 
+    /// How many of `tokens` had a `getUpdates` accepted at or after `since`.
+    pub fn polled_since_among(&self, tokens: &[String], since: std::time::Instant) -> usize {
+        let g = self.lock();
+        tokens
+            .iter()
+            .filter(|tok| {
+                g.tokens
+                    .get(*tok)
+                    .and_then(|t| t.last_poll)
+                    .is_some_and(|p| p >= since)
+            })
+            .count()
+    }
+
     /// How many `getUpdates` calls `token` made.
     pub fn polls(&self, token: &str) -> u64 {
         self.lock().tokens.get(token).map_or(0, |t| t.polls)
