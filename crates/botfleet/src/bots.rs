@@ -129,16 +129,11 @@ impl ImportLine {
     fn into_spec(self) -> anyhow::Result<BotSpec> {
         let id = BotId::new(self.id)?;
         let platform: Platform = self.platform.parse()?;
-        let handler = match self.handler.as_deref().unwrap_or("echo") {
-            "echo" => HandlerSpec::Echo,
-            "webhook" => HandlerSpec::Webhook {
-                url: self
-                    .webhook_url
-                    .context("the webhook handler needs webhook_url")?,
-                secret: self.webhook_secret.map(Secret::new),
-            },
-            other => bail!("unknown handler {other:?} (expected echo or webhook)"),
-        };
+        let handler = HandlerSpec::from_parts(
+            self.handler.as_deref().unwrap_or("echo"),
+            self.webhook_url,
+            self.webhook_secret.map(Secret::new),
+        )?;
         let spec = BotSpec {
             id,
             platform,

@@ -70,6 +70,43 @@ impl Drop for Proc {
     }
 }
 
+/// What every test here starts from: a private Redis, the fake Bot API, and a SQLite registry
+/// (in a temp directory, removed on drop) with `bots` echo bots on the fake.
+struct Setup {
+    redis: RedisServer,
+    fake: FakeTelegram,
+    dir: Dir,
+    db: String,
+    store: SqliteStore,
+}
+
+async fn setup(bots: usize) -> Setup {
+    let redis = RedisServer::start().unwrap();
+    let fake = FakeTelegram::start().await.unwrap();
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-fleet-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("bots.db");
+    let db = format!("sqlite://{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    for i in 0..bots {
+        fake.state().add_bot(&token(i));
+        let mut spec = BotSpec::new(
+            BotId::new(format!("bot-{i}")).unwrap(),
+            Platform::Telegram,
+            token(i),
+        );
+        spec.options.api_url = Some(fake.url());
+        store.add_bot(&spec).await.unwrap();
+    }
+    Setup {
+        redis,
+        fake,
+        dir,
+        db,
+        store,
+    }
+}
+
 fn token(i: usize) -> String {
     format!("{}:fleet-{i}", 5000 + i)
 }
@@ -143,24 +180,13 @@ async fn all_polling(fake: &FakeTelegram, what: &str, since: Instant, limit: Dur
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_survive_kill_join_term_and_stop() {
-    let redis = RedisServer::start().unwrap();
-    let fake = FakeTelegram::start().await.unwrap();
-    let dir = Dir(std::env::temp_dir().join(format!("botfleet-fleet-{}", nonce())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
-    {
-        let store = SqliteStore::open(dir.0.join("bots.db")).await.unwrap();
-        for i in 0..BOTS {
-            fake.state().add_bot(&token(i));
-            let mut spec = BotSpec::new(
-                BotId::new(format!("bot-{i}")).unwrap(),
-                Platform::Telegram,
-                token(i),
-            );
-            spec.options.api_url = Some(fake.url());
-            store.add_bot(&spec).await.unwrap();
-        }
-    }
+    let Setup {
+        redis,
+        fake,
+        dir,
+        db,
+        store: _store,
+    } = setup(BOTS).await;
     let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
         .await
         .unwrap();
@@ -396,11 +422,13 @@ async fn three_workers_survive_kill_join_term_and_stop() {
 /// stops and restarts bots within about a second, without waiting for its registry refresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_commands_reach_running_workers_at_once() {
-    let redis = RedisServer::start().unwrap();
-    let fake = FakeTelegram::start().await.unwrap();
-    let dir = Dir(std::env::temp_dir().join(format!("botfleet-events-{}", nonce())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
+    let Setup {
+        redis,
+        fake,
+        dir,
+        db,
+        store: _store,
+    } = setup(0).await;
     let cli = |args: &[&str]| {
         let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
             .args(args)
@@ -482,24 +510,14 @@ async fn registry_commands_reach_running_workers_at_once() {
 /// again, never twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_recover_when_redis_restarts_empty() {
-    let mut redis = RedisServer::start().unwrap();
-    let fake = FakeTelegram::start().await.unwrap();
-    let dir = Dir(std::env::temp_dir().join(format!("botfleet-redis-restart-{}", nonce())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let path = dir.0.join("bots.db");
-    let db = format!("sqlite://{}", path.display());
-    let store = SqliteStore::open(&path).await.unwrap();
     let n = 60;
-    for i in 0..n {
-        fake.state().add_bot(&token(i));
-        let mut spec = BotSpec::new(
-            BotId::new(format!("bot-{i}")).unwrap(),
-            Platform::Telegram,
-            token(i),
-        );
-        spec.options.api_url = Some(fake.url());
-        store.add_bot(&spec).await.unwrap();
-    }
+    let Setup {
+        mut redis,
+        fake,
+        dir,
+        db,
+        store,
+    } = setup(n).await;
     let _a = spawn_worker("a", &db, &redis.url(), &dir.0);
     let _b = spawn_worker("b", &db, &redis.url(), &dir.0);
     let polling = |want: usize| {

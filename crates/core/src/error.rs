@@ -67,6 +67,9 @@ pub enum InvalidSpec {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The handler kind is not one botfleet knows.
+    #[error("unknown handler {0:?} (expected echo or webhook)")]
+    UnknownHandler(String),
     /// A handler that needs a setting did not get it.
     #[error("handler {handler} needs {missing}")]
     Handler {

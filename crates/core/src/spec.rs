@@ -22,6 +22,31 @@ pub enum HandlerSpec {
 }
 
 impl HandlerSpec {
+    /// A handler from its parts as flags, import lines and the store hold them.
+    ///
+    /// # Errors
+    /// [`InvalidSpec::UnknownHandler`] for a kind other than `echo` or `webhook`;
+    /// [`InvalidSpec::Handler`] for a webhook without a URL.
+    pub fn from_parts(
+        kind: &str,
+        url: Option<String>,
+        secret: Option<Secret>,
+    ) -> Result<Self, InvalidSpec> {
+        match kind {
+            "echo" => Ok(HandlerSpec::Echo),
+            "webhook" => Ok(HandlerSpec::Webhook {
+                url: url.ok_or(InvalidSpec::Handler {
+                    handler: "webhook",
+                    missing: "webhook_url",
+                })?,
+                secret,
+            }),
+            other => Err(InvalidSpec::UnknownHandler(
+                other.chars().take(40).collect(),
+            )),
+        }
+    }
+
     /// The handler's name as used in flags and the store (`echo`, `webhook`).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -237,6 +262,21 @@ mod tests {
         };
         let d = format!("{s:?}");
         assert!(!d.contains("top-secret") && !d.contains("hmac-key"), "{d}");
+    }
+
+    #[test]
+    fn handlers_from_parts() {
+        assert_eq!(
+            HandlerSpec::from_parts("echo", None, None).unwrap(),
+            HandlerSpec::Echo
+        );
+        let e = HandlerSpec::from_parts("webhook", None, None).unwrap_err();
+        assert_eq!(e.to_string(), "handler webhook needs webhook_url");
+        let e = HandlerSpec::from_parts("magic", None, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown handler \"magic\" (expected echo or webhook)"
+        );
     }
 
     #[test]

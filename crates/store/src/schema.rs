@@ -84,16 +84,12 @@ impl BotRow {
             .platform
             .parse()
             .map_err(|e: botfleet_core::UnknownPlatform| corrupt(format!("bot {id}: {e}")))?;
-        let handler = match self.handler.as_str() {
-            "echo" => HandlerSpec::Echo,
-            "webhook" => HandlerSpec::Webhook {
-                url: self
-                    .webhook_url
-                    .ok_or_else(|| corrupt(format!("bot {id}: webhook handler without URL")))?,
-                secret: self.webhook_secret.map(Secret::new),
-            },
-            other => return Err(corrupt(format!("bot {id}: unknown handler {other:?}"))),
-        };
+        let handler = HandlerSpec::from_parts(
+            &self.handler,
+            self.webhook_url,
+            self.webhook_secret.map(Secret::new),
+        )
+        .map_err(|e| corrupt(format!("bot {id}: {e}")))?;
         let status = self
             .status
             .parse()
