@@ -105,8 +105,27 @@ fn by_chat(sent: &[Sent]) -> HashMap<(String, String), Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_worker_answers_every_message_once_in_order() {
-    let fake = FakeTelegram::start().await.unwrap();
     let (_dir, store) = store().await;
+    answers_every_message_once_in_order(store).await;
+}
+
+/// The same worker on the Postgres store (when `BOTFLEET_TEST_POSTGRES_URL` is set): one code
+/// path for every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_postgres_answers_every_message_once_in_order() {
+    if std::env::var("BOTFLEET_TEST_POSTGRES_URL").is_err() {
+        eprintln!("skipped: BOTFLEET_TEST_POSTGRES_URL is not set");
+        return;
+    }
+    let schema = botfleet_testkit::PgSchema::create().await;
+    let store = botfleet_store::PostgresStore::open(&schema.url())
+        .await
+        .unwrap();
+    answers_every_message_once_in_order(Arc::new(store)).await;
+}
+
+async fn answers_every_message_once_in_order(store: Arc<dyn Store>) {
+    let fake = FakeTelegram::start().await.unwrap();
     let bots = add_bots(&*store, &fake, 20).await;
     let hub = MemoryHub::new();
     let w = start(config("solo"), Arc::new(hub.coordinator()), store.clone());
