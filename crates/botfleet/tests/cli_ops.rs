@@ -37,6 +37,14 @@ fn botfleet(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `botfleet bots add ID --platform P --token T [extra…] --database-url DB`.
+fn bots_add(db: &str, id: &str, platform: &str, token: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["bots", "add", id, "--platform", platform, "--token", token];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--database-url", db]);
+    botfleet(&args)
+}
+
 fn text(o: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -48,73 +56,27 @@ fn text(o: &Output) -> (String, String) {
 fn the_registry_commands_work_and_never_show_tokens() {
     let dir = tempdir();
     let db = db(&dir);
-    let o = botfleet(&[
-        "bots",
-        "add",
-        "support-eu",
-        "--platform",
-        "telegram",
-        "--token",
-        "111:SECRET-A",
-        "--database-url",
-        &db,
-    ]);
+    let o = bots_add(&db, "support-eu", "telegram", "111:SECRET-A", &[]);
     assert!(o.status.success(), "{:?}", text(&o));
-    let o = botfleet(&[
-        "bots",
-        "add",
-        "support-eu",
-        "--platform",
-        "telegram",
-        "--token",
-        "111:SECRET-A",
-        "--database-url",
-        &db,
-    ]);
+    let o = bots_add(&db, "support-eu", "telegram", "111:SECRET-A", &[]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).1.contains("exists already"), "{:?}", text(&o));
-    let o = botfleet(&[
-        "bots",
-        "add",
-        "x",
-        "--platform",
-        "myspace",
-        "--token",
-        "1:a",
-        "--database-url",
-        &db,
-    ]);
+    let o = bots_add(&db, "x", "myspace", "1:a", &[]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         text(&o).1.contains("unknown platform \"myspace\""),
         "{:?}",
         text(&o)
     );
-    let o = botfleet(&[
-        "bots",
-        "add",
-        "bad id",
-        "--platform",
-        "telegram",
-        "--token",
-        "1:a",
-        "--database-url",
-        &db,
-    ]);
+    let o = bots_add(&db, "bad id", "telegram", "1:a", &[]);
     assert!(text(&o).1.contains("invalid bot id"), "{:?}", text(&o));
-    let o = botfleet(&[
-        "bots",
-        "add",
-        "hook",
-        "--platform",
-        "telegram",
-        "--token",
-        "222:SECRET-B",
-        "--handler",
-        "webhook",
-        "--database-url",
+    let o = bots_add(
         &db,
-    ]);
+        "hook",
+        "telegram",
+        "222:SECRET-B",
+        &["--handler", "webhook"],
+    );
     assert!(text(&o).1.contains("needs webhook_url"), "{:?}", text(&o));
     assert!(
         botfleet(&["bots", "disable", "support-eu", "--database-url", &db])
@@ -276,19 +238,7 @@ async fn an_embedded_worker_serves_bots_health_and_metrics() {
     let db = db(&dir);
     fake.state().add_bot("777:GOOD");
     for (id, token) in [("good", "777:GOOD"), ("late", "778:NOT-YET")] {
-        let o = botfleet(&[
-            "bots",
-            "add",
-            id,
-            "--platform",
-            "telegram",
-            "--token",
-            token,
-            "--api-url",
-            &fake.url(),
-            "--database-url",
-            &db,
-        ]);
+        let o = bots_add(&db, id, "telegram", token, &["--api-url", &fake.url()]);
         assert!(o.status.success(), "{:?}", text(&o));
     }
     let w = start_worker(&db);

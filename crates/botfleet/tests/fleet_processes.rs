@@ -107,6 +107,29 @@ async fn setup(bots: usize) -> Setup {
     }
 }
 
+/// Runs `botfleet ARGS…` against this fleet's registry and Redis; fails the test on a non-zero
+/// exit, with its stderr.
+fn fleet_cli(db: &str, redis: &RedisServer, args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(args)
+        .args([
+            "--database-url",
+            db,
+            "--redis-url",
+            &redis.url(),
+            "--prefix",
+            "itest",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 fn token(i: usize) -> String {
     format!("{}:fleet-{i}", 5000 + i)
 }
@@ -388,25 +411,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     );
 
     // The operator's view agrees.
-    let out = Command::new(env!("CARGO_BIN_EXE_botfleet"))
-        .args([
-            "fleet",
-            "status",
-            "--json",
-            "--database-url",
-            &db,
-            "--redis-url",
-            &redis.url(),
-            "--prefix",
-            "itest",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = fleet_cli(&db, &redis, &["fleet", "status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let workers: Vec<_> = status["workers"]
         .as_array()
@@ -430,23 +435,7 @@ async fn registry_commands_reach_running_workers_at_once() {
         store: _store,
     } = setup(0).await;
     let cli = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
-            .args(args)
-            .args([
-                "--database-url",
-                &db,
-                "--redis-url",
-                &redis.url(),
-                "--prefix",
-                "itest",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        fleet_cli(&db, &redis, args);
     };
     // The registry exists before the worker starts (an empty one).
     cli(&["bots", "list"]);

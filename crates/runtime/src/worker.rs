@@ -134,6 +134,7 @@ impl Worker {
             lease: None,
             keeper: None,
             fenced: false,
+            registry_stale: false,
             stamp: None,
             generation: 0,
             last_inputs: None,
@@ -153,6 +154,8 @@ struct State {
     keeper: Option<LeaseKeeper>,
     /// Bots were stopped because the lease was unsafe; waiting for it to be good again.
     fenced: bool,
+    /// A lifecycle event arrived: re-read the registry before the next pass.
+    registry_stale: bool,
     /// The registry stamp of the last full read.
     stamp: Option<(u64, i64)>,
     /// Bumped whenever the registry read changed.
@@ -331,6 +334,9 @@ impl State {
         let mut check = false;
         loop {
             if (dirty || check) && !self.fenced {
+                if std::mem::take(&mut self.registry_stale) {
+                    self.refresh_registry().await;
+                }
                 self.reconcile(&starter, &tx, dirty).await;
                 dirty = false;
                 check = false;
@@ -351,6 +357,11 @@ impl State {
                 }
                 Some(sig) = rx.recv() => {
                     dirty |= self.on_signal(sig).await;
+                    // Take everything already queued before converging once: an import of a
+                    // thousand bots is a thousand events, not a thousand registry reads.
+                    while let Ok(sig) = rx.try_recv() {
+                        dirty |= self.on_signal(sig).await;
+                    }
                 }
                 _ = refresh.tick() => {
                     self.refresh_registry().await;
@@ -431,7 +442,7 @@ impl State {
             }
             Signal::Command(WorkerCommand::Restart { bot })
             | Signal::Event(LifecycleEvent::Restart(bot)) => {
-                self.refresh_registry().await;
+                self.registry_stale = true;
                 self.restart(&bot).await;
                 true
             }
@@ -440,7 +451,7 @@ impl State {
                 true
             }
             Signal::Event(LifecycleEvent::Activate(_) | LifecycleEvent::Deactivate(_)) => {
-                self.refresh_registry().await;
+                self.registry_stale = true;
                 true
             }
         }

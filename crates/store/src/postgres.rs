@@ -176,27 +176,16 @@ impl PostgresStore {
         Ok(Fence(f.max(0).unsigned_abs()))
     }
 
-    async fn fenced_write(
-        &self,
-        op: &'static str,
-        sql: &str,
-        bot: &BotId,
-        fence: Fence,
-        value: Option<&str>,
-    ) -> Result<()> {
-        let c = self.client().await?;
-        let n = c
-            .execute(sql, &[&bot.as_str(), &fence_i64(fence), &value])
-            .await
-            .map_err(db(op))?;
-        if n > 0 {
-            return Ok(());
+    /// The refusal of a fenced write that changed nothing: a higher fence was accepted.
+    async fn stale(&self, c: &Client, bot: &BotId, offered: Fence) -> StoreError {
+        match self.current_fence(c, bot.as_str()).await {
+            Ok(current) => StoreError::StaleFence {
+                bot: bot.clone(),
+                offered,
+                current,
+            },
+            Err(e) => e,
         }
-        Err(StoreError::StaleFence {
-            bot: bot.clone(),
-            offered: fence,
-            current: self.current_fence(&c, bot.as_str()).await?,
-        })
     }
 }
 
@@ -339,11 +328,7 @@ impl Store for PostgresStore {
         if moved > 0 {
             return Ok(());
         }
-        Err(StoreError::StaleFence {
-            bot: id.clone(),
-            offered: fence,
-            current: self.current_fence(&c, id.as_str()).await?,
-        })
+        Err(self.stale(&c, id, fence).await)
     }
 
     async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()> {
@@ -370,16 +355,20 @@ impl Store for PostgresStore {
     }
 
     async fn accept_fence(&self, id: &BotId, fence: Fence) -> Result<()> {
-        self.fenced_write(
-            "accept fence",
-            "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ($1, $2, $3) \
-             ON CONFLICT (bot_id) DO UPDATE SET fence = EXCLUDED.fence \
-             WHERE bot_fences.fence <= EXCLUDED.fence",
-            id,
-            fence,
-            None,
-        )
-        .await
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ($1, $2, NULL) \
+                 ON CONFLICT (bot_id) DO UPDATE SET fence = EXCLUDED.fence \
+                 WHERE bot_fences.fence <= EXCLUDED.fence",
+                &[&id.as_str(), &fence_i64(fence)],
+            )
+            .await
+            .map_err(db("accept fence"))?;
+        if n > 0 {
+            return Ok(());
+        }
+        Err(self.stale(&c, id, fence).await)
     }
 
     async fn registry_stamp(&self) -> Result<(u64, i64)> {

@@ -98,6 +98,13 @@ impl FakeState {
         }
     }
 
+    /// Sets a webhook on `token`, as `setWebhook` would: `getUpdates` then answers 409.
+    pub fn set_webhook(&self, token: &str, url: &str) {
+        if let Some(t) = self.lock().tokens.get_mut(token) {
+            t.webhook = Some(url.to_owned());
+        }
+    }
+
     /// Answers the next call of `token` with `fault`.
     pub fn inject(&self, token: &str, fault: Fault) {
         if let Some(t) = self.lock().tokens.get_mut(token) {

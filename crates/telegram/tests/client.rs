@@ -171,3 +171,20 @@ async fn network_errors_never_show_the_token() {
     }
     assert!(!chain.contains("secret-token-part"), "{chain}");
 }
+
+#[tokio::test]
+async fn a_webhook_blocks_polling_until_deleted() {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(TOKEN);
+    fake.state()
+        .set_webhook(TOKEN, "https://example.invalid/hook");
+    let c = client(Duration::ZERO);
+    let token = api(&fake.url(), TOKEN);
+    let e = c.get_updates(&token, 0).await.unwrap_err();
+    assert!(
+        matches!(e, TelegramError::Conflict(ref d) if d.contains("webhook")),
+        "{e:?}"
+    );
+    c.delete_webhook(&token).await.unwrap();
+    assert!(c.get_updates(&token, 0).await.is_ok());
+}

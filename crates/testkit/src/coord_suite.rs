@@ -366,6 +366,8 @@ pub async fn blocked_readers_do_not_wait_for_each_other<F: CoordFixture>(f: &F) 
         let w = w.clone();
         tokio::spawn(async move { w.recv_commands(10, Duration::from_secs(5)).await })
     };
+    // Nothing shows from outside that the reader is blocked yet; give it a moment. Were it not
+    // blocked by then, the check below would pass without proving anything, never falsely fail.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let publisher = f.handle().await;
     publisher
