@@ -74,6 +74,10 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
         .map(|b| b.spec.id.clone())
         .collect();
     let plan = ring.assign(&enabled, DEFAULT_BALANCE, |w| caps.get(w).copied());
+    let epoch = coord.epoch().await.context("reading the fleet epoch")?;
+    let grace_ms = epoch.as_ref().map_or(0, |e| {
+        u64::try_from(e.grace_left.as_millis()).unwrap_or(u64::MAX)
+    });
     let mut unowned = Vec::new();
     for b in bots.iter().filter(|b| b.spec.enabled) {
         let owner = coord.owner(&b.spec.id).await?;
@@ -86,6 +90,16 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
             "no live worker".to_owned()
         } else if plan.unplaced.contains(&b.spec.id) {
             "every live worker is at capacity".to_owned()
+        } else if grace_ms > 0
+            && store
+                .highest_fence(&b.spec.id)
+                .await
+                .is_ok_and(|f| f > botfleet_core::Fence::ZERO)
+        {
+            format!(
+                "Redis lost its data: waiting out the grace window ({:.1} s left) so its old owner has stopped",
+                grace_ms as f64 / 1000.0
+            )
         } else if owner.is_some() {
             "its worker stopped renewing; waiting for the lease to end".to_owned()
         } else {
@@ -102,7 +116,12 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
                     "id": w.id.as_str(), "host": w.meta.host, "capacity": w.meta.capacity,
                     "bots_held": w.meta.bots_held, "heartbeat_age_ms": w.heartbeat_age_ms,
                 })).collect::<Vec<_>>(),
-                "bots": enabled.len(),
+            "bots": enabled.len(),
+                "grace_window_ms": grace_ms,
+                "epoch": epoch.as_ref().map(|e| serde_json::json!({
+                    "id": e.id, "age_ms": u64::try_from(e.age.as_millis()).unwrap_or(u64::MAX),
+                    "after_loss": e.after_loss,
+                })),
                 "unowned": unowned.iter().map(|(id, why)| serde_json::json!({"id": id, "why": why})).collect::<Vec<_>>(),
             })
         );
@@ -119,6 +138,12 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
                 w.meta.capacity,
                 w.meta.bots_held,
                 w.heartbeat_age_ms
+            );
+        }
+        if grace_ms > 0 {
+            println!(
+                "\nRedis lost its data: bots that had owners are granted again in {:.1} s (the grace window lets their old owners stop first)",
+                grace_ms as f64 / 1000.0
             );
         }
         println!(

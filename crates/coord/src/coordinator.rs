@@ -7,8 +7,8 @@ use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use tokio::sync::mpsc;
 
 use crate::{
-    ClaimOutcome, EventCursor, LifecycleEvent, LiveWorker, LockGuard, Owner, Permit, RateLimit,
-    Renewal, Result, WorkerCommand, WorkerMeta,
+    ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard, Owner, Permit,
+    RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
 /// One process's handle on the fleet's shared coordination state.
@@ -37,7 +37,9 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
 
     /// Extends this worker's liveness by one lease from now and records how many bots it runs.
     ///
-    /// Answers [`Renewal::Lost`] if the liveness is gone or belongs to another incarnation;
+    /// Answers [`Renewal::Lost`] if the liveness is gone or belongs to another incarnation, or
+    /// if the backend lost data this registration wrote (its claims, hand-overs, releases or
+    /// renewals: a restart without persistence, a failover to a replica that missed writes);
     /// the caller must stop its bots and register again.
     ///
     /// # Errors
@@ -73,7 +75,13 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// another incarnation), owned by this very registration, or handed over to it. The fence
     /// granted is above every fence granted for the bot before and above `min_fence` — pass
     /// the store's highest accepted fence so fences never go back even if the backend lost
-    /// its data.
+    /// its data. It is also at least the backend's clock in ms, so a grant made after a loss
+    /// is above a grant made before it that the store has not seen yet.
+    ///
+    /// A `min_fence` above what the backend remembers for the bot means the backend lost
+    /// data since the store accepted it: the bot may still be run by its old owner, so the
+    /// answer is [`ClaimOutcome::Grace`] until one lease (the longest the fleet uses) after
+    /// the loss could have happened. A bot the store knows no fence of is never delayed.
     ///
     /// # Errors
     /// Backend failures; `NotRegistered` before `register`.
@@ -145,6 +153,13 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn acquire_rate(&self, key: &str, limit: RateLimit) -> Result<Permit>;
 
+    /// The fleet's current epoch, or `None` before any worker registered on this backend.
+    /// Read-only: operators' tools call it to show a grace window after a data loss.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn epoch(&self) -> Result<Option<EpochInfo>>;
+
     /// Leads the singleton job `name` for `ttl`: answers the lock's fence while this handle
     /// leads (calling again renews), `None` while another does.
     ///
@@ -154,6 +169,10 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
 
     /// Takes the lock `key` for `ttl` if nobody holds it, with a fresh token and a fence
     /// above every fence granted for `key` before.
+    ///
+    /// Inside a grace window after a data loss (see [`Coordinator::epoch`]) nobody gets a
+    /// lock or leadership that is not already theirs: the holder from before the loss may
+    /// still act on it by its own clock. `None` then, as when another holds it.
     ///
     /// # Errors
     /// Backend failures.
@@ -207,4 +226,57 @@ pub(crate) fn nonce() -> String {
         b = t.to_le_bytes();
     }
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// What a handle learned about the fleet that must outlive its registration: the epoch it
+/// last saw (so it can tell a loss), the longest lease it saw (the grace after a loss), and the
+/// highest write sequence its registration was answered (so a renewal can tell lost writes).
+#[derive(Debug, Default)]
+pub(crate) struct Knowledge {
+    epoch: std::sync::Mutex<String>,
+    max_lease_ms: std::sync::atomic::AtomicU64,
+    seq: std::sync::atomic::AtomicU64,
+}
+
+impl Knowledge {
+    /// The epoch id last seen, `""` if none.
+    pub(crate) fn epoch(&self) -> String {
+        self.epoch.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Remembers the epoch the backend answered with (ignores "none").
+    pub(crate) fn saw_epoch(&self, id: &str) {
+        if !id.is_empty() {
+            let mut e = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
+            if *e != id {
+                id.clone_into(&mut e);
+            }
+        }
+    }
+
+    /// Remembers a lease used in the fleet.
+    pub(crate) fn saw_lease(&self, ms: u64) {
+        self.max_lease_ms
+            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The grace after a loss: the longest lease seen (0 if none).
+    pub(crate) fn grace_ms(&self) -> u64 {
+        self.max_lease_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A new registration starts its write sequence at `seq`.
+    pub(crate) fn reset_seq(&self, seq: u64) {
+        self.seq.store(seq, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The backend answered a write with sequence `seq`.
+    pub(crate) fn saw_seq(&self, seq: u64) {
+        self.seq.fetch_max(seq, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The highest write sequence answered to this registration.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }

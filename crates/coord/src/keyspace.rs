@@ -58,6 +58,14 @@ impl KeySpace {
     pub fn beats(&self) -> String {
         self.key(&["beats"])
     }
+    /// Hash: the fleet epoch (id, birth, grace window); missing after a data loss.
+    pub fn epoch(&self) -> String {
+        self.key(&["epoch"])
+    }
+    /// Hash: worker → write sequence of its registration (to detect lost writes).
+    pub fn seqs(&self) -> String {
+        self.key(&["seqs"])
+    }
     /// Pub/sub channel announcing joins and leaves.
     pub fn members_channel(&self) -> String {
         self.key(&["members"])

@@ -15,9 +15,9 @@ pub use error::{CoordError, Result};
 pub use keyspace::KeySpace;
 pub use lease::{LeaseHandle, LeaseKeeper, LeaseLost};
 pub use membership::MemberWatch;
-pub use memory::{MemoryCoordinator, MemoryHub};
+pub use memory::{MemoryCoordinator, MemoryHub, MemorySnapshot};
 pub use redis::{RedisConfig, RedisCoordinator};
 pub use types::{
-    ClaimOutcome, EventCursor, LifecycleEvent, LiveWorker, LockGuard, MemberEvent, Owner, Permit,
-    RateLimit, Renewal, WorkerCommand, WorkerMeta,
+    ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard, MemberEvent,
+    Owner, Permit, RateLimit, Renewal, WorkerCommand, WorkerMeta,
 };

@@ -15,9 +15,9 @@ use botfleet_core::{BotId, Clock, Fence, Incarnation, SystemClock, WorkerId};
 use tokio::sync::{mpsc, Notify};
 
 use crate::{
-    coordinator::{check_key, check_ttl, nonce},
-    ClaimOutcome, CoordError, Coordinator, EventCursor, LifecycleEvent, LiveWorker, LockGuard,
-    Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    coordinator::{check_key, check_ttl, nonce, Knowledge},
+    ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent, LiveWorker,
+    LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
 /// How many lifecycle events the hub keeps.
@@ -25,13 +25,39 @@ const MAX_EVENTS: usize = 10_000;
 /// How many commands a worker's queue keeps.
 const MAX_COMMANDS: usize = 10_000;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Member {
     incarnation: Incarnation,
     meta: WorkerMeta,
     lease_ms: u64,
     renewed_at_ms: u64,
     deadline_ms: u64,
+    /// Write sequence of this registration (see `Knowledge`).
+    seq: u64,
+}
+
+/// The hub's epoch; see `lua/epoch.lua` for the Redis twin.
+#[derive(Debug, Clone)]
+struct Epoch {
+    id: String,
+    born: u64,
+    till: u64,
+    lost: bool,
+    hold: u64,
+    /// The hub was made by this process and lost nothing since, so its counters know every
+    /// grant: a store fence above them comes from an earlier process (the embedded mode's
+    /// instance lock keeps it single), not from a loss.
+    trusted: bool,
+}
+
+impl Epoch {
+    fn grace_left(&self, now: u64) -> u64 {
+        let mut left = 0;
+        if self.lost && self.till > now {
+            left = self.till - now;
+        }
+        left.max(self.hold.saturating_sub(now))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -42,15 +68,16 @@ struct OwnerRec {
     handed_over: bool,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Lock {
     token: String,
     fence: Fence,
     deadline_ms: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct State {
+    epoch: Option<Epoch>,
     members: HashMap<WorkerId, Member>,
     owners: HashMap<BotId, OwnerRec>,
     fence_counters: HashMap<BotId, u64>,
@@ -72,6 +99,50 @@ impl State {
             .is_some_and(|m| &m.incarnation == inc && m.deadline_ms > now)
     }
 
+    /// The epoch, created (untrusted: it follows a loss) when missing and `grace` is known.
+    fn epoch(&mut self, now: u64, known: &str, grace: u64) -> Option<&mut Epoch> {
+        if self.epoch.is_none() && grace > 0 {
+            self.epoch = Some(Epoch {
+                id: nonce(),
+                born: now,
+                till: now + grace,
+                lost: !known.is_empty(),
+                hold: 0,
+                trusted: false,
+            });
+        }
+        let e = self.epoch.as_mut()?;
+        if !known.is_empty() && known != e.id {
+            e.lost = true;
+        }
+        Some(e)
+    }
+
+    /// Writes were lost (the hub went back in time): no bot that had an owner is granted
+    /// before `till`.
+    fn went_back(&mut self, hub: &Hub, till: u64) {
+        if !hub.grace_rule.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        if let Some(e) = self.epoch.as_mut() {
+            e.hold = e.hold.max(till);
+            e.lost = true;
+            e.trusted = false;
+        }
+    }
+
+    /// Bumps a member's write sequence if it has every write the caller was answered
+    /// (`known`); answers the new one (0 if not: the caller's next renewal finds the loss).
+    fn bump(&mut self, w: &WorkerId, known: u64) -> u64 {
+        match self.members.get_mut(w) {
+            Some(m) if m.seq >= known => {
+                m.seq += 1;
+                m.seq
+            }
+            _ => 0,
+        }
+    }
+
     fn signal_members(&mut self) {
         self.member_signals
             .retain(|tx| !matches!(tx.try_send(()), Err(mpsc::error::TrySendError::Closed(_))));
@@ -85,6 +156,8 @@ struct Hub {
     clock: Arc<dyn Clock>,
     /// Wakes blocked event and command readers.
     wake: Notify,
+    /// Off only in tests that prove the grace rule is needed.
+    grace_rule: std::sync::atomic::AtomicBool,
 }
 
 /// A hub of shared coordination state; [`MemoryHub::coordinator`] makes handles on it.
@@ -111,9 +184,20 @@ impl MemoryHub {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
             hub: Arc::new(Hub {
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    epoch: Some(Epoch {
+                        id: nonce(),
+                        born: clock.now_ms(),
+                        till: 0,
+                        lost: false,
+                        hold: 0,
+                        trusted: true,
+                    }),
+                    ..State::default()
+                }),
                 clock,
                 wake: Notify::new(),
+                grace_rule: std::sync::atomic::AtomicBool::new(true),
             }),
         }
     }
@@ -125,6 +209,7 @@ impl MemoryHub {
             hub: self.hub.clone(),
             handle_id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             reg: Arc::new(Mutex::new(None)),
+            known: Arc::new(Knowledge::default()),
             lead_token: nonce(),
         }
     }
@@ -137,7 +222,8 @@ impl MemoryHub {
         self.hub.wake.notify_waiters();
     }
 
-    /// Simulates losing every piece of state (a Redis restart without persistence).
+    /// Simulates losing every piece of state (a Redis restart without persistence, a
+    /// `FLUSHALL`): the next registration starts a new epoch with a grace window.
     pub fn wipe(&self) {
         let mut st = lock(&self.hub.state);
         let signals = std::mem::take(&mut st.member_signals);
@@ -148,6 +234,37 @@ impl MemoryHub {
             ..State::default()
         };
     }
+
+    /// A copy of the shared state now, to [`restore`](MemoryHub::restore) later.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        MemorySnapshot(lock(&self.hub.state).clone())
+    }
+
+    /// Simulates a failover to a replica that missed every write since `snapshot`: the state
+    /// goes back to it (the crashed handles and signal subscribers stay as they are).
+    pub fn restore(&self, snapshot: &MemorySnapshot) {
+        let mut st = lock(&self.hub.state);
+        let signals = std::mem::take(&mut st.member_signals);
+        let crashed = std::mem::take(&mut st.crashed);
+        *st = State {
+            member_signals: signals,
+            crashed,
+            ..snapshot.0.clone()
+        };
+        // It can no longer vouch that its counters know every grant.
+        if let Some(e) = st.epoch.as_mut() {
+            e.trusted = false;
+        }
+    }
+
+    /// Turns off the rule that delays grants after a loss. Only for tests that prove the rule
+    /// is needed (a simulation must then find two owners); never in a real fleet.
+    #[doc(hidden)]
+    pub fn disable_loss_grace_for_tests(&self) {
+        self.hub
+            .grace_rule
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -156,12 +273,17 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A copy of a [`MemoryHub`]'s state, from [`MemoryHub::snapshot`].
+#[derive(Debug, Clone)]
+pub struct MemorySnapshot(State);
+
 /// A handle on a [`MemoryHub`]; see [`Coordinator`].
 #[derive(Debug, Clone)]
 pub struct MemoryCoordinator {
     hub: Arc<Hub>,
     handle_id: u64,
     reg: Arc<Mutex<Option<(WorkerId, Incarnation)>>>,
+    known: Arc<Knowledge>,
     lead_token: String,
 }
 
@@ -224,9 +346,13 @@ impl Coordinator for MemoryCoordinator {
         lease: Duration,
     ) -> Result<Incarnation> {
         let lease_ms = check_ttl("lease", lease)?;
+        self.known.saw_lease(lease_ms);
         let inc = Incarnation::from_nonce(nonce());
         let now = self.now();
         let mut st = self.state()?;
+        let epoch = st
+            .epoch(now, &self.known.epoch(), self.known.grace_ms())
+            .map(|e| e.id.clone());
         st.members.insert(
             worker.clone(),
             Member {
@@ -235,10 +361,13 @@ impl Coordinator for MemoryCoordinator {
                 lease_ms,
                 renewed_at_ms: now,
                 deadline_ms: now + lease_ms,
+                seq: 1,
             },
         );
         st.signal_members();
         drop(st);
+        self.known.saw_epoch(epoch.as_deref().unwrap_or(""));
+        self.known.reset_seq(1);
         *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some((worker.clone(), inc.clone()));
         Ok(inc)
     }
@@ -247,11 +376,26 @@ impl Coordinator for MemoryCoordinator {
         let (w, inc) = self.me()?;
         let now = self.now();
         let mut st = self.state()?;
+        if st
+            .members
+            .get(&w)
+            .is_some_and(|m| m.incarnation == inc && m.seq < self.known.seq())
+        {
+            // The same rule as renew.lua: lost writes mean the hub went back in time.
+            st.went_back(&self.hub, now + self.known.grace_ms());
+            return Ok(Renewal::Lost);
+        }
+        let known = self.known.epoch();
+        if st.epoch.as_ref().map(|e| e.id.as_str()) != Some(known.as_str()) {
+            return Ok(Renewal::Lost);
+        }
         match st.members.get_mut(&w) {
-            Some(m) if m.incarnation == inc && m.deadline_ms > now => {
+            Some(m) if m.incarnation == inc && m.deadline_ms > now && m.seq >= self.known.seq() => {
                 m.deadline_ms = now + m.lease_ms;
                 m.renewed_at_ms = now;
                 m.meta.bots_held = bots_held;
+                m.seq += 1;
+                self.known.saw_seq(m.seq);
                 Ok(Renewal::Renewed)
             }
             _ => Ok(Renewal::Lost),
@@ -288,8 +432,14 @@ impl Coordinator for MemoryCoordinator {
                 incarnation: m.incarnation.clone(),
                 meta: m.meta.clone(),
                 heartbeat_age_ms: now.saturating_sub(m.renewed_at_ms),
+                lease: Duration::from_millis(m.lease_ms),
             })
             .collect();
+        drop(st);
+        for l in &out {
+            self.known
+                .saw_lease(u64::try_from(l.lease.as_millis()).unwrap_or(0));
+        }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }
@@ -303,8 +453,19 @@ impl Coordinator for MemoryCoordinator {
     async fn claim(&self, bot: &BotId, min_fence: Fence) -> Result<ClaimOutcome> {
         let (w, inc) = self.me()?;
         let now = self.now();
+        let grace = self.known.grace_ms();
+        let grace_rule = self
+            .hub
+            .grace_rule
+            .load(std::sync::atomic::Ordering::SeqCst);
         let mut st = self.state()?;
         if !st.is_live(&w, &inc, now) {
+            return Ok(ClaimOutcome::NotLive);
+        }
+        let epoch = st.epoch(now, &self.known.epoch(), grace).cloned();
+        if st.members.get(&w).is_some_and(|m| m.seq < self.known.seq()) {
+            // The same rule as claim.lua: the caller's own writes were lost.
+            st.went_back(&self.hub, now + grace);
             return Ok(ClaimOutcome::NotLive);
         }
         if let Some(o) = st.owners.get(bot) {
@@ -319,18 +480,50 @@ impl Coordinator for MemoryCoordinator {
                 }));
             }
         }
-        let counter = st.fence_counters.entry(bot.clone()).or_default();
-        *counter = (*counter).max(min_fence.0) + 1;
-        let fence = Fence(*counter);
+        let mut counter = st.fence_counters.get(bot).copied().unwrap_or(0);
+        let min = min_fence.0;
+        // The same rule as claim.lua: a store fence above the counter is a grant the hub
+        // forgot, and its owner may still run the bot; after a loss found within the epoch, no
+        // bot that had an owner is granted until the hold ends.
+        if let Some(e) = epoch.filter(|e| grace_rule && !e.trusted) {
+            let mut till = 0;
+            if min > counter {
+                if min < e.born {
+                    till = e.till;
+                    if let Some(cur) = st.epoch.as_mut() {
+                        cur.lost = true;
+                    }
+                } else {
+                    till = now + grace;
+                    st.fence_counters.insert(bot.clone(), min);
+                    counter = min;
+                    if let Some(cur) = st.epoch.as_mut() {
+                        cur.hold = cur.hold.max(till);
+                        cur.lost = true;
+                    }
+                }
+            }
+            if min > 0 {
+                till = till.max(e.hold);
+            }
+            if till > now {
+                return Ok(ClaimOutcome::Grace(Duration::from_millis(till - now)));
+            }
+        }
+        let fence = Fence((counter + 1).max(min + 1).max(now));
+        st.fence_counters.insert(bot.clone(), fence.0);
         st.owners.insert(
             bot.clone(),
             OwnerRec {
-                worker: w,
+                worker: w.clone(),
                 incarnation: inc,
                 fence,
                 handed_over: false,
             },
         );
+        let seq = st.bump(&w, self.known.seq());
+        drop(st);
+        self.known.saw_seq(seq);
         Ok(ClaimOutcome::Granted(fence))
     }
 
@@ -340,6 +533,9 @@ impl Coordinator for MemoryCoordinator {
         match st.owners.get(bot) {
             Some(o) if o.worker == w && o.fence == fence => {
                 st.owners.remove(bot);
+                let seq = st.bump(&w, self.known.seq());
+                drop(st);
+                self.known.saw_seq(seq);
                 Ok(true)
             }
             _ => Ok(false),
@@ -354,6 +550,7 @@ impl Coordinator for MemoryCoordinator {
             Some(o) if o.worker == w && o.fence == fence && !o.handed_over => {}
             _ => return Ok(false),
         }
+        let seq = st.bump(&w, self.known.seq());
         let target = st
             .members
             .get(to)
@@ -385,6 +582,7 @@ impl Coordinator for MemoryCoordinator {
                 st.owners.remove(bot);
             }
         }
+        self.known.saw_seq(seq);
         Ok(true)
     }
 
@@ -489,6 +687,17 @@ impl Coordinator for MemoryCoordinator {
         }
     }
 
+    async fn epoch(&self) -> Result<Option<EpochInfo>> {
+        let now = self.now();
+        let st = self.state()?;
+        Ok(st.epoch.as_ref().map(|e| EpochInfo {
+            id: e.id.clone(),
+            age: Duration::from_millis(now.saturating_sub(e.born)),
+            grace_left: Duration::from_millis(e.grace_left(now)),
+            after_loss: e.lost,
+        }))
+    }
+
     async fn try_lead(&self, name: &str, ttl: Duration) -> Result<Option<Fence>> {
         let key = format!("lead:{name}");
         acquire(self, &key, &self.lead_token, ttl).map(|g| g.map(|g| g.fence))
@@ -535,7 +744,14 @@ fn acquire(
     check_key("lock key", name)?;
     let ttl = check_ttl("lock ttl", ttl)?;
     let now = c.now();
+    let grace_rule = c.hub.grace_rule.load(std::sync::atomic::Ordering::SeqCst);
     let mut st = c.state()?;
+    let epoch = st
+        .epoch(now, &c.known.epoch(), c.known.grace_ms())
+        .map(|e| (e.id.clone(), e.grace_left(now)));
+    if let Some((id, _)) = &epoch {
+        c.known.saw_epoch(id);
+    }
     if let Some(l) = st.locks.get_mut(full_key) {
         if l.deadline_ms > now {
             if l.token == token {
@@ -549,8 +765,12 @@ fn acquire(
             return Ok(None);
         }
     }
+    // After a loss, whoever held the lock before may still act on it by its own clock.
+    if grace_rule && epoch.is_some_and(|(_, left)| left > 0) {
+        return Ok(None);
+    }
     let counter = st.lock_counters.entry(full_key.to_owned()).or_default();
-    *counter += 1;
+    *counter = (*counter + 1).max(now);
     let fence = Fence(*counter);
     st.locks.insert(
         full_key.to_owned(),

@@ -13,9 +13,9 @@ use tokio::sync::{mpsc, Mutex, OnceCell};
 use tracing::{debug, warn};
 
 use crate::{
-    coordinator::{check_key, check_ttl, nonce},
-    ClaimOutcome, CoordError, Coordinator, EventCursor, KeySpace, LifecycleEvent, LiveWorker,
-    LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    coordinator::{check_key, check_ttl, nonce, Knowledge},
+    ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, KeySpace, LifecycleEvent,
+    LiveWorker, LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
 /// Settings of a [`RedisCoordinator`]. `Debug` hides the URL (it may hold a password).
@@ -81,21 +81,28 @@ struct Scripts {
     lock_acquire: Script,
     lock_renew: Script,
     lock_release: Script,
+    epoch_info: Script,
+}
+
+/// A script that needs the fleet epoch (see `lua/epoch.lua`), which is prepended to it.
+fn with_epoch(body: &str) -> Script {
+    Script::new(&format!("{}\n{body}", include_str!("lua/epoch.lua")))
 }
 
 static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scripts {
-    register: Script::new(include_str!("lua/register.lua")),
-    renew: Script::new(include_str!("lua/renew.lua")),
+    register: with_epoch(include_str!("lua/register.lua")),
+    renew: with_epoch(include_str!("lua/renew.lua")),
     unregister: Script::new(include_str!("lua/unregister.lua")),
     live: Script::new(include_str!("lua/live.lua")),
-    claim: Script::new(include_str!("lua/claim.lua")),
+    claim: with_epoch(include_str!("lua/claim.lua")),
     release: Script::new(include_str!("lua/release.lua")),
     hand_over: Script::new(include_str!("lua/hand_over.lua")),
     owner: Script::new(include_str!("lua/owner.lua")),
     rate: Script::new(include_str!("lua/rate.lua")),
-    lock_acquire: Script::new(include_str!("lua/lock_acquire.lua")),
+    lock_acquire: with_epoch(include_str!("lua/lock_acquire.lua")),
     lock_renew: Script::new(include_str!("lua/lock_renew.lua")),
     lock_release: Script::new(include_str!("lua/lock_release.lua")),
+    epoch_info: with_epoch(include_str!("lua/epoch_info.lua")),
 });
 
 #[derive(Debug, Clone)]
@@ -122,6 +129,7 @@ pub struct RedisCoordinator {
     ks: KeySpace,
     config: Arc<RedisConfig>,
     reg: Arc<std::sync::Mutex<Option<Registration>>>,
+    known: Arc<Knowledge>,
     lead_token: String,
 }
 
@@ -178,6 +186,7 @@ impl RedisCoordinator {
             ks,
             config: Arc::new(config),
             reg: Arc::new(std::sync::Mutex::new(None)),
+            known: Arc::new(Knowledge::default()),
             lead_token: nonce(),
         })
     }
@@ -311,15 +320,23 @@ impl Coordinator for RedisCoordinator {
         lease: Duration,
     ) -> Result<Incarnation> {
         let lease_ms = check_ttl("lease", lease)?;
+        self.known.saw_lease(lease_ms);
         let inc = Incarnation::from_nonce(nonce());
         let mut inv = SCRIPTS.register.prepare_invoke();
         self.membership_keys(&mut inv)
+            .key(self.ks.epoch())
+            .key(self.ks.seqs())
             .arg(worker.as_str())
             .arg(inc.as_str())
             .arg(lease_ms)
             .arg(meta_json(meta))
-            .arg(self.ks.members_channel());
-        let _now: i64 = self.run("register", inv).await?;
+            .arg(self.ks.members_channel())
+            .arg(self.known.epoch())
+            .arg(self.known.grace_ms())
+            .arg(nonce());
+        let (_now, epoch, seq): (String, String, u64) = self.run("register", inv).await?;
+        self.known.saw_epoch(&epoch);
+        self.known.reset_seq(seq);
         *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some(Registration {
             worker: worker.clone(),
             incarnation: inc.clone(),
@@ -335,16 +352,21 @@ impl Coordinator for RedisCoordinator {
         reg.meta.bots_held = bots_held;
         let mut inv = SCRIPTS.renew.prepare_invoke();
         self.membership_keys(&mut inv)
+            .key(self.ks.epoch())
+            .key(self.ks.seqs())
             .arg(reg.worker.as_str())
             .arg(reg.incarnation.as_str())
             .arg(reg.lease_ms)
-            .arg(meta_json(&reg.meta));
-        let ok: i64 = self.run("renew", inv).await?;
-        Ok(if ok == 1 {
-            Renewal::Renewed
-        } else {
-            Renewal::Lost
-        })
+            .arg(meta_json(&reg.meta))
+            .arg(self.known.epoch())
+            .arg(self.known.seq())
+            .arg(self.known.grace_ms());
+        let seq: u64 = self.run("renew", inv).await?;
+        if seq == 0 {
+            return Ok(Renewal::Lost);
+        }
+        self.known.saw_seq(seq);
+        Ok(Renewal::Renewed)
     }
 
     async fn unregister(&self) -> Result<()> {
@@ -353,6 +375,7 @@ impl Coordinator for RedisCoordinator {
         };
         let mut inv = SCRIPTS.unregister.prepare_invoke();
         self.membership_keys(&mut inv)
+            .key(self.ks.seqs())
             .arg(reg.worker.as_str())
             .arg(reg.incarnation.as_str())
             .arg(self.ks.members_channel());
@@ -376,8 +399,8 @@ impl Coordinator for RedisCoordinator {
             });
         };
         let now: u64 = now.parse().unwrap_or(0);
-        let mut out = Vec::with_capacity(rest.len() / 4);
-        for chunk in rest.chunks_exact(4) {
+        let mut out = Vec::with_capacity(rest.len() / 5);
+        for chunk in rest.chunks_exact(5) {
             let Ok(id) = WorkerId::new(chunk[0].as_str()) else {
                 warn!(worker = %chunk[0].escape_debug(), "skipping a member with an invalid id");
                 continue;
@@ -395,11 +418,15 @@ impl Coordinator for RedisCoordinator {
                 }
             };
             let beat: u64 = chunk[3].parse().unwrap_or(now);
+            // The deadline is the last renewal plus the lease.
+            let lease_ms = chunk[4].parse::<u64>().unwrap_or(0).saturating_sub(beat);
+            self.known.saw_lease(lease_ms);
             out.push(LiveWorker {
                 id,
                 incarnation: Incarnation::from_nonce(chunk[1].clone()),
                 meta,
                 heartbeat_age_ms: now.saturating_sub(beat),
+                lease: Duration::from_millis(lease_ms),
             });
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
@@ -453,14 +480,24 @@ impl Coordinator for RedisCoordinator {
             .key(self.ks.deadlines())
             .key(self.ks.owner(bot))
             .key(self.ks.fence(bot))
+            .key(self.ks.epoch())
+            .key(self.ks.seqs())
             .arg(reg.worker.as_str())
             .arg(reg.incarnation.as_str())
-            .arg(min_fence.0);
+            .arg(min_fence.0)
+            .arg(self.known.epoch())
+            .arg(self.known.grace_ms())
+            .arg(nonce())
+            .arg(self.known.seq());
         let r: Vec<String> = self.run("claim", inv).await?;
         match r.first().map(String::as_str) {
-            Some("granted") if r.len() == 2 => {
+            Some("granted") if r.len() == 3 => {
+                self.known.saw_seq(r[2].parse().unwrap_or(0));
                 Ok(ClaimOutcome::Granted(parse_fence("claim", &r[1])?))
             }
+            Some("grace") if r.len() == 2 => Ok(ClaimOutcome::Grace(Duration::from_millis(
+                r[1].parse().unwrap_or(0),
+            ))),
             Some("held") if r.len() == 5 => Ok(ClaimOutcome::Held(Owner {
                 worker: parse_worker("claim", &r[1])?,
                 incarnation: Incarnation::from_nonce(r[2].clone()),
@@ -480,10 +517,13 @@ impl Coordinator for RedisCoordinator {
         let reg = self.reg()?;
         let mut inv = SCRIPTS.release.prepare_invoke();
         inv.key(self.ks.owner(bot))
+            .key(self.ks.seqs())
             .arg(reg.worker.as_str())
-            .arg(fence.0);
-        let r: i64 = self.run("release", inv).await?;
-        Ok(r == 1)
+            .arg(fence.0)
+            .arg(self.known.seq());
+        let seq: i64 = self.run("release", inv).await?;
+        self.known.saw_seq(seq.max(0).unsigned_abs());
+        Ok(seq >= 0)
     }
 
     async fn hand_over(&self, bot: &BotId, fence: Fence, to: &WorkerId) -> Result<bool> {
@@ -501,12 +541,15 @@ impl Coordinator for RedisCoordinator {
             .key(self.ks.deadlines())
             .key(self.ks.owner(bot))
             .key(self.ks.commands(to))
+            .key(self.ks.seqs())
             .arg(reg.worker.as_str())
             .arg(fence.0)
             .arg(to.as_str())
             .arg(cmd)
-            .arg(u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000));
-        let r: i64 = self.run("hand over", inv).await?;
+            .arg(u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000))
+            .arg(self.known.seq());
+        let (r, seq): (i64, u64) = self.run("hand over", inv).await?;
+        self.known.saw_seq(seq);
         Ok(r != 0)
     }
 
@@ -706,6 +749,28 @@ impl Coordinator for RedisCoordinator {
         })
     }
 
+    async fn epoch(&self) -> Result<Option<EpochInfo>> {
+        let mut inv = SCRIPTS.epoch_info.prepare_invoke();
+        inv.key(self.ks.epoch());
+        let r: Vec<String> = self.run("epoch", inv).await?;
+        if r.is_empty() {
+            return Ok(None);
+        }
+        let ms = |s: &str| Duration::from_millis(s.parse().unwrap_or(0));
+        match r.as_slice() {
+            [id, age, left, lost] => Ok(Some(EpochInfo {
+                id: id.clone(),
+                age: ms(age),
+                grace_left: ms(left),
+                after_loss: lost == "1",
+            })),
+            _ => Err(CoordError::Protocol {
+                what: "epoch",
+                detail: format!("reply has {} fields", r.len()),
+            }),
+        }
+    }
+
     async fn try_lead(&self, name: &str, ttl: Duration) -> Result<Option<Fence>> {
         check_key("leader name", name)?;
         let lock = format!("lead:{name}");
@@ -751,9 +816,14 @@ async fn lock_acquire(
     let mut inv = SCRIPTS.lock_acquire.prepare_invoke();
     inv.key(c.ks.lock(name))
         .key(c.ks.lock_fence(name))
+        .key(c.ks.epoch())
         .arg(token)
-        .arg(ttl);
-    let fence: i64 = c.run("acquire lock", inv).await?;
+        .arg(ttl)
+        .arg(c.known.epoch())
+        .arg(c.known.grace_ms())
+        .arg(nonce());
+    let (fence, epoch): (i64, String) = c.run("acquire lock", inv).await?;
+    c.known.saw_epoch(&epoch);
     Ok((fence > 0).then(|| LockGuard {
         key: name.to_owned(),
         token: token.to_owned(),

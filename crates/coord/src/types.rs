@@ -29,6 +29,8 @@ pub struct LiveWorker {
     pub meta: WorkerMeta,
     /// Milliseconds since its last renewal, by the coordinator's clock.
     pub heartbeat_age_ms: u64,
+    /// The lease it registered with.
+    pub lease: Duration,
 }
 
 /// A change in the set of live workers.
@@ -77,6 +79,27 @@ pub enum ClaimOutcome {
     /// The caller's own liveness is missing or belongs to another incarnation: it may not
     /// claim anything until it registers again.
     NotLive,
+    /// The backend lost data (a restart without persistence, a failover that dropped writes)
+    /// and forgot a grant the store saw (`min_fence` above what it remembers): the bot's old
+    /// owner may still run it by its own clock. Ask again after this long, when that owner
+    /// must have stopped.
+    Grace(Duration),
+}
+
+/// The fleet's epoch: the lifetime of the backend's current data. A backend that lost its
+/// data starts a new epoch, and grants the store saw but the backend forgot wait out a grace
+/// window of one lease (the longest in the fleet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochInfo {
+    /// The epoch's id (random, new after every loss).
+    pub id: String,
+    /// How long ago it began, by the backend's clock.
+    pub age: Duration,
+    /// Time left in a grace window after a loss: fenced grants that may still be held by an
+    /// old owner wait until it ends. Zero outside such a window.
+    pub grace_left: Duration,
+    /// Whether the epoch follows a data loss (as opposed to a fleet's first start).
+    pub after_loss: bool,
 }
 
 /// A bot lifecycle event, published by the CLI or an API and seen by every worker.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use botfleet_coord::{Coordinator, MemoryHub, RedisConfig, RedisCoordinator};
+use botfleet_coord::{Coordinator, MemoryHub, MemorySnapshot, RedisConfig, RedisCoordinator};
 use botfleet_testkit::{CoordFixture, RedisServer};
 
 /// Handles on one in-memory hub (on the system clock, like the embedded mode).
@@ -13,8 +13,18 @@ struct Memory {
 }
 
 impl CoordFixture for Memory {
+    type Snapshot = MemorySnapshot;
     async fn handle(&self) -> Arc<dyn Coordinator> {
         Arc::new(self.hub.coordinator())
+    }
+    async fn lose_everything(&self) {
+        self.hub.wipe();
+    }
+    async fn snapshot(&self) -> MemorySnapshot {
+        self.hub.snapshot()
+    }
+    async fn roll_back(&self, snapshot: &MemorySnapshot) {
+        self.hub.restore(snapshot);
     }
 }
 
@@ -23,12 +33,65 @@ struct Redis {
     server: RedisServer,
 }
 
+/// Every key of the fleet with its remaining TTL (ms, 0 for none) and its `DUMP`.
+type Dump = Vec<(String, i64, Vec<u8>)>;
+
+impl Redis {
+    async fn raw(&self) -> ::redis::aio::MultiplexedConnection {
+        ::redis::Client::open(self.server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
+
 impl CoordFixture for Redis {
+    type Snapshot = Dump;
     async fn handle(&self) -> Arc<dyn Coordinator> {
         let c = RedisCoordinator::connect(RedisConfig::new(self.server.url()).prefix("conf"))
             .await
             .unwrap();
         Arc::new(c)
+    }
+    async fn lose_everything(&self) {
+        self.server.flushall().unwrap();
+    }
+    async fn snapshot(&self) -> Dump {
+        let mut c = self.raw().await;
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg("{conf}:*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        for k in keys {
+            let ttl: i64 = ::redis::cmd("PTTL")
+                .arg(&k)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let dump: Vec<u8> = ::redis::cmd("DUMP")
+                .arg(&k)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            out.push((k, ttl.max(0), dump));
+        }
+        out
+    }
+    async fn roll_back(&self, snapshot: &Dump) {
+        let mut c = self.raw().await;
+        let _: () = ::redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        for (k, ttl, dump) in snapshot {
+            let _: () = ::redis::cmd("RESTORE")
+                .arg(k)
+                .arg(*ttl)
+                .arg(dump.as_slice())
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
     }
 }
 

@@ -16,7 +16,10 @@ async fn a_crashed_worker_keeps_its_liveness_until_the_lease_ends() {
     let lease = Duration::from_secs(10);
     a.register(&wid("w-a"), &meta(), lease).await.unwrap();
     b.register(&wid("w-b"), &meta(), lease).await.unwrap();
-    a.claim(&bid("bot"), Fence::ZERO).await.unwrap();
+    let first = match a.claim(&bid("bot"), Fence::ZERO).await.unwrap() {
+        ClaimOutcome::Granted(f) => f,
+        other => panic!("{other:?}"),
+    };
     hub.crash(&a);
     assert!(a.renew(0).await.unwrap_err().is_transient());
     clock.advance(Duration::from_millis(9_999));
@@ -27,31 +30,59 @@ async fn a_crashed_worker_keeps_its_liveness_until_the_lease_ends() {
     ));
     clock.advance(Duration::from_millis(1));
     assert!(matches!(
-        b.claim(&bid("bot"), Fence::ZERO).await.unwrap(),
-        ClaimOutcome::Granted(Fence(2))
+        b.claim(&bid("bot"), first).await.unwrap(),
+        ClaimOutcome::Granted(f) if f > first
     ));
     assert_eq!(b.live_workers().await.unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn a_wipe_loses_everything_like_a_redis_restart() {
+    let clock = ManualClock::new();
+    let hub = MemoryHub::with_clock(Arc::new(clock.clone()));
+    let a = hub.coordinator();
+    let lease = Duration::from_secs(10);
+    a.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    let ClaimOutcome::Granted(old) = a.claim(&bid("bot"), Fence::ZERO).await.unwrap() else {
+        panic!("granted");
+    };
+    clock.advance(Duration::from_millis(500));
+    hub.wipe();
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Lost);
+    assert!(a.owner(&bid("bot")).await.unwrap().is_none());
+    a.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    // The store's floor says the bot had an owner: it waits one lease from the new epoch.
+    assert_eq!(
+        a.claim(&bid("bot"), old).await.unwrap(),
+        ClaimOutcome::Grace(lease)
+    );
+    clock.advance(lease - Duration::from_millis(1));
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Renewed);
+    assert_eq!(
+        a.claim(&bid("bot"), old).await.unwrap(),
+        ClaimOutcome::Grace(Duration::from_millis(1))
+    );
+    clock.advance(Duration::from_millis(1));
+    // Then the fence keeps growing from the caller's minimum.
+    assert!(matches!(
+        a.claim(&bid("bot"), old).await.unwrap(),
+        ClaimOutcome::Granted(f) if f > old
+    ));
+}
+
+/// The embedded mode's hub is new with its process: fences in the store from an earlier run
+/// are no sign of a loss (the instance lock keeps the process single), so nothing waits.
+#[tokio::test]
+async fn a_new_hub_trusts_the_store_floor() {
     let hub = MemoryHub::new();
     let a = hub.coordinator();
     a.register(&wid("w-a"), &meta(), Duration::from_secs(10))
         .await
         .unwrap();
-    a.claim(&bid("bot"), Fence::ZERO).await.unwrap();
-    hub.wipe();
-    assert_eq!(a.renew(0).await.unwrap(), Renewal::Lost);
-    assert!(a.owner(&bid("bot")).await.unwrap().is_none());
-    a.register(&wid("w-a"), &meta(), Duration::from_secs(10))
-        .await
-        .unwrap();
-    // The caller's minimum keeps fences growing across the loss.
-    assert_eq!(
-        a.claim(&bid("bot"), Fence(1)).await.unwrap(),
-        ClaimOutcome::Granted(Fence(2))
-    );
+    assert!(matches!(
+        a.claim(&bid("bot"), Fence(5_000)).await.unwrap(),
+        ClaimOutcome::Granted(f) if f > Fence(5_000)
+    ));
 }
 
 #[tokio::test]

@@ -42,7 +42,8 @@ impl Drop for TempDb {
     }
 }
 
-/// Claims `bots` for `c`, passing the store's highest fence; returns bot → fence.
+/// Claims `bots` for `c`, passing the store's highest fence; returns bot → fence. Bots in a
+/// grace window after a data loss are asked for again until granted.
 async fn claim_all(
     c: &dyn Coordinator,
     store: &dyn Store,
@@ -50,13 +51,17 @@ async fn claim_all(
 ) -> HashMap<BotId, Fence> {
     let mut out = HashMap::new();
     for b in bots {
-        let min = store.highest_fence(b).await.unwrap();
-        match c.claim(b, min).await.unwrap() {
-            ClaimOutcome::Granted(f) => {
-                store.accept_fence(b, f).await.unwrap();
-                out.insert((*b).clone(), f);
+        loop {
+            let min = store.highest_fence(b).await.unwrap();
+            match c.claim(b, min).await.unwrap() {
+                ClaimOutcome::Granted(f) => {
+                    store.accept_fence(b, f).await.unwrap();
+                    out.insert((*b).clone(), f);
+                    break;
+                }
+                ClaimOutcome::Grace(d) => tokio::time::sleep(d).await,
+                other => panic!("{b}: {other:?}"),
             }
-            other => panic!("{b}: {other:?}"),
         }
     }
     out
@@ -64,6 +69,17 @@ async fn claim_all(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_with_data_loss_never_yields_two_owners() {
+    data_loss_never_yields_two_owners(|s| s.restart().unwrap()).await;
+}
+
+/// `FLUSHALL` keeps every connection up: nobody notices from a broken socket, only from what
+/// the scripts find (or no longer find).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_never_yields_two_owners() {
+    data_loss_never_yields_two_owners(|s| s.flushall().unwrap()).await;
+}
+
+async fn data_loss_never_yields_two_owners(lose: impl FnOnce(&mut RedisServer)) {
     let mut server = RedisServer::start().unwrap();
     let (_db, store) = TempDb::open().await;
     let lease = Duration::from_millis(1500);
@@ -85,7 +101,8 @@ async fn redis_restart_with_data_loss_never_yields_two_owners() {
     let before_a = claim_all(&*a, &store, &mine_a).await;
     let before_b = claim_all(&*b, &store, &mine_b).await;
 
-    server.restart().unwrap();
+    lose(&mut server);
+    let lost_at = tokio::time::Instant::now();
 
     // Both keepers learn the liveness is gone (revoked at the next renewal, or expired if
     // Redis answered nothing in time) well within one lease.
@@ -107,6 +124,16 @@ async fn redis_restart_with_data_loss_never_yields_two_owners() {
     let kb = LeaseKeeper::start(b.clone(), clock.clone(), wb.clone(), meta(), lease)
         .await
         .unwrap();
+    // Their old bots wait out the grace window: an old owner that had not noticed the loss
+    // could still be running them by its own clock.
+    let min = store.highest_fence(mine_b[0]).await.unwrap();
+    assert!(
+        matches!(
+            b.claim(mine_b[0], min).await.unwrap(),
+            ClaimOutcome::Grace(_)
+        ),
+        "granted inside the grace window"
+    );
     let after_a = claim_all(&*a, &store, &mine_a).await;
     // b may not take a's bots: they are held again, by a live worker.
     for bot in &mine_a {
@@ -119,6 +146,11 @@ async fn redis_restart_with_data_loss_never_yields_two_owners() {
         );
     }
     let after_b = claim_all(&*b, &store, &mine_b).await;
+    assert!(
+        lost_at.elapsed() >= lease,
+        "owned bots granted {:?} after the loss",
+        lost_at.elapsed()
+    );
     // Fences kept growing although Redis forgot every counter: the store's floor carried them.
     for (bot, f) in before_a.iter().chain(&before_b) {
         let now = after_a.get(bot).or_else(|| after_b.get(bot)).unwrap();
@@ -126,6 +158,41 @@ async fn redis_restart_with_data_loss_never_yields_two_owners() {
         assert!(store.put_cursor(bot, "stale", *f).await.is_err());
     }
     assert!(ka.handle().check().is_ok() && kb.handle().check().is_ok());
+}
+
+/// A fleet started on a Redis that has never seen it, with a registry whose bots had owners
+/// (Redis was replaced, or restarted while the fleet was down): Redis cannot tell those owners
+/// are gone, so their bots wait one lease; bots that never had an owner start at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_redis_under_an_old_registry_waits_a_lease_for_owned_bots() {
+    let server = RedisServer::start().unwrap();
+    let (_db, store) = TempDb::open().await;
+    let (owned, fresh) = (bid("owned"), bid("fresh"));
+    store.accept_fence(&owned, Fence(42)).await.unwrap();
+    let lease = Duration::from_millis(1000);
+    let c = connect(&server).await;
+    c.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    let t = tokio::time::Instant::now();
+    assert!(matches!(
+        c.claim(&fresh, Fence::ZERO).await.unwrap(),
+        ClaimOutcome::Granted(_)
+    ));
+    let wait = match c.claim(&owned, Fence(42)).await.unwrap() {
+        ClaimOutcome::Grace(d) => d,
+        other => panic!("{other:?}"),
+    };
+    assert!(wait > lease / 2 && wait <= lease, "{wait:?}");
+    let epoch = c.epoch().await.unwrap().unwrap();
+    assert!(epoch.after_loss, "evidence of a loss marks the epoch");
+    for _ in 0..2 {
+        tokio::time::sleep(wait / 2).await;
+        assert_eq!(c.renew(0).await.unwrap(), botfleet_coord::Renewal::Renewed);
+    }
+    assert!(matches!(
+        c.claim(&owned, Fence(42)).await.unwrap(),
+        ClaimOutcome::Granted(f) if f > Fence(42)
+    ));
+    assert!(t.elapsed() >= wait);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

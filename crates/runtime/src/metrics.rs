@@ -32,6 +32,12 @@ pub const PLATFORM_ERRORS_TOTAL: &str = "botfleet_platform_errors_total";
 pub const BOTS_UNPLACED: &str = "botfleet_bots_unplaced";
 /// Times this worker stopped all bots because its lease was not safe.
 pub const SELF_FENCES_TOTAL: &str = "botfleet_self_fences_total";
+/// Times this worker registered (more than once: it came back after a freeze, a lost
+/// liveness or a coordinator that lost its data).
+pub const REGISTRATIONS_TOTAL: &str = "botfleet_registrations_total";
+/// Seconds left in the fleet's grace window after a coordinator data loss, as this worker
+/// last saw it (0 outside one): bots that had owners wait until it ends.
+pub const GRACE_WINDOW_SECONDS: &str = "botfleet_grace_window_seconds";
 
 /// Counters and gauges of one worker.
 #[derive(Debug, Default)]
@@ -44,6 +50,9 @@ pub struct Metrics {
     sent: AtomicU64,
     unplaced: AtomicU64,
     self_fences: AtomicU64,
+    registrations: AtomicU64,
+    /// Unix ms when the grace window the worker last saw ends (0: none).
+    grace_until_ms: AtomicI64,
     // std Mutex: held for one map update, never across .await.
     failures: Mutex<BTreeMap<(Platform, &'static str), u64>>,
     errors: Mutex<BTreeMap<(Platform, &'static str), u64>>,
@@ -97,6 +106,24 @@ impl Metrics {
     /// The worker stopped its bots to fence itself.
     pub fn self_fence(&self) {
         self.self_fences.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The worker registered (again).
+    pub fn registered(&self) {
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The fleet is in a grace window for `left` more (zero: not in one).
+    pub fn set_grace(&self, left: std::time::Duration) {
+        let until = if left.is_zero() {
+            0
+        } else {
+            botfleet_core::unix_ms() + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2)
+        };
+        self.grace_until_ms.store(until, Ordering::Relaxed);
+    }
+    /// Seconds left in the grace window the worker last saw.
+    pub fn grace_left_s(&self) -> f64 {
+        let until = self.grace_until_ms.load(Ordering::Relaxed);
+        (until - botfleet_core::unix_ms()).max(0) as f64 / 1000.0
     }
     /// A bot failed to start or run.
     pub fn start_failure(&self, p: Platform, reason: &'static str) {
@@ -168,10 +195,21 @@ impl Metrics {
                 self.self_fences.load(Ordering::Relaxed),
             ),
         ];
-        for (name, help, kind, v) in simple {
+        let extra: [(&str, &str, &str, u64); 1] = [(
+            REGISTRATIONS_TOTAL,
+            "Times this worker registered (again after a freeze or a lost liveness).",
+            "counter",
+            self.registrations.load(Ordering::Relaxed),
+        )];
+        for (name, help, kind, v) in simple.into_iter().chain(extra) {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             let _ = writeln!(out, "{name}{{worker_id=\"{w}\"}} {v}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP {GRACE_WINDOW_SECONDS} Seconds left in the fleet's grace window after a coordinator data loss.\n# TYPE {GRACE_WINDOW_SECONDS} gauge\n{GRACE_WINDOW_SECONDS}{{worker_id=\"{w}\"}} {:.3}",
+            self.grace_left_s()
+        );
         for (name, help, map) in [
             (
                 START_FAILURES_TOTAL,
@@ -229,5 +267,11 @@ mod tests {
         ));
         assert!(text.contains("botfleet_messages_sent_total{worker_id=\"w-1\"} 1"));
         assert!(text.contains("# TYPE botfleet_claims_total counter"));
+        assert!(text.contains("botfleet_grace_window_seconds{worker_id=\"w-1\"} 0.000"));
+        m.set_grace(std::time::Duration::from_secs(60));
+        assert!(m.grace_left_s() > 50.0);
+        assert!(!m
+            .render("w-1")
+            .contains("botfleet_grace_window_seconds{worker_id=\"w-1\"} 0.000"));
     }
 }

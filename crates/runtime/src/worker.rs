@@ -1,5 +1,11 @@
 //! The worker: keeps its lease, claims its share of the ring, runs those bots, hands them over
 //! when the ring changes, and drains on shutdown.
+//!
+//! One control loop owns the worker's state and never waits on its own bots: claims, stops and
+//! hand-overs run as background jobs that report back through an unbounded channel, and a bot
+//! task's exit notice never waits either. So a pass that moves ten thousand bots takes as long
+//! as computing the plan, and a SIGTERM, a command or a member change arriving meanwhile is
+//! seen on the next turn of the loop.
 
 mod converge;
 
@@ -14,21 +20,21 @@ use std::{
 };
 
 use botfleet_coord::{
-    CoordError, Coordinator, LeaseHandle, LeaseKeeper, LeaseLost, LifecycleEvent, MemberWatch,
-    WorkerCommand, WorkerMeta,
+    CoordError, Coordinator, EventCursor, LeaseHandle, LeaseKeeper, LeaseLost, LifecycleEvent,
+    MemberWatch, WorkerCommand, WorkerMeta,
 };
-use botfleet_core::{BotId, BotRecord, Clock, Fence, Platform, SystemClock, WorkerId};
+use botfleet_core::{BotId, BotRecord, Clock, Fence, SystemClock, WorkerId};
 use botfleet_store::{BotFilter, Store, StoreError};
 use botfleet_telegram::TelegramClient;
-use futures_util::{stream, StreamExt};
 use tokio::{
-    sync::{mpsc, watch},
-    task::JoinHandle,
+    sync::{mpsc, watch, Semaphore},
+    task::{JoinHandle, JoinSet},
+    time::Instant,
 };
 use tracing::{debug, info, warn};
 
 use crate::{bot::BotExit, metrics::Metrics, starter::Starter, WorkerConfig};
-use converge::stop_task;
+use converge::{After, ClaimResult};
 
 /// Why a worker could not run.
 #[derive(Debug, thiserror::Error)]
@@ -44,18 +50,23 @@ pub enum WorkerError {
     Telegram(#[from] botfleet_telegram::TelegramError),
 }
 
-/// Something that makes the worker look at placement again.
+/// Something that makes the worker look at its state again. Every sender is unbounded and
+/// never waits: the loop that reads them is the one that waits for nothing.
 #[derive(Debug)]
 enum Signal {
     Members,
     Command(WorkerCommand),
     Event(LifecycleEvent),
+    /// A bot task ended by itself (failed, fenced) or was stopped.
     Exited(BotId, Fence, BotExit),
+    /// A claim job answered for one bot.
+    Claimed(BotId, ClaimResult),
+    /// A let-go job finished: the bot's task has ended and its claim is dealt with.
+    LetGo(BotId),
 }
 
 struct Running {
     fence: Fence,
-    platform: Platform,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
     /// Failed (e.g. 401): the claim is kept so no other worker retries it, but nothing runs.
@@ -126,44 +137,76 @@ impl Worker {
     /// Only for failures that retrying cannot fix; a Redis or database that goes away for a
     /// while is waited out.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), WorkerError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let starter = Starter::spawn(self.coord.clone(), self.cfg.connect_rate);
         let state = State {
             w: self,
+            tx,
+            starter,
             running: HashMap::new(),
+            claiming: HashSet::new(),
+            stopping: HashSet::new(),
+            held_by: HashMap::new(),
             registry: HashMap::new(),
             takes: HashSet::new(),
+            plan: converge::Plan::default(),
+            jobs: JoinSet::new(),
+            coord_slots: Arc::new(Semaphore::new(converge::COORD_CONCURRENCY)),
             lease: None,
             keeper: None,
             fenced: false,
+            draining: false,
             registry_stale: false,
             stamp: None,
             generation: 0,
-            last_inputs: None,
             short: 0,
+            grace_wake: None,
+            event_reader: None,
         };
-        state.run(shutdown).await
+        state.run(rx, shutdown).await
     }
 }
 
 struct State {
     w: Worker,
+    /// Where background jobs and bot tasks report.
+    tx: mpsc::UnboundedSender<Signal>,
+    starter: Starter,
     running: HashMap<BotId, Running>,
+    /// Bots with a claim in flight.
+    claiming: HashSet<BotId>,
+    /// Bots being stopped (and handed over or released) by a let-go job.
+    stopping: HashSet<BotId>,
+    /// Bots of our share another live worker held at our last claim: not asked for again
+    /// until that worker hands them over, or the members change.
+    held_by: HashMap<BotId, WorkerId>,
     registry: HashMap<BotId, BotRecord>,
-    /// Bots handed to us that our view of the ring gives to someone else.
+    /// Bots handed to us that we have not claimed yet.
     takes: HashSet<BotId>,
+    plan: converge::Plan,
+    /// Claim and let-go jobs (each owned here; drained before exit).
+    jobs: JoinSet<()>,
+    /// Bounds the coordinator calls the jobs make at once.
+    coord_slots: Arc<Semaphore>,
     lease: Option<LeaseHandle>,
     keeper: Option<LeaseKeeper>,
     /// Bots were stopped because the lease was unsafe; waiting for it to be good again.
     fenced: bool,
+    /// Shutting down: nothing is started any more.
+    draining: bool,
     /// A lifecycle event arrived: re-read the registry before the next pass.
     registry_stale: bool,
     /// The registry stamp of the last full read.
     stamp: Option<(u64, i64)>,
     /// Bumped whenever the registry read changed.
     generation: u64,
-    /// What placement was last computed from: members, capacities, registry generation.
-    last_inputs: Option<u64>,
-    /// Bots of our share that the last pass could not claim (held by others for now).
+    /// Claims of our share that were not granted since the last pass (held, grace, failed).
     short: usize,
+    /// When a grace window after a coordinator data loss ends: pass again then.
+    grace_wake: Option<Instant>,
+    /// The task that forwards lifecycle events (restarted with a fresh cursor on every
+    /// registration).
+    event_reader: Option<JoinHandle<()>>,
 }
 
 fn me_meta(cfg: &WorkerConfig) -> WorkerMeta {
@@ -175,12 +218,80 @@ fn me_meta(cfg: &WorkerConfig) -> WorkerMeta {
     }
 }
 
+/// Forwards coordinator reads to the loop until the loop is gone.
+fn spawn_forwarders(
+    coord: &Arc<dyn Coordinator>,
+    lease: Duration,
+    tx: &mpsc::UnboundedSender<Signal>,
+) -> [JoinHandle<()>; 2] {
+    let mut members = MemberWatch::spawn(coord.clone(), lease / 3);
+    let members_tx = tx.clone();
+    let member_task = tokio::spawn(async move {
+        while members.recv().await.is_some() {
+            if members_tx.send(Signal::Members).is_err() {
+                return;
+            }
+        }
+    });
+    let (coord, cmd_tx) = (coord.clone(), tx.clone());
+    let command_task = tokio::spawn(async move {
+        loop {
+            match coord.recv_commands(100, Duration::from_secs(5)).await {
+                Ok(cmds) => {
+                    for c in cmds {
+                        if cmd_tx.send(Signal::Command(c)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    debug!(error = %e, "reading commands failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    });
+    [member_task, command_task]
+}
+
+/// Forwards lifecycle events after `cursor` to the loop.
+fn spawn_event_reader(
+    coord: Arc<dyn Coordinator>,
+    mut cursor: EventCursor,
+    tx: mpsc::UnboundedSender<Signal>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match coord
+                .read_events(&cursor, 100, Duration::from_secs(5))
+                .await
+            {
+                Ok(evs) => {
+                    for (c, e) in evs {
+                        cursor = c;
+                        if tx.send(Signal::Event(e)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    debug!(error = %e, "reading events failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    })
+}
+
 impl State {
     fn me(&self) -> &WorkerId {
         &self.w.cfg.worker_id
     }
 
-    /// Registers (again), retrying while the coordinator is unreachable.
+    /// Registers (again), retrying while the coordinator is unreachable; then reads events
+    /// from the stream's head and the whole registry afresh. Events and commands published
+    /// while this worker was away (or that a coordinator lost with its data) are covered by
+    /// the registry read: it is the truth the events only hint at.
     async fn start_keeper(&mut self) {
         let mut attempt = 0u32;
         loop {
@@ -195,10 +306,11 @@ impl State {
             {
                 Ok(k) => {
                     info!(worker = %self.me(), incarnation = %k.handle().incarnation(), "registered");
+                    self.w.metrics.registered();
                     self.lease = Some(k.handle());
                     self.keeper = Some(k);
                     self.fenced = false;
-                    return;
+                    break;
                 }
                 Err(e) => {
                     warn!(worker = %self.me(), error = %e, "cannot register; retrying");
@@ -208,6 +320,50 @@ impl State {
                 }
             }
         }
+        // Take the event cursor before the next claim pass: nothing published during the pass
+        // is missed, nothing older is replayed.
+        let cursor = loop {
+            match self.w.coord.events_head().await {
+                Ok(c) => break c,
+                Err(e) => {
+                    warn!(error = %e, "cannot read the event stream head; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
+        if let Some(old) = self.event_reader.take() {
+            old.abort();
+        }
+        self.event_reader = Some(spawn_event_reader(
+            self.w.coord.clone(),
+            cursor,
+            self.tx.clone(),
+        ));
+        self.stamp = None;
+        self.registry_stale = true;
+        self.held_by.clear();
+        self.check_grace().await;
+    }
+
+    /// Reads the fleet's grace window (after a coordinator data loss) into the metrics, and
+    /// plans a pass for when it ends.
+    async fn check_grace(&mut self) {
+        match self.w.coord.epoch().await {
+            Ok(Some(e)) if !e.grace_left.is_zero() => {
+                warn!(
+                    left_ms = e.grace_left.as_millis() as u64,
+                    "the coordinator lost its data: bots that had owners wait out the grace window"
+                );
+                self.w.metrics.set_grace(e.grace_left);
+                self.wake_at(Instant::now() + e.grace_left);
+            }
+            Ok(_) => self.w.metrics.set_grace(Duration::ZERO),
+            Err(e) => debug!(error = %e, "cannot read the fleet epoch"),
+        }
+    }
+
+    fn wake_at(&mut self, at: Instant) {
+        self.grace_wake = Some(self.grace_wake.map_or(at, |w| w.min(at)));
     }
 
     /// Re-reads the registry. Running bots whose spec changed since (new token, URL, handler,
@@ -247,84 +403,17 @@ impl State {
         self.registry = fresh;
         for bot in changed {
             info!(%bot, "spec changed; restarting");
-            self.restart(&bot).await;
+            self.let_go(&bot, After::Release);
         }
     }
 
-    /// Stops a running bot and gives up its claim; the next pass claims and starts it again.
-    async fn restart(&mut self, bot: &BotId) {
-        if let Some(r) = self.running.remove(bot) {
-            let fence = r.fence;
-            stop_task(r).await;
-            let _ = self.w.coord.release(bot, fence).await;
-        }
-    }
-
-    async fn run(mut self, shutdown: impl Future<Output = ()> + Send) -> Result<(), WorkerError> {
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Signal>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), WorkerError> {
         self.start_keeper().await;
-        // Take the event cursor before the first claim pass: nothing published during the
-        // pass is missed, nothing older is replayed.
-        let mut cursor = loop {
-            match self.w.coord.events_head().await {
-                Ok(c) => break c,
-                Err(e) => {
-                    warn!(error = %e, "cannot read the event stream head; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
-        };
-        let (tx, mut rx) = mpsc::channel::<Signal>(1024);
-        let mut members = MemberWatch::spawn(self.w.coord.clone(), self.w.cfg.lease / 3);
-        let members_tx = tx.clone();
-        let member_task = tokio::spawn(async move {
-            while members.recv().await.is_some() {
-                if members_tx.send(Signal::Members).await.is_err() {
-                    return;
-                }
-            }
-        });
-        let (coord, events_tx) = (self.w.coord.clone(), tx.clone());
-        let event_task = tokio::spawn(async move {
-            loop {
-                match coord
-                    .read_events(&cursor, 100, Duration::from_secs(5))
-                    .await
-                {
-                    Ok(evs) => {
-                        for (c, e) in evs {
-                            cursor = c;
-                            if events_tx.send(Signal::Event(e)).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        debug!(error = %e, "reading events failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            }
-        });
-        let (coord, cmd_tx) = (self.w.coord.clone(), tx.clone());
-        let command_task = tokio::spawn(async move {
-            loop {
-                match coord.recv_commands(100, Duration::from_secs(5)).await {
-                    Ok(cmds) => {
-                        for c in cmds {
-                            if cmd_tx.send(Signal::Command(c)).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        debug!(error = %e, "reading commands failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            }
-        });
-        let starter = Starter::spawn(self.w.coord.clone(), self.w.cfg.connect_rate);
-        self.refresh_registry().await;
+        let forwarders = spawn_forwarders(&self.w.coord, self.w.cfg.lease, &self.tx);
         let mut tick = tokio::time::interval(self.w.cfg.reconcile_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut refresh = tokio::time::interval(self.w.cfg.registry_refresh);
@@ -337,34 +426,43 @@ impl State {
                 if std::mem::take(&mut self.registry_stale) {
                     self.refresh_registry().await;
                 }
-                self.reconcile(&starter, &tx, dirty).await;
+                self.reconcile(dirty).await;
                 dirty = false;
                 check = false;
                 if !self.w.ready.swap(true, Ordering::SeqCst) {
-                    info!(worker = %self.me(), bots = self.running.len(), "first claim pass done; ready");
+                    info!(worker = %self.me(), claiming = self.claiming.len(), "first claim pass done; ready");
                 }
             }
+            // Finished jobs leave nothing to collect but their slot in the set.
+            while self.jobs.try_join_next().is_some() {}
             let mut lease = self.lease.clone();
             let fenced = self.fenced;
+            let grace_wake = self.grace_wake;
             tokio::select! {
                 () = &mut shutdown => break,
                 why = async { match lease.as_mut() { Some(l) if !fenced => l.lost().await, _ => std::future::pending().await } } => {
-                    self.self_fence(&why).await;
+                    self.self_fence(&why);
                     if matches!(why, LeaseLost::Revoked | LeaseLost::Stopped) {
                         self.start_keeper().await;
                         dirty = true;
                     }
                 }
                 Some(sig) = rx.recv() => {
-                    dirty |= self.on_signal(sig).await;
+                    dirty |= self.on_signal(sig);
                     // Take everything already queued before converging once: an import of a
                     // thousand bots is a thousand events, not a thousand registry reads.
                     while let Ok(sig) = rx.try_recv() {
-                        dirty |= self.on_signal(sig).await;
+                        dirty |= self.on_signal(sig);
                     }
+                }
+                () = async { match grace_wake { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                    self.grace_wake = None;
+                    self.check_grace().await;
+                    dirty = true;
                 }
                 _ = refresh.tick() => {
                     self.refresh_registry().await;
+                    self.held_by.clear();
                     check = true;
                 }
                 _ = tick.tick() => {
@@ -376,8 +474,8 @@ impl State {
                             }
                             // Still unsure (the backend may be away): keep waiting.
                             Some(Err(LeaseLost::Expired(_))) => {}
-                            // The liveness is gone for good (e.g. we were frozen past it):
-                            // register again as a new incarnation.
+                            // The liveness is gone for good (e.g. we were frozen past it, or
+                            // the coordinator lost it): register again as a new incarnation.
                             _ => {
                                 self.start_keeper().await;
                                 dirty = true;
@@ -388,31 +486,39 @@ impl State {
                 }
             }
         }
-        self.drain().await;
-        member_task.abort();
-        event_task.abort();
-        command_task.abort();
+        self.drain(&mut rx).await;
+        for t in forwarders {
+            t.abort();
+        }
+        if let Some(t) = self.event_reader.take() {
+            t.abort();
+        }
         Ok(())
     }
 
-    /// Stops every bot at once, keeping no claim: the lease may be gone.
-    async fn self_fence(&mut self, why: &LeaseLost) {
+    /// Stops every bot at once, keeping no claim: the lease may be gone. The stops run as
+    /// jobs; a bot is not started again before its old task has ended.
+    fn self_fence(&mut self, why: &LeaseLost) {
         warn!(worker = %self.me(), reason = %why, bots = self.running.len(), "lease not safe; stopping every bot");
         self.w.metrics.self_fence();
         self.fenced = true;
         let all: Vec<BotId> = self.running.keys().cloned().collect();
-        stream::iter(all.into_iter().filter_map(|b| self.running.remove(&b)))
-            .for_each_concurrent(256, stop_task)
-            .await;
+        for bot in all {
+            self.let_go(&bot, After::Keep);
+        }
+        self.held_by.clear();
         if let Some(l) = &self.lease {
             l.set_bots_held(0);
         }
     }
 
     /// Handles one signal; answers whether placement should be looked at again.
-    async fn on_signal(&mut self, sig: Signal) -> bool {
+    fn on_signal(&mut self, sig: Signal) -> bool {
         match sig {
-            Signal::Members => true,
+            Signal::Members => {
+                self.held_by.clear();
+                true
+            }
             Signal::Exited(bot, fence, exit) => {
                 let Some(r) = self.running.get_mut(&bot).filter(|r| r.fence == fence) else {
                     return false;
@@ -431,23 +537,30 @@ impl State {
                     }
                 }
             }
+            Signal::Claimed(bot, result) => self.on_claimed(bot, result),
+            Signal::LetGo(bot) => {
+                self.stopping.remove(&bot);
+                // Bots stopped to restart or after a fence come back on the next pass.
+                true
+            }
             Signal::Command(WorkerCommand::Take { bot, from }) => {
                 debug!(%bot, %from, "bot handed to us");
+                self.held_by.remove(&bot);
                 self.takes.insert(bot);
                 true
             }
             Signal::Command(WorkerCommand::Stop { bot }) => {
-                self.let_go(&bot, None).await;
+                self.let_go(&bot, After::Release);
                 true
             }
             Signal::Command(WorkerCommand::Restart { bot })
             | Signal::Event(LifecycleEvent::Restart(bot)) => {
                 self.registry_stale = true;
-                self.restart(&bot).await;
+                self.let_go(&bot, After::Release);
                 true
             }
             Signal::Command(WorkerCommand::HandOver { bot, to }) => {
-                self.let_go(&bot, Some(&to)).await;
+                self.let_go(&bot, After::HandOver(to));
                 true
             }
             Signal::Event(LifecycleEvent::Activate(_) | LifecycleEvent::Deactivate(_)) => {

@@ -1,6 +1,8 @@
 //! A fake Telegram Bot API server (feature `fake`) that speaks the real JSON: `getMe`, `getUpdates` (offset,
-//! limit, timeout), `sendMessage`, `setWebhook`/`deleteWebhook`. It answers 409 to a second
-//! concurrent `getUpdates` on one token, can inject 401/429/5xx, and records what it received.
+//! limit, timeout), `sendMessage`, `setWebhook`/`deleteWebhook`. As the real server does, a
+//! `getUpdates` that arrives while another is pending on the same token ends the older one
+//! with 409 ("terminated by other getUpdates request") and counts a conflict. It can inject
+//! 401/429/5xx, and records what it received.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -52,6 +54,8 @@ struct TokenState {
     pending: VecDeque<Value>,
     next_update: i64,
     pollers: u32,
+    /// Bumped by every accepted `getUpdates`: a pending poll of an older generation ends.
+    poll_gen: u64,
     revoked: bool,
     faults: VecDeque<Fault>,
     webhook: Option<String>,
@@ -163,7 +167,8 @@ impl FakeState {
         self.lock().sent.len()
     }
 
-    /// How many `getUpdates` calls were refused with 409 because another was in flight.
+    /// How many times a `getUpdates` arrived while another was pending on the same token (two
+    /// pollers: the older one was ended with 409).
     pub fn conflicts(&self) -> u64 {
         self.conflicts.load(Ordering::SeqCst)
     }
@@ -341,7 +346,7 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
     let offset = args["offset"].as_i64().unwrap_or(0);
     let limit = args["limit"].as_u64().unwrap_or(100).clamp(1, 100) as usize;
     let timeout = Duration::from_secs(args["timeout"].as_u64().unwrap_or(0).min(50));
-    let _guard = {
+    let (_guard, my_gen) = {
         let mut g = state.lock();
         let Some(t) = g.tokens.get_mut(&token) else {
             return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
@@ -354,14 +359,11 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
             );
         }
         if t.pollers > 0 {
+            // The real server ends the *older* request; the new one goes on.
             state.conflicts.fetch_add(1, Ordering::SeqCst);
-            return tg_error(
-                StatusCode::CONFLICT,
-                "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
-                None,
-            );
         }
         t.pollers += 1;
+        t.poll_gen += 1;
         t.polls += 1;
         t.last_poll = Some(std::time::Instant::now());
         // Confirm everything below the offset.
@@ -373,26 +375,46 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
         {
             t.pending.pop_front();
         }
-        PollGuard {
-            state: state.clone(),
-            token: token.clone(),
-        }
+        (
+            PollGuard {
+                state: state.clone(),
+                token: token.clone(),
+            },
+            t.poll_gen,
+        )
     };
+    // Wake the older poll, if any, so it ends now.
+    state.wake.notify_waiters();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let notified = state.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let batch: Vec<Value> = {
+        let batch: Option<Vec<Value>> = {
             let g = state.lock();
-            g.tokens.get(&token).map_or_else(Vec::new, |t| {
-                t.pending
-                    .iter()
-                    .filter(|u| u["update_id"].as_i64().is_none_or(|id| id >= offset))
-                    .take(limit)
-                    .cloned()
-                    .collect()
-            })
+            g.tokens
+                .get(&token)
+                .map(|t| {
+                    if t.poll_gen != my_gen {
+                        return None;
+                    }
+                    Some(
+                        t.pending
+                            .iter()
+                            .filter(|u| u["update_id"].as_i64().is_none_or(|id| id >= offset))
+                            .take(limit)
+                            .cloned()
+                            .collect(),
+                    )
+                })
+                .unwrap_or(Some(Vec::new()))
+        };
+        let Some(batch) = batch else {
+            return tg_error(
+                StatusCode::CONFLICT,
+                "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
+                None,
+            );
         };
         if !batch.is_empty() {
             return ok(Value::Array(batch));

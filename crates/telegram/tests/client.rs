@@ -74,7 +74,7 @@ async fn long_polls_wake_on_a_message_and_offsets_confirm() {
 }
 
 #[tokio::test]
-async fn a_second_poller_gets_409_and_a_dropped_poll_frees_the_token() {
+async fn a_second_poller_ends_the_first_with_409_and_a_dropped_poll_frees_the_token() {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
     let c = client(Duration::from_secs(20));
@@ -87,17 +87,31 @@ async fn a_second_poller_gets_409_and_a_dropped_poll_frees_the_token() {
         fake.state().is_polling(TOKEN).then_some(())
     })
     .await;
-    let e = c.get_updates(&token, 0).await.unwrap_err();
-    assert!(matches!(e, TelegramError::Conflict(_)), "{e:?}");
+    // As the real server: the newer poll wins, the older one is ended with 409.
+    let second = {
+        let (c, token) = (c.clone(), token.clone());
+        tokio::spawn(async move { c.get_updates(&token, 0).await })
+    };
+    let e = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the older poll ends at once")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(e, TelegramError::Conflict(ref d) if d.contains("terminated by other")),
+        "{e:?}"
+    );
     assert_eq!(fake.state().conflicts(), 1);
+    assert!(fake.state().is_polling(TOKEN), "the newer poll goes on");
     // Abandoning the in-flight poll (what a worker does when it stops a bot) frees the token
     // at once, not after the 20 s poll timeout.
-    first.abort();
+    second.abort();
     wait_for("token freed", Duration::from_secs(5), || async {
         (!fake.state().is_polling(TOKEN)).then_some(())
     })
     .await;
     assert!(client(Duration::ZERO).get_updates(&token, 0).await.is_ok());
+    assert_eq!(fake.state().conflicts(), 1);
 }
 
 #[tokio::test]

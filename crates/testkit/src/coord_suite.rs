@@ -12,10 +12,24 @@ use botfleet_store::{MemoryStore, Store, StoreError};
 
 use crate::{wait_for, Partition};
 
-/// Makes handles on one shared backend (one hub, one Redis key space).
+/// Makes handles on one shared backend (one hub, one Redis key space), and makes it lose data.
 pub trait CoordFixture: Send + Sync {
+    /// A copy of the backend's state (see [`CoordFixture::snapshot`]).
+    type Snapshot: Send + Sync;
+
     /// A new, unregistered handle on the shared backend.
     fn handle(&self) -> impl Future<Output = Arc<dyn Coordinator>> + Send;
+
+    /// Loses every piece of the backend's state while handles stay connected (Redis
+    /// `FLUSHALL`, a restart without persistence).
+    fn lose_everything(&self) -> impl Future<Output = ()> + Send;
+
+    /// A copy of the backend's state now.
+    fn snapshot(&self) -> impl Future<Output = Self::Snapshot> + Send;
+
+    /// Puts the backend back to `snapshot`: a failover to a replica that missed every write
+    /// since.
+    fn roll_back(&self, snapshot: &Self::Snapshot) -> impl Future<Output = ()> + Send;
 }
 
 /// A short lease, so expiry tests stay quick.
@@ -47,6 +61,23 @@ async fn worker<F: CoordFixture>(f: &F, name: &str, lease: Duration) -> Arc<dyn 
         .await
         .expect("register");
     h
+}
+
+fn grace(o: ClaimOutcome) -> Duration {
+    match o {
+        ClaimOutcome::Grace(d) => d,
+        other => panic!("expected a grace wait, got {other:?}"),
+    }
+}
+
+/// Claims `bot` for `w` with the store's floor and records the fence in the store.
+async fn claim_stored(w: &Arc<dyn Coordinator>, store: &MemoryStore, bot: &BotId) -> ClaimOutcome {
+    let min = store.highest_fence(bot).await.unwrap();
+    let o = w.claim(bot, min).await.unwrap();
+    if let ClaimOutcome::Granted(f) = o {
+        store.accept_fence(bot, f).await.unwrap();
+    }
+    o
 }
 
 fn granted(o: ClaimOutcome) -> Fence {
@@ -236,14 +267,15 @@ pub async fn fences_never_go_back<F: CoordFixture>(f: &F) {
         assert!(w.release(&bot, fence).await.unwrap());
         last = fence;
     }
-    let fence = granted(a.claim(&bot, Fence(1000)).await.unwrap());
-    assert_eq!(fence, Fence(1001));
+    // Above the caller's minimum (the store's floor: the last grant). A minimum above what
+    // the backend remembers means it lost data: see `data_loss_waits_for_old_owners`.
+    let min = last;
+    let fence = granted(a.claim(&bot, min).await.unwrap());
+    assert!(fence > min, "{fence} not above {min}");
     assert!(a.release(&bot, fence).await.unwrap());
     // The counter remembers the minimum too.
-    assert_eq!(
-        granted(b.claim(&bot, Fence::ZERO).await.unwrap()),
-        Fence(1002)
-    );
+    let next = granted(b.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(next > fence, "{next} after {fence}");
 }
 
 /// Hand-over reserves the bot for the target, tells it, and lets only it claim.
@@ -695,6 +727,139 @@ pub async fn many_bots_one_owner_each<F: CoordFixture>(f: &F) {
     assert_eq!(all.len(), bots.len(), "every bot granted once");
 }
 
+/// The backend loses everything under running workers: their renewals answer `Lost`; a bot
+/// the store knows an owner of is granted again only one lease after the loss (its old owner
+/// may still run it by its own clock until then), with a fence above the old one; a bot
+/// nobody ever owned is granted at once; locks wait out the window too; the epoch says so.
+pub async fn data_loss_waits_for_old_owners<F: CoordFixture>(f: &F) {
+    let store = MemoryStore::new();
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    let (owned, fresh) = (bid("owned"), bid("fresh"));
+    let old = granted(claim_stored(&a, &store, &owned).await);
+    store.put_cursor(&owned, "10", old).await.unwrap();
+    let before = f.handle().await.epoch().await.unwrap().expect("an epoch");
+    assert_eq!(before.grace_left, Duration::ZERO);
+
+    f.lose_everything().await;
+    let lost_at = tokio::time::Instant::now();
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Lost, "a learns");
+    assert_eq!(
+        b.claim(&owned, Fence::ZERO).await.unwrap(),
+        ClaimOutcome::NotLive,
+        "b's registration went with the data"
+    );
+    b.register(&wid("w-b"), &meta(), LEASE).await.unwrap();
+    let wait = grace(claim_stored(&b, &store, &owned).await);
+    assert!(
+        wait > LEASE / 2 && wait <= LEASE,
+        "the owned bot waits about a lease: {wait:?}"
+    );
+    // Never owned: no reason to wait.
+    granted(claim_stored(&b, &store, &fresh).await);
+    let epoch = b.epoch().await.unwrap().expect("a new epoch");
+    assert_ne!(epoch.id, before.id);
+    assert!(epoch.after_loss);
+    assert!(epoch.grace_left > Duration::ZERO && epoch.grace_left <= LEASE);
+    assert!(b
+        .acquire_lock_fenced("migrate", LEASE)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(b.try_lead("compactor", LEASE).await.unwrap(), None);
+    // Asking again and again does not push the window out.
+    let f_new = wait_for("the grace window ends", LEASE * 3, || async {
+        assert_eq!(b.renew(0).await.unwrap(), Renewal::Renewed);
+        match claim_stored(&b, &store, &owned).await {
+            ClaimOutcome::Granted(f) => Some(f),
+            ClaimOutcome::Grace(_) => None,
+            other => panic!("{other:?}"),
+        }
+    })
+    .await;
+    let waited = lost_at.elapsed();
+    assert!(waited >= LEASE / 2, "granted after only {waited:?}");
+    assert!(f_new > old);
+    assert!(store.put_cursor(&owned, "11", old).await.is_err());
+    assert_eq!(b.epoch().await.unwrap().unwrap().grace_left, Duration::ZERO);
+    assert!(b
+        .acquire_lock_fenced("migrate", LEASE)
+        .await
+        .unwrap()
+        .is_some());
+}
+
+/// A failover to a replica that missed the last writes: the claim made after the snapshot is
+/// gone, though the worker's registration survived. Its next renewal says `Lost` (it must stop
+/// its bots), and the bot whose grant was lost waits a lease before anyone gets it.
+pub async fn lost_writes_are_detected<F: CoordFixture>(f: &F) {
+    let store = MemoryStore::new();
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    let (kept, lost) = (bid("kept"), bid("lost"));
+    let f_kept = granted(claim_stored(&a, &store, &kept).await);
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Renewed);
+    assert_eq!(b.renew(0).await.unwrap(), Renewal::Renewed);
+    let snap = f.snapshot().await;
+    let f_lost = granted(claim_stored(&a, &store, &lost).await);
+    f.roll_back(&snap).await;
+
+    assert_eq!(
+        a.renew(0).await.unwrap(),
+        Renewal::Lost,
+        "a's claim was lost: it may not go on"
+    );
+    // b wrote nothing since the snapshot: it goes on.
+    assert_eq!(b.renew(0).await.unwrap(), Renewal::Renewed);
+    let c = worker(f, "w-c", LEASE).await;
+    let t = tokio::time::Instant::now();
+    let wait = grace(claim_stored(&b, &store, &lost).await);
+    assert!(
+        wait > LEASE / 2,
+        "waits about the fleet's longest lease: {wait:?}"
+    );
+    assert!(
+        matches!(
+            c.claim(&lost, store.highest_fence(&lost).await.unwrap())
+                .await
+                .unwrap(),
+            ClaimOutcome::Grace(_)
+        ),
+        "nobody gets it meanwhile"
+    );
+    assert!(b.epoch().await.unwrap().unwrap().grace_left > Duration::ZERO);
+    // `kept` is still a's in the replica (a's liveness holds until it expires there).
+    assert!(matches!(
+        b.claim(&kept, f_kept).await.unwrap(),
+        ClaimOutcome::Held(_)
+    ));
+    let f_new = wait_for("the hold ends", LEASE * 3, || async {
+        assert_eq!(b.renew(0).await.unwrap(), Renewal::Renewed);
+        match claim_stored(&b, &store, &lost).await {
+            ClaimOutcome::Granted(f) => Some(f),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(t.elapsed() >= wait.saturating_sub(Duration::from_millis(50)));
+    assert!(f_new > f_lost);
+}
+
+/// A fleet's first start: nothing was lost, nothing waits.
+pub async fn a_fresh_fleet_starts_at_once<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let epoch = a
+        .epoch()
+        .await
+        .unwrap()
+        .expect("registering starts an epoch");
+    assert!(!epoch.after_loss);
+    assert_eq!(epoch.grace_left, Duration::ZERO);
+    granted(a.claim(&bid("b1"), Fence::ZERO).await.unwrap());
+    assert!(a.acquire_lock_fenced("k", LEASE).await.unwrap().is_some());
+    assert!(a.try_lead("job", LEASE).await.unwrap().is_some());
+}
+
 /// Generates a module `conformance_coord` with one `#[tokio::test]` per suite case, each
 /// running against a fresh fixture from `$fixture` (an async expression). The tests' paths
 /// (`conformance_coord::<case>`) match `cargo test conformance`.
@@ -725,6 +890,9 @@ macro_rules! coordinator_conformance {
             lease_keeper_fences_itself,
             stalled_holder_is_fenced_out,
             many_bots_one_owner_each,
+            data_loss_waits_for_old_owners,
+            lost_writes_are_detected,
+            a_fresh_fleet_starts_at_once,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

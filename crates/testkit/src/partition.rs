@@ -10,8 +10,8 @@ use std::{
 };
 
 use botfleet_coord::{
-    ClaimOutcome, CoordError, Coordinator, EventCursor, LifecycleEvent, LiveWorker, LockGuard,
-    Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent, LiveWorker,
+    LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use tokio::sync::mpsc;
@@ -118,6 +118,10 @@ impl Coordinator for Partition {
     async fn acquire_rate(&self, k: &str, l: RateLimit) -> Result<Permit> {
         self.check()?;
         self.inner.acquire_rate(k, l).await
+    }
+    async fn epoch(&self) -> Result<Option<EpochInfo>> {
+        self.check()?;
+        self.inner.epoch().await
     }
     async fn try_lead(&self, n: &str, t: Duration) -> Result<Option<Fence>> {
         self.check()?;

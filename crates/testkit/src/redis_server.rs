@@ -87,6 +87,26 @@ impl RedisServer {
         s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
     }
 
+    /// `FLUSHALL`: every key is lost while the server and its connections stay up, as after
+    /// a failover to an empty replica or an operator's mistake.
+    ///
+    /// # Errors
+    /// When the server does not answer `+OK`.
+    pub fn flushall(&self) -> std::io::Result<()> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"FLUSHALL\r\n")?;
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf)?;
+        if &buf != b"+OK\r\n" {
+            return Err(std::io::Error::other(format!(
+                "FLUSHALL answered {:?}",
+                String::from_utf8_lossy(&buf)
+            )));
+        }
+        Ok(())
+    }
+
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)

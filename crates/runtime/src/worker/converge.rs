@@ -1,54 +1,206 @@
 //! Converging on the ring's assignment: claim what is ours, let go of what is not, and drain
 //! on shutdown. Part of the worker's state machine (see the parent module).
+//!
+//! Nothing here waits for a bot task or for a batch of coordinator calls: claims and let-gos
+//! are jobs in the worker's `JoinSet`, each reporting back with a [`Signal`].
 
-use std::{collections::HashMap, sync::atomic::Ordering, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
 
 use botfleet_coord::{
     placement::{Ring, RingConfig, DEFAULT_BALANCE},
-    ClaimOutcome,
+    ClaimOutcome, Coordinator, LiveWorker,
 };
 use botfleet_core::{BotId, BotStatus, Fence, Platform, WorkerId};
+use botfleet_store::Store;
 use futures_util::{stream, StreamExt};
-use tokio::sync::{mpsc, watch};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 use tracing::{debug, info, warn};
 
 use super::{Running, Signal, State};
 use crate::{
     bot::{BotCtx, BotExit},
     handler::Handler,
-    starter::Starter,
 };
 
+/// Coordinator calls the worker's jobs make at once (claims, hand-overs, releases). They are
+/// pipelined on one connection, so a few hundred keep it busy without queueing for seconds.
+pub(super) const COORD_CONCURRENCY: usize = 256;
+
+/// How long a stopping bot task may take before it is aborted.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the last pass computed, and from what.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    /// Members, capacities and registry generation the plan was computed from.
+    inputs: Option<u64>,
+    /// Bot → the worker that should run it.
+    owners: Arc<HashMap<BotId, WorkerId>>,
+}
+
+/// What a let-go job does with the claim once the bot's task has ended.
+#[derive(Debug, Clone)]
+pub(super) enum After {
+    /// Hand it to this worker (released instead if that is us or not live).
+    HandOver(WorkerId),
+    /// Give it up.
+    Release,
+    /// Leave it: the lease is not safe, the claim ends with it.
+    Keep,
+}
+
+/// A claim job's answer for one bot.
+#[derive(Debug)]
+pub(super) enum ClaimResult {
+    Granted(Fence),
+    /// A live worker holds it.
+    Held(WorkerId),
+    /// The coordinator lost its data and the bot may still run elsewhere; ask again then.
+    Grace(Duration),
+    /// Our liveness is gone, or the call failed; the next pass asks again.
+    NotGranted,
+}
+
+/// Claims `bot`, with the store's highest fence as the floor, and records the grant's fence in
+/// the store before anything acts on it.
+async fn claim_one(coord: &dyn Coordinator, store: &dyn Store, bot: &BotId) -> ClaimResult {
+    let min = match store.highest_fence(bot).await {
+        Ok(m) => m,
+        Err(e) => {
+            debug!(%bot, error = %e, "cannot read the fence floor; not claiming now");
+            return ClaimResult::NotGranted;
+        }
+    };
+    match coord.claim(bot, min).await {
+        Ok(ClaimOutcome::Granted(f)) => match store.accept_fence(bot, f).await {
+            Ok(()) => ClaimResult::Granted(f),
+            Err(e) => {
+                warn!(%bot, error = %e, "claim granted but the store refused its fence");
+                let _ = coord.release(bot, f).await;
+                ClaimResult::NotGranted
+            }
+        },
+        Ok(ClaimOutcome::Held(o)) => ClaimResult::Held(o.worker),
+        Ok(ClaimOutcome::Grace(d)) => ClaimResult::Grace(d),
+        Ok(ClaimOutcome::NotLive) => ClaimResult::NotGranted,
+        Err(e) => {
+            debug!(%bot, error = %e, "claim failed");
+            ClaimResult::NotGranted
+        }
+    }
+}
+
+/// Hands a held claim over (or releases it); failures leave it to end with our liveness.
+async fn give_up(
+    coord: &dyn Coordinator,
+    bot: &BotId,
+    fence: Fence,
+    to: Option<&WorkerId>,
+    me: &WorkerId,
+) -> bool {
+    let res = match to.filter(|t| *t != me) {
+        Some(t) => coord.hand_over(bot, fence, t).await,
+        None => coord.release(bot, fence).await,
+    };
+    if let Err(e) = &res {
+        // The claim then ends with our liveness; nobody runs the bot twice meanwhile.
+        warn!(%bot, error = %e, "could not hand over; the claim will expire");
+    }
+    res.unwrap_or(false)
+}
+
+/// Asks a bot task to stop and waits (at most [`STOP_TIMEOUT`]) until it has: its poll is
+/// closed before the bot is handed over, so the next owner never meets a second poller.
+async fn stop_task(stop: &watch::Sender<bool>, mut task: JoinHandle<()>) {
+    let _ = stop.send(true);
+    if tokio::time::timeout(STOP_TIMEOUT, &mut task).await.is_err() {
+        task.abort();
+    }
+}
+
+/// The plan's inputs, hashed: live members (id, incarnation, capacity) and the registry
+/// generation.
+fn inputs_of(live: &[LiveWorker], generation: u64) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for l in live {
+        (l.id.as_str(), l.incarnation.as_str(), l.meta.capacity).hash(&mut h);
+    }
+    generation.hash(&mut h);
+    h.finish()
+}
+
 impl State {
-    /// Stops `bot` and hands it to `to` (or releases it).
-    pub(super) async fn let_go(&mut self, bot: &BotId, to: Option<&WorkerId>) {
+    /// The bounded assignment of the enabled bots over `live`.
+    fn assign(&self, live: &[LiveWorker]) -> (HashMap<BotId, WorkerId>, usize) {
+        let caps: HashMap<&WorkerId, u32> = live.iter().map(|l| (&l.id, l.meta.capacity)).collect();
+        let ring = Ring::new(live.iter().map(|l| &l.id), RingConfig::default());
+        let enabled: Vec<BotId> = self
+            .registry
+            .values()
+            .filter(|r| r.spec.enabled)
+            .map(|r| r.spec.id.clone())
+            .collect();
+        let plan = ring.assign(&enabled, DEFAULT_BALANCE, |w| caps.get(w).copied());
+        (plan.owners, plan.unplaced.len())
+    }
+
+    /// Whether `bot` should run here now.
+    fn should_run(&self, bot: &BotId) -> bool {
+        !self.draining
+            && !self.fenced
+            && self.plan.owners.get(bot) == Some(self.me())
+            && self.registry.get(bot).is_some_and(|r| r.spec.enabled)
+    }
+
+    /// Stops `bot` (if it runs here) in a job that then does `after` with its claim.
+    pub(super) fn let_go(&mut self, bot: &BotId, after: After) {
         let Some(r) = self.running.remove(bot) else {
             return;
         };
-        let fence = r.fence;
-        stop_task(r).await;
-        let res = match to.filter(|t| *t != self.me()) {
-            Some(t) => {
-                self.w.metrics.handoff();
-                self.w.coord.hand_over(bot, fence, t).await
+        self.stopping.insert(bot.clone());
+        let (coord, tx, metrics, slots) = (
+            self.w.coord.clone(),
+            self.tx.clone(),
+            self.w.metrics.clone(),
+            self.coord_slots.clone(),
+        );
+        let (bot, me) = (bot.clone(), self.me().clone());
+        self.jobs.spawn(async move {
+            stop_task(&r.stop, r.task).await;
+            let to = match &after {
+                After::Keep => None,
+                After::HandOver(to) => Some(to),
+                After::Release => None,
+            };
+            if !matches!(after, After::Keep) {
+                let _slot = slots.acquire().await;
+                if give_up(&*coord, &bot, r.fence, to, &me).await && to.is_some_and(|t| *t != me) {
+                    metrics.handoff();
+                }
             }
-            None => self.w.coord.release(bot, fence).await,
-        };
-        if let Err(e) = res {
-            // The claim then ends with our liveness; nobody runs the bot twice meanwhile.
-            warn!(%bot, error = %e, "could not hand over; the claim will expire");
+            let _ = tx.send(Signal::LetGo(bot));
+        });
+        if let Some(l) = &self.lease {
+            l.set_bots_held(self.running.len() as u32);
         }
     }
 
     /// Converges on our share. Unless `force`d, the placement is recomputed only when its
     /// inputs (members, capacities, registry) changed or some of our share is still unclaimed:
     /// an idle worker with thousands of bots costs one member listing per tick.
-    pub(super) async fn reconcile(
-        &mut self,
-        starter: &Starter,
-        tx: &mpsc::Sender<Signal>,
-        force: bool,
-    ) {
+    pub(super) async fn reconcile(&mut self, force: bool) {
+        if self.draining {
+            return;
+        }
         let Some(lease) = self.lease.clone() else {
             return;
         };
@@ -65,229 +217,275 @@ impl State {
         if !live.iter().any(|l| &l.id == self.me()) {
             return;
         }
-        let inputs = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            for l in &live {
-                (l.id.as_str(), l.incarnation.as_str(), l.meta.capacity).hash(&mut h);
-            }
-            self.generation.hash(&mut h);
-            h.finish()
-        };
-        if !force && self.short == 0 && self.last_inputs == Some(inputs) {
+        let inputs = inputs_of(&live, self.generation);
+        let changed = self.plan.inputs != Some(inputs);
+        if !force && !changed && self.short == 0 && self.takes.is_empty() {
             return;
         }
-        self.last_inputs = Some(inputs);
-        let caps: HashMap<WorkerId, u32> = live
-            .iter()
-            .map(|l| (l.id.clone(), l.meta.capacity))
-            .collect();
-        let ring = Ring::new(live.iter().map(|l| &l.id), RingConfig::default());
-        let enabled: Vec<BotId> = self
-            .registry
-            .values()
-            .filter(|r| r.spec.enabled)
-            .map(|r| r.spec.id.clone())
-            .collect();
-        let plan = ring.assign(&enabled, DEFAULT_BALANCE, |w| caps.get(w).copied());
-        self.w.metrics.set_unplaced(plan.unplaced.len());
-        if !plan.unplaced.is_empty() {
-            warn!(
-                count = plan.unplaced.len(),
-                "bots no live worker has room for"
-            );
+        if changed {
+            let (owners, unplaced) = self.assign(&live);
+            self.plan = Plan {
+                inputs: Some(inputs),
+                owners: Arc::new(owners),
+            };
+            self.w.metrics.set_unplaced(unplaced);
+            if unplaced > 0 {
+                warn!(count = unplaced, "bots no live worker has room for");
+            }
         }
         let me = self.me().clone();
+        let owners = self.plan.owners.clone();
         // Let go of what is no longer ours.
         let extra: Vec<BotId> = self
             .running
             .keys()
-            .filter(|b| plan.owners.get(*b) != Some(&me))
+            .filter(|b| owners.get(*b) != Some(&me))
             .cloned()
             .collect();
+        if !extra.is_empty() {
+            info!(
+                bots = extra.len(),
+                "letting go of bots that are no longer ours"
+            );
+        }
         for bot in extra {
-            let to = plan.owners.get(&bot).cloned();
-            self.let_go(&bot, to.as_ref()).await;
+            let after = match owners.get(&bot) {
+                Some(to) => After::HandOver(to.clone()),
+                None => After::Release,
+            };
+            self.let_go(&bot, after);
         }
         // Pass on bots handed to us that are not ours by our view.
-        let takes: Vec<BotId> = self.takes.drain().collect();
-        for bot in takes {
-            match plan.owners.get(&bot) {
-                Some(o) if *o == me => {}
-                other => {
-                    let min = self
-                        .w
-                        .store
-                        .highest_fence(&bot)
-                        .await
-                        .unwrap_or(Fence::ZERO);
-                    if let Ok(ClaimOutcome::Granted(f)) = self.w.coord.claim(&bot, min).await {
-                        let _ = self.w.store.accept_fence(&bot, f).await;
-                        let _ = match other {
-                            Some(to) => self.w.coord.hand_over(&bot, f, to).await,
-                            None => self.w.coord.release(&bot, f).await,
-                        };
-                    }
-                }
-            }
+        let pass_on: Vec<(BotId, Option<WorkerId>)> = self
+            .takes
+            .iter()
+            .filter(|b| owners.get(*b) != Some(&me))
+            .map(|b| (b.clone(), owners.get(b).cloned()))
+            .collect();
+        for (bot, _) in &pass_on {
+            self.takes.remove(bot);
         }
-        // Claim what is ours and not running, within capacity.
-        let room = (self.w.cfg.capacity as usize).saturating_sub(self.running.len());
-        let wanted: Vec<BotId> = plan
-            .bots_of(&me)
-            .into_iter()
-            .filter(|b| !self.running.contains_key(*b))
+        if !pass_on.is_empty() {
+            let (coord, store, slots, me) = (
+                self.w.coord.clone(),
+                self.w.store.clone(),
+                self.coord_slots.clone(),
+                me.clone(),
+            );
+            self.jobs.spawn(async move {
+                stream::iter(pass_on)
+                    .for_each_concurrent(64, |(bot, to)| {
+                        let (coord, store, slots, me) =
+                            (coord.clone(), store.clone(), slots.clone(), me.clone());
+                        async move {
+                            let _slot = slots.acquire().await;
+                            if let ClaimResult::Granted(f) = claim_one(&*coord, &*store, &bot).await
+                            {
+                                give_up(&*coord, &bot, f, to.as_ref(), &me).await;
+                            }
+                        }
+                    })
+                    .await;
+            });
+        }
+        // Claim what is ours and not running, within capacity. Bots another live worker held
+        // at our last try wait for its hand-over (or for the members to change).
+        let live_ids: std::collections::HashSet<&WorkerId> = live.iter().map(|l| &l.id).collect();
+        self.held_by.retain(|_, w| live_ids.contains(w));
+        let busy = self.running.len() + self.claiming.len() + self.stopping.len();
+        let room = (self.w.cfg.capacity as usize).saturating_sub(busy);
+        let wanted: Vec<BotId> = owners
+            .iter()
+            .filter(|(_, o)| **o == me)
+            .map(|(b, _)| b)
+            .filter(|b| {
+                !self.running.contains_key(*b)
+                    && !self.claiming.contains(*b)
+                    && !self.stopping.contains(*b)
+                    && (!self.held_by.contains_key(*b) || self.takes.contains(*b))
+            })
             .take(room)
             .cloned()
             .collect();
-        let asked = wanted.len();
-        let (coord, store) = (self.w.coord.clone(), self.w.store.clone());
-        let granted: Vec<(BotId, Fence)> = stream::iter(wanted)
-            .map(|bot| {
-                let (coord, store) = (coord.clone(), store.clone());
-                async move {
-                    let min = store.highest_fence(&bot).await.ok()?;
-                    match coord.claim(&bot, min).await {
-                        Ok(ClaimOutcome::Granted(f)) => match store.accept_fence(&bot, f).await {
-                            Ok(()) => Some((bot, f)),
-                            Err(e) => {
-                                warn!(%bot, error = %e, "claim granted but the store refused its fence");
-                                let _ = coord.release(&bot, f).await;
-                                None
-                            }
-                        },
-                        Ok(_) => None,
-                        Err(e) => {
-                            debug!(%bot, error = %e, "claim failed");
-                            None
-                        }
+        self.short = 0;
+        if wanted.is_empty() {
+            return;
+        }
+        debug!(bots = wanted.len(), "claiming");
+        self.claiming.extend(wanted.iter().cloned());
+        let (coord, store, slots, tx) = (
+            self.w.coord.clone(),
+            self.w.store.clone(),
+            self.coord_slots.clone(),
+            self.tx.clone(),
+        );
+        self.jobs.spawn(async move {
+            stream::iter(wanted)
+                .for_each_concurrent(64, |bot| {
+                    let (coord, store, slots, tx) =
+                        (coord.clone(), store.clone(), slots.clone(), tx.clone());
+                    async move {
+                        let r = {
+                            let _slot = slots.acquire().await;
+                            claim_one(&*coord, &*store, &bot).await
+                        };
+                        let _ = tx.send(Signal::Claimed(bot, r));
                     }
-                }
-            })
-            .buffer_unordered(32)
-            .filter_map(|x| async move { x })
-            .collect()
-            .await;
-        self.short = asked - granted.len();
-        for (bot, fence) in granted {
-            self.w.metrics.claim();
-            let Some(rec) = self.registry.get(&bot) else {
-                continue;
-            };
-            let (stop_tx, stop_rx) = watch::channel(false);
-            let ctx = BotCtx {
-                spec: rec.spec.clone(),
-                fence,
-                worker: me.to_string(),
-                store: self.w.store.clone(),
-                telegram: self.w.telegram.clone(),
-                handler: Handler::new(
-                    rec.spec.handler.clone(),
-                    self.w.http.clone(),
-                    self.w.cfg.webhook_timeout,
-                ),
-                lease: lease.clone(),
-                metrics: self.w.metrics.clone(),
-                starter: starter.clone(),
-                stop: stop_rx,
-            };
-            let platform = rec.spec.platform;
-            let parked = platform != Platform::Telegram;
-            let tx = tx.clone();
-            let b = bot.clone();
-            let task = tokio::spawn(async move {
-                let exit = if platform == Platform::Telegram {
-                    ctx.run().await
+                })
+                .await;
+        });
+    }
+
+    /// A claim job answered; answers whether placement should be looked at again.
+    pub(super) fn on_claimed(&mut self, bot: BotId, result: ClaimResult) -> bool {
+        if !self.claiming.remove(&bot) {
+            return false;
+        }
+        match result {
+            ClaimResult::Granted(fence) => {
+                self.w.metrics.claim();
+                self.takes.remove(&bot);
+                if self.should_run(&bot) && !self.running.contains_key(&bot) {
+                    self.start_bot(bot, fence);
+                    false
+                } else if self.fenced {
+                    // The claim ends with our lease; the next pass asks again.
+                    false
                 } else {
-                    BotExit::Failed(format!(
-                        "platform {platform} is not supported by this worker yet"
-                    ))
-                };
-                let _ = tx.send(Signal::Exited(b, fence, exit)).await;
-            });
-            if parked {
-                let _ = self
-                    .w
+                    // The plan moved on while the claim was in flight (or we are draining).
+                    let to = self.plan.owners.get(&bot).cloned();
+                    let (coord, me) = (self.w.coord.clone(), self.me().clone());
+                    self.jobs.spawn(async move {
+                        give_up(&*coord, &bot, fence, to.as_ref(), &me).await;
+                    });
+                    false
+                }
+            }
+            ClaimResult::Held(by) => {
+                self.short += 1;
+                // Handed to us while our claim was in flight: ask once more at once.
+                if self.takes.remove(&bot) {
+                    return true;
+                }
+                self.held_by.insert(bot, by);
+                false
+            }
+            ClaimResult::Grace(d) => {
+                self.short += 1;
+                self.w.metrics.set_grace(d);
+                self.wake_at(Instant::now() + d);
+                false
+            }
+            ClaimResult::NotGranted => {
+                self.short += 1;
+                false
+            }
+        }
+    }
+
+    /// Starts the task of a bot we hold under `fence`.
+    fn start_bot(&mut self, bot: BotId, fence: Fence) {
+        let (Some(rec), Some(lease)) = (self.registry.get(&bot), self.lease.clone()) else {
+            return;
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let platform = rec.spec.platform;
+        let ctx = BotCtx {
+            spec: rec.spec.clone(),
+            fence,
+            worker: self.me().to_string(),
+            store: self.w.store.clone(),
+            telegram: self.w.telegram.clone(),
+            handler: Handler::new(
+                rec.spec.handler.clone(),
+                self.w.http.clone(),
+                self.w.cfg.webhook_timeout,
+            ),
+            lease: lease.clone(),
+            metrics: self.w.metrics.clone(),
+            starter: self.starter.clone(),
+            stop: stop_rx,
+        };
+        let parked = platform != Platform::Telegram;
+        let tx = self.tx.clone();
+        let b = bot.clone();
+        let task = tokio::spawn(async move {
+            let exit = if platform == Platform::Telegram {
+                ctx.run().await
+            } else {
+                let _ = ctx
                     .store
                     .set_status(
-                        &bot,
+                        &ctx.spec.id,
                         BotStatus::Failed,
                         Some("platform not supported yet"),
-                        Some(me.as_str()),
+                        Some(&ctx.worker),
                     )
                     .await;
-            }
-            self.running.insert(
-                bot,
-                Running {
-                    fence,
-                    platform,
-                    stop: stop_tx,
-                    task,
-                    parked,
-                },
-            );
-        }
+                BotExit::Failed(format!(
+                    "platform {platform} is not supported by this worker yet"
+                ))
+            };
+            // Unbounded: an exit notice never waits for the loop.
+            let _ = tx.send(Signal::Exited(b, fence, exit));
+        });
+        self.running.insert(
+            bot,
+            Running {
+                fence,
+                stop: stop_tx,
+                task,
+                parked,
+            },
+        );
         lease.set_bots_held(self.running.len() as u32);
     }
 
-    /// Clean shutdown: not ready → stop each bot → hand it to its next owner → unregister.
-    pub(super) async fn drain(&mut self) {
+    /// Clean shutdown: not ready → stop every bot and hand it to its next owner, all at once
+    /// → wait for those jobs (and give up claims still arriving) → unregister.
+    pub(super) async fn drain(&mut self, rx: &mut mpsc::UnboundedReceiver<Signal>) {
         self.w.ready.store(false, Ordering::SeqCst);
+        self.draining = true;
+        let started = Instant::now();
         let me = self.me().clone();
         info!(worker = %me, bots = self.running.len(), "draining");
-        let others: Vec<WorkerId> = match self.w.coord.live_workers().await {
-            Ok(l) => l.into_iter().map(|w| w.id).filter(|w| *w != me).collect(),
+        let others: Vec<LiveWorker> = match self.w.coord.live_workers().await {
+            Ok(l) => l.into_iter().filter(|w| w.id != me).collect(),
             Err(_) => Vec::new(),
         };
-        let ring = Ring::new(&others, RingConfig::default());
-        let running: Vec<(BotId, Running)> = self.running.drain().collect();
-        let fences: Vec<(BotId, Fence, Platform, bool)> = running
-            .iter()
-            .map(|(b, r)| (b.clone(), r.fence, r.platform, r.parked))
-            .collect();
-        stream::iter(running.into_iter().map(|(_, r)| r))
-            .for_each_concurrent(256, stop_task)
-            .await;
-        let coord = self.w.coord.clone();
-        let metrics = self.w.metrics.clone();
-        stream::iter(fences)
-            .for_each_concurrent(64, |(bot, fence, _, _)| {
-                let (coord, metrics) = (coord.clone(), metrics.clone());
-                let to = ring.owner_of(&bot).cloned();
-                async move {
-                    let r = match to {
-                        Some(t) => {
-                            metrics.handoff();
-                            coord.hand_over(&bot, fence, &t).await
-                        }
-                        None => coord.release(&bot, fence).await,
-                    };
-                    if let Err(e) = r {
-                        warn!(%bot, error = %e, "hand-over failed; the claim ends with our liveness");
-                    }
+        let (owners, _) = self.assign(&others);
+        self.plan = Plan {
+            inputs: None,
+            owners: Arc::new(owners),
+        };
+        let all: Vec<BotId> = self.running.keys().cloned().collect();
+        for bot in all {
+            let after = match self.plan.owners.get(&bot) {
+                Some(to) => After::HandOver(to.clone()),
+                None => After::Release,
+            };
+            self.let_go(&bot, after);
+        }
+        // Claims still in flight come back as signals: give those up too.
+        let deadline = tokio::time::sleep(STOP_TIMEOUT * 2);
+        tokio::pin!(deadline);
+        while !self.jobs.is_empty() || !self.claiming.is_empty() {
+            tokio::select! {
+                Some(_) = self.jobs.join_next() => {}
+                Some(sig) = rx.recv() => { self.on_signal(sig); }
+                () = &mut deadline => {
+                    warn!(jobs = self.jobs.len(), "drain jobs still running; the rest ends with our liveness");
+                    break;
                 }
-            })
-            .await;
+            }
+        }
+        self.jobs.abort_all();
         if let Err(e) = self.w.coord.unregister().await {
             warn!(error = %e, "unregister failed; liveness ends with the lease");
         }
         if let Some(k) = self.keeper.take() {
             k.stop();
         }
-        info!(worker = %me, "drained");
-    }
-}
-
-/// Asks a bot task to stop and waits (briefly) until it has: its poll is closed before the
-/// bot is handed over, so the next owner never meets a second poller.
-pub(super) async fn stop_task(r: Running) {
-    let _ = r.stop.send(true);
-    let mut task = r.task;
-    if tokio::time::timeout(Duration::from_secs(5), &mut task)
-        .await
-        .is_err()
-    {
-        task.abort();
+        info!(worker = %me, elapsed_ms = started.elapsed().as_millis() as u64, "drained");
     }
 }
