@@ -1,11 +1,16 @@
 //! Measures a `botfleet worker` process against the fake Bot API over plain HTTP.
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
-//! (`--quick` for 1,000 bots only). It prints, for 1,000 and 10,000 bots: time from start to all
-//! bots polling at a given connect rate, then RSS and CPU of the idle worker (10 s poll
-//! timeout); and the time from `kill -9` of one of two workers to all bots polling again.
+//! (`--quick` for 1,000 bots only; `--only idle|reclaim|moves|loss` for one part). It prints,
+//! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
+//! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
+//! two workers to all bots polling again; at 2,000, 10,000 and 20,000 bots, how fast a join, a
+//! SIGTERM and a kill -9 move them (see `moves.rs`); and how the fleet comes back when Redis
+//! loses its data.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod moves;
 
 use std::{
     path::{Path, PathBuf},
@@ -18,14 +23,14 @@ use botfleet_core::{BotId, BotSpec, Platform};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{nonce, FakeTelegram, RedisServer};
 
-struct Dir(PathBuf);
+pub(crate) struct Dir(pub(crate) PathBuf);
 impl Drop for Dir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
-struct Worker(Child);
+pub(crate) struct Worker(pub(crate) Child);
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -33,7 +38,7 @@ impl Drop for Worker {
     }
 }
 
-fn botfleet_bin() -> anyhow::Result<PathBuf> {
+pub(crate) fn botfleet_bin() -> anyhow::Result<PathBuf> {
     let me = std::env::current_exe()?;
     let bin = me.with_file_name("botfleet");
     if !bin.exists() {
@@ -45,11 +50,15 @@ fn botfleet_bin() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-fn token(i: usize) -> String {
+pub(crate) fn token(i: usize) -> String {
     format!("{}:bench-{i}", 10_000_000 + i)
 }
 
-async fn registry(dir: &Path, fake: &FakeTelegram, bots: usize) -> anyhow::Result<String> {
+pub(crate) async fn registry(
+    dir: &Path,
+    fake: &FakeTelegram,
+    bots: usize,
+) -> anyhow::Result<String> {
     let path = dir.join("bots.db");
     let store = SqliteStore::open(&path).await?;
     for i in 0..bots {
@@ -61,16 +70,32 @@ async fn registry(dir: &Path, fake: &FakeTelegram, bots: usize) -> anyhow::Resul
     Ok(format!("sqlite://{}", path.display()))
 }
 
-fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
-    let child = Command::new(bin)
-        .arg("worker")
-        .args(["--http-addr", "127.0.0.1:0"])
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting botfleet worker")?;
+/// Starts `botfleet worker ARGS` (on a free HTTP port unless `args` names one). Its log goes
+/// nowhere, or to `$BOTFLEET_BENCH_LOGS/worker-<pid>.log` at level info when that is set.
+pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("worker");
+    if !args.contains(&"--http-addr") {
+        cmd.args(["--http-addr", "127.0.0.1:0"]);
+    }
+    cmd.args(args).stdout(Stdio::null());
+    let logs = std::env::var_os("BOTFLEET_BENCH_LOGS");
+    let log_file = match &logs {
+        Some(dir) => Some(
+            std::fs::File::create(Path::new(dir).join(format!(
+                "worker-{}-{}.log",
+                std::process::id(),
+                nonce()
+            )))
+            .context("creating the worker log")?,
+        ),
+        None => None,
+    };
+    match log_file {
+        Some(f) => cmd.env("RUST_LOG", "info").stderr(f),
+        None => cmd.env("RUST_LOG", "error").stderr(Stdio::null()),
+    };
+    let child = cmd.spawn().context("starting botfleet worker")?;
     Ok(Worker(child))
 }
 
@@ -247,9 +272,26 @@ async fn main() -> anyhow::Result<()> {
             idle(10_000, 1_000.0, base).await?;
         }
     }
-    if only.as_deref() == Some("idle") {
-        return Ok(());
+    if only.as_deref().is_none_or(|o| o == "reclaim") {
+        reclaim(if quick { 1_000 } else { 5_000 }, 5_000).await?;
     }
-    reclaim(if quick { 1_000 } else { 5_000 }, 5_000).await?;
+    if only.as_deref().is_none_or(|o| o == "moves") {
+        // `--size N` for one size only.
+        let one: Option<usize> = std::env::args()
+            .skip_while(|a| a != "--size")
+            .nth(1)
+            .and_then(|s| s.parse().ok());
+        let sizes: Vec<usize> = match one {
+            Some(n) => vec![n],
+            None if quick => vec![2_000],
+            None => vec![2_000, 10_000, 20_000],
+        };
+        for n in sizes {
+            moves::moves(n).await?;
+        }
+    }
+    if only.as_deref().is_none_or(|o| o == "loss") {
+        moves::data_loss(if quick { 200 } else { 2_000 }).await?;
+    }
     Ok(())
 }

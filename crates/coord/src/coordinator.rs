@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use crate::{
     ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard, Owner, Permit,
-    RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
 /// One process's handle on the fleet's shared coordination state.
@@ -151,7 +151,22 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// Backend failures.
-    async fn acquire_rate(&self, key: &str, limit: RateLimit) -> Result<Permit>;
+    async fn acquire_rate(&self, key: &str, limit: RateLimit) -> Result<Permit> {
+        let g = self.acquire_rate_many(key, limit, 1).await?;
+        Ok(if g.taken == 1 {
+            Permit::Granted
+        } else {
+            Permit::Wait(g.wait)
+        })
+    }
+
+    /// Takes up to `n` tokens from the bucket `key` in one call (a start queue with thousands
+    /// of bots waiting asks once, not once per bot). Answers how many were taken and, when
+    /// fewer than `n`, how long until the next one is there.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn acquire_rate_many(&self, key: &str, limit: RateLimit, n: u32) -> Result<RateGrant>;
 
     /// The fleet's current epoch, or `None` before any worker registered on this backend.
     /// Read-only: operators' tools call it to show a grace window after a data loss.

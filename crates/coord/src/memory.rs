@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::{
     coordinator::{check_key, check_ttl, nonce, Knowledge},
     ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent, LiveWorker,
-    LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
 /// How many lifecycle events the hub keeps.
@@ -376,6 +376,8 @@ impl Coordinator for MemoryCoordinator {
         let (w, inc) = self.me()?;
         let now = self.now();
         let mut st = self.state()?;
+        // As renew.lua: a hub that lost everything starts its new epoch at once.
+        st.epoch(now, &self.known.epoch(), self.known.grace_ms());
         if st
             .members
             .get(&w)
@@ -422,7 +424,9 @@ impl Coordinator for MemoryCoordinator {
 
     async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
         let now = self.now();
-        let st = self.state()?;
+        let mut st = self.state()?;
+        // As live.lua: a hub that lost everything starts its new epoch at once.
+        st.epoch(now, &self.known.epoch(), self.known.grace_ms());
         let mut out: Vec<LiveWorker> = st
             .members
             .iter()
@@ -669,8 +673,9 @@ impl Coordinator for MemoryCoordinator {
         Ok(got.unwrap_or_default())
     }
 
-    async fn acquire_rate(&self, key: &str, limit: RateLimit) -> Result<Permit> {
+    async fn acquire_rate_many(&self, key: &str, limit: RateLimit, n: u32) -> Result<RateGrant> {
         check_key("rate limiter key", key)?;
+        let n = n.max(1);
         let now = self.now();
         let mut st = self.state()?;
         let burst = f64::from(limit.burst);
@@ -678,13 +683,14 @@ impl Coordinator for MemoryCoordinator {
         let (tokens, last) = st.buckets.entry(key.to_owned()).or_insert((burst, now));
         *tokens = (*tokens + (now.saturating_sub(*last)) as f64 * per_ms).min(burst);
         *last = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            Ok(Permit::Granted)
+        let taken = (tokens.floor().max(0.0) as u32).min(n);
+        *tokens -= f64::from(taken);
+        let wait = if taken < n {
+            Duration::from_millis(((1.0 - *tokens) / per_ms).ceil().max(1.0) as u64)
         } else {
-            let wait_ms = ((1.0 - *tokens) / per_ms).ceil().max(1.0) as u64;
-            Ok(Permit::Wait(Duration::from_millis(wait_ms)))
-        }
+            Duration::ZERO
+        };
+        Ok(RateGrant { taken, wait })
     }
 
     async fn epoch(&self) -> Result<Option<EpochInfo>> {

@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use crate::{
     coordinator::{check_key, check_ttl, nonce, Knowledge},
     ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, KeySpace, LifecycleEvent,
-    LiveWorker, LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
 /// Settings of a [`RedisCoordinator`]. `Debug` hides the URL (it may hold a password).
@@ -93,7 +93,7 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scrip
     register: with_epoch(include_str!("lua/register.lua")),
     renew: with_epoch(include_str!("lua/renew.lua")),
     unregister: Script::new(include_str!("lua/unregister.lua")),
-    live: Script::new(include_str!("lua/live.lua")),
+    live: with_epoch(include_str!("lua/live.lua")),
     claim: with_epoch(include_str!("lua/claim.lua")),
     release: Script::new(include_str!("lua/release.lua")),
     hand_over: Script::new(include_str!("lua/hand_over.lua")),
@@ -360,7 +360,8 @@ impl Coordinator for RedisCoordinator {
             .arg(meta_json(&reg.meta))
             .arg(self.known.epoch())
             .arg(self.known.seq())
-            .arg(self.known.grace_ms());
+            .arg(self.known.grace_ms())
+            .arg(nonce());
         let seq: u64 = self.run("renew", inv).await?;
         if seq == 0 {
             return Ok(Renewal::Lost);
@@ -390,12 +391,16 @@ impl Coordinator for RedisCoordinator {
 
     async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
         let mut inv = SCRIPTS.live.prepare_invoke();
-        self.membership_keys(&mut inv);
+        self.membership_keys(&mut inv)
+            .key(self.ks.epoch())
+            .arg(self.known.epoch())
+            .arg(self.known.grace_ms())
+            .arg(nonce());
         let flat: Vec<String> = self.run("list workers", inv).await?;
-        let Some((now, rest)) = flat.split_first() else {
+        let [now, _epoch, rest @ ..] = flat.as_slice() else {
             return Err(CoordError::Protocol {
                 what: "list workers",
-                detail: "empty reply".into(),
+                detail: "short reply".into(),
             });
         };
         let now: u64 = now.parse().unwrap_or(0);
@@ -735,17 +740,18 @@ impl Coordinator for RedisCoordinator {
             .collect())
     }
 
-    async fn acquire_rate(&self, key: &str, limit: RateLimit) -> Result<Permit> {
+    async fn acquire_rate_many(&self, key: &str, limit: RateLimit, n: u32) -> Result<RateGrant> {
         check_key("rate limiter key", key)?;
+        let n = n.max(1);
         let mut inv = SCRIPTS.rate.prepare_invoke();
         inv.key(self.ks.rate(key))
             .arg(format!("{:.12}", limit.per_second / 1000.0))
-            .arg(limit.burst);
-        let wait: i64 = self.run("rate limit", inv).await?;
-        Ok(if wait <= 0 {
-            Permit::Granted
-        } else {
-            Permit::Wait(Duration::from_millis(wait.unsigned_abs()))
+            .arg(limit.burst)
+            .arg(n);
+        let (taken, wait): (i64, i64) = self.run("rate limit", inv).await?;
+        Ok(RateGrant {
+            taken: u32::try_from(taken.clamp(0, i64::from(n))).unwrap_or(0),
+            wait: Duration::from_millis(wait.max(0).unsigned_abs()),
         })
     }
 

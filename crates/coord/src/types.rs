@@ -213,6 +213,15 @@ pub enum Permit {
     Wait(Duration),
 }
 
+/// Answer of [`Coordinator::acquire_rate_many`](crate::Coordinator::acquire_rate_many).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateGrant {
+    /// Tokens taken (at most the number asked for).
+    pub taken: u32,
+    /// When fewer were taken than asked: how long until the next token. Zero otherwise.
+    pub wait: Duration,
+}
+
 /// A held fenced lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockGuard {

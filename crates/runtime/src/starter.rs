@@ -1,52 +1,101 @@
-//! The start queue: bot starts go through the fleet-wide rate limiter one at a time per
-//! worker, instead of every waiting bot asking the limiter (a stampede of its own).
+//! The start queue: bot starts go through the fleet-wide rate limiter in batches per worker,
+//! instead of every waiting bot asking the limiter (a stampede of its own) or the queue asking
+//! once per bot (thousands of round trips when thousands of bots move at once).
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
 
-use botfleet_coord::{Coordinator, Permit, RateLimit};
+use botfleet_coord::{Coordinator, RateLimit};
 use botfleet_core::Platform;
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
+/// Most tokens asked for in one call.
+const BATCH: usize = 1_000;
+
+type Request = (Platform, oneshot::Sender<()>);
+
 /// A handle to the worker's start queue.
 #[derive(Clone, Debug)]
 pub(crate) struct Starter {
-    tx: mpsc::UnboundedSender<(Platform, oneshot::Sender<()>)>,
+    tx: mpsc::UnboundedSender<Request>,
 }
 
 impl Starter {
     /// Starts the queue's task; it ends when every handle is dropped.
     pub(crate) fn spawn(coord: Arc<dyn Coordinator>, per_second: f64) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Platform, oneshot::Sender<()>)>();
+        let (tx, rx) = mpsc::unbounded_channel::<Request>();
         // A bucket of a tenth of a second's starts: a cold fleet ramps at the rate from the
         // first second on, instead of a one-second burst.
         let limit = RateLimit::new(per_second, (per_second / 10.0).ceil().max(1.0) as u32);
-        tokio::spawn(async move {
-            while let Some((platform, go)) = rx.recv().await {
-                let key = format!("connect:{platform}");
-                loop {
-                    if go.is_closed() {
-                        break; // the bot was stopped while it waited
-                    }
-                    match coord.acquire_rate(&key, limit).await {
-                        Ok(Permit::Granted) => {
-                            let _ = go.send(());
-                            break;
-                        }
-                        Ok(Permit::Wait(d)) => tokio::time::sleep(d).await,
-                        Err(e) => {
-                            warn!(error = %e, "rate limiter unreachable; retrying");
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                    }
-                }
-            }
-        });
+        tokio::spawn(serve(coord, limit, rx));
         Self { tx }
     }
 
     /// Asks for a start slot; `go` fires when the bot may connect.
     pub(crate) async fn request(&self, platform: Platform, go: oneshot::Sender<()>) {
         let _ = self.tx.send((platform, go));
+    }
+}
+
+async fn serve(
+    coord: Arc<dyn Coordinator>,
+    limit: RateLimit,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+) {
+    let mut waiting: HashMap<Platform, VecDeque<oneshot::Sender<()>>> = HashMap::new();
+    loop {
+        // Take what is queued; block only when nobody waits.
+        if waiting.values().all(VecDeque::is_empty) {
+            let Some((p, go)) = rx.recv().await else {
+                return;
+            };
+            waiting.entry(p).or_default().push_back(go);
+        }
+        while let Ok((p, go)) = rx.try_recv() {
+            waiting.entry(p).or_default().push_back(go);
+        }
+        let mut next = Duration::ZERO;
+        for (platform, queue) in &mut waiting {
+            // Bots stopped while they waited need no slot.
+            queue.retain(|go| !go.is_closed());
+            if queue.is_empty() {
+                continue;
+            }
+            let n = queue.len().min(BATCH) as u32;
+            let key = format!("connect:{platform}");
+            match coord.acquire_rate_many(&key, limit, n).await {
+                Ok(g) => {
+                    for go in queue.drain(..g.taken as usize) {
+                        let _ = go.send(());
+                    }
+                    if !queue.is_empty() {
+                        next = next.max(g.wait);
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "rate limiter unreachable; retrying");
+                    next = next.max(Duration::from_millis(200));
+                }
+            }
+        }
+        if next.is_zero() {
+            continue;
+        }
+        // Wait for the next token; requests arriving meanwhile join the queue.
+        let sleep = tokio::time::sleep(next);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => break,
+                r = rx.recv() => match r {
+                    Some((p, go)) => waiting.entry(p).or_default().push_back(go),
+                    None => return,
+                },
+            }
+        }
     }
 }

@@ -566,3 +566,92 @@ async fn thousands_of_bots_move_at_once_on_join_and_on_drain() {
     assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");
     b.shutdown().await;
 }
+
+/// The coordinator loses everything under two running workers (the memory hub's twin of a
+/// Redis FLUSHALL). They find out at their next renewal, stop their bots and register again;
+/// bots that had owners wait one lease before anyone takes them (no second poller meanwhile),
+/// and the metric says so. A bot disabled while the lifecycle events were lost stays stopped,
+/// one enabled meanwhile starts: the workers re-read the registry rather than trust events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_coordinator_loses_its_data_the_fleet_waits_then_recovers_from_the_store() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 40).await;
+    let mut late = store.get_bot(&bots[39]).await.unwrap().unwrap().spec;
+    late.enabled = false;
+    store.update_bot(&late).await.unwrap();
+    let hub = MemoryHub::new();
+    let ws: Vec<Running> = (0..2)
+        .map(|i| {
+            let mut c = config(&format!("w{i}"));
+            c.registry_refresh = Duration::from_secs(600);
+            start(c, Arc::new(hub.coordinator()), store.clone())
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    wait_for("39 bots polling", Duration::from_secs(20), || async {
+        (fake.state().polled_since(t) == 39).then_some(())
+    })
+    .await;
+    hub.wipe();
+    let lost = std::time::Instant::now();
+    // Meanwhile, with no lifecycle event: one bot disabled, another enabled.
+    let mut off = store.get_bot(&bots[0]).await.unwrap().unwrap().spec;
+    off.enabled = false;
+    store.update_bot(&off).await.unwrap();
+    late.enabled = true;
+    store.update_bot(&late).await.unwrap();
+    wait_for("the grace window shows", Duration::from_secs(5), || async {
+        ws.iter()
+            .any(|w| w.metrics.grace_left_s() > 0.0)
+            .then_some(())
+    })
+    .await;
+    // Every old owner stopped within a third of the lease; polls after that are new owners'.
+    let lease = config("x").lease;
+    let new_owners = lost + lease / 2;
+    wait_for(
+        "bots back after the loss",
+        Duration::from_secs(20),
+        || async {
+            (fake
+                .state()
+                .polled_since_among(&(1..40).map(token).collect::<Vec<_>>(), new_owners)
+                == 39)
+                .then_some(())
+        },
+    )
+    .await;
+    let first = fake
+        .state()
+        .first_polls_since(new_owners)
+        .into_iter()
+        .min()
+        .unwrap();
+    println!(
+        "wipe: first new owner polled {:?} after the loss, every bot {:?} after it (lease {lease:?})",
+        first.duration_since(lost),
+        lost.elapsed()
+    );
+    assert!(
+        first.duration_since(lost) >= lease * 9 / 10,
+        "a bot was taken {:?} after the loss, before its old owner must have stopped",
+        first.duration_since(lost)
+    );
+    assert!(!fake.state().is_polling(&token(0)), "the disabled bot runs");
+    assert_eq!(
+        fake.state().conflicts(),
+        0,
+        "never two pollers on one token"
+    );
+    let registrations: String = ws[0]
+        .metrics
+        .render("w0")
+        .lines()
+        .filter(|l| l.starts_with("botfleet_registrations_total"))
+        .collect();
+    assert!(registrations.ends_with(" 2"), "{registrations}");
+    for w in ws {
+        w.shutdown().await;
+    }
+}

@@ -1,7 +1,10 @@
 //! The SQLite backend: the embedded default.
 //!
-//! One connection behind a mutex, used from blocking threads. WAL mode and a busy timeout make
-//! it safe for several processes on one machine (the CLI writing while a worker runs).
+//! One connection for writes and one for reads (a file database in WAL mode lets readers go on
+//! while a writer writes), each behind a mutex and used from blocking threads: a worker starting
+//! thousands of bots reads their cursors without queueing behind the replies other bots are
+//! recording. WAL mode and a busy timeout make it safe for several processes on one machine
+//! (the CLI writing while a worker runs).
 
 use std::{
     path::{Path, PathBuf},
@@ -23,6 +26,8 @@ use crate::{
 pub struct SqliteStore {
     // std Mutex: only locked inside spawn_blocking, never across .await.
     conn: Arc<Mutex<Connection>>,
+    /// Reads only; the same connection as `conn` for an in-memory database.
+    reader: Arc<Mutex<Connection>>,
     path: Option<PathBuf>,
 }
 
@@ -51,7 +56,7 @@ impl SqliteStore {
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let p = path.clone();
-        let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
+        let conn = tokio::task::spawn_blocking(move || -> Result<(Connection, Connection)> {
             if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                 if !dir.is_dir() {
                     return Err(StoreError::Open {
@@ -61,14 +66,22 @@ impl SqliteStore {
                     });
                 }
             }
-            let conn =
-                Connection::open(&p).map_err(|e| open_err(format!("{}: {e}", p.display()), e))?;
-            setup(conn, &p.display().to_string())
+            let shown = p.display().to_string();
+            let open = || Connection::open(&p).map_err(|e| open_err(format!("{shown}: {e}"), e));
+            let conn = setup(open()?, &shown)?;
+            // After the writer ran the migrations: the reader needs only the busy timeout.
+            let reader = open()?;
+            reader
+                .busy_timeout(Duration::from_secs(5))
+                .map_err(|e| open_err(format!("{shown}: {e}"), e))?;
+            Ok((conn, reader))
         })
         .await
         .map_err(|e| StoreError::backend("open", e))??;
+        let (conn, reader) = conn;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            reader: Arc::new(Mutex::new(reader)),
             path: Some(path),
         })
     }
@@ -85,18 +98,37 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| StoreError::backend("open", e))??;
+        let conn = Arc::new(Mutex::new(conn));
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            reader: conn.clone(),
+            conn,
             path: None,
         })
     }
 
+    /// Runs `f` on the writing connection.
     async fn with<T: Send + 'static>(
         &self,
         op: &'static str,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let conn = self.conn.clone();
+        Self::on(self.conn.clone(), op, f).await
+    }
+
+    /// Runs `f`, which only reads, on the reading connection.
+    async fn read<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        Self::on(self.reader.clone(), op, f).await
+    }
+
+    async fn on<T: Send + 'static>(
+        conn: Arc<Mutex<Connection>>,
+        op: &'static str,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         tokio::task::spawn_blocking(move || {
             let mut c = conn.lock().unwrap_or_else(|e| e.into_inner());
             f(&mut c)
@@ -224,7 +256,7 @@ impl Store for SqliteStore {
     async fn get_bot(&self, id: &BotId) -> Result<Option<BotRecord>> {
         let id = id.as_str().to_owned();
         let row = self
-            .with("get bot", move |c| {
+            .read("get bot", move |c| {
                 c.query_row(&format!("{SELECT_BOT} WHERE id = ?1"), [id], row_to_bot)
                     .optional()
                     .map_err(|e| StoreError::backend("get bot", e))
@@ -237,7 +269,7 @@ impl Store for SqliteStore {
         let platform = filter.platform.map(|p| p.as_str().to_owned());
         let enabled = filter.enabled;
         let rows = self
-            .with("list bots", move |c| {
+            .read("list bots", move |c| {
                 let mut st = c
                     .prepare(&format!(
                         "{SELECT_BOT} WHERE (?1 IS NULL OR platform = ?1) \
@@ -314,7 +346,7 @@ impl Store for SqliteStore {
 
     async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>> {
         let id = id.as_str().to_owned();
-        self.with("read cursor", move |c| {
+        self.read("read cursor", move |c| {
             let r: Option<(i64, Option<String>)> = c
                 .query_row(
                     "SELECT fence, cursor FROM bot_fences WHERE bot_id = ?1",
@@ -372,7 +404,7 @@ impl Store for SqliteStore {
 
     async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool> {
         let (bot, key) = (id.as_str().to_owned(), key.to_owned());
-        self.with("read sent", move |c| {
+        self.read("read sent", move |c| {
             c.query_row(
                 "SELECT 1 FROM sent_replies WHERE bot_id = ?1 AND key = ?2",
                 params![bot, key],
@@ -402,7 +434,7 @@ impl Store for SqliteStore {
     }
 
     async fn registry_stamp(&self) -> Result<(u64, i64)> {
-        self.with("registry stamp", |c| {
+        self.read("registry stamp", |c| {
             c.query_row(
                 "SELECT COUNT(*), COALESCE(MAX(updated_at_ms), 0) FROM bots",
                 [],
@@ -415,7 +447,7 @@ impl Store for SqliteStore {
 
     async fn highest_fence(&self, id: &BotId) -> Result<Fence> {
         let id = id.as_str().to_owned();
-        self.with("read fence", move |c| {
+        self.read("read fence", move |c| {
             current_fence(c, &id).map_err(|e| StoreError::backend("read fence", e))
         })
         .await

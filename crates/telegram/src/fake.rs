@@ -1,7 +1,8 @@
 //! A fake Telegram Bot API server (feature `fake`) that speaks the real JSON: `getMe`, `getUpdates` (offset,
 //! limit, timeout), `sendMessage`, `setWebhook`/`deleteWebhook`. As the real server does, a
 //! `getUpdates` that arrives while another is pending on the same token ends the older one
-//! with 409 ("terminated by other getUpdates request") and counts a conflict. It can inject
+//! with 409 ("terminated by other getUpdates request"), counted as a conflict when that
+//! older client is still connected. It can inject
 //! 401/429/5xx, and records what it received.
 
 use std::{
@@ -62,6 +63,8 @@ struct TokenState {
     polls: u64,
     /// When the last `getUpdates` was accepted.
     last_poll: Option<std::time::Instant>,
+    /// Every `getUpdates` accepted, when (the last 64).
+    poll_times: VecDeque<std::time::Instant>,
 }
 
 #[derive(Default)]
@@ -167,8 +170,8 @@ impl FakeState {
         self.lock().sent.len()
     }
 
-    /// How many times a `getUpdates` arrived while another was pending on the same token (two
-    /// pollers: the older one was ended with 409).
+    /// How many pending `getUpdates` were ended by a newer one on the same token while their
+    /// client was still connected: second pollers (the older one got 409).
     pub fn conflicts(&self) -> u64 {
         self.conflicts.load(Ordering::SeqCst)
     }
@@ -212,6 +215,16 @@ impl FakeState {
             .count()
     }
 
+    /// For every token polled at or after `since`, when its first such poll was accepted
+    /// (among its last 64 polls): after a loss, when each bot's new owner first polled.
+    pub fn first_polls_since(&self, since: std::time::Instant) -> Vec<std::time::Instant> {
+        self.lock()
+            .tokens
+            .values()
+            .filter_map(|t| t.poll_times.iter().find(|p| **p >= since).copied())
+            .collect()
+    }
+
     /// How many `getUpdates` calls `token` made.
     pub fn polls(&self, token: &str) -> u64 {
         self.lock().tokens.get(token).map_or(0, |t| t.polls)
@@ -222,6 +235,10 @@ impl FakeState {
         self.requests.load(Ordering::Relaxed)
     }
 }
+
+/// How long an ended poll waits before it counts as a second poller: more than the server
+/// takes to notice a closed connection even when it serves thousands of polls.
+const ABANDONED_POLL_NOTICE: Duration = Duration::from_millis(500);
 
 fn tg_error(status: StatusCode, description: &str, retry_after: Option<u64>) -> Response {
     let mut body = json!({"ok": false, "error_code": status.as_u16(), "description": description});
@@ -358,14 +375,16 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
                 None,
             );
         }
-        if t.pollers > 0 {
-            // The real server ends the *older* request; the new one goes on.
-            state.conflicts.fetch_add(1, Ordering::SeqCst);
-        }
+        // The real server ends the *older* request, if any; the new one goes on.
         t.pollers += 1;
         t.poll_gen += 1;
         t.polls += 1;
-        t.last_poll = Some(std::time::Instant::now());
+        let now = std::time::Instant::now();
+        t.last_poll = Some(now);
+        t.poll_times.push_back(now);
+        if t.poll_times.len() > 64 {
+            t.poll_times.pop_front();
+        }
         // Confirm everything below the offset.
         while t
             .pending
@@ -410,6 +429,11 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
                 .unwrap_or(Some(Vec::new()))
         };
         let Some(batch) = batch else {
+            // A newer poll ended this one. It is a second poller only if its client is still
+            // there: a client that went away (a worker that stopped the bot before handing it
+            // over) has its request dropped by the server meanwhile, and this never runs on.
+            tokio::time::sleep(ABANDONED_POLL_NOTICE).await;
+            state.conflicts.fetch_add(1, Ordering::SeqCst);
             return tg_error(
                 StatusCode::CONFLICT,
                 "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",

@@ -727,6 +727,44 @@ pub async fn many_bots_one_owner_each<F: CoordFixture>(f: &F) {
     assert_eq!(all.len(), bots.len(), "every bot granted once");
 }
 
+/// Many tokens in one call: no more than the bucket holds, and the wait for the next one.
+pub async fn rate_limiter_grants_in_batches<F: CoordFixture>(f: &F) {
+    let a = f.handle().await;
+    let b = f.handle().await;
+    let limit = RateLimit::new(10.0, 5);
+    let g = a
+        .acquire_rate_many("connect:batch", limit, 8)
+        .await
+        .unwrap();
+    assert_eq!(g.taken, 5, "{g:?}");
+    assert!(
+        g.wait > Duration::ZERO && g.wait <= Duration::from_millis(100),
+        "{g:?}"
+    );
+    // The same bucket for another handle: empty now.
+    let g = b
+        .acquire_rate_many("connect:batch", limit, 3)
+        .await
+        .unwrap();
+    assert_eq!(g.taken, 0, "{g:?}");
+    tokio::time::sleep(Duration::from_millis(320)).await;
+    let g = b
+        .acquire_rate_many("connect:batch", limit, 100)
+        .await
+        .unwrap();
+    assert!(
+        (2..=4).contains(&g.taken),
+        "about 3 tokens after 0.3 s: {g:?}"
+    );
+    // Asking for fewer than there are takes only those, with no wait.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let g = a
+        .acquire_rate_many("connect:batch", limit, 2)
+        .await
+        .unwrap();
+    assert_eq!((g.taken, g.wait), (2, Duration::ZERO));
+}
+
 /// The backend loses everything under running workers: their renewals answer `Lost`; a bot
 /// the store knows an owner of is granted again only one lease after the loss (its old owner
 /// may still run it by its own clock until then), with a fence above the old one; a bot
@@ -884,6 +922,7 @@ macro_rules! coordinator_conformance {
             blocked_readers_do_not_wait_for_each_other,
             rate_limiter_is_fleet_wide,
             rate_limiter_holds_the_rate,
+            rate_limiter_grants_in_batches,
             fenced_locks,
             leader_election,
             member_watch_sees_joins_and_leaves,

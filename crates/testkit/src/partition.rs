@@ -11,7 +11,7 @@ use std::{
 
 use botfleet_coord::{
     ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent, LiveWorker,
-    LockGuard, Owner, Permit, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use tokio::sync::mpsc;
@@ -115,13 +115,13 @@ impl Coordinator for Partition {
         self.check()?;
         self.inner.recv_commands(m, w).await
     }
-    async fn acquire_rate(&self, k: &str, l: RateLimit) -> Result<Permit> {
-        self.check()?;
-        self.inner.acquire_rate(k, l).await
-    }
     async fn epoch(&self) -> Result<Option<EpochInfo>> {
         self.check()?;
         self.inner.epoch().await
+    }
+    async fn acquire_rate_many(&self, k: &str, l: RateLimit, n: u32) -> Result<RateGrant> {
+        self.check()?;
+        self.inner.acquire_rate_many(k, l, n).await
     }
     async fn try_lead(&self, n: &str, t: Duration) -> Result<Option<Fence>> {
         self.check()?;
