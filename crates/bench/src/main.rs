@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod moves;
+mod shards;
 
 use std::{
     path::{Path, PathBuf},
@@ -54,17 +55,29 @@ pub(crate) fn token(i: usize) -> String {
     format!("{}:bench-{i}", 10_000_000 + i)
 }
 
+/// A registry of `bots` bots on `fake` in `dir`; answers its database URL.
 pub(crate) async fn registry(
     dir: &Path,
     fake: &FakeTelegram,
     bots: usize,
 ) -> anyhow::Result<String> {
+    for i in 0..bots {
+        fake.state().add_bot(&token(i));
+    }
+    registry_at(dir, bots, |_| fake.url()).await
+}
+
+/// A registry of `bots` bots, bot `i` on the Bot API at `url_of(i)`.
+pub(crate) async fn registry_at(
+    dir: &Path,
+    bots: usize,
+    url_of: impl Fn(usize) -> String,
+) -> anyhow::Result<String> {
     let path = dir.join("bots.db");
     let store = SqliteStore::open(&path).await?;
     for i in 0..bots {
-        fake.state().add_bot(&token(i));
         let mut spec = BotSpec::new(BotId::new(format!("b{i}"))?, Platform::Telegram, token(i));
-        spec.options.api_url = Some(fake.url());
+        spec.options.api_url = Some(url_of(i));
         store.add_bot(&spec).await?;
     }
     Ok(format!("sqlite://{}", path.display()))
@@ -258,6 +271,19 @@ async fn reclaim(bots: usize, lease_ms: u64) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // A child serving part of the fake Bot API for the move benchmark (see shards.rs).
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(pos) = args.iter().position(|a| a == "--fake-shard") {
+        let first = args
+            .get(pos + 1)
+            .and_then(|v| v.parse().ok())
+            .context("--fake-shard FIRST COUNT")?;
+        let count = args
+            .get(pos + 2)
+            .and_then(|v| v.parse().ok())
+            .context("--fake-shard FIRST COUNT")?;
+        return shards::serve(first, count).await;
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     println!("botfleet bench: worker in its own process, fake Bot API over plain HTTP on loopback");
     let only = std::env::args().skip_while(|a| a != "--only").nth(1);

@@ -1,16 +1,17 @@
 //! Thousands of bots moving at once between two worker processes on one Redis, and the fleet
 //! recovering from Redis losing its data.
 //!
-//! For each size: worker `a` runs every bot; `b` joins (time from `b`'s first claim pass,
-//! when its `/readyz` turns 200, until every bot of its share was polled by it); `a` gets
-//! SIGTERM (time until it exits, and until every bot it held was polled by `b`); a third
-//! worker joins and is killed with SIGKILL (time until every bot it held was polled again).
+//! For each size: worker `a` runs every bot (above 10,000 bots, `a` and `b` share them); `j`
+//! joins (time from `j`'s first claim pass, when its `/readyz` turns 200, until every bot of
+//! its share was polled by it); `a` gets SIGTERM (time until it exits, and until every bot it
+//! held was polled by the others); `k` joins and is killed with SIGKILL (time until every bot
+//! it held was polled again). The fake Bot API runs in shard processes (see shards.rs).
 
 use std::{
     io::{Read, Write},
     net::TcpStream,
     process::Command,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{bail, Context};
@@ -21,7 +22,7 @@ use botfleet_coord::{
 use botfleet_core::{BotId, WorkerId};
 use botfleet_testkit::{free_port, nonce, FakeTelegram, RedisServer};
 
-use crate::{botfleet_bin, registry, spawn, token, Dir, Worker};
+use crate::{botfleet_bin, registry_at, shards::Shards, spawn, token, Dir, Worker};
 
 /// The status code of `GET path` on a loopback port, if anything answers.
 fn http_status(port: u16, path: &str) -> Option<u16> {
@@ -52,9 +53,9 @@ async fn wait_until<F: FnMut() -> bool>(
     Ok(())
 }
 
-/// The tokens of `owner`'s share when the live workers are `workers`, as every worker
-/// computes it (bounded assignment, every worker at capacity `cap`).
-fn share(n: usize, workers: &[&str], owner: &str, cap: u32) -> Vec<String> {
+/// The indexes of `owner`'s bots when the live workers are `workers`, as every worker
+/// computes it (bounded assignment, every worker at the same capacity).
+fn share(n: usize, workers: &[&str], owner: &str) -> Vec<usize> {
     let ids: Vec<WorkerId> = workers
         .iter()
         .map(|w| WorkerId::new(*w).expect("worker id"))
@@ -62,13 +63,16 @@ fn share(n: usize, workers: &[&str], owner: &str, cap: u32) -> Vec<String> {
     let bots: Vec<BotId> = (0..n)
         .map(|i| BotId::new(format!("b{i}")).expect("bot id"))
         .collect();
-    let plan = Ring::new(&ids, RingConfig::default()).assign(&bots, DEFAULT_BALANCE, |_| Some(cap));
+    let plan =
+        Ring::new(&ids, RingConfig::default()).assign(&bots, DEFAULT_BALANCE, |_| Some(CAPACITY));
     let me = WorkerId::new(owner).expect("worker id");
     (0..n)
         .filter(|i| plan.owners.get(&bots[*i]) == Some(&me))
-        .map(token)
         .collect()
 }
+
+/// Every worker's capacity: never the limit here.
+const CAPACITY: u32 = 100_000;
 
 struct Fleet {
     bin: std::path::PathBuf,
@@ -80,10 +84,11 @@ struct Fleet {
 
 impl Fleet {
     fn worker(&self, id: &str, http_port: u16, poll_s: u64) -> anyhow::Result<Worker> {
-        let (lease, port, poll) = (
+        let (lease, port, poll, cap) = (
             self.lease_ms.to_string(),
             format!("127.0.0.1:{http_port}"),
             poll_s.to_string(),
+            CAPACITY.to_string(),
         );
         spawn(
             &self.bin,
@@ -101,7 +106,7 @@ impl Fleet {
                 "--connect-rate",
                 "100000",
                 "--capacity",
-                "100000",
+                &cap,
                 "--http-addr",
                 &port,
             ],
@@ -109,11 +114,15 @@ impl Fleet {
     }
 }
 
-async fn setup(fake: &FakeTelegram, n: usize, lease_ms: u64) -> anyhow::Result<Fleet> {
+async fn fleet_at(
+    n: usize,
+    lease_ms: u64,
+    url_of: impl Fn(usize) -> String,
+) -> anyhow::Result<Fleet> {
     let redis = RedisServer::start()?;
     let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-{}", nonce())));
     std::fs::create_dir_all(&dir.0)?;
-    let db = registry(&dir.0, fake, n).await?;
+    let db = registry_at(&dir.0, n, url_of).await?;
     Ok(Fleet {
         bin: botfleet_bin()?,
         db,
@@ -123,107 +132,147 @@ async fn setup(fake: &FakeTelegram, n: usize, lease_ms: u64) -> anyhow::Result<F
     })
 }
 
-/// Join, SIGTERM and kill -9 with `n` bots.
-pub(crate) async fn moves(n: usize) -> anyhow::Result<()> {
-    let fake = FakeTelegram::start().await?;
-    let lease_ms = 15_000;
-    let fleet = setup(&fake, n, lease_ms).await?;
-    let poll_s = 9;
-    let limit = Duration::from_secs(300);
-    let (pa, pb, pc) = (free_port()?, free_port()?, free_port()?);
-    let mut a = fleet.worker("a", pa, poll_s)?;
+/// Waits until every bot of `bots` was polled at or after `since`; answers when the last of
+/// them was first polled, after `since`.
+async fn polled(
+    shards: &Shards,
+    what: &str,
+    bots: &[usize],
+    since: SystemTime,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
     let t = Instant::now();
-    wait_until("a polls every bot", limit, || {
-        fake.state().polled_since(t) == n
+    loop {
+        let p = shards.polls(bots, since)?;
+        if p.polled == bots.len() {
+            return Ok(p
+                .last_first
+                .and_then(|l| l.duration_since(since).ok())
+                .unwrap_or_default());
+        }
+        if t.elapsed() > limit {
+            bail!(
+                "{what}: {} of {} polled after {limit:?}",
+                p.polled,
+                bots.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn sigterm(w: Worker) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    if !Command::new("kill")
+        .args(["-TERM", &w.0.id().to_string()])
+        .status()?
+        .success()
+    {
+        bail!("kill -TERM failed");
+    }
+    let (w, status) = tokio::task::spawn_blocking(move || {
+        let mut w = w;
+        let s = w.0.wait();
+        (w, s)
     })
     .await?;
-    println!(
-        "{n:>6} bots on worker a: all polling {:.2} s after start",
-        t.elapsed().as_secs_f64()
-    );
+    let took = t.elapsed();
+    drop(w);
+    if !status.as_ref().is_ok_and(std::process::ExitStatus::success) {
+        bail!("SIGTERM: exited with {status:?}");
+    }
+    Ok(took)
+}
 
-    // Join.
-    let _b = fleet.worker("b", pb, poll_s)?;
-    // Watched closely: b's first bots may be polling within milliseconds of it.
+/// Waits for a worker's first claim pass (its `/readyz` turning 200), watched closely: its
+/// first bots may be polling within milliseconds of it.
+async fn ready(port: u16, limit: Duration) -> anyhow::Result<SystemTime> {
     let t = Instant::now();
-    while http_status(pb, "/readyz") != Some(200) {
+    while http_status(port, "/readyz") != Some(200) {
         if t.elapsed() > limit {
-            bail!("b's first claim pass: not done after {limit:?}");
+            bail!("first claim pass: not done after {limit:?}");
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let ready = Instant::now();
-    let mine_b = share(n, &["a", "b"], "b", 100_000);
-    wait_until("b polls its share", limit, || {
-        fake.state().polled_since_among(&mine_b, ready) == mine_b.len()
-    })
+    Ok(SystemTime::now())
+}
+
+/// Join, SIGTERM and kill -9 with `n` bots. Up to 10,000 bots, one worker holds them all at
+/// first; above that, two (a process may not hold 20,000 connections here: see shards.rs).
+pub(crate) async fn moves(n: usize) -> anyhow::Result<()> {
+    let shards = Shards::start(n, 10_000)?;
+    let lease_ms = 15_000;
+    let fleet = fleet_at(n, lease_ms, |i| shards.url_of(i)).await?;
+    let poll_s = 9;
+    let limit = Duration::from_secs(300);
+    let base: &[&str] = if n > 10_000 { &["a", "b"] } else { &["a"] };
+    let all: Vec<usize> = (0..n).collect();
+    let t = SystemTime::now();
+    let mut workers = Vec::new();
+    for id in base {
+        workers.push(fleet.worker(id, free_port()?, poll_s)?);
+    }
+    let up = polled(&shards, "every bot polling", &all, t, limit).await?;
+    println!(
+        "{n:>6} bots on {} worker(s): all polling {:.2} s after start",
+        base.len(),
+        up.as_secs_f64()
+    );
+
+    // Join.
+    let pj = free_port()?;
+    let _j = fleet.worker("j", pj, poll_s)?;
+    let since = ready(pj, limit).await?;
+    let members: Vec<&str> = base.iter().copied().chain(["j"]).collect();
+    let mine_j = share(n, &members, "j");
+    let took = polled(
+        &shards,
+        "the newcomer polls its share",
+        &mine_j,
+        since,
+        limit,
+    )
     .await?;
     println!(
         "{n:>6} bots, join: {} bots polled by the newcomer {:.2} s after its first claim pass",
-        mine_b.len(),
-        ready.elapsed().as_secs_f64()
+        mine_j.len(),
+        took.as_secs_f64()
     );
 
     // SIGTERM a.
-    let mine_a = share(n, &["a", "b"], "a", 100_000);
-    let t = Instant::now();
-    let ok = Command::new("kill")
-        .args(["-TERM", &a.0.id().to_string()])
-        .status()?
-        .success();
-    if !ok {
-        bail!("kill -TERM failed");
-    }
-    let status = tokio::task::spawn_blocking(move || {
-        let s = a.0.wait();
-        (a, s)
-    })
-    .await?;
-    let exited = t.elapsed();
-    if !status
-        .1
-        .as_ref()
-        .is_ok_and(std::process::ExitStatus::success)
-    {
-        bail!("a exited with {:?}", status.1);
-    }
-    drop(status.0);
-    wait_until("b polls a's bots", limit, || {
-        fake.state().polled_since_among(&mine_a, t) == mine_a.len()
-    })
-    .await?;
+    let mine_a = share(n, &members, "a");
+    let since = SystemTime::now();
+    let exited = sigterm(workers.remove(0)).await?;
+    let took = polled(&shards, "a's bots polled elsewhere", &mine_a, since, limit).await?;
     println!(
-        "{n:>6} bots, SIGTERM: {} bots handed over, exit {:.2} s after the signal, all polled by b {:.2} s after it",
+        "{n:>6} bots, SIGTERM: {} bots handed over, exit {:.2} s after the signal, all polled by the others {:.2} s after it",
         mine_a.len(),
         exited.as_secs_f64(),
-        t.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
 
     // kill -9 of a worker that joined.
-    let mut c = fleet.worker("c", pc, poll_s)?;
-    let mine_c = share(n, &["b", "c"], "c", 100_000);
-    let t = Instant::now();
-    wait_until("c polls its share", limit, || {
-        fake.state().polled_since_among(&mine_c, t) == mine_c.len()
-    })
-    .await?;
-    // Let c settle (its renewals running) before the kill.
+    let pk = free_port()?;
+    let mut k = fleet.worker("k", pk, poll_s)?;
+    let members: Vec<&str> = members[1..].iter().copied().chain(["k"]).collect();
+    let mine_k = share(n, &members, "k");
+    let since = ready(pk, limit).await?;
+    polled(&shards, "k polls its share", &mine_k, since, limit).await?;
+    // Let k settle (its renewals running) before the kill.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let t = Instant::now();
-    c.0.kill()?;
-    let _ = c.0.wait();
-    wait_until("b polls c's bots", limit, || {
-        fake.state().polled_since_among(&mine_c, t) == mine_c.len()
-    })
-    .await?;
+    let since = SystemTime::now();
+    k.0.kill()?;
+    let _ = k.0.wait();
+    let took = polled(&shards, "k's bots polled again", &mine_k, since, limit).await?;
     println!(
         "{n:>6} bots, kill -9: {} bots polled again {:.2} s after the kill (lease {:.1} s)",
-        mine_c.len(),
-        t.elapsed().as_secs_f64(),
+        mine_k.len(),
+        took.as_secs_f64(),
         lease_ms as f64 / 1000.0
     );
-    if fake.state().conflicts() > 0 {
-        bail!("{} second pollers", fake.state().conflicts());
+    let conflicts = shards.polls(&[], since)?.conflicts;
+    if conflicts > 0 {
+        bail!("{conflicts} second pollers");
     }
     Ok(())
 }
@@ -234,7 +283,10 @@ pub(crate) async fn moves(n: usize) -> anyhow::Result<()> {
 pub(crate) async fn data_loss(n: usize) -> anyhow::Result<()> {
     let fake = FakeTelegram::start().await?;
     let lease_ms = 3_000;
-    let mut fleet = setup(&fake, n, lease_ms).await?;
+    for i in 0..n {
+        fake.state().add_bot(&token(i));
+    }
+    let mut fleet = fleet_at(n, lease_ms, |_| fake.url()).await?;
     let _a = fleet.worker("a", free_port()?, 2)?;
     let _b = fleet.worker("b", free_port()?, 2)?;
     let t = Instant::now();

@@ -18,7 +18,7 @@ use futures_util::future::join_all;
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
-use crate::{handler::Handler, metrics::Metrics, starter::Starter};
+use crate::{handler::Handler, metrics::Metrics, reporter::Reporter, starter::Starter};
 
 /// Why a bot task ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +42,7 @@ pub(crate) struct BotCtx {
     pub(crate) lease: LeaseHandle,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) starter: Starter,
+    pub(crate) reporter: Reporter,
     pub(crate) stop: watch::Receiver<bool>,
 }
 
@@ -82,20 +83,15 @@ fn backoff(attempt: u32) -> Duration {
 }
 
 impl BotCtx {
-    async fn report(&self, status: BotStatus, error: Option<&str>) {
-        if let Err(e) = self
-            .store
-            .set_status(&self.spec.id, status, error, Some(&self.worker))
-            .await
-        {
-            warn!(bot = %self.spec.id, error = %e, "could not record bot status");
-        }
+    fn report(&self, status: BotStatus, error: Option<&str>) {
+        self.reporter
+            .report(&self.spec.id, status, error, &self.worker);
     }
 
     async fn fail(&self, reason: &'static str, detail: String) -> BotExit {
         warn!(bot = %self.spec.id, reason, detail = %detail, "bot failed; not retrying until restarted");
         self.metrics.start_failure(self.spec.platform, reason);
-        self.report(BotStatus::Failed, Some(&detail)).await;
+        self.report(BotStatus::Failed, Some(&detail));
         BotExit::Failed(detail)
     }
 
@@ -167,7 +163,7 @@ impl BotCtx {
             metrics: self.metrics.clone(),
             platform: self.spec.platform,
         };
-        self.report(BotStatus::Running, None).await;
+        self.report(BotStatus::Running, None);
         info!(bot = %self.spec.id, fence = self.fence.get(), offset, "bot running");
         let mut attempt = 0;
         loop {
@@ -182,7 +178,7 @@ impl BotCtx {
                 Ok(u) => {
                     if attempt > 0 {
                         // Recovered: clear the error the failures reported.
-                        self.report(BotStatus::Running, None).await;
+                        self.report(BotStatus::Running, None);
                     }
                     attempt = 0;
                     u
@@ -201,7 +197,7 @@ impl BotCtx {
                         TelegramError::RateLimited(d) => *d,
                         TelegramError::Conflict(_) => {
                             // Another poller or a webhook holds the token: report, back off.
-                            self.report(BotStatus::Running, Some(&e.to_string())).await;
+                            self.report(BotStatus::Running, Some(&e.to_string()));
                             backoff(attempt.max(3))
                         }
                         _ => backoff(attempt),

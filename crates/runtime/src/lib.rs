@@ -6,6 +6,7 @@ mod handler;
 pub mod http;
 mod lock;
 pub mod metrics;
+mod reporter;
 mod starter;
 mod worker;
 

@@ -33,7 +33,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use crate::{bot::BotExit, metrics::Metrics, starter::Starter, WorkerConfig};
+use crate::{bot::BotExit, metrics::Metrics, reporter::Reporter, starter::Starter, WorkerConfig};
 use converge::{After, ClaimResult};
 
 /// Why a worker could not run.
@@ -139,10 +139,12 @@ impl Worker {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), WorkerError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let starter = Starter::spawn(self.coord.clone(), self.cfg.connect_rate);
+        let reporter = Reporter::spawn(self.store.clone());
         let state = State {
             w: self,
             tx,
             starter,
+            reporter,
             running: HashMap::new(),
             claiming: HashSet::new(),
             stopping: HashSet::new(),
@@ -172,6 +174,7 @@ struct State {
     /// Where background jobs and bot tasks report.
     tx: mpsc::UnboundedSender<Signal>,
     starter: Starter,
+    reporter: Reporter,
     running: HashMap<BotId, Running>,
     /// Bots with a claim in flight.
     claiming: HashSet<BotId>,

@@ -13,7 +13,7 @@ pub use error::{Result, StoreError};
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
-pub use store::{BotFilter, Cursor, Store};
+pub use store::{BotFilter, Cursor, StatusReport, Store};
 
 /// Opens the store a URL names:
 ///

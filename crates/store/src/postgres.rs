@@ -388,4 +388,22 @@ impl Store for PostgresStore {
         let c = self.client().await?;
         self.current_fence(&c, id.as_str()).await
     }
+
+    async fn highest_fences(&self, ids: &[BotId]) -> Result<Vec<Fence>> {
+        let c = self.client().await?;
+        let names: Vec<&str> = ids.iter().map(BotId::as_str).collect();
+        let rows = c
+            .query(
+                "SELECT bot_id, fence FROM bot_fences WHERE bot_id = ANY($1)",
+                &[&names],
+            )
+            .await
+            .map_err(db("read fences"))?;
+        let found: std::collections::HashMap<String, i64> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok(names
+            .iter()
+            .map(|n| Fence(found.get(*n).copied().unwrap_or(0).max(0).unsigned_abs()))
+            .collect())
+    }
 }

@@ -18,7 +18,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::{
     schema::{BotRow, MIGRATIONS},
-    BotFilter, Cursor, Result, Store, StoreError,
+    BotFilter, Cursor, Result, StatusReport, Store, StoreError,
 };
 
 /// A [`Store`] in a SQLite file.
@@ -429,6 +429,77 @@ impl Store for SqliteStore {
                 )
                 .map_err(|e| StoreError::backend("accept fence", e))?;
             stale_unless_written(c, n, bot, fence)
+        })
+        .await
+    }
+
+    async fn highest_fences(&self, ids: &[BotId]) -> Result<Vec<Fence>> {
+        let ids: Vec<String> = ids.iter().map(|b| b.as_str().to_owned()).collect();
+        self.read("read fences", move |c| {
+            ids.iter()
+                .map(|id| current_fence(c, id).map_err(|e| StoreError::backend("read fences", e)))
+                .collect()
+        })
+        .await
+    }
+
+    async fn accept_fences(&self, grants: &[(BotId, Fence)]) -> Result<Vec<Result<()>>> {
+        let grants = grants.to_vec();
+        self.with("accept fences", move |c| {
+            let fail = |e| StoreError::backend("accept fences", e);
+            let tx = c.transaction().map_err(fail)?;
+            let mut out = Vec::with_capacity(grants.len());
+            {
+                let mut st = tx
+                    .prepare_cached(
+                        "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES (?1, ?2, NULL) \
+                         ON CONFLICT (bot_id) DO UPDATE SET fence = excluded.fence \
+                         WHERE bot_fences.fence <= excluded.fence",
+                    )
+                    .map_err(fail)?;
+                for (bot, fence) in grants {
+                    let n = st
+                        .execute(params![bot.as_str(), fence_i64(fence)])
+                        .map_err(fail)?;
+                    out.push(stale_unless_written(&tx, n, bot, fence));
+                }
+            }
+            tx.commit().map_err(fail)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn set_statuses(&self, reports: &[StatusReport]) -> Result<Vec<Result<()>>> {
+        let reports = reports.to_vec();
+        self.with("set statuses", move |c| {
+            let fail = |e| StoreError::backend("set statuses", e);
+            let tx = c.transaction().map_err(fail)?;
+            let mut out = Vec::with_capacity(reports.len());
+            {
+                let mut st = tx
+                    .prepare_cached(
+                        "UPDATE bots SET status = ?2, last_error = ?3, reported_by = ?4 WHERE id = ?1",
+                    )
+                    .map_err(fail)?;
+                for r in reports {
+                    let n = st
+                        .execute(params![
+                            r.id.as_str(),
+                            r.status.as_str(),
+                            r.last_error,
+                            r.reported_by
+                        ])
+                        .map_err(fail)?;
+                    out.push(if n == 0 {
+                        Err(StoreError::NotFound(r.id))
+                    } else {
+                        Ok(())
+                    });
+                }
+            }
+            tx.commit().map_err(fail)?;
+            Ok(out)
         })
         .await
     }

@@ -23,6 +23,19 @@ pub struct Cursor {
     pub fence: Fence,
 }
 
+/// One status report for [`Store::set_statuses`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusReport {
+    /// The bot.
+    pub id: BotId,
+    /// What it is doing.
+    pub status: BotStatus,
+    /// Why, when it is not well; `None` clears the last error.
+    pub last_error: Option<String>,
+    /// Which worker says so.
+    pub reported_by: Option<String>,
+}
+
 /// Persistence of the bot registry and of per-bot fenced state.
 ///
 /// Every backend (SQLite, Postgres, in-memory) passes one conformance suite in
@@ -117,6 +130,53 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Backend failures.
     async fn highest_fence(&self, id: &BotId) -> Result<Fence>;
+
+    /// [`Store::highest_fence`] of many bots, in their order, at once (one query where the
+    /// backend can: a worker claiming thousands of bots reads their floors in a few).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn highest_fences(&self, ids: &[BotId]) -> Result<Vec<Fence>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.push(self.highest_fence(id).await?);
+        }
+        Ok(out)
+    }
+
+    /// [`Store::accept_fence`] of many grants at once (one transaction where the backend
+    /// can); each answer is the single call's, in order.
+    ///
+    /// # Errors
+    /// Backend failures of the whole batch (then nothing of it may be assumed written).
+    async fn accept_fences(&self, grants: &[(BotId, Fence)]) -> Result<Vec<Result<()>>> {
+        let mut out = Vec::with_capacity(grants.len());
+        for (id, fence) in grants {
+            out.push(self.accept_fence(id, *fence).await);
+        }
+        Ok(out)
+    }
+
+    /// [`Store::set_status`] of many reports, applied in order, at once (one transaction where
+    /// the backend can); each answer is the single call's.
+    ///
+    /// # Errors
+    /// Backend failures of the whole batch.
+    async fn set_statuses(&self, reports: &[StatusReport]) -> Result<Vec<Result<()>>> {
+        let mut out = Vec::with_capacity(reports.len());
+        for r in reports {
+            out.push(
+                self.set_status(
+                    &r.id,
+                    r.status,
+                    r.last_error.as_deref(),
+                    r.reported_by.as_deref(),
+                )
+                .await,
+            );
+        }
+        Ok(out)
+    }
 
     /// A cheap stamp of the registry's specs: `(number of bots, latest spec change in unix
     /// ms)`. It changes when a bot is added, removed or updated (not on status reports), so a

@@ -218,10 +218,24 @@ impl FakeState {
     /// For every token polled at or after `since`, when its first such poll was accepted
     /// (among its last 64 polls): after a loss, when each bot's new owner first polled.
     pub fn first_polls_since(&self, since: std::time::Instant) -> Vec<std::time::Instant> {
+        self.first_poll_per_token_since(since)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    }
+
+    /// [`FakeState::first_polls_since`], with the token each first poll came for.
+    pub fn first_poll_per_token_since(
+        &self,
+        since: std::time::Instant,
+    ) -> Vec<(String, std::time::Instant)> {
         self.lock()
             .tokens
-            .values()
-            .filter_map(|t| t.poll_times.iter().find(|p| **p >= since).copied())
+            .iter()
+            .filter_map(|(tok, t)| {
+                let first = t.poll_times.iter().find(|p| **p >= since)?;
+                Some((tok.clone(), *first))
+            })
             .collect()
     }
 

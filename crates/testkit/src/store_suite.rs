@@ -4,7 +4,7 @@
 use std::{future::Future, sync::Arc};
 
 use botfleet_core::{BotSpec, BotStatus, Fence, HandlerSpec, Platform, Secret};
-use botfleet_store::{BotFilter, Store, StoreError};
+use botfleet_store::{BotFilter, StatusReport, Store, StoreError};
 
 use crate::coord_suite::bid;
 
@@ -269,6 +269,69 @@ pub async fn registry_stamp_tracks_spec_changes(s: Arc<dyn Store>) {
     assert_eq!(s.registry_stamp().await.unwrap().0, 0);
 }
 
+/// The batch calls answer as the single calls would, in order, one answer per item.
+pub async fn batch_calls_answer_like_single_calls(s: Arc<dyn Store>) {
+    for id in ["b1", "b2", "b3"] {
+        s.add_bot(&spec(id, Platform::Telegram)).await.unwrap();
+    }
+    s.accept_fence(&bid("b2"), Fence(7)).await.unwrap();
+    assert_eq!(
+        s.highest_fences(&[bid("b1"), bid("b2"), bid("never")])
+            .await
+            .unwrap(),
+        [Fence::ZERO, Fence(7), Fence::ZERO]
+    );
+    let answers = s
+        .accept_fences(&[
+            (bid("b1"), Fence(3)),
+            (bid("b2"), Fence(5)),
+            (bid("b3"), Fence(9)),
+        ])
+        .await
+        .unwrap();
+    assert!(answers[0].is_ok() && answers[2].is_ok(), "{answers:?}");
+    assert!(
+        matches!(&answers[1], Err(StoreError::StaleFence { current, .. }) if *current == Fence(7)),
+        "{answers:?}"
+    );
+    assert_eq!(
+        s.highest_fences(&[bid("b1"), bid("b2"), bid("b3")])
+            .await
+            .unwrap(),
+        [Fence(3), Fence(7), Fence(9)]
+    );
+    let report = |id: &str, status, err: Option<&str>| StatusReport {
+        id: bid(id),
+        status,
+        last_error: err.map(str::to_owned),
+        reported_by: Some("w-1".into()),
+    };
+    let answers = s
+        .set_statuses(&[
+            report("b1", BotStatus::Running, None),
+            report("gone", BotStatus::Running, None),
+            report("b3", BotStatus::Failed, Some("401")),
+            report("b3", BotStatus::Running, None),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(answers[1], Err(StoreError::NotFound(_))),
+        "{answers:?}"
+    );
+    assert!(answers[0].is_ok() && answers[2].is_ok() && answers[3].is_ok());
+    let b1 = s.get_bot(&bid("b1")).await.unwrap().unwrap();
+    assert_eq!(
+        (b1.status, b1.reported_by.as_deref()),
+        (BotStatus::Running, Some("w-1"))
+    );
+    // Applied in order: the last report of b3 wins.
+    let b3 = s.get_bot(&bid("b3")).await.unwrap().unwrap();
+    assert_eq!((b3.status, b3.last_error), (BotStatus::Running, None));
+    assert!(s.highest_fences(&[]).await.unwrap().is_empty());
+    assert!(s.accept_fences(&[]).await.unwrap().is_empty());
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -288,6 +351,7 @@ macro_rules! store_conformance {
             concurrent_fenced_writes,
             registry_stamp_tracks_spec_changes,
             sent_marks_last_until_the_cursor_moves,
+            batch_calls_answer_like_single_calls,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -16,7 +16,7 @@ use botfleet_coord::{
 };
 use botfleet_core::{BotId, BotStatus, Fence, Platform, WorkerId};
 use botfleet_store::Store;
-use futures_util::{stream, StreamExt};
+use futures_util::{future::join_all, stream, StreamExt};
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
@@ -31,8 +31,12 @@ use crate::{
 };
 
 /// Coordinator calls the worker's jobs make at once (claims, hand-overs, releases). They are
-/// pipelined on one connection, so a few hundred keep it busy without queueing for seconds.
-pub(super) const COORD_CONCURRENCY: usize = 256;
+/// pipelined on one connection, so a thousand keep it busy without queueing for seconds.
+pub(super) const COORD_CONCURRENCY: usize = 1_024;
+
+/// Bots claimed together: one store read of their fence floors, their claims pipelined, one
+/// store transaction accepting the grants.
+const CLAIM_BATCH: usize = 256;
 
 /// How long a stopping bot task may take before it is aborted.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -69,33 +73,59 @@ pub(super) enum ClaimResult {
     NotGranted,
 }
 
-/// Claims `bot`, with the store's highest fence as the floor, and records the grant's fence in
-/// the store before anything acts on it.
-async fn claim_one(coord: &dyn Coordinator, store: &dyn Store, bot: &BotId) -> ClaimResult {
-    let min = match store.highest_fence(bot).await {
+/// Claims `bots`, each with the store's highest fence as its floor, and records the grants'
+/// fences in the store before anything acts on them. One answer per bot.
+async fn claim_many(
+    coord: &dyn Coordinator,
+    store: &dyn Store,
+    bots: Vec<BotId>,
+) -> Vec<(BotId, ClaimResult)> {
+    let mins = match store.highest_fences(&bots).await {
         Ok(m) => m,
         Err(e) => {
-            debug!(%bot, error = %e, "cannot read the fence floor; not claiming now");
-            return ClaimResult::NotGranted;
+            debug!(error = %e, "cannot read the fence floors; not claiming now");
+            return bots
+                .into_iter()
+                .map(|b| (b, ClaimResult::NotGranted))
+                .collect();
         }
     };
-    match coord.claim(bot, min).await {
-        Ok(ClaimOutcome::Granted(f)) => match store.accept_fence(bot, f).await {
-            Ok(()) => ClaimResult::Granted(f),
+    let outcomes = join_all(bots.iter().zip(&mins).map(|(b, m)| coord.claim(b, *m))).await;
+    let mut out = Vec::with_capacity(bots.len());
+    let mut granted = Vec::new();
+    for (bot, o) in bots.into_iter().zip(outcomes) {
+        match o {
+            Ok(ClaimOutcome::Granted(f)) => granted.push((bot, f)),
+            Ok(ClaimOutcome::Held(o)) => out.push((bot, ClaimResult::Held(o.worker))),
+            Ok(ClaimOutcome::Grace(d)) => out.push((bot, ClaimResult::Grace(d))),
+            Ok(ClaimOutcome::NotLive) => out.push((bot, ClaimResult::NotGranted)),
             Err(e) => {
-                warn!(%bot, error = %e, "claim granted but the store refused its fence");
-                let _ = coord.release(bot, f).await;
-                ClaimResult::NotGranted
+                debug!(%bot, error = %e, "claim failed");
+                out.push((bot, ClaimResult::NotGranted));
             }
-        },
-        Ok(ClaimOutcome::Held(o)) => ClaimResult::Held(o.worker),
-        Ok(ClaimOutcome::Grace(d)) => ClaimResult::Grace(d),
-        Ok(ClaimOutcome::NotLive) => ClaimResult::NotGranted,
-        Err(e) => {
-            debug!(%bot, error = %e, "claim failed");
-            ClaimResult::NotGranted
         }
     }
+    if granted.is_empty() {
+        return out;
+    }
+    let answers = match store.accept_fences(&granted).await {
+        Ok(a) => a
+            .into_iter()
+            .map(|r| r.err().map(|e| e.to_string()))
+            .collect(),
+        Err(e) => vec![Some(e.to_string()); granted.len()],
+    };
+    for ((bot, f), refused) in granted.into_iter().zip(answers) {
+        match refused {
+            None => out.push((bot, ClaimResult::Granted(f))),
+            Some(why) => {
+                warn!(%bot, error = %why, "claim granted but the store did not take its fence");
+                let _ = coord.release(&bot, f).await;
+                out.push((bot, ClaimResult::NotGranted));
+            }
+        }
+    }
+    out
 }
 
 /// Hands a held claim over (or releases it); failures leave it to end with our liveness.
@@ -273,19 +303,18 @@ impl State {
                 me.clone(),
             );
             self.jobs.spawn(async move {
-                stream::iter(pass_on)
-                    .for_each_concurrent(64, |(bot, to)| {
-                        let (coord, store, slots, me) =
-                            (coord.clone(), store.clone(), slots.clone(), me.clone());
-                        async move {
-                            let _slot = slots.acquire().await;
-                            if let ClaimResult::Granted(f) = claim_one(&*coord, &*store, &bot).await
-                            {
-                                give_up(&*coord, &bot, f, to.as_ref(), &me).await;
-                            }
+                for chunk in pass_on.chunks(CLAIM_BATCH) {
+                    let _slots = slots.acquire_many(chunk.len() as u32).await;
+                    let bots = chunk.iter().map(|(b, _)| b.clone()).collect();
+                    let to: HashMap<&BotId, &Option<WorkerId>> =
+                        chunk.iter().map(|(b, t)| (b, t)).collect();
+                    for (bot, r) in claim_many(&*coord, &*store, bots).await {
+                        if let ClaimResult::Granted(f) = r {
+                            let to = to.get(&bot).and_then(|t| t.as_ref());
+                            give_up(&*coord, &bot, f, to, &me).await;
                         }
-                    })
-                    .await;
+                    }
+                }
             });
         }
         // Claim what is ours and not running, within capacity. Bots another live worker held
@@ -320,16 +349,19 @@ impl State {
             self.tx.clone(),
         );
         self.jobs.spawn(async move {
-            stream::iter(wanted)
-                .for_each_concurrent(64, |bot| {
+            let chunks: Vec<Vec<BotId>> = wanted.chunks(CLAIM_BATCH).map(<[_]>::to_vec).collect();
+            stream::iter(chunks)
+                .for_each_concurrent(4, |chunk| {
                     let (coord, store, slots, tx) =
                         (coord.clone(), store.clone(), slots.clone(), tx.clone());
                     async move {
-                        let r = {
-                            let _slot = slots.acquire().await;
-                            claim_one(&*coord, &*store, &bot).await
+                        let results = {
+                            let _slots = slots.acquire_many(chunk.len() as u32).await;
+                            claim_many(&*coord, &*store, chunk).await
                         };
-                        let _ = tx.send(Signal::Claimed(bot, r));
+                        for (bot, r) in results {
+                            let _ = tx.send(Signal::Claimed(bot, r));
+                        }
                     }
                 })
                 .await;
@@ -404,6 +436,7 @@ impl State {
             lease: lease.clone(),
             metrics: self.w.metrics.clone(),
             starter: self.starter.clone(),
+            reporter: self.reporter.clone(),
             stop: stop_rx,
         };
         let parked = platform != Platform::Telegram;
@@ -413,15 +446,12 @@ impl State {
             let exit = if platform == Platform::Telegram {
                 ctx.run().await
             } else {
-                let _ = ctx
-                    .store
-                    .set_status(
-                        &ctx.spec.id,
-                        BotStatus::Failed,
-                        Some("platform not supported yet"),
-                        Some(&ctx.worker),
-                    )
-                    .await;
+                ctx.reporter.report(
+                    &ctx.spec.id,
+                    BotStatus::Failed,
+                    Some("platform not supported yet"),
+                    &ctx.worker,
+                );
                 BotExit::Failed(format!(
                     "platform {platform} is not supported by this worker yet"
                 ))

@@ -1,0 +1,82 @@
+//! The status reporter: bots' status reports go to the store in batches, in order, from one
+//! task. A worker starting ten thousand bots writes "running" in a few transactions instead
+//! of ten thousand, and a bot never waits on the store to say how it is.
+
+use std::{sync::Arc, time::Duration};
+
+use botfleet_core::{BotId, BotStatus};
+use botfleet_store::{StatusReport, Store, StoreError};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// Most reports written in one batch.
+const BATCH: usize = 1_000;
+/// Tries of a batch the store failed as a whole.
+const TRIES: u32 = 5;
+
+/// A handle to the worker's status reporter; cloning shares it.
+#[derive(Clone, Debug)]
+pub(crate) struct Reporter {
+    tx: mpsc::UnboundedSender<StatusReport>,
+}
+
+impl Reporter {
+    /// Starts the reporter's task; it ends when every handle is dropped, after writing what
+    /// was queued.
+    pub(crate) fn spawn(store: Arc<dyn Store>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write(store, rx));
+        Self { tx }
+    }
+
+    /// Records what `bot` is doing, as `worker` sees it; `error` `None` clears the last error.
+    pub(crate) fn report(&self, bot: &BotId, status: BotStatus, error: Option<&str>, worker: &str) {
+        let _ = self.tx.send(StatusReport {
+            id: bot.clone(),
+            status,
+            last_error: error.map(str::to_owned),
+            reported_by: Some(worker.to_owned()),
+        });
+    }
+}
+
+async fn write(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<StatusReport>) {
+    let mut batch = Vec::with_capacity(BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let mut tries = 0;
+        loop {
+            match store.set_statuses(&batch).await {
+                Ok(answers) => {
+                    for (r, a) in batch.iter().zip(answers) {
+                        match a {
+                            Ok(()) => {}
+                            // Removed meanwhile: nothing to report on.
+                            Err(StoreError::NotFound(_)) => {
+                                debug!(bot = %r.id, "status of a removed bot not recorded");
+                            }
+                            Err(e) => warn!(bot = %r.id, error = %e, "could not record bot status"),
+                        }
+                    }
+                    break;
+                }
+                Err(e) if tries + 1 < TRIES => {
+                    tries += 1;
+                    warn!(error = %e, reports = batch.len(), "could not record bot statuses; retrying");
+                    tokio::time::sleep(Duration::from_millis(200 << tries)).await;
+                }
+                Err(e) => {
+                    warn!(error = %e, reports = batch.len(), "could not record bot statuses; dropped");
+                    break;
+                }
+            }
+        }
+        batch.clear();
+    }
+}
