@@ -132,6 +132,20 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
              may still be open when another worker takes its bots (a 409 on Telegram)"
         );
     }
+    // Every long-polling bot holds a connection, and every connection a file descriptor.
+    if let Some(limit) = open_file_limit() {
+        let needed = u64::from(a.capacity).saturating_add(FD_HEADROOM);
+        if limit < needed {
+            tracing::warn!(
+                open_file_limit = limit,
+                capacity = a.capacity,
+                "the open-file limit is below the capacity plus {FD_HEADROOM}: bots beyond about \
+                 {} on this worker will fail to connect; raise `ulimit -n` (LimitNOFILE in \
+                 systemd) or lower --capacity",
+                limit.saturating_sub(FD_HEADROOM)
+            );
+        }
+    }
     let worker = Worker::new(cfg, coord, store)?;
     let (addr, http_task) = http::serve(
         a.http_addr,
@@ -152,6 +166,22 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Descriptors a worker needs besides its bots' connections (store, Redis, HTTP server,
+/// a margin for connections being replaced).
+const FD_HEADROOM: u64 = 1_000;
+
+/// The soft limit on open files, from `/proc/self/limits` (Linux); `None` when unknown or
+/// unlimited.
+fn open_file_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// 8 random hex characters (from the OS's randomness through std's hasher seed).
 pub(crate) fn random_hex() -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -164,4 +194,16 @@ pub(crate) fn random_hex() -> String {
     );
     h.write_u32(std::process::id());
     format!("{:08x}", h.finish() as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(open_file_limit().is_some_and(|n| n > 0));
+        }
+    }
 }
