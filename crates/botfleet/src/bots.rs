@@ -11,7 +11,6 @@ use botfleet_core::{
 };
 use botfleet_store::{BotFilter, Store, StoreError};
 use clap::{Args, Subcommand, ValueEnum};
-use serde::Deserialize;
 
 use crate::common::Backends;
 
@@ -30,11 +29,16 @@ pub(crate) struct AddArgs {
     /// telegram, slack, discord or whatsapp.
     #[arg(long)]
     platform: String,
-    /// The platform token. Prefer the environment variable: command lines are visible to
-    /// other users of the machine.
+    /// The platform token (Telegram bot token, Slack bot token `xoxb-…`). Prefer the
+    /// environment variable: command lines are visible to other users of the machine.
     #[arg(long, env = "BOTFLEET_TOKEN", hide_env_values = true)]
     token: String,
-    /// The platform API's base URL (e.g. a self-hosted Bot API server).
+    /// Slack's app-level token (`xapp-…`, scope connections:write) that opens Socket Mode
+    /// connections. Prefer the environment variable.
+    #[arg(long, env = "BOTFLEET_APP_TOKEN", hide_env_values = true)]
+    app_token: Option<String>,
+    /// The platform API's base URL: a self-hosted Bot API server for Telegram; Slack's Web
+    /// API base (default https://slack.com/api/).
     #[arg(long)]
     api_url: Option<String>,
     /// How the bot answers.
@@ -61,7 +65,8 @@ pub(crate) enum BotsCommand {
         bot: AddArgs,
     },
     /// Register many bots from a JSON-lines file (fields of `add`: id, platform, token,
-    /// api_url, handler, webhook_url, webhook_secret, enabled); `-` reads standard input.
+    /// app_token, api_url, handler, webhook_url, webhook_secret, enabled); `-` reads standard
+    /// input.
     Import {
         #[command(flatten)]
         backends: Backends,
@@ -106,29 +111,110 @@ pub(crate) enum BotsCommand {
     },
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One bot as `bots add` flags or a `bots import` line describe it.
+#[derive(Debug, Default)]
 struct ImportLine {
     id: String,
     platform: String,
     token: String,
-    #[serde(default)]
+    app_token: Option<String>,
     api_url: Option<String>,
-    #[serde(default)]
     handler: Option<String>,
-    #[serde(default)]
     webhook_url: Option<String>,
-    #[serde(default)]
     webhook_secret: Option<String>,
-    #[serde(default)]
     enabled: Option<bool>,
 }
 
+/// The fields of an import line.
+const IMPORT_FIELDS: &[&str] = &[
+    "id",
+    "platform",
+    "token",
+    "app_token",
+    "api_url",
+    "handler",
+    "webhook_url",
+    "webhook_secret",
+    "enabled",
+];
+
 impl ImportLine {
+    /// Reads one JSON line. Errors name the field at fault, never a value (a token may be in
+    /// any of them).
+    fn from_json(line: &str) -> Result<Self, String> {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+            format!(
+                "not JSON (column {}): {}",
+                e.column(),
+                match e.classify() {
+                    serde_json::error::Category::Eof => "it ends early",
+                    serde_json::error::Category::Syntax => "a syntax error",
+                    _ => "unreadable",
+                }
+            )
+        })?;
+        let serde_json::Value::Object(obj) = v else {
+            return Err("not a JSON object".into());
+        };
+        let mut out = ImportLine::default();
+        for (k, v) in &obj {
+            if !IMPORT_FIELDS.contains(&k.as_str()) {
+                let shown: String = k.chars().take(40).collect();
+                return Err(format!(
+                    "unknown field {shown:?} (known: {})",
+                    IMPORT_FIELDS.join(", ")
+                ));
+            }
+            let text = |name: &str| -> Result<Option<String>, String> {
+                match v {
+                    serde_json::Value::Null => Ok(None),
+                    serde_json::Value::String(s) => Ok(Some(s.clone())),
+                    _ => Err(format!("field {name} must be a string")),
+                }
+            };
+            match k.as_str() {
+                "id" => out.id = text("id")?.unwrap_or_default(),
+                "platform" => out.platform = text("platform")?.unwrap_or_default(),
+                "token" => out.token = text("token")?.unwrap_or_default(),
+                "app_token" => out.app_token = text("app_token")?,
+                "api_url" => out.api_url = text("api_url")?,
+                "handler" => out.handler = text("handler")?,
+                "webhook_url" => out.webhook_url = text("webhook_url")?,
+                "webhook_secret" => out.webhook_secret = text("webhook_secret")?,
+                "enabled" => {
+                    out.enabled = match v {
+                        serde_json::Value::Null => None,
+                        serde_json::Value::Bool(b) => Some(*b),
+                        _ => return Err("field enabled must be true or false".into()),
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (field, value) in [
+            ("id", &out.id),
+            ("platform", &out.platform),
+            ("token", &out.token),
+        ] {
+            if value.is_empty() {
+                return Err(format!("missing field {field}"));
+            }
+        }
+        Ok(out)
+    }
+
     /// The spec this line (or `bots add`'s flags) describes, validated.
     fn into_spec(self) -> anyhow::Result<BotSpec> {
         let id = BotId::new(self.id)?;
         let platform: Platform = self.platform.parse()?;
+        let supported = botfleet_runtime::supported_platforms();
+        if !supported.contains(&platform) {
+            let names: Vec<&str> = supported.iter().map(|p| p.as_str()).collect();
+            bail!(
+                "platform {platform} does not run in this build yet (it runs: {})",
+                names.join(", ")
+            );
+        }
         let handler = HandlerSpec::from_parts(
             self.handler.as_deref().unwrap_or("echo"),
             self.webhook_url,
@@ -138,6 +224,7 @@ impl ImportLine {
             id,
             platform,
             token: Secret::new(self.token),
+            app_token: self.app_token.map(Secret::new),
             options: BotOptions {
                 api_url: self.api_url,
             },
@@ -177,6 +264,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 id: bot.id,
                 platform: bot.platform,
                 token: bot.token,
+                app_token: bot.app_token,
                 api_url: bot.api_url,
                 handler: Some(
                     match bot.handler {
@@ -201,6 +289,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
             let store = backends.store().await?;
             let fleet = backends.redis().await?;
             let bots = store.list_bots(&BotFilter::default()).await?;
+            let inbox = store.inbox_stats().await?;
             let mut rows = Vec::new();
             for b in &bots {
                 let owner = match &fleet {
@@ -220,6 +309,8 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                     "enabled": b.spec.enabled,
                     "status": b.status.as_str(),
                     "owner": owner,
+                    "pending": inbox.get(&b.spec.id).map_or(0, |s| s.pending),
+                    "undeliverable": inbox.get(&b.spec.id).map_or(0, |s| s.undeliverable),
                     "last_error": b.last_error,
                 }));
             }
@@ -229,17 +320,19 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<24} {:<9} {:<7} {:<8} {:<20} LAST ERROR",
-                    "ID", "PLATFORM", "ENABLED", "STATUS", "OWNER"
+                    "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} LAST ERROR",
+                    "ID", "PLATFORM", "ENABLED", "STATUS", "OWNER", "PENDING", "UNDELIVERABLE"
                 );
                 for r in rows {
                     println!(
-                        "{:<24} {:<9} {:<7} {:<8} {:<20} {}",
+                        "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {}",
                         r["id"].as_str().unwrap_or_default(),
                         r["platform"].as_str().unwrap_or_default(),
                         r["enabled"],
                         r["status"].as_str().unwrap_or_default(),
                         r["owner"].as_str().unwrap_or("-"),
+                        r["pending"],
+                        r["undeliverable"],
                         r["last_error"].as_str().unwrap_or(""),
                     );
                 }
@@ -293,24 +386,6 @@ async fn set_enabled(backends: Backends, id: &str, enabled: bool) -> anyhow::Res
     Ok(())
 }
 
-/// serde quotes offending values between backticks (`invalid type: integer `123``): a value
-/// in a token field must not reach the terminal, so every quoted value is replaced.
-fn redact_values(msg: &str) -> String {
-    let mut out = String::with_capacity(msg.len());
-    let mut inside = false;
-    for c in msg.chars() {
-        if c == '`' {
-            if !inside {
-                out.push_str("<value>");
-            }
-            inside = !inside;
-        } else if !inside {
-            out.push(c);
-        }
-    }
-    out
-}
-
 async fn import(backends: Backends, file: &str) -> anyhow::Result<ExitCode> {
     let reader: Box<dyn BufRead> = if file == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
@@ -336,8 +411,7 @@ async fn import(backends: Backends, file: &str) -> anyhow::Result<ExitCode> {
             continue;
         }
         let result = async {
-            let l: ImportLine = serde_json::from_str(&line)
-                .map_err(|e| anyhow::anyhow!("not a bot: {}", redact_values(&e.to_string())))?;
+            let l = ImportLine::from_json(&line).map_err(|e| anyhow::anyhow!("{e}"))?;
             let spec = l.into_spec()?;
             match store.add_bot(&spec).await {
                 Ok(()) => {}

@@ -79,14 +79,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(a) => demo::run(a).await,
         Command::Version => {
             println!("botfleet {}", env!("CARGO_PKG_VERSION"));
-            let platforms: Vec<_> = botfleet_core::Platform::ALL
+            let runs: Vec<_> = botfleet_runtime::supported_platforms()
                 .iter()
                 .map(|p| p.as_str())
                 .collect();
-            println!(
-                "platforms: {} (workers run telegram today)",
-                platforms.join(", ")
-            );
+            println!("platforms: {}", runs.join(", "));
             println!("stores: sqlite (default), postgres, memory");
             println!("coordinators: memory (embedded), redis (fleet)");
             Ok(ExitCode::SUCCESS)

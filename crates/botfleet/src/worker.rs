@@ -43,9 +43,23 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_LEASE_MS", default_value_t = 15_000,
           value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
     lease_ms: u64,
-    /// Fleet-wide bot starts per second per platform (above 0, at most 100000).
-    #[arg(long, env = "BOTFLEET_CONNECT_RATE", default_value_t = 30.0, value_parser = positive_rate)]
-    connect_rate: f64,
+    /// Fleet-wide bot starts per second for every platform (above 0, at most 100000)
+    /// [default: each platform's own: --telegram-connect-rate, --slack-connect-rate]
+    #[arg(long, env = "BOTFLEET_CONNECT_RATE", value_parser = positive_rate)]
+    connect_rate: Option<f64>,
+    /// Fleet-wide Telegram bot starts per second [default: --connect-rate, else 10000]
+    /// (Telegram limits per token, so this only keeps a cold fleet from stampeding the store).
+    #[arg(long, env = "BOTFLEET_TELEGRAM_CONNECT_RATE", value_parser = positive_rate)]
+    telegram_connect_rate: Option<f64>,
+    /// Fleet-wide Slack bot starts per second [default: --connect-rate, else 1000] (Slack
+    /// limits per app).
+    #[arg(long, env = "BOTFLEET_SLACK_CONNECT_RATE", value_parser = positive_rate)]
+    slack_connect_rate: Option<f64>,
+    /// How long one message's handler (or send) is retried through transient failures, in
+    /// seconds (0-86400), before it is recorded as undeliverable.
+    #[arg(long, env = "BOTFLEET_HANDLER_RETRY_S", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    handler_retry_s: u64,
     /// Telegram long-poll timeout in seconds (0-50); keep it under 2/3 of the lease.
     #[arg(long, env = "BOTFLEET_POLL_TIMEOUT_S", default_value_t = 9,
           value_parser = clap::value_parser!(u64).range(0..=50))]
@@ -115,7 +129,20 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = WorkerConfig::new(id.clone());
     cfg.capacity = a.capacity;
     cfg.lease = Duration::from_millis(a.lease_ms);
-    cfg.connect_rate = a.connect_rate;
+    // A platform's own flag, else --connect-rate for every platform, else its default.
+    if let Some(r) = a.connect_rate {
+        cfg.connect_rate = r;
+        cfg.connect_rates.clear();
+    }
+    for (p, own) in [
+        (botfleet_core::Platform::Telegram, a.telegram_connect_rate),
+        (botfleet_core::Platform::Slack, a.slack_connect_rate),
+    ] {
+        if let Some(r) = own {
+            cfg.connect_rates.insert(p, r);
+        }
+    }
+    cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
     cfg.telegram.poll_timeout = Duration::from_secs(a.poll_timeout_s);
     cfg.registry_refresh = Duration::from_millis(a.registry_refresh_ms.unwrap_or(if embedded {
         2_000

@@ -59,6 +59,9 @@ pub enum InvalidSpec {
     /// The token is empty or has characters no platform issues.
     #[error("invalid token: {0}")]
     Token(&'static str),
+    /// The app token (Slack's `xapp-…`) is missing where needed, or malformed.
+    #[error("invalid app_token: {0}")]
+    AppToken(&'static str),
     /// A URL option is not an `http://` or `https://` URL.
     #[error("invalid {field}: {reason}")]
     Url {

@@ -72,8 +72,11 @@ pub struct BotSpec {
     pub id: BotId,
     /// Which platform it speaks to.
     pub platform: Platform,
-    /// The platform credential (Telegram bot token, Slack app token, ...).
+    /// The platform credential (Telegram bot token, Slack bot token `xoxb-…`, ...).
     pub token: Secret,
+    /// A second credential where the platform needs one: Slack's app-level token (`xapp-…`)
+    /// that opens Socket Mode connections.
+    pub app_token: Option<Secret>,
     /// Optional settings.
     pub options: BotOptions,
     /// How it answers.
@@ -89,6 +92,7 @@ impl BotSpec {
             id,
             platform,
             token: token.into(),
+            app_token: None,
             options: BotOptions::default(),
             handler: HandlerSpec::Echo,
             enabled: true,
@@ -116,6 +120,31 @@ impl BotSpec {
         if self.platform == Platform::Telegram && token.contains('/') {
             // The token becomes a path segment: `/bot{token}/getMe`.
             return Err(InvalidSpec::Token("contains '/'"));
+        }
+        if let Some(app) = &self.app_token {
+            let app = app.expose();
+            if app.is_empty()
+                || app.len() > 4096
+                || app.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(InvalidSpec::AppToken(
+                    "must be 1-4096 bytes without white space",
+                ));
+            }
+        }
+        if self.platform == Platform::Slack {
+            if !token.starts_with("xoxb-") {
+                return Err(InvalidSpec::Token("must be a Slack bot token (xoxb-…)"));
+            }
+            match &self.app_token {
+                None => return Err(InvalidSpec::AppToken("is required for Slack (xapp-…)")),
+                Some(a) if !a.expose().starts_with("xapp-") => {
+                    return Err(InvalidSpec::AppToken(
+                        "must be a Slack app-level token (xapp-…)",
+                    ))
+                }
+                Some(_) => {}
+            }
         }
         if let Some(url) = &self.options.api_url {
             check_http_url("api_url", url)?;

@@ -1,8 +1,9 @@
-//! Running one bot: wait for a start slot, check the token, long-poll, hand each chat's
-//! messages to the handler one at a time, send the answers, advance the fenced cursor.
+//! Running one bot, whatever its platform: a start slot, verify the credentials, connect (or
+//! resume from the stored checkpoint), then receive batches, record each message in the inbox,
+//! acknowledge the batch to the platform and store its checkpoint, and hand each message to its
+//! chat's queue (see [`crate::chats`]). Nothing here names a platform's wire types.
 
 use std::{
-    collections::BTreeMap,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -11,14 +12,19 @@ use std::{
 };
 
 use botfleet_coord::LeaseHandle;
-use botfleet_core::{BotSpec, BotStatus, Fence, Inbound, Outbound};
-use botfleet_store::{Store, StoreError};
-use botfleet_telegram::{parse_update, BotApi, TelegramClient, TelegramError, Update};
-use futures_util::future::join_all;
+use botfleet_core::{BotSpec, BotStatus, Fence};
+use botfleet_platform::{Connection, Connector, ErrorKind, PlatformError};
+use botfleet_store::{InboxItem, Store, StoreError};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
-use crate::{handler::Handler, metrics::Metrics, reporter::Reporter, starter::Starter};
+use crate::{
+    chats::{ChatExit, Chats, ChatsCtx},
+    handler::Handler,
+    metrics::Metrics,
+    reporter::Reporter,
+    starter::Starter,
+};
 
 /// Why a bot task ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,23 +37,35 @@ pub(crate) enum BotExit {
     Failed(String),
 }
 
+/// Per-bot settings the worker passes down.
+#[derive(Clone, Debug)]
+pub(crate) struct BotSettings {
+    /// How long a message's handler or send is retried through transient failures before the
+    /// message is recorded as undeliverable.
+    pub(crate) retry_for: Duration,
+    /// Messages a bot holds in memory at most (received, not yet answered): past it, it stops
+    /// receiving until its chats catch up.
+    pub(crate) max_in_flight: usize,
+}
+
 /// Everything a bot task needs; owned by the task.
 pub(crate) struct BotCtx {
     pub(crate) spec: BotSpec,
     pub(crate) fence: Fence,
     pub(crate) worker: String,
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) telegram: TelegramClient,
+    pub(crate) connector: Arc<dyn Connector>,
     pub(crate) handler: Handler,
     pub(crate) lease: LeaseHandle,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) starter: Starter,
     pub(crate) reporter: Reporter,
+    pub(crate) settings: BotSettings,
     pub(crate) stop: watch::Receiver<bool>,
 }
 
 /// Resolves once a stop is asked for (or the worker that could ask is gone).
-async fn stopped(mut stop: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
     loop {
         if *stop.borrow_and_update() {
             return;
@@ -59,7 +77,7 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 }
 
 /// Sleeps `d`, or less if asked to stop; answers whether it was asked to stop.
-async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+pub(crate) async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
     if *stop.borrow() {
         return true;
     }
@@ -70,7 +88,7 @@ async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
 }
 
 /// Capped exponential backoff with jitter: attempt 0 → ~0.5 s, doubling, at most ~30 s.
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     static SEED: AtomicU64 = AtomicU64::new(0x2545_f491_4f6c_dd1d);
     let base = 500u64.saturating_mul(1 << attempt.min(6)).min(30_000);
     // xorshift: cheap jitter, no need for a crypto RNG; spreads retries of many bots.
@@ -82,17 +100,36 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(base / 2 + x % (base / 2 + 1))
 }
 
+/// How long to wait after a retryable platform failure, `attempt` failures in a row.
+fn wait_after(e: &PlatformError, attempt: u32) -> Duration {
+    match e.kind() {
+        ErrorKind::RateLimited(d) => d,
+        // Another poller or a webhook holds the token: no hurry.
+        ErrorKind::Conflict => backoff(attempt.max(3)),
+        _ => backoff(attempt),
+    }
+}
+
 impl BotCtx {
     fn report(&self, status: BotStatus, error: Option<&str>) {
         self.reporter
             .report(&self.spec.id, status, error, &self.worker);
     }
 
-    async fn fail(&self, reason: &'static str, detail: String) -> BotExit {
-        warn!(bot = %self.spec.id, reason, detail = %detail, "bot failed; not retrying until restarted");
-        self.metrics.start_failure(self.spec.platform, reason);
+    fn fail(&self, e: &PlatformError) -> BotExit {
+        warn!(bot = %self.spec.id, reason = e.reason(), error = %e, "bot failed; not retrying until restarted");
+        self.metrics.start_failure(self.spec.platform, e.reason());
+        let detail = e.to_string();
         self.report(BotStatus::Failed, Some(&detail));
         BotExit::Failed(detail)
+    }
+
+    /// A chat queue stopped the bot.
+    fn chat_exit(&self, exit: ChatExit) -> BotExit {
+        match exit {
+            ChatExit::Fenced(why) => BotExit::Fenced(why),
+            ChatExit::Failed(e) => self.fail(&e),
+        }
     }
 
     /// Waits for a start slot from the fleet-wide rate limiter.
@@ -105,58 +142,95 @@ impl BotCtx {
         }
     }
 
-    /// The whole life of a Telegram bot on this worker.
-    pub(crate) async fn run(mut self) -> BotExit {
-        let api = match BotApi::new(self.spec.options.api_url.as_deref(), &self.spec.token) {
-            Ok(a) => a,
-            Err(e) => return self.fail("bad_api_url", e.to_string()).await,
-        };
-        if !self.wait_for_slot().await {
-            return BotExit::Stopped;
-        }
-        // getMe: a bad token fails fast; transient errors are retried.
+    /// Runs `call` until it succeeds, the credentials are refused (the bot fails), the lease is
+    /// not safe or a stop is asked for; retryable failures wait as their kind says.
+    async fn until_ok<T, F, Fut>(&mut self, what: &'static str, mut call: F) -> Result<T, BotExit>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, PlatformError>>,
+    {
         let mut attempt = 0;
         loop {
-            if let Err(e) = self.lease.check() {
-                return BotExit::Fenced(e.to_string());
-            }
+            self.lease
+                .check()
+                .map_err(|e| BotExit::Fenced(e.to_string()))?;
             let r = tokio::select! {
-                r = self.telegram.get_me(&api) => r,
-                () = stopped(self.stop.clone()) => return BotExit::Stopped,
+                r = call() => r,
+                () = stopped(self.stop.clone()) => return Err(BotExit::Stopped),
             };
             match r {
-                Ok(me) => {
-                    debug!(bot = %self.spec.id, telegram_id = me.id, "token accepted");
-                    break;
-                }
-                Err(TelegramError::Unauthorized(d)) => {
-                    return self
-                        .fail(
-                            "unauthorized",
-                            format!("Telegram refused the token (401): {d}"),
-                        )
-                        .await;
-                }
-                Err(e @ TelegramError::Refused { .. }) => {
-                    return self.fail("refused", e.to_string()).await;
+                Ok(v) => return Ok(v),
+                Err(e) if matches!(e.kind(), ErrorKind::Credentials | ErrorKind::Rejected) => {
+                    return Err(self.fail(&e));
                 }
                 Err(e) => {
                     self.metrics.platform_error(self.spec.platform, e.reason());
-                    warn!(bot = %self.spec.id, error = %e, "getMe failed; retrying");
-                    if sleep_or_stop(backoff(attempt), &mut self.stop).await {
-                        return BotExit::Stopped;
+                    let wait = wait_after(&e, attempt);
+                    warn!(bot = %self.spec.id, error = %e, wait_ms = wait.as_millis() as u64, "{what} failed; retrying");
+                    if sleep_or_stop(wait, &mut self.stop).await {
+                        return Err(BotExit::Stopped);
                     }
                     attempt += 1;
                 }
             }
         }
-        let mut offset: i64 = match self.store.cursor(&self.spec.id).await {
-            Ok(Some(c)) => c.value.parse().unwrap_or(0),
-            Ok(None) => 0,
-            Err(e) => {
-                warn!(bot = %self.spec.id, error = %e, "cannot read the cursor; starting from the platform's");
-                0
+    }
+
+    /// A store write retried through backend failures; a stale fence ends the bot here.
+    async fn store_retry<T, F, Fut>(
+        &mut self,
+        what: &'static str,
+        mut call: F,
+    ) -> Result<T, BotExit>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut tries = 0;
+        loop {
+            match call().await {
+                Ok(v) => return Ok(v),
+                Err(StoreError::StaleFence { current, .. }) => {
+                    return Err(BotExit::Fenced(format!(
+                        "a newer fence {current} owns this bot"
+                    )));
+                }
+                Err(e) => {
+                    warn!(bot = %self.spec.id, error = %e, "cannot {what}; retrying");
+                    if sleep_or_stop(backoff(tries), &mut self.stop).await {
+                        return Err(BotExit::Stopped);
+                    }
+                    tries += 1;
+                }
             }
+        }
+    }
+
+    /// The whole life of the bot on this worker.
+    pub(crate) async fn run(mut self) -> BotExit {
+        if !self.wait_for_slot().await {
+            return BotExit::Stopped;
+        }
+        let (connector, spec) = (self.connector.clone(), self.spec.clone());
+        let identity = match self.until_ok("verify", || connector.verify(&spec)).await {
+            Ok(i) => i,
+            Err(exit) => return exit,
+        };
+        debug!(bot = %self.spec.id, user = %identity.user_id, "credentials accepted");
+        let checkpoint = match self.store.cursor(&self.spec.id).await {
+            Ok(c) => c.map(|c| c.value),
+            Err(e) => {
+                warn!(bot = %self.spec.id, error = %e, "cannot read the checkpoint; starting from the platform's");
+                None
+            }
+        };
+        let cp = checkpoint.clone();
+        let Connection { receiver, sender } = match self
+            .until_ok("connect", || connector.connect(&spec, cp.as_deref()))
+            .await
+        {
+            Ok(c) => c,
+            Err(exit) => return exit,
         };
         self.metrics.running(self.spec.platform, 1);
         let _running = RunningGuard {
@@ -164,196 +238,161 @@ impl BotCtx {
             platform: self.spec.platform,
         };
         self.report(BotStatus::Running, None);
-        info!(bot = %self.spec.id, fence = self.fence.get(), offset, "bot running");
+        info!(bot = %self.spec.id, fence = self.fence.get(), checkpoint = checkpoint.as_deref().unwrap_or("-"), "bot running");
+        let mut chats = Chats::new(ChatsCtx {
+            bot: self.spec.id.clone(),
+            platform: self.spec.platform,
+            fence: self.fence,
+            store: self.store.clone(),
+            sender,
+            handler: self.handler.clone(),
+            lease: self.lease.clone(),
+            metrics: self.metrics.clone(),
+            retry_for: self.settings.retry_for,
+            stop: self.stop.clone(),
+        });
+        let exit = self.receive(receiver, &mut chats).await;
+        chats.finish(Duration::from_secs(4)).await;
+        exit
+    }
+
+    /// Replays what a predecessor recorded but did not answer, then receives until told to
+    /// stop or no longer allowed to act.
+    async fn receive(
+        &mut self,
+        mut receiver: Box<dyn botfleet_platform::Receiver>,
+        chats: &mut Chats,
+    ) -> BotExit {
+        let (store, bot) = (self.store.clone(), self.spec.id.clone());
+        match self
+            .store_retry("read the inbox", || store.inbox_pending(&bot, 100_000))
+            .await
+        {
+            Ok(pending) => {
+                if !pending.is_empty() {
+                    info!(bot = %bot, messages = pending.len(), "replaying recorded messages not answered yet");
+                }
+                for e in pending {
+                    chats.dispatch(e);
+                }
+            }
+            Err(exit) => return exit,
+        }
         let mut attempt = 0;
-        loop {
+        let exit = loop {
             if let Err(e) = self.lease.check() {
-                return BotExit::Fenced(e.to_string());
+                break BotExit::Fenced(e.to_string());
+            }
+            // Bounded: past the limit, wait for the chats to catch up before receiving more.
+            if chats.in_flight() >= self.settings.max_in_flight {
+                tokio::select! {
+                    exit = chats.wait_below(self.settings.max_in_flight) => {
+                        if let Some(exit) = exit { break self.chat_exit(exit); }
+                        continue;
+                    }
+                    () = stopped(self.stop.clone()) => break BotExit::Stopped,
+                }
             }
             let r = tokio::select! {
-                r = self.telegram.get_updates(&api, offset) => r,
-                () = stopped(self.stop.clone()) => return BotExit::Stopped,
+                r = receiver.next() => r,
+                exit = chats.exited() => break self.chat_exit(exit),
+                () = stopped(self.stop.clone()) => break BotExit::Stopped,
             };
-            let updates = match r {
-                Ok(u) => {
+            let received_at = tokio::time::Instant::now();
+            let batch = match r {
+                Ok(b) => {
                     if attempt > 0 {
                         // Recovered: clear the error the failures reported.
                         self.report(BotStatus::Running, None);
                     }
                     attempt = 0;
-                    u
+                    b
                 }
+                Err(e) if e.kind() == ErrorKind::Credentials => break self.fail(&e),
                 Err(e) => {
                     self.metrics.platform_error(self.spec.platform, e.reason());
-                    let wait = match &e {
-                        TelegramError::Unauthorized(d) => {
-                            return self
-                                .fail(
-                                    "unauthorized",
-                                    format!("Telegram refused the token (401): {d}"),
-                                )
-                                .await;
-                        }
-                        TelegramError::RateLimited(d) => *d,
-                        TelegramError::Conflict(_) => {
-                            // Another poller or a webhook holds the token: report, back off.
-                            self.report(BotStatus::Running, Some(&e.to_string()));
-                            backoff(attempt.max(3))
-                        }
-                        _ => backoff(attempt),
-                    };
-                    warn!(bot = %self.spec.id, error = %e, wait_ms = wait.as_millis() as u64, "getUpdates failed");
+                    if e.kind() == ErrorKind::Conflict {
+                        self.report(BotStatus::Running, Some(&e.to_string()));
+                    }
+                    let wait = wait_after(&e, attempt);
+                    warn!(bot = %self.spec.id, error = %e, wait_ms = wait.as_millis() as u64, "receiving failed");
                     attempt += 1;
                     if sleep_or_stop(wait, &mut self.stop).await {
-                        return BotExit::Stopped;
+                        break BotExit::Stopped;
                     }
                     continue;
                 }
             };
-            if updates.is_empty() {
-                continue;
-            }
             // A worker that was frozen acts on nothing it fetched before the freeze.
             if let Err(e) = self.lease.check() {
-                return BotExit::Fenced(e.to_string());
+                break BotExit::Fenced(e.to_string());
             }
-            let next = updates
-                .iter()
-                .filter_map(|u| u.update_id)
-                .max()
-                .map_or(offset, |m| m + 1)
-                .max(offset);
-            if next == offset {
-                // Updates without a usable id cannot be confirmed; do not spin on them.
+            self.metrics
+                .delivery_redelivered(self.spec.platform, batch.redelivered);
+            for _ in 0..batch.malformed {
                 self.metrics
                     .platform_error(self.spec.platform, "malformed_update");
-                warn!(bot = %self.spec.id, "updates without update_id; backing off");
-                if sleep_or_stop(backoff(4), &mut self.stop).await {
-                    return BotExit::Stopped;
-                }
-                continue;
             }
-            let mut chats: BTreeMap<String, Vec<Inbound>> = BTreeMap::new();
-            for raw in &updates {
-                match parse_update(&self.spec.id, raw) {
-                    Update::Message(m) => {
-                        self.metrics.received();
-                        chats.entry(m.chat.chat.clone()).or_default().push(m);
-                    }
-                    Update::Ignored => {}
-                    Update::Malformed(why) => {
-                        self.metrics
-                            .platform_error(self.spec.platform, "malformed_update");
-                        debug!(bot = %self.spec.id, why = %why, "malformed update skipped");
-                    }
-                }
-            }
-            // Chats in parallel; within a chat, one message at a time, in order.
-            let (this, api) = (&self, &api);
-            let results = join_all(chats.into_values().map(|msgs| async move {
-                for m in msgs {
-                    this.handle(api, &m).await?;
-                }
-                Ok(())
-            }))
-            .await;
-            if let Some(Err(exit)) = results.into_iter().find(Result::is_err) {
-                return exit;
-            }
-            // Advance the cursor only now that the batch is handled, under our fence.
-            let mut tries = 0;
-            loop {
+            // Record first, then acknowledge: what the platform forgets, the inbox keeps.
+            let items: Vec<InboxItem> = batch
+                .messages
+                .iter()
+                .filter_map(|r| {
+                    serde_json::to_string(&r.message)
+                        .ok()
+                        .map(|message| InboxItem {
+                            key: r.key.clone(),
+                            chat: r.message.chat.chat.clone(),
+                            message,
+                        })
+                })
+                .collect();
+            let (store, fence) = (self.store.clone(), self.fence);
+            let new = if items.is_empty() {
+                Vec::new()
+            } else {
                 match self
-                    .store
-                    .put_cursor(&self.spec.id, &next.to_string(), self.fence)
+                    .store_retry("record messages", || store.inbox_put(&bot, &items, fence))
                     .await
                 {
-                    Ok(()) => break,
-                    Err(StoreError::StaleFence { current, .. }) => {
-                        return BotExit::Fenced(format!("a newer fence {current} owns this bot"));
-                    }
-                    Err(e) => {
-                        warn!(bot = %self.spec.id, error = %e, "cannot write the cursor; retrying");
-                        if sleep_or_stop(backoff(tries), &mut self.stop).await {
-                            return BotExit::Stopped;
-                        }
-                        tries += 1;
-                    }
+                    Ok(n) => n,
+                    Err(exit) => break exit,
                 }
-            }
-            offset = next;
-        }
-    }
-
-    /// Answers one message. Errors are exits (the worker may no longer act).
-    async fn handle(&self, api: &BotApi, m: &Inbound) -> Result<(), BotExit> {
-        let answer = match self.handler.answer(m).await {
-            Ok(a) => a,
-            Err(e) => {
-                warn!(bot = %self.spec.id, chat = %m.chat.chat, error = %e, "handler failed; message not answered");
-                self.metrics.platform_error(self.spec.platform, "handler");
-                return Ok(());
-            }
-        };
-        let Some(text) = answer else {
-            return Ok(());
-        };
-        let out = Outbound::reply_to(m, text);
-        // A replay (after a crash or a freeze of the previous owner) skips what was sent.
-        match self
-            .store
-            .is_sent(&self.spec.id, &out.idempotency_key)
-            .await
-        {
-            Ok(true) => {
-                debug!(bot = %self.spec.id, key = %out.idempotency_key, "already answered");
-                return Ok(());
-            }
-            Ok(false) => {}
-            Err(e) => {
-                warn!(bot = %self.spec.id, error = %e, "cannot check the sent marks; sending")
-            }
-        }
-        let mut attempt = 0;
-        loop {
-            // Check before every act the platform can observe.
-            self.lease
-                .check()
-                .map_err(|e| BotExit::Fenced(e.to_string()))?;
-            match botfleet_telegram::send(&self.telegram, api, &out).await {
-                Ok(()) => {
-                    self.metrics.sent();
-                    if let Err(e) = self
-                        .store
-                        .mark_sent(&self.spec.id, &out.idempotency_key)
-                        .await
-                    {
-                        warn!(bot = %self.spec.id, error = %e, "cannot record a sent reply");
-                    }
-                    return Ok(());
-                }
-                Err(TelegramError::RateLimited(d)) if attempt < 5 => {
+            };
+            let checkpoint = match receiver.ack(batch.ack).await {
+                Ok(c) => {
                     self.metrics
-                        .platform_error(self.spec.platform, "rate_limited");
-                    tokio::time::sleep(d).await;
-                }
-                Err(e) if e.is_transient() && attempt < 5 => {
-                    self.metrics.platform_error(self.spec.platform, e.reason());
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(TelegramError::Unauthorized(d)) => {
-                    return Err(BotExit::Failed(format!(
-                        "Telegram refused the token (401): {d}"
-                    )));
+                        .ack_latency(self.spec.platform, received_at.elapsed());
+                    c
                 }
                 Err(e) => {
+                    // Unacknowledged deliveries come again; the inbox knows them then.
                     self.metrics.platform_error(self.spec.platform, e.reason());
-                    warn!(bot = %self.spec.id, chat = %m.chat.chat, error = %e, "reply not sent");
-                    return Ok(());
+                    debug!(bot = %bot, error = %e, "acknowledging failed");
+                    None
+                }
+            };
+            if let Some(cp) = checkpoint {
+                if let Err(exit) = self
+                    .store_retry("write the checkpoint", || {
+                        store.put_cursor(&bot, &cp, fence)
+                    })
+                    .await
+                {
+                    break exit;
                 }
             }
-            attempt += 1;
-        }
+            for (item, is_new) in items.into_iter().zip(new) {
+                if !is_new {
+                    self.metrics.redelivered(self.spec.platform);
+                    continue;
+                }
+                self.metrics.received();
+                chats.dispatch_new(item);
+            }
+        };
+        receiver.close().await;
+        exit
     }
 }
 

@@ -18,8 +18,15 @@ pub struct WorkerConfig {
     /// Liveness lease. Default 15 s; 1 s – 10 min. A dead worker's bots move after at most
     /// this long.
     pub lease: Duration,
-    /// Fleet-wide bot starts per second per platform. Default 30; above 0.
+    /// Fleet-wide bot starts per second, for a platform without its own rate in
+    /// `connect_rates`. Default 1,000; above 0.
     pub connect_rate: f64,
+    /// Fleet-wide bot starts per second, per platform. Defaults follow each platform's real
+    /// limits, which are per bot, not per fleet: Telegram 10,000 (limits are per token; the
+    /// fleet's limiter must not be what makes a failover slow), Slack 1,000 (connections are
+    /// limited per app). The limiter's job is to keep a cold start of a whole fleet from
+    /// stampeding the store and the network.
+    pub connect_rates: std::collections::BTreeMap<botfleet_core::Platform, f64>,
     /// Telegram client settings (poll timeout, batch). Default poll timeout 9 s: under 2/3 of
     /// the lease, so a frozen worker's last poll has ended before its bots move.
     pub telegram: TelegramConfig,
@@ -29,9 +36,27 @@ pub struct WorkerConfig {
     pub reconcile_every: Duration,
     /// Timeout of a webhook handler call. Default 10 s.
     pub webhook_timeout: Duration,
+    /// How long one message's handler (or send) is retried through transient failures
+    /// (unreachable, timeouts, 5xx, 429) while its chat waits and the others go on, before it
+    /// is recorded as undeliverable. Default 5 min.
+    pub handler_retry_for: Duration,
+    /// Messages a bot holds received but not answered before it stops receiving until its
+    /// chats catch up (what is received is recorded and acknowledged first). Default 1,000.
+    pub max_in_flight: usize,
+    /// Slack client settings.
+    #[cfg(feature = "slack")]
+    pub slack: botfleet_slack::SlackConfig,
 }
 
 impl WorkerConfig {
+    /// Starts per second allowed for `p`.
+    pub fn connect_rate_of(&self, p: botfleet_core::Platform) -> f64 {
+        self.connect_rates
+            .get(&p)
+            .copied()
+            .unwrap_or(self.connect_rate)
+    }
+
     /// Defaults for `worker_id`.
     pub fn new(worker_id: WorkerId) -> Self {
         Self {
@@ -39,7 +64,13 @@ impl WorkerConfig {
             host: hostname(),
             capacity: 10_000,
             lease: Duration::from_secs(15),
-            connect_rate: 30.0,
+            connect_rate: 1_000.0,
+            connect_rates: [
+                (botfleet_core::Platform::Telegram, 10_000.0),
+                (botfleet_core::Platform::Slack, 1_000.0),
+            ]
+            .into_iter()
+            .collect(),
             telegram: TelegramConfig {
                 poll_timeout: Duration::from_secs(9),
                 ..TelegramConfig::default()
@@ -47,6 +78,10 @@ impl WorkerConfig {
             registry_refresh: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(1),
             webhook_timeout: Duration::from_secs(10),
+            handler_retry_for: Duration::from_secs(300),
+            max_in_flight: 1_000,
+            #[cfg(feature = "slack")]
+            slack: botfleet_slack::SlackConfig::default(),
         }
     }
 }

@@ -23,6 +23,19 @@ pub enum HandlerError {
     BadReply(String),
 }
 
+impl HandlerError {
+    /// Whether trying again later may succeed: the service was unreachable, timed out, said
+    /// it is failing (5xx) or busy (429). Other refusals (4xx) and unreadable answers are not
+    /// retried.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            HandlerError::Unreachable(_) => true,
+            HandlerError::Status(s) => *s == 429 || *s >= 500,
+            HandlerError::BadReply(_) => false,
+        }
+    }
+}
+
 /// Runs one bot's handler.
 #[derive(Clone, Debug)]
 pub struct Handler {

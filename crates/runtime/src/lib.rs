@@ -1,11 +1,13 @@
 #![doc = include_str!("../README.md")]
 
 mod bot;
+mod chats;
 mod config;
 mod handler;
 pub mod http;
 mod lock;
 pub mod metrics;
+mod platforms;
 mod reporter;
 mod starter;
 mod worker;
@@ -14,4 +16,5 @@ pub use config::{hostname, WorkerConfig};
 pub use handler::{sign, Handler, HandlerError, SIGNATURE_HEADER};
 pub use lock::InstanceLock;
 pub use metrics::Metrics;
+pub use platforms::supported as supported_platforms;
 pub use worker::{Worker, WorkerError};

@@ -32,6 +32,22 @@ pub const PLATFORM_ERRORS_TOTAL: &str = "botfleet_platform_errors_total";
 pub const BOTS_UNPLACED: &str = "botfleet_bots_unplaced";
 /// Times this worker stopped all bots because its lease was not safe.
 pub const SELF_FENCES_TOTAL: &str = "botfleet_self_fences_total";
+/// Messages recorded as undeliverable, by platform.
+pub const MESSAGES_UNDELIVERABLE_TOTAL: &str = "botfleet_messages_undeliverable_total";
+/// Deliveries a platform made again of a message already recorded (handled once), by platform.
+pub const MESSAGES_REDELIVERED_TOTAL: &str = "botfleet_messages_redelivered_total";
+/// Handler calls retried after a transient failure, by platform.
+pub const HANDLER_RETRIES_TOTAL: &str = "botfleet_handler_retries_total";
+/// Time from taking a message off its chat's queue to its reply sent, by platform.
+pub const REPLY_SECONDS: &str = "botfleet_reply_seconds";
+/// Time from a batch received to its acknowledgement to the platform (recorded first), by
+/// platform: a Slack envelope must be acknowledged within 3 s.
+pub const ACK_SECONDS: &str = "botfleet_ack_seconds";
+/// Deliveries the platform said it made before (e.g. Slack envelopes not acknowledged in
+/// time), by platform.
+pub const DELIVERIES_REDELIVERED_TOTAL: &str = "botfleet_deliveries_redelivered_total";
+/// Connections a platform holds open now (Slack sockets), by platform.
+pub const PLATFORM_CONNECTIONS: &str = "botfleet_platform_connections";
 /// Times this worker registered (more than once: it came back after a freeze, a lost
 /// liveness or a coordinator that lost its data).
 pub const REGISTRATIONS_TOTAL: &str = "botfleet_registrations_total";
@@ -55,6 +71,12 @@ pub struct Metrics {
     grace_until_ms: AtomicI64,
     // std Mutex: held for one map update, never across .await.
     failures: Mutex<BTreeMap<(Platform, &'static str), u64>>,
+    /// Per platform: undeliverable, redelivered, handler retries.
+    per_platform: Mutex<BTreeMap<(&'static str, Platform), u64>>,
+    reply: Histograms,
+    ack: Histograms,
+    // std Mutex: held for one map update, never across .await.
+    connections: Mutex<BTreeMap<Platform, u64>>,
     errors: Mutex<BTreeMap<(Platform, &'static str), u64>>,
 }
 
@@ -124,6 +146,52 @@ impl Metrics {
     pub fn grace_left_s(&self) -> f64 {
         let until = self.grace_until_ms.load(Ordering::Relaxed);
         (until - botfleet_core::unix_ms()).max(0) as f64 / 1000.0
+    }
+    /// A message was recorded as undeliverable.
+    pub fn undeliverable(&self, p: Platform) {
+        *lock(&self.per_platform)
+            .entry((MESSAGES_UNDELIVERABLE_TOTAL, p))
+            .or_default() += 1;
+    }
+    /// A platform delivered a message again that was recorded already.
+    pub fn redelivered(&self, p: Platform) {
+        *lock(&self.per_platform)
+            .entry((MESSAGES_REDELIVERED_TOTAL, p))
+            .or_default() += 1;
+    }
+    /// A handler call is retried.
+    pub fn handler_retry(&self, p: Platform) {
+        *lock(&self.per_platform)
+            .entry((HANDLER_RETRIES_TOTAL, p))
+            .or_default() += 1;
+    }
+    /// A count of [`Metrics::undeliverable`], [`Metrics::redelivered`] or
+    /// [`Metrics::handler_retry`] by metric name.
+    pub fn platform_count(&self, name: &str, p: Platform) -> u64 {
+        lock(&self.per_platform)
+            .iter()
+            .find(|((n, q), _)| *n == name && *q == p)
+            .map_or(0, |(_, v)| *v)
+    }
+    /// The platform said it delivered this before.
+    pub fn delivery_redelivered(&self, p: Platform, n: usize) {
+        if n > 0 {
+            *lock(&self.per_platform)
+                .entry((DELIVERIES_REDELIVERED_TOTAL, p))
+                .or_default() += n as u64;
+        }
+    }
+    /// A batch was acknowledged `d` after it was received.
+    pub fn ack_latency(&self, p: Platform, d: std::time::Duration) {
+        self.ack.observe(p, d);
+    }
+    /// Sets how many connections `p` holds open.
+    pub fn set_connections(&self, p: Platform, n: u64) {
+        lock(&self.connections).insert(p, n);
+    }
+    /// A reply went out `d` after its message was taken up.
+    pub fn reply_latency(&self, p: Platform, d: std::time::Duration) {
+        self.reply.observe(p, d);
     }
     /// A bot failed to start or run.
     pub fn start_failure(&self, p: Platform, reason: &'static str) {
@@ -210,6 +278,53 @@ impl Metrics {
             "# HELP {GRACE_WINDOW_SECONDS} Seconds left in the fleet's grace window after a coordinator data loss.\n# TYPE {GRACE_WINDOW_SECONDS} gauge\n{GRACE_WINDOW_SECONDS}{{worker_id=\"{w}\"}} {:.3}",
             self.grace_left_s()
         );
+        for (name, help) in [
+            (
+                MESSAGES_UNDELIVERABLE_TOTAL,
+                "Messages recorded as undeliverable.",
+            ),
+            (
+                MESSAGES_REDELIVERED_TOTAL,
+                "Deliveries of messages already recorded (handled once).",
+            ),
+            (
+                HANDLER_RETRIES_TOTAL,
+                "Handler calls retried after a transient failure.",
+            ),
+            (
+                DELIVERIES_REDELIVERED_TOTAL,
+                "Deliveries the platform said it made before.",
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for ((n, p), v) in lock(&self.per_platform).iter() {
+                if *n == name {
+                    let _ = writeln!(out, "{name}{{worker_id=\"{w}\",platform=\"{p}\"}} {v}");
+                }
+            }
+        }
+        self.reply.render(
+            &mut out,
+            REPLY_SECONDS,
+            "Seconds from taking a message up to its reply sent (handler and send).",
+            &w,
+        );
+        self.ack.render(
+            &mut out,
+            ACK_SECONDS,
+            "Seconds from a batch received to its acknowledgement (recorded first).",
+            &w,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP {PLATFORM_CONNECTIONS} Connections a platform holds open now.\n# TYPE {PLATFORM_CONNECTIONS} gauge"
+        );
+        for (p, n) in lock(&self.connections).iter() {
+            let _ = writeln!(
+                out,
+                "{PLATFORM_CONNECTIONS}{{worker_id=\"{w}\",platform=\"{p}\"}} {n}"
+            );
+        }
         for (name, help, map) in [
             (
                 START_FAILURES_TOTAL,
@@ -231,6 +346,57 @@ impl Metrics {
             }
         }
         out
+    }
+}
+
+/// Latency histograms per platform, with fixed buckets (seconds).
+#[derive(Debug, Default)]
+pub(crate) struct Histograms {
+    // std Mutex: held for one update, never across .await.
+    inner: Mutex<BTreeMap<Platform, Histogram>>,
+}
+
+const BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histograms {
+    /// Records one observation.
+    pub(crate) fn observe(&self, p: Platform, d: std::time::Duration) {
+        let v = d.as_secs_f64();
+        let mut g = lock(&self.inner);
+        let h = g.entry(p).or_default();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if v <= *b {
+                h.counts[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += v;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, w: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (p, h) in lock(&self.inner).iter() {
+            for (b, c) in BUCKETS.iter().zip(h.counts) {
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{worker_id=\"{w}\",platform=\"{p}\",le=\"{b}\"}} {c}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{worker_id=\"{w}\",platform=\"{p}\",le=\"+Inf\"}} {}\n{name}_sum{{worker_id=\"{w}\",platform=\"{p}\"}} {}\n{name}_count{{worker_id=\"{w}\",platform=\"{p}\"}} {}",
+                h.count, h.sum, h.count
+            );
+        }
     }
 }
 

@@ -25,13 +25,20 @@ pub(crate) struct Starter {
 }
 
 impl Starter {
-    /// Starts the queue's task; it ends when every handle is dropped.
-    pub(crate) fn spawn(coord: Arc<dyn Coordinator>, per_second: f64) -> Self {
+    /// Starts the queue's task, `rate(p)` starts a second for platform `p`; it ends when every
+    /// handle is dropped.
+    pub(crate) fn spawn(coord: Arc<dyn Coordinator>, rate: impl Fn(Platform) -> f64) -> Self {
         let (tx, rx) = mpsc::unbounded_channel::<Request>();
         // A bucket of a tenth of a second's starts: a cold fleet ramps at the rate from the
         // first second on, instead of a one-second burst.
-        let limit = RateLimit::new(per_second, (per_second / 10.0).ceil().max(1.0) as u32);
-        tokio::spawn(serve(coord, limit, rx));
+        let limits: HashMap<Platform, RateLimit> = Platform::ALL
+            .into_iter()
+            .map(|p| {
+                let r = rate(p);
+                (p, RateLimit::new(r, (r / 10.0).ceil().max(1.0) as u32))
+            })
+            .collect();
+        tokio::spawn(serve(coord, limits, rx));
         Self { tx }
     }
 
@@ -43,7 +50,7 @@ impl Starter {
 
 async fn serve(
     coord: Arc<dyn Coordinator>,
-    limit: RateLimit,
+    limits: HashMap<Platform, RateLimit>,
     mut rx: mpsc::UnboundedReceiver<Request>,
 ) {
     let mut waiting: HashMap<Platform, VecDeque<oneshot::Sender<()>>> = HashMap::new();
@@ -67,6 +74,10 @@ async fn serve(
             }
             let n = queue.len().min(BATCH) as u32;
             let key = format!("connect:{platform}");
+            let limit = limits
+                .get(platform)
+                .copied()
+                .unwrap_or(RateLimit::new(1_000.0, 100));
             match coord.acquire_rate_many(&key, limit, n).await {
                 Ok(g) => {
                     for go in queue.drain(..g.taken as usize) {

@@ -23,9 +23,9 @@ use botfleet_coord::{
     CoordError, Coordinator, EventCursor, LeaseHandle, LeaseKeeper, LeaseLost, LifecycleEvent,
     MemberWatch, WorkerCommand, WorkerMeta,
 };
-use botfleet_core::{BotId, BotRecord, Clock, Fence, SystemClock, WorkerId};
+use botfleet_core::{BotId, BotRecord, Clock, Fence, Platform, SystemClock, WorkerId};
+use botfleet_platform::Connector;
 use botfleet_store::{BotFilter, Store, StoreError};
-use botfleet_telegram::TelegramClient;
 use tokio::{
     sync::{mpsc, watch, Semaphore},
     task::{JoinHandle, JoinSet},
@@ -48,7 +48,13 @@ pub enum WorkerError {
     /// The Telegram client could not be built.
     #[error(transparent)]
     Telegram(#[from] botfleet_telegram::TelegramError),
+    /// A platform's client could not be built.
+    #[error("platform client: {0}")]
+    Platform(String),
 }
+
+/// How often finished inbox entries are pruned.
+const INBOX_PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Something that makes the worker look at its state again. Every sender is unbounded and
 /// never waits: the loop that reads them is the one that waits for nothing.
@@ -79,7 +85,7 @@ pub struct Worker {
     coord: Arc<dyn Coordinator>,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    telegram: TelegramClient,
+    connectors: HashMap<Platform, Arc<dyn Connector>>,
     http: reqwest::Client,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
@@ -103,7 +109,7 @@ impl Worker {
         coord: Arc<dyn Coordinator>,
         store: Arc<dyn Store>,
     ) -> Result<Self, WorkerError> {
-        let telegram = TelegramClient::new(cfg.telegram.clone())?;
+        let connectors = crate::platforms::connectors(&cfg)?;
         let http = reqwest::Client::builder()
             .build()
             .map_err(|e| botfleet_telegram::TelegramError::Network(e.without_url()))?;
@@ -114,7 +120,7 @@ impl Worker {
             coord,
             store,
             clock: Arc::new(SystemClock::new()),
-            telegram,
+            connectors,
             http,
             metrics,
             ready: Arc::new(AtomicBool::new(false)),
@@ -138,7 +144,8 @@ impl Worker {
     /// while is waited out.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), WorkerError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let starter = Starter::spawn(self.coord.clone(), self.cfg.connect_rate);
+        let cfg = self.cfg.clone();
+        let starter = Starter::spawn(self.coord.clone(), move |p| cfg.connect_rate_of(p));
         let reporter = Reporter::spawn(self.store.clone());
         let state = State {
             w: self,
@@ -424,6 +431,7 @@ impl State {
         tokio::pin!(shutdown);
         let mut dirty = true;
         let mut check = false;
+        let mut last_prune = Instant::now();
         loop {
             if (dirty || check) && !self.fenced {
                 if std::mem::take(&mut self.registry_stale) {
@@ -469,6 +477,15 @@ impl State {
                     check = true;
                 }
                 _ = tick.tick() => {
+                    for (p, c) in &self.w.connectors {
+                        if let Some(n) = c.open_connections() {
+                            self.w.metrics.set_connections(*p, n);
+                        }
+                    }
+                    if last_prune.elapsed() >= INBOX_PRUNE_EVERY {
+                        last_prune = Instant::now();
+                        self.prune_inbox();
+                    }
                     if self.fenced {
                         match self.lease.as_ref().map(LeaseHandle::check) {
                             Some(Ok(())) => {
@@ -497,6 +514,23 @@ impl State {
             t.abort();
         }
         Ok(())
+    }
+
+    /// Forgets answered inbox entries after an hour (the platforms' own cursors guard older
+    /// deliveries) and undeliverable ones after a week, in a job.
+    fn prune_inbox(&mut self) {
+        let store = self.w.store.clone();
+        self.jobs.spawn(async move {
+            let now = botfleet_core::unix_ms();
+            match store
+                .inbox_prune(now - 3_600_000, now - 7 * 24 * 3_600_000)
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => debug!(entries = n, "pruned the inbox"),
+                Err(e) => debug!(error = %e, "could not prune the inbox"),
+            }
+        });
     }
 
     /// Stops every bot at once, keeping no claim: the lease may be gone. The stops run as

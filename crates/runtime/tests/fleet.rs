@@ -417,8 +417,29 @@ async fn a_replayed_message_whose_reply_was_sent_is_not_answered_again() {
     let fake = FakeTelegram::start().await.unwrap();
     let (_dir, store) = store().await;
     let bots = add_bots(&*store, &fake, 1).await;
-    // The previous owner answered update 1 in chat 5, then died before moving the cursor.
-    store.mark_sent(&bots[0], "bot-0/5:1:reply").await.unwrap();
+    // The previous owner recorded update 1 in chat 5 and answered it, then died before moving
+    // the cursor: the platform delivers it again.
+    store
+        .inbox_put(
+            &bots[0],
+            &[botfleet_store::InboxItem {
+                key: "1".into(),
+                chat: "5".into(),
+                message: "{}".into(),
+            }],
+            botfleet_core::Fence(1),
+        )
+        .await
+        .unwrap();
+    store
+        .inbox_finish(
+            &bots[0],
+            "1",
+            &botfleet_store::InboxOutcome::Done,
+            botfleet_core::Fence(1),
+        )
+        .await
+        .unwrap();
     fake.state()
         .user_writes(&token(0), 5, "answered before the crash");
     fake.state().user_writes(&token(0), 5, "new");
@@ -442,13 +463,21 @@ async fn a_replayed_message_whose_reply_was_sent_is_not_answered_again() {
         ["new"],
         "the replayed message was not answered twice"
     );
-    // The cursor moved past both, and the marks were forgotten with it.
+    // The cursor moved past both, and nothing of the bot is left pending.
     wait_for("cursor moved", Duration::from_secs(5), || async {
         let c = store.cursor(&bots[0]).await.unwrap()?;
         (c.value == "3").then_some(())
     })
     .await;
-    assert!(!store.is_sent(&bots[0], "bot-0/5:1:reply").await.unwrap());
+    wait_for("nothing pending", Duration::from_secs(5), || async {
+        store
+            .inbox_pending(&bots[0], 10)
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
     w.shutdown().await;
 }
 
@@ -659,4 +688,132 @@ async fn after_the_coordinator_loses_its_data_the_fleet_waits_then_recovers_from
     for w in ws {
         w.shutdown().await;
     }
+}
+
+/// The handler's service hiccups: a message that meets a transient failure (503) is retried
+/// while its chat waits and the other chats go on, and answered once the service is back. A
+/// refusal (4xx), or failures past the retry window, record the message as undeliverable
+/// (in the inbox for `bots list`, in the metrics), never dropped silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_outages_are_retried_and_refusals_are_recorded_as_undeliverable() {
+    use axum::{http::StatusCode, routing::post, Json, Router};
+    use botfleet_core::HandlerSpec;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let down = Arc::new(AtomicBool::new(true));
+    let app = {
+        let down = down.clone();
+        Router::new().route(
+            "/hook",
+            post(move |Json(m): Json<serde_json::Value>| {
+                let down = down.clone();
+                async move {
+                    let text = m["text"].as_str().unwrap_or_default().to_owned();
+                    let status = match text.as_str() {
+                        "bad" => StatusCode::BAD_REQUEST,
+                        "never" => StatusCode::SERVICE_UNAVAILABLE,
+                        "flaky" if down.load(Ordering::SeqCst) => StatusCode::SERVICE_UNAVAILABLE,
+                        _ => StatusCode::OK,
+                    };
+                    (status, Json(serde_json::json!({ "text": text })))
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 1).await;
+    let mut spec = store.get_bot(&bots[0]).await.unwrap().unwrap().spec;
+    spec.handler = HandlerSpec::Webhook {
+        url: hook,
+        secret: None,
+    };
+    store.update_bot(&spec).await.unwrap();
+    let hub = MemoryHub::new();
+    let mut cfg = config("solo");
+    cfg.handler_retry_for = Duration::from_secs(3);
+    let w = start(cfg, Arc::new(hub.coordinator()), store.clone());
+    wait_for("polling", Duration::from_secs(10), || async {
+        fake.state().is_polling(&token(0)).then_some(())
+    })
+    .await;
+    let t = std::time::Instant::now();
+    fake.state().user_writes(&token(0), 1, "flaky");
+    fake.state().user_writes(&token(0), 2, "fine");
+    fake.state().user_writes(&token(0), 3, "bad");
+    fake.state().user_writes(&token(0), 4, "never");
+    wait_for(
+        "the other chat answered",
+        Duration::from_secs(10),
+        || async {
+            fake.state()
+                .sent()
+                .iter()
+                .any(|s| s.text == "fine")
+                .then_some(())
+        },
+    )
+    .await;
+    let other = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    down.store(false, Ordering::SeqCst);
+    let back = std::time::Instant::now();
+    wait_for(
+        "the waiting chat answered",
+        Duration::from_secs(15),
+        || async {
+            fake.state()
+                .sent()
+                .iter()
+                .any(|s| s.text == "flaky")
+                .then_some(())
+        },
+    )
+    .await;
+    let undeliverable = wait_for("two undeliverable", Duration::from_secs(15), || async {
+        let u = store.inbox_undeliverable(&bots[0], 10).await.unwrap();
+        (u.len() == 2).then_some(u)
+    })
+    .await;
+    println!(
+        "handler outage: another chat answered {other:?} after its message; the waiting one {:?} after the service came back",
+        back.elapsed()
+    );
+    assert!(
+        other < Duration::from_secs(1),
+        "another chat waited {other:?}"
+    );
+    let texts: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert!(texts.contains(&"flaky".to_owned()) && texts.contains(&"fine".to_owned()));
+    let reasons: Vec<String> = undeliverable
+        .iter()
+        .map(|e| e.error.clone().unwrap_or_default())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("400")) && reasons.iter().any(|r| r.contains("503")),
+        "{reasons:?}"
+    );
+    let stats = store.inbox_stats().await.unwrap();
+    assert_eq!(stats[&bots[0]].undeliverable, 2);
+    assert_eq!(stats[&bots[0]].pending, 0);
+    let m = w.metrics.render("solo");
+    assert!(
+        m.contains(
+            "botfleet_messages_undeliverable_total{worker_id=\"solo\",platform=\"telegram\"} 2"
+        ),
+        "{m}"
+    );
+    assert!(
+        w.metrics.platform_count(
+            botfleet_runtime::metrics::HANDLER_RETRIES_TOTAL,
+            Platform::Telegram
+        ) > 0
+    );
+    w.shutdown().await;
+    server.abort();
 }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 mod error;
+mod inbox;
 mod memory;
 mod postgres;
 mod schema;
@@ -10,6 +11,7 @@ mod sqlite;
 mod store;
 
 pub use error::{Result, StoreError};
+pub use inbox::{InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats};
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;

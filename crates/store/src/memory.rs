@@ -1,20 +1,38 @@
 //! An in-memory store: for tests and throwaway runs. Nothing survives the process.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::{Mutex, MutexGuard},
 };
 
 use async_trait::async_trait;
 use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
 
-use crate::{BotFilter, Cursor, Result, Store, StoreError};
+use crate::{
+    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Result, Store,
+    StoreError,
+};
 
 #[derive(Debug, Default)]
 struct State {
     bots: BTreeMap<BotId, BotRecord>,
     fences: BTreeMap<BotId, (Fence, Option<String>)>,
     sent: BTreeMap<BotId, std::collections::BTreeSet<String>>,
+    /// Per bot: key → (entry, unix ms it finished).
+    inbox: BTreeMap<BotId, BTreeMap<String, (InboxEntry, Option<i64>)>>,
+}
+
+impl State {
+    fn check_fence(&self, id: &BotId, fence: Fence) -> Result<()> {
+        match self.fences.get(id) {
+            Some((current, _)) if *current > fence => Err(StoreError::StaleFence {
+                bot: id.clone(),
+                offered: fence,
+                current: *current,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A [`Store`] in process memory.
@@ -160,5 +178,134 @@ impl Store for MemoryStore {
 
     async fn highest_fence(&self, id: &BotId) -> Result<Fence> {
         Ok(self.st().fences.get(id).map_or(Fence::ZERO, |(f, _)| *f))
+    }
+
+    async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>> {
+        let mut st = self.st();
+        st.check_fence(bot, fence)?;
+        let now = botfleet_core::unix_ms();
+        let inbox = st.inbox.entry(bot.clone()).or_default();
+        let mut seq = inbox.values().map(|(e, _)| e.seq).max().unwrap_or(0);
+        Ok(items
+            .iter()
+            .map(|item| {
+                if inbox.contains_key(&item.key) {
+                    return false;
+                }
+                seq += 1;
+                let entry = InboxEntry {
+                    bot: bot.clone(),
+                    key: item.key.clone(),
+                    seq,
+                    chat: item.chat.clone(),
+                    message: item.message.clone(),
+                    state: InboxState::Pending,
+                    error: None,
+                    received_at_ms: now,
+                };
+                inbox.insert(item.key.clone(), (entry, None));
+                true
+            })
+            .collect())
+    }
+
+    async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
+        let st = self.st();
+        let mut out: Vec<InboxEntry> = st
+            .inbox
+            .get(bot)
+            .map(|i| {
+                i.values()
+                    .filter(|(e, _)| e.state == InboxState::Pending)
+                    .map(|(e, _)| e.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_by_key(|e| e.seq);
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    async fn inbox_finish(
+        &self,
+        bot: &BotId,
+        key: &str,
+        outcome: &InboxOutcome,
+        fence: Fence,
+    ) -> Result<()> {
+        let mut st = self.st();
+        st.check_fence(bot, fence)?;
+        let (entry, finished) = st
+            .inbox
+            .get_mut(bot)
+            .and_then(|i| i.get_mut(key))
+            .ok_or_else(|| StoreError::NotFound(bot.clone()))?;
+        match outcome {
+            InboxOutcome::Done => {
+                entry.state = InboxState::Done;
+                entry.error = None;
+            }
+            InboxOutcome::Undeliverable(why) => {
+                entry.state = InboxState::Undeliverable;
+                entry.error = Some(why.clone());
+            }
+        }
+        *finished = Some(botfleet_core::unix_ms());
+        Ok(())
+    }
+
+    async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
+        let st = self.st();
+        let mut out = HashMap::new();
+        for (bot, entries) in &st.inbox {
+            let mut s = InboxStats::default();
+            for (e, _) in entries.values() {
+                match e.state {
+                    InboxState::Pending => s.pending += 1,
+                    InboxState::Undeliverable => s.undeliverable += 1,
+                    InboxState::Done => {}
+                }
+            }
+            if s != InboxStats::default() {
+                out.insert(bot.clone(), s);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
+        let st = self.st();
+        let mut out: Vec<InboxEntry> = st
+            .inbox
+            .get(bot)
+            .map(|i| {
+                i.values()
+                    .filter(|(e, _)| e.state == InboxState::Undeliverable)
+                    .map(|(e, _)| e.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_by_key(|e| std::cmp::Reverse(e.seq));
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
+        let mut st = self.st();
+        let mut gone = 0;
+        for entries in st.inbox.values_mut() {
+            entries.retain(|_, (e, finished)| {
+                let keep = match (e.state, *finished) {
+                    (InboxState::Done, Some(t)) => t >= done_before_ms,
+                    (InboxState::Undeliverable, Some(t)) => t >= undeliverable_before_ms,
+                    _ => true,
+                };
+                if !keep {
+                    gone += 1;
+                }
+                keep
+            });
+        }
+        Ok(gone)
     }
 }

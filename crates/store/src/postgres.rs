@@ -1,6 +1,6 @@
 //! The Postgres backend, for fleets that already run one.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use async_trait::async_trait;
 use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
@@ -9,8 +9,9 @@ use tokio_postgres::{Client, NoTls, Row};
 use tracing::warn;
 
 use crate::{
-    schema::{BotRow, MIGRATIONS},
-    BotFilter, Cursor, Result, Store, StoreError,
+    schema::{stats_from_rows, BotRow, InboxRow, MIGRATIONS},
+    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Result, Store,
+    StoreError,
 };
 
 /// A [`Store`] in Postgres. Reconnects on the next call after the connection drops.
@@ -121,7 +122,7 @@ async fn migrate(client: &mut Client) -> Result<()> {
 }
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
-    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by FROM bots";
+    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token FROM bots";
 
 fn row_to_bot(r: &Row) -> Result<BotRow> {
     let get = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
@@ -138,12 +139,13 @@ fn row_to_bot(r: &Row) -> Result<BotRow> {
         last_error: r.try_get(9).map_err(get)?,
         updated_at_ms: r.try_get(10).map_err(get)?,
         reported_by: r.try_get(11).map_err(get)?,
+        app_token: r.try_get(12).map_err(get)?,
     })
 }
 
 /// A bot row as SQL parameters, in the order both INSERT and UPDATE use: $1 id … $9
-/// updated_at_ms, $10 status.
-fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 10] {
+/// updated_at_ms, $10 app_token, $11 status.
+fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 11] {
     [
         &r.id,
         &r.platform,
@@ -154,6 +156,7 @@ fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 10] {
         &r.webhook_secret,
         &r.enabled,
         &r.updated_at_ms,
+        &r.app_token,
         &r.status,
     ]
 }
@@ -174,6 +177,44 @@ impl PostgresStore {
             .map_err(db("read fence"))?;
         let f: i64 = r.map(|r| r.get(0)).unwrap_or(0);
         Ok(Fence(f.max(0).unsigned_abs()))
+    }
+
+    async fn inbox_query(
+        &self,
+        bot: &BotId,
+        state: &str,
+        order: &str,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT key, seq, chat, message, state, error, received_at_ms FROM inbox \
+                     WHERE bot_id = $1 AND state = $2 ORDER BY {order} LIMIT $3"
+                ),
+                &[
+                    &bot.as_str(),
+                    &state,
+                    &i64::try_from(limit).unwrap_or(i64::MAX),
+                ],
+            )
+            .await
+            .map_err(db("read inbox"))?;
+        rows.iter()
+            .map(|r| {
+                InboxRow {
+                    key: r.get(0),
+                    seq: r.get(1),
+                    chat: r.get(2),
+                    message: r.get(3),
+                    state: r.get(4),
+                    error: r.get(5),
+                    received_at_ms: r.get(6),
+                }
+                .into_entry(bot)
+            })
+            .collect()
     }
 
     /// The refusal of a fenced write that changed nothing: a higher fence was accepted.
@@ -198,8 +239,9 @@ impl Store for PostgresStore {
         let n = c
             .execute(
                 "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
-                 webhook_secret, enabled, updated_at_ms, status, last_error, created_at_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $9) \
+                 webhook_secret, enabled, updated_at_ms, app_token, status, last_error, \
+                 created_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, NULL, $9) \
                  ON CONFLICT (id) DO NOTHING",
                 &row_params(&r)[..],
             )
@@ -246,10 +288,11 @@ impl Store for PostgresStore {
         let n = c
             .execute(
                 "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
-                 webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9 \
+                 webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9, \
+                     app_token = $10 \
                  WHERE id = $1",
                 // Everything but the status (the last parameter): updates keep it.
-                &row_params(&r)[..9],
+                &row_params(&r)[..10],
             )
             .await
             .map_err(db("update bot"))?;
@@ -369,6 +412,126 @@ impl Store for PostgresStore {
             return Ok(());
         }
         Err(self.stale(&c, id, fence).await)
+    }
+
+    async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>> {
+        let c = self.client().await?;
+        if self.current_fence(&c, bot.as_str()).await? > fence {
+            return Err(self.stale(&c, bot, fence).await);
+        }
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
+        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        // One statement: the fence is checked again where the rows are written, and seq grows
+        // in the items' order (gaps where an item was a redelivery).
+        let rows = c
+            .query(
+                "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS s FROM inbox WHERE bot_id = $1), \
+                 items AS (SELECT * FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) \
+                           WITH ORDINALITY AS t(key, chat, message, ord)) \
+                 INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
+                 SELECT $1, key, (SELECT s FROM base) + ord, chat, message, 'pending', $5 \
+                 FROM items \
+                 WHERE COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6 \
+                 ON CONFLICT DO NOTHING RETURNING key",
+                &[
+                    &bot.as_str(),
+                    &keys,
+                    &chats,
+                    &messages,
+                    &botfleet_core::unix_ms(),
+                    &fence_i64(fence),
+                ],
+            )
+            .await
+            .map_err(db("record inbox"))?;
+        let new: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+        if new.is_empty()
+            && !items.is_empty()
+            && self.current_fence(&c, bot.as_str()).await? > fence
+        {
+            return Err(self.stale(&c, bot, fence).await);
+        }
+        // A key twice in one batch is new once.
+        let mut seen = std::collections::HashSet::new();
+        Ok(keys
+            .iter()
+            .map(|k| new.contains(*k) && seen.insert(*k))
+            .collect())
+    }
+
+    async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
+        self.inbox_query(bot, "pending", "seq ASC", limit).await
+    }
+
+    async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
+        self.inbox_query(bot, "undeliverable", "seq DESC", limit)
+            .await
+    }
+
+    async fn inbox_finish(
+        &self,
+        bot: &BotId,
+        key: &str,
+        outcome: &InboxOutcome,
+        fence: Fence,
+    ) -> Result<()> {
+        let (state, error) = match outcome {
+            InboxOutcome::Done => (InboxState::Done, None),
+            InboxOutcome::Undeliverable(why) => (InboxState::Undeliverable, Some(why.as_str())),
+        };
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE inbox SET state = $3, error = $4, finished_at_ms = $5 \
+                 WHERE bot_id = $1 AND key = $2 \
+                 AND COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6",
+                &[
+                    &bot.as_str(),
+                    &key,
+                    &state.as_str(),
+                    &error,
+                    &botfleet_core::unix_ms(),
+                    &fence_i64(fence),
+                ],
+            )
+            .await
+            .map_err(db("finish inbox entry"))?;
+        if n > 0 {
+            return Ok(());
+        }
+        if self.current_fence(&c, bot.as_str()).await? > fence {
+            return Err(self.stale(&c, bot, fence).await);
+        }
+        Err(StoreError::NotFound(bot.clone()))
+    }
+
+    async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT bot_id, state, COUNT(*)::BIGINT FROM inbox \
+                 WHERE state IN ('pending', 'undeliverable') GROUP BY bot_id, state",
+                &[],
+            )
+            .await
+            .map_err(db("inbox stats"))?;
+        stats_from_rows(
+            rows.iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect(),
+        )
+    }
+
+    async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
+        let c = self.client().await?;
+        c.execute(
+            "DELETE FROM inbox WHERE (state = 'done' AND finished_at_ms < $1) \
+             OR (state = 'undeliverable' AND finished_at_ms < $2)",
+            &[&done_before_ms, &undeliverable_before_ms],
+        )
+        .await
+        .map_err(db("prune inbox"))
     }
 
     async fn registry_stamp(&self) -> Result<(u64, i64)> {

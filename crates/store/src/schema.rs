@@ -32,6 +32,23 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         key TEXT NOT NULL,
         PRIMARY KEY (bot_id, key)
     );",
+    // 4: a second credential (Slack's app token), and the inbox: every message recorded on
+    // arrival, before the platform is told it was received, until it is answered.
+    "ALTER TABLE bots ADD COLUMN app_token TEXT;
+    CREATE TABLE inbox (
+        bot_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        chat TEXT NOT NULL,
+        message TEXT NOT NULL,
+        state TEXT NOT NULL,
+        error TEXT,
+        received_at_ms BIGINT NOT NULL,
+        finished_at_ms BIGINT,
+        PRIMARY KEY (bot_id, key)
+    );
+    CREATE INDEX inbox_by_state ON inbox (bot_id, state, seq);
+    CREATE INDEX inbox_by_finish ON inbox (state, finished_at_ms);",
 ];
 
 /// A row of `bots` as plain values, shared by the SQL backends.
@@ -39,6 +56,7 @@ pub(crate) struct BotRow {
     pub(crate) id: String,
     pub(crate) platform: String,
     pub(crate) token: String,
+    pub(crate) app_token: Option<String>,
     pub(crate) api_url: Option<String>,
     pub(crate) handler: String,
     pub(crate) webhook_url: Option<String>,
@@ -64,6 +82,7 @@ impl BotRow {
             id: spec.id.as_str().to_owned(),
             platform: spec.platform.as_str().to_owned(),
             token: spec.token.expose().to_owned(),
+            app_token: spec.app_token.as_ref().map(|t| t.expose().to_owned()),
             api_url: spec.options.api_url.clone(),
             handler: spec.handler.kind().to_owned(),
             webhook_url,
@@ -99,6 +118,7 @@ impl BotRow {
                 id,
                 platform,
                 token: Secret::new(self.token),
+                app_token: self.app_token.map(Secret::new),
                 options: BotOptions {
                     api_url: self.api_url,
                 },
@@ -111,4 +131,53 @@ impl BotRow {
             updated_at_ms: self.updated_at_ms,
         })
     }
+}
+
+/// A row of `inbox` as plain values, shared by the SQL backends.
+pub(crate) struct InboxRow {
+    pub(crate) key: String,
+    pub(crate) seq: i64,
+    pub(crate) chat: String,
+    pub(crate) message: String,
+    pub(crate) state: String,
+    pub(crate) error: Option<String>,
+    pub(crate) received_at_ms: i64,
+}
+
+impl InboxRow {
+    pub(crate) fn into_entry(self, bot: &botfleet_core::BotId) -> crate::Result<crate::InboxEntry> {
+        Ok(crate::InboxEntry {
+            bot: bot.clone(),
+            key: self.key,
+            seq: self.seq.max(0).unsigned_abs(),
+            chat: self.chat,
+            message: self.message,
+            state: self
+                .state
+                .parse()
+                .map_err(|e: String| crate::StoreError::Corrupt(format!("bot {bot}: {e}")))?,
+            error: self.error,
+            received_at_ms: self.received_at_ms,
+        })
+    }
+}
+
+/// Per-bot inbox counts from `(bot, state, count)` rows.
+pub(crate) fn stats_from_rows(
+    rows: Vec<(String, String, i64)>,
+) -> crate::Result<std::collections::HashMap<botfleet_core::BotId, crate::InboxStats>> {
+    let mut out: std::collections::HashMap<botfleet_core::BotId, crate::InboxStats> =
+        std::collections::HashMap::new();
+    for (bot, state, n) in rows {
+        let bot = botfleet_core::BotId::new(bot)
+            .map_err(|e| crate::StoreError::Corrupt(e.to_string()))?;
+        let s = out.entry(bot).or_default();
+        let n = n.max(0).unsigned_abs();
+        match state.as_str() {
+            "pending" => s.pending = n,
+            "undeliverable" => s.undeliverable = n,
+            _ => {}
+        }
+    }
+    Ok(out)
 }

@@ -7,6 +7,7 @@
 //! (the CLI writing while a worker runs).
 
 use std::{
+    collections::HashMap,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
@@ -17,8 +18,9 @@ use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::{
-    schema::{BotRow, MIGRATIONS},
-    BotFilter, Cursor, Result, StatusReport, Store, StoreError,
+    schema::{stats_from_rows, BotRow, InboxRow, MIGRATIONS},
+    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Result,
+    StatusReport, Store, StoreError,
 };
 
 /// A [`Store`] in a SQLite file.
@@ -178,7 +180,7 @@ fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
 }
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
-    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by FROM bots";
+    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token FROM bots";
 
 fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
     Ok(BotRow {
@@ -194,12 +196,13 @@ fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
         last_error: r.get(9)?,
         updated_at_ms: r.get(10)?,
         reported_by: r.get(11)?,
+        app_token: r.get(12)?,
     })
 }
 
 /// A bot row as SQL parameters, in the order both INSERT and UPDATE use: ?1 id … ?9
-/// updated_at_ms, ?10 status.
-fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 10] {
+/// updated_at_ms, ?10 app_token, ?11 status.
+fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 11] {
     [
         &r.id,
         &r.platform,
@@ -210,6 +213,7 @@ fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 10] {
         &r.webhook_secret,
         &r.enabled,
         &r.updated_at_ms,
+        &r.app_token,
         &r.status,
     ]
 }
@@ -239,8 +243,9 @@ impl Store for SqliteStore {
             let n = c
                 .execute(
                     "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
-                     webhook_secret, enabled, updated_at_ms, status, last_error, created_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, ?9) \
+                     webhook_secret, enabled, updated_at_ms, app_token, status, last_error, \
+                     created_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL, ?9) \
                      ON CONFLICT (id) DO NOTHING",
                     &row_params(&row)[..],
                 )
@@ -295,10 +300,11 @@ impl Store for SqliteStore {
             let n = c
                 .execute(
                     "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
-                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9 \
+                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9, \
+                     app_token = ?10 \
                      WHERE id = ?1",
                     // Everything but the status (the last parameter): updates keep it.
-                    &row_params(&row)[..9],
+                    &row_params(&row)[..10],
                 )
                 .map_err(|e| StoreError::backend("update bot", e))?;
             if n == 0 {
@@ -370,7 +376,11 @@ impl Store for SqliteStore {
         let value = value.to_owned();
         self.with("write cursor", move |c| {
             let fail = |e| StoreError::backend("write cursor", e);
-            let tx = c.transaction().map_err(fail)?;
+            // IMMEDIATE: take the write lock first. A deferred transaction that reads and then
+            // writes fails at once (no busy wait) when another process wrote in between.
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
             let n = tx
                 .execute(
                     "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES (?1, ?2, ?3) \
@@ -447,7 +457,11 @@ impl Store for SqliteStore {
         let grants = grants.to_vec();
         self.with("accept fences", move |c| {
             let fail = |e| StoreError::backend("accept fences", e);
-            let tx = c.transaction().map_err(fail)?;
+            // IMMEDIATE: take the write lock first. A deferred transaction that reads and then
+            // writes fails at once (no busy wait) when another process wrote in between.
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
             let mut out = Vec::with_capacity(grants.len());
             {
                 let mut st = tx
@@ -474,7 +488,11 @@ impl Store for SqliteStore {
         let reports = reports.to_vec();
         self.with("set statuses", move |c| {
             let fail = |e| StoreError::backend("set statuses", e);
-            let tx = c.transaction().map_err(fail)?;
+            // IMMEDIATE: take the write lock first. A deferred transaction that reads and then
+            // writes fails at once (no busy wait) when another process wrote in between.
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
             let mut out = Vec::with_capacity(reports.len());
             {
                 let mut st = tx
@@ -504,6 +522,145 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>> {
+        let (bot, items) = (bot.clone(), items.to_vec());
+        self.with("record inbox", move |c| {
+            let fail = |e| StoreError::backend("record inbox", e);
+            // IMMEDIATE: take the write lock first. A deferred transaction that reads and then
+            // writes fails at once (no busy wait) when another process wrote in between.
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
+            let current = current_fence(&tx, bot.as_str()).map_err(fail)?;
+            if current > fence {
+                return Err(StoreError::StaleFence {
+                    bot,
+                    offered: fence,
+                    current,
+                });
+            }
+            let mut seq: i64 = tx
+                .query_row(
+                    "SELECT COALESCE(MAX(seq), 0) FROM inbox WHERE bot_id = ?1",
+                    [bot.as_str()],
+                    |r| r.get(0),
+                )
+                .map_err(fail)?;
+            let now = botfleet_core::unix_ms();
+            let mut out = Vec::with_capacity(items.len());
+            {
+                let mut st = tx
+                    .prepare_cached(
+                        "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6) ON CONFLICT DO NOTHING",
+                    )
+                    .map_err(fail)?;
+                for item in items {
+                    let n = st
+                        .execute(params![bot.as_str(), item.key, seq + 1, item.chat, item.message, now])
+                        .map_err(fail)?;
+                    if n > 0 {
+                        seq += 1;
+                    }
+                    out.push(n > 0);
+                }
+            }
+            tx.commit().map_err(fail)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
+        inbox_query(self, bot, "pending", "seq ASC", limit).await
+    }
+
+    async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
+        inbox_query(self, bot, "undeliverable", "seq DESC", limit).await
+    }
+
+    async fn inbox_finish(
+        &self,
+        bot: &BotId,
+        key: &str,
+        outcome: &InboxOutcome,
+        fence: Fence,
+    ) -> Result<()> {
+        let (bot, key) = (bot.clone(), key.to_owned());
+        let (state, error) = match outcome {
+            InboxOutcome::Done => (InboxState::Done, None),
+            InboxOutcome::Undeliverable(why) => (InboxState::Undeliverable, Some(why.clone())),
+        };
+        self.with("finish inbox entry", move |c| {
+            let fail = |e| StoreError::backend("finish inbox entry", e);
+            // IMMEDIATE: take the write lock first. A deferred transaction that reads and then
+            // writes fails at once (no busy wait) when another process wrote in between.
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
+            let current = current_fence(&tx, bot.as_str()).map_err(fail)?;
+            if current > fence {
+                return Err(StoreError::StaleFence {
+                    bot,
+                    offered: fence,
+                    current,
+                });
+            }
+            let n = tx
+                .execute(
+                    "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
+                     WHERE bot_id = ?1 AND key = ?2",
+                    params![
+                        bot.as_str(),
+                        key,
+                        state.as_str(),
+                        error,
+                        botfleet_core::unix_ms()
+                    ],
+                )
+                .map_err(fail)?;
+            tx.commit().map_err(fail)?;
+            if n == 0 {
+                return Err(StoreError::NotFound(bot));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
+        let rows: Vec<(String, String, i64)> = self
+            .read("inbox stats", |c| {
+                let mut st = c
+                    .prepare(
+                        "SELECT bot_id, state, COUNT(*) FROM inbox \
+                         WHERE state IN ('pending', 'undeliverable') GROUP BY bot_id, state",
+                    )
+                    .map_err(|e| StoreError::backend("inbox stats", e))?;
+                let rows = st
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .map_err(|e| StoreError::backend("inbox stats", e))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(|e| StoreError::backend("inbox stats", e))?;
+                Ok(rows)
+            })
+            .await?;
+        stats_from_rows(rows)
+    }
+
+    async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
+        self.with("prune inbox", move |c| {
+            c.execute(
+                "DELETE FROM inbox WHERE (state = 'done' AND finished_at_ms < ?1) \
+                 OR (state = 'undeliverable' AND finished_at_ms < ?2)",
+                params![done_before_ms, undeliverable_before_ms],
+            )
+            .map(|n| n as u64)
+            .map_err(|e| StoreError::backend("prune inbox", e))
+        })
+        .await
+    }
+
     async fn registry_stamp(&self) -> Result<(u64, i64)> {
         self.read("registry stamp", |c| {
             c.query_row(
@@ -523,6 +680,44 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+async fn inbox_query(
+    s: &SqliteStore,
+    bot: &BotId,
+    state: &'static str,
+    order: &'static str,
+    limit: usize,
+) -> Result<Vec<InboxEntry>> {
+    let bot_s = bot.as_str().to_owned();
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows: Vec<InboxRow> = s
+        .read("read inbox", move |c| {
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT key, seq, chat, message, state, error, received_at_ms FROM inbox \
+                     WHERE bot_id = ?1 AND state = ?2 ORDER BY {order} LIMIT ?3"
+                ))
+                .map_err(|e| StoreError::backend("read inbox", e))?;
+            let rows = st
+                .query_map(params![bot_s, state, limit], |r| {
+                    Ok(InboxRow {
+                        key: r.get(0)?,
+                        seq: r.get(1)?,
+                        chat: r.get(2)?,
+                        message: r.get(3)?,
+                        state: r.get(4)?,
+                        error: r.get(5)?,
+                        received_at_ms: r.get(6)?,
+                    })
+                })
+                .map_err(|e| StoreError::backend("read inbox", e))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(|e| StoreError::backend("read inbox", e))?;
+            Ok(rows)
+        })
+        .await?;
+    rows.into_iter().map(|r| r.into_entry(bot)).collect()
 }
 
 fn stale_unless_written(c: &Connection, changed: usize, bot: BotId, offered: Fence) -> Result<()> {

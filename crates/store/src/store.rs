@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence, Platform};
 
-use crate::Result;
+use crate::{InboxEntry, InboxItem, InboxOutcome, InboxStats, Result};
 
 /// Which bots [`Store::list_bots`] returns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -177,6 +177,52 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         }
         Ok(out)
     }
+
+    /// Records `items` for `bot` under `fence`, each once, in order: answers per item whether
+    /// it is new (a key recorded before is a redelivery and is left as it is).
+    ///
+    /// # Errors
+    /// `StaleFence` when a higher fence was accepted for the bot; backend failures (then none
+    /// of the items may be assumed recorded).
+    async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>>;
+
+    /// The bot's pending entries, oldest first, at most `limit`.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>>;
+
+    /// Ends the entry `key` of `bot` under `fence`: answered, or undeliverable with why.
+    ///
+    /// # Errors
+    /// `StaleFence` when a higher fence was accepted for the bot; `NotFound` when there is no
+    /// such entry (pruned, or never recorded); backend failures.
+    async fn inbox_finish(
+        &self,
+        bot: &BotId,
+        key: &str,
+        outcome: &InboxOutcome,
+        fence: Fence,
+    ) -> Result<()>;
+
+    /// Pending and undeliverable counts of every bot that has any.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn inbox_stats(&self) -> Result<std::collections::HashMap<BotId, InboxStats>>;
+
+    /// The bot's undeliverable entries, newest first, at most `limit` (for the operator).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>>;
+
+    /// Forgets done entries finished before `done_before_ms` and undeliverable ones finished
+    /// before `undeliverable_before_ms` (unix ms). Answers how many went.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64>;
 
     /// A cheap stamp of the registry's specs: `(number of bots, latest spec change in unix
     /// ms)`. It changes when a bot is added, removed or updated (not on status reports), so a

@@ -59,8 +59,12 @@ struct TokenState {
     poll_gen: u64,
     revoked: bool,
     faults: VecDeque<Fault>,
+    /// Faults for `sendMessage` only.
+    send_faults: VecDeque<Fault>,
     webhook: Option<String>,
     polls: u64,
+    /// Requests made with this token, of any method.
+    requests: u64,
     /// When the last `getUpdates` was accepted.
     last_poll: Option<std::time::Instant>,
     /// Every `getUpdates` accepted, when (the last 64).
@@ -116,6 +120,13 @@ impl FakeState {
     pub fn inject(&self, token: &str, fault: Fault) {
         if let Some(t) = self.lock().tokens.get_mut(token) {
             t.faults.push_back(fault);
+        }
+    }
+
+    /// Answers the next `sendMessage` of `token` with `fault` (polls go on as usual).
+    pub fn inject_send(&self, token: &str, fault: Fault) {
+        if let Some(t) = self.lock().tokens.get_mut(token) {
+            t.send_faults.push_back(fault);
         }
     }
 
@@ -244,6 +255,11 @@ impl FakeState {
         self.lock().tokens.get(token).map_or(0, |t| t.polls)
     }
 
+    /// How many requests (any method) came with `token`.
+    pub fn requests_of(&self, token: &str) -> u64 {
+        self.lock().tokens.get(token).map_or(0, |t| t.requests)
+    }
+
     /// How many requests the fake answered in all.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
@@ -297,10 +313,16 @@ async fn handle(
         let Some(t) = g.tokens.get_mut(&token) else {
             return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
         };
+        t.requests += 1;
         if t.revoked {
             return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
         }
-        if let Some(f) = t.faults.pop_front() {
+        let send_fault = if method == "sendMessage" {
+            t.send_faults.pop_front()
+        } else {
+            None
+        };
+        if let Some(f) = t.faults.pop_front().or(send_fault) {
             return match f {
                 Fault::Unauthorized => tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None),
                 Fault::TooManyRequests(s) => tg_error(

@@ -2,6 +2,7 @@
 
 mod client;
 mod config;
+mod connector;
 mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
@@ -10,6 +11,7 @@ mod outbound;
 
 pub use client::{BotApi, BotUser, TelegramClient};
 pub use config::{TelegramConfig, DEFAULT_API_URL};
+pub use connector::TelegramConnector;
 pub use error::TelegramError;
 pub use inbound::{parse_update, split_updates, RawUpdate, Update};
 pub use outbound::{send, MAX_TEXT_CHARS};

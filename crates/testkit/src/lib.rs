@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+pub mod connector_suite;
 pub mod coord_suite;
 mod partition;
 mod pg;
@@ -9,7 +10,9 @@ mod rng;
 pub mod store_suite;
 mod wait;
 
+pub use botfleet_slack::fake::{FakeSlack, FakeSlackState, Post, PostFault};
 pub use botfleet_telegram::fake::{app as fake_telegram_app, FakeState, FakeTelegram, Fault, Sent};
+pub use connector_suite::PlatformFixture;
 pub use coord_suite::CoordFixture;
 pub use partition::Partition;
 pub use pg::PgSchema;

@@ -4,7 +4,9 @@
 use std::{future::Future, sync::Arc};
 
 use botfleet_core::{BotSpec, BotStatus, Fence, HandlerSpec, Platform, Secret};
-use botfleet_store::{BotFilter, StatusReport, Store, StoreError};
+use botfleet_store::{
+    BotFilter, InboxItem, InboxOutcome, InboxState, InboxStats, StatusReport, Store, StoreError,
+};
 
 use crate::coord_suite::bid;
 
@@ -15,6 +17,11 @@ pub trait StoreFixture: Send + Sync {
 }
 
 fn spec(id: &str, platform: Platform) -> BotSpec {
+    if platform == Platform::Slack {
+        let mut s = BotSpec::new(bid(id), platform, format!("xoxb-{id}-SECRET"));
+        s.app_token = Some(Secret::new(format!("xapp-{id}-SECRET")));
+        return s;
+    }
     BotSpec::new(bid(id), platform, format!("{id}-token:SECRET"))
 }
 
@@ -332,6 +339,203 @@ pub async fn batch_calls_answer_like_single_calls(s: Arc<dyn Store>) {
     assert!(s.accept_fences(&[]).await.unwrap().is_empty());
 }
 
+fn item(key: &str, chat: &str) -> InboxItem {
+    InboxItem {
+        key: key.into(),
+        chat: chat.into(),
+        message: format!("{{\"text\":\"{key}\"}}"),
+    }
+}
+
+/// The inbox records each delivery once, in arrival order, and gives back what is pending
+/// until it is finished; redeliveries are recognised by key.
+pub async fn inbox_records_once_in_order(s: Arc<dyn Store>) {
+    let bot = bid("b1");
+    s.accept_fence(&bot, Fence(3)).await.unwrap();
+    let new = s
+        .inbox_put(
+            &bot,
+            &[item("u1", "c1"), item("u2", "c2"), item("u3", "c1")],
+            Fence(3),
+        )
+        .await
+        .unwrap();
+    assert_eq!(new, [true, true, true]);
+    let new = s
+        .inbox_put(
+            &bot,
+            &[item("u2", "c2"), item("u4", "c1"), item("u4", "c1")],
+            Fence(3),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        new,
+        [false, true, false],
+        "redeliveries are not recorded again"
+    );
+    let pending = s.inbox_pending(&bot, 100).await.unwrap();
+    let keys: Vec<_> = pending.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["u1", "u2", "u3", "u4"]);
+    assert!(pending.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(pending[2].chat, "c1");
+    assert_eq!(pending[2].message, "{\"text\":\"u3\"}");
+    assert_eq!(pending[0].state, InboxState::Pending);
+    assert!(pending[0].received_at_ms > 0);
+    assert_eq!(s.inbox_pending(&bot, 2).await.unwrap().len(), 2);
+    s.inbox_finish(&bot, "u2", &InboxOutcome::Done, Fence(3))
+        .await
+        .unwrap();
+    s.inbox_finish(
+        &bot,
+        "u3",
+        &InboxOutcome::Undeliverable("handler answered 400".into()),
+        Fence(3),
+    )
+    .await
+    .unwrap();
+    let keys: Vec<_> = s
+        .inbox_pending(&bot, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(keys, ["u1", "u4"]);
+    let stats = s.inbox_stats().await.unwrap();
+    assert_eq!(
+        stats.get(&bot),
+        Some(&InboxStats {
+            pending: 2,
+            undeliverable: 1
+        })
+    );
+    let bad = s.inbox_undeliverable(&bot, 10).await.unwrap();
+    assert_eq!(bad.len(), 1);
+    assert_eq!(
+        (bad[0].key.as_str(), bad[0].error.as_deref()),
+        ("u3", Some("handler answered 400"))
+    );
+    // A finished key is still known: its redelivery is not recorded again.
+    assert_eq!(
+        s.inbox_put(&bot, &[item("u2", "c2")], Fence(3))
+            .await
+            .unwrap(),
+        [false]
+    );
+    // Another bot's inbox is its own.
+    assert!(s.inbox_pending(&bid("b2"), 10).await.unwrap().is_empty());
+    assert_eq!(
+        s.inbox_put(&bid("b2"), &[item("u1", "c1")], Fence(1))
+            .await
+            .unwrap(),
+        [true]
+    );
+}
+
+/// A worker that lost the bot can neither record nor finish entries.
+pub async fn inbox_writes_are_fenced(s: Arc<dyn Store>) {
+    let bot = bid("b1");
+    s.accept_fence(&bot, Fence(5)).await.unwrap();
+    assert!(matches!(
+        s.inbox_put(&bot, &[item("u1", "c")], Fence(4)).await,
+        Err(StoreError::StaleFence { current, .. }) if current == Fence(5)
+    ));
+    assert!(s.inbox_pending(&bot, 10).await.unwrap().is_empty());
+    s.inbox_put(&bot, &[item("u1", "c")], Fence(5))
+        .await
+        .unwrap();
+    assert!(matches!(
+        s.inbox_finish(&bot, "u1", &InboxOutcome::Done, Fence(4))
+            .await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    assert_eq!(s.inbox_pending(&bot, 10).await.unwrap().len(), 1);
+    assert!(matches!(
+        s.inbox_finish(&bot, "nope", &InboxOutcome::Done, Fence(5))
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    s.inbox_finish(&bot, "u1", &InboxOutcome::Done, Fence(6))
+        .await
+        .unwrap();
+    assert!(s.inbox_pending(&bot, 10).await.unwrap().is_empty());
+}
+
+/// Pruning forgets finished entries by age, never pending ones.
+pub async fn inbox_prune_forgets_finished_entries(s: Arc<dyn Store>) {
+    let bot = bid("b1");
+    s.inbox_put(
+        &bot,
+        &[item("a", "c"), item("b", "c"), item("c", "c")],
+        Fence(1),
+    )
+    .await
+    .unwrap();
+    s.inbox_finish(&bot, "a", &InboxOutcome::Done, Fence(1))
+        .await
+        .unwrap();
+    s.inbox_finish(
+        &bot,
+        "b",
+        &InboxOutcome::Undeliverable("x".into()),
+        Fence(1),
+    )
+    .await
+    .unwrap();
+    let future = botfleet_core::unix_ms() + 60_000;
+    assert_eq!(s.inbox_prune(0, 0).await.unwrap(), 0, "nothing that old");
+    assert_eq!(s.inbox_prune(future, 0).await.unwrap(), 1, "the done one");
+    let stats = s.inbox_stats().await.unwrap();
+    assert_eq!(
+        stats[&bot],
+        InboxStats {
+            pending: 1,
+            undeliverable: 1
+        }
+    );
+    assert_eq!(s.inbox_prune(future, future).await.unwrap(), 1);
+    assert_eq!(s.inbox_pending(&bot, 10).await.unwrap().len(), 1);
+    // A pruned key is forgotten: it would be recorded again (the platform's cursor, not the
+    // inbox, guards old deliveries by then).
+    assert_eq!(
+        s.inbox_put(&bot, &[item("a", "c")], Fence(1))
+            .await
+            .unwrap(),
+        [true]
+    );
+}
+
+/// A second credential (Slack's app token) is stored, read back and never shown.
+pub async fn app_tokens_round_trip_and_stay_secret(s: Arc<dyn Store>) {
+    let mut b = BotSpec::new(bid("sl"), Platform::Slack, "xoxb-bot-SECRET1");
+    b.app_token = Some(Secret::new("xapp-app-SECRET2"));
+    s.add_bot(&b).await.unwrap();
+    let r = s.get_bot(&bid("sl")).await.unwrap().unwrap();
+    assert_eq!(r.spec, b);
+    assert_eq!(
+        r.spec.app_token.as_ref().map(Secret::expose),
+        Some("xapp-app-SECRET2")
+    );
+    let debug = format!("{r:?}");
+    assert!(!debug.contains("SECRET"), "{debug}");
+    b.app_token = Some(Secret::new("xapp-rotated"));
+    s.update_bot(&b).await.unwrap();
+    let r = s.get_bot(&bid("sl")).await.unwrap().unwrap();
+    assert_eq!(
+        r.spec.app_token.as_ref().map(Secret::expose),
+        Some("xapp-rotated")
+    );
+    // Slack needs both tokens, of the right kinds.
+    let mut no_app = BotSpec::new(bid("sl2"), Platform::Slack, "xoxb-x");
+    assert!(matches!(
+        s.add_bot(&no_app).await,
+        Err(StoreError::InvalidSpec(_))
+    ));
+    no_app.app_token = Some(Secret::new("xoxb-wrong-kind"));
+    assert!(s.add_bot(&no_app).await.is_err());
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -352,6 +556,10 @@ macro_rules! store_conformance {
             registry_stamp_tracks_spec_changes,
             sent_marks_last_until_the_cursor_moves,
             batch_calls_answer_like_single_calls,
+            inbox_records_once_in_order,
+            inbox_writes_are_fenced,
+            inbox_prune_forgets_finished_entries,
+            app_tokens_round_trip_and_stay_secret,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

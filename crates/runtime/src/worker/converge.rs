@@ -14,7 +14,7 @@ use botfleet_coord::{
     placement::{Ring, RingConfig, DEFAULT_BALANCE},
     ClaimOutcome, Coordinator, LiveWorker,
 };
-use botfleet_core::{BotId, BotStatus, Fence, Platform, WorkerId};
+use botfleet_core::{BotId, BotStatus, Fence, WorkerId};
 use botfleet_store::Store;
 use futures_util::{future::join_all, stream, StreamExt};
 use tokio::{
@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::{Running, Signal, State};
 use crate::{
-    bot::{BotCtx, BotExit},
+    bot::{BotCtx, BotExit, BotSettings},
     handler::Handler,
 };
 
@@ -422,43 +422,50 @@ impl State {
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let platform = rec.spec.platform;
-        let ctx = BotCtx {
-            spec: rec.spec.clone(),
-            fence,
-            worker: self.me().to_string(),
-            store: self.w.store.clone(),
-            telegram: self.w.telegram.clone(),
-            handler: Handler::new(
-                rec.spec.handler.clone(),
-                self.w.http.clone(),
-                self.w.cfg.webhook_timeout,
-            ),
-            lease: lease.clone(),
-            metrics: self.w.metrics.clone(),
-            starter: self.starter.clone(),
-            reporter: self.reporter.clone(),
-            stop: stop_rx,
-        };
-        let parked = platform != Platform::Telegram;
         let tx = self.tx.clone();
         let b = bot.clone();
-        let task = tokio::spawn(async move {
-            let exit = if platform == Platform::Telegram {
-                ctx.run().await
-            } else {
-                ctx.reporter.report(
-                    &ctx.spec.id,
-                    BotStatus::Failed,
-                    Some("platform not supported yet"),
-                    &ctx.worker,
-                );
-                BotExit::Failed(format!(
-                    "platform {platform} is not supported by this worker yet"
-                ))
-            };
-            // Unbounded: an exit notice never waits for the loop.
-            let _ = tx.send(Signal::Exited(b, fence, exit));
-        });
+        let connector = self.w.connectors.get(&platform).cloned();
+        let parked = connector.is_none();
+        let task = match connector {
+            Some(connector) => {
+                let ctx = BotCtx {
+                    spec: rec.spec.clone(),
+                    fence,
+                    worker: self.me().to_string(),
+                    store: self.w.store.clone(),
+                    connector,
+                    handler: Handler::new(
+                        rec.spec.handler.clone(),
+                        self.w.http.clone(),
+                        self.w.cfg.webhook_timeout,
+                    ),
+                    lease: lease.clone(),
+                    metrics: self.w.metrics.clone(),
+                    starter: self.starter.clone(),
+                    reporter: self.reporter.clone(),
+                    settings: BotSettings {
+                        retry_for: self.w.cfg.handler_retry_for,
+                        max_in_flight: self.w.cfg.max_in_flight,
+                    },
+                    stop: stop_rx,
+                };
+                tokio::spawn(async move {
+                    let exit = ctx.run().await;
+                    // Unbounded: an exit notice never waits for the loop.
+                    let _ = tx.send(Signal::Exited(b, fence, exit));
+                })
+            }
+            None => {
+                // A registry written by a newer build, or a build without the platform: the
+                // claim is kept (so no other worker of this build loops on it) and reported.
+                let why = format!("platform {platform} is not supported by this worker");
+                self.reporter
+                    .report(&bot, BotStatus::Failed, Some(&why), self.me().as_str());
+                tokio::spawn(async move {
+                    let _ = tx.send(Signal::Exited(b, fence, BotExit::Failed(why)));
+                })
+            }
+        };
         self.running.insert(
             bot,
             Running {

@@ -1,0 +1,122 @@
+//! The traits a platform implements.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use botfleet_core::{BotSpec, Inbound, Outbound, Platform};
+
+use crate::PlatformError;
+
+/// Who the platform says the bot is, once its credentials are accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The platform's id of the bot's user.
+    pub user_id: String,
+    /// Its name or handle, when the platform gives one.
+    pub name: Option<String>,
+}
+
+/// One message of a batch, with the key the platform delivered it under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// The delivery's id (Telegram `update_id`, Slack `event_id`): the same key delivered
+    /// again is a redelivery and is handled once.
+    pub key: String,
+    /// The message, normalised.
+    pub message: Inbound,
+}
+
+/// What acknowledges a batch to the platform: opaque to the runtime (Telegram: the next
+/// offset; Slack: the envelope ids).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ack(pub Vec<String>);
+
+/// What a receiver yields: messages to handle, what acknowledges them, and how many
+/// deliveries were skipped as unreadable or irrelevant.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Messages to handle, in the order the platform sent them.
+    pub messages: Vec<Received>,
+    /// Acknowledges every delivery of the batch (including skipped ones) once recorded.
+    pub ack: Ack,
+    /// Deliveries that could not be read (counted as malformed).
+    pub malformed: usize,
+    /// Deliveries the platform says it made before (e.g. a Slack envelope not acknowledged
+    /// in time): counted; the inbox keeps them from being handled twice.
+    pub redelivered: usize,
+}
+
+/// A bot's open connection: inbound batches, and a sender any task may use.
+pub struct Connection {
+    /// Inbound side; owned by the bot's receive loop.
+    pub receiver: Box<dyn Receiver>,
+    /// Outbound side; shared by the bot's chat queues.
+    pub sender: Arc<dyn Sender>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").finish_non_exhaustive()
+    }
+}
+
+/// A platform, as the runtime sees it: one per process, shared by all its bots.
+#[async_trait]
+pub trait Connector: Send + Sync + std::fmt::Debug {
+    /// Which platform this is.
+    fn platform(&self) -> Platform;
+
+    /// Checks the bot's credentials with the platform.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Credentials`](crate::ErrorKind::Credentials) when refused; other kinds
+    /// for everything else.
+    async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError>;
+
+    /// Opens the bot's connection, resuming from `checkpoint` (what [`Receiver::ack`] last
+    /// answered and the runtime stored), if any.
+    ///
+    /// # Errors
+    /// As [`Connector::verify`].
+    async fn connect(
+        &self,
+        spec: &BotSpec,
+        checkpoint: Option<&str>,
+    ) -> Result<Connection, PlatformError>;
+
+    /// Connections this platform holds open now (Slack's sockets), for a gauge; `None` for a
+    /// platform that holds none between requests.
+    fn open_connections(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The inbound side of a bot's connection.
+#[async_trait]
+pub trait Receiver: Send {
+    /// Waits for the next batch (a Telegram long poll; Slack envelopes as they come).
+    ///
+    /// # Errors
+    /// The platform's failures, classified.
+    async fn next(&mut self) -> Result<Batch, PlatformError>;
+
+    /// The batch's messages are recorded: tell the platform (or remember it for the next
+    /// request). Answers the checkpoint to store, if the platform has one.
+    ///
+    /// # Errors
+    /// The platform's failures, classified.
+    async fn ack(&mut self, ack: Ack) -> Result<Option<String>, PlatformError>;
+
+    /// Closes the connection, so the platform lets the next owner connect at once.
+    async fn close(&mut self);
+}
+
+/// The outbound side of a bot's connection.
+#[async_trait]
+pub trait Sender: Send + Sync {
+    /// Sends `out` (in its thread, where the platform has threads).
+    ///
+    /// # Errors
+    /// The platform's failures, classified: `RateLimited` carries the platform's wait.
+    async fn send(&self, out: &Outbound) -> Result<(), PlatformError>;
+}

@@ -1,0 +1,167 @@
+//! Every platform's connector passes the one conformance suite from `botfleet-testkit`,
+//! against its fake.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::Arc;
+
+use botfleet_core::{BotId, BotSpec, Platform, Secret};
+use botfleet_platform::Connector;
+use botfleet_testkit::{FakeSlack, FakeTelegram, Fault, PlatformFixture, PostFault};
+
+struct Telegram {
+    fake: FakeTelegram,
+}
+
+impl Telegram {
+    async fn new() -> Self {
+        Self {
+            fake: FakeTelegram::start().await.unwrap(),
+        }
+    }
+    fn token(i: usize) -> String {
+        format!("{}:conn-SECRET-{i}", 2000 + i)
+    }
+}
+
+impl PlatformFixture for Telegram {
+    fn platform(&self) -> Platform {
+        Platform::Telegram
+    }
+    fn bot(&self, i: usize) -> BotSpec {
+        self.fake.state().add_bot(&Self::token(i));
+        let mut spec = BotSpec::new(
+            BotId::new(format!("bot-{i}")).unwrap(),
+            Platform::Telegram,
+            Self::token(i),
+        );
+        spec.options.api_url = Some(self.fake.url());
+        spec
+    }
+    fn user_writes(&self, i: usize, chat: u32, text: &str) {
+        self.fake
+            .state()
+            .user_writes(&Self::token(i), i64::from(chat), text);
+    }
+    fn sent(&self, i: usize) -> Vec<(u32, String)> {
+        self.fake
+            .state()
+            .sent()
+            .into_iter()
+            .filter(|s| s.token == Self::token(i))
+            .map(|s| (s.chat_id.parse().unwrap(), s.text))
+            .collect()
+    }
+    fn revoke(&self, i: usize) {
+        self.fake.state().revoke(&Self::token(i));
+    }
+    fn rate_limit_next_send(&self, i: usize, secs: u64) {
+        self.fake
+            .state()
+            .inject_send(&Self::token(i), Fault::TooManyRequests(secs));
+    }
+    fn fail_next_send(&self, i: usize) {
+        self.fake
+            .state()
+            .inject_send(&Self::token(i), Fault::ServerError);
+    }
+    fn requests(&self, i: usize) -> u64 {
+        self.fake.state().requests_of(&Self::token(i))
+    }
+    fn connected(&self, i: usize) -> bool {
+        self.fake.state().is_polling(&Self::token(i))
+    }
+    fn connector(&self) -> Arc<dyn Connector> {
+        Arc::new(botfleet_telegram::TelegramConnector::new(Default::default()).unwrap())
+    }
+    fn secrets(&self, i: usize) -> Vec<String> {
+        vec![Self::token(i)]
+    }
+}
+
+struct Slack {
+    fake: FakeSlack,
+}
+
+impl Slack {
+    async fn new() -> Self {
+        Self {
+            fake: FakeSlack::start().await.unwrap(),
+        }
+    }
+    fn bot_token(i: usize) -> String {
+        format!("xoxb-conn-SECRET-{i}")
+    }
+    fn app_token(i: usize) -> String {
+        format!("xapp-conn-SECRET-{i}")
+    }
+}
+
+impl PlatformFixture for Slack {
+    fn platform(&self) -> Platform {
+        Platform::Slack
+    }
+    fn bot(&self, i: usize) -> BotSpec {
+        self.fake
+            .state()
+            .add_app(&Self::bot_token(i), &Self::app_token(i));
+        let mut spec = BotSpec::new(
+            BotId::new(format!("bot-{i}")).unwrap(),
+            Platform::Slack,
+            Self::bot_token(i),
+        );
+        spec.app_token = Some(Secret::new(Self::app_token(i)));
+        spec.options.api_url = Some(self.fake.api_url());
+        spec
+    }
+    fn user_writes(&self, i: usize, chat: u32, text: &str) {
+        self.fake
+            .state()
+            .user_writes(&Self::bot_token(i), &format!("C{chat}"), None, text);
+    }
+    fn sent(&self, i: usize) -> Vec<(u32, String)> {
+        self.fake
+            .state()
+            .posts()
+            .into_iter()
+            .filter(|p| p.token == Self::bot_token(i))
+            .map(|p| (p.channel.trim_start_matches('C').parse().unwrap(), p.text))
+            .collect()
+    }
+    fn revoke(&self, i: usize) {
+        self.fake.state().revoke(&Self::bot_token(i));
+    }
+    fn rate_limit_next_send(&self, i: usize, secs: u64) {
+        self.fake
+            .state()
+            .inject_post(&Self::bot_token(i), PostFault::TooManyRequests(secs));
+    }
+    fn fail_next_send(&self, i: usize) {
+        self.fake
+            .state()
+            .inject_post(&Self::bot_token(i), PostFault::ServerError);
+    }
+    fn requests(&self, i: usize) -> u64 {
+        self.fake.state().requests_of(&Self::bot_token(i))
+            + self.fake.state().requests_of(&Self::app_token(i))
+    }
+    fn connected(&self, i: usize) -> bool {
+        self.fake.state().sockets(&Self::bot_token(i)) > 0
+    }
+    fn connector(&self) -> Arc<dyn Connector> {
+        Arc::new(botfleet_slack::SlackConnector::new(Default::default()).unwrap())
+    }
+    fn secrets(&self, i: usize) -> Vec<String> {
+        vec![Self::bot_token(i), Self::app_token(i)]
+    }
+}
+
+mod telegram {
+    use super::*;
+    botfleet_testkit::connector_conformance!(Telegram::new());
+}
+
+mod slack {
+    use super::*;
+    botfleet_testkit::connector_conformance!(Slack::new());
+}

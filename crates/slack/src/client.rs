@@ -1,0 +1,217 @@
+//! The Slack Web API methods a bot host needs: `auth.test`, `apps.connections.open`,
+//! `chat.postMessage`. One HTTP pool for every bot of the process.
+
+use std::time::Duration;
+
+use botfleet_core::Secret;
+use serde::{de::DeserializeOwned, Deserialize};
+use serde_json::{json, Value};
+
+use crate::{SlackConfig, SlackError, DEFAULT_API_URL};
+
+/// One bot's Web API base and tokens. `Debug` prints no token.
+#[derive(Clone)]
+pub struct SlackApi {
+    base: String,
+    bot_token: Secret,
+    app_token: Secret,
+}
+
+impl std::fmt::Debug for SlackApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlackApi")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SlackApi {
+    /// A bot's API: `api_url` (default [`DEFAULT_API_URL`]), its bot token (`xoxb-…`) and app
+    /// token (`xapp-…`).
+    pub fn new(api_url: Option<&str>, bot_token: &Secret, app_token: &Secret) -> Self {
+        let mut base = api_url.unwrap_or(DEFAULT_API_URL).to_owned();
+        if !base.ends_with('/') {
+            base.push('/');
+        }
+        Self {
+            base,
+            bot_token: bot_token.clone(),
+            app_token: app_token.clone(),
+        }
+    }
+}
+
+/// What `auth.test` says about a bot token.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct AuthInfo {
+    /// The bot's user id.
+    pub user_id: String,
+    /// The bot's id (messages it posts carry it as `bot_id`).
+    #[serde(default)]
+    pub bot_id: Option<String>,
+    /// The workspace.
+    #[serde(default)]
+    pub team_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ConnectionsOpen {
+    url: String,
+}
+
+/// A Slack Web API client shared by all Slack bots of a process. Cloning shares the pool.
+#[derive(Clone, Debug)]
+pub struct SlackClient {
+    http: reqwest::Client,
+    config: SlackConfig,
+}
+
+/// Error codes that mean the token is refused: the bot needs an operator.
+const AUTH_ERRORS: &[&str] = &[
+    "invalid_auth",
+    "not_authed",
+    "account_inactive",
+    "token_revoked",
+    "token_expired",
+    "not_allowed_token_type",
+    "user_removed_from_team",
+    "team_disabled",
+];
+
+/// Error codes of a Slack that is failing: retried.
+const SERVER_ERRORS: &[&str] = &[
+    "internal_error",
+    "fatal_error",
+    "service_unavailable",
+    "request_timeout",
+];
+
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
+    let secs = headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(30);
+    Duration::from_secs(secs.clamp(1, 3600))
+}
+
+impl SlackClient {
+    /// A client with its own connection pool.
+    ///
+    /// # Errors
+    /// [`SlackError::Network`] if the TLS backend cannot be set up.
+    pub fn new(config: SlackConfig) -> Result<Self, SlackError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.request_timeout)
+            .pool_max_idle_per_host(8)
+            .build()
+            .map_err(|e| SlackError::Network(e.without_url().to_string()))?;
+        Ok(Self { http, config })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SlackConfig {
+        &self.config
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        api: &SlackApi,
+        method: &'static str,
+        app: bool,
+        body: Value,
+    ) -> Result<T, SlackError> {
+        let (token, which) = if app {
+            (&api.app_token, "app")
+        } else {
+            (&api.bot_token, "bot")
+        };
+        let resp = self
+            .http
+            .post(format!("{}{method}", api.base))
+            .bearer_auth(token.expose())
+            .header("content-type", "application/json; charset=utf-8")
+            .body(body.to_string())
+            .timeout(self.config.request_timeout)
+            .send()
+            .await
+            .map_err(|e| SlackError::Network(format!("{method}: {}", e.without_url())))?;
+        let status = resp.status().as_u16();
+        if status == 429 {
+            return Err(SlackError::RateLimited(retry_after(resp.headers())));
+        }
+        let wait = retry_after(resp.headers());
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| SlackError::Network(format!("{method}: {}", e.without_url())))?;
+        if status >= 500 {
+            return Err(SlackError::Server {
+                method,
+                detail: format!("HTTP {status}"),
+            });
+        }
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| SlackError::Malformed(format!("{method}: {e}")))?;
+        if v["ok"].as_bool() == Some(true) {
+            return serde_json::from_value(v)
+                .map_err(|e| SlackError::Malformed(format!("{method}: {e}")));
+        }
+        let code = v["error"]
+            .as_str()
+            .unwrap_or("unknown_error")
+            .chars()
+            .take(80)
+            .collect::<String>();
+        Err(if AUTH_ERRORS.contains(&code.as_str()) {
+            SlackError::Unauthorized { which, code }
+        } else if code == "ratelimited" || code == "rate_limited" {
+            SlackError::RateLimited(wait)
+        } else if SERVER_ERRORS.contains(&code.as_str()) {
+            SlackError::Server {
+                method,
+                detail: code,
+            }
+        } else {
+            SlackError::Refused { method, code }
+        })
+    }
+
+    /// `auth.test` with the bot token.
+    ///
+    /// # Errors
+    /// See [`SlackError`].
+    pub async fn auth_test(&self, api: &SlackApi) -> Result<AuthInfo, SlackError> {
+        self.call(api, "auth.test", false, json!({})).await
+    }
+
+    /// `apps.connections.open` with the app token: the URL of a new Socket Mode connection.
+    ///
+    /// # Errors
+    /// See [`SlackError`].
+    pub async fn connections_open(&self, api: &SlackApi) -> Result<String, SlackError> {
+        let r: ConnectionsOpen = self
+            .call(api, "apps.connections.open", true, json!({}))
+            .await?;
+        Ok(r.url)
+    }
+
+    /// `chat.postMessage` of `text` to `channel`, in the thread `thread_ts` when given.
+    ///
+    /// # Errors
+    /// See [`SlackError`].
+    pub async fn post_message(
+        &self,
+        api: &SlackApi,
+        channel: &str,
+        text: &str,
+        thread_ts: Option<&str>,
+    ) -> Result<(), SlackError> {
+        let mut body = json!({ "channel": channel, "text": text });
+        if let Some(ts) = thread_ts {
+            body["thread_ts"] = json!(ts);
+        }
+        let _: Value = self.call(api, "chat.postMessage", false, body).await?;
+        Ok(())
+    }
+}

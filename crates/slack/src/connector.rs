@@ -1,0 +1,110 @@
+//! Slack on the platform seam: `auth.test` verifies, Socket Mode receives (envelopes
+//! acknowledged once recorded), `chat.postMessage` sends. No checkpoint: what was received and
+//! not answered is in the inbox.
+
+use std::sync::{
+    atomic::{AtomicI64, Ordering},
+    Arc,
+};
+
+use async_trait::async_trait;
+use botfleet_core::{BotSpec, Outbound, Platform};
+use botfleet_platform::{Connection, Connector, ErrorKind, Identity, PlatformError, Sender};
+
+use crate::{
+    inbound::Me, send, socket::SocketReceiver, SlackApi, SlackClient, SlackConfig, SlackError,
+};
+
+/// The Slack platform: one HTTP pool for every bot of the process, and a count of its sockets.
+#[derive(Clone, Debug)]
+pub struct SlackConnector {
+    client: SlackClient,
+    open: Arc<AtomicI64>,
+}
+
+impl SlackConnector {
+    /// A connector with its own connection pool.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(config: SlackConfig) -> Result<Self, SlackError> {
+        Ok(Self {
+            client: SlackClient::new(config)?,
+            open: Arc::new(AtomicI64::new(0)),
+        })
+    }
+
+    fn api(spec: &BotSpec) -> Result<SlackApi, PlatformError> {
+        let app = spec.app_token.as_ref().ok_or_else(|| {
+            PlatformError::new(
+                ErrorKind::Rejected,
+                "no_app_token",
+                "a Slack bot needs an app token (xapp-…) for Socket Mode",
+            )
+        })?;
+        Ok(SlackApi::new(
+            spec.options.api_url.as_deref(),
+            &spec.token,
+            app,
+        ))
+    }
+}
+
+#[async_trait]
+impl Connector for SlackConnector {
+    fn platform(&self) -> Platform {
+        Platform::Slack
+    }
+
+    async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
+        let info = self.client.auth_test(&Self::api(spec)?).await?;
+        Ok(Identity {
+            user_id: info.user_id,
+            name: info.bot_id,
+        })
+    }
+
+    async fn connect(
+        &self,
+        spec: &BotSpec,
+        _checkpoint: Option<&str>,
+    ) -> Result<Connection, PlatformError> {
+        let api = Self::api(spec)?;
+        let info = self.client.auth_test(&api).await?;
+        let mut receiver = SocketReceiver::new(
+            self.client.clone(),
+            api.clone(),
+            spec.id.clone(),
+            Me {
+                user_id: info.user_id,
+                bot_id: info.bot_id,
+            },
+            self.open.clone(),
+        );
+        // Open the socket now: a refused app token fails the bot here, not later.
+        receiver.open_now().await?;
+        Ok(Connection {
+            receiver: Box::new(receiver),
+            sender: Arc::new(SlackSender {
+                client: self.client.clone(),
+                api,
+            }),
+        })
+    }
+
+    fn open_connections(&self) -> Option<u64> {
+        Some(self.open.load(Ordering::Relaxed).max(0).unsigned_abs())
+    }
+}
+
+struct SlackSender {
+    client: SlackClient,
+    api: SlackApi,
+}
+
+#[async_trait]
+impl Sender for SlackSender {
+    async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
+        Ok(send(&self.client, &self.api, out).await?)
+    }
+}

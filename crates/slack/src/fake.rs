@@ -1,0 +1,754 @@
+//! A fake Slack (feature `fake`) speaking the real JSON: the Web API methods a bot host uses
+//! (`auth.test`, `apps.connections.open`, `chat.postMessage`) and a Socket Mode server that
+//! says `hello`, delivers each event to one of an app's sockets, delivers it again (with
+//! `retry_attempt`, `retry_reason: "timeout"`) when it is not acknowledged within 3 s, sends
+//! `disconnect` drills (`warning`, `refresh_requested`, `link_disabled`), pings idle sockets,
+//! caps an app at 10 sockets (`too_many_websockets`) and records what it received.
+//!
+//! Tokens are registered with [`FakeSlackState::add_app`]; a user writes with
+//! [`FakeSlackState::user_writes`].
+
+use std::{
+    collections::{HashMap, VecDeque},
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    extract::{
+        ws::{Message, WebSocket, WebSocketUpgrade},
+        Path, Query, State,
+    },
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{any, post},
+    Json, Router,
+};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Notify};
+
+/// A message the fake received through `chat.postMessage`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Post {
+    /// The bot token it was sent with.
+    pub token: String,
+    /// The channel.
+    pub channel: String,
+    /// The thread, when the reply was in one.
+    pub thread_ts: Option<String>,
+    /// The text.
+    pub text: String,
+}
+
+/// A fault to answer the next `chat.postMessage` of a bot with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PostFault {
+    /// HTTP 429 with `Retry-After` seconds.
+    TooManyRequests(u64),
+    /// HTTP 500.
+    ServerError,
+    /// `ok: false` with this error code (HTTP 200).
+    Error(String),
+}
+
+struct Event {
+    payload: Value,
+    attempts: u64,
+}
+
+struct InFlight {
+    event: Event,
+    socket: u64,
+    sent_at: Instant,
+}
+
+struct SocketRec {
+    app: String,
+    tx: mpsc::UnboundedSender<Message>,
+    /// Told to go away (`refresh_requested`, `warning`): a new socket beside it is expected.
+    refreshing: bool,
+}
+
+#[derive(Default)]
+struct App {
+    id: String,
+    app_token: String,
+    user_id: String,
+    bot_id: String,
+    pending: VecDeque<Event>,
+    next_socket: usize,
+    max_sockets: usize,
+    /// When its last socket said `hello`.
+    last_hello: Option<Instant>,
+    link_disabled: bool,
+    post_faults: VecDeque<PostFault>,
+}
+
+#[derive(Default)]
+struct Inner {
+    apps: HashMap<String, App>,
+    sockets: HashMap<u64, SocketRec>,
+    in_flight: HashMap<String, InFlight>,
+    posts: Vec<Post>,
+    ack_latencies: Vec<Duration>,
+    tickets: HashMap<String, String>,
+    revoked: std::collections::HashSet<String>,
+    /// Web API calls per token.
+    requests: HashMap<String, u64>,
+    next_id: u64,
+}
+
+/// Shared state of the fake; cheap to clone.
+#[derive(Clone)]
+pub struct FakeSlackState {
+    inner: Arc<Mutex<Inner>>,
+    wake: Arc<Notify>,
+    base: Arc<Mutex<String>>,
+    redeliveries: Arc<AtomicU64>,
+    overlaps: Arc<AtomicU64>,
+    ack_deadline_ms: Arc<AtomicU64>,
+    ping_every_ms: Arc<AtomicU64>,
+}
+
+impl Default for FakeSlackState {
+    fn default() -> Self {
+        Self {
+            inner: Arc::default(),
+            wake: Arc::default(),
+            base: Arc::default(),
+            redeliveries: Arc::default(),
+            overlaps: Arc::default(),
+            ack_deadline_ms: Arc::new(AtomicU64::new(3_000)),
+            ping_every_ms: Arc::new(AtomicU64::new(20_000)),
+        }
+    }
+}
+
+fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FakeSlackState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+
+    /// Registers an app: its bot token (`xoxb-…`) and app token (`xapp-…`) become valid.
+    /// Answers the app id.
+    pub fn add_app(&self, bot_token: &str, app_token: &str) -> String {
+        let mut g = self.lock();
+        g.next_id += 1;
+        let n = g.next_id;
+        let id = format!("A{n:06}");
+        g.apps.insert(
+            bot_token.to_owned(),
+            App {
+                id: id.clone(),
+                app_token: app_token.to_owned(),
+                user_id: format!("UB{n:06}"),
+                bot_id: format!("B{n:06}"),
+                ..App::default()
+            },
+        );
+        id
+    }
+
+    /// The bot's user id (as `auth.test` says).
+    pub fn bot_user(&self, bot_token: &str) -> Option<String> {
+        self.lock().apps.get(bot_token).map(|a| a.user_id.clone())
+    }
+
+    /// A user writes `text` in `channel` (in the thread `thread_ts`, if given) to the app of
+    /// `bot_token`: a `message` event is queued for its sockets. Answers the message's `ts`.
+    pub fn user_writes(
+        &self,
+        bot_token: &str,
+        channel: &str,
+        thread_ts: Option<&str>,
+        text: &str,
+    ) -> String {
+        let ts = {
+            let mut g = self.lock();
+            g.next_id += 1;
+            format!("1700000000.{:06}", g.next_id)
+        };
+        let mut event = json!({
+            "type": "message", "channel": channel, "user": "U000USER", "text": text,
+            "ts": ts, "event_ts": ts, "channel_type": "channel",
+        });
+        if let Some(t) = thread_ts {
+            event["thread_ts"] = json!(t);
+        }
+        self.push_event(bot_token, event);
+        ts
+    }
+
+    /// Queues any event (e.g. a malformed one, or an edit) for the app of `bot_token`.
+    pub fn push_event(&self, bot_token: &str, event: Value) {
+        {
+            let mut g = self.lock();
+            g.next_id += 1;
+            let event_id = format!("Ev{:08}", g.next_id);
+            if let Some(app) = g.apps.get_mut(bot_token) {
+                let payload = json!({
+                    "token": "verification-token", "team_id": "T0001", "api_app_id": app.id,
+                    "event": event, "type": "event_callback", "event_id": event_id,
+                    "event_time": 1_700_000_000,
+                });
+                app.pending.push_back(Event {
+                    payload,
+                    attempts: 0,
+                });
+            }
+        }
+        self.wake.notify_waiters();
+    }
+
+    /// Everything received through `chat.postMessage`, in arrival order.
+    pub fn posts(&self) -> Vec<Post> {
+        self.lock().posts.clone()
+    }
+
+    /// Sockets the app of `bot_token` has open now.
+    pub fn sockets(&self, bot_token: &str) -> usize {
+        let g = self.lock();
+        let Some(app) = g.apps.get(bot_token) else {
+            return 0;
+        };
+        g.sockets.values().filter(|s| s.app == app.id).count()
+    }
+
+    /// The most sockets the app of `bot_token` ever had open at once.
+    pub fn max_sockets(&self, bot_token: &str) -> usize {
+        self.lock().apps.get(bot_token).map_or(0, |a| a.max_sockets)
+    }
+
+    /// How many apps had a socket say `hello` at or after `since`.
+    pub fn connected_since(&self, since: Instant) -> usize {
+        self.lock()
+            .apps
+            .values()
+            .filter(|a| a.last_hello.is_some_and(|t| t >= since))
+            .count()
+    }
+
+    /// Which of `bot_tokens` had a socket say `hello` at or after `since`.
+    pub fn connected_since_among(&self, bot_tokens: &[String], since: Instant) -> usize {
+        let g = self.lock();
+        bot_tokens
+            .iter()
+            .filter(|t| {
+                g.apps
+                    .get(*t)
+                    .and_then(|a| a.last_hello)
+                    .is_some_and(|h| h >= since)
+            })
+            .count()
+    }
+
+    /// Apps with at least one socket open.
+    pub fn connected_apps(&self) -> usize {
+        let g = self.lock();
+        let mut ids: Vec<&str> = g.sockets.values().map(|s| s.app.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
+
+    /// Sockets of one app opened while another of its sockets stayed open for half a second
+    /// or more without having been asked to refresh: two holders of one app.
+    pub fn overlaps(&self) -> u64 {
+        self.overlaps.load(Ordering::SeqCst)
+    }
+
+    /// Deliveries made again because the first was not acknowledged in time.
+    pub fn redeliveries(&self) -> u64 {
+        self.redeliveries.load(Ordering::SeqCst)
+    }
+
+    /// Time from each delivery to its acknowledgement.
+    pub fn ack_latencies(&self) -> Vec<Duration> {
+        self.lock().ack_latencies.clone()
+    }
+
+    /// Events not yet delivered or not yet acknowledged, all apps.
+    pub fn undelivered(&self) -> usize {
+        let g = self.lock();
+        g.in_flight.len() + g.apps.values().map(|a| a.pending.len()).sum::<usize>()
+    }
+
+    /// Web API calls made with `token` (bot or app) so far.
+    pub fn requests_of(&self, token: &str) -> u64 {
+        self.lock().requests.get(token).copied().unwrap_or(0)
+    }
+
+    /// Makes `token` (bot or app) refused from now on.
+    pub fn revoke(&self, token: &str) {
+        self.lock().revoked.insert(token.to_owned());
+    }
+
+    /// Answers the next `chat.postMessage` of `bot_token` with `fault`.
+    pub fn inject_post(&self, bot_token: &str, fault: PostFault) {
+        if let Some(a) = self.lock().apps.get_mut(bot_token) {
+            a.post_faults.push_back(fault);
+        }
+    }
+
+    /// How long a delivery may go unacknowledged before it is made again. Default 3 s.
+    pub fn set_ack_deadline(&self, d: Duration) {
+        self.ack_deadline_ms.store(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// How often idle sockets are pinged. Default 20 s.
+    pub fn set_ping_every(&self, d: Duration) {
+        self.ping_every_ms.store(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
+    fn send_disconnect(&self, bot_token: &str, reason: &str, refreshing: bool) -> usize {
+        let mut g = self.lock();
+        let Some(app) = g.apps.get(bot_token).map(|a| a.id.clone()) else {
+            return 0;
+        };
+        let frame = json!({"type": "disconnect", "reason": reason,
+            "debug_info": {"host": "fake-slack"}})
+        .to_string();
+        let mut n = 0;
+        for s in g.sockets.values_mut().filter(|s| s.app == app) {
+            s.refreshing |= refreshing;
+            let _ = s.tx.send(Message::Text(frame.clone().into()));
+            n += 1;
+        }
+        n
+    }
+
+    /// Asks every socket of the app of `bot_token` to be replaced (`refresh_requested`), as
+    /// Slack does every few hours; the old sockets are closed 10 s later if still open.
+    /// Answers how many sockets were asked.
+    pub fn refresh(&self, bot_token: &str) -> usize {
+        let n = self.send_disconnect(bot_token, "refresh_requested", true);
+        let (inner, token) = (self.inner.clone(), bot_token.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let g = lock(&inner);
+            if let Some(app) = g.apps.get(&token) {
+                for s in g
+                    .sockets
+                    .values()
+                    .filter(|s| s.app == app.id && s.refreshing)
+                {
+                    let _ = s.tx.send(Message::Close(None));
+                }
+            }
+        });
+        n
+    }
+
+    /// Warns every socket of the app of `bot_token` that it will be disconnected.
+    pub fn warning(&self, bot_token: &str) -> usize {
+        self.send_disconnect(bot_token, "warning", true)
+    }
+
+    /// Turns Socket Mode off for the app of `bot_token` (`link_disabled`).
+    pub fn link_disabled(&self, bot_token: &str) {
+        if let Some(a) = self.lock().apps.get_mut(bot_token) {
+            a.link_disabled = true;
+        }
+        self.send_disconnect(bot_token, "link_disabled", false);
+    }
+
+    /// Drops every socket of the app of `bot_token` without a word (a network failure).
+    pub fn drop_sockets(&self, bot_token: &str) {
+        let g = self.lock();
+        if let Some(app) = g.apps.get(bot_token) {
+            for s in g.sockets.values().filter(|s| s.app == app.id) {
+                let _ = s.tx.send(Message::Close(None));
+            }
+        }
+    }
+
+    /// Delivers what is pending to sockets, and again what was not acknowledged in time.
+    fn deliver(&self) {
+        let deadline = Duration::from_millis(self.ack_deadline_ms.load(Ordering::SeqCst));
+        let mut g = self.lock();
+        let g = &mut *g;
+        // Not acknowledged in time: back to the front of its app's queue.
+        let late: Vec<String> = g
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.sent_at.elapsed() >= deadline)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for envelope in late {
+            if let Some(f) = g.in_flight.remove(&envelope) {
+                let app = g.sockets.get(&f.socket).map(|s| s.app.clone()).or_else(|| {
+                    let api = f.event.payload["api_app_id"].as_str().map(str::to_owned);
+                    api
+                });
+                if let Some(a) = g.apps.values_mut().find(|a| Some(&a.id) == app.as_ref()) {
+                    a.pending.push_front(f.event);
+                }
+            }
+        }
+        for app in g.apps.values_mut() {
+            let mine: Vec<u64> = {
+                let mut v: Vec<u64> = g
+                    .sockets
+                    .iter()
+                    .filter(|(_, s)| s.app == app.id && !s.refreshing)
+                    .map(|(id, _)| *id)
+                    .collect();
+                v.sort_unstable();
+                v
+            };
+            if mine.is_empty() {
+                continue;
+            }
+            while let Some(mut ev) = app.pending.pop_front() {
+                app.next_socket = app.next_socket.wrapping_add(1);
+                let sock = mine[app.next_socket % mine.len()];
+                g.next_id += 1;
+                let envelope_id = format!("env-{:08}", g.next_id);
+                let frame = json!({
+                    "envelope_id": envelope_id, "type": "events_api",
+                    "accepts_response_payload": false, "retry_attempt": ev.attempts,
+                    "retry_reason": if ev.attempts > 0 { "timeout" } else { "" },
+                    "payload": ev.payload,
+                });
+                if ev.attempts > 0 {
+                    self.redeliveries.fetch_add(1, Ordering::SeqCst);
+                }
+                ev.attempts += 1;
+                let Some(s) = g.sockets.get(&sock) else {
+                    app.pending.push_front(ev);
+                    break;
+                };
+                let _ = s.tx.send(Message::Text(frame.to_string().into()));
+                g.in_flight.insert(
+                    envelope_id,
+                    InFlight {
+                        event: ev,
+                        socket: sock,
+                        sent_at: Instant::now(),
+                    },
+                );
+            }
+        }
+    }
+}
+
+fn slack_error(code: &str) -> Response {
+    Json(json!({"ok": false, "error": code})).into_response()
+}
+
+fn bearer(headers: &HeaderMap) -> String {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_owned()
+}
+
+async fn web_api(
+    State(state): State<FakeSlackState>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let token = bearer(&headers);
+    if token.is_empty() {
+        return slack_error("not_authed");
+    }
+    let args: Value = serde_json::from_str(&body).unwrap_or_else(|_| json!({}));
+    let mut g = state.lock();
+    *g.requests.entry(token.clone()).or_default() += 1;
+    if g.revoked.contains(&token) {
+        return slack_error("token_revoked");
+    }
+    match method.as_str() {
+        "auth.test" => {
+            let Some(app) = g.apps.get(&token) else {
+                return slack_error(if token.starts_with("xapp-") {
+                    "not_allowed_token_type"
+                } else {
+                    "invalid_auth"
+                });
+            };
+            Json(
+                json!({"ok": true, "url": "https://fake.slack.com/", "team": "Fake",
+                "user": "bot", "team_id": "T0001", "user_id": app.user_id, "bot_id": app.bot_id}),
+            )
+            .into_response()
+        }
+        "apps.connections.open" => {
+            let Some(app) = g.apps.values().find(|a| a.app_token == token) else {
+                return slack_error(if token.starts_with("xoxb-") {
+                    "not_allowed_token_type"
+                } else {
+                    "invalid_auth"
+                });
+            };
+            if app.link_disabled {
+                return slack_error("link_disabled");
+            }
+            let app_id = app.id.clone();
+            g.next_id += 1;
+            let ticket = format!("ticket-{:08}", g.next_id);
+            g.tickets.insert(ticket.clone(), app_id.clone());
+            let base = state.base.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            Json(json!({"ok": true,
+                "url": format!("{base}/link/?ticket={ticket}&app_id={app_id}")}))
+            .into_response()
+        }
+        "chat.postMessage" => {
+            let Some(app) = g.apps.get_mut(&token) else {
+                return slack_error("invalid_auth");
+            };
+            if let Some(f) = app.post_faults.pop_front() {
+                return match f {
+                    PostFault::TooManyRequests(s) => (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [("retry-after", s.to_string())],
+                        Json(json!({"ok": false, "error": "ratelimited"})),
+                    )
+                        .into_response(),
+                    PostFault::ServerError => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "upstream failure").into_response()
+                    }
+                    PostFault::Error(code) => slack_error(&code),
+                };
+            }
+            let (Some(channel), Some(text)) = (args["channel"].as_str(), args["text"].as_str())
+            else {
+                return slack_error("no_text");
+            };
+            if text.is_empty() {
+                return slack_error("no_text");
+            }
+            g.next_id += 1;
+            let ts = format!("1700000001.{:06}", g.next_id);
+            g.posts.push(Post {
+                token,
+                channel: channel.to_owned(),
+                thread_ts: args["thread_ts"].as_str().map(str::to_owned),
+                text: text.to_owned(),
+            });
+            Json(json!({"ok": true, "channel": channel, "ts": ts,
+                "message": {"type": "message", "text": text, "ts": ts}}))
+            .into_response()
+        }
+        _ => slack_error("unknown_method"),
+    }
+}
+
+async fn link(
+    State(state): State<FakeSlackState>,
+    Query(q): Query<HashMap<String, String>>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let ticket = q.get("ticket").cloned().unwrap_or_default();
+    let Some(app) = state.lock().tickets.remove(&ticket) else {
+        return (StatusCode::UNAUTHORIZED, "unknown or used ticket").into_response();
+    };
+    ws.read_buffer_size(8 * 1024)
+        .write_buffer_size(0)
+        .on_upgrade(move |socket| session(state, app, socket))
+}
+
+/// One Socket Mode connection.
+async fn session(state: FakeSlackState, app: String, socket: WebSocket) {
+    let (mut sink, mut stream) = socket.split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+    let registered = {
+        let mut g = state.lock();
+        g.next_id += 1;
+        let id = g.next_id;
+        let count = g.sockets.values().filter(|s| s.app == app).count();
+        if count >= 10 {
+            None
+        } else {
+            let others: Vec<u64> = g
+                .sockets
+                .iter()
+                .filter(|(_, s)| s.app == app && !s.refreshing)
+                .map(|(k, _)| *k)
+                .collect();
+            g.sockets.insert(
+                id,
+                SocketRec {
+                    app: app.clone(),
+                    tx: tx.clone(),
+                    refreshing: false,
+                },
+            );
+            if let Some(a) = g.apps.values_mut().find(|a| a.id == app) {
+                a.max_sockets = a.max_sockets.max(count + 1);
+            }
+            Some((id, others))
+        }
+    };
+    let Some((id, others)) = registered else {
+        let frame = json!({"type": "disconnect", "reason": "too_many_websockets",
+            "debug_info": {"host": "fake-slack"}});
+        let _ = sink.send(Message::Text(frame.to_string().into())).await;
+        let _ = sink.close().await;
+        return;
+    };
+    if !others.is_empty() {
+        // Another socket that was not asked to go: two holders, unless it turns out to be one
+        // its client already closed (the server has not read that close yet).
+        let (inner, overlaps) = (state.inner.clone(), state.overlaps.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let g = lock(&inner);
+            if others
+                .iter()
+                .any(|o| g.sockets.get(o).is_some_and(|s| !s.refreshing))
+            {
+                overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    let hello = json!({"type": "hello", "num_connections": 1,
+        "debug_info": {"host": "fake-slack", "build_number": 1, "approximate_connection_time": 18060},
+        "connection_info": {"app_id": app}});
+    if sink
+        .send(Message::Text(hello.to_string().into()))
+        .await
+        .is_ok()
+    {
+        if let Some(a) = state.lock().apps.values_mut().find(|a| a.id == app) {
+            a.last_hello = Some(Instant::now());
+        }
+        state.wake.notify_waiters();
+        let ping_every = Duration::from_millis(state.ping_every_ms.load(Ordering::SeqCst));
+        let mut ping = tokio::time::interval(ping_every);
+        ping.tick().await;
+        loop {
+            tokio::select! {
+                m = stream.next() => match m {
+                    Some(Ok(Message::Text(t))) => {
+                        if let Ok(v) = serde_json::from_str::<Value>(&t) {
+                            if let Some(env) = v["envelope_id"].as_str() {
+                                let mut g = state.lock();
+                                if let Some(f) = g.in_flight.remove(env) {
+                                    g.ack_latencies.push(f.sent_at.elapsed());
+                                }
+                            }
+                        }
+                    }
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                    Some(Ok(_)) => {}
+                },
+                out = rx.recv() => match out {
+                    Some(Message::Close(c)) => {
+                        let _ = sink.send(Message::Close(c)).await;
+                        break;
+                    }
+                    Some(m) => if sink.send(m).await.is_err() { break },
+                    None => break,
+                },
+                _ = ping.tick() => {
+                    if sink.send(Message::Ping(Vec::new().into())).await.is_err() { break }
+                }
+            }
+        }
+    }
+    // Gone: what it was given and did not acknowledge goes to the app's other sockets.
+    let mut g = state.lock();
+    g.sockets.remove(&id);
+    let orphans: Vec<String> = g
+        .in_flight
+        .iter()
+        .filter(|(_, f)| f.socket == id)
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in orphans {
+        if let Some(f) = g.in_flight.remove(&k) {
+            if let Some(a) = g.apps.values_mut().find(|a| a.id == app) {
+                a.pending.push_front(f.event);
+            }
+        }
+    }
+    drop(g);
+    state.wake.notify_waiters();
+}
+
+/// The fake's routes, callable without a socket.
+pub fn app(state: FakeSlackState) -> Router {
+    Router::new()
+        .route("/api/{method}", post(web_api))
+        .route("/link/", any(link))
+        .with_state(state)
+}
+
+/// A running fake Slack on `127.0.0.1:<free port>`; stops when dropped.
+pub struct FakeSlack {
+    addr: SocketAddr,
+    state: FakeSlackState,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl FakeSlack {
+    /// Binds `127.0.0.1:0` and serves in the background, with a delivery loop.
+    ///
+    /// # Errors
+    /// When no loopback port can be bound.
+    pub async fn start() -> std::io::Result<Self> {
+        let state = FakeSlackState::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        *state.base.lock().unwrap_or_else(|e| e.into_inner()) = format!("ws://{addr}");
+        let router = app(state.clone());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        let s = state.clone();
+        let delivery = tokio::spawn(async move {
+            loop {
+                let woken = s.wake.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
+                s.deliver();
+                tokio::select! {
+                    () = woken => {}
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        });
+        Ok(Self {
+            addr,
+            state,
+            tasks: vec![server, delivery],
+        })
+    }
+
+    /// `http://127.0.0.1:<port>/api/`: pass as the bots' API URL.
+    pub fn api_url(&self) -> String {
+        format!("http://{}/api/", self.addr)
+    }
+
+    /// The shared state: add apps, write as users, read what was posted.
+    pub fn state(&self) -> &FakeSlackState {
+        &self.state
+    }
+}
+
+impl Drop for FakeSlack {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,18 @@
+#![doc = include_str!("../README.md")]
+
+mod client;
+mod config;
+mod connector;
+mod error;
+#[cfg(feature = "fake")]
+pub mod fake;
+mod inbound;
+mod outbound;
+mod socket;
+
+pub use client::{AuthInfo, SlackApi, SlackClient};
+pub use config::{SlackConfig, DEFAULT_API_URL};
+pub use connector::SlackConnector;
+pub use error::SlackError;
+pub use inbound::{parse_event, parse_frame, Event, Frame, Me};
+pub use outbound::{channel_and_thread, send, MAX_TEXT_CHARS};

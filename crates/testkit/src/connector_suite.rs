@@ -1,0 +1,452 @@
+//! The connector conformance suite: what every platform must do, written once and run against
+//! each platform's fake through [`connector_conformance!`](crate::connector_conformance). It
+//! drives the real worker (embedded: the in-memory coordinator, a SQLite registry), so what it
+//! proves is what an operator gets.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use botfleet_coord::{Coordinator, MemoryCoordinator, MemoryHub};
+use botfleet_core::{BotSpec, BotStatus, HandlerSpec, Platform, WorkerId};
+use botfleet_platform::{Connector, ErrorKind};
+use botfleet_runtime::{Metrics, Worker, WorkerConfig};
+use botfleet_store::{SqliteStore, Store};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+use crate::{nonce, wait_for};
+
+/// A platform's fake, as the suite needs it. Chats are numbers (a Telegram chat id, Slack
+/// channel `C<n>`); bots are numbered too.
+pub trait PlatformFixture: Send + Sync {
+    /// The platform under test.
+    fn platform(&self) -> Platform;
+    /// Registers bot `i` on the fake; answers its spec (its API URL on the fake).
+    fn bot(&self, i: usize) -> BotSpec;
+    /// A user writes `text` in chat `chat` of bot `i`.
+    fn user_writes(&self, i: usize, chat: u32, text: &str);
+    /// What bot `i` sent, as (chat, text), in the order the fake received it.
+    fn sent(&self, i: usize) -> Vec<(u32, String)>;
+    /// The platform refuses bot `i`'s credentials from now on.
+    fn revoke(&self, i: usize);
+    /// The next send of bot `i` is answered "rate limited, retry after `secs`".
+    fn rate_limit_next_send(&self, i: usize, secs: u64);
+    /// The next send of bot `i` fails as a server error would.
+    fn fail_next_send(&self, i: usize);
+    /// Requests bot `i` made to the fake so far (any method).
+    fn requests(&self, i: usize) -> u64;
+    /// Whether bot `i` is connected now (polling, a socket open).
+    fn connected(&self, i: usize) -> bool;
+    /// The platform's connector, as a worker builds it.
+    fn connector(&self) -> Arc<dyn Connector>;
+    /// Every secret of bot `i` (tokens): none may show anywhere.
+    fn secrets(&self, i: usize) -> Vec<String>;
+}
+
+/// One test's registry, coordinator and workers.
+pub struct Harness {
+    store: Arc<dyn Store>,
+    hub: MemoryHub,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A worker started by the harness.
+pub struct RunningWorker {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    coord: MemoryCoordinator,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl RunningWorker {
+    /// SIGTERM: drains and waits for it (at most 10 s).
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    }
+}
+
+impl Harness {
+    /// A fresh SQLite registry with `bots` registered, and a hub.
+    pub async fn new(bots: &[BotSpec]) -> Self {
+        let dir = std::env::temp_dir().join(format!("botfleet-conn-{}", nonce()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open(dir.join("bots.db"))
+                .await
+                .expect("sqlite"),
+        );
+        for b in bots {
+            store.add_bot(b).await.expect("add bot");
+        }
+        Self {
+            store,
+            hub: MemoryHub::new(),
+            dir,
+        }
+    }
+
+    /// The registry.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Starts worker `name` on the hub.
+    pub fn start(&self, name: &str) -> RunningWorker {
+        let mut c = WorkerConfig::new(WorkerId::new(name).expect("worker id"));
+        c.lease = Duration::from_millis(1500);
+        c.connect_rate = 1000.0;
+        c.reconcile_every = Duration::from_millis(200);
+        c.registry_refresh = Duration::from_millis(500);
+        c.telegram.poll_timeout = Duration::from_secs(2);
+        c.telegram.request_slack = Duration::from_secs(3);
+        c.handler_retry_for = Duration::from_secs(20);
+        let coord = self.hub.coordinator();
+        let w = Worker::new(
+            c,
+            Arc::new(coord.clone()) as Arc<dyn Coordinator>,
+            self.store.clone(),
+        )
+        .expect("worker");
+        let metrics = w.metrics();
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let _ = w
+                .run(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        RunningWorker {
+            stop: Some(tx),
+            task,
+            coord,
+            metrics,
+        }
+    }
+
+    /// The worker dies: its coordinator handle fails from now on and its loop is gone (its
+    /// bots stop acting once its lease is unsafe; the hub holds its liveness until then).
+    pub fn crash(&self, w: RunningWorker) {
+        self.hub.crash(&w.coord);
+        w.task.abort();
+    }
+}
+
+/// A tenant's webhook: answers the text, after 1 s for texts starting with `slow`.
+async fn slow_hook() -> (String, JoinHandle<()>) {
+    use axum::{routing::post, Json, Router};
+    let app = Router::new().route(
+        "/hook",
+        post(|Json(m): Json<serde_json::Value>| async move {
+            let text = m["text"].as_str().unwrap_or_default().to_owned();
+            if text.starts_with("slow") {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Json(serde_json::json!({ "text": text }))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, task)
+}
+
+/// Texts per chat, in the order sent.
+fn by_chat(sent: &[(u32, String)]) -> HashMap<u32, Vec<String>> {
+    let mut m: HashMap<u32, Vec<String>> = HashMap::new();
+    for (c, t) in sent {
+        m.entry(*c).or_default().push(t.clone());
+    }
+    m
+}
+
+/// Refused credentials end as `failed`, with the reason, and are not tried again in a loop.
+pub async fn refused_credentials_fail_without_a_retry_loop<F: PlatformFixture>(f: &F) {
+    let (good, bad) = (f.bot(0), f.bot(1));
+    f.revoke(1);
+    let h = Harness::new(&[good.clone(), bad.clone()]).await;
+    let w = h.start("w");
+    let rec = wait_for("the bad bot fails", Duration::from_secs(15), || async {
+        h.store()
+            .get_bot(&bad.id)
+            .await
+            .ok()
+            .flatten()
+            .filter(|r| r.status == BotStatus::Failed)
+    })
+    .await;
+    let why = rec.last_error.unwrap_or_default();
+    assert!(!why.is_empty(), "the reason is recorded");
+    wait_for("the good bot runs", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    let calls = f.requests(1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.requests(1), calls, "a refused bot is not retried");
+    w.shutdown().await;
+}
+
+/// A send answered "rate limited, retry after 2 s" goes out again after 2 s, once.
+pub async fn retry_after_is_honoured<F: PlatformFixture>(f: &F) {
+    let bot = f.bot(0);
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start("w");
+    wait_for("connected", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    f.rate_limit_next_send(0, 2);
+    let t = tokio::time::Instant::now();
+    f.user_writes(0, 1, "hello");
+    wait_for("answered", Duration::from_secs(15), || async {
+        (!f.sent(0).is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        t.elapsed() >= Duration::from_millis(1900),
+        "retried after {:?}, before retry-after",
+        t.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(f.sent(0), [(1, "hello".to_owned())], "sent once");
+    w.shutdown().await;
+}
+
+/// Sends that fail as a server error would are retried with backoff and go out once.
+pub async fn transient_send_faults_back_off<F: PlatformFixture>(f: &F) {
+    let bot = f.bot(0);
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start("w");
+    wait_for("connected", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    f.fail_next_send(0);
+    f.fail_next_send(0);
+    f.user_writes(0, 1, "hello");
+    wait_for("answered", Duration::from_secs(20), || async {
+        (!f.sent(0).is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(f.sent(0), [(1, "hello".to_owned())], "sent once");
+    let text = w.metrics.render("w");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("botfleet_platform_errors_total")
+                && l.contains(&format!("platform=\"{}\"", f.platform()))),
+        "{text}"
+    );
+    w.shutdown().await;
+}
+
+/// Each chat's messages are answered once, in order; a slow chat does not hold up another.
+pub async fn chats_keep_order_and_do_not_wait_for_each_other<F: PlatformFixture>(f: &F) {
+    let mut bot = f.bot(0);
+    let (hook, server) = slow_hook().await;
+    bot.handler = HandlerSpec::Webhook {
+        url: hook,
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start("w");
+    wait_for("connected", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    f.user_writes(0, 1, "slow-a");
+    f.user_writes(0, 1, "slow-b");
+    let t = tokio::time::Instant::now();
+    f.user_writes(0, 2, "quick");
+    wait_for(
+        "the quick chat answered",
+        Duration::from_secs(10),
+        || async { f.sent(0).iter().any(|(c, _)| *c == 2).then_some(()) },
+    )
+    .await;
+    let quick = t.elapsed();
+    for m in 0..5 {
+        for chat in 3..6 {
+            f.user_writes(0, chat, &format!("m{m}"));
+        }
+    }
+    wait_for("everything answered", Duration::from_secs(20), || async {
+        (f.sent(0).len() == 2 + 1 + 15).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let chats = by_chat(&f.sent(0));
+    assert_eq!(chats[&1], ["slow-a", "slow-b"]);
+    assert_eq!(chats[&2], ["quick"]);
+    for chat in 3..6 {
+        assert_eq!(chats[&chat], ["m0", "m1", "m2", "m3", "m4"], "chat {chat}");
+    }
+    assert!(
+        quick < Duration::from_millis(1500),
+        "a message to another chat waited {quick:?} for a slow chat"
+    );
+    w.shutdown().await;
+    server.abort();
+}
+
+/// A worker dies in the middle of a chat's messages: the next worker answers the rest from
+/// the inbox, and nothing is answered twice.
+pub async fn a_crash_mid_batch_replays_without_a_second_reply<F: PlatformFixture>(f: &F) {
+    let mut bot = f.bot(0);
+    let (hook, server) = slow_hook().await;
+    bot.handler = HandlerSpec::Webhook {
+        url: hook,
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let a = h.start("a");
+    wait_for("connected", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    for i in 1..=4 {
+        f.user_writes(0, 1, &format!("slow-{i}"));
+    }
+    wait_for("the first answered", Duration::from_secs(10), || async {
+        (!f.sent(0).is_empty()).then_some(())
+    })
+    .await;
+    h.crash(a);
+    let b = h.start("b");
+    wait_for("all four answered", Duration::from_secs(30), || async {
+        (f.sent(0).len() >= 4).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let texts: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(
+        texts,
+        ["slow-1", "slow-2", "slow-3", "slow-4"],
+        "once each, in order"
+    );
+    assert!(
+        h.store()
+            .inbox_pending(&bot.id, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing left pending"
+    );
+    b.shutdown().await;
+    server.abort();
+}
+
+/// A clean hand-over while users write: the next owner resumes where the first stopped,
+/// nothing lost, nothing twice, every chat in order.
+pub async fn a_hand_over_resumes_with_nothing_lost<F: PlatformFixture>(f: &F) {
+    let bot = f.bot(0);
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let a = h.start("a");
+    wait_for("connected", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    let b = h.start("b");
+    let mut expected: HashMap<u32, Vec<String>> = HashMap::new();
+    let mut a = Some(a);
+    for m in 0..30 {
+        for chat in 1..3 {
+            let text = format!("m{m}");
+            f.user_writes(0, chat, &text);
+            expected.entry(chat).or_default().push(text);
+        }
+        if m == 10 {
+            if let Some(a) = a.take() {
+                a.shutdown().await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    wait_for("everything answered", Duration::from_secs(30), || async {
+        (f.sent(0).len() >= 60).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = by_chat(&f.sent(0));
+    for (chat, texts) in &expected {
+        assert_eq!(&got[chat], texts, "chat {chat}: once each, in order");
+    }
+    assert!(
+        b.metrics.sent_total() > 0,
+        "the next owner answered part of it"
+    );
+    b.shutdown().await;
+}
+
+/// Tokens show nowhere: not in the recorded error, not in metrics, not in errors or `Debug`
+/// of what the connector answers.
+pub async fn secrets_never_show<F: PlatformFixture>(f: &F) {
+    let bad = f.bot(0);
+    f.revoke(0);
+    let e = f.connector().verify(&bad).await.expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::Credentials);
+    let shown = format!("{e} {e:?} {bad:?}");
+    let h = Harness::new(std::slice::from_ref(&bad)).await;
+    let w = h.start("w");
+    let rec = wait_for("failed", Duration::from_secs(15), || async {
+        h.store()
+            .get_bot(&bad.id)
+            .await
+            .ok()
+            .flatten()
+            .filter(|r| r.status == BotStatus::Failed)
+    })
+    .await;
+    let all = format!(
+        "{shown} {:?} {} {rec:?}",
+        rec.last_error,
+        w.metrics.render("w")
+    );
+    for s in f.secrets(0) {
+        assert!(!all.contains(&s), "a secret shows in: {all}");
+    }
+    w.shutdown().await;
+}
+
+/// Generates a module `conformance_connector` with one `#[tokio::test]` per suite case, each
+/// against a fresh fixture from `$fixture` (a future, e.g. an `async` block, awaited per test).
+#[macro_export]
+macro_rules! connector_conformance {
+    ($fixture:expr) => {
+        $crate::connector_conformance!(@cases $fixture;
+            refused_credentials_fail_without_a_retry_loop,
+            retry_after_is_honoured,
+            transient_send_faults_back_off,
+            chats_keep_order_and_do_not_wait_for_each_other,
+            a_crash_mid_batch_replays_without_a_second_reply,
+            a_hand_over_resumes_with_nothing_lost,
+            secrets_never_show,
+        );
+    };
+    (@cases $fixture:expr; $($case:ident),* $(,)?) => {
+        mod conformance_connector {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let fixture = $fixture.await;
+                    $crate::connector_suite::$case(&fixture).await;
+                }
+            )*
+        }
+    };
+}
