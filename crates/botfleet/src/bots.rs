@@ -38,7 +38,7 @@ pub(crate) struct AddArgs {
     #[arg(long, env = "BOTFLEET_APP_TOKEN", hide_env_values = true)]
     app_token: Option<String>,
     /// The platform API's base URL: a self-hosted Bot API server for Telegram; Slack's Web
-    /// API base (default https://slack.com/api/).
+    /// API base (default `https://slack.com/api/`).
     #[arg(long)]
     api_url: Option<String>,
     /// How the bot answers.
