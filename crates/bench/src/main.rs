@@ -85,8 +85,18 @@ pub(crate) async fn registry_at(
 
 /// Starts `botfleet worker ARGS` (on a free HTTP port unless `args` names one). Its log goes
 /// nowhere, or to `$BOTFLEET_BENCH_LOGS/worker-<pid>.log` at level info when that is set.
+/// `$BOTFLEET_BENCH_WRAP` (e.g. `heaptrack -o /tmp/worker`) runs the worker under a profiler.
 pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
-    let mut cmd = Command::new(bin);
+    let wrap = std::env::var("BOTFLEET_BENCH_WRAP").unwrap_or_default();
+    let mut wrap = wrap.split_whitespace();
+    let mut cmd = match wrap.next() {
+        Some(tool) => {
+            let mut c = Command::new(tool);
+            c.args(wrap).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     cmd.arg("worker");
     if !args.contains(&"--http-addr") {
         cmd.args(["--http-addr", "127.0.0.1:0"]);
@@ -165,13 +175,32 @@ async fn baseline_rss() -> anyhow::Result<u64> {
     Ok(rss_kib(w.0.id()))
 }
 
-async fn idle(bots: usize, rate: f64, base_kib: u64) -> anyhow::Result<()> {
+/// Flags of the idle measurement: `--poll-s S` (long-poll timeout, default 45), `--rounds R`
+/// (messages per bot before measuring again, aged connections; default 35).
+fn arg<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::args()
+        .skip_while(|a| a != name)
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+}
+
+/// RSS and CPU of one worker with `bots` idle Telegram bots: right after they all poll, and
+/// again after `rounds` messages per bot (every connection then has carried that many
+/// requests: hyper's per-connection structures grow with use).
+async fn idle(
+    bots: usize,
+    rate: f64,
+    poll_s: u64,
+    rounds: usize,
+    base_kib: u64,
+) -> anyhow::Result<()> {
     let fake = FakeTelegram::start().await?;
     let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-{}", nonce())));
     std::fs::create_dir_all(&dir.0)?;
     let db = registry(&dir.0, &fake, bots).await?;
     let bin = botfleet_bin()?;
     let started = Instant::now();
+    let poll = poll_s.to_string();
     let w = spawn(
         &bin,
         &[
@@ -182,7 +211,7 @@ async fn idle(bots: usize, rate: f64, base_kib: u64) -> anyhow::Result<()> {
             "--lease-ms",
             "15000",
             "--poll-timeout-s",
-            "10",
+            &poll,
         ],
     )?;
     let pid = w.0.id();
@@ -198,21 +227,46 @@ async fn idle(bots: usize, rate: f64, base_kib: u64) -> anyhow::Result<()> {
         up.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
-    // Idle: every bot long-polls with a 10 s timeout; nobody writes.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let window = Duration::from_secs(20);
-    let (c0, t0) = (cpu_ticks(pid), Instant::now());
-    tokio::time::sleep(window).await;
-    let (c1, dt) = (cpu_ticks(pid), t0.elapsed());
-    let cpu = (c1 - c0) as f64 / 100.0 / dt.as_secs_f64() * 100.0;
-    let rss = rss_kib(pid);
-    println!(
-        "{bots:>6} bots idle: RSS {:.1} MiB ({:.1} KiB per bot; {:.1} KiB per bot above the empty worker), CPU {cpu:.2} % of one core ({:.3} % per 1,000 bots)",
-        rss as f64 / 1024.0,
-        rss as f64 / bots as f64,
-        rss.saturating_sub(base_kib) as f64 / bots as f64,
-        cpu / bots as f64 * 1000.0
-    );
+    let measure = |what: &str| {
+        let what = what.to_owned();
+        async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let window = Duration::from_secs(20);
+            let (c0, t0) = (cpu_ticks(pid), Instant::now());
+            tokio::time::sleep(window).await;
+            let (c1, dt) = (cpu_ticks(pid), t0.elapsed());
+            let cpu = (c1 - c0) as f64 / 100.0 / dt.as_secs_f64() * 100.0;
+            let rss = rss_kib(pid);
+            let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
+            println!(
+                "{bots:>6} bots idle, {poll_s} s polls, {what}: {fds} open files, RSS {:.1} MiB ({:.1} KiB per bot; {:.1} KiB per bot above the empty worker), CPU {cpu:.2} % of one core ({:.3} % per 1,000 bots)",
+                rss as f64 / 1024.0,
+                rss as f64 / bots as f64,
+                rss.saturating_sub(base_kib) as f64 / bots as f64,
+                cpu / bots as f64 * 1000.0
+            );
+        }
+    };
+    measure("fresh").await;
+    if rounds > 0 {
+        for r in 0..rounds {
+            let want = (r + 1) * bots;
+            for i in 0..bots {
+                fake.state().user_writes(&token(i), 1, "ping");
+            }
+            let t = Instant::now();
+            while fake.state().sent_count() < want {
+                if t.elapsed() > Duration::from_secs(120) {
+                    bail!(
+                        "round {r}: {} of {want} answered",
+                        fake.state().sent_count()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        measure(&format!("after {rounds} messages per bot")).await;
+    }
     Ok(())
 }
 
@@ -293,9 +347,15 @@ async fn main() -> anyhow::Result<()> {
             "     0 bots: RSS {:.1} MiB (the worker process alone)",
             base as f64 / 1024.0
         );
-        idle(1_000, 500.0, base).await?;
-        if !quick {
-            idle(10_000, 1_000.0, base).await?;
+        let poll_s = arg("--poll-s").unwrap_or(45);
+        let rounds = arg("--rounds").unwrap_or(35);
+        let sizes: Vec<usize> = match arg("--size") {
+            Some(n) => vec![n],
+            None if quick => vec![1_000],
+            None => vec![2_000, 10_000],
+        };
+        for n in sizes {
+            idle(n, 1_000.0, poll_s, rounds, base).await?;
         }
     }
     if only.as_deref().is_none_or(|o| o == "reclaim") {

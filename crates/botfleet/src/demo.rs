@@ -1,4 +1,6 @@
-//! `botfleet demo`: the fleet at work, in one process, with nothing to set up.
+//! `botfleet demo`: the fleet at work, in one process, with nothing to set up: Telegram and
+//! Slack bots in one pool of three workers, users writing on both; one worker is killed
+//! midway and another joins; then a report per platform.
 
 use std::{
     collections::HashMap,
@@ -8,8 +10,9 @@ use std::{
 };
 
 use botfleet_coord::{Coordinator, MemoryCoordinator, MemoryHub};
-use botfleet_core::{BotId, BotSpec, Platform, WorkerId};
+use botfleet_core::{BotId, BotSpec, Platform, Secret, WorkerId};
 use botfleet_runtime::{Metrics, Worker, WorkerConfig};
+use botfleet_slack::fake::FakeSlack;
 use botfleet_store::{MemoryStore, Store};
 use botfleet_telegram::fake::FakeTelegram;
 use clap::Args;
@@ -18,9 +21,12 @@ use tokio::{sync::oneshot, task::JoinHandle};
 /// Flags of `botfleet demo`.
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// How many bots (1-5000).
+    /// How many bots in all (1-5000).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=5_000))]
     bots: u32,
+    /// Percent of them on Slack (0-100); the rest on Telegram.
+    #[arg(long, default_value_t = 33, value_parser = clap::value_parser!(u32).range(0..=100))]
+    slack_percent: u32,
     /// How long users write, in seconds (10-600).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(10..=600))]
     duration_s: u64,
@@ -41,8 +47,12 @@ struct DemoWorker {
     alive: bool,
 }
 
-fn token(i: u32) -> String {
-    format!("{}:demo-{i}", 100_000 + i)
+/// One demo bot: which platform, its tokens.
+struct DemoBot {
+    id: BotId,
+    platform: Platform,
+    /// Telegram token, or Slack bot token.
+    token: String,
 }
 
 fn start_worker(
@@ -54,7 +64,6 @@ fn start_worker(
     let id = WorkerId::new(name)?;
     let mut cfg = WorkerConfig::new(id.clone());
     cfg.lease = lease;
-    cfg.connect_rate = 500.0;
     cfg.reconcile_every = Duration::from_millis(250);
     cfg.telegram.poll_timeout = Duration::from_secs(5);
     let handle = hub.coordinator();
@@ -81,37 +90,113 @@ fn start_worker(
     })
 }
 
-fn view(t: Duration, ws: &[DemoWorker], fake: &FakeTelegram, written: u64) -> String {
+fn view(t: Duration, ws: &[DemoWorker], fakes: &Fakes, written: u64) -> String {
     let mut line = format!("t={:>3}s ", t.as_secs());
     for w in ws.iter().filter(|w| w.alive) {
         line.push_str(&format!(
             " {}:{:>4}",
             w.id,
-            w.metrics.running_now(Platform::Telegram)
+            w.metrics.running_now(Platform::Telegram) + w.metrics.running_now(Platform::Slack)
         ));
     }
     line.push_str(&format!(
-        "  | polling {:>4}  written {:>6}  answered {:>6}",
-        fake.state().polling_tokens(),
+        "  | polling {:>4}  sockets {:>4}  written {:>6}  answered {:>6}",
+        fakes.telegram.state().polling_tokens(),
+        fakes.slack.state().connected_apps(),
         written,
-        fake.state().sent_count()
+        fakes.telegram.state().sent_count() + fakes.slack.state().posts().len()
     ));
     line
 }
 
+struct Fakes {
+    telegram: FakeTelegram,
+    slack: FakeSlack,
+}
+
+/// What users wrote and bots answered, per (bot token, chat): the texts in order.
+type Chats = HashMap<(String, String), Vec<String>>;
+
+impl Fakes {
+    fn answered(&self) -> HashMap<Platform, Chats> {
+        let mut tg: Chats = HashMap::new();
+        for s in self.telegram.state().sent() {
+            tg.entry((s.token, s.chat_id)).or_default().push(s.text);
+        }
+        let mut sl: Chats = HashMap::new();
+        for p in self.slack.state().posts() {
+            sl.entry((p.token, p.channel)).or_default().push(p.text);
+        }
+        [(Platform::Telegram, tg), (Platform::Slack, sl)]
+            .into_iter()
+            .collect()
+    }
+
+    fn user_writes(&self, bot: &DemoBot, chat: u32, text: &str) -> (String, String) {
+        match bot.platform {
+            Platform::Slack => {
+                let channel = format!("C{chat}");
+                self.slack
+                    .state()
+                    .user_writes(&bot.token, &channel, None, text);
+                (bot.token.clone(), channel)
+            }
+            _ => {
+                self.telegram
+                    .state()
+                    .user_writes(&bot.token, i64::from(chat), text);
+                (bot.token.clone(), chat.to_string())
+            }
+        }
+    }
+
+    /// How many of `bots` were served (polled, or a socket opened) since `since`.
+    fn served_since(&self, bots: &[&DemoBot], since: Instant) -> usize {
+        let (tg, sl): (Vec<&&DemoBot>, Vec<&&DemoBot>) =
+            bots.iter().partition(|b| b.platform == Platform::Telegram);
+        let tg: Vec<String> = tg.iter().map(|b| b.token.clone()).collect();
+        let sl: Vec<String> = sl.iter().map(|b| b.token.clone()).collect();
+        self.telegram.state().polled_since_among(&tg, since)
+            + self.slack.state().connected_since_among(&sl, since)
+    }
+}
+
 pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     crate::common::init_logs("error");
-    let fake = FakeTelegram::start().await?;
+    let fakes = Fakes {
+        telegram: FakeTelegram::start().await?,
+        slack: FakeSlack::start().await?,
+    };
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let slack_bots = a.bots * a.slack_percent / 100;
+    let mut bots = Vec::new();
     for i in 0..a.bots {
-        fake.state().add_bot(&token(i));
-        let mut spec = BotSpec::new(
-            BotId::new(format!("demo-{i}"))?,
-            Platform::Telegram,
-            token(i),
-        );
-        spec.options.api_url = Some(fake.url());
-        store.add_bot(&spec).await?;
+        let id = BotId::new(format!("demo-{i}"))?;
+        let bot = if i < slack_bots {
+            let (token, app) = (format!("xoxb-demo-{i}"), format!("xapp-demo-{i}"));
+            fakes.slack.state().add_app(&token, &app);
+            let mut spec = BotSpec::new(id.clone(), Platform::Slack, token.clone());
+            spec.app_token = Some(Secret::new(app));
+            spec.options.api_url = Some(fakes.slack.api_url());
+            store.add_bot(&spec).await?;
+            DemoBot {
+                id,
+                platform: Platform::Slack,
+                token,
+            }
+        } else {
+            let token = format!("{}:demo-{i}", 100_000 + i);
+            fakes.telegram.state().add_bot(&token);
+            let mut spec = BotSpec::new(id.clone(), Platform::Telegram, token.clone());
+            spec.options.api_url = Some(fakes.telegram.url());
+            store.add_bot(&spec).await?;
+            DemoBot {
+                id,
+                platform: Platform::Telegram,
+                token,
+            }
+        };
+        bots.push(bot);
     }
     let hub = MemoryHub::new();
     let lease = Duration::from_millis(a.lease_ms);
@@ -125,72 +210,84 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         )?);
     }
     println!(
-        "botfleet demo: {} bots, 3 workers, users writing {} msg/s for {} s, lease {} ms",
-        a.bots, a.rate, a.duration_s, a.lease_ms
+        "botfleet demo: {} bots ({} Telegram, {slack_bots} Slack), 3 workers, users writing {} msg/s for {} s, lease {} ms",
+        a.bots,
+        a.bots - slack_bots,
+        a.rate,
+        a.duration_s,
+        a.lease_ms
     );
     let start = Instant::now();
-    while fake.state().polling_tokens() < a.bots as usize
-        && start.elapsed() < Duration::from_secs(60)
+    let all: Vec<&DemoBot> = bots.iter().collect();
+    while fakes.served_since(&all, start) < bots.len() && start.elapsed() < Duration::from_secs(60)
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("all {} bots polling after {:?}", a.bots, start.elapsed());
+    println!("all {} bots connected after {:?}", a.bots, start.elapsed());
 
     // Users write c<chat>-<n>: each chat's messages must come back once each, in order.
-    let mut expected: HashMap<(String, String), Vec<String>> = HashMap::new();
+    let mut expected: HashMap<Platform, Chats> = HashMap::new();
     let mut next_n: HashMap<(u32, u32), u32> = HashMap::new();
     let (mut written, mut seed) = (0u64, 0x9e37_79b9u64);
     let t0 = Instant::now();
     let total = Duration::from_secs(a.duration_s);
     let (kill_at, join_at) = (total / 3, total * 2 / 3);
-    let (mut killed, mut joined) = (None::<Instant>, false);
+    let mut killed: Option<(Instant, Vec<usize>)> = None;
+    let mut joined = false;
     let mut reclaim: Option<Duration> = None;
     let mut last_view = Instant::now();
     let tick = Duration::from_millis(50);
     let per_tick = (f64::from(a.rate) * tick.as_secs_f64()).max(1.0) as u32;
+    let probe = hub.coordinator();
     while t0.elapsed() < total {
         for _ in 0..per_tick {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            let bot = (seed % u64::from(a.bots)) as u32;
+            let b = (seed % u64::from(a.bots)) as usize;
             let chat = ((seed >> 32) % 3) as u32;
-            let n = next_n.entry((bot, chat)).or_default();
+            let n = next_n.entry((b as u32, chat)).or_default();
             let text = format!("c{chat}-{n}");
             *n += 1;
-            fake.state()
-                .user_writes(&token(bot), i64::from(chat) + 1, &text);
+            let key = fakes.user_writes(&bots[b], chat + 1, &text);
             expected
-                .entry((token(bot), (chat + 1).to_string()))
+                .entry(bots[b].platform)
+                .or_default()
+                .entry(key)
                 .or_default()
                 .push(text);
             written += 1;
         }
         if killed.is_none() && t0.elapsed() >= kill_at {
             // kill -9, in one process: the worker's coordinator handle dies and its loop stops.
+            let victim = ws[1].id.clone();
+            let mut moved = Vec::new();
+            for (i, b) in bots.iter().enumerate() {
+                if let Ok(Some(o)) = probe.owner(&b.id).await {
+                    if o.worker == victim && o.live {
+                        moved.push(i);
+                    }
+                }
+            }
             let w = &mut ws[1];
             hub.crash(&w.handle);
             w.task.abort();
             w.alive = false;
-            let name = w.id.clone();
-            killed = Some(Instant::now());
+            killed = Some((Instant::now(), moved));
             println!(
-                "{}  -> {name} killed",
-                view(t0.elapsed(), &ws, &fake, written)
+                "{}  -> {victim} killed",
+                view(t0.elapsed(), &ws, &fakes, written)
             );
         }
-        if let (Some(k), None) = (killed, reclaim) {
-            let survivors: i64 = ws
-                .iter()
-                .filter(|w| w.alive)
-                .map(|w| w.metrics.running_now(Platform::Telegram))
-                .sum();
-            // Every bot polled since the kill: the survivors serve them all.
-            if survivors == i64::from(a.bots) && fake.state().polled_since(k) == a.bots as usize {
+        if let (Some((k, moved)), None) = (&killed, reclaim) {
+            // The victim's bots are back once each was served again by a survivor.
+            let moved: Vec<&DemoBot> = moved.iter().map(|i| &bots[*i]).collect();
+            if fakes.served_since(&moved, *k) == moved.len() {
                 reclaim = Some(k.elapsed());
                 println!(
-                    "{}  -> all bots running on the survivors {:?} after the kill",
-                    view(t0.elapsed(), &ws, &fake, written),
+                    "{}  -> the {} bots it ran are back on the survivors {:?} after the kill",
+                    view(t0.elapsed(), &ws, &fakes, written),
+                    moved.len(),
                     k.elapsed()
                 );
             }
@@ -200,11 +297,11 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             joined = true;
             println!(
                 "{}  -> worker-3 joins",
-                view(t0.elapsed(), &ws, &fake, written)
+                view(t0.elapsed(), &ws, &fakes, written)
             );
         }
         if last_view.elapsed() >= Duration::from_secs(1) {
-            println!("{}", view(t0.elapsed(), &ws, &fake, written));
+            println!("{}", view(t0.elapsed(), &ws, &fakes, written));
             last_view = Instant::now();
         }
         tokio::time::sleep(tick).await;
@@ -213,25 +310,72 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     // answers would let a duplicate stand in for a missing one), at most 15 s.
     let settle = Instant::now();
     let all_answered = || {
-        let mut got: HashMap<(String, String), Vec<String>> = HashMap::new();
-        for s in fake.state().sent() {
-            got.entry((s.token, s.chat_id)).or_default().push(s.text);
-        }
-        expected.iter().all(|(k, want)| {
-            got.get(k)
-                .is_some_and(|g| want.iter().all(|t| g.contains(t)))
+        let got = fakes.answered();
+        expected.iter().all(|(p, chats)| {
+            chats.iter().all(|(k, want)| {
+                got[p]
+                    .get(k)
+                    .is_some_and(|g| want.iter().all(|t| g.contains(t)))
+            })
         })
     };
     while !all_answered() && settle.elapsed() < Duration::from_secs(15) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    println!("{}", view(t0.elapsed(), &ws, &fake, written));
-    let mut got: HashMap<(String, String), Vec<String>> = HashMap::new();
-    for s in fake.state().sent() {
-        got.entry((s.token, s.chat_id)).or_default().push(s.text);
+    println!("{}", view(t0.elapsed(), &ws, &fakes, written));
+    let mut got = fakes.answered();
+    println!("\nreport");
+    println!("  messages written      {written}");
+    let mut failed = false;
+    for p in [Platform::Telegram, Platform::Slack] {
+        let want = expected.remove(&p).unwrap_or_default();
+        let have_all = got.remove(&p).unwrap_or_default();
+        let (lost, duplicated, out_of_order) = tally(&want, have_all);
+        let written_p: usize = want.values().map(Vec::len).sum();
+        println!(
+            "  {:<9} written {written_p:>6}  lost {lost}  duplicated {duplicated}  chats out of order {out_of_order}",
+            p.as_str()
+        );
+        failed |= lost > 0 || out_of_order > 0;
     }
+    let conflicts = fakes.telegram.state().conflicts();
+    let overlaps = fakes.slack.state().overlaps();
+    println!("  Telegram second pollers (409)       {conflicts}");
+    println!("  Slack sockets held by two workers  {overlaps}");
+    let mut acks = fakes.slack.state().ack_latencies();
+    if !acks.is_empty() {
+        acks.sort();
+        println!(
+            "  Slack envelope ack p99              {:?} (Slack allows 3 s)",
+            acks[(acks.len() * 99 / 100).min(acks.len() - 1)]
+        );
+    }
+    match reclaim {
+        Some(d) => println!(
+            "  kill -> the victim's bots back     {d:?} (lease {} ms)",
+            a.lease_ms
+        ),
+        None => println!("  kill -> bots back                  not within the run"),
+    }
+    for w in &mut ws {
+        if let Some(s) = w.stop.take() {
+            let _ = s.send(());
+        }
+    }
+    for w in ws {
+        let _ = tokio::time::timeout(Duration::from_secs(10), w.task).await;
+    }
+    Ok(if failed || conflicts > 0 || overlaps > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Lost, duplicated, and chats whose first answers are out of the written order.
+fn tally(want: &Chats, mut got: Chats) -> (usize, usize, usize) {
     let (mut lost, mut duplicated, mut out_of_order) = (0usize, 0usize, 0usize);
-    for (chat, want) in &expected {
+    for (chat, want) in want {
         let have = got.remove(chat).unwrap_or_default();
         let mut seen: HashMap<&str, usize> = HashMap::new();
         for t in &have {
@@ -242,7 +386,6 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             .filter(|t| !seen.contains_key(t.as_str()))
             .count();
         duplicated += seen.values().map(|c| c - 1).sum::<usize>();
-        // Order: first answers, in order of their first appearance, must follow the writes.
         let mut firsts = Vec::new();
         for t in &have {
             if !firsts.contains(t) {
@@ -254,30 +397,5 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             out_of_order += 1;
         }
     }
-    println!("\nreport");
-    println!("  messages written      {written}");
-    println!("  answers received      {}", fake.state().sent_count());
-    println!("  lost                  {lost}");
-    println!("  duplicated            {duplicated}");
-    println!("  chats out of order    {out_of_order}");
-    println!("  second pollers (409)  {}", fake.state().conflicts());
-    match reclaim {
-        Some(d) => println!("  kill -> all bots back {d:?} (lease {} ms)", a.lease_ms),
-        None => println!("  kill -> bots back     not within the run"),
-    }
-    for w in &mut ws {
-        if let Some(s) = w.stop.take() {
-            let _ = s.send(());
-        }
-    }
-    for w in ws {
-        let _ = tokio::time::timeout(Duration::from_secs(10), w.task).await;
-    }
-    Ok(
-        if lost == 0 && out_of_order == 0 && fake.state().conflicts() == 0 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        },
-    )
+    (lost, duplicated, out_of_order)
 }

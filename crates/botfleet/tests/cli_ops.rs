@@ -356,10 +356,20 @@ fn the_demo_runs_and_reports_nothing_lost() {
     ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
+    // Both platforms in one pool, each reported: nothing lost, every chat in order.
+    for p in ["telegram", "slack"] {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(p) && l.contains("written"))
+            .unwrap_or_else(|| panic!("no {p} line in:\n{out}"));
+        assert!(
+            line.contains("lost 0") && line.contains("chats out of order 0"),
+            "{line}"
+        );
+    }
     for line in [
-        "lost                  0",
-        "chats out of order    0",
-        "second pollers (409)  0",
+        "Telegram second pollers (409)       0",
+        "Slack sockets held by two workers  0",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
@@ -367,5 +377,6 @@ fn the_demo_runs_and_reports_nothing_lost() {
         out.contains("killed") && out.contains("worker-3 joins"),
         "{out}"
     );
-    assert!(out.contains("kill -> all bots back"), "{out}");
+    assert!(out.contains("kill -> the victim's bots back"), "{out}");
+    assert!(out.contains("Slack envelope ack p99"), "{out}");
 }

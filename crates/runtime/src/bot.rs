@@ -286,17 +286,30 @@ impl BotCtx {
             // Bounded: past the limit, wait for the chats to catch up before receiving more.
             if chats.in_flight() >= self.settings.max_in_flight {
                 tokio::select! {
-                    exit = chats.wait_below(self.settings.max_in_flight) => {
+                    exit = chats.progress() => {
                         if let Some(exit) = exit { break self.chat_exit(exit); }
                         continue;
                     }
                     () = stopped(self.stop.clone()) => break BotExit::Stopped,
                 }
             }
-            let r = tokio::select! {
-                r = receiver.next() => r,
-                exit = chats.exited() => break self.chat_exit(exit),
-                () = stopped(self.stop.clone()) => break BotExit::Stopped,
+            // One receive (a long poll) stays in flight while chats make progress beside it:
+            // dropping it would close its connection.
+            let r = {
+                let next = receiver.next();
+                tokio::pin!(next);
+                loop {
+                    tokio::select! {
+                        r = &mut next => break Ok(r),
+                        exit = chats.progress() => if let Some(exit) = exit { break Err(exit.into()) },
+                        () = stopped(self.stop.clone()) => break Err(ChatExitOr::Stopped),
+                    }
+                }
+            };
+            let r = match r {
+                Ok(r) => r,
+                Err(ChatExitOr::Stopped) => break BotExit::Stopped,
+                Err(ChatExitOr::Exit(exit)) => break self.chat_exit(exit),
             };
             let received_at = tokio::time::Instant::now();
             let batch = match r {
@@ -393,6 +406,18 @@ impl BotCtx {
         };
         receiver.close().await;
         exit
+    }
+}
+
+/// Why the wait for a batch ended without one.
+enum ChatExitOr {
+    Stopped,
+    Exit(ChatExit),
+}
+
+impl From<ChatExit> for ChatExitOr {
+    fn from(e: ChatExit) -> Self {
+        ChatExitOr::Exit(e)
     }
 }
 

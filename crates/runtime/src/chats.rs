@@ -9,11 +9,8 @@
 //! is let go (its task ends) and made again by the next message of its chat.
 
 use std::{
-    collections::HashMap,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
+    collections::{HashMap, VecDeque},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -21,10 +18,7 @@ use botfleet_coord::LeaseHandle;
 use botfleet_core::{BotId, Fence, Inbound, Outbound, Platform};
 use botfleet_platform::{ErrorKind, PlatformError, Sender};
 use botfleet_store::{InboxEntry, InboxItem, InboxOutcome, Store, StoreError};
-use tokio::{
-    sync::{mpsc, watch, Notify},
-    task::JoinSet,
-};
+use tokio::{sync::watch, task::JoinSet};
 use tracing::{debug, warn};
 
 use crate::{
@@ -32,9 +26,6 @@ use crate::{
     handler::Handler,
     metrics::Metrics,
 };
-
-/// Queues kept before idle ones (every message done) are let go.
-const IDLE_SWEEP_AT: usize = 64;
 
 /// What the queues of one bot share.
 pub(crate) struct ChatsCtx {
@@ -60,7 +51,7 @@ pub(crate) enum ChatExit {
     Failed(PlatformError),
 }
 
-/// Why a queue stopped.
+/// Why a message was left where it was.
 enum Halt {
     /// Asked to stop: what is left stays pending for whoever runs the bot next.
     Stopped,
@@ -73,40 +64,38 @@ struct Job {
     message: String,
 }
 
+#[derive(Default)]
 struct Queue {
-    tx: mpsc::UnboundedSender<Job>,
-    /// Messages of this chat not done yet.
-    in_flight: Arc<AtomicUsize>,
+    jobs: VecDeque<Job>,
+    busy: bool,
 }
 
-/// The chat queues of one bot. Owned by the bot's task; the queue tasks end with it.
+/// The chat queues of one bot, driven by the bot's task: a chat with messages has one task
+/// answering its oldest; when it is done the next one starts. An idle chat holds nothing, so
+/// ten thousand idle bots cost no queue at all.
 pub(crate) struct Chats {
     ctx: Arc<ChatsCtx>,
-    queues: HashMap<String, Queue>,
-    tasks: JoinSet<()>,
-    in_flight: Arc<AtomicUsize>,
-    progress: Arc<Notify>,
-    exits_tx: mpsc::UnboundedSender<ChatExit>,
-    exits_rx: mpsc::UnboundedReceiver<ChatExit>,
+    /// Per chat with messages not done: its queue (the front one is being answered while
+    /// `busy`). A chat is here only while it has some.
+    waiting: HashMap<String, Queue>,
+    /// One task per chat whose message is being answered; each answers with its chat.
+    answering: JoinSet<(String, Result<(), Halt>)>,
+    in_flight: usize,
 }
 
 impl Chats {
     pub(crate) fn new(ctx: ChatsCtx) -> Self {
-        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         Self {
             ctx: Arc::new(ctx),
-            queues: HashMap::new(),
-            tasks: JoinSet::new(),
-            in_flight: Arc::new(AtomicUsize::new(0)),
-            progress: Arc::new(Notify::new()),
-            exits_tx,
-            exits_rx,
+            waiting: HashMap::new(),
+            answering: JoinSet::new(),
+            in_flight: 0,
         }
     }
 
     /// Messages received and not done yet.
     pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::SeqCst)
+        self.in_flight
     }
 
     /// Queues a recorded entry (a replay of what a predecessor left pending).
@@ -120,114 +109,73 @@ impl Chats {
     }
 
     fn push(&mut self, chat: String, key: String, message: String) {
-        if self.queues.len() >= IDLE_SWEEP_AT {
-            // Dropping an idle queue's sender ends its task; the chat gets a new one later.
-            self.queues
-                .retain(|_, q| q.in_flight.load(Ordering::SeqCst) > 0);
-            while self.tasks.try_join_next().is_some() {}
-        }
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let mut job = Job { key, message };
-        if let Some(q) = self.queues.get(&chat) {
-            q.in_flight.fetch_add(1, Ordering::SeqCst);
-            match q.tx.send(job) {
-                Ok(()) => return,
-                Err(e) => {
-                    // Its task ended (stopped): start another.
-                    q.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    job = e.0;
-                }
-            }
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let queue_in_flight = Arc::new(AtomicUsize::new(1));
-        let _ = tx.send(job);
-        self.tasks.spawn(run_queue(
-            self.ctx.clone(),
-            rx,
-            queue_in_flight.clone(),
-            self.in_flight.clone(),
-            self.progress.clone(),
-            self.exits_tx.clone(),
-        ));
-        self.queues.insert(
-            chat,
-            Queue {
-                tx,
-                in_flight: queue_in_flight,
-            },
-        );
-    }
-
-    /// Resolves when a queue stopped the bot.
-    pub(crate) async fn exited(&mut self) -> ChatExit {
-        match self.exits_rx.recv().await {
-            Some(e) => e,
-            // Unreachable while `self` holds a sender.
-            None => std::future::pending().await,
+        self.in_flight += 1;
+        let q = self.waiting.entry(chat.clone()).or_default();
+        q.jobs.push_back(Job { key, message });
+        if !q.busy {
+            self.start_next(chat);
         }
     }
 
-    /// Resolves when fewer than `limit` messages are in flight (`None`), or a queue stopped
-    /// the bot (`Some`).
-    pub(crate) async fn wait_below(&mut self, limit: usize) -> Option<ChatExit> {
+    /// Starts answering the chat's oldest waiting message (it leaves the queue; the chat is
+    /// busy until its task is done), or forgets the chat when nothing waits.
+    fn start_next(&mut self, chat: String) {
+        let Some(q) = self.waiting.get_mut(&chat) else {
+            return;
+        };
+        let Some(job) = q.jobs.pop_front() else {
+            self.waiting.remove(&chat);
+            return;
+        };
+        q.busy = true;
+        let ctx = self.ctx.clone();
+        self.answering.spawn(async move {
+            let mut stop = ctx.stop.clone();
+            let r = answer(&ctx, &job, &mut stop).await;
+            (chat, r)
+        });
+    }
+
+    /// Waits for a chat's message to be done, and starts that chat's next. Answers `Some`
+    /// when a queue stopped the bot; pends while nothing is being answered.
+    pub(crate) async fn progress(&mut self) -> Option<ChatExit> {
         loop {
-            let progressed = self.progress.notified();
-            tokio::pin!(progressed);
-            progressed.as_mut().enable();
-            if self.in_flight() < limit {
-                return None;
-            }
-            tokio::select! {
-                () = progressed => {}
-                e = self.exits_rx.recv() => return e,
+            let Some(done) = self.answering.join_next().await else {
+                return std::future::pending().await;
+            };
+            let Ok((chat, result)) = done else {
+                continue; // aborted (shutting down)
+            };
+            match result {
+                Ok(()) => {
+                    self.in_flight = self.in_flight.saturating_sub(1);
+                    if let Some(q) = self.waiting.get_mut(&chat) {
+                        q.busy = false;
+                    }
+                    self.start_next(chat);
+                    return None;
+                }
+                Err(Halt::Stopped) => {}
+                Err(Halt::Exit(e)) => return Some(e),
             }
         }
     }
 
-    /// Ends the queues: each finishes the message it is on (up to `limit`), the rest stays
-    /// pending in the inbox for the next owner.
+    /// Ends the queues: each chat finishes the message it is on (up to `limit`), the rest
+    /// stays pending in the inbox for the next owner.
     pub(crate) async fn finish(mut self, limit: Duration) {
-        self.queues.clear();
+        self.waiting.clear();
         let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
         loop {
             tokio::select! {
-                r = self.tasks.join_next() => if r.is_none() { return },
+                r = self.answering.join_next() => if r.is_none() { return },
                 () = &mut deadline => {
-                    self.tasks.abort_all();
+                    self.answering.abort_all();
                     return;
                 }
             }
         }
-    }
-}
-
-async fn run_queue(
-    ctx: Arc<ChatsCtx>,
-    mut rx: mpsc::UnboundedReceiver<Job>,
-    queue_in_flight: Arc<AtomicUsize>,
-    in_flight: Arc<AtomicUsize>,
-    progress: Arc<Notify>,
-    exits: mpsc::UnboundedSender<ChatExit>,
-) {
-    let mut stop = ctx.stop.clone();
-    loop {
-        let job = tokio::select! {
-            j = rx.recv() => match j { Some(j) => j, None => return },
-            () = crate::bot::stopped(stop.clone()) => return,
-        };
-        match answer(&ctx, &job, &mut stop).await {
-            Ok(()) => {}
-            Err(Halt::Stopped) => return,
-            Err(Halt::Exit(e)) => {
-                let _ = exits.send(e);
-                return;
-            }
-        }
-        queue_in_flight.fetch_sub(1, Ordering::SeqCst);
-        in_flight.fetch_sub(1, Ordering::SeqCst);
-        progress.notify_waiters();
     }
 }
 

@@ -27,8 +27,9 @@ pub struct WorkerConfig {
     /// limited per app). The limiter's job is to keep a cold start of a whole fleet from
     /// stampeding the store and the network.
     pub connect_rates: std::collections::BTreeMap<botfleet_core::Platform, f64>,
-    /// Telegram client settings (poll timeout, batch). Default poll timeout 9 s: under 2/3 of
-    /// the lease, so a frozen worker's last poll has ended before its bots move.
+    /// Telegram client settings (poll timeout, batch). Default poll timeout 45 s: an idle bot
+    /// costs one request per timeout, and the Bot API ends an older pending poll when a newer
+    /// one comes, so a frozen worker's last poll never holds up the bot's next owner.
     pub telegram: TelegramConfig,
     /// How often the bot registry is re-read besides lifecycle events. Default 30 s.
     pub registry_refresh: Duration,
@@ -72,7 +73,7 @@ impl WorkerConfig {
             .into_iter()
             .collect(),
             telegram: TelegramConfig {
-                poll_timeout: Duration::from_secs(9),
+                poll_timeout: Duration::from_secs(45),
                 ..TelegramConfig::default()
             },
             registry_refresh: Duration::from_secs(30),

@@ -70,6 +70,9 @@ struct InFlight {
 struct SocketRec {
     app: String,
     tx: mpsc::UnboundedSender<Message>,
+    /// When its client last showed life (a pong, an acknowledgement): a frozen client stops
+    /// answering pings, and Slack stops counting on such a socket.
+    last_seen: Instant,
     /// Told to go away (`refresh_requested`, `warning`): a new socket beside it is expected.
     refreshing: bool,
 }
@@ -383,13 +386,14 @@ impl FakeSlackState {
         let mut g = self.lock();
         let g = &mut *g;
         // Not acknowledged in time: back to the front of its app's queue.
-        let late: Vec<String> = g
+        let mut late: Vec<(Instant, String)> = g
             .in_flight
             .iter()
             .filter(|(_, f)| f.sent_at.elapsed() >= deadline)
-            .map(|(k, _)| k.clone())
+            .map(|(k, f)| (f.sent_at, k.clone()))
             .collect();
-        for envelope in late {
+        late.sort();
+        for (_, envelope) in late.into_iter().rev() {
             if let Some(f) = g.in_flight.remove(&envelope) {
                 let app = g.sockets.get(&f.socket).map(|s| s.app.clone()).or_else(|| {
                     let api = f.event.payload["api_app_id"].as_str().map(str::to_owned);
@@ -400,12 +404,43 @@ impl FakeSlackState {
                 }
             }
         }
+        let alive_for = Duration::from_millis(self.ping_every_ms.load(Ordering::SeqCst) * 3);
+        // A socket whose client stopped answering pings is given up: closed, and what it was
+        // given and did not acknowledge goes back to the front of its app's queue, in order.
+        let dead: Vec<u64> = g
+            .sockets
+            .iter()
+            .filter(|(_, s)| s.last_seen.elapsed() >= alive_for)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in dead {
+            if let Some(sock) = g.sockets.remove(&id) {
+                let _ = sock.tx.send(Message::Close(None));
+                let mut orphans: Vec<(Instant, String)> = g
+                    .in_flight
+                    .iter()
+                    .filter(|(_, f)| f.socket == id)
+                    .map(|(k, f)| (f.sent_at, k.clone()))
+                    .collect();
+                orphans.sort();
+                for (_, k) in orphans.into_iter().rev() {
+                    if let Some(f) = g.in_flight.remove(&k) {
+                        if let Some(a) = g.apps.values_mut().find(|a| a.id == sock.app) {
+                            a.pending.push_front(f.event);
+                        }
+                    }
+                }
+            }
+        }
         for app in g.apps.values_mut() {
+            // Sockets whose client answers: a frozen one gets nothing more.
             let mine: Vec<u64> = {
                 let mut v: Vec<u64> = g
                     .sockets
                     .iter()
-                    .filter(|(_, s)| s.app == app.id && !s.refreshing)
+                    .filter(|(_, s)| {
+                        s.app == app.id && !s.refreshing && s.last_seen.elapsed() < alive_for
+                    })
                     .map(|(id, _)| *id)
                     .collect();
                 v.sort_unstable();
@@ -589,6 +624,7 @@ async fn session(state: FakeSlackState, app: String, socket: WebSocket) {
                 SocketRec {
                     app: app.clone(),
                     tx: tx.clone(),
+                    last_seen: Instant::now(),
                     refreshing: false,
                 },
             );
@@ -607,15 +643,18 @@ async fn session(state: FakeSlackState, app: String, socket: WebSocket) {
     };
     if !others.is_empty() {
         // Another socket that was not asked to go: two holders, unless it turns out to be one
-        // its client already closed (the server has not read that close yet).
+        // its client already closed (the server has not read that close yet), or one whose
+        // client stopped answering pings (a frozen process: Slack no longer counts on it).
         let (inner, overlaps) = (state.inner.clone(), state.overlaps.clone());
+        let alive_for = Duration::from_millis(state.ping_every_ms.load(Ordering::SeqCst) * 3);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let g = lock(&inner);
-            if others
-                .iter()
-                .any(|o| g.sockets.get(o).is_some_and(|s| !s.refreshing))
-            {
+            if others.iter().any(|o| {
+                g.sockets
+                    .get(o)
+                    .is_some_and(|s| !s.refreshing && s.last_seen.elapsed() < alive_for)
+            }) {
                 overlaps.fetch_add(1, Ordering::SeqCst);
             }
         });
@@ -639,17 +678,38 @@ async fn session(state: FakeSlackState, app: String, socket: WebSocket) {
             tokio::select! {
                 m = stream.next() => match m {
                     Some(Ok(Message::Text(t))) => {
+                        let mut g = state.lock();
+                        if let Some(s) = g.sockets.get_mut(&id) {
+                            s.last_seen = Instant::now();
+                        }
                         if let Ok(v) = serde_json::from_str::<Value>(&t) {
                             if let Some(env) = v["envelope_id"].as_str() {
-                                let mut g = state.lock();
                                 if let Some(f) = g.in_flight.remove(env) {
-                                    g.ack_latencies.push(f.sent_at.elapsed());
+                                    let took = f.sent_at.elapsed();
+                                    let deadline = Duration::from_millis(
+                                        state.ack_deadline_ms.load(Ordering::SeqCst),
+                                    );
+                                    g.ack_latencies.push(took);
+                                    if took >= deadline {
+                                        // Too late: Slack has already decided to retry.
+                                        if let Some(a) =
+                                            g.apps.values_mut().find(|a| a.id == app)
+                                        {
+                                            a.pending.push_front(f.event);
+                                        }
+                                        drop(g);
+                                        state.wake.notify_waiters();
+                                    }
                                 }
                             }
                         }
                     }
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
-                    Some(Ok(_)) => {}
+                    Some(Ok(_)) => {
+                        if let Some(s) = state.lock().sockets.get_mut(&id) {
+                            s.last_seen = Instant::now();
+                        }
+                    }
                 },
                 out = rx.recv() => match out {
                     Some(Message::Close(c)) => {
@@ -668,13 +728,15 @@ async fn session(state: FakeSlackState, app: String, socket: WebSocket) {
     // Gone: what it was given and did not acknowledge goes to the app's other sockets.
     let mut g = state.lock();
     g.sockets.remove(&id);
-    let orphans: Vec<String> = g
+    let mut orphans: Vec<(Instant, String)> = g
         .in_flight
         .iter()
         .filter(|(_, f)| f.socket == id)
-        .map(|(k, _)| k.clone())
+        .map(|(k, f)| (f.sent_at, k.clone()))
         .collect();
-    for k in orphans {
+    // Back to the front of the queue in the order they were sent.
+    orphans.sort();
+    for (_, k) in orphans.into_iter().rev() {
         if let Some(f) = g.in_flight.remove(&k) {
             if let Some(a) = g.apps.values_mut().find(|a| a.id == app) {
                 a.pending.push_front(f.event);
