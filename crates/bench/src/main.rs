@@ -1,17 +1,20 @@
 //! Measures a `botfleet worker` process against the fake Bot API over plain HTTP.
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
-//! (`--quick` for 1,000 bots only; `--only idle|reclaim|moves|loss` for one part). It prints,
+//! (`--quick` for 1,000 bots only; `--only idle|slack|slack-idle|slack-refresh|reclaim|moves|loss`
+//! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
 //! two workers to all bots polling again; at 2,000, 10,000 and 20,000 bots, how fast a join, a
-//! SIGTERM and a kill -9 move them (see `moves.rs`); and how the fleet comes back when Redis
-//! loses its data.
+//! SIGTERM and a kill -9 move them (see `moves.rs`); how the fleet comes back when Redis
+//! loses its data; and for Slack bots (see `slack.rs`) the cost of an idle socket and the
+//! refresh drill at scale.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod moves;
 mod shards;
+mod slack;
 
 use std::{
     path::{Path, PathBuf},
@@ -147,18 +150,48 @@ fn cpu_ticks(pid: u32) -> u64 {
     utime + stime
 }
 
-async fn wait_polling(fake: &FakeTelegram, n: usize, limit: Duration) -> anyhow::Result<Duration> {
+/// Waits 5 s for things to settle, then prints the RSS, open files and CPU of worker `pid`
+/// over 20 s, per bot and above the empty worker's `base_kib`.
+pub(crate) async fn measure(pid: u32, bots: usize, base_kib: u64, what: String) {
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let window = Duration::from_secs(20);
+    let (c0, t0) = (cpu_ticks(pid), Instant::now());
+    tokio::time::sleep(window).await;
+    let (c1, dt) = (cpu_ticks(pid), t0.elapsed());
+    let cpu = (c1 - c0) as f64 / 100.0 / dt.as_secs_f64() * 100.0;
+    let rss = rss_kib(pid);
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
+    println!(
+        "{bots:>6} bots idle, {what}: {fds} open files, RSS {:.1} MiB ({:.1} KiB per bot; {:.1} KiB per bot above the empty worker), CPU {cpu:.2} % of one core ({:.3} % per 1,000 bots)",
+        rss as f64 / 1024.0,
+        rss as f64 / bots as f64,
+        rss.saturating_sub(base_kib) as f64 / bots as f64,
+        cpu / bots as f64 * 1000.0
+    );
+}
+
+/// Waits until `count()` reaches `want`; answers how long that took.
+pub(crate) async fn wait_count(
+    what: &str,
+    want: usize,
+    limit: Duration,
+    count: impl Fn() -> usize,
+) -> anyhow::Result<Duration> {
     let t = Instant::now();
-    while fake.state().polling_tokens() < n {
+    loop {
+        let n = count();
+        if n >= want {
+            return Ok(t.elapsed());
+        }
         if t.elapsed() > limit {
-            bail!(
-                "only {} of {n} bots polling after {limit:?}",
-                fake.state().polling_tokens()
-            );
+            bail!("only {n} of {want} {what} after {limit:?}");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Ok(t.elapsed())
+}
+
+async fn wait_polling(fake: &FakeTelegram, n: usize, limit: Duration) -> anyhow::Result<Duration> {
+    wait_count("bots polling", n, limit, || fake.state().polling_tokens()).await
 }
 
 /// RSS of a worker with an empty registry: the process itself, without bots.
@@ -227,27 +260,8 @@ async fn idle(
         up.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
-    let measure = |what: &str| {
-        let what = what.to_owned();
-        async move {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            let window = Duration::from_secs(20);
-            let (c0, t0) = (cpu_ticks(pid), Instant::now());
-            tokio::time::sleep(window).await;
-            let (c1, dt) = (cpu_ticks(pid), t0.elapsed());
-            let cpu = (c1 - c0) as f64 / 100.0 / dt.as_secs_f64() * 100.0;
-            let rss = rss_kib(pid);
-            let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
-            println!(
-                "{bots:>6} bots idle, {poll_s} s polls, {what}: {fds} open files, RSS {:.1} MiB ({:.1} KiB per bot; {:.1} KiB per bot above the empty worker), CPU {cpu:.2} % of one core ({:.3} % per 1,000 bots)",
-                rss as f64 / 1024.0,
-                rss as f64 / bots as f64,
-                rss.saturating_sub(base_kib) as f64 / bots as f64,
-                cpu / bots as f64 * 1000.0
-            );
-        }
-    };
-    measure("fresh").await;
+    let measure = |what: String| measure(pid, bots, base_kib, format!("{poll_s} s polls, {what}"));
+    measure("fresh".into()).await;
     if rounds > 0 {
         for r in 0..rounds {
             let want = (r + 1) * bots;
@@ -265,7 +279,7 @@ async fn idle(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        measure(&format!("after {rounds} messages per bot")).await;
+        measure(format!("after {rounds} messages per bot")).await;
     }
     Ok(())
 }
@@ -357,6 +371,23 @@ async fn main() -> anyhow::Result<()> {
         for n in sizes {
             idle(n, 1_000.0, poll_s, rounds, base).await?;
         }
+    }
+    if only
+        .as_deref()
+        .is_none_or(|o| o == "slack" || o == "slack-idle")
+    {
+        let base = baseline_rss().await?;
+        let rounds = arg("--rounds").unwrap_or(35);
+        let n = arg("--size").unwrap_or(if quick { 1_000 } else { 2_000 });
+        slack::idle(n, rounds, base).await?;
+    }
+    if only
+        .as_deref()
+        .is_none_or(|o| o == "slack" || o == "slack-refresh")
+    {
+        let n = arg("--size").unwrap_or(if quick { 1_000 } else { 2_000 });
+        let spread = Duration::from_secs(arg("--spread-s").unwrap_or(60));
+        slack::refresh_drill(n, spread).await?;
     }
     if only.as_deref().is_none_or(|o| o == "reclaim") {
         reclaim(if quick { 1_000 } else { 5_000 }, 5_000).await?;

@@ -206,8 +206,9 @@ impl BotCtx {
         }
     }
 
-    /// The whole life of the bot on this worker.
-    pub(crate) async fn run(mut self) -> BotExit {
+    /// The whole life of the bot on this worker. Boxed: the task's future then holds a
+    /// pointer to the context instead of copies of it (an idle bot's memory is mostly this).
+    pub(crate) async fn run(mut self: Box<Self>) -> BotExit {
         if !self.wait_for_slot().await {
             return BotExit::Stopped;
         }

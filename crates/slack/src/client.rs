@@ -64,6 +64,8 @@ struct ConnectionsOpen {
 pub struct SlackClient {
     http: reqwest::Client,
     config: SlackConfig,
+    /// Calls in flight, at most `max_concurrent_calls`.
+    calls: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// Error codes that mean the token is refused: the bot needs an operator.
@@ -103,10 +105,17 @@ impl SlackClient {
     pub fn new(config: SlackConfig) -> Result<Self, SlackError> {
         let http = reqwest::Client::builder()
             .connect_timeout(config.request_timeout)
-            .pool_max_idle_per_host(8)
+            .pool_max_idle_per_host(config.max_concurrent_calls.max(1))
             .build()
             .map_err(|e| SlackError::Network(e.without_url().to_string()))?;
-        Ok(Self { http, config })
+        let calls = std::sync::Arc::new(tokio::sync::Semaphore::new(
+            config.max_concurrent_calls.max(1),
+        ));
+        Ok(Self {
+            http,
+            config,
+            calls,
+        })
     }
 
     /// The settings.
@@ -126,6 +135,8 @@ impl SlackClient {
         } else {
             (&api.bot_token, "bot")
         };
+        // Never closed, so a permit always comes.
+        let _turn = self.calls.acquire().await;
         let resp = self
             .http
             .post(format!("{}{method}", api.base))

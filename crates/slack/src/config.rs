@@ -16,11 +16,17 @@ pub struct SlackConfig {
     /// dead and replaced (a half-open connection never says so). Default 60 s; Slack pings
     /// well within it.
     pub idle_timeout: Duration,
-    /// WebSocket read buffer per socket, bytes. Default 4 KiB: Socket Mode bots are idle
-    /// most of the time, and a larger envelope is read in several chunks.
+    /// WebSocket read buffer per socket, bytes. Default 2 KiB: Socket Mode bots are idle
+    /// most of the time; a larger envelope is read in several chunks (the buffer grows to
+    /// hold a frame as long as it needs to).
     pub read_buffer: usize,
     /// Largest WebSocket message accepted, bytes. Default 4 MiB.
     pub max_message: usize,
+    /// Web API calls in flight at once over every bot of the client; more wait their turn,
+    /// and as many warm connections are kept. A burst (every bot answering at once) then
+    /// reuses those instead of opening a connection per bot: each costs tens of KiB and a
+    /// TLS handshake. Default 128.
+    pub max_concurrent_calls: usize,
 }
 
 impl Default for SlackConfig {
@@ -29,8 +35,9 @@ impl Default for SlackConfig {
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
-            read_buffer: 4 * 1024,
+            read_buffer: 2 * 1024,
             max_message: 4 << 20,
+            max_concurrent_calls: 128,
         }
     }
 }

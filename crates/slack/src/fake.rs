@@ -43,6 +43,8 @@ pub struct Post {
     pub thread_ts: Option<String>,
     /// The text.
     pub text: String,
+    /// When the fake received it.
+    pub at: Instant,
 }
 
 /// A fault to answer the next `chat.postMessage` of a bot with.
@@ -210,6 +212,20 @@ impl FakeSlackState {
             }
         }
         self.wake.notify_waiters();
+    }
+
+    /// How many messages `chat.postMessage` received.
+    pub fn posts_count(&self) -> usize {
+        self.lock().posts.len()
+    }
+
+    /// What `chat.postMessage` received from the `from`-th message on, in arrival order.
+    pub fn posts_from(&self, from: usize) -> Vec<Post> {
+        self.lock()
+            .posts
+            .get(from..)
+            .map(<[Post]>::to_vec)
+            .unwrap_or_default()
     }
 
     /// Everything received through `chat.postMessage`, in arrival order.
@@ -432,19 +448,23 @@ impl FakeSlackState {
                 }
             }
         }
+        // Sockets whose client answers, per app: a frozen one gets nothing more.
+        let mut live: HashMap<String, Vec<u64>> = HashMap::new();
+        for (id, s) in &g.sockets {
+            if !s.refreshing && s.last_seen.elapsed() < alive_for {
+                live.entry(s.app.clone()).or_default().push(*id);
+            }
+        }
         for app in g.apps.values_mut() {
-            // Sockets whose client answers: a frozen one gets nothing more.
-            let mine: Vec<u64> = {
-                let mut v: Vec<u64> = g
-                    .sockets
-                    .iter()
-                    .filter(|(_, s)| {
-                        s.app == app.id && !s.refreshing && s.last_seen.elapsed() < alive_for
-                    })
-                    .map(|(id, _)| *id)
-                    .collect();
-                v.sort_unstable();
-                v
+            if app.pending.is_empty() {
+                continue;
+            }
+            let mine = match live.get_mut(&app.id) {
+                Some(v) => {
+                    v.sort_unstable();
+                    v.clone()
+                }
+                None => Vec::new(),
             };
             if mine.is_empty() {
                 continue;
@@ -578,6 +598,7 @@ async fn web_api(
                 channel: channel.to_owned(),
                 thread_ts: args["thread_ts"].as_str().map(str::to_owned),
                 text: text.to_owned(),
+                at: Instant::now(),
             });
             Json(json!({"ok": true, "channel": channel, "ts": ts,
                 "message": {"type": "message", "text": text, "ts": ts}}))

@@ -138,7 +138,7 @@ impl SocketReceiver {
 
     /// Opens the first socket (so a refused app token shows at connect time).
     pub(crate) async fn open_now(&mut self) -> Result<(), SlackError> {
-        let s = self.connect().await?;
+        let s = Box::pin(self.connect()).await?;
         self.install(s).await;
         Ok(())
     }
@@ -151,7 +151,7 @@ impl SocketReceiver {
     /// `disconnect` (refresh): the new socket first, then the old one closed.
     async fn refresh(&mut self, reason: &str) -> Result<(), SlackError> {
         info!(bot = %self.bot, reason, "Slack asks for a new connection; opening it before closing this one");
-        let new = self.connect().await?;
+        let new = Box::pin(self.connect()).await?;
         if let Some(old) = self.install(new).await {
             old.close().await;
         }
@@ -169,7 +169,9 @@ impl Receiver for SocketReceiver {
     async fn next(&mut self) -> Result<Batch, PlatformError> {
         loop {
             if self.socket.is_none() {
-                let s = self.connect().await?;
+                // Boxed: opening a socket (HTTP call, TLS and WebSocket handshakes) takes
+                // kilobytes of state that an idle bot's waiting future must not carry.
+                let s = Box::pin(self.connect()).await?;
                 self.install(s).await;
             }
             let idle = self.client.config().idle_timeout;
@@ -218,7 +220,7 @@ impl Receiver for SocketReceiver {
                     return Err(SlackError::LinkDisabled.into());
                 }
                 Frame::Disconnect(reason) => {
-                    if let Err(e) = self.refresh(&reason).await {
+                    if let Err(e) = Box::pin(self.refresh(&reason)).await {
                         warn!(bot = %self.bot, error = %e, "could not open a new connection; keeping the old one while it lasts");
                     }
                 }

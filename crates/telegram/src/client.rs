@@ -1,6 +1,7 @@
-//! The Bot API client: one HTTP connection pool shared by every bot.
+//! The Bot API client: one HTTP connection pool shared by every bot for its calls, and a
+//! connection of its own for each bot's long poll (see [`crate::poll`]).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use botfleet_core::Secret;
 use serde::{de::DeserializeOwned, Deserialize};
@@ -8,6 +9,7 @@ use serde_json::json;
 
 use crate::{
     inbound::{split_updates, RawUpdate},
+    poll::{PollConn, Target, Tls},
     TelegramConfig, TelegramError, DEFAULT_API_URL,
 };
 
@@ -17,9 +19,10 @@ use crate::{
 #[derive(Clone)]
 pub struct BotApi {
     get_me: reqwest::Url,
-    get_updates: reqwest::Url,
     send_message: reqwest::Url,
     delete_webhook: reqwest::Url,
+    /// `getUpdates`, parsed for the long poll's own connection.
+    poll: Target,
 }
 
 impl std::fmt::Debug for BotApi {
@@ -32,8 +35,8 @@ impl BotApi {
     /// The endpoints of the bot with `token` on `api_url` (default [`DEFAULT_API_URL`]).
     ///
     /// # Errors
-    /// [`TelegramError::Malformed`] when the base URL does not parse (the message does not
-    /// repeat the token).
+    /// [`TelegramError::Malformed`] when the base URL does not parse or is not `http(s)://`
+    /// (the message does not repeat the token).
     pub fn new(api_url: Option<&str>, token: &Secret) -> Result<Self, TelegramError> {
         let base = api_url.unwrap_or(DEFAULT_API_URL).trim_end_matches('/');
         let url = |method: &str| {
@@ -41,8 +44,8 @@ impl BotApi {
                 .map_err(|e| TelegramError::Malformed(format!("API URL does not parse: {e}")))
         };
         Ok(Self {
+            poll: Target::new(&url("getUpdates")?)?,
             get_me: url("getMe")?,
-            get_updates: url("getUpdates")?,
             send_message: url("sendMessage")?,
             delete_webhook: url("deleteWebhook")?,
         })
@@ -84,26 +87,56 @@ struct ReplyParameters {
 #[derive(Clone, Debug)]
 pub struct TelegramClient {
     http: reqwest::Client,
-    config: TelegramConfig,
+    config: Arc<TelegramConfig>,
+    tls: Tls,
+    /// Calls in flight through the shared pool, at most `max_concurrent_calls`.
+    calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl TelegramClient {
     /// A client with its own connection pool.
     ///
     /// # Errors
-    /// [`TelegramError::Network`] if the TLS backend cannot be set up.
+    /// [`TelegramError::Network`] if the TLS backend cannot be set up;
+    /// [`TelegramError::Malformed`] if the extra root certificates do not parse.
     pub fn new(config: TelegramConfig) -> Result<Self, TelegramError> {
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .pool_max_idle_per_host(config.pool_idle_per_host)
-            .connect_timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(10));
+        let pem = config.extra_root_certs_pem.as_deref();
+        if let Some(pem) = pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
+                TelegramError::Malformed(format!("extra root certificates: {}", e.without_url()))
+            })?;
+            for cert in certs {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        let http = http
             .build()
             .map_err(|e| TelegramError::Network(e.without_url()))?;
-        Ok(Self { http, config })
+        let tls = Tls::new(pem)?;
+        Ok(Self {
+            http,
+            calls: Arc::new(tokio::sync::Semaphore::new(
+                config.max_concurrent_calls.max(1),
+            )),
+            config: Arc::new(config),
+            tls,
+        })
     }
 
     /// The settings.
     pub fn config(&self) -> &TelegramConfig {
         &self.config
+    }
+
+    /// A long poll of its own for one bot: a connection kept between its polls.
+    pub fn long_poll(&self) -> LongPoll {
+        LongPoll {
+            client: self.clone(),
+            conn: PollConn::new(),
+        }
     }
 
     async fn call<T: DeserializeOwned>(
@@ -113,6 +146,8 @@ impl TelegramClient {
         body: serde_json::Value,
         timeout: Duration,
     ) -> Result<T, TelegramError> {
+        // Never closed, so the permit always comes; bounded by the caller's timeout anyway.
+        let _turn = self.calls.acquire().await;
         // `without_url` everywhere: the URL holds the token.
         let resp = self
             .http
@@ -127,44 +162,7 @@ impl TelegramClient {
             .bytes()
             .await
             .map_err(|e| TelegramError::Network(e.without_url()))?;
-        let reply: Reply<T> = match serde_json::from_slice(&bytes) {
-            Ok(r) => r,
-            Err(e) if status >= 500 => {
-                return Err(TelegramError::Server {
-                    status,
-                    description: format!("non-JSON reply ({e})"),
-                })
-            }
-            Err(e) => return Err(TelegramError::Malformed(format!("{method}: {e}"))),
-        };
-        if reply.ok {
-            return reply
-                .result
-                .ok_or_else(|| TelegramError::Malformed(format!("{method}: ok without result")));
-        }
-        let code = reply.error_code.unwrap_or(status);
-        let description = reply.description.unwrap_or_default();
-        Err(match code {
-            401 | 404 if method == "getMe" || code == 401 => {
-                TelegramError::Unauthorized(description)
-            }
-            409 => TelegramError::Conflict(description),
-            429 => TelegramError::RateLimited(Duration::from_secs(
-                reply
-                    .parameters
-                    .and_then(|p| p.retry_after)
-                    .unwrap_or(1)
-                    .clamp(1, 3600),
-            )),
-            500..=599 => TelegramError::Server {
-                status: code,
-                description,
-            },
-            _ => TelegramError::Refused {
-                status: code,
-                description,
-            },
-        })
+        decode(status, &bytes, method)
     }
 
     /// `getMe`: checks the token. A wrong token fails fast with `Unauthorized`.
@@ -177,7 +175,8 @@ impl TelegramClient {
     }
 
     /// `getUpdates` from `offset` (confirming every update below it), waiting up to the
-    /// configured poll timeout for the first one.
+    /// configured poll timeout for the first one, on a connection opened for this one call.
+    /// A bot that polls again and again keeps one with [`TelegramClient::long_poll`].
     ///
     /// # Errors
     /// See [`TelegramError`].
@@ -186,20 +185,7 @@ impl TelegramClient {
         api: &BotApi,
         offset: i64,
     ) -> Result<Vec<RawUpdate>, TelegramError> {
-        let timeout = self.config.poll_timeout.min(Duration::from_secs(50));
-        let result: serde_json::Value = self
-            .call(
-                &api.get_updates,
-                "getUpdates",
-                json!({
-                    "offset": offset,
-                    "limit": self.config.batch.clamp(1, 100),
-                    "timeout": timeout.as_secs(),
-                }),
-                timeout + self.config.request_slack,
-            )
-            .await?;
-        split_updates(result).map_err(TelegramError::Malformed)
+        self.long_poll().get_updates(api, offset).await
     }
 
     /// `sendMessage` of `text` to `chat_id`, as a reply to `reply_to` when given.
@@ -243,5 +229,102 @@ impl TelegramClient {
             )
             .await?;
         Ok(())
+    }
+}
+
+/// The Bot API reply of `method` with HTTP `status` and body `bytes`: its result, or its
+/// error classified.
+fn decode<T: DeserializeOwned>(
+    status: u16,
+    bytes: &[u8],
+    method: &str,
+) -> Result<T, TelegramError> {
+    let reply: Reply<T> = match serde_json::from_slice(bytes) {
+        Ok(r) => r,
+        Err(e) if status >= 500 => {
+            return Err(TelegramError::Server {
+                status,
+                description: format!("non-JSON reply ({e})"),
+            })
+        }
+        Err(e) => return Err(TelegramError::Malformed(format!("{method}: {e}"))),
+    };
+    if reply.ok {
+        return reply
+            .result
+            .ok_or_else(|| TelegramError::Malformed(format!("{method}: ok without result")));
+    }
+    let code = reply.error_code.unwrap_or(status);
+    let description = reply.description.unwrap_or_default();
+    Err(match code {
+        401 | 404 if method == "getMe" || code == 401 => TelegramError::Unauthorized(description),
+        409 => TelegramError::Conflict(description),
+        429 => TelegramError::RateLimited(Duration::from_secs(
+            reply
+                .parameters
+                .and_then(|p| p.retry_after)
+                .unwrap_or(1)
+                .clamp(1, 3600),
+        )),
+        500..=599 => TelegramError::Server {
+            status: code,
+            description,
+        },
+        _ => TelegramError::Refused {
+            status: code,
+            description,
+        },
+    })
+}
+
+/// One bot's long poll: `getUpdates` over a connection of its own, kept between polls, that
+/// holds no buffer while it waits. Dropping a poll in flight closes its connection, which
+/// ends the poll on the server.
+#[derive(Debug)]
+pub struct LongPoll {
+    client: TelegramClient,
+    conn: PollConn,
+}
+
+impl LongPoll {
+    /// The same poll on a new connection (the old one closes).
+    pub(crate) fn fresh(&self) -> Self {
+        self.client.long_poll()
+    }
+
+    /// `getUpdates` from `offset` (confirming every update below it), waiting up to the
+    /// configured poll timeout for the first one.
+    ///
+    /// # Errors
+    /// See [`TelegramError`]; after any error the next poll opens a new connection.
+    pub async fn get_updates(
+        &mut self,
+        api: &BotApi,
+        offset: i64,
+    ) -> Result<Vec<RawUpdate>, TelegramError> {
+        let cfg = &self.client.config;
+        let timeout = cfg.poll_timeout.min(Duration::from_secs(50));
+        let body = serde_json::to_vec(&json!({
+            "offset": offset,
+            "limit": cfg.batch.clamp(1, 100),
+            "timeout": timeout.as_secs(),
+        }))
+        .map_err(|e| TelegramError::Malformed(e.to_string()))?;
+        let limit = timeout + cfg.request_slack;
+        let reply =
+            match tokio::time::timeout(limit, self.conn.post(&api.poll, &self.client.tls, &body))
+                .await
+            {
+                Ok(r) => r?,
+                Err(_) => {
+                    // The connection is in an unknown state: start over on a new one.
+                    self.conn = PollConn::new();
+                    return Err(TelegramError::Transport(format!(
+                        "getUpdates timed out after {limit:?}"
+                    )));
+                }
+            };
+        let result: serde_json::Value = decode(reply.status, &reply.body, "getUpdates")?;
+        split_updates(result).map_err(TelegramError::Malformed)
     }
 }

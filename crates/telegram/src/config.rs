@@ -15,8 +15,16 @@ pub struct TelegramConfig {
     pub request_slack: Duration,
     /// Updates per `getUpdates`. Default 100; 1–100.
     pub batch: u32,
-    /// Idle connections kept per host. Default 64.
+    /// Idle connections kept per host for `getMe`, `sendMessage` and `deleteWebhook` (every
+    /// bot's long poll has a connection of its own). Default 128.
     pub pool_idle_per_host: usize,
+    /// Those calls in flight at once, over every bot of the client; more wait their turn.
+    /// A burst (every bot answering at once) then reuses a few warm connections instead of
+    /// opening one per bot: each costs tens of KiB and, over TLS, a handshake. Default 128.
+    pub max_concurrent_calls: usize,
+    /// PEM certificates trusted besides the public web roots: a self-hosted Bot API server
+    /// behind a private CA. Default none.
+    pub extra_root_certs_pem: Option<String>,
 }
 
 impl Default for TelegramConfig {
@@ -25,7 +33,9 @@ impl Default for TelegramConfig {
             poll_timeout: Duration::from_secs(25),
             request_slack: Duration::from_secs(10),
             batch: 100,
-            pool_idle_per_host: 64,
+            pool_idle_per_host: 128,
+            max_concurrent_calls: 128,
+            extra_root_certs_pem: None,
         }
     }
 }

@@ -10,7 +10,9 @@ use botfleet_platform::{
     Sender,
 };
 
-use crate::{parse_update, send, BotApi, TelegramClient, TelegramConfig, TelegramError, Update};
+use crate::{
+    parse_update, send, BotApi, LongPoll, TelegramClient, TelegramConfig, TelegramError, Update,
+};
 
 impl From<TelegramError> for PlatformError {
     fn from(e: TelegramError) -> Self {
@@ -19,7 +21,9 @@ impl From<TelegramError> for PlatformError {
             TelegramError::Unauthorized(_) => ErrorKind::Credentials,
             TelegramError::Conflict(_) => ErrorKind::Conflict,
             TelegramError::RateLimited(d) => ErrorKind::RateLimited(*d),
-            TelegramError::Server { .. } | TelegramError::Network(_) => ErrorKind::Transient,
+            TelegramError::Server { .. }
+            | TelegramError::Network(_)
+            | TelegramError::Transport(_) => ErrorKind::Transient,
             TelegramError::Refused { .. } => ErrorKind::Rejected,
             TelegramError::Malformed(_) => ErrorKind::Malformed,
         };
@@ -77,7 +81,7 @@ impl Connector for TelegramConnector {
         let api = Arc::new(Self::api(spec)?);
         Ok(Connection {
             receiver: Box::new(Poller {
-                client: self.client.clone(),
+                poll: self.client.long_poll(),
                 api: api.clone(),
                 bot: spec.id.clone(),
                 offset: checkpoint.and_then(|c| c.parse().ok()).unwrap_or(0),
@@ -92,7 +96,7 @@ impl Connector for TelegramConnector {
 
 /// Long polling from an offset.
 struct Poller {
-    client: TelegramClient,
+    poll: LongPoll,
     api: Arc<BotApi>,
     bot: BotId,
     offset: i64,
@@ -101,7 +105,7 @@ struct Poller {
 #[async_trait]
 impl Receiver for Poller {
     async fn next(&mut self) -> Result<Batch, PlatformError> {
-        let updates = self.client.get_updates(&self.api, self.offset).await?;
+        let updates = self.poll.get_updates(&self.api, self.offset).await?;
         let next = updates
             .iter()
             .filter_map(|u| u.update_id)
@@ -142,7 +146,8 @@ impl Receiver for Poller {
     }
 
     async fn close(&mut self) {
-        // Nothing is held between polls: a poll in flight ends when its future is dropped.
+        // Closing the poll's connection ends a poll the server may still hold.
+        self.poll = self.poll.fresh();
     }
 }
 

@@ -33,6 +33,9 @@ pub enum TelegramError {
     /// The connection failed or timed out; retry with backoff.
     #[error("network error: {0}")]
     Network(#[source] reqwest::Error),
+    /// The long poll's own connection failed, timed out or was cut; retry with backoff.
+    #[error("network error: {0}")]
+    Transport(String),
     /// The reply was not the Bot API's JSON.
     #[error("malformed reply: {0}")]
     Malformed(String),
@@ -45,6 +48,7 @@ impl TelegramError {
             self,
             TelegramError::Server { .. }
                 | TelegramError::Network(_)
+                | TelegramError::Transport(_)
                 | TelegramError::RateLimited(_)
                 | TelegramError::Conflict(_)
                 | TelegramError::Malformed(_)
@@ -59,7 +63,7 @@ impl TelegramError {
             TelegramError::RateLimited(_) => "rate_limited",
             TelegramError::Server { .. } => "server_error",
             TelegramError::Refused { .. } => "refused",
-            TelegramError::Network(_) => "network",
+            TelegramError::Network(_) | TelegramError::Transport(_) => "network",
             TelegramError::Malformed(_) => "malformed",
         }
     }

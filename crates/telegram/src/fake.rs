@@ -1,8 +1,8 @@
 //! A fake Telegram Bot API server (feature `fake`) that speaks the real JSON: `getMe`, `getUpdates` (offset,
 //! limit, timeout), `sendMessage`, `setWebhook`/`deleteWebhook`. As the real server does, a
 //! `getUpdates` that arrives while another is pending on the same token ends the older one
-//! with 409 ("terminated by other getUpdates request"), counted as a conflict when that
-//! older client is still connected. It can inject
+//! with 409 ("terminated by other getUpdates request"; at most one per 3 s per bot, later
+//! ones wait), counted as a conflict when that older client is still connected. It can inject
 //! 401/429/5xx, and records what it received.
 
 use std::{
@@ -69,6 +69,8 @@ struct TokenState {
     last_poll: Option<std::time::Instant>,
     /// Every `getUpdates` accepted, when (the last 64).
     poll_times: VecDeque<std::time::Instant>,
+    /// When the last 409 to an older poll went out: the server sends at most one per 3 s.
+    last_conflict: Option<tokio::time::Instant>,
 }
 
 #[derive(Default)]
@@ -84,11 +86,17 @@ pub struct FakeState {
     wake: Arc<Notify>,
     conflicts: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
 }
 
 impl FakeState {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connections accepted so far (TCP; a TLS one counts before its handshake).
+    pub fn connections_accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// Adds a bot: `token` becomes valid (`<digits>:<anything>`, as Telegram's).
@@ -269,6 +277,9 @@ impl FakeState {
 /// How long an ended poll waits before it counts as a second poller: more than the server
 /// takes to notice a closed connection even when it serves thousands of polls.
 const ABANDONED_POLL_NOTICE: Duration = Duration::from_millis(500);
+
+/// The server ends older polls with 409 at most this often per bot (later ones wait).
+const CONFLICT_EVERY: Duration = Duration::from_secs(3);
 
 fn tg_error(status: StatusCode, description: &str, retry_after: Option<u64>) -> Response {
     let mut body = json!({"ok": false, "error_code": status.as_u16(), "description": description});
@@ -469,6 +480,21 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
             // there: a client that went away (a worker that stopped the bot before handing it
             // over) has its request dropped by the server meanwhile, and this never runs on.
             tokio::time::sleep(ABANDONED_POLL_NOTICE).await;
+            // At most one such 409 per 3 s per bot; a later one waits its turn.
+            let at = {
+                let mut g = state.lock();
+                let now = tokio::time::Instant::now();
+                let at = g
+                    .tokens
+                    .get(&token)
+                    .and_then(|t| t.last_conflict)
+                    .map_or(now, |last| (last + CONFLICT_EVERY).max(now));
+                if let Some(t) = g.tokens.get_mut(&token) {
+                    t.last_conflict = Some(at);
+                }
+                at
+            };
+            tokio::time::sleep_until(at).await;
             state.conflicts.fetch_add(1, Ordering::SeqCst);
             return tg_error(
                 StatusCode::CONFLICT,
@@ -492,32 +518,190 @@ pub fn app(state: FakeState) -> Router {
         .with_state(state)
 }
 
+/// The private CA that signs the certificate of [`FakeTelegram::start_tls`]: give it to the
+/// client as an extra root (`TelegramConfig::extra_root_certs_pem`). Test-only: its key is
+/// public.
+pub const TEST_CA_PEM: &str = include_str!("../testdata/test-ca.pem");
+const TEST_SERVER_CHAIN_PEM: &str = include_str!("../testdata/test-server-chain.pem");
+const TEST_SERVER_KEY_PEM: &str = include_str!("../testdata/test-server-key.pem");
+
 /// A running fake on `127.0.0.1:<free port>`; stops when dropped.
 pub struct FakeTelegram {
     addr: SocketAddr,
+    tls: bool,
     state: FakeState,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Accepts connections (TLS handshakes run beside the accept loop) and counts them.
+struct Accepting {
+    rx: tokio::sync::mpsc::Receiver<(Conn, SocketAddr)>,
+    addr: SocketAddr,
+}
+
+/// A served connection, plain or TLS.
+enum Conn {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+impl tokio::io::AsyncRead for Conn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Conn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl axum::serve::Listener for Accepting {
+    type Io = Conn;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Conn, SocketAddr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accept loop ended (its listener failed): serve nothing more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+}
+
+fn acceptor() -> std::io::Result<tokio_rustls::TlsAcceptor> {
+    use tokio_rustls::rustls::{
+        self,
+        pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer},
+    };
+    let bad = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    let chain = CertificateDer::pem_slice_iter(TEST_SERVER_CHAIN_PEM.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e))?;
+    let key = PrivateKeyDer::from_pem_slice(TEST_SERVER_KEY_PEM.as_bytes()).map_err(|e| bad(&e))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(&e))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| bad(&e))?;
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+}
+
 impl FakeTelegram {
-    /// Binds `127.0.0.1:0` and serves in the background.
+    /// Binds `127.0.0.1:0` and serves plain HTTP in the background.
     ///
     /// # Errors
     /// When no loopback port can be bound.
     pub async fn start() -> std::io::Result<Self> {
+        Self::serve(None).await
+    }
+
+    /// Binds `127.0.0.1:0` and serves HTTPS with a certificate for `localhost` and
+    /// `127.0.0.1` signed by [`TEST_CA_PEM`], as the real Bot API does over TLS.
+    ///
+    /// # Errors
+    /// When no loopback port can be bound.
+    pub async fn start_tls() -> std::io::Result<Self> {
+        Self::serve(Some(acceptor()?)).await
+    }
+
+    async fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<Self> {
         let state = FakeState::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let router = app(state.clone());
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        let accepted = state.accepted.clone();
+        let is_tls = tls.is_some();
+        let accept_loop = async move {
+            loop {
+                let Ok((tcp, peer)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let _ = tcp.set_nodelay(true);
+                match &tls {
+                    None => {
+                        if tx.send((Conn::Plain(tcp), peer)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(acceptor) => {
+                        let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                        tokio::spawn(async move {
+                            if let Ok(s) = acceptor.accept(tcp).await {
+                                let _ = tx.send((Conn::Tls(Box::new(s)), peer)).await;
+                            }
+                        });
+                    }
+                }
+            }
+        };
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
+            let serve = axum::serve(Accepting { rx, addr }, router);
+            tokio::select! {
+                _ = serve => {}
+                () = accept_loop => {}
+            }
         });
-        Ok(Self { addr, state, task })
+        Ok(Self {
+            addr,
+            tls: is_tls,
+            state,
+            task,
+        })
     }
 
-    /// `http://127.0.0.1:<port>`: pass as the bots' API URL.
+    /// `http://127.0.0.1:<port>` (`https://localhost:<port>` when serving TLS): pass as the
+    /// bots' API URL.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.tls {
+            format!("https://localhost:{}", self.addr.port())
+        } else {
+            format!("http://{}", self.addr)
+        }
     }
 
     /// The shared state: add bots, write as users, read what was sent.

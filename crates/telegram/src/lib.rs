@@ -8,8 +8,9 @@ mod error;
 pub mod fake;
 mod inbound;
 mod outbound;
+mod poll;
 
-pub use client::{BotApi, BotUser, TelegramClient};
+pub use client::{BotApi, BotUser, LongPoll, TelegramClient};
 pub use config::{TelegramConfig, DEFAULT_API_URL};
 pub use connector::TelegramConnector;
 pub use error::TelegramError;

@@ -114,6 +114,39 @@ async fn a_second_poller_ends_the_first_with_409_and_a_dropped_poll_frees_the_to
     assert_eq!(fake.state().conflicts(), 1);
 }
 
+/// As the real server: at most one "terminated by other getUpdates request" per 3 s per bot;
+/// a poll ended sooner after the last one waits for its 409.
+#[tokio::test]
+async fn older_polls_are_ended_at_most_once_per_three_seconds() {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(TOKEN);
+    let c = client(Duration::from_secs(20));
+    let token = api(&fake.url(), TOKEN);
+    let mut ended = Vec::new();
+    let mut polls = Vec::new();
+    for k in 0..3u64 {
+        let (c, token) = (c.clone(), token.clone());
+        polls.push(tokio::spawn(async move {
+            let r = c.get_updates(&token, 0).await;
+            (r, tokio::time::Instant::now())
+        }));
+        wait_for("poll accepted", Duration::from_secs(5), || async {
+            (fake.state().polls(TOKEN) > k).then_some(())
+        })
+        .await;
+    }
+    // The first two were ended by the next; the third is the poll.
+    for p in polls.drain(..2) {
+        let (r, at) = p.await.unwrap();
+        assert!(matches!(r, Err(TelegramError::Conflict(_))), "{r:?}");
+        ended.push(at);
+    }
+    let gap = ended[1] - ended[0];
+    assert!(gap >= Duration::from_millis(2_900), "409s {gap:?} apart");
+    assert!(fake.state().is_polling(TOKEN));
+    polls.pop().unwrap().abort();
+}
+
 #[tokio::test]
 async fn faults_are_classified() {
     let fake = FakeTelegram::start().await.unwrap();

@@ -428,7 +428,7 @@ impl State {
         let parked = connector.is_none();
         let task = match connector {
             Some(connector) => {
-                let ctx = BotCtx {
+                let ctx = Box::new(BotCtx {
                     spec: rec.spec.clone(),
                     fence,
                     worker: self.me().to_string(),
@@ -448,7 +448,7 @@ impl State {
                         max_in_flight: self.w.cfg.max_in_flight,
                     },
                     stop: stop_rx,
-                };
+                });
                 tokio::spawn(async move {
                     let exit = ctx.run().await;
                     // Unbounded: an exit notice never waits for the loop.
