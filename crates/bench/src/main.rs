@@ -1,7 +1,8 @@
 //! Measures a `botfleet worker` process against the fake Bot API over plain HTTP.
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
-//! (`--quick` for 1,000 bots only; `--only idle|slack|slack-idle|slack-refresh|reclaim|moves|loss`
+//! (`--quick` for 1,000 bots only;
+//! `--only idle|slack|slack-idle|slack-refresh|reclaim|moves|failover|loss`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
@@ -87,7 +88,8 @@ pub(crate) async fn registry_at(
 }
 
 /// Starts `botfleet worker ARGS` (on a free HTTP port unless `args` names one). Its log goes
-/// nowhere, or to `$BOTFLEET_BENCH_LOGS/worker-<pid>.log` at level info when that is set.
+/// nowhere, or to `$BOTFLEET_BENCH_LOGS/worker-<pid>.log` when that is set, at level
+/// `$BOTFLEET_BENCH_LOG_LEVEL` (default info).
 /// `$BOTFLEET_BENCH_WRAP` (e.g. `heaptrack -o /tmp/worker`) runs the worker under a profiler.
 pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
     let wrap = std::env::var("BOTFLEET_BENCH_WRAP").unwrap_or_default();
@@ -118,7 +120,12 @@ pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
         None => None,
     };
     match log_file {
-        Some(f) => cmd.env("RUST_LOG", "info").stderr(f),
+        Some(f) => cmd
+            .env(
+                "RUST_LOG",
+                std::env::var("BOTFLEET_BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            )
+            .stderr(f),
         None => cmd.env("RUST_LOG", "error").stderr(Stdio::null()),
     };
     let child = cmd.spawn().context("starting botfleet worker")?;
@@ -138,7 +145,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// User + system CPU time of a process, in clock ticks (1/100 s on Linux).
-fn cpu_ticks(pid: u32) -> u64 {
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0;
     };
@@ -406,6 +413,10 @@ async fn main() -> anyhow::Result<()> {
         for n in sizes {
             moves::moves(n).await?;
         }
+    }
+    if only.as_deref().is_none_or(|o| o == "failover") {
+        let per = arg("--size").unwrap_or(if quick { 2_000 } else { 10_000 });
+        moves::failover(per).await?;
     }
     if only.as_deref().is_none_or(|o| o == "loss") {
         moves::data_loss(if quick { 200 } else { 2_000 }).await?;

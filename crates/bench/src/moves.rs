@@ -78,39 +78,48 @@ struct Fleet {
     bin: std::path::PathBuf,
     db: String,
     redis: RedisServer,
+    redis_url: String,
     lease_ms: u64,
     _dir: Dir,
 }
 
 impl Fleet {
     fn worker(&self, id: &str, http_port: u16, poll_s: u64) -> anyhow::Result<Worker> {
-        let (lease, port, poll, cap) = (
-            self.lease_ms.to_string(),
-            format!("127.0.0.1:{http_port}"),
-            poll_s.to_string(),
-            CAPACITY.to_string(),
-        );
-        spawn(
-            &self.bin,
+        self.worker_with(
+            id,
+            http_port,
             &[
-                "--database-url",
-                &self.db,
-                "--redis-url",
-                &self.redis.url(),
-                "--worker-id",
-                id,
-                "--lease-ms",
-                &lease,
                 "--poll-timeout-s",
-                &poll,
+                &poll_s.to_string(),
                 "--connect-rate",
                 "100000",
-                "--capacity",
-                &cap,
-                "--http-addr",
-                &port,
             ],
         )
+    }
+
+    /// A worker with `extra` flags (none: every default but the lease and the capacity).
+    fn worker_with(&self, id: &str, http_port: u16, extra: &[&str]) -> anyhow::Result<Worker> {
+        let (lease, port, cap) = (
+            self.lease_ms.to_string(),
+            format!("127.0.0.1:{http_port}"),
+            CAPACITY.to_string(),
+        );
+        let mut args = vec![
+            "--database-url",
+            &self.db,
+            "--redis-url",
+            self.redis_url.as_str(),
+            "--worker-id",
+            id,
+            "--lease-ms",
+            &lease,
+            "--capacity",
+            &cap,
+            "--http-addr",
+            &port,
+        ];
+        args.extend_from_slice(extra);
+        spawn(&self.bin, &args)
     }
 }
 
@@ -126,6 +135,7 @@ async fn fleet_at(
     Ok(Fleet {
         bin: botfleet_bin()?,
         db,
+        redis_url: redis.url(),
         redis,
         lease_ms,
         _dir: dir,
@@ -271,6 +281,103 @@ pub(crate) async fn moves(n: usize) -> anyhow::Result<()> {
         lease_ms as f64 / 1000.0
     );
     let conflicts = shards.polls(&[], since)?.conflicts;
+    if conflicts > 0 {
+        bail!("{conflicts} second pollers");
+    }
+    Ok(())
+}
+
+/// Failover at the defaults (connect rates, poll timeout, lease 15 s): three workers hold
+/// `per_worker` bots each; one gets SIGTERM (time until every bot it held is polled by the
+/// others), comes back, and is killed with SIGKILL (the same, against lease + 2 s).
+pub(crate) async fn failover(per_worker: usize) -> anyhow::Result<()> {
+    let n = per_worker * 3;
+    let shards = Shards::start(n, 10_000)?;
+    let lease_ms = 15_000;
+    let fleet = fleet_at(n, lease_ms, |i| shards.url_of(i)).await?;
+    let limit = Duration::from_secs(300);
+    let names = ["a", "b", "c"];
+    let all: Vec<usize> = (0..n).collect();
+    let t = SystemTime::now();
+    let mut workers = Vec::new();
+    for id in names {
+        workers.push(fleet.worker_with(id, free_port()?, &[])?);
+    }
+    let up = polled(&shards, "every bot polling", &all, t, limit).await?;
+    let mine_a = share(n, &names, "a");
+    println!(
+        "{n:>6} bots on 3 workers at the default connect rates: all polling {:.2} s after start; a holds {}",
+        up.as_secs_f64(),
+        mine_a.len()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // CPU seconds each process spends from the signal until the hand-over is done.
+    let pids: Vec<(String, u32)> = names
+        .iter()
+        .zip(&workers)
+        .map(|(n, w)| ((*n).to_owned(), w.0.id()))
+        .chain(fleet.redis.pid().map(|p| ("redis".to_owned(), p)))
+        .chain(shards.pids().into_iter().map(|p| ("fake".to_owned(), p)))
+        .collect();
+    let ticks0: Vec<u64> = pids.iter().map(|(_, p)| crate::cpu_ticks(*p)).collect();
+    let a_ticks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let since = SystemTime::now();
+    let w = workers.remove(0);
+    let (a_pid, watch) = (w.0.id(), a_ticks.clone());
+    // a's own ticks, read until it exits.
+    let sampler = tokio::spawn(async move {
+        loop {
+            let t = crate::cpu_ticks(a_pid);
+            if t == 0 {
+                return;
+            }
+            watch.store(t, std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    let exited = sigterm(w).await?;
+    let took = polled(&shards, "a's bots polled elsewhere", &mine_a, since, limit).await?;
+    sampler.abort();
+    let mut spent: Vec<(String, f64)> = Vec::new();
+    for ((name, pid), t0) in pids.iter().zip(ticks0) {
+        let t1 = if name == "a" {
+            a_ticks.load(std::sync::atomic::Ordering::Relaxed)
+        } else {
+            crate::cpu_ticks(*pid)
+        };
+        let s = t1.saturating_sub(t0) as f64 / 100.0;
+        match spent.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) => *v += s,
+            None => spent.push((name.clone(), s)),
+        }
+    }
+    let spent: Vec<String> = spent.iter().map(|(n, s)| format!("{n} {s:.2}")).collect();
+    println!(
+        "{n:>6} bots, SIGTERM of a worker holding {}: exit {:.2} s after the signal, all its bots polled by the others {:.2} s after it (CPU seconds meanwhile: {})",
+        mine_a.len(),
+        exited.as_secs_f64(),
+        took.as_secs_f64(),
+        spent.join(", ")
+    );
+    let pa = free_port()?;
+    let mut a = fleet.worker_with("a", pa, &[])?;
+    let since = ready(pa, limit).await?;
+    polled(&shards, "a polls its share again", &mine_a, since, limit).await?;
+    // Let a settle (its renewals running) before the kill.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let since = SystemTime::now();
+    a.0.kill()?;
+    let _ = a.0.wait();
+    let took = polled(&shards, "a's bots polled again", &mine_a, since, limit).await?;
+    println!(
+        "{n:>6} bots, kill -9 of a worker holding {}: all its bots polled again {:.2} s after the kill (lease {:.1} s: goal {:.1} s)",
+        mine_a.len(),
+        took.as_secs_f64(),
+        lease_ms as f64 / 1000.0,
+        lease_ms as f64 / 1000.0 + 2.0
+    );
+    // Over the whole run: start, SIGTERM, restart and kill.
+    let conflicts = shards.polls(&[], t)?.conflicts;
     if conflicts > 0 {
         bail!("{conflicts} second pollers");
     }

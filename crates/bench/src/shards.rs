@@ -122,6 +122,11 @@ impl Shards {
     }
 
     /// The Bot API URL that serves bot `i`.
+    /// The shard processes' ids.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.shards.iter().map(|s| s.3 .0.id()).collect()
+    }
+
     pub(crate) fn url_of(&self, i: usize) -> String {
         let port = self
             .shards

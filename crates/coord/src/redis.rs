@@ -726,7 +726,21 @@ impl Coordinator for RedisCoordinator {
                 Ok(r) => r.map_err(|e| CoordError::redis("receive commands", e))?,
                 Err(_) => return Err(CoordError::Timeout(limit)),
             };
-            raw.extend(got.map(|(_, v)| v));
+            drop(conn);
+            if let Some((_, v)) = got {
+                raw.push(v);
+                // A burst (a worker handing thousands of bots over) woke us: take what else
+                // queued up at once, instead of one blocking read per command.
+                if max > 1 {
+                    let more: Option<Vec<String>> = self
+                        .query(
+                            "receive commands",
+                            redis::cmd("LPOP").arg(&key).arg(max - 1),
+                        )
+                        .await?;
+                    raw.extend(more.unwrap_or_default());
+                }
+            }
         }
         Ok(raw
             .into_iter()

@@ -177,6 +177,12 @@ pub enum WorkerCommand {
         /// The worker that handed it over.
         from: WorkerId,
     },
+    /// The sender is shutting down and hands its bots over: place bots as if it were gone
+    /// already (it still holds them until each is handed over).
+    Leaving {
+        /// The worker that is leaving.
+        worker: WorkerId,
+    },
 }
 
 /// A token bucket: `rate` tokens a second, at most `burst` banked.

@@ -158,6 +158,8 @@ impl Worker {
             held_by: HashMap::new(),
             registry: HashMap::new(),
             takes: HashSet::new(),
+            leaving: HashSet::new(),
+            last_scan: Instant::now(),
             plan: converge::Plan::default(),
             jobs: JoinSet::new(),
             coord_slots: Arc::new(Semaphore::new(converge::COORD_CONCURRENCY)),
@@ -193,6 +195,11 @@ struct State {
     registry: HashMap<BotId, BotRecord>,
     /// Bots handed to us that we have not claimed yet.
     takes: HashSet<BotId>,
+    /// Live workers that said they are shutting down: placed as if gone already, so the bots
+    /// they hand over are ours by our own plan too (and are not passed back to them).
+    leaving: HashSet<WorkerId>,
+    /// When a pass last walked every running bot for ones that are no longer ours.
+    last_scan: Instant,
     plan: converge::Plan,
     /// Claim and let-go jobs (each owned here; drained before exit).
     jobs: JoinSet<()>,
@@ -246,7 +253,7 @@ fn spawn_forwarders(
     let (coord, cmd_tx) = (coord.clone(), tx.clone());
     let command_task = tokio::spawn(async move {
         loop {
-            match coord.recv_commands(100, Duration::from_secs(5)).await {
+            match coord.recv_commands(1_000, Duration::from_secs(5)).await {
                 Ok(cmds) => {
                     for c in cmds {
                         if cmd_tx.send(Signal::Command(c)).is_err() {
@@ -273,7 +280,7 @@ fn spawn_event_reader(
     tokio::spawn(async move {
         loop {
             match coord
-                .read_events(&cursor, 100, Duration::from_secs(5))
+                .read_events(&cursor, 1_000, Duration::from_secs(5))
                 .await
             {
                 Ok(evs) => {
@@ -598,6 +605,11 @@ impl State {
             }
             Signal::Command(WorkerCommand::HandOver { bot, to }) => {
                 self.let_go(&bot, After::HandOver(to));
+                true
+            }
+            Signal::Command(WorkerCommand::Leaving { worker }) => {
+                info!(%worker, "a worker is leaving; placing its bots without it");
+                self.leaving.insert(worker);
                 true
             }
             Signal::Event(LifecycleEvent::Activate(_) | LifecycleEvent::Deactivate(_)) => {

@@ -71,6 +71,9 @@ struct TokenState {
     poll_times: VecDeque<std::time::Instant>,
     /// When the last 409 to an older poll went out: the server sends at most one per 3 s.
     last_conflict: Option<tokio::time::Instant>,
+    /// Wakes this token's pending poll (one per token: thousands of idle polls are not woken
+    /// by every other token's news).
+    wake: Arc<Notify>,
 }
 
 #[derive(Default)]
@@ -83,7 +86,6 @@ struct Inner {
 #[derive(Clone, Default)]
 pub struct FakeState {
     inner: Arc<Mutex<Inner>>,
-    wake: Arc<Notify>,
     conflicts: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
     accepted: Arc<AtomicU64>,
@@ -161,22 +163,26 @@ impl FakeState {
                     "text": text,
                 }
             }));
-            id
+            (id, t.wake.clone())
         };
-        self.wake.notify_waiters();
+        let (id, wake) = id;
+        wake.notify_waiters();
         id
     }
 
     /// Queues a raw update (any JSON) for `token`, e.g. a malformed one. An integer
     /// `update_id` in it also moves the fake's numbering past it.
     pub fn push_raw(&self, token: &str, update: Value) {
-        if let Some(t) = self.lock().tokens.get_mut(token) {
+        let wake = self.lock().tokens.get_mut(token).map(|t| {
             if let Some(id) = update["update_id"].as_i64() {
                 t.next_update = t.next_update.max(id + 1);
             }
             t.pending.push_back(update);
+            t.wake.clone()
+        });
+        if let Some(w) = wake {
+            w.notify_waiters();
         }
-        self.wake.notify_waiters();
     }
 
     /// Everything received through `sendMessage`, in arrival order.
@@ -410,7 +416,7 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
     let offset = args["offset"].as_i64().unwrap_or(0);
     let limit = args["limit"].as_u64().unwrap_or(100).clamp(1, 100) as usize;
     let timeout = Duration::from_secs(args["timeout"].as_u64().unwrap_or(0).min(50));
-    let (_guard, my_gen) = {
+    let (_guard, my_gen, wake) = {
         let mut g = state.lock();
         let Some(t) = g.tokens.get_mut(&token) else {
             return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
@@ -447,13 +453,14 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
                 token: token.clone(),
             },
             t.poll_gen,
+            t.wake.clone(),
         )
     };
     // Wake the older poll, if any, so it ends now.
-    state.wake.notify_waiters();
+    wake.notify_waiters();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let notified = state.wake.notified();
+        let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let batch: Option<Vec<Value>> = {

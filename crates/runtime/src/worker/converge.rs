@@ -12,7 +12,7 @@ use std::{
 
 use botfleet_coord::{
     placement::{Ring, RingConfig, DEFAULT_BALANCE},
-    ClaimOutcome, Coordinator, LiveWorker,
+    ClaimOutcome, Coordinator, LiveWorker, WorkerCommand,
 };
 use botfleet_core::{BotId, BotStatus, Fence, WorkerId};
 use botfleet_store::Store;
@@ -48,6 +48,8 @@ pub(super) struct Plan {
     inputs: Option<u64>,
     /// Bot → the worker that should run it.
     owners: Arc<HashMap<BotId, WorkerId>>,
+    /// The bots `owners` gives us, so a pass does not walk the whole fleet's bots.
+    mine: Arc<Vec<BotId>>,
 }
 
 /// What a let-go job does with the claim once the bot's task has ended.
@@ -237,7 +239,7 @@ impl State {
         if lease.check().is_err() {
             return;
         }
-        let live = match self.w.coord.live_workers().await {
+        let mut live = match self.w.coord.live_workers().await {
             Ok(l) => l,
             Err(e) => {
                 warn!(error = %e, "cannot list workers; placement unchanged");
@@ -247,6 +249,10 @@ impl State {
         if !live.iter().any(|l| &l.id == self.me()) {
             return;
         }
+        // Workers that announced their leave count as gone (they hand their bots over now);
+        // once they are gone for real, forget the announcement.
+        self.leaving.retain(|w| live.iter().any(|l| &l.id == w));
+        live.retain(|l| !self.leaving.contains(&l.id));
         let inputs = inputs_of(&live, self.generation);
         let changed = self.plan.inputs != Some(inputs);
         if !force && !changed && self.short == 0 && self.takes.is_empty() {
@@ -254,9 +260,15 @@ impl State {
         }
         if changed {
             let (owners, unplaced) = self.assign(&live);
+            let mine = owners
+                .iter()
+                .filter(|(_, o)| *o == self.me())
+                .map(|(b, _)| b.clone())
+                .collect();
             self.plan = Plan {
                 inputs: Some(inputs),
                 owners: Arc::new(owners),
+                mine: Arc::new(mine),
             };
             self.w.metrics.set_unplaced(unplaced);
             if unplaced > 0 {
@@ -265,13 +277,20 @@ impl State {
         }
         let me = self.me().clone();
         let owners = self.plan.owners.clone();
-        // Let go of what is no longer ours.
-        let extra: Vec<BotId> = self
-            .running
-            .keys()
-            .filter(|b| owners.get(*b) != Some(&me))
-            .cloned()
-            .collect();
+        // Let go of what is no longer ours. Only a new plan makes running bots someone
+        // else's (we start only our own), so the walk over every running bot happens on a
+        // change, and otherwise at most once a second as a safety net.
+        let scan = changed || self.last_scan.elapsed() >= Duration::from_secs(1);
+        let extra: Vec<BotId> = if scan {
+            self.last_scan = Instant::now();
+            self.running
+                .keys()
+                .filter(|b| owners.get(*b) != Some(&me))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         if !extra.is_empty() {
             info!(
                 bots = extra.len(),
@@ -323,10 +342,9 @@ impl State {
         self.held_by.retain(|_, w| live_ids.contains(w));
         let busy = self.running.len() + self.claiming.len() + self.stopping.len();
         let room = (self.w.cfg.capacity as usize).saturating_sub(busy);
-        let wanted: Vec<BotId> = owners
+        let mine = self.plan.mine.clone();
+        let wanted: Vec<BotId> = mine
             .iter()
-            .filter(|(_, o)| **o == me)
-            .map(|(b, _)| b)
             .filter(|b| {
                 !self.running.contains_key(*b)
                     && !self.claiming.contains(*b)
@@ -376,9 +394,9 @@ impl State {
         match result {
             ClaimResult::Granted(fence) => {
                 self.w.metrics.claim();
-                self.takes.remove(&bot);
+                let handed = self.takes.remove(&bot);
                 if self.should_run(&bot) && !self.running.contains_key(&bot) {
-                    self.start_bot(bot, fence);
+                    self.start_bot(bot, fence, handed);
                     false
                 } else if self.fenced {
                     // The claim ends with our lease; the next pass asks again.
@@ -415,8 +433,9 @@ impl State {
         }
     }
 
-    /// Starts the task of a bot we hold under `fence`.
-    fn start_bot(&mut self, bot: BotId, fence: Fence) {
+    /// Starts the task of a bot we hold under `fence`; `handed` when its last owner handed
+    /// it over (it ran there a moment ago, with credentials the platform accepted).
+    fn start_bot(&mut self, bot: BotId, fence: Fence, handed: bool) {
         let (Some(rec), Some(lease)) = (self.registry.get(&bot), self.lease.clone()) else {
             return;
         };
@@ -446,6 +465,7 @@ impl State {
                     settings: BotSettings {
                         retry_for: self.w.cfg.handler_retry_for,
                         max_in_flight: self.w.cfg.max_in_flight,
+                        verify: !handed,
                     },
                     stop: stop_rx,
                 });
@@ -494,7 +514,17 @@ impl State {
         self.plan = Plan {
             inputs: None,
             owners: Arc::new(owners),
+            mine: Arc::default(),
         };
+        // Tell the others first, so that by their plans too our bots are theirs as we hand
+        // them over (instead of still ours until we unregister). Commands to one worker keep
+        // their order: this comes before any of our hand-overs.
+        let note = WorkerCommand::Leaving { worker: me.clone() };
+        for w in &others {
+            if let Err(e) = self.w.coord.send_command(&w.id, &note).await {
+                warn!(worker = %w.id, error = %e, "could not announce the leave; it learns when we unregister");
+            }
+        }
         let all: Vec<BotId> = self.running.keys().cloned().collect();
         for bot in all {
             let after = match self.plan.owners.get(&bot) {
