@@ -4,8 +4,9 @@ use std::{collections::HashMap, process::ExitCode};
 
 use anyhow::Context;
 use botfleet_coord::placement::{Ring, RingConfig, DEFAULT_BALANCE};
+use botfleet_coord::Coordinator;
 use botfleet_core::{BotId, BotStatus};
-use botfleet_store::BotFilter;
+use botfleet_store::{BotFilter, Store};
 use clap::Subcommand;
 
 use crate::common::Backends;
@@ -26,8 +27,77 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
     crate::common::init_logs("warn");
     let FleetCommand::Status { backends, json } = cmd;
     let store = backends.store().await?;
+    let coord = backends.redis().await?;
+    let doc = match &coord {
+        Some(c) => status_doc(&*store, Some(&**c), "fleet").await?,
+        None => status_doc(&*store, None, "embedded").await?,
+    };
+    if json {
+        println!("{doc}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if coord.is_none() {
+        println!(
+            "embedded mode (no --redis-url): {} bots, {} reported running",
+            doc["bots"], doc["running"]
+        );
+        for b in doc["failed"].as_array().into_iter().flatten() {
+            println!(
+                "  {} failed: {}",
+                b["id"].as_str().unwrap_or_default(),
+                b["reason"].as_str().unwrap_or("?")
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<24} {:<20} {:>9} {:>9} {:>14}",
+        "WORKER", "HOST", "CAPACITY", "BOTS", "HEARTBEAT AGE"
+    );
+    for w in doc["workers"].as_array().into_iter().flatten() {
+        println!(
+            "{:<24} {:<20} {:>9} {:>9} {:>12}ms",
+            w["id"].as_str().unwrap_or_default(),
+            w["host"].as_str().unwrap_or_default(),
+            w["capacity"],
+            w["bots_held"],
+            w["heartbeat_age_ms"]
+        );
+    }
+    let grace_ms = doc["grace_window_ms"].as_u64().unwrap_or(0);
+    if grace_ms > 0 {
+        println!(
+            "\nRedis lost its data: bots that had owners are granted again in {:.1} s (the grace window lets their old owners stop first)",
+            grace_ms as f64 / 1000.0
+        );
+    }
+    let unowned = doc["unowned"].as_array().cloned().unwrap_or_default();
+    println!(
+        "\n{} enabled bots, {} with no live owner",
+        doc["bots"],
+        unowned.len()
+    );
+    for u in &unowned {
+        println!(
+            "  {}: {}",
+            u["id"].as_str().unwrap_or_default(),
+            u["why"].as_str().unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The fleet as one JSON document: workers (heartbeat age, capacity, bots held), enabled
+/// bots, the grace window after a Redis data loss, and every enabled bot with no live owner
+/// with the reason. Without a coordinator (the CLI against an embedded worker's database)
+/// only what the store knows.
+pub(crate) async fn status_doc(
+    store: &dyn Store,
+    coord: Option<&dyn Coordinator>,
+    mode: &str,
+) -> anyhow::Result<serde_json::Value> {
     let bots = store.list_bots(&BotFilter::default()).await?;
-    let Some(coord) = backends.redis().await? else {
+    let Some(coord) = coord else {
         // Embedded: the coordinator lives inside the worker process; the store says enough.
         let running = bots
             .iter()
@@ -36,31 +106,14 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
         let failed: Vec<_> = bots
             .iter()
             .filter(|b| b.status == BotStatus::Failed)
+            .map(|b| serde_json::json!({"id": b.spec.id.as_str(), "reason": b.last_error}))
             .collect();
-        if json {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "mode": "embedded",
-                    "bots": bots.len(),
-                    "running": running,
-                    "failed": failed.iter().map(|b| serde_json::json!({"id": b.spec.id.as_str(), "reason": b.last_error})).collect::<Vec<_>>(),
-                })
-            );
-        } else {
-            println!(
-                "embedded mode (no --redis-url): {} bots, {running} reported running",
-                bots.len()
-            );
-            for b in failed {
-                println!(
-                    "  {} failed: {}",
-                    b.spec.id,
-                    b.last_error.as_deref().unwrap_or("?")
-                );
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(serde_json::json!({
+            "mode": mode,
+            "bots": bots.len(),
+            "running": running,
+            "failed": failed,
+        }));
     };
     let live = coord.live_workers().await.context("listing workers")?;
     let caps: HashMap<_, _> = live
@@ -79,9 +132,11 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
         u64::try_from(e.grace_left.as_millis()).unwrap_or(u64::MAX)
     });
     let mut unowned = Vec::new();
+    let mut running = 0usize;
     for b in bots.iter().filter(|b| b.spec.enabled) {
         let owner = coord.owner(&b.spec.id).await?;
         if owner.as_ref().is_some_and(|o| o.live) {
+            running += 1;
             continue;
         }
         let why = if b.status == BotStatus::Failed {
@@ -105,55 +160,21 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
         } else {
             "not claimed yet (starting, or being handed over)".to_owned()
         };
-        unowned.push((b.spec.id.to_string(), why));
+        unowned.push(serde_json::json!({"id": b.spec.id.as_str(), "why": why}));
     }
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "mode": "fleet",
-                "workers": live.iter().map(|w| serde_json::json!({
-                    "id": w.id.as_str(), "host": w.meta.host, "capacity": w.meta.capacity,
-                    "bots_held": w.meta.bots_held, "heartbeat_age_ms": w.heartbeat_age_ms,
-                })).collect::<Vec<_>>(),
-            "bots": enabled.len(),
-                "grace_window_ms": grace_ms,
-                "epoch": epoch.as_ref().map(|e| serde_json::json!({
-                    "id": e.id, "age_ms": u64::try_from(e.age.as_millis()).unwrap_or(u64::MAX),
-                    "after_loss": e.after_loss,
-                })),
-                "unowned": unowned.iter().map(|(id, why)| serde_json::json!({"id": id, "why": why})).collect::<Vec<_>>(),
-            })
-        );
-    } else {
-        println!(
-            "{:<24} {:<20} {:>9} {:>9} {:>14}",
-            "WORKER", "HOST", "CAPACITY", "BOTS", "HEARTBEAT AGE"
-        );
-        for w in &live {
-            println!(
-                "{:<24} {:<20} {:>9} {:>9} {:>12}ms",
-                w.id.as_str(),
-                w.meta.host,
-                w.meta.capacity,
-                w.meta.bots_held,
-                w.heartbeat_age_ms
-            );
-        }
-        if grace_ms > 0 {
-            println!(
-                "\nRedis lost its data: bots that had owners are granted again in {:.1} s (the grace window lets their old owners stop first)",
-                grace_ms as f64 / 1000.0
-            );
-        }
-        println!(
-            "\n{} enabled bots, {} with no live owner",
-            enabled.len(),
-            unowned.len()
-        );
-        for (id, why) in &unowned {
-            println!("  {id}: {why}");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(serde_json::json!({
+        "mode": mode,
+        "workers": live.iter().map(|w| serde_json::json!({
+            "id": w.id.as_str(), "host": w.meta.host, "capacity": w.meta.capacity,
+            "bots_held": w.meta.bots_held, "heartbeat_age_ms": w.heartbeat_age_ms,
+        })).collect::<Vec<_>>(),
+        "bots": enabled.len(),
+        "owned": running,
+        "grace_window_ms": grace_ms,
+        "epoch": epoch.as_ref().map(|e| serde_json::json!({
+            "id": e.id, "age_ms": u64::try_from(e.age.as_millis()).unwrap_or(u64::MAX),
+            "after_loss": e.after_loss,
+        })),
+        "unowned": unowned,
+    }))
 }

@@ -7,10 +7,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod api;
 mod bots;
 mod common;
 mod demo;
 mod fleet;
+mod registry;
 mod worker;
 
 /// Run thousands of chat bots on a few worker processes, as one fleet.
@@ -31,8 +33,9 @@ enum Command {
     /// Look at the fleet.
     #[command(subcommand)]
     Fleet(fleet::FleetCommand),
-    /// A self-contained show: a fake Telegram, three workers, a few hundred bots, users
-    /// writing; one worker is killed midway and another joins; then a report.
+    /// A self-contained show: fake Telegram and Slack servers, three workers, a few hundred
+    /// bots of both platforms, users writing; one worker is killed midway and another joins;
+    /// then a report per platform.
     Demo(demo::DemoArgs),
     /// Print the version, the supported platforms and storage backends.
     Version,

@@ -32,9 +32,14 @@ pub(crate) struct WorkerArgs {
     /// This worker's id [default: random]
     #[arg(long, env = "BOTFLEET_WORKER_ID", value_parser = worker_id)]
     worker_id: Option<WorkerId>,
-    /// Address of /healthz, /readyz and /metrics (port 0 picks a free one).
+    /// Address of /healthz, /readyz, /metrics and the control API /api/v1 (port 0 picks a
+    /// free one).
     #[arg(long, env = "BOTFLEET_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
+    /// A file holding the control API's bearer token (`BOTFLEET_API_TOKEN` gives the token
+    /// itself). Without either, the API answers loopback clients only.
+    #[arg(long, env = "BOTFLEET_API_TOKEN_FILE")]
+    api_token_file: Option<std::path::PathBuf>,
     /// Most bots this worker runs (1-1000000).
     #[arg(long, env = "BOTFLEET_CAPACITY", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -165,17 +170,32 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let worker = Worker::new(cfg, coord, store)?;
-    let (addr, http_task) = http::serve(
-        a.http_addr,
-        http::HttpState {
-            metrics: worker.metrics(),
-            ready: worker.readiness(),
-            worker_id: id.to_string(),
+    let token = api_token(a.api_token_file.as_deref())?;
+    if token.is_none() {
+        tracing::warn!(
+            "the control API has no token (--api-token-file, BOTFLEET_API_TOKEN): it answers \
+             loopback clients only"
+        );
+    }
+    let worker = Worker::new(cfg, coord.clone(), store.clone())?;
+    let router = http::app(http::HttpState {
+        metrics: worker.metrics(),
+        ready: worker.readiness(),
+        worker_id: id.to_string(),
+    })
+    .merge(crate::api::routes(crate::api::ApiState {
+        registry: crate::registry::Registry {
+            store,
+            fleet: Some(coord.clone()),
         },
-    )
-    .await
-    .with_context(|| format!("binding the HTTP address {} (--http-addr)", a.http_addr))?;
+        coord,
+        mode: if embedded { "embedded" } else { "fleet" },
+        journal: worker.journal(),
+        token_digest: token.as_deref().map(crate::api::digest),
+    }));
+    let (addr, http_task) = http::serve_router(a.http_addr, router)
+        .await
+        .with_context(|| format!("binding the HTTP address {} (--http-addr)", a.http_addr))?;
     info!(worker = %id, %addr, mode = if embedded { "embedded" } else { "fleet" }, "worker starting");
     // A machine-readable line for scripts and tests: where the HTTP endpoints are.
     eprintln!("botfleet worker {id} listening on http://{addr}");
@@ -183,6 +203,36 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     http_task.abort();
     info!(worker = %id, "worker stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The control API's token: from the file `--api-token-file` names, else
+/// `BOTFLEET_API_TOKEN`; surrounding white space is dropped.
+fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    let (text, from) = match file {
+        Some(path) => (
+            std::fs::read_to_string(path).with_context(|| {
+                format!(
+                    "reading the API token file {} (--api-token-file)",
+                    path.display()
+                )
+            })?,
+            "--api-token-file",
+        ),
+        None => match std::env::var("BOTFLEET_API_TOKEN") {
+            Ok(t) => (t, "BOTFLEET_API_TOKEN"),
+            Err(_) => return Ok(None),
+        },
+    };
+    let token = text.trim();
+    if token.is_empty() {
+        anyhow::bail!("the API token ({from}) is empty");
+    }
+    if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        anyhow::bail!(
+            "the API token ({from}) must be at least 16 characters without white space (e.g. `openssl rand -hex 32`)"
+        );
+    }
+    Ok(Some(token.to_owned()))
 }
 
 /// Descriptors a worker needs besides its bots' connections (store, Redis, HTTP server,

@@ -380,3 +380,126 @@ fn the_demo_runs_and_reports_nothing_lost() {
     assert!(out.contains("kill -> the victim's bots back"), "{out}");
     assert!(out.contains("Slack envelope ack p99"), "{out}");
 }
+
+#[test]
+fn update_and_upsert_change_bots_in_place() {
+    let dir = tempdir();
+    let db = db(&dir);
+    assert!(bots_add(&db, "a", "telegram", "1:SECRET-OLD", &[])
+        .status
+        .success());
+    // Nothing to change is an error; so is a bot that does not exist.
+    let o = botfleet(&["bots", "update", "a", "--database-url", &db]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("nothing to change"), "{:?}", text(&o));
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "zz",
+        "--token",
+        "1:SECRET-X",
+        "--database-url",
+        &db,
+    ]);
+    assert!(text(&o).1.contains("no bot zz"), "{:?}", text(&o));
+    // The token from standard input, the handler from a flag.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args([
+            "bots",
+            "update",
+            "a",
+            "--token",
+            "-",
+            "--handler",
+            "webhook",
+        ])
+        .args([
+            "--webhook-url",
+            "http://127.0.0.1:9/h",
+            "--database-url",
+            &db,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"1:SECRET-NEW\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(text(&o).0.contains("updated a"), "{:?}", text(&o));
+    let (list, _) = text(&botfleet(&[
+        "bots",
+        "list",
+        "--json",
+        "--database-url",
+        &db,
+    ]));
+    assert!(list.contains("\"handler\":\"webhook\""), "{list}");
+    assert!(!list.contains("SECRET"), "{list}");
+    // A bad webhook URL is refused, naming the field, and nothing changes.
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "a",
+        "--webhook-url",
+        "ftp://x",
+        "--database-url",
+        &db,
+    ]);
+    assert!(text(&o).1.contains("webhook_url"), "{:?}", text(&o));
+    let (after, _) = text(&botfleet(&[
+        "bots",
+        "list",
+        "--json",
+        "--database-url",
+        &db,
+    ]));
+    assert_eq!(after, list);
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    // Upsert: the existing bot is updated, a new one added; without it, refused.
+    let file = dir.0.join("bots.jsonl");
+    std::fs::write(
+        &file,
+        [
+            r#"{"id":"a","platform":"telegram","token":"1:SECRET-NEWER"}"#,
+            r#"{"id":"b","platform":"telegram","token":"2:SECRET-B"}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let o = botfleet(&["bots", "import", f, "--database-url", &db]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).1.contains("line 1: bot a exists already"),
+        "{:?}",
+        text(&o)
+    );
+    let o = botfleet(&["bots", "import", "--upsert", f, "--database-url", &db]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o)
+            .0
+            .contains("imported 2 bots (0 added, 1 updated, 1 unchanged)"),
+        "{:?}",
+        text(&o)
+    );
+    let (list, _) = text(&botfleet(&[
+        "bots",
+        "list",
+        "--json",
+        "--database-url",
+        &db,
+    ]));
+    assert!(
+        list.contains("\"handler\":\"echo\""),
+        "the line describes the whole bot: {list}"
+    );
+}

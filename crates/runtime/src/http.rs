@@ -51,6 +51,27 @@ pub fn app(state: HttpState) -> Router {
         .with_state(state)
 }
 
+/// Binds `addr` and serves `router` (with the peer's address available as
+/// `ConnectInfo<SocketAddr>`) until the returned task is aborted.
+///
+/// # Errors
+/// When `addr` cannot be bound (in use, no permission).
+pub async fn serve_router(
+    addr: SocketAddr,
+    router: Router,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await;
+    });
+    Ok((local, task))
+}
+
 /// Binds `addr` and serves until the returned task is aborted.
 ///
 /// # Errors

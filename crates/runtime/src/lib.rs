@@ -5,6 +5,7 @@ mod chats;
 mod config;
 mod handler;
 pub mod http;
+mod journal;
 mod lock;
 pub mod metrics;
 mod platforms;
@@ -14,6 +15,7 @@ mod worker;
 
 pub use config::{hostname, WorkerConfig};
 pub use handler::{sign, Handler, HandlerError, SIGNATURE_HEADER};
+pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};
 pub use lock::InstanceLock;
 pub use metrics::Metrics;
 pub use platforms::supported as supported_platforms;

@@ -33,7 +33,10 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use crate::{bot::BotExit, metrics::Metrics, reporter::Reporter, starter::Starter, WorkerConfig};
+use crate::{
+    bot::BotExit, metrics::Metrics, reporter::Reporter, starter::Starter, Journal, WorkerConfig,
+    JOURNAL_CAPACITY,
+};
 use converge::{After, ClaimResult};
 
 /// Why a worker could not run.
@@ -89,6 +92,7 @@ pub struct Worker {
     http: reqwest::Client,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    journal: Arc<Journal>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -115,6 +119,7 @@ impl Worker {
             .map_err(|e| botfleet_telegram::TelegramError::Network(e.without_url()))?;
         let metrics = Arc::new(Metrics::default());
         metrics.set_capacity(cfg.capacity);
+        let journal = Journal::new(cfg.worker_id.as_str(), JOURNAL_CAPACITY);
         Ok(Self {
             cfg,
             coord,
@@ -124,12 +129,19 @@ impl Worker {
             http,
             metrics,
             ready: Arc::new(AtomicBool::new(false)),
+            journal,
         })
     }
 
     /// The worker's metrics (for `/metrics` and reports).
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
+    }
+
+    /// What this worker saw happen (bots started, moved, failed; workers joining and
+    /// leaving), for the control API and the live page.
+    pub fn journal(&self) -> Arc<Journal> {
+        self.journal.clone()
     }
 
     /// True once the first claim pass is done; false while draining.
@@ -159,6 +171,7 @@ impl Worker {
             registry: HashMap::new(),
             takes: HashSet::new(),
             leaving: HashSet::new(),
+            members_seen: None,
             last_scan: Instant::now(),
             plan: converge::Plan::default(),
             jobs: JoinSet::new(),
@@ -198,6 +211,8 @@ struct State {
     /// Live workers that said they are shutting down: placed as if gone already, so the bots
     /// they hand over are ours by our own plan too (and are not passed back to them).
     leaving: HashSet<WorkerId>,
+    /// The live workers at the last pass (for the journal's joins and leaves).
+    members_seen: Option<HashSet<WorkerId>>,
     /// When a pass last walked every running bot for ones that are no longer ours.
     last_scan: Instant,
     plan: converge::Plan,
@@ -545,6 +560,9 @@ impl State {
     fn self_fence(&mut self, why: &LeaseLost) {
         warn!(worker = %self.me(), reason = %why, bots = self.running.len(), "lease not safe; stopping every bot");
         self.w.metrics.self_fence();
+        self.w
+            .journal
+            .record("self_fenced", None, None, Some(&why.to_string()));
         self.fenced = true;
         let all: Vec<BotId> = self.running.keys().cloned().collect();
         for bot in all {
@@ -571,6 +589,9 @@ impl State {
                     BotExit::Stopped => false,
                     BotExit::Failed(why) => {
                         debug!(%bot, why = %why, "bot parked");
+                        self.w
+                            .journal
+                            .record("bot_failed", Some(bot.as_str()), None, Some(&why));
                         r.parked = true;
                         false
                     }
@@ -599,6 +620,12 @@ impl State {
             }
             Signal::Command(WorkerCommand::Restart { bot })
             | Signal::Event(LifecycleEvent::Restart(bot)) => {
+                self.w.journal.record(
+                    "registry_changed",
+                    Some(bot.as_str()),
+                    None,
+                    Some("restart"),
+                );
                 self.registry_stale = true;
                 self.let_go(&bot, After::Release);
                 true
@@ -609,10 +636,20 @@ impl State {
             }
             Signal::Command(WorkerCommand::Leaving { worker }) => {
                 info!(%worker, "a worker is leaving; placing its bots without it");
+                self.w
+                    .journal
+                    .record("worker_leaving", None, Some(worker.as_str()), None);
                 self.leaving.insert(worker);
                 true
             }
-            Signal::Event(LifecycleEvent::Activate(_) | LifecycleEvent::Deactivate(_)) => {
+            Signal::Event(e @ (LifecycleEvent::Activate(_) | LifecycleEvent::Deactivate(_))) => {
+                let (bot, what) = match &e {
+                    LifecycleEvent::Activate(b) => (b, "activate"),
+                    LifecycleEvent::Deactivate(b) | LifecycleEvent::Restart(b) => (b, "deactivate"),
+                };
+                self.w
+                    .journal
+                    .record("registry_changed", Some(bot.as_str()), None, Some(what));
                 self.registry_stale = true;
                 true
             }

@@ -198,6 +198,18 @@ impl State {
         let Some(r) = self.running.remove(bot) else {
             return;
         };
+        match &after {
+            After::HandOver(to) if to != self.me() => self.w.journal.record(
+                "bot_handed_over",
+                Some(bot.as_str()),
+                Some(to.as_str()),
+                None,
+            ),
+            _ => self
+                .w
+                .journal
+                .record("bot_stopped", Some(bot.as_str()), None, None),
+        }
         self.stopping.insert(bot.clone());
         let (coord, tx, metrics, slots) = (
             self.w.coord.clone(),
@@ -253,6 +265,7 @@ impl State {
         // once they are gone for real, forget the announcement.
         self.leaving.retain(|w| live.iter().any(|l| &l.id == w));
         live.retain(|l| !self.leaving.contains(&l.id));
+        self.note_members(&live);
         let inputs = inputs_of(&live, self.generation);
         let changed = self.plan.inputs != Some(inputs);
         if !force && !changed && self.short == 0 && self.takes.is_empty() {
@@ -433,6 +446,24 @@ impl State {
         }
     }
 
+    /// Journals the workers that joined or left since the last pass.
+    fn note_members(&mut self, live: &[LiveWorker]) {
+        let now: std::collections::HashSet<WorkerId> = live.iter().map(|l| l.id.clone()).collect();
+        if let Some(before) = &self.members_seen {
+            for w in now.difference(before) {
+                self.w
+                    .journal
+                    .record("worker_joined", None, Some(w.as_str()), None);
+            }
+            for w in before.difference(&now) {
+                self.w
+                    .journal
+                    .record("worker_left", None, Some(w.as_str()), None);
+            }
+        }
+        self.members_seen = Some(now);
+    }
+
     /// Starts the task of a bot we hold under `fence`; `handed` when its last owner handed
     /// it over (it ran there a moment ago, with credentials the platform accepted).
     fn start_bot(&mut self, bot: BotId, fence: Fence, handed: bool) {
@@ -441,6 +472,12 @@ impl State {
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let platform = rec.spec.platform;
+        self.w.journal.record(
+            "bot_started",
+            Some(bot.as_str()),
+            None,
+            Some(if handed { "handed over" } else { "claimed" }),
+        );
         let tx = self.tx.clone();
         let b = bot.clone();
         let connector = self.w.connectors.get(&platform).cloned();
@@ -506,6 +543,12 @@ impl State {
         let started = Instant::now();
         let me = self.me().clone();
         info!(worker = %me, bots = self.running.len(), "draining");
+        self.w.journal.record(
+            "draining",
+            None,
+            None,
+            Some(&format!("{} bots to hand over", self.running.len())),
+        );
         let others: Vec<LiveWorker> = match self.w.coord.live_workers().await {
             Ok(l) => l.into_iter().filter(|w| w.id != me).collect(),
             Err(_) => Vec::new(),

@@ -1,0 +1,620 @@
+//! The control API under `/api/v1`, served by every worker on `--http-addr` beside
+//! `/healthz`, `/readyz` and `/metrics`: the registry (the same operations as `botfleet bots`,
+//! told to the fleet the same way), the fleet's state and this worker's journal. JSON in and
+//! out; errors are `{"code": …, "message": …}` with a stable code; credentials are accepted,
+//! never returned.
+//!
+//! Access: with a token configured (`--api-token-file`, `BOTFLEET_API_TOKEN`) every request
+//! carries `Authorization: Bearer TOKEN` (compared in constant time); without one, only
+//! loopback clients are answered.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use axum::{
+    body::Bytes,
+    extract::{ConnectInfo, DefaultBodyLimit, Path, Query, Request, State},
+    http::{header, HeaderMap, StatusCode},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Json, Router,
+};
+use botfleet_coord::Coordinator;
+use botfleet_runtime::{Journal, JournalEntry};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use utoipa::{IntoParams, OpenApi, ToSchema};
+
+use crate::registry::{
+    BotLine, BotPatch, BotView, Change, LineOutcome, LineResult, Registry, RegistryError,
+};
+
+/// Largest request body, except imports.
+pub(crate) const MAX_BODY: usize = 64 * 1024;
+/// Largest import body (JSON lines).
+pub(crate) const MAX_IMPORT_BODY: usize = 32 * 1024 * 1024;
+
+/// What the API's handlers read.
+#[derive(Clone)]
+pub(crate) struct ApiState {
+    pub(crate) registry: Registry,
+    pub(crate) coord: Arc<dyn Coordinator>,
+    /// `embedded` or `fleet`.
+    pub(crate) mode: &'static str,
+    pub(crate) journal: Arc<Journal>,
+    /// SHA-256 of the bearer token; `None`: loopback clients only.
+    pub(crate) token_digest: Option<[u8; 32]>,
+}
+
+/// An API error: a status, a stable code and a message for people.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ApiError {
+    /// Stable, machine-readable: `unauthorized`, `loopback_only`, `invalid`, `not_found`,
+    /// `exists`, `too_large`, `no_route`, `method_not_allowed`, `store_failed`,
+    /// `fleet_not_told`, `fleet_unreachable`.
+    code: &'static str,
+    /// For people; never holds a credential.
+    message: String,
+    #[serde(skip)]
+    #[schema(ignore)]
+    status: u16,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            status: status.as_u16(),
+        }
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        let status = match e.code {
+            "invalid" => StatusCode::BAD_REQUEST,
+            "not_found" => StatusCode::NOT_FOUND,
+            "exists" => StatusCode::CONFLICT,
+            "fleet_not_told" => StatusCode::BAD_GATEWAY,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self::new(status, e.code, e.message)
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "fleet_unreachable",
+            format!("{e:#}"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (status, Json(&self)).into_response();
+        if self.code == "unauthorized" {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn utf8(body: &Bytes) -> ApiResult<&str> {
+    std::str::from_utf8(body)
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid", "the body is not UTF-8"))
+}
+
+/// The SHA-256 of a token, as the API compares it.
+pub(crate) fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Equal digests, in time that does not depend on where they differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn guard(
+    State(s): State<ApiState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    match &s.token_digest {
+        Some(want) => {
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(|t| digest(t.trim()));
+            if !given.is_some_and(|g| same(&g, want)) {
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "a valid `Authorization: Bearer TOKEN` header is required",
+                )
+                .into_response();
+            }
+        }
+        None if !peer.ip().is_loopback() => {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "loopback_only",
+                "no API token is configured (--api-token-file, BOTFLEET_API_TOKEN): the API answers loopback clients only",
+            )
+            .into_response();
+        }
+        None => {}
+    }
+    next.run(req).await
+}
+
+/// A bot as `POST /bots` and each line of `POST /bots/import` take it (the fields of a
+/// `bots import` line).
+#[derive(Debug, Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct NewBot {
+    /// Letters, digits, `- _ . @`; at most 128.
+    id: String,
+    /// `telegram` or `slack`.
+    platform: String,
+    /// The platform token (Telegram bot token, Slack `xoxb-…`). Never returned.
+    token: String,
+    /// Slack's app-level token (`xapp-…`). Never returned.
+    app_token: Option<String>,
+    /// The platform API's base URL.
+    api_url: Option<String>,
+    /// `echo` (default) or `webhook`.
+    handler: Option<String>,
+    /// Where the webhook handler POSTs.
+    webhook_url: Option<String>,
+    /// The webhook's HMAC-SHA256 key. Never returned.
+    webhook_secret: Option<String>,
+    /// Default true.
+    enabled: Option<bool>,
+}
+
+/// What `PATCH /bots/{id}` changes: a field left out is kept, `null` clears an optional one.
+#[derive(Debug, Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct BotChange {
+    token: Option<String>,
+    app_token: Option<String>,
+    api_url: Option<String>,
+    handler: Option<String>,
+    webhook_url: Option<String>,
+    webhook_secret: Option<String>,
+    enabled: Option<bool>,
+}
+
+/// A bot and what the request did to it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BotChanged {
+    bot: BotView,
+    change: Change,
+}
+
+/// Every bot.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BotList {
+    bots: Vec<BotView>,
+}
+
+/// Filters of `GET /bots`.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct BotQuery {
+    /// Only this platform.
+    platform: Option<String>,
+    /// Only this status (`pending`, `running`, `stopped`, `failed`).
+    status: Option<String>,
+}
+
+/// Options of `POST /bots/import`.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct ImportQuery {
+    /// Update bots that exist already instead of refusing them.
+    #[serde(default)]
+    upsert: bool,
+}
+
+/// What an import did: counts, and every refused line with why.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ImportReport {
+    added: usize,
+    updated: usize,
+    unchanged: usize,
+    refused: Vec<LineResult>,
+}
+
+/// Options of `GET /events`.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct EventQuery {
+    /// Only entries after this sequence number.
+    #[serde(default)]
+    after: u64,
+    /// At most this many (default 200, at most 2,000).
+    limit: Option<usize>,
+}
+
+/// This worker's journal.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Events {
+    /// Oldest first.
+    #[schema(value_type = Vec<Object>)]
+    events: Vec<JournalEntry>,
+}
+
+#[utoipa::path(get, path = "/api/v1/bots", params(BotQuery),
+    responses((status = 200, body = BotList), (status = 401, body = ApiError)))]
+async fn list_bots(
+    State(s): State<ApiState>,
+    Query(q): Query<BotQuery>,
+) -> ApiResult<Json<BotList>> {
+    let bots = s
+        .registry
+        .list()
+        .await?
+        .into_iter()
+        .filter(|b| q.platform.as_deref().is_none_or(|p| b.platform == p))
+        .filter(|b| q.status.as_deref().is_none_or(|st| b.status == st))
+        .collect();
+    Ok(Json(BotList { bots }))
+}
+
+#[utoipa::path(post, path = "/api/v1/bots", request_body = NewBot,
+    responses((status = 201, body = BotChanged), (status = 400, body = ApiError),
+              (status = 409, body = ApiError)))]
+async fn add_bot(
+    State(s): State<ApiState>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<BotChanged>)> {
+    let spec = BotLine::from_json(utf8(&body)?)?.into_spec()?;
+    s.registry.add(&spec).await?;
+    let bot = s.registry.show(spec.id.as_str()).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(BotChanged {
+            bot,
+            change: Change::Added,
+        }),
+    ))
+}
+
+#[utoipa::path(get, path = "/api/v1/bots/{id}", params(("id" = String, Path)),
+    responses((status = 200, body = BotView), (status = 404, body = ApiError)))]
+async fn get_bot(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResult<Json<BotView>> {
+    Ok(Json(s.registry.show(&id).await?))
+}
+
+#[utoipa::path(patch, path = "/api/v1/bots/{id}", params(("id" = String, Path)),
+    request_body = BotChange,
+    responses((status = 200, body = BotChanged), (status = 400, body = ApiError),
+              (status = 404, body = ApiError)))]
+async fn patch_bot(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<BotChanged>> {
+    let patch = BotPatch::from_json(utf8(&body)?)?;
+    let change = s.registry.update(&id, patch).await?;
+    Ok(Json(BotChanged {
+        bot: s.registry.show(&id).await?,
+        change,
+    }))
+}
+
+#[utoipa::path(delete, path = "/api/v1/bots/{id}", params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = ApiError)))]
+async fn delete_bot(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    s.registry.remove(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/api/v1/bots/{id}/enable", params(("id" = String, Path)),
+    responses((status = 200, body = BotChanged), (status = 404, body = ApiError)))]
+async fn enable_bot(s: State<ApiState>, id: Path<String>) -> ApiResult<Json<BotChanged>> {
+    set_enabled(s, id, true).await
+}
+
+#[utoipa::path(post, path = "/api/v1/bots/{id}/disable", params(("id" = String, Path)),
+    responses((status = 200, body = BotChanged), (status = 404, body = ApiError)))]
+async fn disable_bot(s: State<ApiState>, id: Path<String>) -> ApiResult<Json<BotChanged>> {
+    set_enabled(s, id, false).await
+}
+
+async fn set_enabled(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    enabled: bool,
+) -> ApiResult<Json<BotChanged>> {
+    let change = s.registry.set_enabled(&id, enabled).await?;
+    Ok(Json(BotChanged {
+        bot: s.registry.show(&id).await?,
+        change,
+    }))
+}
+
+#[utoipa::path(post, path = "/api/v1/bots/{id}/restart", params(("id" = String, Path)),
+    responses((status = 200, body = BotChanged), (status = 404, body = ApiError)))]
+async fn restart_bot(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<BotChanged>> {
+    s.registry.restart(&id).await?;
+    Ok(Json(BotChanged {
+        bot: s.registry.show(&id).await?,
+        change: Change::Updated,
+    }))
+}
+
+#[utoipa::path(post, path = "/api/v1/bots/import", params(ImportQuery),
+    request_body(content = String, description = "JSON lines, one NewBot per line", content_type = "application/x-ndjson"),
+    responses((status = 200, body = ImportReport), (status = 400, body = ApiError)))]
+async fn import_bots(
+    State(s): State<ApiState>,
+    Query(q): Query<ImportQuery>,
+    body: Bytes,
+) -> ApiResult<Json<ImportReport>> {
+    let text = utf8(&body)?;
+    let lines: Vec<(usize, Result<String, String>)> = text
+        .lines()
+        .enumerate()
+        .map(|(n, l)| (n + 1, Ok(l.to_owned())))
+        .collect();
+    let results = s.registry.import(lines, q.upsert).await;
+    let mut report = ImportReport {
+        added: 0,
+        updated: 0,
+        unchanged: 0,
+        refused: Vec::new(),
+    };
+    for r in results {
+        match r.outcome {
+            LineOutcome::Done {
+                change: Change::Added,
+            } => report.added += 1,
+            LineOutcome::Done {
+                change: Change::Updated,
+            } => report.updated += 1,
+            LineOutcome::Done {
+                change: Change::Unchanged,
+            } => report.unchanged += 1,
+            LineOutcome::Refused { .. } => report.refused.push(r),
+        }
+    }
+    Ok(Json(report))
+}
+
+#[utoipa::path(get, path = "/api/v1/fleet",
+    responses((status = 200, description = "workers (heartbeat age, capacity, bots held), enabled bots, bots with no live owner and why, the grace window after a Redis data loss", body = Object)))]
+async fn fleet(State(s): State<ApiState>) -> ApiResult<Json<serde_json::Value>> {
+    let doc = crate::fleet::status_doc(&*s.registry.store, Some(&*s.coord), s.mode).await?;
+    Ok(Json(doc))
+}
+
+#[utoipa::path(get, path = "/api/v1/events", params(EventQuery),
+    responses((status = 200, description = "this worker's journal: bots started, stopped, handed over, failed; workers joining and leaving; self-fencing; draining; registry changes", body = Events)))]
+async fn events(State(s): State<ApiState>, Query(q): Query<EventQuery>) -> Json<Events> {
+    let limit = q
+        .limit
+        .unwrap_or(200)
+        .clamp(1, botfleet_runtime::JOURNAL_CAPACITY);
+    Json(Events {
+        events: s.journal.since(q.after, limit),
+    })
+}
+
+/// The API's OpenAPI document, generated from the handlers and their types.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "botfleet control API",
+        description = "Manage the bot registry and look at the fleet. Every request needs `Authorization: Bearer TOKEN` when the worker has an API token; without one only loopback clients are answered."
+    ),
+    paths(
+        list_bots,
+        add_bot,
+        get_bot,
+        patch_bot,
+        delete_bot,
+        enable_bot,
+        disable_bot,
+        restart_bot,
+        import_bots,
+        fleet,
+        events
+    ),
+    components(schemas(
+        ApiError,
+        NewBot,
+        BotChange,
+        BotChanged,
+        BotList,
+        BotView,
+        Change,
+        ImportReport,
+        LineResult,
+        Events
+    ))
+)]
+pub(crate) struct ApiDoc;
+
+async fn openapi() -> Response {
+    match ApiDoc::openapi().to_json() {
+        Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc).into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("cannot render the document: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+async fn no_route() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such API route")
+}
+
+async fn too_large_as_json(req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    match r.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "the request body is too large",
+        )
+        .into_response(),
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this route does not take that method",
+        )
+        .into_response(),
+        _ => r,
+    }
+}
+
+/// The `/api/v1` routes (serve with `ConnectInfo<SocketAddr>`).
+pub(crate) fn routes(state: ApiState) -> Router {
+    let import = Router::new()
+        .route("/bots/import", post(import_bots))
+        .layer(DefaultBodyLimit::max(MAX_IMPORT_BODY));
+    let api = Router::new()
+        .route("/bots", get(list_bots).post(add_bot))
+        .route(
+            "/bots/{id}",
+            get(get_bot).patch(patch_bot).delete(delete_bot),
+        )
+        .route("/bots/{id}/enable", post(enable_bot))
+        .route("/bots/{id}/disable", post(disable_bot))
+        .route("/bots/{id}/restart", post(restart_bot))
+        .route("/fleet", get(fleet))
+        .route("/events", get(events))
+        .route("/openapi.json", get(openapi))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .merge(import)
+        .fallback(no_route)
+        .layer(middleware::from_fn(too_large_as_json))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state);
+    Router::new().nest("/api/v1", api)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_bodies_are_the_parsed_ones() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let props = |name: &str| -> Vec<String> {
+            let mut v: Vec<String> = doc["components"]["schemas"][name]["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+            v.sort();
+            v
+        };
+        let mut fields: Vec<String> = crate::registry::BOT_FIELDS
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        fields.sort();
+        assert_eq!(props("NewBot"), fields);
+        let mut fields: Vec<String> = crate::registry::PATCH_FIELDS
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        fields.sort();
+        assert_eq!(props("BotChange"), fields);
+        for path in [
+            "/api/v1/bots",
+            "/api/v1/bots/{id}",
+            "/api/v1/bots/{id}/restart",
+            "/api/v1/bots/import",
+            "/api/v1/fleet",
+            "/api/v1/events",
+        ] {
+            assert!(doc["paths"][path].is_object(), "{path} missing");
+        }
+    }
+
+    fn state(token: Option<&str>) -> ApiState {
+        let store: Arc<dyn botfleet_store::Store> =
+            Arc::new(botfleet_store::MemoryStore::default());
+        let coord: Arc<dyn Coordinator> = Arc::new(botfleet_coord::MemoryHub::new().coordinator());
+        ApiState {
+            registry: Registry {
+                store,
+                fleet: Some(coord.clone()),
+            },
+            coord,
+            mode: "embedded",
+            journal: Journal::new("w1", 10),
+            token_digest: token.map(digest),
+        }
+    }
+
+    async fn status_from(app: Router, peer: &str, bearer: Option<&str>) -> (u16, String) {
+        use tower::ServiceExt;
+        let mut req = axum::http::Request::get("/api/v1/bots");
+        if let Some(t) = bearer {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let mut req = req.body(axum::body::Body::empty()).unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+        let resp = app.oneshot(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn without_a_token_only_loopback_clients_are_answered() {
+        let app = routes(state(None));
+        assert_eq!(
+            status_from(app.clone(), "127.0.0.1:5000", None).await.0,
+            200
+        );
+        assert_eq!(status_from(app.clone(), "[::1]:5000", None).await.0, 200);
+        let (s, body) = status_from(app, "10.1.2.3:5000", None).await;
+        assert_eq!(s, 403);
+        assert!(body.contains("loopback_only"), "{body}");
+        // With a token, the address does not matter; the token does.
+        let app = routes(state(Some("a-long-enough-token-1234")));
+        assert_eq!(
+            status_from(app.clone(), "127.0.0.1:5000", None).await.0,
+            401
+        );
+        let ok = status_from(
+            app.clone(),
+            "10.1.2.3:5000",
+            Some("a-long-enough-token-1234"),
+        );
+        assert_eq!(ok.await.0, 200);
+        let bad = status_from(app, "10.1.2.3:5000", Some("a-long-enough-token-1235"));
+        assert_eq!(bad.await.0, 401);
+    }
+
+    #[test]
+    fn digests_compare_equal_only_when_equal() {
+        assert!(same(&digest("a"), &digest("a")));
+        assert!(!same(&digest("a"), &digest("b")));
+    }
+}

@@ -1,0 +1,746 @@
+//! Changing the bot registry, once for the CLI and the control API: every change is written
+//! to the store and then announced to the fleet as a lifecycle event, so the bot's owner acts
+//! within a second. Errors carry a stable code (the API's JSON `code`) and a message that
+//! never holds a credential.
+
+use std::{collections::HashMap, fmt, sync::Arc};
+
+use botfleet_coord::{Coordinator, LifecycleEvent};
+use botfleet_core::{
+    BotId, BotOptions, BotRecord, BotSpec, BotStatus, HandlerSpec, Platform, Secret,
+};
+use botfleet_store::{BotFilter, Store, StoreError};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// Why a registry change was refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RegistryError {
+    /// Stable, machine-readable: `invalid`, `not_found`, `exists`, `store_failed`,
+    /// `fleet_not_told`.
+    pub(crate) code: &'static str,
+    /// For people; names fields, never values.
+    pub(crate) message: String,
+}
+
+impl RegistryError {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self {
+            code: "invalid",
+            message: message.into(),
+        }
+    }
+
+    fn not_found(id: &BotId) -> Self {
+        Self {
+            code: "not_found",
+            message: format!("no bot {id}"),
+        }
+    }
+
+    fn store(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(id) => Self::not_found(&id),
+            StoreError::AlreadyExists(id) => Self {
+                code: "exists",
+                message: format!("bot {id} exists already"),
+            },
+            other => Self {
+                code: "store_failed",
+                message: format!("the registry could not be changed: {other}"),
+            },
+        }
+    }
+}
+
+impl fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RegistryError {}
+
+/// The fields of an import line (and of `POST /api/v1/bots`).
+pub(crate) const BOT_FIELDS: &[&str] = &[
+    "id",
+    "platform",
+    "token",
+    "app_token",
+    "api_url",
+    "handler",
+    "webhook_url",
+    "webhook_secret",
+    "enabled",
+];
+
+/// One bot as `bots add` flags, a `bots import` line or an API request describe it.
+#[derive(Debug, Default)]
+pub(crate) struct BotLine {
+    pub(crate) id: String,
+    pub(crate) platform: String,
+    pub(crate) token: String,
+    pub(crate) app_token: Option<String>,
+    pub(crate) api_url: Option<String>,
+    pub(crate) handler: Option<String>,
+    pub(crate) webhook_url: Option<String>,
+    pub(crate) webhook_secret: Option<String>,
+    pub(crate) enabled: Option<bool>,
+}
+
+/// Reads a JSON object. Errors name the place, never a value (a token may be anywhere).
+fn object(text: &str) -> Result<Map<String, Value>, RegistryError> {
+    let v: Value = serde_json::from_str(text).map_err(|e| {
+        RegistryError::invalid(format!(
+            "not JSON (line {}, column {}): {}",
+            e.line(),
+            e.column(),
+            match e.classify() {
+                serde_json::error::Category::Eof => "it ends early",
+                serde_json::error::Category::Syntax => "a syntax error",
+                _ => "unreadable",
+            }
+        ))
+    })?;
+    match v {
+        Value::Object(o) => Ok(o),
+        _ => Err(RegistryError::invalid("not a JSON object")),
+    }
+}
+
+/// A field's string value: `Ok(None)` for null, an error naming the field otherwise.
+fn text(name: &str, v: &Value) -> Result<Option<String>, RegistryError> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        _ => Err(RegistryError::invalid(format!(
+            "field {name} must be a string"
+        ))),
+    }
+}
+
+fn flag(name: &str, v: &Value) -> Result<Option<bool>, RegistryError> {
+    match v {
+        Value::Null => Ok(None),
+        Value::Bool(b) => Ok(Some(*b)),
+        _ => Err(RegistryError::invalid(format!(
+            "field {name} must be true or false"
+        ))),
+    }
+}
+
+fn unknown(key: &str, known: &[&str]) -> RegistryError {
+    let shown: String = key.chars().take(40).collect();
+    RegistryError::invalid(format!(
+        "unknown field {shown:?} (known: {})",
+        known.join(", ")
+    ))
+}
+
+impl BotLine {
+    /// Reads one JSON object (an import line, an API body).
+    pub(crate) fn from_json(line: &str) -> Result<Self, RegistryError> {
+        let obj = object(line)?;
+        let mut out = BotLine::default();
+        for (k, v) in &obj {
+            match k.as_str() {
+                "id" => out.id = text(k, v)?.unwrap_or_default(),
+                "platform" => out.platform = text(k, v)?.unwrap_or_default(),
+                "token" => out.token = text(k, v)?.unwrap_or_default(),
+                "app_token" => out.app_token = text(k, v)?,
+                "api_url" => out.api_url = text(k, v)?,
+                "handler" => out.handler = text(k, v)?,
+                "webhook_url" => out.webhook_url = text(k, v)?,
+                "webhook_secret" => out.webhook_secret = text(k, v)?,
+                "enabled" => out.enabled = flag(k, v)?,
+                _ => return Err(unknown(k, BOT_FIELDS)),
+            }
+        }
+        for (field, value) in [
+            ("id", &out.id),
+            ("platform", &out.platform),
+            ("token", &out.token),
+        ] {
+            if value.is_empty() {
+                return Err(RegistryError::invalid(format!("missing field {field}")));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The spec this line describes, validated.
+    pub(crate) fn into_spec(self) -> Result<BotSpec, RegistryError> {
+        let bad = |e: &dyn fmt::Display| RegistryError::invalid(e.to_string());
+        let id = BotId::new(self.id).map_err(|e| bad(&e))?;
+        let platform: Platform = self.platform.parse().map_err(|e| bad(&e))?;
+        let supported = botfleet_runtime::supported_platforms();
+        if !supported.contains(&platform) {
+            let names: Vec<&str> = supported.iter().map(|p| p.as_str()).collect();
+            return Err(RegistryError::invalid(format!(
+                "platform {platform} does not run in this build yet (it runs: {})",
+                names.join(", ")
+            )));
+        }
+        let handler = HandlerSpec::from_parts(
+            self.handler.as_deref().unwrap_or("echo"),
+            self.webhook_url,
+            self.webhook_secret.map(Secret::new),
+        )
+        .map_err(|e| bad(&e))?;
+        let spec = BotSpec {
+            id,
+            platform,
+            token: Secret::new(self.token),
+            app_token: self.app_token.map(Secret::new),
+            options: BotOptions {
+                api_url: self.api_url,
+            },
+            handler,
+            enabled: self.enabled.unwrap_or(true),
+        };
+        spec.validate().map_err(|e| bad(&e))?;
+        Ok(spec)
+    }
+}
+
+/// The fields a change may touch (`bots update`, `PATCH /api/v1/bots/{id}`). `None`: keep;
+/// `Some(None)`: clear (back to the default); `Some(Some(v))`: set.
+#[derive(Debug, Default)]
+pub(crate) struct BotPatch {
+    pub(crate) token: Option<String>,
+    pub(crate) app_token: Option<Option<String>>,
+    pub(crate) api_url: Option<Option<String>>,
+    pub(crate) handler: Option<String>,
+    pub(crate) webhook_url: Option<Option<String>>,
+    pub(crate) webhook_secret: Option<Option<String>>,
+    pub(crate) enabled: Option<bool>,
+}
+
+/// The fields of a patch.
+pub(crate) const PATCH_FIELDS: &[&str] = &[
+    "token",
+    "app_token",
+    "api_url",
+    "handler",
+    "webhook_url",
+    "webhook_secret",
+    "enabled",
+];
+
+impl BotPatch {
+    /// Reads a JSON object of [`PATCH_FIELDS`]; `null` clears an optional field.
+    pub(crate) fn from_json(body: &str) -> Result<Self, RegistryError> {
+        let obj = object(body)?;
+        let mut p = BotPatch::default();
+        for (k, v) in &obj {
+            match k.as_str() {
+                "token" => {
+                    p.token =
+                        Some(text(k, v)?.ok_or_else(|| {
+                            RegistryError::invalid("field token cannot be cleared")
+                        })?);
+                }
+                "app_token" => p.app_token = Some(text(k, v)?),
+                "api_url" => p.api_url = Some(text(k, v)?),
+                "handler" => {
+                    p.handler = Some(text(k, v)?.ok_or_else(|| {
+                        RegistryError::invalid(
+                            "field handler cannot be cleared (echo is the default)",
+                        )
+                    })?);
+                }
+                "webhook_url" => p.webhook_url = Some(text(k, v)?),
+                "webhook_secret" => p.webhook_secret = Some(text(k, v)?),
+                "enabled" => {
+                    p.enabled = Some(flag(k, v)?.ok_or_else(|| {
+                        RegistryError::invalid("field enabled must be true or false")
+                    })?);
+                }
+                "id" | "platform" => {
+                    return Err(RegistryError::invalid(format!(
+                        "field {k} cannot be changed (remove the bot and add it again)"
+                    )))
+                }
+                _ => return Err(unknown(k, PATCH_FIELDS)),
+            }
+        }
+        Ok(p)
+    }
+
+    /// `spec` with this patch applied, validated.
+    fn apply(self, spec: &BotSpec) -> Result<BotSpec, RegistryError> {
+        let mut next = spec.clone();
+        if let Some(t) = self.token {
+            next.token = Secret::new(t);
+        }
+        if let Some(t) = self.app_token {
+            next.app_token = t.map(Secret::new);
+        }
+        if let Some(u) = self.api_url {
+            next.options.api_url = u;
+        }
+        if let Some(e) = self.enabled {
+            next.enabled = e;
+        }
+        let (mut url, mut secret) = match &spec.handler {
+            HandlerSpec::Echo => (None, None),
+            HandlerSpec::Webhook { url, secret } => (Some(url.clone()), secret.clone()),
+        };
+        if let Some(u) = self.webhook_url {
+            url = u;
+        }
+        if let Some(s) = self.webhook_secret {
+            secret = s.map(Secret::new);
+        }
+        let kind = self
+            .handler
+            .unwrap_or_else(|| spec.handler.kind().to_owned());
+        next.handler = HandlerSpec::from_parts(&kind, url, secret)
+            .map_err(|e| RegistryError::invalid(e.to_string()))?;
+        next.validate()
+            .map_err(|e| RegistryError::invalid(e.to_string()))?;
+        Ok(next)
+    }
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Change {
+    /// A new bot.
+    Added,
+    /// An existing bot changed; its owner restarts it with the new spec.
+    Updated,
+    /// The request matched what was registered; nothing happened.
+    Unchanged,
+}
+
+/// A bot as the CLI's `bots list --json` and the API show it: never a credential.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub(crate) struct BotView {
+    pub(crate) id: String,
+    pub(crate) platform: String,
+    pub(crate) enabled: bool,
+    pub(crate) status: String,
+    /// The worker running it (in a fleet: the live claim's holder).
+    pub(crate) owner: Option<String>,
+    /// Messages recorded and not yet answered.
+    pub(crate) pending: u64,
+    /// Messages given up on (handler or send failed past the retry time, or refused).
+    pub(crate) undeliverable: u64,
+    pub(crate) last_error: Option<String>,
+    pub(crate) handler: &'static str,
+    pub(crate) webhook_url: Option<String>,
+    pub(crate) api_url: Option<String>,
+    /// Whether a second credential (Slack's app token) is set; never the value.
+    pub(crate) has_app_token: bool,
+    /// Unix milliseconds of the spec's last change.
+    pub(crate) updated_at_ms: i64,
+}
+
+/// A bot's line in a report of many changes (import).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub(crate) struct LineResult {
+    /// 1-based line number.
+    pub(crate) line: usize,
+    /// The bot's id when the line named a valid one.
+    pub(crate) id: Option<String>,
+    /// What happened, or why not.
+    #[serde(flatten)]
+    pub(crate) outcome: LineOutcome,
+}
+
+/// The outcome of one import line.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub(crate) enum LineOutcome {
+    /// Done.
+    Done {
+        /// Added, updated or unchanged.
+        change: Change,
+    },
+    /// Refused.
+    Refused {
+        /// The error's stable code.
+        code: &'static str,
+        /// Why.
+        error: String,
+    },
+}
+
+/// The registry and, when there is one, the fleet to tell.
+#[derive(Clone)]
+pub(crate) struct Registry {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) fleet: Option<Arc<dyn Coordinator>>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("fleet", &self.fleet.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    async fn tell(&self, event: LifecycleEvent) -> Result<(), RegistryError> {
+        if let Some(c) = &self.fleet {
+            c.publish(&event).await.map_err(|e| RegistryError {
+                code: "fleet_not_told",
+                message: format!(
+                    "the registry changed, but telling the fleet failed ({e}); workers see it at their next refresh"
+                ),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The bot `id` names, or `not_found`.
+    pub(crate) async fn get(&self, id: &str) -> Result<BotRecord, RegistryError> {
+        let id = BotId::new(id).map_err(|e| RegistryError::invalid(e.to_string()))?;
+        self.store
+            .get_bot(&id)
+            .await
+            .map_err(RegistryError::store)?
+            .ok_or_else(|| RegistryError::not_found(&id))
+    }
+
+    /// Registers a new bot (`exists` when the id is taken).
+    pub(crate) async fn add(&self, spec: &BotSpec) -> Result<(), RegistryError> {
+        self.store
+            .add_bot(spec)
+            .await
+            .map_err(RegistryError::store)?;
+        self.tell(LifecycleEvent::Activate(spec.id.clone())).await
+    }
+
+    /// Registers `line`'s bot, or brings an existing one to it. A line without `enabled`
+    /// keeps an existing bot's setting.
+    pub(crate) async fn upsert(&self, line: BotLine) -> Result<Change, RegistryError> {
+        let keep_enabled = line.enabled.is_none();
+        let mut spec = line.into_spec()?;
+        let Some(old) = self
+            .store
+            .get_bot(&spec.id)
+            .await
+            .map_err(RegistryError::store)?
+        else {
+            self.add(&spec).await?;
+            return Ok(Change::Added);
+        };
+        if old.spec.platform != spec.platform {
+            return Err(RegistryError::invalid(format!(
+                "bot {} is a {} bot: its platform cannot be changed (remove it and add it again)",
+                spec.id, old.spec.platform
+            )));
+        }
+        if keep_enabled {
+            spec.enabled = old.spec.enabled;
+        }
+        self.write(&old.spec, spec).await
+    }
+
+    /// Applies `patch` to bot `id`.
+    pub(crate) async fn update(&self, id: &str, patch: BotPatch) -> Result<Change, RegistryError> {
+        let old = self.get(id).await?;
+        let next = patch.apply(&old.spec)?;
+        self.write(&old.spec, next).await
+    }
+
+    /// Writes `next` over `old` and tells the owner: a changed bot restarts on its owner
+    /// (stopped first, then started with the new spec: never both at once).
+    async fn write(&self, old: &BotSpec, next: BotSpec) -> Result<Change, RegistryError> {
+        if *old == next {
+            return Ok(Change::Unchanged);
+        }
+        self.store
+            .update_bot(&next)
+            .await
+            .map_err(RegistryError::store)?;
+        let event = match (old.enabled, next.enabled) {
+            (_, false) => LifecycleEvent::Deactivate(next.id.clone()),
+            (false, true) => LifecycleEvent::Activate(next.id.clone()),
+            (true, true) => LifecycleEvent::Restart(next.id.clone()),
+        };
+        self.tell(event).await?;
+        Ok(Change::Updated)
+    }
+
+    /// Unregisters bot `id`.
+    pub(crate) async fn remove(&self, id: &str) -> Result<(), RegistryError> {
+        let id = BotId::new(id).map_err(|e| RegistryError::invalid(e.to_string()))?;
+        if !self
+            .store
+            .remove_bot(&id)
+            .await
+            .map_err(RegistryError::store)?
+        {
+            return Err(RegistryError::not_found(&id));
+        }
+        self.tell(LifecycleEvent::Deactivate(id)).await
+    }
+
+    /// Enables or disables bot `id`.
+    pub(crate) async fn set_enabled(
+        &self,
+        id: &str,
+        enabled: bool,
+    ) -> Result<Change, RegistryError> {
+        self.update(
+            id,
+            BotPatch {
+                enabled: Some(enabled),
+                ..BotPatch::default()
+            },
+        )
+        .await
+    }
+
+    /// Restarts bot `id` on its owner and clears a `failed` status.
+    pub(crate) async fn restart(&self, id: &str) -> Result<(), RegistryError> {
+        let rec = self.get(id).await?;
+        // Re-writing the spec bumps its change time: embedded workers restart it too.
+        self.store
+            .update_bot(&rec.spec)
+            .await
+            .map_err(RegistryError::store)?;
+        self.store
+            .set_status(&rec.spec.id, BotStatus::Pending, None, None)
+            .await
+            .map_err(RegistryError::store)?;
+        self.tell(LifecycleEvent::Restart(rec.spec.id.clone()))
+            .await
+    }
+
+    /// Imports JSON lines: each line is added (or, with `upsert`, added or updated) on its
+    /// own; a refused line does not stop the others.
+    pub(crate) async fn import<I>(&self, lines: I, upsert: bool) -> Vec<LineResult>
+    where
+        I: IntoIterator<Item = (usize, Result<String, String>)>,
+    {
+        let mut out = Vec::new();
+        for (n, line) in lines {
+            let line = match line {
+                Ok(l) if l.trim().is_empty() => continue,
+                Ok(l) => l,
+                Err(e) => {
+                    out.push(LineResult {
+                        line: n,
+                        id: None,
+                        outcome: LineOutcome::Refused {
+                            code: "invalid",
+                            error: format!("unreadable: {e}"),
+                        },
+                    });
+                    continue;
+                }
+            };
+            let parsed = BotLine::from_json(&line);
+            let id = parsed
+                .as_ref()
+                .ok()
+                .and_then(|l| BotId::new(l.id.clone()).ok())
+                .map(|i| i.to_string());
+            let result = match parsed {
+                Err(e) => Err(e),
+                Ok(l) if upsert => self.upsert(l).await,
+                Ok(l) => match l.into_spec() {
+                    Ok(spec) => self.add(&spec).await.map(|()| Change::Added),
+                    Err(e) => Err(e),
+                },
+            };
+            out.push(LineResult {
+                line: n,
+                id,
+                outcome: match result {
+                    Ok(change) => LineOutcome::Done { change },
+                    Err(e) => LineOutcome::Refused {
+                        code: e.code,
+                        error: e.message,
+                    },
+                },
+            });
+        }
+        out
+    }
+
+    /// Every bot, as shown to people and clients.
+    pub(crate) async fn list(&self) -> Result<Vec<BotView>, RegistryError> {
+        let bots = self
+            .store
+            .list_bots(&BotFilter::default())
+            .await
+            .map_err(RegistryError::store)?;
+        let inbox = self
+            .store
+            .inbox_stats()
+            .await
+            .map_err(RegistryError::store)?;
+        let mut out = Vec::with_capacity(bots.len());
+        for b in bots {
+            let owner = self.owner_of(&b).await?;
+            out.push(view(b, owner, &inbox));
+        }
+        Ok(out)
+    }
+
+    /// One bot, as [`Registry::list`] shows it.
+    pub(crate) async fn show(&self, id: &str) -> Result<BotView, RegistryError> {
+        let rec = self.get(id).await?;
+        let inbox = self
+            .store
+            .inbox_stats()
+            .await
+            .map_err(RegistryError::store)?;
+        let owner = self.owner_of(&rec).await?;
+        Ok(view(rec, owner, &inbox))
+    }
+
+    async fn owner_of(&self, b: &BotRecord) -> Result<Option<String>, RegistryError> {
+        Ok(match &self.fleet {
+            Some(c) => c
+                .owner(&b.spec.id)
+                .await
+                .map_err(|e| RegistryError {
+                    code: "fleet_unreachable",
+                    message: format!("cannot read the bot's owner: {e}"),
+                })?
+                .filter(|o| o.live)
+                .map(|o| o.worker.to_string()),
+            None => b
+                .reported_by
+                .clone()
+                .filter(|_| b.status == BotStatus::Running),
+        })
+    }
+}
+
+fn view(
+    b: BotRecord,
+    owner: Option<String>,
+    inbox: &HashMap<BotId, botfleet_store::InboxStats>,
+) -> BotView {
+    let stats = inbox.get(&b.spec.id);
+    BotView {
+        id: b.spec.id.to_string(),
+        platform: b.spec.platform.as_str().to_owned(),
+        enabled: b.spec.enabled,
+        status: b.status.as_str().to_owned(),
+        owner,
+        pending: stats.map_or(0, |s| s.pending),
+        undeliverable: stats.map_or(0, |s| s.undeliverable),
+        last_error: b.last_error,
+        handler: b.spec.handler.kind(),
+        webhook_url: match &b.spec.handler {
+            HandlerSpec::Webhook { url, .. } => Some(url.clone()),
+            HandlerSpec::Echo => None,
+        },
+        api_url: b.spec.options.api_url.clone(),
+        has_app_token: b.spec.app_token.is_some(),
+        updated_at_ms: b.updated_at_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry {
+        Registry {
+            store: Arc::new(botfleet_store::MemoryStore::default()),
+            fleet: None,
+        }
+    }
+
+    #[test]
+    fn errors_name_fields_never_values() {
+        let e =
+            BotLine::from_json(r#"{"id":"a","platform":"telegram","token":"1:sekrit","tokn":"x"}"#)
+                .unwrap_err();
+        assert_eq!(e.code, "invalid");
+        assert!(e.message.contains("\"tokn\""), "{e}");
+        assert!(!e.message.contains("sekrit"));
+        let e = BotPatch::from_json(r#"{"token": 5}"#).unwrap_err();
+        assert_eq!(e.message, "field token must be a string");
+        let e = BotPatch::from_json(r#"{"platform": "slack"}"#).unwrap_err();
+        assert!(e.message.contains("cannot be changed"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn update_changes_only_what_it_names_and_refuses_bad_specs() {
+        let r = registry();
+        let line = BotLine::from_json(r#"{"id":"a","platform":"telegram","token":"1:old","handler":"webhook","webhook_url":"http://127.0.0.1:9/h"}"#).unwrap();
+        r.add(&line.into_spec().unwrap()).await.unwrap();
+        let c = r
+            .update("a", BotPatch::from_json(r#"{"token":"1:new"}"#).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(c, Change::Updated);
+        let rec = r.get("a").await.unwrap();
+        assert_eq!(rec.spec.token.expose(), "1:new");
+        assert_eq!(rec.spec.handler.kind(), "webhook", "the handler is kept");
+        // The same value again changes nothing.
+        let c = r
+            .update("a", BotPatch::from_json(r#"{"token":"1:new"}"#).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(c, Change::Unchanged);
+        // Clearing the webhook URL of a webhook bot is refused; nothing changes.
+        let e = r
+            .update("a", BotPatch::from_json(r#"{"webhook_url":null}"#).unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "invalid");
+        assert_eq!(r.get("a").await.unwrap().spec, rec.spec);
+        // Back to echo drops the webhook.
+        r.update("a", BotPatch::from_json(r#"{"handler":"echo"}"#).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.get("a").await.unwrap().spec.handler, HandlerSpec::Echo);
+        let e = r.update("nope", BotPatch::default()).await.unwrap_err();
+        assert_eq!(e.code, "not_found");
+    }
+
+    #[tokio::test]
+    async fn upsert_adds_updates_and_keeps_the_enabled_setting() {
+        let r = registry();
+        let line = |s: &str| BotLine::from_json(s).unwrap();
+        let add = r#"{"id":"a","platform":"telegram","token":"1:a"}"#;
+        assert_eq!(r.upsert(line(add)).await.unwrap(), Change::Added);
+        assert_eq!(r.upsert(line(add)).await.unwrap(), Change::Unchanged);
+        r.set_enabled("a", false).await.unwrap();
+        let rotate = r#"{"id":"a","platform":"telegram","token":"1:b"}"#;
+        assert_eq!(r.upsert(line(rotate)).await.unwrap(), Change::Updated);
+        let rec = r.get("a").await.unwrap();
+        assert_eq!(rec.spec.token.expose(), "1:b");
+        assert!(
+            !rec.spec.enabled,
+            "a line without enabled keeps the setting"
+        );
+        let other = r#"{"id":"a","platform":"slack","token":"xoxb-1","app_token":"xapp-1"}"#;
+        assert_eq!(r.upsert(line(other)).await.unwrap_err().code, "invalid");
+        // Without upsert an existing id is refused, line by line.
+        let report = r
+            .import(
+                vec![
+                    (1, Ok(add.to_owned())),
+                    (
+                        2,
+                        Ok(r#"{"id":"b","platform":"telegram","token":"1:b"}"#.to_owned()),
+                    ),
+                    (3, Ok("{".to_owned())),
+                ],
+                false,
+            )
+            .await;
+        let codes: Vec<String> = report
+            .iter()
+            .map(|l| match &l.outcome {
+                LineOutcome::Done { change } => format!("{change:?}"),
+                LineOutcome::Refused { code, .. } => (*code).to_owned(),
+            })
+            .collect();
+        assert_eq!(codes, ["exists", "Added", "invalid"]);
+    }
+}

@@ -1,0 +1,433 @@
+//! The control API as a client's backend uses it: an embedded worker process with an API
+//! token, every route, bad input refused with a code and nothing changed, tokens never
+//! returned, a rotated token taking over on the running worker.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use botfleet_testkit::{nonce, wait_for, FakeTelegram};
+use serde_json::{json, Value};
+
+const API_TOKEN: &str = "test-api-token-0123456789abcdef";
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Worker {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_worker(db: &str, token_file: Option<&std::path::Path>) -> Worker {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_botfleet"));
+    cmd.args([
+        "worker",
+        "--database-url",
+        db,
+        "--http-addr",
+        "127.0.0.1:0",
+        "--poll-timeout-s",
+        "1",
+    ])
+    .env_remove("BOTFLEET_API_TOKEN")
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    if let Some(f) = token_file {
+        cmd.arg("--api-token-file").arg(f);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(url) = line.split("listening on ").nth(1) {
+                let _ = tx.send(Ok(url.trim().to_owned()));
+            } else {
+                let _ = tx.send(Err(line));
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(Ok(url)) => return Worker { child, url },
+            Ok(Err(line)) => seen.push(line),
+            Err(_) => panic!("the worker printed no address: {seen:?}"),
+        }
+    }
+}
+
+struct Api {
+    http: reqwest::Client,
+    url: String,
+    token: Option<String>,
+}
+
+impl Api {
+    async fn call(&self, method: &str, path: &str, body: Option<String>) -> (u16, Value) {
+        let mut r = self.http.request(
+            method.parse().unwrap(),
+            format!("{}/api/v1{path}", self.url),
+        );
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            r = r.header("content-type", "application/json").body(b);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        assert!(
+            !text.contains("SECRET") && !text.contains("hook-key"),
+            "a credential came back from {method} {path}: {text}"
+        );
+        let v = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"))
+        };
+        (status, v)
+    }
+}
+
+fn code(v: &Value) -> &str {
+    v["code"].as_str().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_works_refuses_bad_input_and_never_returns_a_token() {
+    let fake = FakeTelegram::start().await.unwrap();
+    for t in [
+        "1:SECRET-A",
+        "2:SECRET-OLD",
+        "2:SECRET-NEW",
+        "3:SECRET-C",
+        "4:SECRET-D",
+    ] {
+        fake.state().add_bot(t);
+    }
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-api-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
+    let token_file = dir.0.join("api-token");
+    std::fs::write(&token_file, format!("{API_TOKEN}\n")).unwrap();
+    let w = start_worker(&db, Some(&token_file));
+    let http = reqwest::Client::new();
+    let api = Api {
+        http: http.clone(),
+        url: w.url.clone(),
+        token: Some(API_TOKEN.to_owned()),
+    };
+    let anonymous = Api {
+        http: http.clone(),
+        url: w.url.clone(),
+        token: None,
+    };
+    let wrong = Api {
+        http: http.clone(),
+        url: w.url.clone(),
+        token: Some("wrong-token-0123456789".to_owned()),
+    };
+    // Health stays open; the API does not.
+    let r = http.get(format!("{}/healthz", w.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let bot_a =
+        json!({"id": "a", "platform": "telegram", "token": "1:SECRET-A", "api_url": fake.url()});
+    for who in [&anonymous, &wrong] {
+        let (s, v) = who.call("POST", "/bots", Some(bot_a.to_string())).await;
+        assert_eq!((s, code(&v)), (401, "unauthorized"), "{v}");
+        let (s, _) = who.call("GET", "/bots", None).await;
+        assert_eq!(s, 401);
+    }
+    let (s, v) = api.call("GET", "/bots", None).await;
+    assert_eq!(
+        (s, v["bots"].as_array().unwrap().len()),
+        (200, 0),
+        "refused requests changed nothing"
+    );
+
+    // Add, list, show.
+    let (s, v) = api.call("POST", "/bots", Some(bot_a.to_string())).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["change"], "added");
+    assert_eq!(v["bot"]["id"], "a");
+    assert!(v["bot"].get("token").is_none());
+    wait_for("a polling", Duration::from_secs(15), || async {
+        fake.state().is_polling("1:SECRET-A").then_some(())
+    })
+    .await;
+    let (s, v) = api.call("GET", "/bots/a", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["platform"], "telegram");
+
+    // Bad input: a code, a message naming the field, nothing stored.
+    let cases = [
+        ("POST", "/bots", "{".to_owned(), 400, "invalid"),
+        (
+            "POST",
+            "/bots",
+            json!({"id": "x", "platform": "telegram", "token": 12345}).to_string(),
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/bots",
+            json!({"id": "x", "platform": "icq", "token": "9:SECRET-X"}).to_string(),
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/bots",
+            json!({"id": "x", "platform": "telegram", "token": "9:SECRET-X", "tokn": 1})
+                .to_string(),
+            400,
+            "invalid",
+        ),
+        ("POST", "/bots", bot_a.to_string(), 409, "exists"),
+        (
+            "PATCH",
+            "/bots/a",
+            json!({"platform": "slack"}).to_string(),
+            400,
+            "invalid",
+        ),
+        (
+            "PATCH",
+            "/bots/a",
+            json!({"handler": "webhook"}).to_string(),
+            400,
+            "invalid",
+        ),
+        (
+            "PATCH",
+            "/bots/nope",
+            json!({"token": "5:SECRET-Z"}).to_string(),
+            404,
+            "not_found",
+        ),
+        ("GET", "/bots/nope", String::new(), 404, "not_found"),
+        (
+            "POST",
+            "/bots/nope/restart",
+            String::new(),
+            404,
+            "not_found",
+        ),
+        ("DELETE", "/bots/nope", String::new(), 404, "not_found"),
+        ("GET", "/nothing-here", String::new(), 404, "no_route"),
+        ("PUT", "/bots", String::new(), 405, "method_not_allowed"),
+    ];
+    for (method, path, body, status, want) in cases {
+        let body = (!body.is_empty()).then_some(body);
+        let (s, v) = api.call(method, path, body).await;
+        assert_eq!((s, code(&v)), (status, want), "{method} {path}: {v}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    }
+    let big = format!(
+        "{{\"id\":\"x\",\"platform\":\"telegram\",\"token\":\"{}\"}}",
+        "9".repeat(100_000)
+    );
+    let (s, v) = api.call("POST", "/bots", Some(big)).await;
+    assert_eq!((s, code(&v)), (413, "too_large"), "{v}");
+    let (_, v) = api.call("GET", "/bots", None).await;
+    assert_eq!(
+        v["bots"].as_array().unwrap().len(),
+        1,
+        "nothing was stored: {v}"
+    );
+    assert_eq!(v["bots"][0]["handler"], "echo");
+
+    // Rotate a running bot's token: the worker restarts it with the new one; the old one
+    // stops before the new one runs.
+    let b =
+        json!({"id": "b", "platform": "telegram", "token": "2:SECRET-OLD", "api_url": fake.url()});
+    assert_eq!(api.call("POST", "/bots", Some(b.to_string())).await.0, 201);
+    wait_for("b polling", Duration::from_secs(15), || async {
+        fake.state().is_polling("2:SECRET-OLD").then_some(())
+    })
+    .await;
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/bots/b",
+            Some(json!({"token": "2:SECRET-NEW"}).to_string()),
+        )
+        .await;
+    assert_eq!((s, &v["change"]), (200, &json!("updated")), "{v}");
+    wait_for(
+        "b polls with the new token",
+        Duration::from_secs(15),
+        || async { (fake.state().polls("2:SECRET-NEW") > 0).then_some(()) },
+    )
+    .await;
+    let old_requests = fake.state().requests_of("2:SECRET-OLD");
+    fake.state()
+        .user_writes("2:SECRET-NEW", 5, "after the rotation");
+    wait_for(
+        "answered with the new token",
+        Duration::from_secs(15),
+        || async {
+            fake.state()
+                .sent()
+                .iter()
+                .any(|s| s.text == "after the rotation" && s.token == "2:SECRET-NEW")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        fake.state().requests_of("2:SECRET-OLD"),
+        old_requests,
+        "the old token kept polling after the new one started"
+    );
+    let (_, v) = api
+        .call(
+            "PATCH",
+            "/bots/b",
+            Some(json!({"token": "2:SECRET-NEW"}).to_string()),
+        )
+        .await;
+    assert_eq!(v["change"], "unchanged");
+
+    // Disable, enable, restart.
+    let (s, v) = api.call("POST", "/bots/b/disable", None).await;
+    assert_eq!((s, &v["bot"]["enabled"]), (200, &json!(false)), "{v}");
+    wait_for("b stopped", Duration::from_secs(15), || async {
+        (!fake.state().is_polling("2:SECRET-NEW")).then_some(())
+    })
+    .await;
+    let (s, v) = api.call("POST", "/bots/b/enable", None).await;
+    assert_eq!((s, &v["bot"]["enabled"]), (200, &json!(true)), "{v}");
+    wait_for("b polling again", Duration::from_secs(15), || async {
+        fake.state().is_polling("2:SECRET-NEW").then_some(())
+    })
+    .await;
+    assert_eq!(api.call("POST", "/bots/b/restart", None).await.0, 200);
+
+    // Import: added, refused with the line, then upserted.
+    let lines = [
+        json!({"id": "c", "platform": "telegram", "token": "3:SECRET-C", "api_url": fake.url()}).to_string(),
+        "not json".to_owned(),
+        json!({"id": "d", "platform": "telegram", "token": "4:SECRET-D", "api_url": fake.url(), "handler": "webhook", "webhook_url": "http://127.0.0.1:9/h", "webhook_secret": "hook-key"}).to_string(),
+    ]
+    .join("\n");
+    let (s, v) = api.call("POST", "/bots/import", Some(lines.clone())).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["added"].as_u64(), v["refused"][0]["line"].as_u64()),
+        (Some(2), Some(2)),
+        "{v}"
+    );
+    assert_eq!(v["refused"][0]["code"], "invalid");
+    let (_, v) = api.call("POST", "/bots/import", Some(lines.clone())).await;
+    assert_eq!(
+        v["refused"].as_array().unwrap().len(),
+        3,
+        "without upsert existing ids are refused: {v}"
+    );
+    let (_, v) = api
+        .call("POST", "/bots/import?upsert=true", Some(lines))
+        .await;
+    assert_eq!(
+        (v["unchanged"].as_u64(), v["updated"].as_u64()),
+        (Some(2), Some(0)),
+        "{v}"
+    );
+    let (_, v) = api.call("GET", "/bots?platform=telegram", None).await;
+    assert_eq!(v["bots"].as_array().unwrap().len(), 4, "{v}");
+    let (_, v) = api.call("GET", "/bots?platform=slack", None).await;
+    assert_eq!(v["bots"].as_array().unwrap().len(), 0, "{v}");
+
+    // The fleet, the journal, the document.
+    let (s, v) = api.call("GET", "/fleet", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["mode"], "embedded");
+    assert_eq!(v["workers"].as_array().unwrap().len(), 1, "{v}");
+    let (s, v) = api.call("GET", "/events", None).await;
+    assert_eq!(s, 200);
+    let kinds: Vec<&str> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    for k in ["bot_started", "bot_stopped", "registry_changed"] {
+        assert!(kinds.contains(&k), "{k} not in {kinds:?}");
+    }
+    let last = v["events"].as_array().unwrap().last().unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    let (_, v) = api
+        .call("GET", &format!("/events?after={last}"), None)
+        .await;
+    assert!(v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["seq"].as_u64() > Some(last)));
+    let (s, v) = api.call("GET", "/openapi.json", None).await;
+    assert_eq!(s, 200);
+    assert!(v["paths"]["/api/v1/bots/{id}"]["patch"].is_object(), "{v}");
+
+    // Delete.
+    let (s, _) = api.call("DELETE", "/bots/a", None).await;
+    assert_eq!(s, 204);
+    assert_eq!(api.call("GET", "/bots/a", None).await.0, 404);
+    wait_for("a stopped", Duration::from_secs(15), || async {
+        (!fake.state().is_polling("1:SECRET-A")).then_some(())
+    })
+    .await;
+    assert_eq!(fake.state().conflicts(), 0);
+}
+
+#[test]
+fn a_bad_api_token_is_a_clear_error_at_start() {
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-api-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
+    let short = dir.0.join("short");
+    std::fs::write(&short, "abc\n").unwrap();
+    for (file, want) in [
+        (dir.0.join("missing"), "--api-token-file"),
+        (short, "at least 16 characters"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .args([
+                "worker",
+                "--database-url",
+                &db,
+                "--http-addr",
+                "127.0.0.1:0",
+            ])
+            .arg("--api-token-file")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(want), "{err}");
+        assert!(!err.contains("abc"), "the token was printed: {err}");
+    }
+}
