@@ -65,12 +65,42 @@ impl Backends {
     }
 }
 
-/// Logs to stderr; `RUST_LOG` overrides `default`.
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Text on a terminal, JSON lines otherwise.
+    Auto,
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// Chooses the format `init_logs` uses (once, from `--log-format`).
+pub(crate) fn set_log_format(f: LogFormat) {
+    let _ = LOG_FORMAT.set(f);
+}
+
+/// Logs to stderr; `RUST_LOG` overrides `default`. Colour only when stderr is a terminal.
 pub(crate) fn init_logs(default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let terminal = std::io::stderr().is_terminal();
+    let json = match LOG_FORMAT.get().copied().unwrap_or(LogFormat::Auto) {
+        LogFormat::Auto => !terminal,
+        LogFormat::Text => false,
+        LogFormat::Json => true,
+    };
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(terminal && !json);
+    let _ = if json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.try_init()
+    };
 }

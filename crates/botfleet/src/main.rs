@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod api;
 mod bots;
 mod common;
+mod config;
 mod demo;
 mod fleet;
 mod registry;
@@ -21,6 +22,20 @@ mod worker;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// A TOML file whose keys are flags of the command (`lease_ms = 15000`); the command line
+    /// and `BOTFLEET_*` variables win over it.
+    #[arg(long, global = true, env = "BOTFLEET_CONFIG", value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+    /// Logs: `text` for people, `json` (one object per line) for collectors; `auto` is text on
+    /// a terminal and JSON otherwise. Colour only on a terminal.
+    #[arg(
+        long,
+        global = true,
+        env = "BOTFLEET_LOG_FORMAT",
+        value_enum,
+        default_value = "auto"
+    )]
+    log_format: common::LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -42,7 +57,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let args = match config::apply(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
             // clap prints help and version to stdout (exit 0) and usage errors to stderr (exit 2).
@@ -75,6 +97,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    common::set_log_format(cli.log_format);
     match cli.command {
         Command::Worker(a) => worker::run(a).await,
         Command::Bots(c) => bots::run(c).await,

@@ -503,3 +503,63 @@ fn update_and_upsert_change_bots_in_place() {
         "the line describes the whole bot: {list}"
     );
 }
+
+#[test]
+fn a_config_file_configures_the_worker_and_logs_can_be_json() {
+    let dir = tempdir();
+    let db = db(&dir);
+    let conf = dir.0.join("botfleet.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "# the worker\ndatabase_url = \"{db}\"\nhttp_addr = \"127.0.0.1:0\"\nlease-ms = 4000\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(["worker", "--log-format", "json", "--config"])
+        .arg(&conf)
+        .env("RUST_LOG", "info")
+        .env_remove("BOTFLEET_HTTP_ADDR")
+        .env_remove("BOTFLEET_DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut json_lines = 0;
+    let mut listening = false;
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        if line.contains("listening on http://127.0.0.1:") {
+            listening = true;
+        } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+            assert!(v["level"].is_string(), "{line}");
+            assert!(!line.contains('\u{1b}'), "colour in a file: {line}");
+            json_lines += 1;
+        } else {
+            panic!("a log line that is not JSON: {line}");
+        }
+        if listening && json_lines > 0 {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(listening && json_lines > 0);
+    // The file's database was used: the worker created it.
+    assert!(dir.0.join("bots.db").exists());
+    // A bad key or value stops the start, naming the key.
+    for (body, want) in [
+        ("lease_msec = 4000\n", "unknown key \"lease_msec\""),
+        ("capacity = 0\n", "key capacity"),
+    ] {
+        std::fs::write(&conf, body).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .args(["worker", "--config"])
+            .arg(&conf)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        assert!(text(&o).1.contains(want), "{:?}", text(&o));
+    }
+}
