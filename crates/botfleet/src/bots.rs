@@ -7,8 +7,10 @@ use std::{io::BufRead, process::ExitCode};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 
+use reqwest::Method;
+
 use crate::{
-    common::Backends,
+    common::{Backends, Remote, RemoteWorker},
     registry::{BotLine, BotPatch, Change, LineOutcome, Registry},
 };
 
@@ -134,6 +136,8 @@ pub(crate) enum BotsCommand {
         #[command(flatten)]
         backends: Backends,
         #[command(flatten)]
+        remote: RemoteWorker,
+        #[command(flatten)]
         bot: AddArgs,
     },
     /// Change a registered bot (rotate a token, switch its handler); its owner restarts it
@@ -141,6 +145,8 @@ pub(crate) enum BotsCommand {
     Update {
         #[command(flatten)]
         backends: Backends,
+        #[command(flatten)]
+        remote: RemoteWorker,
         /// The bot's id.
         id: String,
         #[command(flatten)]
@@ -152,6 +158,8 @@ pub(crate) enum BotsCommand {
     Import {
         #[command(flatten)]
         backends: Backends,
+        #[command(flatten)]
+        remote: Remote,
         /// The file.
         file: String,
         /// Update bots that exist already (a line without `enabled` keeps their setting)
@@ -163,6 +171,8 @@ pub(crate) enum BotsCommand {
     List {
         #[command(flatten)]
         backends: Backends,
+        #[command(flatten)]
+        remote: Remote,
         /// One JSON object per bot instead of a table.
         #[arg(long)]
         json: bool,
@@ -171,6 +181,8 @@ pub(crate) enum BotsCommand {
     Remove {
         #[command(flatten)]
         backends: Backends,
+        #[command(flatten)]
+        remote: Remote,
         /// The bot's id.
         id: String,
     },
@@ -178,6 +190,8 @@ pub(crate) enum BotsCommand {
     Enable {
         #[command(flatten)]
         backends: Backends,
+        #[command(flatten)]
+        remote: Remote,
         /// The bot's id.
         id: String,
     },
@@ -185,6 +199,8 @@ pub(crate) enum BotsCommand {
     Disable {
         #[command(flatten)]
         backends: Backends,
+        #[command(flatten)]
+        remote: Remote,
         /// The bot's id.
         id: String,
     },
@@ -192,6 +208,8 @@ pub(crate) enum BotsCommand {
     Restart {
         #[command(flatten)]
         backends: Backends,
+        #[command(flatten)]
+        remote: Remote,
         /// The bot's id.
         id: String,
     },
@@ -200,8 +218,12 @@ pub(crate) enum BotsCommand {
 pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
     crate::common::init_logs("warn");
     match cmd {
-        BotsCommand::Add { backends, bot } => {
-            let spec = BotLine {
+        BotsCommand::Add {
+            backends,
+            remote,
+            bot,
+        } => {
+            let line = BotLine {
                 id: bot.id,
                 platform: bot.platform,
                 token: bot.token,
@@ -211,35 +233,76 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 webhook_url: bot.webhook_url,
                 webhook_secret: bot.webhook_secret,
                 enabled: Some(!bot.disabled),
+            };
+            let id = line.id.clone();
+            match remote.client()? {
+                Some(api) => {
+                    api.call(Method::POST, "/bots", Some(line.to_json().to_string()))
+                        .await?;
+                }
+                None => {
+                    let spec = line.into_spec()?;
+                    registry(&backends).await?.add(&spec).await?;
+                }
             }
-            .into_spec()?;
-            let reg = registry(&backends).await?;
-            reg.add(&spec).await?;
-            println!("added {}", spec.id);
+            println!("added {id}");
         }
         BotsCommand::Update {
             backends,
+            remote,
             id,
             change,
         } => {
             let patch = change.into_patch()?;
-            let reg = registry(&backends).await?;
-            match reg.update(&id, patch).await? {
+            let change = match remote.client()? {
+                Some(api) => {
+                    let v = api
+                        .call(
+                            Method::PATCH,
+                            &format!("/bots/{}", path_segment(&id)),
+                            Some(patch.to_json().to_string()),
+                        )
+                        .await?;
+                    if v["change"] == "unchanged" {
+                        Change::Unchanged
+                    } else {
+                        Change::Updated
+                    }
+                }
+                None => registry(&backends).await?.update(&id, patch).await?,
+            };
+            match change {
                 Change::Unchanged => println!("{id} unchanged"),
                 _ => println!("updated {id}"),
             }
         }
         BotsCommand::Import {
             backends,
+            remote,
             file,
             upsert,
-        } => return import(backends, &file, upsert).await,
-        BotsCommand::List { backends, json } => {
-            let reg = registry(&backends).await?;
-            let rows = reg.list().await?;
+        } => return import(backends, remote, &file, upsert).await,
+        BotsCommand::List {
+            backends,
+            remote,
+            json,
+        } => {
+            let rows: Vec<serde_json::Value> = match remote.client()? {
+                Some(api) => api.call(Method::GET, "/bots", None).await?["bots"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+                None => registry(&backends)
+                    .await?
+                    .list()
+                    .await?
+                    .into_iter()
+                    .map(serde_json::to_value)
+                    .collect::<Result<_, _>>()?,
+            };
             if json {
                 for r in rows {
-                    println!("{}", serde_json::to_string(&r)?);
+                    println!("{r}");
                 }
             } else {
                 println!(
@@ -249,36 +312,96 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 for r in rows {
                     println!(
                         "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {}",
-                        r.id,
-                        r.platform,
-                        r.enabled,
-                        r.status,
-                        r.owner.as_deref().unwrap_or("-"),
-                        r.pending,
-                        r.undeliverable,
-                        r.last_error.as_deref().unwrap_or(""),
+                        r["id"].as_str().unwrap_or_default(),
+                        r["platform"].as_str().unwrap_or_default(),
+                        r["enabled"],
+                        r["status"].as_str().unwrap_or_default(),
+                        r["owner"].as_str().unwrap_or("-"),
+                        r["pending"],
+                        r["undeliverable"],
+                        r["last_error"].as_str().unwrap_or(""),
                     );
                 }
             }
         }
-        BotsCommand::Remove { backends, id } => {
-            registry(&backends).await?.remove(&id).await?;
+        BotsCommand::Remove {
+            backends,
+            remote,
+            id,
+        } => {
+            match remote.client()? {
+                Some(api) => {
+                    api.call(
+                        Method::DELETE,
+                        &format!("/bots/{}", path_segment(&id)),
+                        None,
+                    )
+                    .await?;
+                }
+                None => registry(&backends).await?.remove(&id).await?,
+            }
             println!("removed {id}");
         }
-        BotsCommand::Enable { backends, id } => {
-            registry(&backends).await?.set_enabled(&id, true).await?;
+        BotsCommand::Enable {
+            backends,
+            remote,
+            id,
+        } => {
+            act(&backends, &remote, &id, "enable").await?;
             println!("enabled {id}");
         }
-        BotsCommand::Disable { backends, id } => {
-            registry(&backends).await?.set_enabled(&id, false).await?;
+        BotsCommand::Disable {
+            backends,
+            remote,
+            id,
+        } => {
+            act(&backends, &remote, &id, "disable").await?;
             println!("disabled {id}");
         }
-        BotsCommand::Restart { backends, id } => {
-            registry(&backends).await?.restart(&id).await?;
+        BotsCommand::Restart {
+            backends,
+            remote,
+            id,
+        } => {
+            act(&backends, &remote, &id, "restart").await?;
             println!("restarting {id}");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An id as one URL path segment (ids are letters, digits and `- _ . @`; anything else is
+/// escaped so the API refuses it as an id, not as a route).
+fn path_segment(id: &str) -> String {
+    id.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.@".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// `enable`, `disable` or `restart`, through the API or on the registry.
+async fn act(backends: &Backends, remote: &Remote, id: &str, what: &str) -> anyhow::Result<()> {
+    if let Some(api) = remote.client()? {
+        api.call(
+            Method::POST,
+            &format!("/bots/{}/{what}", path_segment(id)),
+            None,
+        )
+        .await?;
+        return Ok(());
+    }
+    let reg = registry(backends).await?;
+    match what {
+        "enable" => reg.set_enabled(id, true).await.map(|_| ())?,
+        "disable" => reg.set_enabled(id, false).await.map(|_| ())?,
+        _ => reg.restart(id).await?,
+    }
+    Ok(())
 }
 
 async fn registry(backends: &Backends) -> anyhow::Result<Registry> {
@@ -288,31 +411,59 @@ async fn registry(backends: &Backends) -> anyhow::Result<Registry> {
     })
 }
 
-async fn import(backends: Backends, file: &str, upsert: bool) -> anyhow::Result<ExitCode> {
-    let reader: Box<dyn BufRead> = if file == "-" {
+async fn import(
+    backends: Backends,
+    remote: Remote,
+    file: &str,
+    upsert: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut reader: Box<dyn BufRead> = if file == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
         Box::new(std::io::BufReader::new(
             std::fs::File::open(file).with_context(|| format!("cannot open {file}"))?,
         ))
     };
-    let reg = registry(&backends).await?;
-    let lines = reader
-        .lines()
-        .enumerate()
-        .map(|(n, l)| (n + 1, l.map_err(|e| e.to_string())));
-    let report = reg.import(lines, upsert).await;
+    // (added, updated, unchanged) and the refused lines with why.
     let mut counts = [0usize; 3];
-    let mut bad = 0usize;
-    for r in &report {
-        match &r.outcome {
-            LineOutcome::Done { change } => counts[*change as usize] += 1,
-            LineOutcome::Refused { error, .. } => {
-                eprintln!("line {}: {error}", r.line);
-                bad += 1;
+    let mut refused: Vec<(u64, String)> = Vec::new();
+    if let Some(api) = remote.client()? {
+        let mut body = String::new();
+        reader
+            .read_to_string(&mut body)
+            .with_context(|| format!("reading {file}"))?;
+        let path = if upsert {
+            "/bots/import?upsert=true"
+        } else {
+            "/bots/import"
+        };
+        let v = api.call(Method::POST, path, Some(body)).await?;
+        for (i, k) in ["added", "updated", "unchanged"].iter().enumerate() {
+            counts[i] = usize::try_from(v[*k].as_u64().unwrap_or(0)).unwrap_or(usize::MAX);
+        }
+        for r in v["refused"].as_array().into_iter().flatten() {
+            refused.push((
+                r["line"].as_u64().unwrap_or(0),
+                r["error"].as_str().unwrap_or_default().to_owned(),
+            ));
+        }
+    } else {
+        let reg = registry(&backends).await?;
+        let lines = reader
+            .lines()
+            .enumerate()
+            .map(|(n, l)| (n + 1, l.map_err(|e| e.to_string())));
+        for r in reg.import(lines, upsert).await {
+            match r.outcome {
+                LineOutcome::Done { change } => counts[change as usize] += 1,
+                LineOutcome::Refused { error, .. } => refused.push((r.line as u64, error)),
             }
         }
     }
+    for (line, error) in &refused {
+        eprintln!("line {line}: {error}");
+    }
+    let bad = refused.len();
     let [added, updated, unchanged] = counts;
     if upsert {
         println!(

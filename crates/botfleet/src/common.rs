@@ -65,6 +65,178 @@ impl Backends {
     }
 }
 
+/// A worker's control API, for `bots` and `fleet` commands that go through it instead of the
+/// database (`--api-url URL`; on `bots add`/`update`, where `--api-url` is the platform's,
+/// `--worker-url`; both read `BOTFLEET_API_URL`).
+#[derive(Clone, Args)]
+pub(crate) struct Remote {
+    /// A worker's control API (e.g. `http://worker-1:8080`) to go through instead of the
+    /// database; the worker tells the fleet.
+    #[arg(long = "api-url", env = "BOTFLEET_API_URL", value_name = "URL")]
+    pub(crate) url: Option<String>,
+    /// A file holding the API's bearer token (`BOTFLEET_API_TOKEN` gives the token itself).
+    #[arg(long, env = "BOTFLEET_API_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) api_token_file: Option<std::path::PathBuf>,
+}
+
+/// [`Remote`] where `--api-url` names the platform's API (`bots add`, `bots update`).
+#[derive(Clone, Args)]
+pub(crate) struct RemoteWorker {
+    /// A worker's control API (e.g. `http://worker-1:8080`) to go through instead of the
+    /// database (`--api-url` here is the platform's).
+    #[arg(long = "worker-url", env = "BOTFLEET_API_URL", value_name = "URL")]
+    pub(crate) url: Option<String>,
+    /// A file holding the API's bearer token (`BOTFLEET_API_TOKEN` gives the token itself).
+    #[arg(long, env = "BOTFLEET_API_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) api_token_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("url", &self.url.is_some())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for RemoteWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteWorker")
+            .field("url", &self.url.is_some())
+            .finish()
+    }
+}
+
+impl Remote {
+    /// The client, when a URL is given.
+    pub(crate) fn client(&self) -> anyhow::Result<Option<ApiClient>> {
+        ApiClient::new(self.url.as_deref(), self.api_token_file.as_deref())
+    }
+}
+
+impl RemoteWorker {
+    /// The client, when a URL is given.
+    pub(crate) fn client(&self) -> anyhow::Result<Option<ApiClient>> {
+        ApiClient::new(self.url.as_deref(), self.api_token_file.as_deref())
+    }
+}
+
+/// A client of a worker's control API. `Debug` hides the token.
+pub(crate) struct ApiClient {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiClient")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl ApiClient {
+    fn new(
+        url: Option<&str>,
+        token_file: Option<&std::path::Path>,
+    ) -> anyhow::Result<Option<Self>> {
+        let Some(url) = url else { return Ok(None) };
+        let base = url.trim_end_matches('/');
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            anyhow::bail!("the control API URL must start with http:// or https://");
+        }
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Some(Self {
+            http,
+            base: base.to_owned(),
+            token: api_token(token_file)?,
+        }))
+    }
+
+    /// Calls `method path` under `/api/v1`; a non-2xx answer is an error with the API's
+    /// message and code.
+    pub(crate) async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<String>,
+    ) -> anyhow::Result<serde_json::Value> {
+        let mut r = self
+            .http
+            .request(method, format!("{}/api/v1{path}", self.base));
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            r = r.header("content-type", "application/json").body(b);
+        }
+        let resp = r.send().await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the control API at {}: {}",
+                self.base,
+                e.without_url()
+            )
+        })?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        let v: serde_json::Value = if text.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&text).map_err(|_| {
+                anyhow::anyhow!(
+                    "the control API at {} answered {status} with something not JSON",
+                    self.base
+                )
+            })?
+        };
+        if !status.is_success() {
+            anyhow::bail!(
+                "{} ({})",
+                v["message"]
+                    .as_str()
+                    .unwrap_or("the control API refused the request"),
+                v["code"].as_str().unwrap_or(status.as_str())
+            );
+        }
+        Ok(v)
+    }
+}
+
+/// The control API's token: from the file `--api-token-file` names, else
+/// `BOTFLEET_API_TOKEN`; surrounding white space is dropped.
+pub(crate) fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    let (text, from) = match file {
+        Some(path) => (
+            std::fs::read_to_string(path).with_context(|| {
+                format!(
+                    "reading the API token file {} (--api-token-file)",
+                    path.display()
+                )
+            })?,
+            "--api-token-file",
+        ),
+        None => match std::env::var("BOTFLEET_API_TOKEN") {
+            Ok(t) => (t, "BOTFLEET_API_TOKEN"),
+            Err(_) => return Ok(None),
+        },
+    };
+    let token = text.trim();
+    if token.is_empty() {
+        anyhow::bail!("the API token ({from}) is empty");
+    }
+    if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        anyhow::bail!(
+            "the API token ({from}) must be at least 16 characters without white space (e.g. `openssl rand -hex 32`)"
+        );
+    }
+    Ok(Some(token.to_owned()))
+}
+
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum LogFormat {

@@ -9,7 +9,7 @@ use botfleet_core::{BotId, BotStatus};
 use botfleet_store::{BotFilter, Store};
 use clap::Subcommand;
 
-use crate::common::Backends;
+use crate::common::{Backends, Remote};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum FleetCommand {
@@ -17,6 +17,8 @@ pub(crate) enum FleetCommand {
     Status {
         #[command(flatten)]
         backends: Backends,
+        #[command(flatten)]
+        remote: Remote,
         /// One JSON document instead of tables.
         #[arg(long)]
         json: bool,
@@ -25,18 +27,26 @@ pub(crate) enum FleetCommand {
 
 pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
     crate::common::init_logs("warn");
-    let FleetCommand::Status { backends, json } = cmd;
-    let store = backends.store().await?;
-    let coord = backends.redis().await?;
-    let doc = match &coord {
-        Some(c) => status_doc(&*store, Some(&**c), "fleet").await?,
-        None => status_doc(&*store, None, "embedded").await?,
+    let FleetCommand::Status {
+        backends,
+        remote,
+        json,
+    } = cmd;
+    let doc = match remote.client()? {
+        Some(api) => api.call(reqwest::Method::GET, "/fleet", None).await?,
+        None => {
+            let store = backends.store().await?;
+            match backends.redis().await? {
+                Some(c) => status_doc(&*store, Some(&*c), "fleet").await?,
+                None => status_doc(&*store, None, "embedded").await?,
+            }
+        }
     };
     if json {
         println!("{doc}");
         return Ok(ExitCode::SUCCESS);
     }
-    if coord.is_none() {
+    if doc["workers"].is_null() {
         println!(
             "embedded mode (no --redis-url): {} bots, {} reported running",
             doc["bots"], doc["running"]

@@ -168,6 +168,29 @@ impl BotLine {
         Ok(out)
     }
 
+    /// The line as JSON (what `POST /api/v1/bots` takes).
+    pub(crate) fn to_json(&self) -> Value {
+        let mut o = Map::new();
+        o.insert("id".into(), self.id.clone().into());
+        o.insert("platform".into(), self.platform.clone().into());
+        o.insert("token".into(), self.token.clone().into());
+        for (k, v) in [
+            ("app_token", &self.app_token),
+            ("api_url", &self.api_url),
+            ("handler", &self.handler),
+            ("webhook_url", &self.webhook_url),
+            ("webhook_secret", &self.webhook_secret),
+        ] {
+            if let Some(v) = v {
+                o.insert(k.into(), v.clone().into());
+            }
+        }
+        if let Some(e) = self.enabled {
+            o.insert("enabled".into(), e.into());
+        }
+        Value::Object(o)
+    }
+
     /// The spec this line describes, validated.
     pub(crate) fn into_spec(self) -> Result<BotSpec, RegistryError> {
         let bad = |e: &dyn fmt::Display| RegistryError::invalid(e.to_string());
@@ -265,6 +288,31 @@ impl BotPatch {
             }
         }
         Ok(p)
+    }
+
+    /// The patch as JSON (what `PATCH /api/v1/bots/{id}` takes): `null` clears.
+    pub(crate) fn to_json(&self) -> Value {
+        let mut o = Map::new();
+        if let Some(t) = &self.token {
+            o.insert("token".into(), t.clone().into());
+        }
+        if let Some(h) = &self.handler {
+            o.insert("handler".into(), h.clone().into());
+        }
+        if let Some(e) = self.enabled {
+            o.insert("enabled".into(), e.into());
+        }
+        for (k, v) in [
+            ("app_token", &self.app_token),
+            ("api_url", &self.api_url),
+            ("webhook_url", &self.webhook_url),
+            ("webhook_secret", &self.webhook_secret),
+        ] {
+            if let Some(v) = v {
+                o.insert(k.into(), v.clone().map_or(Value::Null, Value::from));
+            }
+        }
+        Value::Object(o)
     }
 
     /// `spec` with this patch applied, validated.

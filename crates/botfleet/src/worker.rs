@@ -170,7 +170,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let token = api_token(a.api_token_file.as_deref())?;
+    let token = crate::common::api_token(a.api_token_file.as_deref())?;
     if token.is_none() {
         tracing::warn!(
             "the control API has no token (--api-token-file, BOTFLEET_API_TOKEN): it answers \
@@ -203,36 +203,6 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     http_task.abort();
     info!(worker = %id, "worker stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// The control API's token: from the file `--api-token-file` names, else
-/// `BOTFLEET_API_TOKEN`; surrounding white space is dropped.
-fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
-    let (text, from) = match file {
-        Some(path) => (
-            std::fs::read_to_string(path).with_context(|| {
-                format!(
-                    "reading the API token file {} (--api-token-file)",
-                    path.display()
-                )
-            })?,
-            "--api-token-file",
-        ),
-        None => match std::env::var("BOTFLEET_API_TOKEN") {
-            Ok(t) => (t, "BOTFLEET_API_TOKEN"),
-            Err(_) => return Ok(None),
-        },
-    };
-    let token = text.trim();
-    if token.is_empty() {
-        anyhow::bail!("the API token ({from}) is empty");
-    }
-    if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        anyhow::bail!(
-            "the API token ({from}) must be at least 16 characters without white space (e.g. `openssl rand -hex 32`)"
-        );
-    }
-    Ok(Some(token.to_owned()))
 }
 
 /// Descriptors a worker needs besides its bots' connections (store, Redis, HTTP server,

@@ -431,3 +431,127 @@ fn a_bad_api_token_is_a_clear_error_at_start() {
         assert!(!err.contains("abc"), "the token was printed: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_manages_bots_through_a_workers_api() {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot("7:SECRET-CLI");
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-api-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
+    let token_file = dir.0.join("api-token");
+    std::fs::write(&token_file, API_TOKEN).unwrap();
+    let w = start_worker(&db, Some(&token_file));
+    // The CLI runs elsewhere: no database of its own (none is created), only the API.
+    let cwd = dir.0.join("cli");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let cli = |args: &[&str], with_token: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_botfleet"));
+        c.args(args)
+            .current_dir(&cwd)
+            .env_remove("BOTFLEET_API_TOKEN")
+            .env_remove("BOTFLEET_DATABASE_URL")
+            .env("BOTFLEET_API_URL", &w.url);
+        if with_token {
+            c.arg("--api-token-file").arg(&token_file);
+        }
+        let o = c.output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(
+            !out.contains("SECRET") && !err.contains("SECRET"),
+            "{out}{err}"
+        );
+        (o.status.code(), out, err)
+    };
+    let (code, _, err) = cli(&["bots", "list"], false);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("unauthorized"), "{err}");
+    // `--api-url` of `bots add` is the platform's; the worker comes from BOTFLEET_API_URL.
+    let (code, out, err) = cli(
+        &[
+            "bots",
+            "add",
+            "cli-bot",
+            "--platform",
+            "telegram",
+            "--token",
+            "7:SECRET-CLI",
+            "--api-url",
+            &fake.url(),
+        ],
+        true,
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    wait_for("cli-bot polling", Duration::from_secs(15), || async {
+        fake.state().is_polling("7:SECRET-CLI").then_some(())
+    })
+    .await;
+    let (_, out, _) = cli(&["bots", "list", "--json"], true);
+    let row: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (row["id"].as_str(), row["status"].as_str()),
+        (Some("cli-bot"), Some("running")),
+        "{out}"
+    );
+    let (code, out, _) = cli(
+        &[
+            "bots",
+            "update",
+            "cli-bot",
+            "--handler",
+            "webhook",
+            "--webhook-url",
+            "http://127.0.0.1:9/h",
+        ],
+        true,
+    );
+    assert_eq!((code, out.trim()), (Some(0), "updated cli-bot"));
+    let (code, _, err) = cli(
+        &["bots", "update", "cli-bot", "--webhook-url", "ftp://x"],
+        true,
+    );
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("webhook_url") && err.contains("(invalid)"),
+        "{err}"
+    );
+    let (code, _, _) = cli(&["bots", "disable", "cli-bot"], true);
+    assert_eq!(code, Some(0));
+    wait_for("cli-bot stopped", Duration::from_secs(15), || async {
+        (!fake.state().is_polling("7:SECRET-CLI")).then_some(())
+    })
+    .await;
+    let file = dir.0.join("more.jsonl");
+    std::fs::write(
+        &file,
+        format!(
+            "{}\n{{bad\n",
+            json!({"id": "cli-2", "platform": "telegram", "token": "8:SECRET-2"})
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = cli(
+        &["bots", "import", "--upsert", file.to_str().unwrap()],
+        true,
+    );
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains("imported 1 bots (1 added, 0 updated, 0 unchanged), 1 lines refused"),
+        "{out}"
+    );
+    assert!(err.contains("line 2: "), "{err}");
+    let (code, out, _) = cli(&["fleet", "status", "--json"], true);
+    assert_eq!(code, Some(0));
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["workers"].as_array().map(Vec::len), Some(1), "{doc}");
+    let (code, _, _) = cli(&["bots", "remove", "cli-2"], true);
+    assert_eq!(code, Some(0));
+    let (code, _, err) = cli(&["bots", "remove", "cli-2"], true);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no bot cli-2 (not_found)"), "{err}");
+    assert!(
+        !cwd.join("botfleet.db").exists(),
+        "the CLI opened a database of its own"
+    );
+}
