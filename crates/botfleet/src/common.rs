@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator};
-use botfleet_store::Store;
+use botfleet_store::{Keyring, Store};
 use clap::Args;
 
 /// Where the registry lives and, in a fleet, where the workers coordinate. `Debug` hides the
@@ -25,6 +25,12 @@ pub(crate) struct Backends {
     /// Prefix of every Redis key of this fleet.
     #[arg(long, env = "BOTFLEET_PREFIX", default_value = "botfleet")]
     pub(crate) prefix: String,
+    /// A file of secret keys (64 hex characters each, one per line, as `openssl rand -hex 32`
+    /// prints) sealing tokens and signing secrets in the registry: the first seals, all open.
+    /// `BOTFLEET_SECRET_KEY` gives the key itself. Without either, they are stored in plain
+    /// text.
+    #[arg(long, env = "BOTFLEET_SECRET_KEY_FILE", value_name = "FILE")]
+    pub(crate) secret_key_file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Backends {
@@ -33,15 +39,27 @@ impl std::fmt::Debug for Backends {
             .field("database_url", &"<redacted>")
             .field("redis_url", &self.redis_url.as_ref().map(|_| "<redacted>"))
             .field("prefix", &self.prefix)
+            .field("secret_key_file", &self.secret_key_file)
             .finish()
     }
 }
 
 impl Backends {
     pub(crate) async fn store(&self) -> anyhow::Result<Arc<dyn Store>> {
-        botfleet_store::open(&self.database_url)
+        botfleet_store::open_with(&self.database_url, self.keyring()?)
             .await
             .context("opening the bot registry (--database-url)")
+    }
+
+    /// The secret keys: from `--secret-key-file`, else `BOTFLEET_SECRET_KEY`, else none.
+    pub(crate) fn keyring(&self) -> anyhow::Result<Arc<Keyring>> {
+        if let Some(path) = &self.secret_key_file {
+            return Ok(Keyring::from_file(path)?);
+        }
+        match std::env::var("BOTFLEET_SECRET_KEY") {
+            Ok(text) => Ok(Keyring::from_text(&text, "BOTFLEET_SECRET_KEY")?),
+            Err(_) => Ok(Keyring::none()),
+        }
     }
 
     /// The fleet's coordinator, when `--redis-url` is given.

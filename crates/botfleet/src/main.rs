@@ -14,6 +14,7 @@ mod config;
 mod demo;
 mod fleet;
 mod registry;
+mod secrets;
 mod worker;
 
 /// Run thousands of chat bots on a few worker processes, as one fleet.
@@ -48,6 +49,9 @@ enum Command {
     /// Look at the fleet.
     #[command(subcommand)]
     Fleet(fleet::FleetCommand),
+    /// Tokens and signing secrets at rest.
+    #[command(subcommand)]
+    Secrets(secrets::SecretsCommand),
     /// A self-contained show: fake Telegram and Slack servers, three workers, a few hundred
     /// bots of both platforms, users writing; one worker is killed midway and another joins;
     /// then a report per platform.
@@ -102,6 +106,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker(a) => worker::run(a).await,
         Command::Bots(c) => bots::run(c).await,
         Command::Fleet(c) => fleet::run(c).await,
+        Command::Secrets(c) => secrets::run(c).await,
         Command::Demo(a) => demo::run(a).await,
         Command::Version => {
             println!("botfleet {}", env!("CARGO_PKG_VERSION"));

@@ -121,7 +121,22 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         Some(id) => id,
         None => WorkerId::new(format!("w-{}", random_hex()))?,
     };
+    let keys = a.backends.keyring()?;
+    if keys.is_empty() {
+        tracing::warn!(
+            "tokens and signing secrets are stored in plain text: give --secret-key-file or \
+             BOTFLEET_SECRET_KEY to encrypt them"
+        );
+    } else {
+        info!(keys = ?keys.key_ids(), "tokens and signing secrets are encrypted at rest");
+    }
     let store = a.backends.store().await?;
+    // A registry the keys cannot open is a configuration error: say so now, not per bot.
+    if let Err(e @ botfleet_store::StoreError::Secrets(_)) =
+        store.list_bots(&botfleet_store::BotFilter::default()).await
+    {
+        return Err(anyhow::Error::new(e).context("reading the bot registry"));
+    }
     let fleet = a.backends.redis().await?;
     let embedded = fleet.is_none();
     // Embedded: one worker per database; the lock is released by the OS even on kill -9.

@@ -201,6 +201,11 @@ impl Drop for Worker {
 
 /// Starts an embedded worker and reads its HTTP address from its log.
 fn start_worker(db: &str) -> Worker {
+    start_worker_with(db, &[])
+}
+
+/// [`start_worker`] with more flags.
+fn start_worker_with(db: &str, extra: &[&str]) -> Worker {
     let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
         .args([
             "worker",
@@ -211,6 +216,7 @@ fn start_worker(db: &str) -> Worker {
             "--poll-timeout-s",
             "1",
         ])
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -562,4 +568,131 @@ fn a_config_file_configures_the_worker_and_logs_can_be_json() {
         assert_eq!(o.status.code(), Some(2));
         assert!(text(&o).1.contains(want), "{:?}", text(&o));
     }
+}
+
+const KEY_1: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+const KEY_2: &str = "1f1e1d1c1b1a191817161514131211100f0e0d0c0b0a09080706050403020100";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_encrypted_at_rest_and_rotated_while_the_worker_runs() {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot("5:SECRET-S");
+    let dir = tempdir();
+    let db = db(&dir);
+    let keys = dir.0.join("keys");
+    std::fs::write(&keys, format!("{KEY_1}\n")).unwrap();
+    let k = keys.to_str().unwrap();
+    let o = bots_add(
+        &db,
+        "sealed",
+        "telegram",
+        "5:SECRET-S",
+        &["--api-url", &fake.url(), "--secret-key-file", k],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let no_secret_on_disk = || {
+        for entry in std::fs::read_dir(&dir.0).unwrap() {
+            let path = entry.unwrap().path();
+            if path.to_string_lossy().contains("bots.db") {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(!bytes.windows(6).any(|w| w == b"SECRET"), "{path:?}");
+            }
+        }
+    };
+    no_secret_on_disk();
+    // Without the key: a clear error, for the CLI and for a worker at start.
+    let o = botfleet(&["bots", "list", "--database-url", &db]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("--secret-key-file"), "{:?}", text(&o));
+    let o = botfleet(&[
+        "worker",
+        "--database-url",
+        &db,
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("is encrypted"), "{:?}", text(&o));
+    // With it, the worker runs the bot.
+    let w = start_worker_with(&db, &["--secret-key-file", k]);
+    let answered = |text: &'static str| {
+        let fake = &fake;
+        async move {
+            fake.state().user_writes("5:SECRET-S", 1, text);
+            wait_for(text, Duration::from_secs(15), || async {
+                fake.state()
+                    .sent()
+                    .iter()
+                    .any(|s| s.text == text)
+                    .then_some(())
+            })
+            .await;
+        }
+    };
+    answered("before the rotation").await;
+    let events = || async {
+        let v: serde_json::Value = reqwest::get(format!("{}/api/v1/events", w.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["events"].as_array().unwrap().clone()
+    };
+    let seen = events().await.len();
+    // Rotate: the new key first in the file the worker reads, then re-encrypt.
+    std::fs::write(&keys, format!("{KEY_2}\n{KEY_1}\n")).unwrap();
+    let o = botfleet(&[
+        "secrets",
+        "rotate",
+        "--database-url",
+        &db,
+        "--secret-key-file",
+        k,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(text(&o).0.contains("of 1 bots under key"), "{:?}", text(&o));
+    no_secret_on_disk();
+    answered("after the rotation").await;
+    let stopped: Vec<_> = events().await[seen..]
+        .iter()
+        .filter(|e| e["kind"] == "bot_stopped")
+        .cloned()
+        .collect();
+    assert!(stopped.is_empty(), "a rotation restarted bots: {stopped:?}");
+    // The old key alone no longer opens it; the worker, meeting the new key, re-reads its file.
+    std::fs::write(&keys, format!("{KEY_1}\n")).unwrap();
+    let o = botfleet(&[
+        "bots",
+        "list",
+        "--database-url",
+        &db,
+        "--secret-key-file",
+        k,
+    ]);
+    assert!(text(&o).1.contains("do not include"), "{:?}", text(&o));
+    std::fs::write(&keys, format!("{KEY_2}\n")).unwrap();
+    let o = botfleet(&[
+        "bots",
+        "restart",
+        "sealed",
+        "--database-url",
+        &db,
+        "--secret-key-file",
+        k,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    wait_for(
+        "restarted with the new key",
+        Duration::from_secs(15),
+        || async {
+            events().await[seen..]
+                .iter()
+                .any(|e| e["kind"] == "bot_started")
+                .then_some(())
+        },
+    )
+    .await;
+    answered("after the restart").await;
+    drop(w);
 }

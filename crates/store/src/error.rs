@@ -44,6 +44,10 @@ pub enum StoreError {
     /// The bot spec is not valid.
     #[error(transparent)]
     InvalidSpec(#[from] InvalidSpec),
+    /// A credential could not be sealed or opened (no key, a key not held, an altered
+    /// value). Never holds key material or a credential.
+    #[error("{0}")]
+    Secrets(String),
     /// A stored row cannot be read back (written by another program or a newer version).
     #[error("stored data unreadable: {0}")]
     Corrupt(String),

@@ -7,6 +7,7 @@ mod inbox;
 mod memory;
 mod postgres;
 mod schema;
+mod seal;
 mod sqlite;
 mod store;
 
@@ -14,6 +15,7 @@ pub use error::{Result, StoreError};
 pub use inbox::{InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats};
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
+pub use seal::{KeyError, Keyring};
 pub use sqlite::SqliteStore;
 pub use store::{BotFilter, Cursor, StatusReport, Store};
 
@@ -28,9 +30,19 @@ pub use store::{BotFilter, Cursor, StatusReport, Store};
 /// [`StoreError::InvalidUrl`] for an unknown scheme; [`StoreError::Open`] when the database
 /// cannot be opened.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
+    open_with(url, Keyring::none()).await
+}
+
+/// [`open`], with credentials sealed at rest by `keys` in the SQL stores (see [`Keyring`]).
+///
+/// # Errors
+/// As [`open`].
+pub async fn open_with(url: &str, keys: Arc<Keyring>) -> Result<Arc<dyn Store>> {
     let url = url.trim();
     if url == "sqlite::memory:" {
-        return Ok(Arc::new(SqliteStore::open_in_memory().await?));
+        return Ok(Arc::new(
+            SqliteStore::open_in_memory().await?.with_keyring(keys),
+        ));
     }
     if let Some(path) = url.strip_prefix("sqlite://") {
         if path.is_empty() {
@@ -38,10 +50,10 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
                 reason: "sqlite:// needs a file path, e.g. sqlite://botfleet.db".into(),
             });
         }
-        return Ok(Arc::new(SqliteStore::open(path).await?));
+        return Ok(Arc::new(SqliteStore::open(path).await?.with_keyring(keys)));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Arc::new(PostgresStore::open(url).await?));
+        return Ok(Arc::new(PostgresStore::open(url).await?.with_keyring(keys)));
     }
     if url == "memory://" {
         return Ok(Arc::new(MemoryStore::new()));

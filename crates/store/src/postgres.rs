@@ -9,9 +9,9 @@ use tokio_postgres::{Client, NoTls, Row};
 use tracing::warn;
 
 use crate::{
-    schema::{stats_from_rows, BotRow, InboxRow, MIGRATIONS},
-    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Result, Store,
-    StoreError,
+    schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
+    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Keyring,
+    Result, Store, StoreError,
 };
 
 /// A [`Store`] in Postgres. Reconnects on the next call after the connection drops.
@@ -19,6 +19,7 @@ use crate::{
 pub struct PostgresStore {
     config: tokio_postgres::Config,
     client: Arc<RwLock<Arc<Client>>>,
+    keys: Arc<Keyring>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -63,7 +64,15 @@ impl PostgresStore {
         Ok(Self {
             config,
             client: Arc::new(RwLock::new(Arc::new(client))),
+            keys: Keyring::none(),
         })
+    }
+
+    /// This store, sealing credentials with `keys` (see [`Keyring`]).
+    #[must_use]
+    pub fn with_keyring(mut self, keys: Arc<Keyring>) -> Self {
+        self.keys = keys;
+        self
     }
 
     async fn client(&self) -> Result<Arc<Client>> {
@@ -234,7 +243,7 @@ impl PostgresStore {
 impl Store for PostgresStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
         spec.validate()?;
-        let r = BotRow::from_spec(spec);
+        let r = BotRow::from_spec(spec, &self.keys)?;
         let c = self.client().await?;
         let n = c
             .execute(
@@ -259,7 +268,7 @@ impl Store for PostgresStore {
             .query_opt(&format!("{SELECT_BOT} WHERE id = $1"), &[&id.as_str()])
             .await
             .map_err(db("get bot"))?;
-        row.map(|r| row_to_bot(&r).and_then(BotRow::into_record))
+        row.map(|r| row_to_bot(&r).and_then(|b| b.into_record(&self.keys)))
             .transpose()
     }
 
@@ -277,13 +286,13 @@ impl Store for PostgresStore {
             .await
             .map_err(db("list bots"))?;
         rows.iter()
-            .map(|r| row_to_bot(r).and_then(BotRow::into_record))
+            .map(|r| row_to_bot(r).and_then(|b| b.into_record(&self.keys)))
             .collect()
     }
 
     async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
         spec.validate()?;
-        let r = BotRow::from_spec(spec);
+        let r = BotRow::from_spec(spec, &self.keys)?;
         let c = self.client().await?;
         let n = c
             .execute(
@@ -300,6 +309,35 @@ impl Store for PostgresStore {
             return Err(StoreError::NotFound(spec.id.clone()));
         }
         Ok(())
+    }
+
+    async fn reseal_secrets(&self) -> Result<u64> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT id, token, app_token, webhook_secret FROM bots ORDER BY id",
+                &[],
+            )
+            .await
+            .map_err(db("reseal secrets"))?;
+        let mut n = 0;
+        for r in rows {
+            let id: String = r.get(0);
+            let old: Sealed = (r.get(1), r.get(2), r.get(3));
+            let Some(new) = resealed(&self.keys, &id, &old)? else {
+                continue;
+            };
+            n += c
+                .execute(
+                    "UPDATE bots SET token = $2, app_token = $3, webhook_secret = $4 \
+                     WHERE id = $1 AND token = $5 AND app_token IS NOT DISTINCT FROM $6 \
+                     AND webhook_secret IS NOT DISTINCT FROM $7",
+                    &[&id, &new.0, &new.1, &new.2, &old.0, &old.1, &old.2],
+                )
+                .await
+                .map_err(db("reseal secrets"))?;
+        }
+        Ok(n)
     }
 
     async fn remove_bot(&self, id: &BotId) -> Result<bool> {

@@ -69,20 +69,32 @@ pub(crate) struct BotRow {
 }
 
 impl BotRow {
-    pub(crate) fn from_spec(spec: &botfleet_core::BotSpec) -> Self {
+    /// The row of `spec`, its credentials sealed with `keys`.
+    pub(crate) fn from_spec(
+        spec: &botfleet_core::BotSpec,
+        keys: &crate::Keyring,
+    ) -> crate::Result<Self> {
         use botfleet_core::HandlerSpec;
+        let id = spec.id.as_str();
         let (webhook_url, webhook_secret) = match &spec.handler {
             HandlerSpec::Echo => (None, None),
             HandlerSpec::Webhook { url, secret } => (
                 Some(url.clone()),
-                secret.as_ref().map(|s| s.expose().to_owned()),
+                secret
+                    .as_ref()
+                    .map(|s| keys.seal(id, "webhook_secret", s.expose()))
+                    .transpose()?,
             ),
         };
-        Self {
-            id: spec.id.as_str().to_owned(),
+        Ok(Self {
+            id: id.to_owned(),
             platform: spec.platform.as_str().to_owned(),
-            token: spec.token.expose().to_owned(),
-            app_token: spec.app_token.as_ref().map(|t| t.expose().to_owned()),
+            token: keys.seal(id, "token", spec.token.expose())?,
+            app_token: spec
+                .app_token
+                .as_ref()
+                .map(|t| keys.seal(id, "app_token", t.expose()))
+                .transpose()?,
             api_url: spec.options.api_url.clone(),
             handler: spec.handler.kind().to_owned(),
             webhook_url,
@@ -92,13 +104,26 @@ impl BotRow {
             last_error: None,
             reported_by: None,
             updated_at_ms: botfleet_core::unix_ms(),
-        }
+        })
     }
 
-    pub(crate) fn into_record(self) -> crate::Result<botfleet_core::BotRecord> {
+    /// The record of this row, its credentials opened with `keys`.
+    pub(crate) fn into_record(
+        mut self,
+        keys: &crate::Keyring,
+    ) -> crate::Result<botfleet_core::BotRecord> {
         use botfleet_core::{BotId, BotOptions, BotRecord, BotSpec, HandlerSpec, Secret};
         let corrupt = |what: String| crate::StoreError::Corrupt(what);
         let id = BotId::new(self.id.clone()).map_err(|e| corrupt(e.to_string()))?;
+        self.token = keys.open(&self.id, "token", &self.token)?;
+        self.app_token = self
+            .app_token
+            .map(|t| keys.open(&self.id, "app_token", &t))
+            .transpose()?;
+        self.webhook_secret = self
+            .webhook_secret
+            .map(|t| keys.open(&self.id, "webhook_secret", &t))
+            .transpose()?;
         let platform = self
             .platform
             .parse()
@@ -131,6 +156,34 @@ impl BotRow {
             updated_at_ms: self.updated_at_ms,
         })
     }
+}
+
+/// The credentials of one row: (token, app token, webhook secret).
+pub(crate) type Sealed = (String, Option<String>, Option<String>);
+
+/// `row`'s credentials as the first key seals them, or `None` when they are already so.
+pub(crate) fn resealed(
+    keys: &crate::Keyring,
+    id: &str,
+    row: &Sealed,
+) -> crate::Result<Option<Sealed>> {
+    let (token, app, hook) = row;
+    let current = keys.is_current(token)
+        && app.as_deref().is_none_or(|a| keys.is_current(a))
+        && hook.as_deref().is_none_or(|h| keys.is_current(h));
+    if current {
+        return Ok(None);
+    }
+    let again = |field: &str, v: &str| -> crate::Result<String> {
+        keys.seal(id, field, &keys.open(id, field, v)?)
+    };
+    Ok(Some((
+        again("token", token)?,
+        app.as_deref().map(|a| again("app_token", a)).transpose()?,
+        hook.as_deref()
+            .map(|h| again("webhook_secret", h))
+            .transpose()?,
+    )))
 }
 
 /// A row of `inbox` as plain values, shared by the SQL backends.

@@ -18,9 +18,9 @@ use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::{
-    schema::{stats_from_rows, BotRow, InboxRow, MIGRATIONS},
-    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Result,
-    StatusReport, Store, StoreError,
+    schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
+    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Keyring,
+    Result, StatusReport, Store, StoreError,
 };
 
 /// A [`Store`] in a SQLite file.
@@ -31,6 +31,7 @@ pub struct SqliteStore {
     /// Reads only; the same connection as `conn` for an in-memory database.
     reader: Arc<Mutex<Connection>>,
     path: Option<PathBuf>,
+    keys: Arc<Keyring>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -85,6 +86,7 @@ impl SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             reader: Arc::new(Mutex::new(reader)),
             path: Some(path),
+            keys: Keyring::none(),
         })
     }
 
@@ -105,7 +107,15 @@ impl SqliteStore {
             reader: conn.clone(),
             conn,
             path: None,
+            keys: Keyring::none(),
         })
+    }
+
+    /// This store, sealing credentials with `keys` (see [`Keyring`]).
+    #[must_use]
+    pub fn with_keyring(mut self, keys: Arc<Keyring>) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// Runs `f` on the writing connection.
@@ -237,7 +247,7 @@ fn current_fence(c: &Connection, bot: &str) -> rusqlite::Result<Fence> {
 impl Store for SqliteStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
         spec.validate()?;
-        let row = BotRow::from_spec(spec);
+        let row = BotRow::from_spec(spec, &self.keys)?;
         let id = spec.id.clone();
         self.with("add bot", move |c| {
             let n = c
@@ -267,7 +277,7 @@ impl Store for SqliteStore {
                     .map_err(|e| StoreError::backend("get bot", e))
             })
             .await?;
-        row.map(BotRow::into_record).transpose()
+        row.map(|r| r.into_record(&self.keys)).transpose()
     }
 
     async fn list_bots(&self, filter: &BotFilter) -> Result<Vec<BotRecord>> {
@@ -289,12 +299,14 @@ impl Store for SqliteStore {
                 Ok(rows)
             })
             .await?;
-        rows.into_iter().map(BotRow::into_record).collect()
+        rows.into_iter()
+            .map(|r| r.into_record(&self.keys))
+            .collect()
     }
 
     async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
         spec.validate()?;
-        let row = BotRow::from_spec(spec);
+        let row = BotRow::from_spec(spec, &self.keys)?;
         let id = spec.id.clone();
         self.with("update bot", move |c| {
             let n = c
@@ -311,6 +323,40 @@ impl Store for SqliteStore {
                 return Err(StoreError::NotFound(id));
             }
             Ok(())
+        })
+        .await
+    }
+
+    async fn reseal_secrets(&self) -> Result<u64> {
+        let keys = self.keys.clone();
+        self.with("reseal secrets", move |c| {
+            let rows: Vec<(String, Sealed)> = {
+                let mut st = c
+                    .prepare("SELECT id, token, app_token, webhook_secret FROM bots ORDER BY id")
+                    .map_err(|e| StoreError::backend("reseal secrets", e))?;
+                let rows = st
+                    .query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?))))
+                    .map_err(|e| StoreError::backend("reseal secrets", e))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(|e| StoreError::backend("reseal secrets", e))?;
+                rows
+            };
+            let mut n = 0;
+            for (id, old) in rows {
+                let Some(new) = resealed(&keys, &id, &old)? else {
+                    continue;
+                };
+                n += c
+                    .execute(
+                        "UPDATE bots SET token = ?2, app_token = ?3, webhook_secret = ?4 \
+                         WHERE id = ?1 AND token = ?5 AND app_token IS ?6 \
+                         AND webhook_secret IS ?7",
+                        params![id, new.0, new.1, new.2, old.0, old.1, old.2],
+                    )
+                    .map_err(|e| StoreError::backend("reseal secrets", e))?
+                    as u64;
+            }
+            Ok(n)
         })
         .await
     }

@@ -231,4 +231,17 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Backend failures.
     async fn registry_stamp(&self) -> Result<(u64, i64)>;
+
+    /// Re-seals every stored credential under the store's first secret key (or, without a
+    /// key, stores it plain), leaving specs and their change times alone: running workers
+    /// see no change and restart nothing. A value written meanwhile by someone else is left
+    /// as that writer sealed it. Answers how many bots were rewritten. Stores that keep
+    /// nothing at rest (memory) rewrite nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Secrets`] when a value does not open with the keys given; backend
+    /// failures.
+    async fn reseal_secrets(&self) -> Result<u64> {
+        Ok(0)
+    }
 }
