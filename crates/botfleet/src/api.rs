@@ -15,7 +15,10 @@ use axum::{
     extract::{ConnectInfo, DefaultBodyLimit, Path, Query, Request, State},
     http::{header, HeaderMap, StatusCode},
     middleware::{self, Next},
-    response::{IntoResponse, Response},
+    response::{
+        sse::{Event as SseEvent, KeepAlive, Sse},
+        IntoResponse, Response,
+    },
     routing::{get, post},
     Json, Router,
 };
@@ -415,6 +418,61 @@ async fn events(State(s): State<ApiState>, Query(q): Query<EventQuery>) -> Json<
     })
 }
 
+#[utoipa::path(get, path = "/api/v1/events/stream", params(EventQuery),
+    responses((status = 200, content_type = "text/event-stream", description = "server-sent events: the journal entries after `after`, then each new one as it happens (`id` is its `seq`, `data` the entry as JSON); `event: lagged` when the follower fell behind (read /api/v1/events?after= to catch up)")))]
+async fn event_stream(
+    State(s): State<ApiState>,
+    Query(q): Query<EventQuery>,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
+    // Follow first, then read the backlog: nothing falls between the two.
+    let live = s.journal.follow();
+    let backlog = s.journal.since(
+        q.after,
+        q.limit
+            .unwrap_or(200)
+            .clamp(1, botfleet_runtime::JOURNAL_CAPACITY),
+    );
+    let last = backlog.last().map_or(q.after, |e| e.seq);
+    let first = futures_util::stream::iter(backlog.into_iter().map(|e| Ok(entry_event(&e))));
+    let rest = futures_util::stream::unfold((live, last), |(mut live, last)| async move {
+        loop {
+            match live.recv().await {
+                Ok(e) if e.seq <= last => continue,
+                Ok(e) => {
+                    let seq = e.seq;
+                    return Some((Ok(entry_event(&e)), (live, seq)));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    let ev = SseEvent::default().event("lagged").data(n.to_string());
+                    return Some((Ok(ev), (live, last)));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Sse::new(futures_util::StreamExt::chain(first, rest))
+        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+}
+
+fn entry_event(e: &JournalEntry) -> SseEvent {
+    SseEvent::default()
+        .id(e.seq.to_string())
+        .data(serde_json::to_string(e).unwrap_or_default())
+}
+
+/// The live fleet page: one file, no build step, no outside assets; its data comes from the
+/// API with the token the viewer gives.
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        include_str!("page.html"),
+    )
+        .into_response()
+}
+
 /// The API's OpenAPI document, generated from the handlers and their types.
 #[derive(OpenApi)]
 #[openapi(
@@ -433,7 +491,8 @@ async fn events(State(s): State<ApiState>, Query(q): Query<EventQuery>) -> Json<
         restart_bot,
         import_bots,
         fleet,
-        events
+        events,
+        event_stream
     ),
     components(schemas(
         ApiError,
@@ -501,6 +560,7 @@ pub(crate) fn routes(state: ApiState) -> Router {
         .route("/bots/{id}/restart", post(restart_bot))
         .route("/fleet", get(fleet))
         .route("/events", get(events))
+        .route("/events/stream", get(event_stream))
         .route("/openapi.json", get(openapi))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .merge(import)
@@ -508,7 +568,7 @@ pub(crate) fn routes(state: ApiState) -> Router {
         .layer(middleware::from_fn(too_large_as_json))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state);
-    Router::new().nest("/api/v1", api)
+    Router::new().route("/", get(page)).nest("/api/v1", api)
 }
 
 #[cfg(test)]
@@ -563,7 +623,7 @@ mod tests {
             },
             coord,
             mode: "embedded",
-            journal: Journal::new("w1", 10),
+            journal: Journal::new(10),
             token_digest: token.map(digest),
         }
     }

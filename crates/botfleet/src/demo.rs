@@ -9,9 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context;
 use botfleet_coord::{Coordinator, MemoryCoordinator, MemoryHub};
 use botfleet_core::{BotId, BotSpec, Platform, Secret, WorkerId};
-use botfleet_runtime::{Metrics, Worker, WorkerConfig};
+use botfleet_runtime::{Journal, Metrics, Worker, WorkerConfig};
 use botfleet_slack::fake::FakeSlack;
 use botfleet_store::{MemoryStore, Store};
 use botfleet_telegram::fake::FakeTelegram;
@@ -36,6 +37,15 @@ pub(crate) struct DemoArgs {
     /// The workers' lease in ms (1000-60000): how long a dead worker's bots wait.
     #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(1_000..=60_000))]
     lease_ms: u64,
+    /// Where the live fleet page and the control API listen (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    http_addr: std::net::SocketAddr,
+    /// Seconds to wait, page up, before users start writing (0-600): time to open the page.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600))]
+    wait_s: u64,
+    /// Keep serving the page after the report, until Ctrl-C.
+    #[arg(long)]
+    stay: bool,
 }
 
 struct DemoWorker {
@@ -60,6 +70,7 @@ fn start_worker(
     hub: &MemoryHub,
     store: Arc<dyn Store>,
     lease: Duration,
+    journal: &Arc<Journal>,
 ) -> anyhow::Result<DemoWorker> {
     let id = WorkerId::new(name)?;
     let mut cfg = WorkerConfig::new(id.clone());
@@ -67,7 +78,8 @@ fn start_worker(
     cfg.reconcile_every = Duration::from_millis(250);
     cfg.telegram.poll_timeout = Duration::from_secs(5);
     let handle = hub.coordinator();
-    let worker = Worker::new(cfg, Arc::new(handle.clone()) as Arc<dyn Coordinator>, store)?;
+    let worker = Worker::new(cfg, Arc::new(handle.clone()) as Arc<dyn Coordinator>, store)?
+        .with_journal(journal.clone());
     let metrics = worker.metrics();
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
@@ -200,6 +212,23 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     }
     let hub = MemoryHub::new();
     let lease = Duration::from_millis(a.lease_ms);
+    let journal = Journal::new(botfleet_runtime::JOURNAL_CAPACITY);
+    // The live page and the API, over the demo's own registry and coordination.
+    let probe: Arc<dyn Coordinator> = Arc::new(hub.coordinator());
+    let router = crate::api::routes(crate::api::ApiState {
+        registry: crate::registry::Registry {
+            store: store.clone(),
+            fleet: Some(probe.clone()),
+        },
+        coord: probe,
+        mode: "demo",
+        journal: journal.clone(),
+        token_digest: None,
+    });
+    let (addr, http_task) = botfleet_runtime::http::serve_router(a.http_addr, router)
+        .await
+        .with_context(|| format!("binding {} (--http-addr)", a.http_addr))?;
+    println!("watch it live: http://{addr}/");
     let mut ws = Vec::new();
     for i in 0..3 {
         ws.push(start_worker(
@@ -207,6 +236,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             &hub,
             store.clone(),
             lease,
+            &journal,
         )?);
     }
     println!(
@@ -224,6 +254,10 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     println!("all {} bots connected after {:?}", a.bots, start.elapsed());
+    if a.wait_s > 0 {
+        println!("users start writing in {} s", a.wait_s);
+        tokio::time::sleep(Duration::from_secs(a.wait_s)).await;
+    }
 
     // Users write c<chat>-<n>: each chat's messages must come back once each, in order.
     let mut expected: HashMap<Platform, Chats> = HashMap::new();
@@ -293,7 +327,13 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             }
         }
         if !joined && t0.elapsed() >= join_at {
-            ws.push(start_worker("worker-3", &hub, store.clone(), lease)?);
+            ws.push(start_worker(
+                "worker-3",
+                &hub,
+                store.clone(),
+                lease,
+                &journal,
+            )?);
             joined = true;
             println!(
                 "{}  -> worker-3 joins",
@@ -357,6 +397,10 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         ),
         None => println!("  kill -> bots back                  not within the run"),
     }
+    if a.stay {
+        println!("\nthe page stays up at http://{addr}/ — Ctrl-C to end");
+        let _ = tokio::signal::ctrl_c().await;
+    }
     for w in &mut ws {
         if let Some(s) = w.stop.take() {
             let _ = s.send(());
@@ -365,6 +409,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     for w in ws {
         let _ = tokio::time::timeout(Duration::from_secs(10), w.task).await;
     }
+    http_task.abort();
     Ok(if failed || conflicts > 0 || overlaps > 0 {
         ExitCode::FAILURE
     } else {

@@ -107,6 +107,22 @@ pub(crate) async fn status_doc(
     mode: &str,
 ) -> anyhow::Result<serde_json::Value> {
     let bots = store.list_bots(&BotFilter::default()).await?;
+    // Bots by platform and reported state (disabled ones apart).
+    let mut by_platform: std::collections::BTreeMap<&str, std::collections::BTreeMap<&str, u64>> =
+        std::collections::BTreeMap::new();
+    for b in &bots {
+        let state = if b.spec.enabled {
+            b.status.as_str()
+        } else {
+            "disabled"
+        };
+        *by_platform
+            .entry(b.spec.platform.as_str())
+            .or_default()
+            .entry(state)
+            .or_default() += 1;
+    }
+    let by_platform = serde_json::to_value(&by_platform)?;
     let Some(coord) = coord else {
         // Embedded: the coordinator lives inside the worker process; the store says enough.
         let running = bots
@@ -123,6 +139,7 @@ pub(crate) async fn status_doc(
             "bots": bots.len(),
             "running": running,
             "failed": failed,
+            "by_platform": by_platform,
         }));
     };
     let live = coord.live_workers().await.context("listing workers")?;
@@ -143,7 +160,18 @@ pub(crate) async fn status_doc(
     });
     let mut unowned = Vec::new();
     let mut running = 0usize;
+    // A bot its live worker reports running is owned; only the others are asked about (one
+    // coordinator call each), so a page refreshing every second costs little at 10,000 bots.
+    let live_ids: std::collections::HashSet<&str> = live.iter().map(|w| w.id.as_str()).collect();
     for b in bots.iter().filter(|b| b.spec.enabled) {
+        if b.status == BotStatus::Running
+            && b.reported_by
+                .as_deref()
+                .is_some_and(|w| live_ids.contains(w))
+        {
+            running += 1;
+            continue;
+        }
         let owner = coord.owner(&b.spec.id).await?;
         if owner.as_ref().is_some_and(|o| o.live) {
             running += 1;
@@ -177,9 +205,12 @@ pub(crate) async fn status_doc(
         "workers": live.iter().map(|w| serde_json::json!({
             "id": w.id.as_str(), "host": w.meta.host, "capacity": w.meta.capacity,
             "bots_held": w.meta.bots_held, "heartbeat_age_ms": w.heartbeat_age_ms,
+            "rss_bytes": w.meta.rss_bytes,
+            "lease_ms": u64::try_from(w.lease.as_millis()).unwrap_or(u64::MAX),
         })).collect::<Vec<_>>(),
         "bots": enabled.len(),
         "owned": running,
+        "by_platform": by_platform,
         "grace_window_ms": grace_ms,
         "epoch": epoch.as_ref().map(|e| serde_json::json!({
             "id": e.id, "age_ms": u64::try_from(e.age.as_millis()).unwrap_or(u64::MAX),

@@ -349,7 +349,9 @@ fn the_systemd_unit_runs_an_embedded_worker_from_a_valid_config_file() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = read("deploy/botfleet.toml");
     assert!(
-        !text.lines().any(|l| l.trim_start().starts_with("redis_url")),
+        !text
+            .lines()
+            .any(|l| l.trim_start().starts_with("redis_url")),
         "embedded mode: no Redis"
     );
     // The example's paths match the unit's state directory.

@@ -44,7 +44,16 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// [`CoordError::NotRegistered`](crate::CoordError) before `register`; backend failures.
-    async fn renew(&self, bots_held: u32) -> Result<Renewal>;
+    async fn renew(&self, bots_held: u32) -> Result<Renewal> {
+        self.renew_with(bots_held, 0).await
+    }
+
+    /// [`Coordinator::renew`], also saying how much memory the worker uses (shown in the
+    /// fleet's status).
+    ///
+    /// # Errors
+    /// As [`Coordinator::renew`].
+    async fn renew_with(&self, bots_held: u32, rss_bytes: u64) -> Result<Renewal>;
 
     /// Ends this worker's liveness at once, so others see the departure without waiting for
     /// the lease. Claims it still holds become free.

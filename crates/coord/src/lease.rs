@@ -190,7 +190,7 @@ async fn renew_loop(
         // A renewal that takes longer than the lease is useless: its answer would be stale.
         let answer = tokio::time::timeout(
             Duration::from_millis(shared.lease_ms / 3),
-            coord.renew(shared.bots_held.load(Ordering::Relaxed)),
+            coord.renew_with(shared.bots_held.load(Ordering::Relaxed), rss_bytes()),
         )
         .await;
         match answer {
@@ -222,4 +222,12 @@ async fn renew_loop(
             info!(%worker, "lease no longer safe to act on");
         }
     }
+}
+
+/// This process's resident memory in bytes (Linux: `/proc/self/statm`); 0 when unknown.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages.saturating_mul(4096))
 }

@@ -372,7 +372,7 @@ impl Coordinator for MemoryCoordinator {
         Ok(inc)
     }
 
-    async fn renew(&self, bots_held: u32) -> Result<Renewal> {
+    async fn renew_with(&self, bots_held: u32, rss_bytes: u64) -> Result<Renewal> {
         let (w, inc) = self.me()?;
         let now = self.now();
         let mut st = self.state()?;
@@ -396,6 +396,7 @@ impl Coordinator for MemoryCoordinator {
                 m.deadline_ms = now + m.lease_ms;
                 m.renewed_at_ms = now;
                 m.meta.bots_held = bots_held;
+                m.meta.rss_bytes = rss_bytes;
                 m.seq += 1;
                 self.known.saw_seq(m.seq);
                 Ok(Renewal::Renewed)

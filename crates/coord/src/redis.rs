@@ -347,9 +347,10 @@ impl Coordinator for RedisCoordinator {
         Ok(inc)
     }
 
-    async fn renew(&self, bots_held: u32) -> Result<Renewal> {
+    async fn renew_with(&self, bots_held: u32, rss_bytes: u64) -> Result<Renewal> {
         let mut reg = self.reg()?;
         reg.meta.bots_held = bots_held;
+        reg.meta.rss_bytes = rss_bytes;
         let mut inv = SCRIPTS.renew.prepare_invoke();
         self.membership_keys(&mut inv)
             .key(self.ks.epoch())
@@ -419,6 +420,7 @@ impl Coordinator for RedisCoordinator {
                         capacity: 0,
                         started_at_ms: 0,
                         bots_held: 0,
+                        rss_bytes: 0,
                     }
                 }
             };

@@ -16,6 +16,9 @@ pub struct WorkerMeta {
     pub started_at_ms: i64,
     /// How many bots it runs now; refreshed on renewal.
     pub bots_held: u32,
+    /// Its resident memory in bytes at the last renewal (0: unknown).
+    #[serde(default)]
+    pub rss_bytes: u64,
 }
 
 /// A worker whose liveness is current.

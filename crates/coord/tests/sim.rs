@@ -90,6 +90,7 @@ fn meta() -> WorkerMeta {
         capacity: 10_000,
         started_at_ms: 0,
         bots_held: 0,
+        rss_bytes: 0,
     }
 }
 

@@ -39,7 +39,6 @@ pub struct JournalEntry {
 /// The bounded journal. Cheap to clone a handle of (`Arc`).
 #[derive(Debug)]
 pub struct Journal {
-    worker: String,
     cap: usize,
     inner: Mutex<Inner>,
     live: broadcast::Sender<JournalEntry>,
@@ -55,11 +54,11 @@ struct Inner {
 pub const JOURNAL_CAPACITY: usize = 2_000;
 
 impl Journal {
-    /// An empty journal of `worker` keeping the last `cap` entries.
-    pub fn new(worker: impl Into<String>, cap: usize) -> Arc<Self> {
-        let (live, _) = broadcast::channel(256);
+    /// An empty journal keeping the last `cap` entries (workers of one process may share
+    /// one).
+    pub fn new(cap: usize) -> Arc<Self> {
+        let (live, _) = broadcast::channel(1024);
         Arc::new(Self {
-            worker: worker.into(),
             cap: cap.max(1),
             inner: Mutex::new(Inner {
                 next: 1,
@@ -69,9 +68,10 @@ impl Journal {
         })
     }
 
-    /// Records something that happened.
+    /// Records something `worker` saw happen.
     pub fn record(
         &self,
+        worker: &str,
         kind: &'static str,
         bot: Option<&str>,
         peer: Option<&str>,
@@ -85,7 +85,7 @@ impl Journal {
             let e = JournalEntry {
                 seq: g.next,
                 at_ms,
-                worker: self.worker.clone(),
+                worker: worker.to_owned(),
                 kind,
                 bot: bot.map(str::to_owned),
                 peer: peer.map(str::to_owned),
@@ -124,10 +124,10 @@ mod tests {
 
     #[test]
     fn keeps_the_newest_and_reads_from_a_sequence_number() {
-        let j = Journal::new("w1", 3);
+        let j = Journal::new(3);
         let mut live = j.follow();
         for i in 0..5 {
-            j.record("bot_started", Some(&format!("b{i}")), None, None);
+            j.record("w1", "bot_started", Some(&format!("b{i}")), None, None);
         }
         let all = j.since(0, 100);
         let seqs: Vec<u64> = all.iter().map(|e| e.seq).collect();

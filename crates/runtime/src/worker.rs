@@ -119,7 +119,7 @@ impl Worker {
             .map_err(|e| botfleet_telegram::TelegramError::Network(e.without_url()))?;
         let metrics = Arc::new(Metrics::default());
         metrics.set_capacity(cfg.capacity);
-        let journal = Journal::new(cfg.worker_id.as_str(), JOURNAL_CAPACITY);
+        let journal = Journal::new(JOURNAL_CAPACITY);
         Ok(Self {
             cfg,
             coord,
@@ -142,6 +142,14 @@ impl Worker {
     /// leaving), for the control API and the live page.
     pub fn journal(&self) -> Arc<Journal> {
         self.journal.clone()
+    }
+
+    /// Records into `journal` instead of a journal of its own (workers of one process
+    /// sharing one, as the demo's do).
+    #[must_use]
+    pub fn with_journal(mut self, journal: Arc<Journal>) -> Self {
+        self.journal = journal;
+        self
     }
 
     /// True once the first claim pass is done; false while draining.
@@ -247,6 +255,7 @@ fn me_meta(cfg: &WorkerConfig) -> WorkerMeta {
         capacity: cfg.capacity,
         started_at_ms: botfleet_core::unix_ms(),
         bots_held: 0,
+        rss_bytes: 0,
     }
 }
 
@@ -560,9 +569,7 @@ impl State {
     fn self_fence(&mut self, why: &LeaseLost) {
         warn!(worker = %self.me(), reason = %why, bots = self.running.len(), "lease not safe; stopping every bot");
         self.w.metrics.self_fence();
-        self.w
-            .journal
-            .record("self_fenced", None, None, Some(&why.to_string()));
+        self.note("self_fenced", None, None, Some(&why.to_string()));
         self.fenced = true;
         let all: Vec<BotId> = self.running.keys().cloned().collect();
         for bot in all {
@@ -572,6 +579,19 @@ impl State {
         if let Some(l) = &self.lease {
             l.set_bots_held(0);
         }
+    }
+
+    /// Journals something this worker saw happen.
+    fn note(
+        &self,
+        kind: &'static str,
+        bot: Option<&str>,
+        peer: Option<&str>,
+        detail: Option<&str>,
+    ) {
+        self.w
+            .journal
+            .record(self.me().as_str(), kind, bot, peer, detail);
     }
 
     /// Handles one signal; answers whether placement should be looked at again.
@@ -589,10 +609,8 @@ impl State {
                     BotExit::Stopped => false,
                     BotExit::Failed(why) => {
                         debug!(%bot, why = %why, "bot parked");
-                        self.w
-                            .journal
-                            .record("bot_failed", Some(bot.as_str()), None, Some(&why));
                         r.parked = true;
+                        self.note("bot_failed", Some(bot.as_str()), None, Some(&why));
                         false
                     }
                     BotExit::Fenced(why) => {
@@ -620,7 +638,7 @@ impl State {
             }
             Signal::Command(WorkerCommand::Restart { bot })
             | Signal::Event(LifecycleEvent::Restart(bot)) => {
-                self.w.journal.record(
+                self.note(
                     "registry_changed",
                     Some(bot.as_str()),
                     None,
@@ -636,9 +654,7 @@ impl State {
             }
             Signal::Command(WorkerCommand::Leaving { worker }) => {
                 info!(%worker, "a worker is leaving; placing its bots without it");
-                self.w
-                    .journal
-                    .record("worker_leaving", None, Some(worker.as_str()), None);
+                self.note("worker_leaving", None, Some(worker.as_str()), None);
                 self.leaving.insert(worker);
                 true
             }
@@ -647,9 +663,7 @@ impl State {
                     LifecycleEvent::Activate(b) => (b, "activate"),
                     LifecycleEvent::Deactivate(b) | LifecycleEvent::Restart(b) => (b, "deactivate"),
                 };
-                self.w
-                    .journal
-                    .record("registry_changed", Some(bot.as_str()), None, Some(what));
+                self.note("registry_changed", Some(bot.as_str()), None, Some(what));
                 self.registry_stale = true;
                 true
             }

@@ -42,6 +42,7 @@ pub fn meta() -> WorkerMeta {
         capacity: 100,
         started_at_ms: 1,
         bots_held: 0,
+        rss_bytes: 0,
     }
 }
 
@@ -102,11 +103,12 @@ async fn outlive_lease(keep: &[&Arc<dyn Coordinator>]) {
 pub async fn membership_lists_and_unregisters<F: CoordFixture>(f: &F) {
     let a = worker(f, "w-a", Duration::from_secs(30)).await;
     let b = worker(f, "w-b", Duration::from_secs(30)).await;
-    assert_eq!(b.renew(7).await.unwrap(), Renewal::Renewed);
+    assert_eq!(b.renew_with(7, 12_345_678).await.unwrap(), Renewal::Renewed);
     let live = a.live_workers().await.unwrap();
     let ids: Vec<_> = live.iter().map(|w| w.id.as_str()).collect();
     assert_eq!(ids, ["w-a", "w-b"]);
     assert_eq!(live[1].meta.bots_held, 7);
+    assert_eq!(live[1].meta.rss_bytes, 12_345_678);
     assert_eq!(live[1].meta.capacity, 100);
     assert!(live[1].heartbeat_age_ms < 5_000);
     b.unregister().await.unwrap();

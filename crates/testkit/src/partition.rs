@@ -55,9 +55,9 @@ impl Coordinator for Partition {
         self.check()?;
         self.inner.register(w, m, l).await
     }
-    async fn renew(&self, n: u32) -> Result<Renewal> {
+    async fn renew_with(&self, n: u32, rss: u64) -> Result<Renewal> {
         self.check()?;
-        self.inner.renew(n).await
+        self.inner.renew_with(n, rss).await
     }
     async fn unregister(&self) -> Result<()> {
         self.check()?;

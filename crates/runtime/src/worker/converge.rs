@@ -199,16 +199,13 @@ impl State {
             return;
         };
         match &after {
-            After::HandOver(to) if to != self.me() => self.w.journal.record(
+            After::HandOver(to) if to != self.me() => self.note(
                 "bot_handed_over",
                 Some(bot.as_str()),
                 Some(to.as_str()),
                 None,
             ),
-            _ => self
-                .w
-                .journal
-                .record("bot_stopped", Some(bot.as_str()), None, None),
+            _ => self.note("bot_stopped", Some(bot.as_str()), None, None),
         }
         self.stopping.insert(bot.clone());
         let (coord, tx, metrics, slots) = (
@@ -451,14 +448,10 @@ impl State {
         let now: std::collections::HashSet<WorkerId> = live.iter().map(|l| l.id.clone()).collect();
         if let Some(before) = &self.members_seen {
             for w in now.difference(before) {
-                self.w
-                    .journal
-                    .record("worker_joined", None, Some(w.as_str()), None);
+                self.note("worker_joined", None, Some(w.as_str()), None);
             }
             for w in before.difference(&now) {
-                self.w
-                    .journal
-                    .record("worker_left", None, Some(w.as_str()), None);
+                self.note("worker_left", None, Some(w.as_str()), None);
             }
         }
         self.members_seen = Some(now);
@@ -472,7 +465,7 @@ impl State {
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let platform = rec.spec.platform;
-        self.w.journal.record(
+        self.note(
             "bot_started",
             Some(bot.as_str()),
             None,
@@ -543,7 +536,7 @@ impl State {
         let started = Instant::now();
         let me = self.me().clone();
         info!(worker = %me, bots = self.running.len(), "draining");
-        self.w.journal.record(
+        self.note(
             "draining",
             None,
             None,
