@@ -375,7 +375,7 @@ async fn import_bots(
         .enumerate()
         .map(|(n, l)| (n + 1, Ok(l.to_owned())))
         .collect();
-    let results = s.registry.import(lines, q.upsert).await;
+    let results = s.registry.import(lines, q.upsert, |_| {}).await;
     let mut report = ImportReport {
         added: 0,
         updated: 0,

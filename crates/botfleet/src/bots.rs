@@ -2,7 +2,10 @@
 //! lifecycle event so running workers react within a second; without it, an embedded worker
 //! on the same database picks changes up at its next registry refresh (2 s by default).
 
-use std::{io::BufRead, process::ExitCode};
+use std::{
+    io::{BufRead, IsTerminal},
+    process::ExitCode,
+};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
@@ -453,7 +456,21 @@ async fn import(
             .lines()
             .enumerate()
             .map(|(n, l)| (n + 1, l.map_err(|e| e.to_string())));
-        for r in reg.import(lines, upsert).await {
+        // On a terminal, a progress line (thousands of lines take a while on a remote
+        // database); never in a pipe or a file.
+        let terminal = std::io::stderr().is_terminal();
+        let mut shown = std::time::Instant::now();
+        let progress = |n: usize| {
+            if terminal && shown.elapsed() >= std::time::Duration::from_millis(250) {
+                shown = std::time::Instant::now();
+                eprint!("\r{n} lines read…");
+            }
+        };
+        let results = reg.import(lines, upsert, progress).await;
+        if terminal {
+            eprint!("\r\x1b[K");
+        }
+        for r in results {
             match r.outcome {
                 LineOutcome::Done { change } => counts[change as usize] += 1,
                 LineOutcome::Refused { error, .. } => refused.push((r.line as u64, error)),

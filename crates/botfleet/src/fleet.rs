@@ -22,6 +22,11 @@ pub(crate) enum FleetCommand {
         /// One JSON document instead of tables.
         #[arg(long)]
         json: bool,
+        /// Show it again every this many seconds (1-3600) until Ctrl-C; on a terminal the
+        /// screen is redrawn.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2",
+              value_parser = clap::value_parser!(u64).range(1..=3_600))]
+        watch: Option<u64>,
     },
 }
 
@@ -31,8 +36,34 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
         backends,
         remote,
         json,
+        watch,
     } = cmd;
-    let doc = match remote.client()? {
+    let Some(every) = watch else {
+        let doc = status(&backends, &remote).await?;
+        print(&doc, json);
+        return Ok(ExitCode::SUCCESS);
+    };
+    use std::io::IsTerminal;
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        let doc = status(&backends, &remote).await;
+        if terminal {
+            print!("\x1b[H\x1b[2J");
+        }
+        match doc {
+            Ok(doc) => print(&doc, json),
+            Err(e) => println!("error: {e:#}"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_secs(every)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+/// The status document, through the API or from the store and Redis.
+async fn status(backends: &Backends, remote: &Remote) -> anyhow::Result<serde_json::Value> {
+    Ok(match remote.client()? {
         Some(api) => api.call(reqwest::Method::GET, "/fleet", None).await?,
         None => {
             let store = backends.store().await?;
@@ -41,10 +72,14 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
                 None => status_doc(&*store, None, "embedded").await?,
             }
         }
-    };
+    })
+}
+
+/// Prints the status document as JSON or tables.
+fn print(doc: &serde_json::Value, json: bool) {
     if json {
         println!("{doc}");
-        return Ok(ExitCode::SUCCESS);
+        return;
     }
     if doc["workers"].is_null() {
         println!(
@@ -58,7 +93,7 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
                 b["reason"].as_str().unwrap_or("?")
             );
         }
-        return Ok(ExitCode::SUCCESS);
+        return;
     }
     println!(
         "{:<24} {:<20} {:>9} {:>9} {:>14}",
@@ -94,7 +129,6 @@ pub(crate) async fn run(cmd: FleetCommand) -> anyhow::Result<ExitCode> {
             u["why"].as_str().unwrap_or_default()
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// The fleet as one JSON document: workers (heartbeat age, capacity, bots held), enabled

@@ -563,12 +563,18 @@ impl Registry {
 
     /// Imports JSON lines: each line is added (or, with `upsert`, added or updated) on its
     /// own; a refused line does not stop the others.
-    pub(crate) async fn import<I>(&self, lines: I, upsert: bool) -> Vec<LineResult>
+    pub(crate) async fn import<I>(
+        &self,
+        lines: I,
+        upsert: bool,
+        mut progress: impl FnMut(usize) + Send,
+    ) -> Vec<LineResult>
     where
         I: IntoIterator<Item = (usize, Result<String, String>)>,
     {
         let mut out = Vec::new();
         for (n, line) in lines {
+            progress(n);
             let line = match line {
                 Ok(l) if l.trim().is_empty() => continue,
                 Ok(l) => l,
@@ -780,6 +786,7 @@ mod tests {
                     (3, Ok("{".to_owned())),
                 ],
                 false,
+                |_| {},
             )
             .await;
         let codes: Vec<String> = report

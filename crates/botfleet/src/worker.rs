@@ -76,6 +76,11 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_REGISTRY_REFRESH_MS",
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     registry_refresh_ms: Option<u64>,
+    /// Show the message counts of this many of the busiest bots in /metrics (0-1000), as
+    /// `botfleet_bot_messages_received_total{bot_id}`: a bounded label set.
+    #[arg(long, env = "BOTFLEET_METRICS_TOP_BOTS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(0..=1_000))]
+    metrics_top_bots: u32,
     /// Async runtime threads (1-256). One thread serves thousands of idle long polls with the
     /// fewest wake-ups; to use more cores, run more workers (or raise this for busy bots).
     #[arg(long, env = "BOTFLEET_WORKER_THREADS", default_value_t = 1,
@@ -193,6 +198,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let worker = Worker::new(cfg, coord.clone(), store.clone())?;
+    worker.metrics().set_top_bots(a.metrics_top_bots);
     let router = http::app(http::HttpState {
         metrics: worker.metrics(),
         ready: worker.readiness(),

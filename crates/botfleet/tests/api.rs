@@ -159,6 +159,25 @@ async fn every_route_works_refuses_bad_input_and_never_returns_a_token() {
         let (s, _) = who.call("GET", "/bots", None).await;
         assert_eq!(s, 401);
     }
+    // Every route refuses a request without the token.
+    for (method, path) in [
+        ("GET", "/bots"),
+        ("POST", "/bots"),
+        ("GET", "/bots/a"),
+        ("PATCH", "/bots/a"),
+        ("DELETE", "/bots/a"),
+        ("POST", "/bots/a/enable"),
+        ("POST", "/bots/a/disable"),
+        ("POST", "/bots/a/restart"),
+        ("POST", "/bots/import"),
+        ("GET", "/fleet"),
+        ("GET", "/events"),
+        ("GET", "/events/stream"),
+        ("GET", "/openapi.json"),
+    ] {
+        let (s, v) = anonymous.call(method, path, Some("{}".into())).await;
+        assert_eq!((s, code(&v)), (401, "unauthorized"), "{method} {path}");
+    }
     let (s, v) = api.call("GET", "/bots", None).await;
     assert_eq!(
         (s, v["bots"].as_array().unwrap().len()),

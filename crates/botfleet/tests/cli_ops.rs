@@ -199,6 +199,20 @@ impl Drop for Worker {
     }
 }
 
+/// What follows `marker` in the first line of `child`'s stderr that has it (20 s at most).
+fn first_line(child: &mut Child, marker: &'static str) -> Option<String> {
+    let stderr = child.stderr.take()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split(marker).nth(1) {
+                let _ = tx.send(rest.trim().to_owned());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(20)).ok()
+}
+
 /// Starts an embedded worker and reads its HTTP address from its log.
 fn start_worker(db: &str) -> Worker {
     start_worker_with(db, &[])
@@ -222,18 +236,7 @@ fn start_worker_with(db: &str, extra: &[&str]) -> Worker {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(url) = line.split("listening on ").nth(1) {
-                let _ = tx.send(url.trim().to_owned());
-            }
-        }
-    });
-    let url = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("worker printed its address");
+    let url = first_line(&mut child, "listening on ").expect("worker printed its address");
     Worker { child, url }
 }
 
@@ -695,4 +698,71 @@ async fn tokens_are_encrypted_at_rest_and_rotated_while_the_worker_runs() {
     .await;
     answered("after the restart").await;
     drop(w);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_operations_show_progress() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let dir = tempdir();
+    let db = db(&dir);
+    for i in 0..3 {
+        let token = format!("{}:PROGRESS", 600 + i);
+        fake.state().add_bot(&token);
+        let o = bots_add(
+            &db,
+            &format!("p{i}"),
+            "telegram",
+            &token,
+            &["--api-url", &fake.url()],
+        );
+        assert!(o.status.success());
+    }
+    // A worker's cold start ends with a line saying its whole share runs.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args([
+            "worker",
+            "--database-url",
+            &db,
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--poll-timeout-s", "1", "--log-format", "text"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = first_line(&mut child, "cold start done");
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line.expect("a cold-start line");
+    assert!(line.contains("bots=3"), "{line}");
+    // `fleet status --watch` shows the status again and again.
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args([
+            "fleet",
+            "status",
+            "--json",
+            "--watch",
+            "1",
+            "--database-url",
+            &db,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = watch.stdout.take().unwrap();
+    let mut docs = 0;
+    for line in BufReader::new(out).lines().map_while(Result::ok) {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["bots"], 3);
+        docs += 1;
+        if docs == 2 {
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(docs, 2);
 }

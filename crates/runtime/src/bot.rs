@@ -407,7 +407,7 @@ impl BotCtx {
                     self.metrics.redelivered(self.spec.platform);
                     continue;
                 }
-                self.metrics.received();
+                self.metrics.received_by(self.spec.id.as_str());
                 chats.dispatch_new(item);
             }
         };

@@ -54,6 +54,12 @@ pub const REGISTRATIONS_TOTAL: &str = "botfleet_registrations_total";
 /// Seconds left in the fleet's grace window after a coordinator data loss, as this worker
 /// last saw it (0 outside one): bots that had owners wait until it ends.
 pub const GRACE_WINDOW_SECONDS: &str = "botfleet_grace_window_seconds";
+/// Messages received by each of the busiest bots on this worker (bounded: the top N only).
+pub const BOT_MESSAGES_RECEIVED_TOTAL: &str = "botfleet_bot_messages_received_total";
+/// The worker process's resident memory.
+pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "botfleet_process_resident_memory_bytes";
+/// The worker process's open file descriptors (every connection is one).
+pub const PROCESS_OPEN_FDS: &str = "botfleet_process_open_fds";
 
 /// Counters and gauges of one worker.
 #[derive(Debug, Default)]
@@ -78,6 +84,10 @@ pub struct Metrics {
     // std Mutex: held for one map update, never across .await.
     connections: Mutex<BTreeMap<Platform, u64>>,
     errors: Mutex<BTreeMap<(Platform, &'static str), u64>>,
+    /// Messages received per bot id (only bots that received any).
+    per_bot: Mutex<std::collections::HashMap<String, u64>>,
+    /// How many of the busiest bots `render` shows (0: none).
+    top_bots: AtomicU64,
 }
 
 fn idx(p: Platform) -> usize {
@@ -108,6 +118,21 @@ impl Metrics {
     /// A message was received.
     pub fn received(&self) {
         self.received.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A message was received by `bot` (counts toward [`Metrics::received`] too).
+    pub fn received_by(&self, bot: &str) {
+        self.received();
+        let mut m = lock(&self.per_bot);
+        match m.get_mut(bot) {
+            Some(n) => *n += 1,
+            None => {
+                m.insert(bot.to_owned(), 1);
+            }
+        }
+    }
+    /// Shows the `n` busiest bots' message counts (a bounded label set; 0 shows none).
+    pub fn set_top_bots(&self, n: u32) {
+        self.top_bots.store(u64::from(n), Ordering::Relaxed);
     }
     /// A message was sent.
     pub fn sent(&self) {
@@ -345,6 +370,46 @@ impl Metrics {
                 );
             }
         }
+        let top = usize::try_from(self.top_bots.load(Ordering::Relaxed)).unwrap_or(0);
+        if top > 0 {
+            let mut busiest: Vec<(String, u64)> = lock(&self.per_bot)
+                .iter()
+                .map(|(b, n)| (b.clone(), *n))
+                .collect();
+            busiest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            busiest.truncate(top);
+            let _ = writeln!(
+                out,
+                "# HELP {BOT_MESSAGES_RECEIVED_TOTAL} Messages received by the busiest bots on this worker (the top {top}).\n# TYPE {BOT_MESSAGES_RECEIVED_TOTAL} counter"
+            );
+            for (b, n) in busiest {
+                let _ = writeln!(
+                    out,
+                    "{BOT_MESSAGES_RECEIVED_TOTAL}{{worker_id=\"{w}\",bot_id=\"{}\"}} {n}",
+                    escape(&b)
+                );
+            }
+        }
+        let (rss, fds) = process_stats();
+        for (name, help, v) in [
+            (
+                PROCESS_RESIDENT_MEMORY_BYTES,
+                "Resident memory of the worker process.",
+                rss,
+            ),
+            (
+                PROCESS_OPEN_FDS,
+                "Open file descriptors of the worker process (each connection is one).",
+                fds,
+            ),
+        ] {
+            if let Some(v) = v {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{worker_id=\"{w}\"}} {v}"
+                );
+            }
+        }
         out
     }
 }
@@ -410,6 +475,18 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// Resident bytes and open descriptors of this process (Linux `/proc`; `None` elsewhere).
+fn process_stats() -> (Option<u64>, Option<u64>) {
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages.saturating_mul(4096));
+    let fds = std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .map(|d| d.count() as u64);
+    (rss, fds)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,5 +516,30 @@ mod tests {
         assert!(!m
             .render("w-1")
             .contains("botfleet_grace_window_seconds{worker_id=\"w-1\"} 0.000"));
+    }
+
+    #[test]
+    fn per_bot_counts_show_only_the_busiest_bots() {
+        let m = Metrics::default();
+        for (bot, n) in [("quiet", 1), ("busy", 5), ("busier", 9)] {
+            for _ in 0..n {
+                m.received_by(bot);
+            }
+        }
+        assert!(
+            !m.render("w").contains(BOT_MESSAGES_RECEIVED_TOTAL),
+            "off by default"
+        );
+        m.set_top_bots(2);
+        let text = m.render("w");
+        assert!(text
+            .contains("botfleet_bot_messages_received_total{worker_id=\"w\",bot_id=\"busier\"} 9"));
+        assert!(text.contains("bot_id=\"busy\"} 5"));
+        assert!(!text.contains("bot_id=\"quiet\""), "{text}");
+        assert!(text.contains("botfleet_messages_received_total{worker_id=\"w\"} 15"));
+        if cfg!(target_os = "linux") {
+            assert!(text.contains("botfleet_process_resident_memory_bytes{worker_id=\"w\"} "));
+            assert!(text.contains("botfleet_process_open_fds{worker_id=\"w\"} "));
+        }
     }
 }

@@ -180,6 +180,7 @@ impl Worker {
             takes: HashSet::new(),
             leaving: HashSet::new(),
             members_seen: None,
+            cold_start: Some((Instant::now(), Instant::now())),
             last_scan: Instant::now(),
             plan: converge::Plan::default(),
             jobs: JoinSet::new(),
@@ -221,6 +222,9 @@ struct State {
     leaving: HashSet<WorkerId>,
     /// The live workers at the last pass (for the journal's joins and leaves).
     members_seen: Option<HashSet<WorkerId>>,
+    /// Until the first share is all running: when the worker started, and the last progress
+    /// line.
+    cold_start: Option<(Instant, Instant)>,
     /// When a pass last walked every running bot for ones that are no longer ours.
     last_scan: Instant,
     plan: converge::Plan,
@@ -508,6 +512,7 @@ impl State {
                     check = true;
                 }
                 _ = tick.tick() => {
+                    self.cold_start_progress();
                     for (p, c) in &self.w.connectors {
                         if let Some(n) = c.open_connections() {
                             self.w.metrics.set_connections(*p, n);
@@ -578,6 +583,32 @@ impl State {
         self.held_by.clear();
         if let Some(l) = &self.lease {
             l.set_bots_held(0);
+        }
+    }
+
+    /// While the worker's first share is starting: a progress line every 2 s, and one when
+    /// every bot of it runs.
+    fn cold_start_progress(&mut self) {
+        let Some((since, last)) = self.cold_start else {
+            return;
+        };
+        let share = self.plan_share();
+        let running = self.running.len();
+        if share > 0 && running >= share {
+            info!(
+                bots = running,
+                seconds = format!("{:.1}", since.elapsed().as_secs_f64()),
+                "cold start done: every bot of this worker's share runs"
+            );
+            self.cold_start = None;
+        } else if last.elapsed() >= Duration::from_secs(2) && share > 0 {
+            info!(
+                share,
+                running,
+                claiming = self.claiming.len(),
+                "cold start: starting this worker's share"
+            );
+            self.cold_start = Some((since, Instant::now()));
         }
     }
 

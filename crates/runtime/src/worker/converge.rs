@@ -443,6 +443,11 @@ impl State {
         }
     }
 
+    /// How many bots the current plan gives this worker.
+    pub(super) fn plan_share(&self) -> usize {
+        self.plan.mine.len()
+    }
+
     /// Journals the workers that joined or left since the last pass.
     fn note_members(&mut self, live: &[LiveWorker]) {
         let now: std::collections::HashSet<WorkerId> = live.iter().map(|l| l.id.clone()).collect();
