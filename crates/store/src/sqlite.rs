@@ -155,9 +155,21 @@ fn setup(mut conn: Connection, shown: &str) -> Result<Connection> {
     conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
     // journal_mode answers a row; WAL lets readers and one writer of several processes
     // coexist. (An in-memory database answers "memory", which is fine.)
-    let _mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(fail)?;
+    // Switching a fresh file to WAL takes a lock SQLite does not wait for with the busy
+    // handler: two processes opening one new file at once retry here instead of failing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
+            Ok(_) => break,
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(fail(e)),
+        }
+    }
     conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
         .map_err(fail)?;
     migrate(&mut conn).map_err(fail)?;
