@@ -239,7 +239,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// nothing at rest (memory) rewrite nothing.
     ///
     /// # Errors
-    /// [`StoreError::Secrets`] when a value does not open with the keys given; backend
+    /// [`StoreError::Secrets`](crate::StoreError::Secrets) when a value does not open with the keys given; backend
     /// failures.
     async fn reseal_secrets(&self) -> Result<u64> {
         Ok(0)
