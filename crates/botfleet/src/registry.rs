@@ -631,9 +631,31 @@ impl Registry {
             .inbox_stats()
             .await
             .map_err(RegistryError::store)?;
+        // A bot its live worker reports running is owned by that worker; only the others
+        // cost a coordinator call (10,000 bots are not 10,000 round trips).
+        let live: std::collections::HashSet<String> = match &self.fleet {
+            Some(c) => c
+                .live_workers()
+                .await
+                .map_err(|e| RegistryError {
+                    code: "fleet_unreachable",
+                    message: format!("cannot list the workers: {e}"),
+                })?
+                .into_iter()
+                .map(|w| w.id.to_string())
+                .collect(),
+            None => std::collections::HashSet::new(),
+        };
         let mut out = Vec::with_capacity(bots.len());
         for b in bots {
-            let owner = self.owner_of(&b).await?;
+            let reported = b
+                .reported_by
+                .clone()
+                .filter(|w| b.status == BotStatus::Running && live.contains(w));
+            let owner = match reported {
+                Some(w) => Some(w),
+                None => self.owner_of(&b).await?,
+            };
             out.push(view(b, owner, &inbox));
         }
         Ok(out)

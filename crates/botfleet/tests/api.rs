@@ -287,6 +287,7 @@ async fn every_route_works_refuses_bad_input_and_never_returns_a_token() {
         fake.state().is_polling("2:SECRET-OLD").then_some(())
     })
     .await;
+    let patched = std::time::Instant::now();
     let (s, v) = api
         .call(
             "PATCH",
@@ -301,6 +302,10 @@ async fn every_route_works_refuses_bad_input_and_never_returns_a_token() {
         || async { (fake.state().polls("2:SECRET-NEW") > 0).then_some(()) },
     )
     .await;
+    eprintln!(
+        "token rotated: the new token polled {:?} after the PATCH was sent",
+        patched.elapsed()
+    );
     let old_requests = fake.state().requests_of("2:SECRET-OLD");
     fake.state()
         .user_writes("2:SECRET-NEW", 5, "after the rotation");
