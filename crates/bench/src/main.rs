@@ -2,7 +2,7 @@
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
 //! (`--quick` for 1,000 bots only;
-//! `--only idle|slack|slack-idle|slack-refresh|reclaim|moves|failover|loss`
+//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|reclaim|moves|failover|loss`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
@@ -13,6 +13,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod discord;
 mod moves;
 mod shards;
 mod slack;
@@ -395,6 +396,22 @@ async fn main() -> anyhow::Result<()> {
         let n = arg("--size").unwrap_or(if quick { 1_000 } else { 2_000 });
         let spread = Duration::from_secs(arg("--spread-s").unwrap_or(60));
         slack::refresh_drill(n, spread).await?;
+    }
+    if only
+        .as_deref()
+        .is_none_or(|o| o == "discord" || o == "discord-idle")
+    {
+        let base = baseline_rss().await?;
+        let rounds = arg("--rounds").unwrap_or(35);
+        let n = arg("--size").unwrap_or(1_000);
+        discord::idle(n, rounds, base).await?;
+    }
+    if only
+        .as_deref()
+        .is_none_or(|o| o == "discord" || o == "discord-cold")
+    {
+        let n = arg("--size").unwrap_or(100);
+        discord::cold(u32::try_from(n).unwrap_or(100), 16).await?;
     }
     if only.as_deref().is_none_or(|o| o == "reclaim") {
         reclaim(if quick { 1_000 } else { 5_000 }, 5_000).await?;

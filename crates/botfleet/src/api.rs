@@ -25,6 +25,7 @@ use axum::{
 use botfleet_coord::Coordinator;
 use botfleet_runtime::{Journal, JournalEntry};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
@@ -186,6 +187,9 @@ pub(crate) struct NewBot {
     webhook_secret: Option<String>,
     /// Default true.
     enabled: Option<bool>,
+    /// Discord: `"auto"` (default: what Discord recommends) or a count from 1 to 4096.
+    #[schema(value_type = Option<String>)]
+    shards: Option<Value>,
 }
 
 /// What `PATCH /bots/{id}` changes: a field left out is kept, `null` clears an optional one.
@@ -199,6 +203,8 @@ pub(crate) struct BotChange {
     webhook_url: Option<String>,
     webhook_secret: Option<String>,
     enabled: Option<bool>,
+    #[schema(value_type = Option<String>)]
+    shards: Option<Value>,
 }
 
 /// A bot and what the request did to it.

@@ -56,6 +56,9 @@ pub(crate) struct UpdateArgs {
     /// A new webhook signing key; an empty value sends unsigned requests.
     #[arg(long)]
     webhook_secret: Option<String>,
+    /// Discord: a new shard count, or `auto`.
+    #[arg(long, value_parser = shard_count, value_name = "auto|N")]
+    shards: Option<ShardCount>,
 }
 
 impl UpdateArgs {
@@ -85,6 +88,7 @@ impl UpdateArgs {
             webhook_url: self.webhook_url.map(Some),
             webhook_secret: clear(self.webhook_secret),
             enabled: None,
+            shards: self.shards.map(|s| s.0),
         };
         if patch.token.is_none()
             && patch.app_token.is_none()
@@ -92,8 +96,9 @@ impl UpdateArgs {
             && patch.handler.is_none()
             && patch.webhook_url.is_none()
             && patch.webhook_secret.is_none()
+            && patch.shards.is_none()
         {
-            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret");
+            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards");
         }
         Ok(patch)
     }
@@ -115,7 +120,8 @@ pub(crate) struct AddArgs {
     #[arg(long, env = "BOTFLEET_APP_TOKEN", hide_env_values = true)]
     app_token: Option<String>,
     /// The platform API's base URL: a self-hosted Bot API server for Telegram; Slack's Web
-    /// API base (default `https://slack.com/api/`).
+    /// API base (default `https://slack.com/api/`); Discord's REST base with the version
+    /// (default `https://discord.com/api/v10`).
     #[arg(long)]
     api_url: Option<String>,
     /// How the bot answers.
@@ -130,6 +136,24 @@ pub(crate) struct AddArgs {
     /// Register it disabled.
     #[arg(long)]
     disabled: bool,
+    /// Discord: the number of shards (1-4096), or `auto` for the count Discord recommends
+    /// (`GET /gateway/bot`, read again when the bot restarts).
+    #[arg(long, value_parser = shard_count, value_name = "auto|N")]
+    shards: Option<ShardCount>,
+}
+
+/// `--shards`: `auto` or a count.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ShardCount(Option<u32>);
+
+fn shard_count(s: &str) -> Result<ShardCount, String> {
+    if s == "auto" {
+        return Ok(ShardCount(None));
+    }
+    match s.parse::<u32>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(ShardCount(Some(n))),
+        _ => Err("must be auto or a number from 1 to 4096".into()),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -156,7 +180,7 @@ pub(crate) enum BotsCommand {
         change: UpdateArgs,
     },
     /// Register many bots from a JSON-lines file (fields of `add`: id, platform, token,
-    /// app_token, api_url, handler, webhook_url, webhook_secret, enabled); `-` reads standard
+    /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards); `-` reads standard
     /// input.
     Import {
         #[command(flatten)]
@@ -236,6 +260,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 webhook_url: bot.webhook_url,
                 webhook_secret: bot.webhook_secret,
                 enabled: Some(!bot.disabled),
+                shards: bot.shards.and_then(|s| s.0),
             };
             let id = line.id.clone();
             match remote.client()? {

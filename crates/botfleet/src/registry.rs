@@ -72,6 +72,7 @@ pub(crate) const BOT_FIELDS: &[&str] = &[
     "webhook_url",
     "webhook_secret",
     "enabled",
+    "shards",
 ];
 
 /// One bot as `bots add` flags, a `bots import` line or an API request describe it.
@@ -86,6 +87,8 @@ pub(crate) struct BotLine {
     pub(crate) webhook_url: Option<String>,
     pub(crate) webhook_secret: Option<String>,
     pub(crate) enabled: Option<bool>,
+    /// Discord: `auto` (None) or a count.
+    pub(crate) shards: Option<u32>,
 }
 
 /// Reads a JSON object. Errors name the place, never a value (a token may be anywhere).
@@ -129,6 +132,22 @@ fn flag(name: &str, v: &Value) -> Result<Option<bool>, RegistryError> {
     }
 }
 
+/// `shards`: `"auto"` (or null) for Discord's recommendation, else a count.
+pub(crate) fn shards(v: &Value) -> Result<Option<u32>, RegistryError> {
+    let bad = || RegistryError::invalid("field shards must be \"auto\" or a number from 1 to 4096");
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) if s == "auto" => Ok(None),
+        Value::String(s) => s.parse::<u32>().map(Some).map_err(|_| bad()),
+        Value::Number(n) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(bad),
+        _ => Err(bad()),
+    }
+}
+
 fn unknown(key: &str, known: &[&str]) -> RegistryError {
     let shown: String = key.chars().take(40).collect();
     RegistryError::invalid(format!(
@@ -153,6 +172,7 @@ impl BotLine {
                 "webhook_url" => out.webhook_url = text(k, v)?,
                 "webhook_secret" => out.webhook_secret = text(k, v)?,
                 "enabled" => out.enabled = flag(k, v)?,
+                "shards" => out.shards = shards(v)?,
                 _ => return Err(unknown(k, BOT_FIELDS)),
             }
         }
@@ -188,6 +208,9 @@ impl BotLine {
         if let Some(e) = self.enabled {
             o.insert("enabled".into(), e.into());
         }
+        if let Some(n) = self.shards {
+            o.insert("shards".into(), n.into());
+        }
         Value::Object(o)
     }
 
@@ -217,6 +240,7 @@ impl BotLine {
             app_token: self.app_token.map(Secret::new),
             options: BotOptions {
                 api_url: self.api_url,
+                shards: self.shards,
             },
             handler,
             enabled: self.enabled.unwrap_or(true),
@@ -237,6 +261,8 @@ pub(crate) struct BotPatch {
     pub(crate) webhook_url: Option<Option<String>>,
     pub(crate) webhook_secret: Option<Option<String>>,
     pub(crate) enabled: Option<bool>,
+    /// Discord: `Some(None)` back to `auto`.
+    pub(crate) shards: Option<Option<u32>>,
 }
 
 /// The fields of a patch.
@@ -248,6 +274,7 @@ pub(crate) const PATCH_FIELDS: &[&str] = &[
     "webhook_url",
     "webhook_secret",
     "enabled",
+    "shards",
 ];
 
 impl BotPatch {
@@ -274,6 +301,7 @@ impl BotPatch {
                 }
                 "webhook_url" => p.webhook_url = Some(text(k, v)?),
                 "webhook_secret" => p.webhook_secret = Some(text(k, v)?),
+                "shards" => p.shards = Some(shards(v)?),
                 "enabled" => {
                     p.enabled = Some(flag(k, v)?.ok_or_else(|| {
                         RegistryError::invalid("field enabled must be true or false")
@@ -302,6 +330,9 @@ impl BotPatch {
         if let Some(e) = self.enabled {
             o.insert("enabled".into(), e.into());
         }
+        if let Some(n) = self.shards {
+            o.insert("shards".into(), n.map_or(Value::from("auto"), Value::from));
+        }
         for (k, v) in [
             ("app_token", &self.app_token),
             ("api_url", &self.api_url),
@@ -329,6 +360,9 @@ impl BotPatch {
         }
         if let Some(e) = self.enabled {
             next.enabled = e;
+        }
+        if let Some(n) = self.shards {
+            next.options.shards = n;
         }
         let (mut url, mut secret) = match &spec.handler {
             HandlerSpec::Echo => (None, None),
@@ -382,6 +416,8 @@ pub(crate) struct BotView {
     pub(crate) api_url: Option<String>,
     /// Whether a second credential (Slack's app token) is set; never the value.
     pub(crate) has_app_token: bool,
+    /// Discord: the shard count, or none for Discord's recommendation.
+    pub(crate) shards: Option<u32>,
     /// Unix milliseconds of the spec's last change.
     pub(crate) updated_at_ms: i64,
 }
@@ -714,6 +750,7 @@ fn view(
         },
         api_url: b.spec.options.api_url.clone(),
         has_app_token: b.spec.app_token.is_some(),
+        shards: b.spec.options.shards,
         updated_at_ms: b.updated_at_ms,
     }
 }

@@ -60,6 +60,10 @@ pub(crate) struct WorkerArgs {
     /// limits per app).
     #[arg(long, env = "BOTFLEET_SLACK_CONNECT_RATE", value_parser = positive_rate)]
     slack_connect_rate: Option<f64>,
+    /// Fleet-wide Discord bot starts per second [default: --connect-rate, else 1000]
+    /// (IDENTIFYs are paced apart: one per 5 s per bot and bucket).
+    #[arg(long, env = "BOTFLEET_DISCORD_CONNECT_RATE", value_parser = positive_rate)]
+    discord_connect_rate: Option<f64>,
     /// How long one message's handler (or send) is retried through transient failures, in
     /// seconds (0-86400), before it is recorded as undeliverable.
     #[arg(long, env = "BOTFLEET_HANDLER_RETRY_S", default_value_t = 300,
@@ -164,6 +168,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     for (p, own) in [
         (botfleet_core::Platform::Telegram, a.telegram_connect_rate),
         (botfleet_core::Platform::Slack, a.slack_connect_rate),
+        (botfleet_core::Platform::Discord, a.discord_connect_rate),
     ] {
         if let Some(r) = own {
             cfg.connect_rates.insert(p, r);

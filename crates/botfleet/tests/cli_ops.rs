@@ -766,3 +766,67 @@ async fn long_operations_show_progress() {
     let _ = watch.wait();
     assert_eq!(docs, 2);
 }
+
+#[test]
+fn discord_bots_take_a_shard_count() {
+    let dir = tempdir();
+    let db = db(&dir);
+    let o = bots_add(
+        &db,
+        "d",
+        "discord",
+        "DISCORD.cli.SECRET",
+        &["--shards", "8"],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let (list, _) = text(&botfleet(&[
+        "bots",
+        "list",
+        "--json",
+        "--database-url",
+        &db,
+    ]));
+    assert!(
+        list.contains("\"shards\":8") && list.contains("\"platform\":\"discord\""),
+        "{list}"
+    );
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "d",
+        "--shards",
+        "auto",
+        "--database-url",
+        &db,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let (list, _) = text(&botfleet(&[
+        "bots",
+        "list",
+        "--json",
+        "--database-url",
+        &db,
+    ]));
+    assert!(list.contains("\"shards\":null"), "{list}");
+    let o = bots_add(
+        &db,
+        "e",
+        "discord",
+        "DISCORD.cli.SECRET",
+        &["--shards", "0"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+    let o = bots_add(&db, "t", "telegram", "1:SECRET", &["--shards", "2"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).1.contains("only Discord bots have shards"),
+        "{:?}",
+        text(&o)
+    );
+    let o = botfleet(&["version"]);
+    assert!(
+        text(&o).0.contains("platforms: telegram, slack, discord"),
+        "{:?}",
+        text(&o)
+    );
+}

@@ -62,6 +62,9 @@ pub enum InvalidSpec {
     /// The app token (Slack's `xapp-…`) is missing where needed, or malformed.
     #[error("invalid app_token: {0}")]
     AppToken(&'static str),
+    /// The shard count is not valid.
+    #[error("invalid shards: {0}")]
+    Shards(&'static str),
     /// A URL option is not an `http://` or `https://` URL.
     #[error("invalid {field}: {reason}")]
     Url {

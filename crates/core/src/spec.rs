@@ -63,6 +63,10 @@ pub struct BotOptions {
     /// self-hosted server (Telegram's Bot API server) or a test fake stand in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_url: Option<String>,
+    /// Discord: the number of shards; `None` takes the count Discord recommends
+    /// (`GET /gateway/bot`), read again when the bot starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
 }
 
 /// Everything needed to run one bot.
@@ -149,12 +153,23 @@ impl BotSpec {
         if let Some(url) = &self.options.api_url {
             check_http_url("api_url", url)?;
         }
+        if let Some(n) = self.options.shards {
+            if self.platform != Platform::Discord {
+                return Err(InvalidSpec::Shards("only Discord bots have shards"));
+            }
+            if !(1..=MAX_SHARDS).contains(&n) {
+                return Err(InvalidSpec::Shards("must be between 1 and 4096"));
+            }
+        }
         if let HandlerSpec::Webhook { url, .. } = &self.handler {
             check_http_url("webhook_url", url)?;
         }
         Ok(())
     }
 }
+
+/// The most shards a Discord bot may have here.
+pub(crate) const MAX_SHARDS: u32 = 4096;
 
 fn check_http_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
     let rest = url

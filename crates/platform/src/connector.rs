@@ -89,6 +89,26 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
     fn open_connections(&self) -> Option<u64> {
         None
     }
+
+    /// The platform's own figures for the metrics endpoint, shown as
+    /// `botfleet_{name}{worker_id,platform}`: counters and gauges only it knows (Discord's
+    /// IDENTIFYs and RESUMEs).
+    fn stats(&self) -> Vec<Stat> {
+        Vec::new()
+    }
+}
+
+/// One figure of [`Connector::stats`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stat {
+    /// The metric's name without the `botfleet_` prefix.
+    pub name: &'static str,
+    /// What it counts.
+    pub help: &'static str,
+    /// `counter` or `gauge`.
+    pub kind: &'static str,
+    /// Its value.
+    pub value: f64,
 }
 
 /// The inbound side of a bot's connection.

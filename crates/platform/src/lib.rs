@@ -3,5 +3,7 @@
 mod connector;
 mod error;
 
-pub use connector::{Ack, Batch, Connection, Connector, Identity, Received, Receiver, Sender};
+pub use connector::{
+    Ack, Batch, Connection, Connector, Identity, Received, Receiver, Sender, Stat,
+};
 pub use error::{ErrorKind, PlatformError};

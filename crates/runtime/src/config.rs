@@ -47,6 +47,9 @@ pub struct WorkerConfig {
     /// Slack client settings.
     #[cfg(feature = "slack")]
     pub slack: botfleet_slack::SlackConfig,
+    /// How Discord bots reach Discord.
+    #[cfg(feature = "discord")]
+    pub discord: botfleet_discord::DiscordConfig,
 }
 
 impl WorkerConfig {
@@ -69,6 +72,7 @@ impl WorkerConfig {
             connect_rates: [
                 (botfleet_core::Platform::Telegram, 10_000.0),
                 (botfleet_core::Platform::Slack, 1_000.0),
+                (botfleet_core::Platform::Discord, 1_000.0),
             ]
             .into_iter()
             .collect(),
@@ -83,6 +87,8 @@ impl WorkerConfig {
             max_in_flight: 1_000,
             #[cfg(feature = "slack")]
             slack: botfleet_slack::SlackConfig::default(),
+            #[cfg(feature = "discord")]
+            discord: botfleet_discord::DiscordConfig::default(),
         }
     }
 }

@@ -88,6 +88,8 @@ pub struct Metrics {
     per_bot: Mutex<std::collections::HashMap<String, u64>>,
     /// How many of the busiest bots `render` shows (0: none).
     top_bots: AtomicU64,
+    /// Figures platforms keep themselves (`Connector::stats`), by platform.
+    platform_stats: Mutex<BTreeMap<Platform, Vec<botfleet_platform::Stat>>>,
 }
 
 fn idx(p: Platform) -> usize {
@@ -129,6 +131,10 @@ impl Metrics {
                 m.insert(bot.to_owned(), 1);
             }
         }
+    }
+    /// Replaces the figures platform `p` keeps itself.
+    pub fn set_platform_stats(&self, p: Platform, stats: Vec<botfleet_platform::Stat>) {
+        lock(&self.platform_stats).insert(p, stats);
     }
     /// Shows the `n` busiest bots' message counts (a bounded label set; 0 shows none).
     pub fn set_top_bots(&self, n: u32) {
@@ -387,6 +393,29 @@ impl Metrics {
                     out,
                     "{BOT_MESSAGES_RECEIVED_TOTAL}{{worker_id=\"{w}\",bot_id=\"{}\"}} {n}",
                     escape(&b)
+                );
+            }
+        }
+        let mut named: BTreeMap<&str, Vec<(Platform, botfleet_platform::Stat)>> = BTreeMap::new();
+        for (p, stats) in lock(&self.platform_stats).iter() {
+            for st in stats {
+                named.entry(st.name).or_default().push((*p, st.clone()));
+            }
+        }
+        for (name, list) in named {
+            let Some((_, first)) = list.first() else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "# HELP botfleet_{name} {}\n# TYPE botfleet_{name} {}",
+                first.help, first.kind
+            );
+            for (p, st) in list {
+                let _ = writeln!(
+                    out,
+                    "botfleet_{name}{{worker_id=\"{w}\",platform=\"{p}\"}} {}",
+                    st.value
                 );
             }
         }

@@ -3,6 +3,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use botfleet_coord::Coordinator;
 use botfleet_core::Platform;
 use botfleet_platform::Connector;
 
@@ -14,14 +15,18 @@ pub fn supported() -> Vec<Platform> {
     if cfg!(feature = "slack") {
         out.push(Platform::Slack);
     }
+    if cfg!(feature = "discord") {
+        out.push(Platform::Discord);
+    }
     out
 }
 
 /// One connector per platform this build runs.
 pub(crate) fn connectors(
     cfg: &WorkerConfig,
+    coord: &Arc<dyn Coordinator>,
 ) -> Result<HashMap<Platform, Arc<dyn Connector>>, WorkerError> {
-    #[cfg_attr(not(feature = "slack"), allow(unused_mut))]
+    #[cfg_attr(not(any(feature = "slack", feature = "discord")), allow(unused_mut))]
     let mut list: Vec<Arc<dyn Connector>> = vec![Arc::new(
         botfleet_telegram::TelegramConnector::new(cfg.telegram.clone())?,
     )];
@@ -30,5 +35,56 @@ pub(crate) fn connectors(
         botfleet_slack::SlackConnector::new(cfg.slack.clone())
             .map_err(|e| WorkerError::Platform(e.to_string()))?,
     ));
+    #[cfg(feature = "discord")]
+    list.push(Arc::new(
+        botfleet_discord::DiscordConnector::new(
+            cfg.discord.clone(),
+            Arc::new(discord::CoordGate {
+                coord: coord.clone(),
+            }),
+        )
+        .map_err(|e| WorkerError::Platform(e.to_string()))?,
+    ));
+    #[cfg(not(feature = "discord"))]
+    let _ = coord;
     Ok(list.into_iter().map(|c| (c.platform(), c)).collect())
+}
+
+#[cfg(feature = "discord")]
+mod discord {
+    use std::{sync::Arc, time::Duration};
+
+    use async_trait::async_trait;
+    use botfleet_coord::{Coordinator, Permit, RateLimit};
+    use tracing::warn;
+
+    /// Discord's identify pace kept fleet-wide: one token per spacing per bot and bucket, from
+    /// the coordinator's rate limiter (Redis in a fleet, memory embedded).
+    #[derive(Debug)]
+    pub(super) struct CoordGate {
+        pub(super) coord: Arc<dyn Coordinator>,
+    }
+
+    #[async_trait]
+    impl botfleet_discord::IdentifyGate for CoordGate {
+        async fn wait(&self, bot: &str, bucket: u32, spacing: Duration) {
+            let key = format!("identify:discord:{bot}:{bucket}");
+            let limit = RateLimit::new(1.0 / spacing.as_secs_f64().max(0.001), 1);
+            loop {
+                match self.coord.acquire_rate(&key, limit).await {
+                    Ok(Permit::Granted) => return,
+                    Ok(Permit::Wait(d)) => {
+                        tokio::time::sleep(d.max(Duration::from_millis(10))).await
+                    }
+                    Err(e) => {
+                        // Without the coordinator nobody else can be told: wait a whole
+                        // spacing, which keeps this process within the rule.
+                        warn!(error = %e, "identify gate: coordinator unreachable; waiting a full spacing");
+                        tokio::time::sleep(spacing).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
 }

@@ -113,7 +113,7 @@ impl Worker {
         coord: Arc<dyn Coordinator>,
         store: Arc<dyn Store>,
     ) -> Result<Self, WorkerError> {
-        let connectors = crate::platforms::connectors(&cfg)?;
+        let connectors = crate::platforms::connectors(&cfg, &coord)?;
         let http = reqwest::Client::builder()
             .build()
             .map_err(|e| botfleet_telegram::TelegramError::Network(e.without_url()))?;
@@ -517,6 +517,7 @@ impl State {
                         if let Some(n) = c.open_connections() {
                             self.w.metrics.set_connections(*p, n);
                         }
+                        self.w.metrics.set_platform_stats(*p, c.stats());
                     }
                     if last_prune.elapsed() >= INBOX_PRUNE_EVERY {
                         last_prune = Instant::now();

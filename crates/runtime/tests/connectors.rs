@@ -156,6 +156,83 @@ impl PlatformFixture for Slack {
     }
 }
 
+struct Discord {
+    fake: botfleet_discord::fake::FakeDiscord,
+}
+
+impl Discord {
+    async fn new() -> Self {
+        Self {
+            fake: botfleet_discord::fake::FakeDiscord::start().await.unwrap(),
+        }
+    }
+    fn token(i: usize) -> String {
+        format!("DISCORD.conn.SECRET-{i}")
+    }
+}
+
+impl PlatformFixture for Discord {
+    fn platform(&self) -> Platform {
+        Platform::Discord
+    }
+    fn bot(&self, i: usize) -> BotSpec {
+        self.fake.state().add_bot(&Self::token(i), 1, 1);
+        let mut spec = BotSpec::new(
+            BotId::new(format!("bot-{i}")).unwrap(),
+            Platform::Discord,
+            Self::token(i),
+        );
+        spec.options.api_url = Some(self.fake.api_url());
+        spec
+    }
+    fn user_writes(&self, i: usize, chat: u32, text: &str) {
+        self.fake
+            .state()
+            .user_writes(&Self::token(i), u64::from(chat), text);
+    }
+    fn sent(&self, i: usize) -> Vec<(u32, String)> {
+        self.fake
+            .state()
+            .posts(&Self::token(i))
+            .into_iter()
+            .map(|p| (p.channel.parse().unwrap(), p.content))
+            .collect()
+    }
+    fn revoke(&self, i: usize) {
+        self.fake.state().revoke(&Self::token(i));
+    }
+    fn rate_limit_next_send(&self, i: usize, secs: u64) {
+        self.fake.state().fail_next_send(
+            &Self::token(i),
+            botfleet_discord::fake::SendFault::TooManyRequests(secs as f64),
+        );
+    }
+    fn fail_next_send(&self, i: usize) {
+        self.fake.state().fail_next_send(
+            &Self::token(i),
+            botfleet_discord::fake::SendFault::ServerError,
+        );
+    }
+    fn requests(&self, i: usize) -> u64 {
+        self.fake.state().requests_of(&Self::token(i))
+    }
+    fn connected(&self, i: usize) -> bool {
+        self.fake.state().connected_shards(&Self::token(i)) > 0
+    }
+    fn connector(&self) -> Arc<dyn Connector> {
+        Arc::new(
+            botfleet_discord::DiscordConnector::new(
+                Default::default(),
+                Arc::new(botfleet_discord::LocalGate::default()),
+            )
+            .unwrap(),
+        )
+    }
+    fn secrets(&self, i: usize) -> Vec<String> {
+        vec![Self::token(i)]
+    }
+}
+
 mod telegram {
     use super::*;
     botfleet_testkit::connector_conformance!(Telegram::new());
@@ -164,4 +241,9 @@ mod telegram {
 mod slack {
     use super::*;
     botfleet_testkit::connector_conformance!(Slack::new());
+}
+
+mod discord {
+    use super::*;
+    botfleet_testkit::connector_conformance!(Discord::new());
 }

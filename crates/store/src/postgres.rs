@@ -131,7 +131,8 @@ async fn migrate(client: &mut Client) -> Result<()> {
 }
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
-    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token FROM bots";
+    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token, shards \
+    FROM bots";
 
 fn row_to_bot(r: &Row) -> Result<BotRow> {
     let get = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
@@ -149,12 +150,13 @@ fn row_to_bot(r: &Row) -> Result<BotRow> {
         updated_at_ms: r.try_get(10).map_err(get)?,
         reported_by: r.try_get(11).map_err(get)?,
         app_token: r.try_get(12).map_err(get)?,
+        shards: r.try_get(13).map_err(get)?,
     })
 }
 
 /// A bot row as SQL parameters, in the order both INSERT and UPDATE use: $1 id … $9
 /// updated_at_ms, $10 app_token, $11 status.
-fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 11] {
+fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 12] {
     [
         &r.id,
         &r.platform,
@@ -166,6 +168,7 @@ fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 11] {
         &r.enabled,
         &r.updated_at_ms,
         &r.app_token,
+        &r.shards,
         &r.status,
     ]
 }
@@ -248,9 +251,9 @@ impl Store for PostgresStore {
         let n = c
             .execute(
                 "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
-                 webhook_secret, enabled, updated_at_ms, app_token, status, last_error, \
-                 created_at_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, NULL, $9) \
+                 webhook_secret, enabled, updated_at_ms, app_token, shards, status, \
+                 last_error, created_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $9) \
                  ON CONFLICT (id) DO NOTHING",
                 &row_params(&r)[..],
             )
@@ -298,10 +301,10 @@ impl Store for PostgresStore {
             .execute(
                 "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
                  webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9, \
-                     app_token = $10 \
+                     app_token = $10, shards = $11 \
                  WHERE id = $1",
                 // Everything but the status (the last parameter): updates keep it.
-                &row_params(&r)[..10],
+                &row_params(&r)[..11],
             )
             .await
             .map_err(db("update bot"))?;

@@ -49,6 +49,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX inbox_by_state ON inbox (bot_id, state, seq);
     CREATE INDEX inbox_by_finish ON inbox (state, finished_at_ms);",
+    // 5: Discord's shard count (NULL: what Discord recommends).
+    "ALTER TABLE bots ADD COLUMN shards BIGINT;",
 ];
 
 /// A row of `bots` as plain values, shared by the SQL backends.
@@ -57,6 +59,7 @@ pub(crate) struct BotRow {
     pub(crate) platform: String,
     pub(crate) token: String,
     pub(crate) app_token: Option<String>,
+    pub(crate) shards: Option<i64>,
     pub(crate) api_url: Option<String>,
     pub(crate) handler: String,
     pub(crate) webhook_url: Option<String>,
@@ -96,6 +99,7 @@ impl BotRow {
                 .map(|t| keys.seal(id, "app_token", t.expose()))
                 .transpose()?,
             api_url: spec.options.api_url.clone(),
+            shards: spec.options.shards.map(i64::from),
             handler: spec.handler.kind().to_owned(),
             webhook_url,
             webhook_secret,
@@ -146,6 +150,7 @@ impl BotRow {
                 app_token: self.app_token.map(Secret::new),
                 options: BotOptions {
                     api_url: self.api_url,
+                    shards: self.shards.and_then(|n| u32::try_from(n).ok()),
                 },
                 handler,
                 enabled: self.enabled,

@@ -10,6 +10,7 @@ mod rng;
 pub mod store_suite;
 mod wait;
 
+pub use botfleet_discord::fake::{FakeDiscord, FakeDiscordState};
 pub use botfleet_slack::fake::{FakeSlack, FakeSlackState, Post, PostFault};
 pub use botfleet_telegram::fake::{app as fake_telegram_app, FakeState, FakeTelegram, Fault, Sent};
 pub use connector_suite::PlatformFixture;

@@ -41,6 +41,23 @@ pub async fn bots_round_trip(s: Arc<dyn Store>) {
     assert_eq!(r.reported_by, None);
     assert!(r.updated_at_ms > 0);
     assert!(s.get_bot(&bid("nope")).await.unwrap().is_none());
+    // A Discord bot's shard count round-trips, and so does going back to `auto`.
+    let mut d = spec("d1", Platform::Discord);
+    d.options.shards = Some(16);
+    s.add_bot(&d).await.unwrap();
+    assert_eq!(s.get_bot(&bid("d1")).await.unwrap().unwrap().spec, d);
+    d.options.shards = None;
+    s.update_bot(&d).await.unwrap();
+    assert_eq!(
+        s.get_bot(&bid("d1"))
+            .await
+            .unwrap()
+            .unwrap()
+            .spec
+            .options
+            .shards,
+        None
+    );
     let debug = format!("{r:?} {s:?}");
     assert!(
         !debug.contains("SECRET") && !debug.contains("hmac-key"),

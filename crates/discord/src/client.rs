@@ -1,0 +1,229 @@
+//! The Discord REST calls a bot host needs: `GET /users/@me`, `GET /gateway/bot`,
+//! `POST /channels/{id}/messages`. One HTTP pool for every bot of the process.
+
+use std::{sync::Arc, time::Duration};
+
+use botfleet_core::Secret;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{DiscordConfig, DiscordError};
+
+/// Discord's REST base, with the API version.
+pub const DEFAULT_API_URL: &str = "https://discord.com/api/v10";
+
+/// One bot's REST base and token. `Debug` prints no token.
+#[derive(Clone)]
+pub struct DiscordApi {
+    base: String,
+    token: Secret,
+}
+
+impl std::fmt::Debug for DiscordApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiscordApi")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiscordApi {
+    /// A bot's API: `api_url` (default [`DEFAULT_API_URL`]) and its bot token.
+    pub fn new(api_url: Option<&str>, token: &Secret) -> Self {
+        Self {
+            base: api_url
+                .unwrap_or(DEFAULT_API_URL)
+                .trim_end_matches('/')
+                .to_owned(),
+            token: token.clone(),
+        }
+    }
+
+    pub(crate) fn token(&self) -> &Secret {
+        &self.token
+    }
+}
+
+/// What `GET /gateway/bot` says.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct GatewayInfo {
+    /// The gateway URL (`wss://gateway.discord.gg`).
+    pub url: String,
+    /// The recommended number of shards.
+    pub shards: u32,
+    /// The identify budget.
+    pub session_start_limit: SessionStartLimit,
+}
+
+/// The daily identify budget and the concurrency of identifies.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct SessionStartLimit {
+    /// Session starts a day.
+    pub total: u32,
+    /// Left today.
+    pub remaining: u32,
+    /// Milliseconds until the budget resets.
+    pub reset_after: u64,
+    /// Identify buckets: shard `i` is in bucket `i % max_concurrency`.
+    pub max_concurrency: u32,
+}
+
+/// The bot's own user.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Me {
+    /// Its snowflake id.
+    pub id: String,
+    /// Its name.
+    pub username: String,
+}
+
+/// The REST client shared by every Discord bot of a process. Cloning shares the pool.
+#[derive(Clone, Debug)]
+pub struct DiscordClient {
+    http: reqwest::Client,
+    config: DiscordConfig,
+    /// Calls in flight, at most `max_concurrent_calls`.
+    calls: Arc<tokio::sync::Semaphore>,
+}
+
+impl DiscordClient {
+    /// A client with its own pool.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(config: DiscordConfig) -> Result<Self, DiscordError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .timeout(config.request_timeout)
+            .user_agent("DiscordBot (https://github.com/botfleet, 0.1) botfleet")
+            .build()
+            .map_err(|e| DiscordError::Network(e.without_url().to_string()))?;
+        Ok(Self {
+            calls: Arc::new(tokio::sync::Semaphore::new(
+                config.max_concurrent_calls.max(1),
+            )),
+            http,
+            config,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &DiscordConfig {
+        &self.config
+    }
+
+    async fn call(
+        &self,
+        api: &DiscordApi,
+        what: &'static str,
+        req: reqwest::RequestBuilder,
+    ) -> Result<Value, DiscordError> {
+        let _slot = self.calls.acquire().await;
+        let resp = req
+            .header("authorization", format!("Bot {}", api.token.expose()))
+            .send()
+            .await
+            .map_err(|e| DiscordError::Network(format!("{what}: {}", e.without_url())))?;
+        let status = resp.status();
+        let retry_header = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<f64>().ok());
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| DiscordError::Network(format!("{what}: {}", e.without_url())))?;
+        match status.as_u16() {
+            200..=299 => {
+                if body.is_empty() {
+                    return Ok(Value::Null);
+                }
+                serde_json::from_slice(&body)
+                    .map_err(|e| DiscordError::Malformed(format!("{what}: {e}")))
+            }
+            401 => Err(DiscordError::Unauthorized),
+            429 => {
+                let from_body = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["retry_after"].as_f64());
+                let secs = from_body.or(retry_header).unwrap_or(1.0).clamp(0.0, 3600.0);
+                Err(DiscordError::RateLimited(Duration::from_secs_f64(secs)))
+            }
+            s @ 500..=599 => Err(DiscordError::Server {
+                what,
+                detail: format!("HTTP {s}"),
+            }),
+            s => Err(DiscordError::Rejected { what, status: s }),
+        }
+    }
+
+    /// `GET /users/@me`: checks the token.
+    ///
+    /// # Errors
+    /// [`DiscordError::Unauthorized`] for a refused token; others as classified.
+    pub async fn me(&self, api: &DiscordApi) -> Result<Me, DiscordError> {
+        let v = self
+            .call(
+                api,
+                "users/@me",
+                self.http.get(format!("{}/users/@me", api.base)),
+            )
+            .await?;
+        serde_json::from_value(v).map_err(|e| DiscordError::Malformed(format!("users/@me: {e}")))
+    }
+
+    /// `GET /gateway/bot`: where to connect, how many shards, the identify budget.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::me`].
+    pub async fn gateway_bot(&self, api: &DiscordApi) -> Result<GatewayInfo, DiscordError> {
+        let v = self
+            .call(
+                api,
+                "gateway/bot",
+                self.http.get(format!("{}/gateway/bot", api.base)),
+            )
+            .await?;
+        serde_json::from_value(v).map_err(|e| DiscordError::Malformed(format!("gateway/bot: {e}")))
+    }
+
+    /// `POST /channels/{channel}/messages` with `content`, answering `reply_to` when given.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::me`]; 403/404 are [`DiscordError::Rejected`].
+    pub async fn create_message(
+        &self,
+        api: &DiscordApi,
+        channel: &str,
+        content: &str,
+        reply_to: Option<&str>,
+        nonce: &str,
+    ) -> Result<(), DiscordError> {
+        if channel.is_empty() || !channel.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(DiscordError::Rejected {
+                what: "create message",
+                status: 400,
+            });
+        }
+        let mut body = serde_json::json!({ "content": content });
+        // Discord drops a second message with the same nonce sent within a few minutes.
+        if nonce.len() <= 25 {
+            body["nonce"] = Value::from(nonce);
+            body["enforce_nonce"] = Value::from(true);
+        }
+        if let Some(id) = reply_to {
+            body["message_reference"] =
+                serde_json::json!({ "message_id": id, "fail_if_not_exists": false });
+        }
+        self.call(
+            api,
+            "create message",
+            self.http
+                .post(format!("{}/channels/{channel}/messages", api.base))
+                .json(&body),
+        )
+        .await
+        .map(|_| ())
+    }
+}

@@ -1,0 +1,366 @@
+//! Discord on the platform seam: `users/@me` verifies; a connection runs one gateway session
+//! per shard, resuming the sessions of the stored checkpoint; messages are acknowledged by
+//! recording their sequence numbers, written behind as the checkpoint every few seconds (a
+//! successor that resumes from a slightly older sequence gets those dispatches again, and the
+//! inbox answers each message once).
+
+use std::{
+    collections::HashMap,
+    sync::{atomic::Ordering, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use async_trait::async_trait;
+use botfleet_core::{BotSpec, Outbound, Platform};
+use botfleet_platform::{
+    Ack, Batch, Connection, Connector, ErrorKind, Identity, PlatformError, Receiver, Sender, Stat,
+};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+use tracing::warn;
+
+use crate::{
+    gateway::{Checkpoint, Counters, Shard, ShardEvent},
+    outbound::send,
+    DiscordApi, DiscordClient, DiscordConfig, DiscordError,
+};
+
+/// Keeps IDENTIFYs to Discord's pace: one per `spacing` per bot and bucket
+/// (`shard % max_concurrency`). The runtime backs it with the coordinator, so the pace holds
+/// across the fleet; [`LocalGate`] holds it within one process.
+#[async_trait]
+pub trait IdentifyGate: Send + Sync + std::fmt::Debug {
+    /// Returns when `bot`'s shard of `bucket` may IDENTIFY.
+    async fn wait(&self, bot: &str, bucket: u32, spacing: Duration);
+}
+
+/// An [`IdentifyGate`] for one process.
+#[derive(Debug, Default)]
+pub struct LocalGate {
+    next: Mutex<HashMap<(String, u32), Instant>>,
+}
+
+#[async_trait]
+impl IdentifyGate for LocalGate {
+    async fn wait(&self, bot: &str, bucket: u32, spacing: Duration) {
+        let at = {
+            let mut m = self
+                .next
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = Instant::now();
+            let slot = m.entry((bot.to_owned(), bucket)).or_insert(now);
+            let at = (*slot).max(now);
+            *slot = at + spacing;
+            at
+        };
+        tokio::time::sleep_until(at.into()).await;
+    }
+}
+
+/// The Discord platform: one REST pool for every bot of the process, the identify gate, and
+/// counts of sessions.
+#[derive(Clone, Debug)]
+pub struct DiscordConnector {
+    client: DiscordClient,
+    gate: Arc<dyn IdentifyGate>,
+    counters: Arc<Counters>,
+}
+
+impl DiscordConnector {
+    /// A connector with its own pool, identifying at a pace `gate` keeps.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(config: DiscordConfig, gate: Arc<dyn IdentifyGate>) -> Result<Self, DiscordError> {
+        Ok(Self {
+            client: DiscordClient::new(config)?,
+            gate,
+            counters: Arc::new(Counters::default()),
+        })
+    }
+
+    /// IDENTIFYs sent so far.
+    pub fn identifies(&self) -> u64 {
+        self.counters.identifies.load(Ordering::Relaxed)
+    }
+
+    /// RESUMEs sent so far.
+    pub fn resumes(&self) -> u64 {
+        self.counters.resumes.load(Ordering::Relaxed)
+    }
+
+    fn api(spec: &BotSpec) -> DiscordApi {
+        DiscordApi::new(spec.options.api_url.as_deref(), &spec.token)
+    }
+}
+
+#[async_trait]
+impl Connector for DiscordConnector {
+    fn platform(&self) -> Platform {
+        Platform::Discord
+    }
+
+    async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
+        let me = self.client.me(&Self::api(spec)).await?;
+        Ok(Identity {
+            user_id: me.id,
+            name: Some(me.username),
+        })
+    }
+
+    async fn connect(
+        &self,
+        spec: &BotSpec,
+        checkpoint: Option<&str>,
+    ) -> Result<Connection, PlatformError> {
+        let api = Self::api(spec);
+        let me = self.client.me(&api).await?;
+        let info = self.client.gateway_bot(&api).await?;
+        let total = spec.options.shards.unwrap_or(info.shards).max(1);
+        // Sessions of another shard count cannot be resumed.
+        let stored: Checkpoint = checkpoint
+            .and_then(|c| serde_json::from_str::<Checkpoint>(c).ok())
+            .filter(|c| c.shards == total)
+            .unwrap_or_default();
+        let to_identify = (0..total)
+            .filter(|s| !stored.sessions.contains_key(s))
+            .count();
+        self.counters.budget_left.store(
+            u64::from(info.session_start_limit.remaining),
+            Ordering::Relaxed,
+        );
+        let remaining = info.session_start_limit.remaining as usize;
+        // Keep a margin of the daily budget: a bot about to run out stops identifying and
+        // says so, instead of burning the rest and being locked out for a day.
+        let margin = 5;
+        if to_identify > 0 && remaining < to_identify + margin {
+            return Err(PlatformError::new(
+                ErrorKind::RateLimited(Duration::from_millis(info.session_start_limit.reset_after.max(1000))),
+                "identify_budget",
+                format!(
+                    "Discord's daily session budget is nearly spent ({remaining} left, {to_identify} shards to identify): waiting for it to reset"
+                ),
+            ));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let concurrency = info.session_start_limit.max_concurrency.max(1);
+        let mut tasks = Vec::new();
+        for id in 0..total {
+            let shard = Shard {
+                config: self.client.config().clone(),
+                api: api.clone(),
+                bot: spec.id.clone(),
+                me: me.id.clone(),
+                id,
+                total,
+                bucket: id % concurrency,
+                gateway_url: info.url.clone(),
+                gate: self.gate.clone(),
+                tx: tx.clone(),
+                stop: stop_rx.clone(),
+                counters: self.counters.clone(),
+            };
+            tasks.push(tokio::spawn(shard.run(stored.sessions.get(&id).cloned())));
+        }
+        Ok(Connection {
+            receiver: Box::new(DiscordReceiver {
+                rx,
+                checkpoint: Checkpoint {
+                    shards: total,
+                    sessions: stored.sessions,
+                },
+                dirty: false,
+                saved: Instant::now(),
+                every: self.client.config().checkpoint_every,
+                stop: stop_tx,
+                tasks,
+            }),
+            sender: Arc::new(DiscordSender {
+                client: self.client.clone(),
+                api,
+            }),
+        })
+    }
+
+    fn open_connections(&self) -> Option<u64> {
+        Some(
+            self.counters
+                .open
+                .load(Ordering::Relaxed)
+                .max(0)
+                .unsigned_abs(),
+        )
+    }
+
+    fn stats(&self) -> Vec<Stat> {
+        let c = &self.counters;
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+        vec![
+            Stat {
+                name: "shards_running",
+                help: "Discord shard sessions connected now.",
+                kind: "gauge",
+                value: c.open.load(Ordering::Relaxed).max(0) as f64,
+            },
+            Stat {
+                name: "discord_identifies_total",
+                help: "IDENTIFYs sent (new sessions).",
+                kind: "counter",
+                value: n(&c.identifies),
+            },
+            Stat {
+                name: "discord_resumes_total",
+                help: "RESUMEs sent (sessions continued after a drop or a move).",
+                kind: "counter",
+                value: n(&c.resumes),
+            },
+            Stat {
+                name: "discord_identify_wait_seconds_total",
+                help: "Seconds shards waited in the fleet-wide identify queue.",
+                kind: "counter",
+                value: n(&c.identify_wait_ms) / 1000.0,
+            },
+            Stat {
+                name: "discord_identify_budget_remaining",
+                help: "Session starts left today, as Discord last said.",
+                kind: "gauge",
+                value: n(&c.budget_left),
+            },
+        ]
+    }
+}
+
+/// The inbound side: every shard's messages, merged in arrival order (order within a shard,
+/// hence within a channel, is Discord's).
+struct DiscordReceiver {
+    rx: mpsc::UnboundedReceiver<ShardEvent>,
+    /// The sessions as far as recorded messages go.
+    checkpoint: Checkpoint,
+    dirty: bool,
+    saved: Instant,
+    every: Duration,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl DiscordReceiver {
+    /// Folds one event into `batch`; a fatal one is the error to return.
+    fn take(
+        &mut self,
+        ev: ShardEvent,
+        batch: &mut Batch,
+        seqs: &mut HashMap<u32, u64>,
+    ) -> Option<PlatformError> {
+        match ev {
+            ShardEvent::Message {
+                shard,
+                seq,
+                received,
+            } => {
+                batch.messages.push(received);
+                let s = seqs.entry(shard).or_default();
+                *s = (*s).max(seq);
+            }
+            ShardEvent::Malformed { shard, seq } => {
+                batch.malformed += 1;
+                let s = seqs.entry(shard).or_default();
+                *s = (*s).max(seq);
+            }
+            ShardEvent::Session { shard, session } => {
+                match session {
+                    Some(s) => self.checkpoint.sessions.insert(shard, s),
+                    None => self.checkpoint.sessions.remove(&shard),
+                };
+                // A new or lost session is written at the next acknowledgement.
+                self.dirty = true;
+                self.saved = Instant::now() - self.every;
+            }
+            ShardEvent::Fatal(e) => return Some(e.into()),
+        }
+        None
+    }
+}
+
+#[async_trait]
+impl Receiver for DiscordReceiver {
+    async fn next(&mut self) -> Result<Batch, PlatformError> {
+        let mut batch = Batch::default();
+        let mut seqs = HashMap::new();
+        let Some(first) = self.rx.recv().await else {
+            return Err(PlatformError::new(
+                ErrorKind::Transient,
+                "stopped",
+                "every shard of the bot stopped",
+            ));
+        };
+        if let Some(e) = self.take(first, &mut batch, &mut seqs) {
+            return Err(e);
+        }
+        for _ in 0..255 {
+            let Ok(ev) = self.rx.try_recv() else { break };
+            if let Some(e) = self.take(ev, &mut batch, &mut seqs) {
+                return Err(e);
+            }
+        }
+        batch.ack = Ack(seqs.iter().map(|(s, q)| format!("{s}:{q}")).collect());
+        Ok(batch)
+    }
+
+    async fn ack(&mut self, ack: Ack) -> Result<Option<String>, PlatformError> {
+        for a in &ack.0 {
+            let Some((shard, seq)) = a.split_once(':') else {
+                continue;
+            };
+            let (Ok(shard), Ok(seq)) = (shard.parse::<u32>(), seq.parse::<u64>()) else {
+                continue;
+            };
+            if let Some(s) = self.checkpoint.sessions.get_mut(&shard) {
+                if seq > s.seq {
+                    s.seq = seq;
+                    self.dirty = true;
+                }
+            }
+        }
+        if !self.dirty || self.saved.elapsed() < self.every {
+            return Ok(None);
+        }
+        self.dirty = false;
+        self.saved = Instant::now();
+        match serde_json::to_string(&self.checkpoint) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) => {
+                warn!(error = %e, "cannot write the Discord checkpoint");
+                Ok(None)
+            }
+        }
+    }
+
+    async fn close(&mut self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+    }
+}
+
+impl Drop for DiscordReceiver {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+struct DiscordSender {
+    client: DiscordClient,
+    api: DiscordApi,
+}
+
+#[async_trait]
+impl Sender for DiscordSender {
+    async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
+        Ok(send(&self.client, &self.api, out).await?)
+    }
+}

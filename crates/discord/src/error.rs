@@ -1,0 +1,137 @@
+//! Errors of Discord's REST API and gateway, classified by what the caller should do.
+
+use std::time::Duration;
+
+use botfleet_platform::{ErrorKind, PlatformError};
+
+/// A failed Discord call. Never contains a token (it travels in headers and IDENTIFY only).
+#[derive(Debug, thiserror::Error)]
+pub enum DiscordError {
+    /// The token was refused (HTTP 401, gateway close 4004).
+    #[error("Discord refused the token")]
+    Unauthorized,
+    /// The gateway refused the session for good: invalid shard (4010), sharding required
+    /// (4011), invalid API version (4012), invalid (4013) or disallowed (4014) intents.
+    #[error("Discord closed the gateway with {code}: {reason}")]
+    Refused {
+        /// The close code.
+        code: u16,
+        /// What it means.
+        reason: &'static str,
+    },
+    /// HTTP 429: wait this long.
+    #[error("rate limited by Discord, retry after {0:?}")]
+    RateLimited(Duration),
+    /// Discord is failing (5xx) or the connection dropped: retry later.
+    #[error("Discord server error during {what}: {detail}")]
+    Server {
+        /// The call.
+        what: &'static str,
+        /// Status or reason.
+        detail: String,
+    },
+    /// This request cannot succeed as it is (403 missing access, 404 unknown channel, ...).
+    #[error("Discord refused {what}: HTTP {status}")]
+    Rejected {
+        /// The call.
+        what: &'static str,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The connection failed, timed out or dropped.
+    #[error("network error: {0}")]
+    Network(String),
+    /// Discord answered something that is not its JSON.
+    #[error("malformed reply: {0}")]
+    Malformed(String),
+}
+
+impl DiscordError {
+    /// A short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DiscordError::Unauthorized => "unauthorized",
+            DiscordError::Refused { .. } => "gateway_refused",
+            DiscordError::RateLimited(_) => "rate_limited",
+            DiscordError::Server { .. } => "server_error",
+            DiscordError::Rejected { .. } => "rejected",
+            DiscordError::Network(_) => "network",
+            DiscordError::Malformed(_) => "malformed",
+        }
+    }
+}
+
+/// What a gateway close code means for the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CloseAction {
+    /// Resume the session.
+    Resume,
+    /// The session is gone: identify again.
+    Identify,
+    /// Stop: the bot fails with this error.
+    Fail,
+}
+
+/// Classifies a close code Discord sent.
+pub(crate) fn close_action(code: u16) -> (CloseAction, Option<DiscordError>) {
+    let refused = |reason| {
+        (
+            CloseAction::Fail,
+            Some(DiscordError::Refused { code, reason }),
+        )
+    };
+    match code {
+        4004 => (CloseAction::Fail, Some(DiscordError::Unauthorized)),
+        4010 => refused("invalid shard"),
+        4011 => refused("sharding required (more shards)"),
+        4012 => refused("invalid API version"),
+        4013 => refused("invalid intents"),
+        4014 => refused(
+            "disallowed intents: enable the privileged intents (message content) for the bot",
+        ),
+        4007 | 4009 => (CloseAction::Identify, None),
+        // 1000/1001 from Discord, 4000-4008 otherwise: the session may be resumed.
+        _ => (CloseAction::Resume, None),
+    }
+}
+
+impl From<DiscordError> for PlatformError {
+    fn from(e: DiscordError) -> Self {
+        let kind = match &e {
+            DiscordError::Unauthorized | DiscordError::Refused { .. } => ErrorKind::Credentials,
+            DiscordError::RateLimited(d) => ErrorKind::RateLimited(*d),
+            DiscordError::Server { .. } | DiscordError::Network(_) => ErrorKind::Transient,
+            DiscordError::Rejected { .. } => ErrorKind::Rejected,
+            DiscordError::Malformed(_) => ErrorKind::Malformed,
+        };
+        PlatformError::new(kind, e.reason(), e.to_string()).with_source(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_codes_map_to_what_the_docs_say() {
+        assert_eq!(close_action(4004).0, CloseAction::Fail);
+        assert!(matches!(
+            close_action(4004).1,
+            Some(DiscordError::Unauthorized)
+        ));
+        for c in [4010, 4011, 4012, 4013, 4014] {
+            assert_eq!(close_action(c).0, CloseAction::Fail, "{c}");
+        }
+        assert_eq!(close_action(4007).0, CloseAction::Identify);
+        assert_eq!(close_action(4009).0, CloseAction::Identify);
+        for c in [1000, 1001, 1006, 4000, 4001, 4008] {
+            assert_eq!(close_action(c).0, CloseAction::Resume, "{c}");
+        }
+        let e: PlatformError = DiscordError::Refused {
+            code: 4014,
+            reason: "x",
+        }
+        .into();
+        assert_eq!(e.kind(), ErrorKind::Credentials);
+    }
+}

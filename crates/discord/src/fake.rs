@@ -1,0 +1,699 @@
+//! A fake Discord (feature `fake`) speaking the real JSON: REST (`GET /users/@me`,
+//! `GET /gateway/bot`, `POST /channels/{id}/messages`) under `/api/v10`, and a gateway at
+//! `/gateway` with HELLO, heartbeats and ACKs, IDENTIFY (one per 5 s per bucket: a faster one
+//! is counted as a violation and closed with 4008, as Discord rate-limits), READY with a
+//! `resume_gateway_url`, RESUME with a replay of what the session missed and RESUMED, op 7
+//! RECONNECT and op 9 INVALID_SESSION drills, zombie shards (heartbeats not ACKed), close codes,
+//! and a count of sessions attached per shard (two at once is a failure of the host).
+//!
+//! Bots are registered with [`FakeDiscordState::add_bot`]; a user writes with
+//! [`FakeDiscordState::user_writes`], which this fake routes to shard `channel % shards`
+//! (Discord routes by guild; here every channel is its own guild). Sessions live for the
+//! fake's life, so a host killed mid-session can RESUME, as Discord allows for a while.
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    extract::{
+        ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade},
+        Path, State,
+    },
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{any, get, post},
+    Json, Router,
+};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+/// A message the fake received through `POST /channels/{id}/messages`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Post {
+    /// The bot token it was sent with.
+    pub token: String,
+    /// The channel.
+    pub channel: String,
+    /// The content.
+    pub content: String,
+    /// The message it answers, if any.
+    pub reply_to: Option<String>,
+    /// When the fake received it.
+    pub at: Instant,
+}
+
+/// A fault to answer the next message create of a bot with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SendFault {
+    /// HTTP 429 with `retry_after` seconds.
+    TooManyRequests(f64),
+    /// HTTP 500.
+    ServerError,
+}
+
+/// What goes to a connected socket.
+enum Out {
+    Frame(Value),
+    Close(u16),
+}
+
+struct Session {
+    token: String,
+    shard: u32,
+    seq: u64,
+    /// Every dispatch of the session, for RESUME.
+    events: Vec<(u64, Value)>,
+    /// The socket it is attached to, if any.
+    attached: Option<(u64, mpsc::UnboundedSender<Out>)>,
+}
+
+#[derive(Default)]
+struct BotState {
+    user_id: String,
+    shards: u32,
+    max_concurrency: u32,
+    remaining: u32,
+    revoked: bool,
+    /// Shard → its current session id.
+    current: HashMap<u32, String>,
+    /// Shard → sockets attached now, and the most ever at once.
+    attached: HashMap<u32, u32>,
+    max_attached: u32,
+    last_identify: HashMap<u32, Instant>,
+    identifies: u64,
+    resumes: u64,
+    violations: u64,
+    dropped: u64,
+    zombies: HashSet<u32>,
+    posts: Vec<Post>,
+    nonces: HashSet<String>,
+    duplicates: u64,
+    faults: VecDeque<SendFault>,
+}
+
+#[derive(Default)]
+struct Inner {
+    bots: Mutex<HashMap<String, BotState>>,
+    sessions: Mutex<HashMap<String, Session>>,
+    url: Mutex<String>,
+    /// Requests per token (REST calls, IDENTIFYs, RESUMEs), refused ones included.
+    requests: Mutex<HashMap<String, u64>>,
+    heartbeat_ms: AtomicU64,
+    next_id: AtomicU64,
+}
+
+/// The fake's state, shared with the test. Cloning shares it.
+#[derive(Clone, Default)]
+pub struct FakeDiscordState {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for FakeDiscordState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeDiscordState").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl FakeDiscordState {
+    fn id(&self) -> u64 {
+        // Snowflake-like ids, increasing.
+        (1 << 40) + self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers a bot token with `shards` recommended shards and `max_concurrency` identify
+    /// buckets.
+    pub fn add_bot(&self, token: &str, shards: u32, max_concurrency: u32) {
+        let user_id = self.id().to_string();
+        lock(&self.inner.bots).insert(
+            token.to_owned(),
+            BotState {
+                user_id,
+                shards: shards.max(1),
+                max_concurrency: max_concurrency.max(1),
+                remaining: 1000,
+                ..BotState::default()
+            },
+        );
+    }
+
+    /// The token is refused from now on (REST 401; its sockets closed with 4004).
+    pub fn revoke(&self, token: &str) {
+        if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+            b.revoked = true;
+        }
+        let sessions = lock(&self.inner.sessions);
+        for s in sessions.values().filter(|s| s.token == token) {
+            if let Some((_, tx)) = &s.attached {
+                let _ = tx.send(Out::Close(4004));
+            }
+        }
+    }
+
+    /// Sets the identify budget left today.
+    pub fn set_remaining(&self, token: &str, remaining: u32) {
+        if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+            b.remaining = remaining;
+        }
+    }
+
+    /// The heartbeat interval HELLO announces (default 41,250 ms).
+    pub fn set_heartbeat(&self, interval: Duration) {
+        self.inner.heartbeat_ms.store(
+            u64::try_from(interval.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// A user writes `text` in `channel`: a `MESSAGE_CREATE` on shard `channel % shards`, in
+    /// the shard's current session (buffered for RESUME when no socket is attached; lost, as
+    /// on Discord, when the shard never had a session). Answers the message id.
+    pub fn user_writes(&self, token: &str, channel: u64, text: &str) -> String {
+        let id = self.id().to_string();
+        let (shard, session) = {
+            let bots = lock(&self.inner.bots);
+            let Some(b) = bots.get(token) else {
+                return id;
+            };
+            let shard = u32::try_from(channel % u64::from(b.shards)).unwrap_or(0);
+            (shard, b.current.get(&shard).cloned())
+        };
+        let d = json!({
+            "id": id, "channel_id": channel.to_string(), "guild_id": channel.to_string(),
+            "author": {"id": "4242", "username": "user"}, "content": text,
+        });
+        match session {
+            Some(sid) => self.dispatch(&sid, "MESSAGE_CREATE", d),
+            None => {
+                if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+                    b.dropped += 1;
+                }
+            }
+        }
+        let _ = shard;
+        id
+    }
+
+    /// Sends a dispatch in session `sid` (recorded for RESUME; to its socket if attached).
+    fn dispatch(&self, sid: &str, t: &str, d: Value) {
+        let mut sessions = lock(&self.inner.sessions);
+        let Some(s) = sessions.get_mut(sid) else {
+            return;
+        };
+        s.seq += 1;
+        let frame = json!({"op": 0, "t": t, "s": s.seq, "d": d});
+        s.events.push((s.seq, frame.clone()));
+        if let Some((_, tx)) = &s.attached {
+            let _ = tx.send(Out::Frame(frame));
+        }
+    }
+
+    fn to_shard(&self, token: &str, shard: u32, out: impl Fn() -> Out) {
+        let Some(sid) = lock(&self.inner.bots)
+            .get(token)
+            .and_then(|b| b.current.get(&shard).cloned())
+        else {
+            return;
+        };
+        if let Some((_, tx)) = lock(&self.inner.sessions)
+            .get(&sid)
+            .and_then(|s| s.attached.as_ref())
+        {
+            let _ = tx.send(out());
+        }
+    }
+
+    /// Sends op 7 RECONNECT to the shard's socket.
+    pub fn reconnect(&self, token: &str, shard: u32) {
+        self.to_shard(token, shard, || Out::Frame(json!({"op": 7, "d": null})));
+    }
+
+    /// Sends op 9 INVALID_SESSION (`resumable` or not) to the shard's socket; a session that
+    /// cannot be resumed is forgotten.
+    pub fn invalidate(&self, token: &str, shard: u32, resumable: bool) {
+        self.to_shard(token, shard, || {
+            Out::Frame(json!({"op": 9, "d": resumable}))
+        });
+        if !resumable {
+            let sid = lock(&self.inner.bots)
+                .get_mut(token)
+                .and_then(|b| b.current.remove(&shard));
+            if let Some(sid) = sid {
+                lock(&self.inner.sessions).remove(&sid);
+            }
+        }
+    }
+
+    /// Closes the shard's socket with `code`.
+    pub fn close(&self, token: &str, shard: u32, code: u16) {
+        self.to_shard(token, shard, || Out::Close(code));
+    }
+
+    /// Stops (or resumes) ACKing the shard's heartbeats: a zombie connection.
+    pub fn zombie(&self, token: &str, shard: u32, on: bool) {
+        if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+            if on {
+                b.zombies.insert(shard);
+            } else {
+                b.zombies.remove(&shard);
+            }
+        }
+    }
+
+    /// The next message create of the bot fails with `fault`.
+    pub fn fail_next_send(&self, token: &str, fault: SendFault) {
+        if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+            b.faults.push_back(fault);
+        }
+    }
+
+    fn read<T>(&self, token: &str, f: impl FnOnce(&BotState) -> T) -> Option<T> {
+        lock(&self.inner.bots).get(token).map(f)
+    }
+
+    /// IDENTIFYs the bot sent.
+    pub fn identifies(&self, token: &str) -> u64 {
+        self.read(token, |b| b.identifies).unwrap_or(0)
+    }
+
+    /// RESUMEs the bot sent that found their session.
+    pub fn resumes(&self, token: &str) -> u64 {
+        self.read(token, |b| b.resumes).unwrap_or(0)
+    }
+
+    /// IDENTIFYs sooner than 5 s after another in the same bucket.
+    pub fn identify_violations(&self, token: &str) -> u64 {
+        self.read(token, |b| b.violations).unwrap_or(0)
+    }
+
+    /// The most sockets ever attached at once to one shard of the bot (above 1: two hosts ran
+    /// the shard at the same time).
+    pub fn max_sessions_per_shard(&self, token: &str) -> u32 {
+        self.read(token, |b| b.max_attached).unwrap_or(0)
+    }
+
+    /// Shards with a socket attached now.
+    pub fn connected_shards(&self, token: &str) -> u32 {
+        self.read(token, |b| {
+            u32::try_from(b.attached.values().filter(|n| **n > 0).count()).unwrap_or(0)
+        })
+        .unwrap_or(0)
+    }
+
+    /// Messages written while their shard had no session (lost, as on Discord).
+    pub fn dropped(&self, token: &str) -> u64 {
+        self.read(token, |b| b.dropped).unwrap_or(0)
+    }
+
+    /// What the bot sent, in order.
+    pub fn posts(&self, token: &str) -> Vec<Post> {
+        self.read(token, |b| b.posts.clone()).unwrap_or_default()
+    }
+
+    /// Sends Discord dropped as repeats of an earlier nonce.
+    pub fn duplicate_sends(&self, token: &str) -> u64 {
+        self.read(token, |b| b.duplicates).unwrap_or(0)
+    }
+
+    fn count(&self, token: &str) {
+        *lock(&self.inner.requests)
+            .entry(token.to_owned())
+            .or_default() += 1;
+    }
+
+    /// Requests made with `token` (REST calls, IDENTIFYs, RESUMEs), refused ones included.
+    pub fn requests_of(&self, token: &str) -> u64 {
+        lock(&self.inner.requests).get(token).copied().unwrap_or(0)
+    }
+
+    fn auth(&self, headers: &HeaderMap) -> Option<String> {
+        let token = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bot "))
+            .unwrap_or_default()
+            .to_owned();
+        self.count(&token);
+        match lock(&self.inner.bots).get(&token) {
+            Some(b) if !b.revoked => Some(token),
+            _ => None,
+        }
+    }
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        Json(json!({"message": "401: Unauthorized", "code": 0})),
+    )
+        .into_response()
+}
+
+async fn me(State(s): State<FakeDiscordState>, headers: HeaderMap) -> Response {
+    match s.auth(&headers) {
+        Some(token) => {
+            let id = s.read(&token, |b| b.user_id.clone()).unwrap_or_default();
+            Json(json!({"id": id, "username": "fakebot", "bot": true})).into_response()
+        }
+        None => unauthorized(),
+    }
+}
+
+async fn gateway_bot(State(s): State<FakeDiscordState>, headers: HeaderMap) -> Response {
+    match s.auth(&headers) {
+        Some(token) => {
+            let url = lock(&s.inner.url).clone();
+            let (shards, remaining, conc) = s
+                .read(&token, |b| (b.shards, b.remaining, b.max_concurrency))
+                .unwrap_or((1, 0, 1));
+            Json(json!({
+                "url": url, "shards": shards,
+                "session_start_limit": {"total": 1000, "remaining": remaining,
+                                        "reset_after": 3_600_000, "max_concurrency": conc},
+            }))
+            .into_response()
+        }
+        None => unauthorized(),
+    }
+}
+
+async fn create_message(
+    State(s): State<FakeDiscordState>,
+    Path(channel): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let Some(token) = s.auth(&headers) else {
+        return unauthorized();
+    };
+    let mut bots = lock(&s.inner.bots);
+    let Some(b) = bots.get_mut(&token) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    match b.faults.pop_front() {
+        Some(SendFault::TooManyRequests(secs)) => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                Json(json!({"message": "You are being rate limited.", "retry_after": secs, "global": false})),
+            )
+                .into_response()
+        }
+        Some(SendFault::ServerError) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        None => {}
+    }
+    let Some(content) = body["content"].as_str() else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"message": "Cannot send an empty message", "code": 50006})),
+        )
+            .into_response();
+    };
+    if content.chars().count() > 2000 {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"message": "Invalid Form Body", "code": 50035})),
+        )
+            .into_response();
+    }
+    if let Some(n) = body["nonce"]
+        .as_str()
+        .filter(|_| body["enforce_nonce"] == true)
+    {
+        if !b.nonces.insert(format!("{channel}/{n}")) {
+            b.duplicates += 1;
+            return Json(json!({"id": "0", "channel_id": channel, "content": content}))
+                .into_response();
+        }
+    }
+    b.posts.push(Post {
+        token: token.clone(),
+        channel: channel.clone(),
+        content: content.to_owned(),
+        reply_to: body["message_reference"]["message_id"]
+            .as_str()
+            .map(str::to_owned),
+        at: Instant::now(),
+    });
+    drop(bots);
+    let id = s.id().to_string();
+    Json(json!({"id": id, "channel_id": channel, "content": content})).into_response()
+}
+
+async fn gateway(State(s): State<FakeDiscordState>, ws: WebSocketUpgrade) -> Response {
+    ws.on_upgrade(move |socket| connection(s, socket))
+}
+
+/// One gateway socket.
+async fn connection(s: FakeDiscordState, socket: WebSocket) {
+    let (mut sink, mut stream) = socket.split();
+    let conn = s.inner.next_id.fetch_add(1, Ordering::Relaxed);
+    let interval = match s.inner.heartbeat_ms.load(Ordering::Relaxed) {
+        0 => 41_250,
+        n => n,
+    };
+    let hello = json!({"op": 10, "d": {"heartbeat_interval": interval}});
+    if sink
+        .send(Message::Text(hello.to_string().into()))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
+    // The session this socket is attached to: (token, shard, session id).
+    let mut attached: Option<(String, u32, String)> = None;
+    loop {
+        tokio::select! {
+            out = rx.recv() => {
+                let Some(out) = out else { break };
+                let msg = match out {
+                    Out::Frame(v) => Message::Text(v.to_string().into()),
+                    Out::Close(code) => {
+                        let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: "".into() }))).await;
+                        break;
+                    }
+                };
+                if sink.send(msg).await.is_err() {
+                    break;
+                }
+            }
+            frame = stream.next() => {
+                let Some(Ok(Message::Text(text))) = frame else {
+                    match frame {
+                        Some(Ok(_)) => continue,
+                        _ => break,
+                    }
+                };
+                let Ok(v) = serde_json::from_str::<Value>(&text) else { continue };
+                match v["op"].as_u64() {
+                    Some(1) => {
+                        let zombie = attached.as_ref().is_some_and(|(t, shard, _)| {
+                            s.read(t, |b| b.zombies.contains(shard)).unwrap_or(false)
+                        });
+                        if !zombie {
+                            let _ = tx.send(Out::Frame(json!({"op": 11})));
+                        }
+                    }
+                    Some(2) if attached.is_none() => match identify(&s, &v["d"], conn, &tx) {
+                        Ok(a) => attached = Some(a),
+                        Err(code) => { let _ = tx.send(Out::Close(code)); }
+                    },
+                    Some(6) if attached.is_none() => match resume(&s, &v["d"], conn, &tx) {
+                        Some(a) => attached = Some(a),
+                        None => { let _ = tx.send(Out::Frame(json!({"op": 9, "d": false}))); }
+                    },
+                    _ => {}
+                }
+            }
+        }
+    }
+    if let Some((token, shard, sid)) = attached {
+        if let Some(sess) = lock(&s.inner.sessions).get_mut(&sid) {
+            if sess.attached.as_ref().is_some_and(|(c, _)| *c == conn) {
+                sess.attached = None;
+            }
+        }
+        if let Some(b) = lock(&s.inner.bots).get_mut(&token) {
+            if let Some(n) = b.attached.get_mut(&shard) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
+fn attach(s: &FakeDiscordState, token: &str, shard: u32) {
+    if let Some(b) = lock(&s.inner.bots).get_mut(token) {
+        let n = b.attached.entry(shard).or_default();
+        *n += 1;
+        b.max_attached = b.max_attached.max(*n);
+    }
+}
+
+/// IDENTIFY: a new session, or the close code refusing it.
+fn identify(
+    s: &FakeDiscordState,
+    d: &Value,
+    conn: u64,
+    tx: &mpsc::UnboundedSender<Out>,
+) -> Result<(String, u32, String), u16> {
+    let token = d["token"].as_str().unwrap_or_default().to_owned();
+    s.count(&token);
+    let shard_arr = d["shard"].as_array();
+    let (shard, total) = match shard_arr.map(|a| {
+        (
+            a.first().and_then(Value::as_u64),
+            a.get(1).and_then(Value::as_u64),
+        )
+    }) {
+        Some((Some(i), Some(n))) => (
+            u32::try_from(i).unwrap_or(u32::MAX),
+            u32::try_from(n).unwrap_or(0),
+        ),
+        _ => (0, 1),
+    };
+    let sid = format!("sess{}", s.id());
+    {
+        let mut bots = lock(&s.inner.bots);
+        let Some(b) = bots.get_mut(&token).filter(|b| !b.revoked) else {
+            return Err(4004);
+        };
+        if total == 0 || shard >= total {
+            return Err(4010);
+        }
+        if total < b.shards {
+            return Err(4011);
+        }
+        let bucket = shard % b.max_concurrency;
+        let now = Instant::now();
+        if b.last_identify
+            .get(&bucket)
+            .is_some_and(|t| now.duration_since(*t) < Duration::from_secs(5))
+        {
+            b.violations += 1;
+            return Err(4008);
+        }
+        b.last_identify.insert(bucket, now);
+        b.identifies += 1;
+        b.remaining = b.remaining.saturating_sub(1);
+        b.current.insert(shard, sid.clone());
+    }
+    attach(s, &token, shard);
+    lock(&s.inner.sessions).insert(
+        sid.clone(),
+        Session {
+            token: token.clone(),
+            shard,
+            seq: 0,
+            events: Vec::new(),
+            attached: Some((conn, tx.clone())),
+        },
+    );
+    let user = s.read(&token, |b| b.user_id.clone()).unwrap_or_default();
+    let url = lock(&s.inner.url).clone();
+    s.dispatch(
+        &sid,
+        "READY",
+        json!({"v": 10, "session_id": sid, "resume_gateway_url": url,
+               "user": {"id": user, "username": "fakebot", "bot": true},
+               "shard": [shard, total], "guilds": []}),
+    );
+    Ok((token, shard, sid))
+}
+
+/// RESUME: the session's missed dispatches and RESUMED, or `None` (INVALID_SESSION).
+fn resume(
+    s: &FakeDiscordState,
+    d: &Value,
+    conn: u64,
+    tx: &mpsc::UnboundedSender<Out>,
+) -> Option<(String, u32, String)> {
+    let token = d["token"].as_str()?.to_owned();
+    s.count(&token);
+    let sid = d["session_id"].as_str()?.to_owned();
+    let after = d["seq"].as_u64().unwrap_or(0);
+    let shard = {
+        let mut sessions = lock(&s.inner.sessions);
+        let sess = sessions.get_mut(&sid).filter(|x| x.token == token)?;
+        if s.read(&token, |b| b.revoked).unwrap_or(true) {
+            return None;
+        }
+        for (seq, frame) in &sess.events {
+            if *seq > after {
+                let _ = tx.send(Out::Frame(frame.clone()));
+            }
+        }
+        sess.attached = Some((conn, tx.clone()));
+        sess.shard
+    };
+    if let Some(b) = lock(&s.inner.bots).get_mut(&token) {
+        b.resumes += 1;
+    }
+    attach(s, &token, shard);
+    s.dispatch(&sid, "RESUMED", json!({}));
+    Some((token, shard, sid))
+}
+
+/// The fake's routes.
+pub fn app(state: FakeDiscordState) -> Router {
+    Router::new()
+        .route("/api/v10/users/@me", get(me))
+        .route("/api/v10/gateway/bot", get(gateway_bot))
+        .route("/api/v10/channels/{channel}/messages", post(create_message))
+        .route("/gateway", any(gateway))
+        .with_state(state)
+}
+
+/// A running fake Discord on a loopback port; stops when dropped.
+#[derive(Debug)]
+pub struct FakeDiscord {
+    addr: SocketAddr,
+    state: FakeDiscordState,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeDiscord {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeDiscord {
+    /// Starts the fake on a free loopback port.
+    ///
+    /// # Errors
+    /// When no port can be bound.
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = FakeDiscordState::default();
+        *lock(&state.inner.url) = format!("ws://{addr}/gateway");
+        let router = app(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(Self { addr, state, task })
+    }
+
+    /// The REST base to give bots as their `api_url` (`http://…/api/v10`).
+    pub fn api_url(&self) -> String {
+        format!("http://{}/api/v10", self.addr)
+    }
+
+    /// The state, to register bots, write as users and read what happened.
+    pub fn state(&self) -> &FakeDiscordState {
+        &self.state
+    }
+}

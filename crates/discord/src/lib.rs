@@ -1,0 +1,24 @@
+//! Discord gateway bots for botfleet.
+//!
+//! A bot is one gateway session per shard: `GET /gateway/bot` gives the URL, the recommended
+//! shard count and the identify budget; each shard connects with `?v=10&encoding=json`, answers
+//! HELLO with heartbeats, IDENTIFYs (through a gate that keeps one IDENTIFY per 5 s per bucket,
+//! fleet-wide when the runtime backs it with the coordinator) or RESUMEs a stored session, and
+//! turns `MESSAGE_CREATE` dispatches into normalized messages. Replies go out with
+//! `POST /channels/{id}/messages`.
+
+mod client;
+mod config;
+mod connector;
+mod error;
+#[cfg(feature = "fake")]
+pub mod fake;
+mod gateway;
+mod inbound;
+mod outbound;
+
+pub use client::{DiscordApi, DiscordClient, GatewayInfo, DEFAULT_API_URL};
+pub use config::DiscordConfig;
+pub use connector::{DiscordConnector, IdentifyGate, LocalGate};
+pub use error::DiscordError;
+pub use gateway::{Checkpoint, ShardSession, INTENTS};
