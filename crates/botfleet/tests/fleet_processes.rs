@@ -869,3 +869,220 @@ async fn five_thousand_bots_move_on_a_join_and_a_sigterm() {
     );
     assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");
 }
+
+/// Discord bots of several shards across worker processes, users writing on every shard:
+/// kill -9, a join, SIGTERM and SIGSTOP. After the cold start every move RESUMEs (IDENTIFYs
+/// stay at the shard count), no shard ever runs two sessions, no IDENTIFY comes too early,
+/// nothing is lost, each channel is answered in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discord_shards_resume_across_kill_join_term_and_stop() {
+    const DBOTS: usize = 12;
+    const SHARDS: u32 = 4;
+    let dtoken = |k: usize| format!("DISCORD.fleet.{k}");
+    let redis = RedisServer::start().unwrap();
+    let fake = botfleet_testkit::FakeDiscord::start().await.unwrap();
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-fleet-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("bots.db");
+    let db = format!("sqlite://{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    for k in 0..DBOTS {
+        fake.state().add_bot(&dtoken(k), SHARDS, SHARDS);
+        let mut spec = BotSpec::new(
+            BotId::new(format!("disc-{k}")).unwrap(),
+            Platform::Discord,
+            dtoken(k),
+        );
+        spec.options.api_url = Some(fake.api_url());
+        store.add_bot(&spec).await.unwrap();
+    }
+    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
+        .await
+        .unwrap();
+    let all_up = |fake: &botfleet_testkit::FakeDiscord| {
+        (0..DBOTS).all(|k| fake.state().connected_shards(&dtoken(k)) == SHARDS)
+    };
+    let mut procs: Vec<Proc> = (0..3)
+        .map(|i| spawn_worker(&format!("w{i}"), &db, &redis.url(), &dir.0))
+        .collect();
+    let limit = Duration::from_secs(30);
+    wait_for("every shard connected", limit, || async {
+        all_up(&fake).then_some(())
+    })
+    .await;
+    let identified: u64 = (0..DBOTS)
+        .map(|k| fake.state().identifies(&dtoken(k)))
+        .sum();
+    assert_eq!(identified, DBOTS as u64 * u64::from(SHARDS));
+
+    // Users write on every shard (channel c is on shard c % 4).
+    let stop = Arc::new(AtomicBool::new(false));
+    let expected: Arc<Mutex<Chats>> = Arc::default();
+    let writer = {
+        let (state, stop, expected) = (fake.state().clone(), stop.clone(), expected.clone());
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                for k in 0..DBOTS {
+                    let c = n % 8;
+                    let t = format!("{k}:{n}");
+                    state.user_writes(&format!("DISCORD.fleet.{k}"), c, &t);
+                    expected
+                        .lock()
+                        .unwrap()
+                        .entry((format!("DISCORD.fleet.{k}"), c.to_string()))
+                        .or_default()
+                        .push(t);
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let held = |coord: &RedisCoordinator, w: &'static str| {
+        let coord = coord.clone();
+        async move {
+            let mut out = Vec::new();
+            for k in 0..DBOTS {
+                let bot = BotId::new(format!("disc-{k}")).unwrap();
+                if let Ok(Some(o)) = coord.owner(&bot).await {
+                    if o.worker.as_str() == w && o.live {
+                        out.push(k);
+                    }
+                }
+            }
+            out
+        }
+    };
+    // Every shard of `victims` RESUMEd at least `after` more times than before, all connected.
+    let resumed =
+        |victims: Vec<usize>, before: Vec<u64>| {
+            let fake = &fake;
+            let dtoken = &dtoken;
+            async move {
+                wait_for(
+                    "the moved bots resumed",
+                    Duration::from_secs(30),
+                    || async {
+                        (victims.iter().zip(&before).all(|(k, b)| {
+                            fake.state().resumes(&dtoken(*k)) >= b + u64::from(SHARDS)
+                        }) && all_up(fake))
+                        .then_some(())
+                    },
+                )
+                .await;
+            }
+        };
+    let resumes_of = |ks: &[usize]| -> Vec<u64> {
+        ks.iter()
+            .map(|k| fake.state().resumes(&dtoken(*k)))
+            .collect()
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    // 1. kill -9 w1.
+    let victims = held(&coord, "w1").await;
+    let before = resumes_of(&victims);
+    let t = Instant::now();
+    procs[1].child.kill().unwrap();
+    let _ = procs[1].child.wait();
+    resumed(victims.clone(), before).await;
+    println!("kill -9: w1's {} Discord bots resumed every shard {:?} after the kill (lease {LEASE_MS} ms)", victims.len(), t.elapsed());
+
+    // 2. w3 joins.
+    procs.push(spawn_worker("w3", &db, &redis.url(), &dir.0));
+    wait_for("w3 holds bots", limit, || async {
+        (!held(&coord, "w3").await.is_empty() && all_up(&fake)).then_some(())
+    })
+    .await;
+
+    // 3. SIGTERM w2.
+    let victims = held(&coord, "w2").await;
+    let before = resumes_of(&victims);
+    let t = Instant::now();
+    procs[2].signal("-TERM");
+    resumed(victims.clone(), before).await;
+    println!(
+        "SIGTERM: w2's {} Discord bots resumed every shard {:?} after the signal",
+        victims.len(),
+        t.elapsed()
+    );
+
+    // 4. SIGSTOP w0 past its lease, then SIGCONT.
+    let victims = held(&coord, "w0").await;
+    let before = resumes_of(&victims);
+    let t = Instant::now();
+    procs[0].signal("-STOP");
+    resumed(victims.clone(), before).await;
+    println!(
+        "SIGSTOP: w0's {} Discord bots resumed every shard {:?} after the freeze",
+        victims.len(),
+        t.elapsed()
+    );
+    procs[0].signal("-CONT");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    stop.store(true, Ordering::SeqCst);
+    writer.await.unwrap();
+    let want = expected.lock().unwrap().clone();
+    let got = wait_for("every message answered", limit, || async {
+        let mut got: Chats = HashMap::new();
+        for k in 0..DBOTS {
+            for p in fake.state().posts(&dtoken(k)) {
+                got.entry((dtoken(k), p.channel))
+                    .or_default()
+                    .push(p.content);
+            }
+        }
+        want.iter()
+            .all(|(key, v)| {
+                got.get(key)
+                    .is_some_and(|g| v.iter().all(|t| g.contains(t)))
+            })
+            .then_some(got)
+    })
+    .await;
+    let mut dups = 0;
+    for (chat, texts) in &want {
+        let g = &got[chat];
+        dups += g.len() - texts.len();
+        let mut firsts: Vec<&String> = Vec::new();
+        for t in g {
+            if !firsts.contains(&t) {
+                firsts.push(t);
+            }
+        }
+        assert_eq!(
+            firsts,
+            texts.iter().collect::<Vec<_>>(),
+            "order in {chat:?}"
+        );
+    }
+    let written: usize = want.values().map(Vec::len).sum();
+    let identifies: u64 = (0..DBOTS)
+        .map(|k| fake.state().identifies(&dtoken(k)))
+        .sum();
+    let resumes: u64 = (0..DBOTS).map(|k| fake.state().resumes(&dtoken(k))).sum();
+    let dropped: u64 = (0..DBOTS).map(|k| fake.state().dropped(&dtoken(k))).sum();
+    let sends_deduplicated: u64 = (0..DBOTS)
+        .map(|k| fake.state().duplicate_sends(&dtoken(k)))
+        .sum();
+    println!(
+        "Discord: {written} messages, lost 0, duplicated {dups} (Discord dropped {sends_deduplicated} repeated sends by nonce); {identifies} IDENTIFYs for {} shards, {resumes} RESUMEs",
+        DBOTS as u32 * SHARDS
+    );
+    assert_eq!(
+        identifies,
+        DBOTS as u64 * u64::from(SHARDS),
+        "a move identified again"
+    );
+    assert_eq!(dropped, 0);
+    for k in 0..DBOTS {
+        assert_eq!(
+            fake.state().max_sessions_per_shard(&dtoken(k)),
+            1,
+            "bot {k}: a shard ran two sessions"
+        );
+        assert_eq!(fake.state().identify_violations(&dtoken(k)), 0, "bot {k}");
+    }
+}

@@ -13,7 +13,8 @@ use std::{
 use async_trait::async_trait;
 use botfleet_core::{BotSpec, Outbound, Platform};
 use botfleet_platform::{
-    Ack, Batch, Connection, Connector, ErrorKind, Identity, PlatformError, Receiver, Sender, Stat,
+    Ack, Batch, Connection, Connector, ErrorKind, Identity, MayAct, PlatformError, Receiver,
+    Sender, Stat,
 };
 use tokio::{
     sync::{mpsc, watch},
@@ -116,6 +117,16 @@ impl Connector for DiscordConnector {
         spec: &BotSpec,
         checkpoint: Option<&str>,
     ) -> Result<Connection, PlatformError> {
+        self.connect_guarded(spec, checkpoint, Arc::new(|| true))
+            .await
+    }
+
+    async fn connect_guarded(
+        &self,
+        spec: &BotSpec,
+        checkpoint: Option<&str>,
+        may_act: MayAct,
+    ) -> Result<Connection, PlatformError> {
         let api = Self::api(spec);
         let me = self.client.me(&api).await?;
         let info = self.client.gateway_bot(&api).await?;
@@ -163,6 +174,7 @@ impl Connector for DiscordConnector {
                 tx: tx.clone(),
                 stop: stop_rx.clone(),
                 counters: self.counters.clone(),
+                may_act: may_act.clone(),
             };
             tasks.push(tokio::spawn(shard.run(stored.sessions.get(&id).cloned())));
         }

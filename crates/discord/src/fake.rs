@@ -299,8 +299,9 @@ impl FakeDiscordState {
         self.read(token, |b| b.violations).unwrap_or(0)
     }
 
-    /// The most sockets ever attached at once to one shard of the bot (above 1: two hosts ran
-    /// the shard at the same time).
+    /// The most sessions ever live at once on one shard of the bot (above 1: two hosts
+    /// identified the shard and ran it at the same time; a RESUME moves a session and does not
+    /// count twice).
     pub fn max_sessions_per_shard(&self, token: &str) -> u32 {
         self.read(token, |b| b.max_attached).unwrap_or(0)
     }
@@ -526,19 +527,21 @@ async fn connection(s: FakeDiscordState, socket: WebSocket) {
                 sess.attached = None;
             }
         }
-        if let Some(b) = lock(&s.inner.bots).get_mut(&token) {
-            if let Some(n) = b.attached.get_mut(&shard) {
-                *n = n.saturating_sub(1);
-            }
-        }
+        recount(&s, &token, shard);
     }
 }
 
-fn attach(s: &FakeDiscordState, token: &str, shard: u32) {
+/// Counts the sessions of the bot's shard that have a socket now (distinct sessions: a
+/// RESUME moves a session, it does not add one), and keeps the most ever.
+fn recount(s: &FakeDiscordState, token: &str, shard: u32) {
+    let n = lock(&s.inner.sessions)
+        .values()
+        .filter(|x| x.token == token && x.shard == shard && x.attached.is_some())
+        .count();
+    let n = u32::try_from(n).unwrap_or(u32::MAX);
     if let Some(b) = lock(&s.inner.bots).get_mut(token) {
-        let n = b.attached.entry(shard).or_default();
-        *n += 1;
-        b.max_attached = b.max_attached.max(*n);
+        b.attached.insert(shard, n);
+        b.max_attached = b.max_attached.max(n);
     }
 }
 
@@ -590,7 +593,6 @@ fn identify(
         b.remaining = b.remaining.saturating_sub(1);
         b.current.insert(shard, sid.clone());
     }
-    attach(s, &token, shard);
     lock(&s.inner.sessions).insert(
         sid.clone(),
         Session {
@@ -601,6 +603,7 @@ fn identify(
             attached: Some((conn, tx.clone())),
         },
     );
+    recount(s, &token, shard);
     let user = s.read(&token, |b| b.user_id.clone()).unwrap_or_default();
     let url = lock(&s.inner.url).clone();
     s.dispatch(
@@ -635,13 +638,16 @@ fn resume(
                 let _ = tx.send(Out::Frame(frame.clone()));
             }
         }
-        sess.attached = Some((conn, tx.clone()));
+        // Discord moves a resumed session to the new socket and closes the old one.
+        if let Some((_, old)) = sess.attached.replace((conn, tx.clone())) {
+            let _ = old.send(Out::Close(4000));
+        }
         sess.shard
     };
     if let Some(b) = lock(&s.inner.bots).get_mut(&token) {
         b.resumes += 1;
     }
-    attach(s, &token, shard);
+    recount(s, &token, shard);
     s.dispatch(&sid, "RESUMED", json!({}));
     Some((token, shard, sid))
 }

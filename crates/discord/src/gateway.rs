@@ -107,6 +107,9 @@ pub(crate) struct Shard {
     pub(crate) tx: mpsc::UnboundedSender<ShardEvent>,
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) counters: Arc<Counters>,
+    /// Asked before every connect, IDENTIFY and RESUME: no means stop (the worker lost the
+    /// bot, or it is stopping).
+    pub(crate) may_act: botfleet_platform::MayAct,
 }
 
 /// How one connection ended.
@@ -152,7 +155,7 @@ impl Shard {
     pub(crate) async fn run(mut self, mut session: Option<ShardSession>) {
         let mut backoff = Duration::from_secs(1);
         loop {
-            if *self.stop.borrow() {
+            if *self.stop.borrow() || !(self.may_act)() {
                 return;
             }
             match self.connection(&mut session).await {
@@ -287,6 +290,11 @@ impl Shard {
                 }})
             }
         };
+        // The gate may have waited: ask again right before the act Discord sees.
+        if !(self.may_act)() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+            return End::Stopped;
+        }
         if ws.send(Message::text(first.to_string())).await.is_err() {
             return End::Again {
                 identify: false,

@@ -245,3 +245,54 @@ async fn sends_reply_in_the_channel_once_and_honour_rate_limits() {
     assert_eq!(e.kind(), ErrorKind::Transient);
     conn.receiver.close().await;
 }
+
+/// The fake's count of live sessions per shard sees two hosts running one shard (what the
+/// fleet tests assert never happens).
+#[tokio::test]
+async fn two_hosts_identifying_one_shard_are_seen() {
+    let fake = FakeDiscord::start().await.unwrap();
+    let token = "T.SEVEN.secret";
+    fake.state().add_bot(token, 1, 1);
+    let s = spec(&fake, token);
+    let mut one = connector().connect(&s, None).await.unwrap();
+    until("first connected", || {
+        fake.state().connected_shards(token) == 1
+    })
+    .await;
+    let mut two = connector().connect(&s, None).await.unwrap();
+    until("second session", || {
+        fake.state().max_sessions_per_shard(token) == 2
+    })
+    .await;
+    one.receiver.close().await;
+    two.receiver.close().await;
+}
+
+/// A shard whose worker may no longer act (lease gone, bot stopping) does not reconnect:
+/// it never takes the session back from a successor.
+#[tokio::test]
+async fn a_shard_that_may_not_act_does_not_come_back() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let fake = FakeDiscord::start().await.unwrap();
+    let token = "T.EIGHT.secret";
+    fake.state().add_bot(token, 1, 1);
+    let ok = Arc::new(AtomicBool::new(true));
+    let guard = ok.clone();
+    let mut conn = connector()
+        .connect_guarded(
+            &spec(&fake, token),
+            None,
+            Arc::new(move || guard.load(Ordering::SeqCst)),
+        )
+        .await
+        .unwrap();
+    until("connected", || fake.state().connected_shards(token) == 1).await;
+    ok.store(false, Ordering::SeqCst);
+    fake.state().close(token, 0, 4000);
+    until("disconnected", || fake.state().connected_shards(token) == 0).await;
+    // Well past the reconnect backoff (1-2 s): still gone, no RESUME sent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(fake.state().connected_shards(token), 0);
+    assert_eq!(fake.state().resumes(token), 0);
+    conn.receiver.close().await;
+}

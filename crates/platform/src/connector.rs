@@ -84,6 +84,24 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         checkpoint: Option<&str>,
     ) -> Result<Connection, PlatformError>;
 
+    /// [`Connector::connect`] for a connection that acts on its own between batches
+    /// (reconnecting, resuming: Discord's shards): it asks `may_act` before every such act
+    /// and stops when the answer is no (the worker's lease is no longer safe, or the bot is
+    /// stopping), so a worker that lost the bot never takes it back from its successor.
+    /// Platforms that only act when asked keep the default, which ignores the guard.
+    ///
+    /// # Errors
+    /// As [`Connector::connect`].
+    async fn connect_guarded(
+        &self,
+        spec: &BotSpec,
+        checkpoint: Option<&str>,
+        may_act: MayAct,
+    ) -> Result<Connection, PlatformError> {
+        let _ = may_act;
+        self.connect(spec, checkpoint).await
+    }
+
     /// Connections this platform holds open now (Slack's sockets), for a gauge; `None` for a
     /// platform that holds none between requests.
     fn open_connections(&self) -> Option<u64> {
@@ -97,6 +115,9 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 }
+
+/// Whether a bot's connection may act now (see [`Connector::connect_guarded`]).
+pub type MayAct = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// One figure of [`Connector::stats`].
 #[derive(Clone, Debug, PartialEq)]

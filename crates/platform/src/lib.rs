@@ -4,6 +4,6 @@ mod connector;
 mod error;
 
 pub use connector::{
-    Ack, Batch, Connection, Connector, Identity, Received, Receiver, Sender, Stat,
+    Ack, Batch, Connection, Connector, Identity, MayAct, Received, Receiver, Sender, Stat,
 };
 pub use error::{ErrorKind, PlatformError};

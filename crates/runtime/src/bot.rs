@@ -232,8 +232,16 @@ impl BotCtx {
             }
         };
         let cp = checkpoint.clone();
+        // A connection that reconnects on its own asks before every attempt: a worker whose
+        // lease is gone, or a bot being stopped, never takes the bot back.
+        let may_act: botfleet_platform::MayAct = {
+            let (lease, stop) = (self.lease.clone(), self.stop.clone());
+            Arc::new(move || lease.check().is_ok() && !*stop.borrow())
+        };
         let Connection { receiver, sender } = match self
-            .until_ok("connect", || connector.connect(&spec, cp.as_deref()))
+            .until_ok("connect", || {
+                connector.connect_guarded(&spec, cp.as_deref(), may_act.clone())
+            })
             .await
         {
             Ok(c) => c,
