@@ -2,7 +2,7 @@
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
 //! (`--quick` for 1,000 bots only;
-//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|reclaim|moves|failover|loss`
+//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
@@ -412,6 +412,13 @@ async fn main() -> anyhow::Result<()> {
     {
         let n = arg("--size").unwrap_or(100);
         discord::cold(u32::try_from(n).unwrap_or(100), 16).await?;
+    }
+    if only
+        .as_deref()
+        .is_none_or(|o| o == "discord" || o == "discord-failover")
+    {
+        let n = arg("--size").unwrap_or(500);
+        discord::failover(n).await?;
     }
     if only.as_deref().is_none_or(|o| o == "reclaim") {
         reclaim(if quick { 1_000 } else { 5_000 }, 5_000).await?;
