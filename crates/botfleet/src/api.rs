@@ -190,6 +190,9 @@ pub(crate) struct NewBot {
     /// Discord: `"auto"` (default: what Discord recommends) or a count from 1 to 4096.
     #[schema(value_type = Option<String>)]
     shards: Option<Value>,
+    /// Discord: split the shards into slices of this many, placed apart (needs a fixed
+    /// `shards`).
+    shards_per_slice: Option<u32>,
 }
 
 /// What `PATCH /bots/{id}` changes: a field left out is kept, `null` clears an optional one.
@@ -205,6 +208,7 @@ pub(crate) struct BotChange {
     enabled: Option<bool>,
     #[schema(value_type = Option<String>)]
     shards: Option<Value>,
+    shards_per_slice: Option<u32>,
 }
 
 /// A bot and what the request did to it.
@@ -507,6 +511,7 @@ async fn page() -> Response {
         BotChanged,
         BotList,
         BotView,
+        crate::registry::SliceView,
         Change,
         ImportReport,
         LineResult,

@@ -59,6 +59,9 @@ pub(crate) struct UpdateArgs {
     /// Discord: a new shard count, or `auto`.
     #[arg(long, value_parser = shard_count, value_name = "auto|N")]
     shards: Option<ShardCount>,
+    /// Discord: new shards per slice; 0 makes the bot one unit again.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4096), value_name = "K")]
+    shards_per_slice: Option<u32>,
 }
 
 impl UpdateArgs {
@@ -89,6 +92,7 @@ impl UpdateArgs {
             webhook_secret: clear(self.webhook_secret),
             enabled: None,
             shards: self.shards.map(|s| s.0),
+            shards_per_slice: self.shards_per_slice.map(|k| Some(k).filter(|k| *k > 0)),
         };
         if patch.token.is_none()
             && patch.app_token.is_none()
@@ -97,8 +101,9 @@ impl UpdateArgs {
             && patch.webhook_url.is_none()
             && patch.webhook_secret.is_none()
             && patch.shards.is_none()
+            && patch.shards_per_slice.is_none()
         {
-            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards");
+            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice");
         }
         Ok(patch)
     }
@@ -140,6 +145,10 @@ pub(crate) struct AddArgs {
     /// (`GET /gateway/bot`, read again when the bot restarts).
     #[arg(long, value_parser = shard_count, value_name = "auto|N")]
     shards: Option<ShardCount>,
+    /// Discord: split the shards into slices of this many (1-4096), each placed on a worker
+    /// of its own choosing (needs a fixed --shards N). Without it the bot is one unit.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096), value_name = "K")]
+    shards_per_slice: Option<u32>,
 }
 
 /// `--shards`: `auto` or a count.
@@ -180,7 +189,7 @@ pub(crate) enum BotsCommand {
         change: UpdateArgs,
     },
     /// Register many bots from a JSON-lines file (fields of `add`: id, platform, token,
-    /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards); `-` reads standard
+    /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards, shards_per_slice); `-` reads standard
     /// input.
     Import {
         #[command(flatten)]
@@ -261,6 +270,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 webhook_secret: bot.webhook_secret,
                 enabled: Some(!bot.disabled),
                 shards: bot.shards.and_then(|s| s.0),
+                shards_per_slice: bot.shards_per_slice,
             };
             let id = line.id.clone();
             match remote.client()? {

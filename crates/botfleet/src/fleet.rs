@@ -96,16 +96,17 @@ fn print(doc: &serde_json::Value, json: bool) {
         return;
     }
     println!(
-        "{:<24} {:<20} {:>9} {:>9} {:>14}",
-        "WORKER", "HOST", "CAPACITY", "BOTS", "HEARTBEAT AGE"
+        "{:<24} {:<20} {:>9} {:>9} {:>7} {:>14}",
+        "WORKER", "HOST", "CAPACITY", "UNITS", "SHARDS", "HEARTBEAT AGE"
     );
     for w in doc["workers"].as_array().into_iter().flatten() {
         println!(
-            "{:<24} {:<20} {:>9} {:>9} {:>12}ms",
+            "{:<24} {:<20} {:>9} {:>9} {:>7} {:>12}ms",
             w["id"].as_str().unwrap_or_default(),
             w["host"].as_str().unwrap_or_default(),
             w["capacity"],
             w["bots_held"],
+            w["shards"],
             w["heartbeat_age_ms"]
         );
     }
@@ -182,12 +183,28 @@ pub(crate) async fn status_doc(
         .map(|w| (w.id.clone(), w.meta.capacity))
         .collect();
     let ring = Ring::new(live.iter().map(|w| &w.id), RingConfig::default());
-    let enabled: Vec<BotId> = bots
+    // What the fleet places: units (a bot, or each slice of a Discord bot split into slices).
+    let units: Vec<botfleet_core::BotRecord> = bots
         .iter()
         .filter(|b| b.spec.enabled)
-        .map(|b| b.spec.id.clone())
+        .flat_map(|b| {
+            b.spec
+                .units()
+                .into_iter()
+                .map(|spec| botfleet_core::BotRecord { spec, ..b.clone() })
+        })
         .collect();
-    let plan = ring.assign(&enabled, DEFAULT_BALANCE, |w| caps.get(w).copied());
+    let weights: HashMap<BotId, u32> = units
+        .iter()
+        .map(|u| (u.spec.id.clone(), u.spec.weight()))
+        .collect();
+    let enabled: Vec<BotId> = units.iter().map(|u| u.spec.id.clone()).collect();
+    let plan = ring.assign_weighted(
+        &enabled,
+        DEFAULT_BALANCE,
+        |w| caps.get(w).copied(),
+        |u| weights.get(u).copied().unwrap_or(1),
+    );
     let epoch = coord.epoch().await.context("reading the fleet epoch")?;
     let grace_ms = epoch.as_ref().map_or(0, |e| {
         u64::try_from(e.grace_left.as_millis()).unwrap_or(u64::MAX)
@@ -197,18 +214,31 @@ pub(crate) async fn status_doc(
     // A bot its live worker reports running is owned; only the others are asked about (one
     // coordinator call each), so a page refreshing every second costs little at 10,000 bots.
     let live_ids: std::collections::HashSet<&str> = live.iter().map(|w| w.id.as_str()).collect();
-    for b in bots.iter().filter(|b| b.spec.enabled) {
-        if b.status == BotStatus::Running
+    // Discord shards each worker holds.
+    let mut shards: HashMap<String, u64> = HashMap::new();
+    for b in &units {
+        let discord = b.spec.platform == botfleet_core::Platform::Discord;
+        // A slice's status is its bot's (any slice): a slice is always asked about.
+        if b.spec.id.slice_index().is_none()
+            && b.status == BotStatus::Running
             && b.reported_by
                 .as_deref()
                 .is_some_and(|w| live_ids.contains(w))
         {
             running += 1;
+            if discord {
+                if let Some(w) = &b.reported_by {
+                    *shards.entry(w.clone()).or_default() += u64::from(b.spec.weight());
+                }
+            }
             continue;
         }
         let owner = coord.owner(&b.spec.id).await?;
-        if owner.as_ref().is_some_and(|o| o.live) {
+        if let Some(o) = owner.as_ref().filter(|o| o.live) {
             running += 1;
+            if discord {
+                *shards.entry(o.worker.to_string()).or_default() += u64::from(b.spec.weight());
+            }
             continue;
         }
         let why = if b.status == BotStatus::Failed {
@@ -240,9 +270,11 @@ pub(crate) async fn status_doc(
             "id": w.id.as_str(), "host": w.meta.host, "capacity": w.meta.capacity,
             "bots_held": w.meta.bots_held, "heartbeat_age_ms": w.heartbeat_age_ms,
             "rss_bytes": w.meta.rss_bytes,
+            "shards": shards.get(w.id.as_str()).copied().unwrap_or(0),
             "lease_ms": u64::try_from(w.lease.as_millis()).unwrap_or(u64::MAX),
         })).collect::<Vec<_>>(),
-        "bots": enabled.len(),
+        "bots": bots.iter().filter(|b| b.spec.enabled).count(),
+        "units": enabled.len(),
         "owned": running,
         "by_platform": by_platform,
         "grace_window_ms": grace_ms,

@@ -73,6 +73,7 @@ pub(crate) const BOT_FIELDS: &[&str] = &[
     "webhook_secret",
     "enabled",
     "shards",
+    "shards_per_slice",
 ];
 
 /// One bot as `bots add` flags, a `bots import` line or an API request describe it.
@@ -89,6 +90,8 @@ pub(crate) struct BotLine {
     pub(crate) enabled: Option<bool>,
     /// Discord: `auto` (None) or a count.
     pub(crate) shards: Option<u32>,
+    /// Discord: shards per slice (None: one unit).
+    pub(crate) shards_per_slice: Option<u32>,
 }
 
 /// Reads a JSON object. Errors name the place, never a value (a token may be anywhere).
@@ -148,6 +151,24 @@ pub(crate) fn shards(v: &Value) -> Result<Option<u32>, RegistryError> {
     }
 }
 
+/// `shards_per_slice`: a number from 1 to 4096, or null for none.
+pub(crate) fn per_slice(v: &Value) -> Result<Option<u32>, RegistryError> {
+    match v {
+        Value::Null => Ok(None),
+        Value::Number(n) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| (1..=4096).contains(n))
+            .map(Some)
+            .ok_or_else(|| {
+                RegistryError::invalid("field shards_per_slice must be a number from 1 to 4096")
+            }),
+        _ => Err(RegistryError::invalid(
+            "field shards_per_slice must be a number from 1 to 4096",
+        )),
+    }
+}
+
 fn unknown(key: &str, known: &[&str]) -> RegistryError {
     let shown: String = key.chars().take(40).collect();
     RegistryError::invalid(format!(
@@ -173,6 +194,7 @@ impl BotLine {
                 "webhook_secret" => out.webhook_secret = text(k, v)?,
                 "enabled" => out.enabled = flag(k, v)?,
                 "shards" => out.shards = shards(v)?,
+                "shards_per_slice" => out.shards_per_slice = per_slice(v)?,
                 _ => return Err(unknown(k, BOT_FIELDS)),
             }
         }
@@ -211,6 +233,9 @@ impl BotLine {
         if let Some(n) = self.shards {
             o.insert("shards".into(), n.into());
         }
+        if let Some(n) = self.shards_per_slice {
+            o.insert("shards_per_slice".into(), n.into());
+        }
         Value::Object(o)
     }
 
@@ -241,6 +266,8 @@ impl BotLine {
             options: BotOptions {
                 api_url: self.api_url,
                 shards: self.shards,
+                shards_per_slice: self.shards_per_slice,
+                slice: None,
             },
             handler,
             enabled: self.enabled.unwrap_or(true),
@@ -263,6 +290,8 @@ pub(crate) struct BotPatch {
     pub(crate) enabled: Option<bool>,
     /// Discord: `Some(None)` back to `auto`.
     pub(crate) shards: Option<Option<u32>>,
+    /// Discord: `Some(None)` back to one unit.
+    pub(crate) shards_per_slice: Option<Option<u32>>,
 }
 
 /// The fields of a patch.
@@ -275,6 +304,7 @@ pub(crate) const PATCH_FIELDS: &[&str] = &[
     "webhook_secret",
     "enabled",
     "shards",
+    "shards_per_slice",
 ];
 
 impl BotPatch {
@@ -302,6 +332,7 @@ impl BotPatch {
                 "webhook_url" => p.webhook_url = Some(text(k, v)?),
                 "webhook_secret" => p.webhook_secret = Some(text(k, v)?),
                 "shards" => p.shards = Some(shards(v)?),
+                "shards_per_slice" => p.shards_per_slice = Some(per_slice(v)?),
                 "enabled" => {
                     p.enabled = Some(flag(k, v)?.ok_or_else(|| {
                         RegistryError::invalid("field enabled must be true or false")
@@ -333,6 +364,12 @@ impl BotPatch {
         if let Some(n) = self.shards {
             o.insert("shards".into(), n.map_or(Value::from("auto"), Value::from));
         }
+        if let Some(n) = self.shards_per_slice {
+            o.insert(
+                "shards_per_slice".into(),
+                n.map_or(Value::Null, Value::from),
+            );
+        }
         for (k, v) in [
             ("app_token", &self.app_token),
             ("api_url", &self.api_url),
@@ -363,6 +400,9 @@ impl BotPatch {
         }
         if let Some(n) = self.shards {
             next.options.shards = n;
+        }
+        if let Some(n) = self.shards_per_slice {
+            next.options.shards_per_slice = n;
         }
         let (mut url, mut secret) = match &spec.handler {
             HandlerSpec::Echo => (None, None),
@@ -418,8 +458,28 @@ pub(crate) struct BotView {
     pub(crate) has_app_token: bool,
     /// Discord: the shard count, or none for Discord's recommendation.
     pub(crate) shards: Option<u32>,
+    /// Discord: shards per slice, when the bot is split into slices.
+    pub(crate) shards_per_slice: Option<u32>,
+    /// Discord, split into slices: each slice's shards and who runs it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) slices: Vec<SliceView>,
     /// Unix milliseconds of the spec's last change.
     pub(crate) updated_at_ms: i64,
+}
+
+/// One slice of a bot split into slices.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub(crate) struct SliceView {
+    /// Its unit id (`{bot}#{k}`).
+    pub(crate) unit: String,
+    /// First shard.
+    pub(crate) first_shard: u32,
+    /// Shards in it.
+    pub(crate) shards: u32,
+    /// The worker holding it (a live claim), if any.
+    pub(crate) owner: Option<String>,
+    /// `running` (a live owner) or `unowned`.
+    pub(crate) state: &'static str,
 }
 
 /// A bot's line in a report of many changes (import).
@@ -684,6 +744,11 @@ impl Registry {
         };
         let mut out = Vec::with_capacity(bots.len());
         for b in bots {
+            if b.spec.options.shards_per_slice.is_some() {
+                let v = self.sliced(b, &inbox).await?;
+                out.push(v);
+                continue;
+            }
             let reported = b
                 .reported_by
                 .clone()
@@ -705,8 +770,66 @@ impl Registry {
             .inbox_stats()
             .await
             .map_err(RegistryError::store)?;
+        if rec.spec.options.shards_per_slice.is_some() {
+            return self.sliced(rec, &inbox).await;
+        }
         let owner = self.owner_of(&rec).await?;
         Ok(view(rec, owner, &inbox))
+    }
+
+    /// A bot split into slices: each slice with its shards and owner; the bot's owner is
+    /// the list of workers holding its slices; pending counts add up its slices'.
+    async fn sliced(
+        &self,
+        b: BotRecord,
+        inbox: &HashMap<BotId, botfleet_store::InboxStats>,
+    ) -> Result<BotView, RegistryError> {
+        let mut slices = Vec::new();
+        let mut owners: Vec<String> = Vec::new();
+        let (mut pending, mut undeliverable) = (0, 0);
+        let total = b.spec.options.shards.unwrap_or(1);
+        for u in b.spec.units() {
+            let owner = match &self.fleet {
+                Some(c) => c
+                    .owner(&u.id)
+                    .await
+                    .map_err(|e| RegistryError {
+                        code: "fleet_unreachable",
+                        message: format!("cannot read a slice's owner: {e}"),
+                    })?
+                    .filter(|o| o.live)
+                    .map(|o| o.worker.to_string()),
+                None => None,
+            };
+            if let Some(o) = &owner {
+                if !owners.contains(o) {
+                    owners.push(o.clone());
+                }
+            }
+            if let Some(s) = inbox.get(&u.id) {
+                pending += s.pending;
+                undeliverable += s.undeliverable;
+            }
+            let r = u.shard_range(total);
+            slices.push(SliceView {
+                unit: u.id.to_string(),
+                first_shard: r.start,
+                shards: r.end - r.start,
+                state: if owner.is_some() {
+                    "running"
+                } else {
+                    "unowned"
+                },
+                owner,
+            });
+        }
+        owners.sort();
+        let owner = (!owners.is_empty()).then(|| owners.join(","));
+        let mut v = view(b, owner, inbox);
+        v.pending = pending;
+        v.undeliverable = undeliverable;
+        v.slices = slices;
+        Ok(v)
     }
 
     async fn owner_of(&self, b: &BotRecord) -> Result<Option<String>, RegistryError> {
@@ -751,6 +874,8 @@ fn view(
         api_url: b.spec.options.api_url.clone(),
         has_app_token: b.spec.app_token.is_some(),
         shards: b.spec.options.shards,
+        shards_per_slice: b.spec.options.shards_per_slice,
+        slices: Vec::new(),
         updated_at_ms: b.updated_at_ms,
     }
 }

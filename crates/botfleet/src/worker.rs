@@ -40,7 +40,8 @@ pub(crate) struct WorkerArgs {
     /// itself). Without either, the API answers loopback clients only.
     #[arg(long, env = "BOTFLEET_API_TOKEN_FILE")]
     api_token_file: Option<std::path::PathBuf>,
-    /// Most bots this worker runs (1-1000000).
+    /// Most connections this worker holds (1-1000000): a Telegram or Slack bot counts 1, a
+    /// Discord bot (or slice) its shards.
     #[arg(long, env = "BOTFLEET_CAPACITY", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     capacity: u32,

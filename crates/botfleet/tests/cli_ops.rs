@@ -823,6 +823,59 @@ fn discord_bots_take_a_shard_count() {
         "{:?}",
         text(&o)
     );
+    // Slices need a fixed count; the listing shows each slice's shards.
+    let o = bots_add(
+        &db,
+        "s",
+        "discord",
+        "DISCORD.cli.SECRET",
+        &["--shards-per-slice", "4"],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("fixed shard count"), "{:?}", text(&o));
+    let o = bots_add(
+        &db,
+        "s",
+        "discord",
+        "DISCORD.cli.SECRET",
+        &["--shards", "10", "--shards-per-slice", "4"],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let (list, _) = text(&botfleet(&[
+        "bots",
+        "list",
+        "--json",
+        "--database-url",
+        &db,
+    ]));
+    let row: serde_json::Value = list
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["id"] == "s")
+        .unwrap();
+    let slices: Vec<(String, u64, u64)> = row["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["unit"].as_str().unwrap().to_owned(),
+                s["first_shard"].as_u64().unwrap(),
+                s["shards"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        slices,
+        [
+            ("s#0".to_owned(), 0, 4),
+            ("s#1".to_owned(), 4, 4),
+            ("s#2".to_owned(), 8, 2)
+        ]
+    );
+    let o = bots_add(&db, "x#1", "discord", "DISCORD.cli.SECRET", &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("reserved for slices"), "{:?}", text(&o));
     let o = botfleet(&["version"]);
     assert!(
         text(&o).0.contains("platforms: telegram, slack, discord"),

@@ -870,8 +870,9 @@ async fn five_thousand_bots_move_on_a_join_and_a_sigterm() {
     assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");
 }
 
-/// Discord bots of several shards across worker processes, users writing on every shard:
-/// kill -9, a join, SIGTERM and SIGSTOP. After the cold start every move RESUMEs (IDENTIFYs
+/// Discord bots of several shards across worker processes, plus one bot of 16 shards split
+/// into slices of 4 (four units placed apart), users writing on every shard: kill -9, a join,
+/// SIGTERM and SIGSTOP. After the cold start every move RESUMEs (IDENTIFYs
 /// stay at the shard count), no shard ever runs two sessions, no IDENTIFY comes too early,
 /// nothing is lost, each channel is answered in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -896,11 +897,19 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
         spec.options.api_url = Some(fake.api_url());
         store.add_bot(&spec).await.unwrap();
     }
+    const BIG: &str = "DISCORD.fleet.big";
+    fake.state().add_bot(BIG, 16, 16);
+    let mut big = BotSpec::new(BotId::new("disc-big").unwrap(), Platform::Discord, BIG);
+    big.options.api_url = Some(fake.api_url());
+    big.options.shards = Some(16);
+    big.options.shards_per_slice = Some(4);
+    store.add_bot(&big).await.unwrap();
     let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
         .await
         .unwrap();
     let all_up = |fake: &botfleet_testkit::FakeDiscord| {
         (0..DBOTS).all(|k| fake.state().connected_shards(&dtoken(k)) == SHARDS)
+            && fake.state().connected_shards(BIG) == 16
     };
     let mut procs: Vec<Proc> = (0..3)
         .map(|i| spawn_worker(&format!("w{i}"), &db, &redis.url(), &dir.0))
@@ -914,6 +923,17 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
         .map(|k| fake.state().identifies(&dtoken(k)))
         .sum();
     assert_eq!(identified, DBOTS as u64 * u64::from(SHARDS));
+    // The big bot's slices are spread: not all on one worker.
+    let mut slice_owners = std::collections::HashSet::new();
+    for k in 0..4 {
+        if let Ok(Some(o)) = coord.owner(&BotId::new("disc-big").unwrap().slice(k)).await {
+            slice_owners.insert(o.worker.to_string());
+        }
+    }
+    assert!(
+        slice_owners.len() > 1,
+        "every slice on one worker: {slice_owners:?}"
+    );
 
     // Users write on every shard (channel c is on shard c % 4).
     let stop = Arc::new(AtomicBool::new(false));
@@ -934,6 +954,15 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
                         .or_default()
                         .push(t);
                 }
+                let c = n % 16;
+                let t = format!("big:{n}");
+                state.user_writes(BIG, c, &t);
+                expected
+                    .lock()
+                    .unwrap()
+                    .entry((BIG.to_owned(), c.to_string()))
+                    .or_default()
+                    .push(t);
                 n += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -1025,11 +1054,12 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
     stop.store(true, Ordering::SeqCst);
     writer.await.unwrap();
     let want = expected.lock().unwrap().clone();
+    let tokens: Vec<String> = (0..DBOTS).map(dtoken).chain([BIG.to_owned()]).collect();
     let got = wait_for("every message answered", limit, || async {
         let mut got: Chats = HashMap::new();
-        for k in 0..DBOTS {
-            for p in fake.state().posts(&dtoken(k)) {
-                got.entry((dtoken(k), p.channel))
+        for t in &tokens {
+            for p in fake.state().posts(t) {
+                got.entry((t.clone(), p.channel))
                     .or_default()
                     .push(p.content);
             }
@@ -1059,30 +1089,26 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
         );
     }
     let written: usize = want.values().map(Vec::len).sum();
-    let identifies: u64 = (0..DBOTS)
-        .map(|k| fake.state().identifies(&dtoken(k)))
-        .sum();
-    let resumes: u64 = (0..DBOTS).map(|k| fake.state().resumes(&dtoken(k))).sum();
-    let dropped: u64 = (0..DBOTS).map(|k| fake.state().dropped(&dtoken(k))).sum();
-    let sends_deduplicated: u64 = (0..DBOTS)
-        .map(|k| fake.state().duplicate_sends(&dtoken(k)))
-        .sum();
+    let identifies: u64 = tokens.iter().map(|t| fake.state().identifies(t)).sum();
+    let resumes: u64 = tokens.iter().map(|t| fake.state().resumes(t)).sum();
+    let dropped: u64 = tokens.iter().map(|t| fake.state().dropped(t)).sum();
+    let sends_deduplicated: u64 = tokens.iter().map(|t| fake.state().duplicate_sends(t)).sum();
     println!(
         "Discord: {written} messages, lost 0, duplicated {dups} (Discord dropped {sends_deduplicated} repeated sends by nonce); {identifies} IDENTIFYs for {} shards, {resumes} RESUMEs",
-        DBOTS as u32 * SHARDS
+        DBOTS as u32 * SHARDS + 16
     );
     assert_eq!(
         identifies,
-        DBOTS as u64 * u64::from(SHARDS),
+        DBOTS as u64 * u64::from(SHARDS) + 16,
         "a move identified again"
     );
     assert_eq!(dropped, 0);
-    for k in 0..DBOTS {
+    for t in &tokens {
         assert_eq!(
-            fake.state().max_sessions_per_shard(&dtoken(k)),
+            fake.state().max_sessions_per_shard(t),
             1,
-            "bot {k}: a shard ran two sessions"
+            "{t}: a shard ran two sessions"
         );
-        assert_eq!(fake.state().identify_violations(&dtoken(k)), 0, "bot {k}");
+        assert_eq!(fake.state().identify_violations(t), 0, "{t}");
     }
 }

@@ -231,6 +231,18 @@ impl Ring {
         balance: f64,
         capacity: impl Fn(&WorkerId) -> Option<u32>,
     ) -> Assignment {
+        self.assign_weighted(bots, balance, capacity, |_| 1)
+    }
+
+    /// [`Ring::assign`] where a unit weighs `weight(unit)` (at least 1) against the limits:
+    /// capacity counts connections, and a Discord slice of K shards holds K.
+    pub fn assign_weighted<'b>(
+        &self,
+        bots: impl IntoIterator<Item = &'b BotId>,
+        balance: f64,
+        capacity: impl Fn(&WorkerId) -> Option<u32>,
+        weight: impl Fn(&BotId) -> u32,
+    ) -> Assignment {
         let mut order: Vec<(u64, &BotId)> = bots
             .into_iter()
             .map(|b| (xxh3_64_with_seed(b.as_str().as_bytes(), 0x5eed), b))
@@ -248,7 +260,7 @@ impl Ring {
             DEFAULT_BALANCE
         };
         let total_weight: f64 = self.weights.iter().sum();
-        let n = order.len() as f64;
+        let n: f64 = order.iter().map(|(_, b)| f64::from(weight(b).max(1))).sum();
         let hard: Vec<usize> = self
             .workers
             .iter()
@@ -269,11 +281,12 @@ impl Ring {
         let mut load = vec![0usize; self.workers.len()];
         // The first worker of the bot's preference with room under `limit`; takes the room.
         let mut place = |bot: &BotId, limit: &[usize]| {
+            let w = weight(bot).max(1) as usize;
             let i = self
                 .preference(bot)
                 .map(|w| index[w])
-                .find(|&i| load[i] < limit[i])?;
-            load[i] += 1;
+                .find(|&i| load[i].saturating_add(w) <= limit[i])?;
+            load[i] += w;
             Some(self.workers[i].clone())
         };
         let mut overflow = Vec::new();

@@ -280,3 +280,26 @@ fn the_preference_list_is_where_a_bot_goes_next() {
         assert_eq!(without.owner_of(b), Some(&pref[1]));
     }
 }
+
+#[test]
+fn heavy_units_count_their_weight_against_capacity() {
+    let workers = [WorkerId::new("a").unwrap(), WorkerId::new("b").unwrap()];
+    let ring = Ring::new(&workers, RingConfig::default());
+    let units: Vec<BotId> = (0..4)
+        .map(|k| BotId::new("big").unwrap().slice(k))
+        .collect();
+    // Slices of 4 shards, capacity 10 connections: two per worker.
+    let plan = ring.assign_weighted(&units, DEFAULT_BALANCE, |_| Some(10), |_| 4);
+    assert!(plan.unplaced.is_empty());
+    for w in &workers {
+        let held = plan.owners.values().filter(|o| *o == w).count();
+        assert_eq!(held, 2, "{w}");
+    }
+    // Slices of 6: one per worker fits; the others are reported, not dropped.
+    let plan = ring.assign_weighted(&units, DEFAULT_BALANCE, |_| Some(10), |_| 6);
+    assert_eq!((plan.owners.len(), plan.unplaced.len()), (2, 2));
+    // Weight 1 is the unweighted assignment.
+    let a = ring.assign_weighted(&units, DEFAULT_BALANCE, |_| Some(10), |_| 1);
+    let b = ring.assign(&units, DEFAULT_BALANCE, |_| Some(10));
+    assert_eq!(a.owners, b.owners);
+}

@@ -65,6 +65,9 @@ pub enum InvalidSpec {
     /// The shard count is not valid.
     #[error("invalid shards: {0}")]
     Shards(&'static str),
+    /// The bot id is reserved for the fleet's own use.
+    #[error("invalid id: {0}")]
+    ReservedId(&'static str),
     /// A URL option is not an `http://` or `https://` URL.
     #[error("invalid {field}: {reason}")]
     Url {

@@ -13,6 +13,21 @@ pub const MAX_ID_LEN: usize = 128;
 /// digits, `-`, `_`, `.` and `@`. Keeping ids to this set makes them safe inside Redis keys,
 /// metric labels and log lines without escaping.
 fn validate(kind: &'static str, s: &str) -> Result<(), InvalidId> {
+    // A unit of a bot split into slices (`support#3`): the bot's id, `#`, the slice number.
+    // Operators cannot register such ids (`BotSpec::validate` refuses them); the fleet makes
+    // them from a bot's spec.
+    if kind == "bot id" {
+        if let Some((base, k)) = s.split_once('#') {
+            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) || k.len() > 6 {
+                return Err(InvalidId::new(
+                    kind,
+                    s,
+                    "has a slice suffix that is not a number",
+                ));
+            }
+            return validate(kind, base);
+        }
+    }
     if s.is_empty() {
         return Err(InvalidId::new(kind, s, "is empty"));
     }
@@ -106,6 +121,23 @@ text_id!(
     BotId,
     "bot id"
 );
+impl BotId {
+    /// The unit id of slice `k` of this bot: `{id}#{k}`.
+    pub fn slice(&self, k: u32) -> BotId {
+        BotId(format!("{}#{k}", self.base()))
+    }
+
+    /// The bot's own id: this id without a slice suffix.
+    pub fn base(&self) -> &str {
+        self.0.split_once('#').map_or(self.0.as_str(), |(b, _)| b)
+    }
+
+    /// The slice number of a unit id, if it is one.
+    pub fn slice_index(&self) -> Option<u32> {
+        self.0.split_once('#').and_then(|(_, k)| k.parse().ok())
+    }
+}
+
 text_id!(
     /// The id of a worker process; stable across restarts if the operator sets it.
     WorkerId,

@@ -67,6 +67,14 @@ pub struct BotOptions {
     /// (`GET /gateway/bot`), read again when the bot starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
+    /// Discord: shards per slice. A bot of `shards` S split into slices of K is
+    /// `ceil(S / K)` units the fleet places apart; slice `k` owns shards
+    /// `[k·K, min((k+1)·K, S))`. `None`: the whole bot is one unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards_per_slice: Option<u32>,
+    /// Set on a unit's spec only (never stored): which slice it runs.
+    #[serde(skip)]
+    pub slice: Option<u32>,
 }
 
 /// Everything needed to run one bot.
@@ -90,6 +98,45 @@ pub struct BotSpec {
 }
 
 impl BotSpec {
+    /// What the fleet places and claims for this bot: the bot itself, or for a Discord bot
+    /// split into slices one spec per slice (id `{bot}#{k}`, `options.slice = Some(k)`).
+    pub fn units(&self) -> Vec<BotSpec> {
+        match (self.options.shards, self.options.shards_per_slice) {
+            (Some(s), Some(k)) if k > 0 && self.platform == Platform::Discord => (0..s.div_ceil(k))
+                .map(|i| {
+                    let mut u = self.clone();
+                    u.id = self.id.slice(i);
+                    u.options.slice = Some(i);
+                    u
+                })
+                .collect(),
+            _ => vec![self.clone()],
+        }
+    }
+
+    /// The shards this spec runs out of `total`: its slice's, or all of them.
+    pub fn shard_range(&self, total: u32) -> std::ops::Range<u32> {
+        match (self.options.slice, self.options.shards_per_slice) {
+            (Some(i), Some(k)) => {
+                let start = i.saturating_mul(k).min(total);
+                start..start.saturating_add(k).min(total)
+            }
+            _ => 0..total,
+        }
+    }
+
+    /// Connections it holds, as capacity counts them: a slice's shards, a whole Discord
+    /// bot's shards (1 while its count is `auto`), 1 for every other bot.
+    pub fn weight(&self) -> u32 {
+        match self.options.shards {
+            Some(s) if self.platform == Platform::Discord => {
+                let r = self.shard_range(s);
+                (r.end - r.start).max(1)
+            }
+            _ => 1,
+        }
+    }
+
     /// A bot with the echo handler, enabled, default options.
     pub fn new(id: BotId, platform: Platform, token: impl Into<Secret>) -> Self {
         Self {
@@ -160,6 +207,23 @@ impl BotSpec {
             if !(1..=MAX_SHARDS).contains(&n) {
                 return Err(InvalidSpec::Shards("must be between 1 and 4096"));
             }
+        }
+        if let Some(k) = self.options.shards_per_slice {
+            let Some(n) = self.options.shards else {
+                return Err(InvalidSpec::Shards(
+                    "shards_per_slice needs a fixed shard count (shards N, not auto): a slice must mean the same shards for the bot's life",
+                ));
+            };
+            if !(1..=n).contains(&k) {
+                return Err(InvalidSpec::Shards(
+                    "shards_per_slice must be between 1 and the shard count",
+                ));
+            }
+        }
+        if self.id.as_str().contains('#') {
+            return Err(InvalidSpec::ReservedId(
+                "may not contain '#' (reserved for slices)",
+            ));
         }
         if let HandlerSpec::Webhook { url, .. } = &self.handler {
             check_http_url("webhook_url", url)?;
@@ -262,6 +326,37 @@ mod tests {
 
     fn spec(token: &str) -> BotSpec {
         BotSpec::new(BotId::new("b1").unwrap(), Platform::Telegram, token)
+    }
+
+    #[test]
+    fn a_sliced_discord_bot_is_one_unit_per_fixed_slice() {
+        let mut d = BotSpec::new(BotId::new("big").unwrap(), Platform::Discord, "t");
+        assert_eq!(d.units().len(), 1, "unsliced: one unit");
+        assert_eq!(d.weight(), 1, "auto: weight 1 until the count is known");
+        d.options.shards = Some(14);
+        assert_eq!(d.weight(), 14);
+        d.options.shards_per_slice = Some(4);
+        d.validate().unwrap();
+        let units = d.units();
+        let ids: Vec<&str> = units.iter().map(|u| u.id.as_str()).collect();
+        assert_eq!(ids, ["big#0", "big#1", "big#2", "big#3"]);
+        let ranges: Vec<_> = units.iter().map(|u| u.shard_range(14)).collect();
+        assert_eq!(ranges, [0..4, 4..8, 8..12, 12..14]);
+        assert_eq!(
+            units.iter().map(BotSpec::weight).collect::<Vec<_>>(),
+            [4, 4, 4, 2]
+        );
+        assert_eq!(units[3].id.base(), "big");
+        assert_eq!(units[3].id.slice_index(), Some(3));
+        assert!(BotId::new("big#x").is_err() && BotId::new("#3").is_err());
+        // A slice needs a fixed count; operators cannot register unit ids.
+        d.options.shards = None;
+        assert!(d.validate().is_err());
+        let mut u = BotSpec::new(BotId::new("a#1").unwrap(), Platform::Telegram, "1:x");
+        assert!(u.validate().is_err());
+        u.id = BotId::new("a").unwrap();
+        u.options.shards_per_slice = Some(1);
+        assert!(u.validate().is_err());
     }
 
     #[test]

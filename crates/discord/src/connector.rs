@@ -35,6 +35,12 @@ use crate::{
 pub trait IdentifyGate: Send + Sync + std::fmt::Debug {
     /// Returns when `bot`'s shard of `bucket` may IDENTIFY.
     async fn wait(&self, bot: &str, bucket: u32, spacing: Duration);
+
+    /// Returns when `bot` may make a REST call under Discord's global limit (50 a second per
+    /// bot); the default does not wait (429 answers are honoured either way).
+    async fn rest(&self, bot: &str) {
+        let _ = bot;
+    }
 }
 
 /// An [`IdentifyGate`] for one process.
@@ -131,12 +137,15 @@ impl Connector for DiscordConnector {
         let me = self.client.me(&api).await?;
         let info = self.client.gateway_bot(&api).await?;
         let total = spec.options.shards.unwrap_or(info.shards).max(1);
+        // A slice runs its own shards only: [k·K, min((k+1)·K, total)).
+        let mine = spec.shard_range(total);
         // Sessions of another shard count cannot be resumed.
         let stored: Checkpoint = checkpoint
             .and_then(|c| serde_json::from_str::<Checkpoint>(c).ok())
             .filter(|c| c.shards == total)
             .unwrap_or_default();
-        let to_identify = (0..total)
+        let to_identify = mine
+            .clone()
             .filter(|s| !stored.sessions.contains_key(s))
             .count();
         self.counters.budget_left.store(
@@ -160,11 +169,12 @@ impl Connector for DiscordConnector {
         let (stop_tx, stop_rx) = watch::channel(false);
         let concurrency = info.session_start_limit.max_concurrency.max(1);
         let mut tasks = Vec::new();
-        for id in 0..total {
+        for id in mine {
             let shard = Shard {
                 config: self.client.config().clone(),
                 api: api.clone(),
                 bot: spec.id.clone(),
+                gate_key: spec.id.base().to_owned(),
                 me: me.id.clone(),
                 id,
                 total,
@@ -183,7 +193,11 @@ impl Connector for DiscordConnector {
                 rx,
                 checkpoint: Checkpoint {
                     shards: total,
-                    sessions: stored.sessions,
+                    sessions: stored
+                        .sessions
+                        .into_iter()
+                        .filter(|(s, _)| spec.shard_range(total).contains(s))
+                        .collect(),
                 },
                 dirty: false,
                 saved: Instant::now(),
@@ -194,6 +208,8 @@ impl Connector for DiscordConnector {
             sender: Arc::new(DiscordSender {
                 client: self.client.clone(),
                 api,
+                gate: self.gate.clone(),
+                bot: spec.id.base().to_owned(),
             }),
         })
     }
@@ -351,6 +367,15 @@ impl Receiver for DiscordReceiver {
         }
     }
 
+    fn pending_checkpoint(&mut self) -> Option<String> {
+        if !self.dirty {
+            return None;
+        }
+        self.dirty = false;
+        self.saved = Instant::now();
+        serde_json::to_string(&self.checkpoint).ok()
+    }
+
     async fn close(&mut self) {
         let _ = self.stop.send(true);
         for t in self.tasks.drain(..) {
@@ -368,11 +393,15 @@ impl Drop for DiscordReceiver {
 struct DiscordSender {
     client: DiscordClient,
     api: DiscordApi,
+    gate: Arc<dyn IdentifyGate>,
+    /// The bot's own id: the REST limit is per bot, whichever slice sends.
+    bot: String,
 }
 
 #[async_trait]
 impl Sender for DiscordSender {
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
+        self.gate.rest(&self.bot).await;
         Ok(send(&self.client, &self.api, out).await?)
     }
 }

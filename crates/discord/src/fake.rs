@@ -90,6 +90,7 @@ struct BotState {
     last_identify: HashMap<u32, Instant>,
     identifies: u64,
     resumes: u64,
+    replayed: u64,
     violations: u64,
     dropped: u64,
     zombies: HashSet<u32>,
@@ -292,6 +293,11 @@ impl FakeDiscordState {
     /// RESUMEs the bot sent that found their session.
     pub fn resumes(&self, token: &str) -> u64 {
         self.read(token, |b| b.resumes).unwrap_or(0)
+    }
+
+    /// Messages RESUMEs sent again (the session's checkpoint was behind them).
+    pub fn replayed(&self, token: &str) -> u64 {
+        self.read(token, |b| b.replayed).unwrap_or(0)
     }
 
     /// IDENTIFYs sooner than 5 s after another in the same bucket.
@@ -627,14 +633,18 @@ fn resume(
     s.count(&token);
     let sid = d["session_id"].as_str()?.to_owned();
     let after = d["seq"].as_u64().unwrap_or(0);
-    let shard = {
+    let (shard, replayed) = {
         let mut sessions = lock(&s.inner.sessions);
         let sess = sessions.get_mut(&sid).filter(|x| x.token == token)?;
         if s.read(&token, |b| b.revoked).unwrap_or(true) {
             return None;
         }
+        let mut replayed = 0;
         for (seq, frame) in &sess.events {
             if *seq > after {
+                if frame["t"] == "MESSAGE_CREATE" {
+                    replayed += 1;
+                }
                 let _ = tx.send(Out::Frame(frame.clone()));
             }
         }
@@ -642,10 +652,11 @@ fn resume(
         if let Some((_, old)) = sess.attached.replace((conn, tx.clone())) {
             let _ = old.send(Out::Close(4000));
         }
-        sess.shard
+        (sess.shard, replayed)
     };
     if let Some(b) = lock(&s.inner.bots).get_mut(&token) {
         b.resumes += 1;
+        b.replayed += replayed;
     }
     recount(s, &token, shard);
     s.dispatch(&sid, "RESUMED", json!({}));

@@ -98,6 +98,8 @@ pub(crate) struct Shard {
     pub(crate) config: DiscordConfig,
     pub(crate) api: DiscordApi,
     pub(crate) bot: BotId,
+    /// The bot's own id (without a slice suffix): Discord's identify rule is per bot.
+    pub(crate) gate_key: String,
     pub(crate) me: String,
     pub(crate) id: u32,
     pub(crate) total: u32,
@@ -273,7 +275,7 @@ impl Shard {
                 tokio::select! {
                     // A margin over Discord's spacing: the gap Discord measures is between
                     // arrivals, which network jitter can shorten.
-                    () = self.gate.wait(self.bot.as_str(), self.bucket, self.config.identify_spacing + IDENTIFY_MARGIN) => {}
+                    () = self.gate.wait(&self.gate_key, self.bucket, self.config.identify_spacing + IDENTIFY_MARGIN) => {}
                     _ = self.stop.changed() => return End::Stopped,
                 }
                 self.counters.identify_wait_ms.fetch_add(

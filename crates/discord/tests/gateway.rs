@@ -296,3 +296,44 @@ async fn a_shard_that_may_not_act_does_not_come_back() {
     assert_eq!(fake.state().resumes(token), 0);
     conn.receiver.close().await;
 }
+
+/// Sends draw from the REST gate (the worker backs it with the coordinator: Discord's global
+/// limit per bot, across the fleet).
+#[tokio::test]
+async fn sends_wait_for_the_rest_gate() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    #[derive(Debug, Default)]
+    struct Counting(AtomicU64);
+    #[async_trait::async_trait]
+    impl botfleet_discord::IdentifyGate for Counting {
+        async fn wait(&self, _: &str, _: u32, _: Duration) {}
+        async fn rest(&self, bot: &str) {
+            assert_eq!(bot, "dbot");
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let fake = FakeDiscord::start().await.unwrap();
+    let token = "T.NINE.secret";
+    fake.state().add_bot(token, 1, 1);
+    let gate = Arc::new(Counting::default());
+    let c = DiscordConnector::new(DiscordConfig::default(), gate.clone()).unwrap();
+    let mut conn = c.connect(&spec(&fake, token), None).await.unwrap();
+    let msg = botfleet_core::Inbound {
+        platform: Platform::Discord,
+        chat: botfleet_core::ChatKey::new(BotId::new("dbot").unwrap(), "5"),
+        message_id: "1".into(),
+        sender: None,
+        text: "x".into(),
+        sent_at_ms: None,
+    };
+    conn.sender
+        .send(&Outbound::reply_to(&msg, "a"))
+        .await
+        .unwrap();
+    conn.sender
+        .send(&Outbound::reply_to(&msg, "b"))
+        .await
+        .unwrap();
+    assert_eq!(gate.0.load(Ordering::SeqCst), 2);
+    conn.receiver.close().await;
+}

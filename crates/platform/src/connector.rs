@@ -148,6 +148,14 @@ pub trait Receiver: Send {
     /// The platform's failures, classified.
     async fn ack(&mut self, ack: Ack) -> Result<Option<String>, PlatformError>;
 
+    /// The checkpoint as far as acknowledged batches go, when it has moved since the last one
+    /// [`Receiver::ack`] answered (a platform that writes it behind, as Discord's sessions
+    /// are). Asked once before [`Receiver::close`] on a stop or hand-over, so the next owner
+    /// resumes from the latest point. The default has none.
+    fn pending_checkpoint(&mut self) -> Option<String> {
+        None
+    }
+
     /// Closes the connection, so the platform lets the next owner connect at once.
     async fn close(&mut self);
 }

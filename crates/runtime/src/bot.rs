@@ -171,6 +171,11 @@ impl BotCtx {
                     self.metrics.platform_error(self.spec.platform, e.reason());
                     let wait = wait_after(&e, attempt);
                     warn!(bot = %self.spec.id, error = %e, wait_ms = wait.as_millis() as u64, "{what} failed; retrying");
+                    // Say why the bot is not running yet where operators look (bots list):
+                    // once, and whenever the platform's budget holds it back.
+                    if attempt == 0 || e.reason() == "identify_budget" {
+                        self.report(BotStatus::Pending, Some(&e.to_string()));
+                    }
                     if sleep_or_stop(wait, &mut self.stop).await {
                         return Err(BotExit::Stopped);
                     }
@@ -419,6 +424,16 @@ impl BotCtx {
                 chats.dispatch_new(item);
             }
         };
+        // A stop or hand-over writes the checkpoint the platform kept behind (Discord's
+        // sessions), while the claim is still ours: the next owner resumes from here.
+        if matches!(exit, BotExit::Stopped) && self.lease.check().is_ok() {
+            if let Some(cp) = receiver.pending_checkpoint() {
+                let (store, bot, fence) = (self.store.clone(), self.spec.id.clone(), self.fence);
+                if let Err(e) = store.put_cursor(&bot, &cp, fence).await {
+                    debug!(bot = %bot, error = %e, "could not write the last checkpoint; the next owner resumes from the one before");
+                }
+            }
+        }
         receiver.close().await;
         exit
     }

@@ -86,5 +86,22 @@ mod discord {
                 }
             }
         }
+
+        /// Discord's global REST limit, 50 requests a second per bot, kept across the fleet
+        /// (every worker running a slice of the bot draws from one bucket).
+        async fn rest(&self, bot: &str) {
+            let key = format!("rest:discord:{bot}");
+            let limit = RateLimit::new(50.0, 50);
+            for _ in 0..100 {
+                match self.coord.acquire_rate(&key, limit).await {
+                    Ok(Permit::Granted) => return,
+                    Ok(Permit::Wait(d)) => {
+                        tokio::time::sleep(d.max(Duration::from_millis(5))).await
+                    }
+                    // The coordinator is away: Discord's 429s still pace the bot.
+                    Err(_) => return,
+                }
+            }
+        }
     }
 }

@@ -31,8 +31,24 @@ impl Reporter {
 
     /// Records what `bot` is doing, as `worker` sees it; `error` `None` clears the last error.
     pub(crate) fn report(&self, bot: &BotId, status: BotStatus, error: Option<&str>, worker: &str) {
+        // A slice reports on its bot: any slice running makes the bot running, a refusal
+        // (the same token for every slice) makes it failed; a slice stopping says nothing
+        // of the others.
+        let id = match bot.slice_index() {
+            None => bot.clone(),
+            Some(_)
+                if matches!(status, BotStatus::Running | BotStatus::Failed)
+                    || (status == BotStatus::Pending && error.is_some()) =>
+            {
+                match BotId::new(bot.base()) {
+                    Ok(b) => b,
+                    Err(_) => return,
+                }
+            }
+            Some(_) => return,
+        };
         let _ = self.tx.send(StatusReport {
-            id: bot.clone(),
+            id,
             status,
             last_error: error.map(str::to_owned),
             reported_by: Some(worker.to_owned()),

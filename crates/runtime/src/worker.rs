@@ -432,8 +432,18 @@ impl State {
                 return;
             }
         };
-        let fresh: HashMap<BotId, BotRecord> =
-            bots.into_iter().map(|b| (b.spec.id.clone(), b)).collect();
+        // What the fleet places are units: a bot, or each slice of a Discord bot split into
+        // slices (`bot#k`, its own spec naming its shards).
+        let fresh: HashMap<BotId, BotRecord> = bots
+            .into_iter()
+            .flat_map(|b| {
+                b.spec
+                    .units()
+                    .into_iter()
+                    .map(|spec| (spec.id.clone(), BotRecord { spec, ..b.clone() }))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         let changed: Vec<BotId> = self
             .running
             .keys()
@@ -613,6 +623,13 @@ impl State {
         }
     }
 
+    /// Whether units of `bot` (its slices) run here.
+    fn has_slices(&self, bot: &BotId) -> bool {
+        self.running
+            .keys()
+            .any(|u| u.slice_index().is_some() && u.base() == bot.as_str())
+    }
+
     /// Journals something this worker saw happen.
     fn note(
         &self,
@@ -666,6 +683,25 @@ impl State {
             }
             Signal::Command(WorkerCommand::Stop { bot }) => {
                 self.let_go(&bot, After::Release);
+                true
+            }
+            Signal::Event(LifecycleEvent::Restart(bot)) if self.has_slices(&bot) => {
+                self.note(
+                    "registry_changed",
+                    Some(bot.as_str()),
+                    None,
+                    Some("restart"),
+                );
+                self.registry_stale = true;
+                let units: Vec<BotId> = self
+                    .running
+                    .keys()
+                    .filter(|u| u.base() == bot.as_str())
+                    .cloned()
+                    .collect();
+                for u in units {
+                    self.let_go(&u, After::Release);
+                }
                 true
             }
             Signal::Command(WorkerCommand::Restart { bot })

@@ -67,6 +67,11 @@ async fn a_sharded_bot_resumes_on_every_move() {
             .then_some(())
     })
     .await;
+    assert_eq!(
+        fake.state().replayed(TOKEN),
+        0,
+        "a SIGTERM writes the latest checkpoint: nothing to replay"
+    );
     all.extend(write(&fake, "after-drain"));
     answered(&fake, &all).await;
 
@@ -105,4 +110,128 @@ async fn a_sharded_bot_resumes_on_every_move() {
         .render("c")
         .contains("botfleet_discord_resumes_total"));
     c.shutdown().await;
+}
+
+fn shards_running(m: &botfleet_runtime::Metrics, w: &str) -> u64 {
+    m.render(w)
+        .lines()
+        .find(|l| l.starts_with("botfleet_shards_running{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// A bot of 8 shards in slices of 2 is 4 units: two workers share them, and when one dies
+/// the other resumes its slices; IDENTIFYs stay at 8, no shard runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_of_one_bot_run_on_different_workers_and_resume_when_one_dies() {
+    const T: &str = "DISCORD.slices.SECRET";
+    let fake = FakeDiscord::start().await.unwrap();
+    fake.state().add_bot(T, 8, 8);
+    let mut spec = BotSpec::new(BotId::new("sliced").unwrap(), Platform::Discord, T);
+    spec.options.api_url = Some(fake.api_url());
+    spec.options.shards = Some(8);
+    spec.options.shards_per_slice = Some(2);
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    let a = h.start("a");
+    let b = h.start("b");
+    wait_for(
+        "slices on both workers",
+        Duration::from_secs(30),
+        || async {
+            let (x, y) = (
+                shards_running(&a.metrics, "a"),
+                shards_running(&b.metrics, "b"),
+            );
+            (fake.state().connected_shards(T) == 8 && x > 0 && y > 0 && x + y == 8).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(fake.state().identifies(T), 8);
+    let texts: Vec<String> = (0..8u64)
+        .map(|c| {
+            let t = format!("s-{c}");
+            fake.state().user_writes(T, c, &t);
+            t
+        })
+        .collect();
+    wait_for("answered", Duration::from_secs(30), || async {
+        let posts = fake.state().posts(T);
+        texts
+            .iter()
+            .all(|t| posts.iter().any(|p| &p.content == t))
+            .then_some(())
+    })
+    .await;
+    // Let the checkpoints be written, then a dies.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    h.crash(a);
+    wait_for("b runs every slice", Duration::from_secs(30), || async {
+        (shards_running(&b.metrics, "b") == 8 && fake.state().connected_shards(T) == 8)
+            .then_some(())
+    })
+    .await;
+    let after: Vec<String> = (0..8u64)
+        .map(|c| {
+            let t = format!("after-{c}");
+            fake.state().user_writes(T, c, &t);
+            t
+        })
+        .collect();
+    wait_for("answered after", Duration::from_secs(30), || async {
+        let posts = fake.state().posts(T);
+        after
+            .iter()
+            .all(|t| posts.iter().any(|p| &p.content == t))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(fake.state().identifies(T), 8, "the moved slices resumed");
+    assert!(fake.state().resumes(T) >= 1);
+    assert_eq!(fake.state().max_sessions_per_shard(T), 1);
+    assert_eq!(fake.state().identify_violations(T), 0);
+    // Every shard answered exactly once per message.
+    let posts = fake.state().posts(T);
+    for t in texts.iter().chain(&after) {
+        assert_eq!(posts.iter().filter(|p| &p.content == t).count(), 1, "{t}");
+    }
+    b.shutdown().await;
+}
+
+/// A bot whose daily session budget is nearly spent does not identify, and says why where
+/// operators look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_identify_budget_is_shown_not_burned() {
+    const T: &str = "DISCORD.budget.SECRET";
+    let fake = FakeDiscord::start().await.unwrap();
+    fake.state().add_bot(T, 2, 2);
+    fake.state().set_remaining(T, 4);
+    let mut spec = BotSpec::new(BotId::new("thrifty").unwrap(), Platform::Discord, T);
+    spec.options.api_url = Some(fake.api_url());
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    let w = h.start("w");
+    let why = wait_for(
+        "the reason is recorded",
+        Duration::from_secs(30),
+        || async {
+            h.store()
+                .get_bot(&spec.id)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.last_error)
+                .filter(|e| e.contains("session budget"))
+        },
+    )
+    .await;
+    assert!(why.contains("waiting for it to reset"), "{why}");
+    assert_eq!(fake.state().identifies(T), 0);
+    wait_for("the budget in the metrics", Duration::from_secs(10), || async {
+        w.metrics
+            .render("w")
+            .contains("botfleet_discord_identify_budget_remaining{worker_id=\"w\",platform=\"discord\"} 4")
+            .then_some(())
+    })
+    .await;
+    w.shutdown().await;
 }

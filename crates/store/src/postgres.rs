@@ -131,8 +131,8 @@ async fn migrate(client: &mut Client) -> Result<()> {
 }
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
-    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token, shards \
-    FROM bots";
+    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token, shards, \
+    shards_per_slice FROM bots";
 
 fn row_to_bot(r: &Row) -> Result<BotRow> {
     let get = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
@@ -151,12 +151,13 @@ fn row_to_bot(r: &Row) -> Result<BotRow> {
         reported_by: r.try_get(11).map_err(get)?,
         app_token: r.try_get(12).map_err(get)?,
         shards: r.try_get(13).map_err(get)?,
+        shards_per_slice: r.try_get(14).map_err(get)?,
     })
 }
 
 /// A bot row as SQL parameters, in the order both INSERT and UPDATE use: $1 id … $9
 /// updated_at_ms, $10 app_token, $11 status.
-fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 12] {
+fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
     [
         &r.id,
         &r.platform,
@@ -169,6 +170,7 @@ fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 12] {
         &r.updated_at_ms,
         &r.app_token,
         &r.shards,
+        &r.shards_per_slice,
         &r.status,
     ]
 }
@@ -251,9 +253,9 @@ impl Store for PostgresStore {
         let n = c
             .execute(
                 "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
-                 webhook_secret, enabled, updated_at_ms, app_token, shards, status, \
-                 last_error, created_at_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $9) \
+                 webhook_secret, enabled, updated_at_ms, app_token, shards, \
+                 shards_per_slice, status, last_error, created_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, NULL, $9) \
                  ON CONFLICT (id) DO NOTHING",
                 &row_params(&r)[..],
             )
@@ -301,10 +303,10 @@ impl Store for PostgresStore {
             .execute(
                 "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
                  webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9, \
-                     app_token = $10, shards = $11 \
+                     app_token = $10, shards = $11, shards_per_slice = $12 \
                  WHERE id = $1",
                 // Everything but the status (the last parameter): updates keep it.
-                &row_params(&r)[..11],
+                &row_params(&r)[..12],
             )
             .await
             .map_err(db("update bot"))?;

@@ -51,6 +51,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX inbox_by_finish ON inbox (state, finished_at_ms);",
     // 5: Discord's shard count (NULL: what Discord recommends).
     "ALTER TABLE bots ADD COLUMN shards BIGINT;",
+    // 6: Discord shards per slice (NULL: the whole bot is one unit).
+    "ALTER TABLE bots ADD COLUMN shards_per_slice BIGINT;",
 ];
 
 /// A row of `bots` as plain values, shared by the SQL backends.
@@ -60,6 +62,7 @@ pub(crate) struct BotRow {
     pub(crate) token: String,
     pub(crate) app_token: Option<String>,
     pub(crate) shards: Option<i64>,
+    pub(crate) shards_per_slice: Option<i64>,
     pub(crate) api_url: Option<String>,
     pub(crate) handler: String,
     pub(crate) webhook_url: Option<String>,
@@ -100,6 +103,7 @@ impl BotRow {
                 .transpose()?,
             api_url: spec.options.api_url.clone(),
             shards: spec.options.shards.map(i64::from),
+            shards_per_slice: spec.options.shards_per_slice.map(i64::from),
             handler: spec.handler.kind().to_owned(),
             webhook_url,
             webhook_secret,
@@ -151,6 +155,8 @@ impl BotRow {
                 options: BotOptions {
                     api_url: self.api_url,
                     shards: self.shards.and_then(|n| u32::try_from(n).ok()),
+                    shards_per_slice: self.shards_per_slice.and_then(|n| u32::try_from(n).ok()),
+                    slice: None,
                 },
                 handler,
                 enabled: self.enabled,

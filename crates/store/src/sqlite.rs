@@ -202,8 +202,8 @@ fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
 }
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
-    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token, shards \
-    FROM bots";
+    webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token, shards, \
+    shards_per_slice FROM bots";
 
 fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
     Ok(BotRow {
@@ -221,12 +221,13 @@ fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
         reported_by: r.get(11)?,
         app_token: r.get(12)?,
         shards: r.get(13)?,
+        shards_per_slice: r.get(14)?,
     })
 }
 
 /// A bot row as SQL parameters, in the order both INSERT and UPDATE use: ?1 id … ?9
 /// updated_at_ms, ?10 app_token, ?11 status.
-fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 12] {
+fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 13] {
     [
         &r.id,
         &r.platform,
@@ -239,6 +240,7 @@ fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 12] {
         &r.updated_at_ms,
         &r.app_token,
         &r.shards,
+        &r.shards_per_slice,
         &r.status,
     ]
 }
@@ -268,9 +270,9 @@ impl Store for SqliteStore {
             let n = c
                 .execute(
                     "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
-                     webhook_secret, enabled, updated_at_ms, app_token, shards, status, \
-                     last_error, created_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, NULL, ?9) \
+                     webhook_secret, enabled, updated_at_ms, app_token, shards, \
+                     shards_per_slice, status, last_error, created_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, NULL, ?9) \
                      ON CONFLICT (id) DO NOTHING",
                     &row_params(&row)[..],
                 )
@@ -328,10 +330,10 @@ impl Store for SqliteStore {
                 .execute(
                     "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
                      webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9, \
-                     app_token = ?10, shards = ?11 \
+                     app_token = ?10, shards = ?11, shards_per_slice = ?12 \
                      WHERE id = ?1",
                     // Everything but the status (the last parameter): updates keep it.
-                    &row_params(&row)[..11],
+                    &row_params(&row)[..12],
                 )
                 .map_err(|e| StoreError::backend("update bot", e))?;
             if n == 0 {

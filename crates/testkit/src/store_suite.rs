@@ -44,6 +44,7 @@ pub async fn bots_round_trip(s: Arc<dyn Store>) {
     // A Discord bot's shard count round-trips, and so does going back to `auto`.
     let mut d = spec("d1", Platform::Discord);
     d.options.shards = Some(16);
+    d.options.shards_per_slice = Some(4);
     s.add_bot(&d).await.unwrap();
     assert_eq!(s.get_bot(&bid("d1")).await.unwrap().unwrap().spec, d);
     d.options.shards = None;

@@ -181,8 +181,19 @@ impl State {
             .filter(|r| r.spec.enabled)
             .map(|r| r.spec.id.clone())
             .collect();
-        let plan = ring.assign(&enabled, DEFAULT_BALANCE, |w| caps.get(w).copied());
+        // Capacity counts connections: a Discord slice of K shards weighs K.
+        let plan = ring.assign_weighted(
+            &enabled,
+            DEFAULT_BALANCE,
+            |w| caps.get(w).copied(),
+            |u| self.weight(u),
+        );
         (plan.owners, plan.unplaced.len())
+    }
+
+    /// The connections unit `u` holds (1 for a unit not in the registry).
+    fn weight(&self, u: &BotId) -> u32 {
+        self.registry.get(u).map_or(1, |r| r.spec.weight())
     }
 
     /// Whether `bot` should run here now.
@@ -350,20 +361,33 @@ impl State {
         // at our last try wait for its hand-over (or for the members to change).
         let live_ids: std::collections::HashSet<&WorkerId> = live.iter().map(|l| &l.id).collect();
         self.held_by.retain(|_, w| live_ids.contains(w));
-        let busy = self.running.len() + self.claiming.len() + self.stopping.len();
-        let room = (self.w.cfg.capacity as usize).saturating_sub(busy);
+        // Room in connections: a Discord slice of K shards takes K.
+        let busy: u64 = self
+            .running
+            .keys()
+            .chain(self.claiming.iter())
+            .chain(self.stopping.iter())
+            .map(|u| u64::from(self.weight(u)))
+            .sum();
+        let mut room = u64::from(self.w.cfg.capacity).saturating_sub(busy);
         let mine = self.plan.mine.clone();
-        let wanted: Vec<BotId> = mine
-            .iter()
-            .filter(|b| {
-                !self.running.contains_key(*b)
-                    && !self.claiming.contains(*b)
-                    && !self.stopping.contains(*b)
-                    && (!self.held_by.contains_key(*b) || self.takes.contains(*b))
-            })
-            .take(room)
-            .cloned()
-            .collect();
+        let mut wanted: Vec<BotId> = Vec::new();
+        for b in mine.iter().filter(|b| {
+            !self.running.contains_key(*b)
+                && !self.claiming.contains(*b)
+                && !self.stopping.contains(*b)
+                && (!self.held_by.contains_key(*b) || self.takes.contains(*b))
+        }) {
+            let w = u64::from(self.weight(b));
+            if w > room {
+                continue;
+            }
+            room -= w;
+            wanted.push(b.clone());
+            if room == 0 {
+                break;
+            }
+        }
         self.short = 0;
         if wanted.is_empty() {
             return;
