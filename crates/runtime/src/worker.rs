@@ -623,13 +623,6 @@ impl State {
         }
     }
 
-    /// Whether units of `bot` (its slices) run here.
-    fn has_slices(&self, bot: &BotId) -> bool {
-        self.running
-            .keys()
-            .any(|u| u.slice_index().is_some() && u.base() == bot.as_str())
-    }
-
     /// Journals something this worker saw happen.
     fn note(
         &self,
@@ -685,25 +678,6 @@ impl State {
                 self.let_go(&bot, After::Release);
                 true
             }
-            Signal::Event(LifecycleEvent::Restart(bot)) if self.has_slices(&bot) => {
-                self.note(
-                    "registry_changed",
-                    Some(bot.as_str()),
-                    None,
-                    Some("restart"),
-                );
-                self.registry_stale = true;
-                let units: Vec<BotId> = self
-                    .running
-                    .keys()
-                    .filter(|u| u.base() == bot.as_str())
-                    .cloned()
-                    .collect();
-                for u in units {
-                    self.let_go(&u, After::Release);
-                }
-                true
-            }
             Signal::Command(WorkerCommand::Restart { bot })
             | Signal::Event(LifecycleEvent::Restart(bot)) => {
                 self.note(
@@ -713,7 +687,16 @@ impl State {
                     Some("restart"),
                 );
                 self.registry_stale = true;
-                self.let_go(&bot, After::Release);
+                // The bot itself, or every slice of it that runs here.
+                let units: Vec<BotId> = self
+                    .running
+                    .keys()
+                    .filter(|u| **u == bot || u.base() == bot.as_str())
+                    .cloned()
+                    .collect();
+                for u in units {
+                    self.let_go(&u, After::Release);
+                }
                 true
             }
             Signal::Command(WorkerCommand::HandOver { bot, to }) => {
