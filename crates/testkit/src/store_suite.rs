@@ -48,6 +48,7 @@ pub async fn bots_round_trip(s: Arc<dyn Store>) {
     s.add_bot(&d).await.unwrap();
     assert_eq!(s.get_bot(&bid("d1")).await.unwrap().unwrap().spec, d);
     d.options.shards = None;
+    d.options.shards_per_slice = None;
     s.update_bot(&d).await.unwrap();
     assert_eq!(
         s.get_bot(&bid("d1"))
