@@ -1,5 +1,5 @@
-//! `botfleet demo`: the fleet at work, in one process, with nothing to set up: Telegram and
-//! Slack bots in one pool of three workers, users writing on both; one worker is killed
+//! `botfleet demo`: the fleet at work, in one process, with nothing to set up: Telegram,
+//! Slack and Discord bots in one pool of three workers, users writing on both; one worker is killed
 //! midway and another joins; then a report per platform.
 
 use std::{
@@ -12,6 +12,7 @@ use std::{
 use anyhow::Context;
 use botfleet_coord::{Coordinator, MemoryCoordinator, MemoryHub};
 use botfleet_core::{BotId, BotSpec, Platform, Secret, WorkerId};
+use botfleet_discord::fake::FakeDiscord;
 use botfleet_runtime::{Journal, Metrics, Worker, WorkerConfig};
 use botfleet_slack::fake::FakeSlack;
 use botfleet_store::{MemoryStore, Store};
@@ -25,9 +26,12 @@ pub(crate) struct DemoArgs {
     /// How many bots in all (1-5000).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=5_000))]
     bots: u32,
-    /// Percent of them on Slack (0-100); the rest on Telegram.
-    #[arg(long, default_value_t = 33, value_parser = clap::value_parser!(u32).range(0..=100))]
+    /// Percent of them on Slack (0-100).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=100))]
     slack_percent: u32,
+    /// Percent of them on Discord, two shards each (0-100); the rest on Telegram.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100))]
+    discord_percent: u32,
     /// How long users write, in seconds (10-600).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(10..=600))]
     duration_s: u64,
@@ -112,11 +116,14 @@ fn view(t: Duration, ws: &[DemoWorker], fakes: &Fakes, written: u64) -> String {
         ));
     }
     line.push_str(&format!(
-        "  | polling {:>4}  sockets {:>4}  written {:>6}  answered {:>6}",
+        "  | polling {:>4}  sockets {:>4}  shards {:>4}  written {:>6}  answered {:>6}",
         fakes.telegram.state().polling_tokens(),
         fakes.slack.state().connected_apps(),
+        fakes.discord.state().connected_total(),
         written,
-        fakes.telegram.state().sent_count() + fakes.slack.state().posts().len()
+        fakes.telegram.state().sent_count()
+            + fakes.slack.state().posts().len()
+            + fakes.discord.state().all_posts().len()
     ));
     line
 }
@@ -124,6 +131,7 @@ fn view(t: Duration, ws: &[DemoWorker], fakes: &Fakes, written: u64) -> String {
 struct Fakes {
     telegram: FakeTelegram,
     slack: FakeSlack,
+    discord: FakeDiscord,
 }
 
 /// What users wrote and bots answered, per (bot token, chat): the texts in order.
@@ -139,9 +147,17 @@ impl Fakes {
         for p in self.slack.state().posts() {
             sl.entry((p.token, p.channel)).or_default().push(p.text);
         }
-        [(Platform::Telegram, tg), (Platform::Slack, sl)]
-            .into_iter()
-            .collect()
+        let mut dc: Chats = HashMap::new();
+        for p in self.discord.state().all_posts() {
+            dc.entry((p.token, p.channel)).or_default().push(p.content);
+        }
+        [
+            (Platform::Telegram, tg),
+            (Platform::Slack, sl),
+            (Platform::Discord, dc),
+        ]
+        .into_iter()
+        .collect()
     }
 
     fn user_writes(&self, bot: &DemoBot, chat: u32, text: &str) -> (String, String) {
@@ -152,6 +168,12 @@ impl Fakes {
                     .state()
                     .user_writes(&bot.token, &channel, None, text);
                 (bot.token.clone(), channel)
+            }
+            Platform::Discord => {
+                self.discord
+                    .state()
+                    .user_writes(&bot.token, u64::from(chat), text);
+                (bot.token.clone(), chat.to_string())
             }
             _ => {
                 self.telegram
@@ -164,12 +186,23 @@ impl Fakes {
 
     /// How many of `bots` were served (polled, or a socket opened) since `since`.
     fn served_since(&self, bots: &[&DemoBot], since: Instant) -> usize {
-        let (tg, sl): (Vec<&&DemoBot>, Vec<&&DemoBot>) =
-            bots.iter().partition(|b| b.platform == Platform::Telegram);
-        let tg: Vec<String> = tg.iter().map(|b| b.token.clone()).collect();
-        let sl: Vec<String> = sl.iter().map(|b| b.token.clone()).collect();
-        self.telegram.state().polled_since_among(&tg, since)
-            + self.slack.state().connected_since_among(&sl, since)
+        let of = |p: Platform| -> Vec<String> {
+            bots.iter()
+                .filter(|b| b.platform == p)
+                .map(|b| b.token.clone())
+                .collect()
+        };
+        self.telegram
+            .state()
+            .polled_since_among(&of(Platform::Telegram), since)
+            + self
+                .slack
+                .state()
+                .connected_since_among(&of(Platform::Slack), since)
+            + self
+                .discord
+                .state()
+                .served_since_among(&of(Platform::Discord), since)
     }
 }
 
@@ -178,9 +211,11 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     let fakes = Fakes {
         telegram: FakeTelegram::start().await?,
         slack: FakeSlack::start().await?,
+        discord: FakeDiscord::start().await?,
     };
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let slack_bots = a.bots * a.slack_percent / 100;
+    let discord_bots = (a.bots * a.discord_percent / 100).min(a.bots - slack_bots);
     let mut bots = Vec::new();
     for i in 0..a.bots {
         let id = BotId::new(format!("demo-{i}"))?;
@@ -194,6 +229,17 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             DemoBot {
                 id,
                 platform: Platform::Slack,
+                token,
+            }
+        } else if i < slack_bots + discord_bots {
+            let token = format!("DISCORD.demo.{i}");
+            fakes.discord.state().add_bot(&token, 2, 2);
+            let mut spec = BotSpec::new(id.clone(), Platform::Discord, token.clone());
+            spec.options.api_url = Some(fakes.discord.api_url());
+            store.add_bot(&spec).await?;
+            DemoBot {
+                id,
+                platform: Platform::Discord,
                 token,
             }
         } else {
@@ -240,9 +286,9 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         )?);
     }
     println!(
-        "botfleet demo: {} bots ({} Telegram, {slack_bots} Slack), 3 workers, users writing {} msg/s for {} s, lease {} ms",
+        "botfleet demo: {} bots ({} Telegram, {slack_bots} Slack, {discord_bots} Discord of 2 shards), 3 workers, users writing {} msg/s for {} s, lease {} ms",
         a.bots,
-        a.bots - slack_bots,
+        a.bots - slack_bots - discord_bots,
         a.rate,
         a.duration_s,
         a.lease_ms
@@ -367,7 +413,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     println!("\nreport");
     println!("  messages written      {written}");
     let mut failed = false;
-    for p in [Platform::Telegram, Platform::Slack] {
+    for p in [Platform::Telegram, Platform::Slack, Platform::Discord] {
         let want = expected.remove(&p).unwrap_or_default();
         let have_all = got.remove(&p).unwrap_or_default();
         let (lost, duplicated, out_of_order) = tally(&want, have_all);
@@ -380,8 +426,28 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     }
     let conflicts = fakes.telegram.state().conflicts();
     let overlaps = fakes.slack.state().overlaps();
+    let discord_tokens: Vec<&DemoBot> = bots
+        .iter()
+        .filter(|b| b.platform == Platform::Discord)
+        .collect();
+    let two_sessions = discord_tokens
+        .iter()
+        .filter(|b| fakes.discord.state().max_sessions_per_shard(&b.token) > 1)
+        .count();
+    let identifies: u64 = discord_tokens
+        .iter()
+        .map(|b| fakes.discord.state().identifies(&b.token))
+        .sum();
+    let resumes: u64 = discord_tokens
+        .iter()
+        .map(|b| fakes.discord.state().resumes(&b.token))
+        .sum();
     println!("  Telegram second pollers (409)       {conflicts}");
     println!("  Slack sockets held by two workers  {overlaps}");
+    println!(
+        "  Discord shards run twice            {two_sessions}; {identifies} IDENTIFYs for {} shards, {resumes} RESUMEs (a moved bot resumes)",
+        discord_tokens.len() * 2
+    );
     let mut acks = fakes.slack.state().ack_latencies();
     if !acks.is_empty() {
         acks.sort();
@@ -410,11 +476,13 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         let _ = tokio::time::timeout(Duration::from_secs(10), w.task).await;
     }
     http_task.abort();
-    Ok(if failed || conflicts > 0 || overlaps > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(
+        if failed || conflicts > 0 || overlaps > 0 || two_sessions > 0 {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
 }
 
 /// Lost, duplicated, and chats whose first answers are out of the written order.

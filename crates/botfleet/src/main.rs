@@ -52,9 +52,9 @@ enum Command {
     /// Tokens and signing secrets at rest.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
-    /// A self-contained show: fake Telegram and Slack servers, three workers, a few hundred
-    /// bots of both platforms, users writing; one worker is killed midway and another joins;
-    /// then a report per platform.
+    /// A self-contained show: fake Telegram, Slack and Discord servers, three workers, a few
+    /// hundred bots of all three platforms, users writing; one worker is killed midway and
+    /// another joins; then a report per platform.
     Demo(demo::DemoArgs),
     /// Print the version, the supported platforms and storage backends.
     Version,

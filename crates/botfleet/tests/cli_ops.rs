@@ -365,8 +365,8 @@ fn the_demo_runs_and_reports_nothing_lost() {
     ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
-    // Both platforms in one pool, each reported: nothing lost, every chat in order.
-    for p in ["telegram", "slack"] {
+    // Every platform in one pool, each reported: nothing lost, every chat in order.
+    for p in ["telegram", "slack", "discord"] {
         let line = out
             .lines()
             .find(|l| l.trim_start().starts_with(p) && l.contains("written"))
@@ -379,6 +379,7 @@ fn the_demo_runs_and_reports_nothing_lost() {
     for line in [
         "Telegram second pollers (409)       0",
         "Slack sockets held by two workers  0",
+        "Discord shards run twice            0",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }

@@ -94,6 +94,8 @@ struct BotState {
     violations: u64,
     dropped: u64,
     zombies: HashSet<u32>,
+    /// Shard → when a session last started or resumed on it.
+    served: HashMap<u32, Instant>,
     posts: Vec<Post>,
     nonces: HashSet<String>,
     duplicates: u64,
@@ -318,6 +320,37 @@ impl FakeDiscordState {
             u32::try_from(b.attached.values().filter(|n| **n > 0).count()).unwrap_or(0)
         })
         .unwrap_or(0)
+    }
+
+    /// How many of `tokens` had every shard's session start or resume at or after `since`.
+    pub fn served_since_among(&self, tokens: &[String], since: Instant) -> usize {
+        let bots = lock(&self.inner.bots);
+        tokens
+            .iter()
+            .filter(|t| {
+                bots.get(*t).is_some_and(|b| {
+                    (0..b.shards).all(|s| b.served.get(&s).is_some_and(|at| *at >= since))
+                })
+            })
+            .count()
+    }
+
+    /// Shard sessions with a socket now, over every bot.
+    pub fn connected_total(&self) -> u32 {
+        lock(&self.inner.bots)
+            .values()
+            .map(|b| b.attached.values().filter(|n| **n > 0).count() as u32)
+            .sum()
+    }
+
+    /// Every message the fake received, of every bot, in order.
+    pub fn all_posts(&self) -> Vec<Post> {
+        let mut all: Vec<Post> = lock(&self.inner.bots)
+            .values()
+            .flat_map(|b| b.posts.iter().cloned())
+            .collect();
+        all.sort_by_key(|p| p.at);
+        all
     }
 
     /// Messages written while their shard had no session (lost, as on Discord).
@@ -551,6 +584,13 @@ fn recount(s: &FakeDiscordState, token: &str, shard: u32) {
     }
 }
 
+/// A session started or resumed on the shard now.
+fn served(s: &FakeDiscordState, token: &str, shard: u32) {
+    if let Some(b) = lock(&s.inner.bots).get_mut(token) {
+        b.served.insert(shard, Instant::now());
+    }
+}
+
 /// IDENTIFY: a new session, or the close code refusing it.
 fn identify(
     s: &FakeDiscordState,
@@ -610,6 +650,7 @@ fn identify(
         },
     );
     recount(s, &token, shard);
+    served(s, &token, shard);
     let user = s.read(&token, |b| b.user_id.clone()).unwrap_or_default();
     let url = lock(&s.inner.url).clone();
     s.dispatch(
@@ -659,6 +700,7 @@ fn resume(
         b.replayed += replayed;
     }
     recount(s, &token, shard);
+    served(s, &token, shard);
     s.dispatch(&sid, "RESUMED", json!({}));
     Some((token, shard, sid))
 }
