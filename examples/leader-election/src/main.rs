@@ -50,13 +50,13 @@ async fn register(c: &dyn Coordinator, id: &str) -> anyhow::Result<()> {
 }
 
 /// The leader's work: a result written under the fence of its grant.
-async fn write_report(store: &dyn Store, text: &str, fence: Fence) -> Result<(), StoreError> {
-    store.put_cursor(&job_id(), text, fence).await
-}
-
-/// Where the job's result lives: a fenced cursor of its own id.
-fn job_id() -> BotId {
-    BotId::new("job.nightly-report").expect("a valid id")
+async fn write_report(
+    store: &dyn Store,
+    job: &BotId,
+    text: &str,
+    fence: Fence,
+) -> Result<(), StoreError> {
+    store.put_cursor(job, text, fence).await
 }
 
 #[tokio::main]
@@ -66,13 +66,18 @@ async fn main() -> anyhow::Result<()> {
     register(&*b, "replica-b").await?;
     // Where results go: any store (SQLite, Postgres) refuses writes under an older fence.
     let store = botfleet_store::open("sqlite::memory:").await?;
+    // Where the job's result lives: a fenced cursor of its own id.
+    let job = BotId::new("job.nightly-report")?;
 
     // a leads; b, asking meanwhile, does not.
-    let fence_a = a.try_lead(JOB, TTL).await?.expect("a leads a free job");
+    let fence_a = a
+        .try_lead(JOB, TTL)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("a should lead a free job"))?;
     assert_eq!(b.try_lead(JOB, TTL).await?, None, "one leader at a time");
     // Calling again renews (same fence).
     assert_eq!(a.try_lead(JOB, TTL).await?, Some(fence_a));
-    write_report(&*store, "report by a", fence_a).await?;
+    write_report(&*store, &job, "report by a", fence_a).await?;
     println!("replica-a leads {JOB} with fence {fence_a:?} and wrote its report");
 
     // a stalls past its TTL without renewing; b takes over with a higher fence.
@@ -80,19 +85,19 @@ async fn main() -> anyhow::Result<()> {
     let fence_b = b
         .try_lead(JOB, TTL)
         .await?
-        .expect("b leads once a's TTL ran out");
+        .ok_or_else(|| anyhow::anyhow!("b should lead once a's TTL ran out"))?;
     assert!(fence_b > fence_a);
-    write_report(&*store, "report by b", fence_b).await?;
+    write_report(&*store, &job, "report by b", fence_b).await?;
     println!("replica-a stalled; replica-b leads with fence {fence_b:?} and wrote its report");
 
     // a wakes up and, not knowing, writes its stale result: refused.
-    match write_report(&*store, "late report by a", fence_a).await {
+    match write_report(&*store, &job, "late report by a", fence_a).await {
         Err(StoreError::StaleFence { .. }) => {
             println!("replica-a's late write under fence {fence_a:?} was refused: the store keeps b's report");
         }
         other => anyhow::bail!("a stale leader's write must be refused, got {other:?}"),
     }
-    let kept = store.cursor(&job_id()).await?.map(|c| c.value);
+    let kept = store.cursor(&job).await?.map(|c| c.value);
     assert_eq!(kept.as_deref(), Some("report by b"));
     // And a asking again learns it no longer leads.
     assert_eq!(a.try_lead(JOB, TTL).await?, None);
