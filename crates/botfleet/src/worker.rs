@@ -81,6 +81,11 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_REGISTRY_REFRESH_MS",
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     registry_refresh_ms: Option<u64>,
+    /// A bot whose platform stays unreachable from this worker this long, in ms, is handed to
+    /// another worker (which placement prefers for it for 10 minutes); 0 never moves it.
+    #[arg(long, env = "BOTFLEET_TRANSPORT_DOWN_MS", default_value_t = 120_000,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    transport_down_ms: u64,
     /// Show the message counts of this many of the busiest bots in /metrics (0-1000), as
     /// `botfleet_bot_messages_received_total{bot_id}`: a bounded label set.
     #[arg(long, env = "BOTFLEET_METRICS_TOP_BOTS", default_value_t = 10,
@@ -176,6 +181,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         }
     }
     cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
+    cfg.transport_down = Duration::from_millis(a.transport_down_ms);
     cfg.telegram.poll_timeout = Duration::from_secs(a.poll_timeout_s);
     cfg.registry_refresh = Duration::from_millis(a.registry_refresh_ms.unwrap_or(if embedded {
         2_000

@@ -202,6 +202,19 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn acquire_lock_fenced(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>>;
 
+    /// Keeps `bot` off `worker` for `for_` (its transport stayed down there): every worker's
+    /// placement then puts the bot on its next choice, unless no other live worker is left.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn avoid(&self, bot: &BotId, worker: &WorkerId, for_: Duration) -> Result<()>;
+
+    /// The (bot, worker) pairs kept apart now (see [`Coordinator::avoid`]), sorted.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn avoidances(&self) -> Result<Vec<(BotId, WorkerId)>>;
+
     /// Extends a held lock; answers false if it was lost.
     ///
     /// # Errors

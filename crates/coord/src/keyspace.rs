@@ -98,6 +98,10 @@ impl KeySpace {
     pub fn lock_fence(&self, name: &str) -> String {
         self.key(&["lockfence", name])
     }
+    /// Hash: `bot|worker` → unix ms until which placement keeps the bot off the worker.
+    pub fn avoid(&self) -> String {
+        self.key(&["avoid"])
+    }
 }
 
 #[cfg(test)]

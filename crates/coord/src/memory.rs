@@ -87,6 +87,8 @@ struct State {
     buckets: HashMap<String, (f64, u64)>,
     locks: HashMap<String, Lock>,
     lock_counters: HashMap<String, u64>,
+    /// (bot, worker) → unix ms until which placement keeps them apart.
+    avoid: HashMap<(BotId, WorkerId), u64>,
     member_signals: Vec<mpsc::Sender<()>>,
     /// Handles made unusable by [`MemoryHub::crash`].
     crashed: Vec<u64>,
@@ -712,6 +714,23 @@ impl Coordinator for MemoryCoordinator {
 
     async fn acquire_lock_fenced(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
         acquire(self, &format!("lock:{key}"), &nonce(), ttl)
+    }
+
+    async fn avoid(&self, bot: &BotId, worker: &WorkerId, for_: Duration) -> Result<()> {
+        let until = self.now() + check_ttl("avoid time", for_)?;
+        self.state()?
+            .avoid
+            .insert((bot.clone(), worker.clone()), until);
+        Ok(())
+    }
+
+    async fn avoidances(&self) -> Result<Vec<(BotId, WorkerId)>> {
+        let now = self.now();
+        let mut st = self.state()?;
+        st.avoid.retain(|_, until| *until > now);
+        let mut out: Vec<(BotId, WorkerId)> = st.avoid.keys().cloned().collect();
+        out.sort();
+        Ok(out)
     }
 
     async fn renew_lock(&self, guard: &LockGuard, ttl: Duration) -> Result<bool> {

@@ -243,6 +243,19 @@ impl Ring {
         capacity: impl Fn(&WorkerId) -> Option<u32>,
         weight: impl Fn(&BotId) -> u32,
     ) -> Assignment {
+        self.assign_with(bots, balance, capacity, weight, |_, _| true)
+    }
+
+    /// [`Ring::assign_weighted`] where a unit goes only to workers `allowed` for it (a worker
+    /// its transport failed on), unless none of the members is: then to any, as before.
+    pub fn assign_with<'b>(
+        &self,
+        bots: impl IntoIterator<Item = &'b BotId>,
+        balance: f64,
+        capacity: impl Fn(&WorkerId) -> Option<u32>,
+        weight: impl Fn(&BotId) -> u32,
+        allowed: impl Fn(&BotId, &WorkerId) -> bool,
+    ) -> Assignment {
         let mut order: Vec<(u64, &BotId)> = bots
             .into_iter()
             .map(|b| (xxh3_64_with_seed(b.as_str().as_bytes(), 0x5eed), b))
@@ -282,8 +295,10 @@ impl Ring {
         // The first worker of the bot's preference with room under `limit`; takes the room.
         let mut place = |bot: &BotId, limit: &[usize]| {
             let w = weight(bot).max(1) as usize;
+            let any = self.workers.iter().any(|m| allowed(bot, m));
             let i = self
                 .preference(bot)
+                .filter(|m| !any || allowed(bot, m))
                 .map(|w| index[w])
                 .find(|&i| load[i].saturating_add(w) <= limit[i])?;
             load[i] += w;

@@ -1,6 +1,6 @@
 //! The Redis backend: one fleet's coordination state in one Redis (or one Cluster slot).
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
@@ -704,6 +704,52 @@ impl Coordinator for RedisCoordinator {
         }
     }
 
+    async fn avoid(&self, bot: &BotId, worker: &WorkerId, for_: Duration) -> Result<()> {
+        let until = wall_ms() + check_ttl("avoid time", for_)?;
+        let _: i64 = self
+            .query(
+                "avoid",
+                redis::cmd("HSET")
+                    .arg(self.ks.avoid())
+                    .arg(format!("{}|{}", bot.as_str(), worker.as_str()))
+                    .arg(until),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn avoidances(&self) -> Result<Vec<(BotId, WorkerId)>> {
+        let all: HashMap<String, u64> = self
+            .query("avoidances", redis::cmd("HGETALL").arg(self.ks.avoid()))
+            .await?;
+        let now = wall_ms();
+        let mut out = Vec::new();
+        let mut expired = Vec::new();
+        for (field, until) in all {
+            if until <= now {
+                expired.push(field);
+                continue;
+            }
+            let parsed = field
+                .split_once('|')
+                .and_then(|(b, w)| Some((BotId::new(b).ok()?, WorkerId::new(w).ok()?)));
+            match parsed {
+                Some(p) => out.push(p),
+                None => expired.push(field),
+            }
+        }
+        if !expired.is_empty() {
+            let _: std::result::Result<i64, _> = self
+                .query(
+                    "avoidances",
+                    redis::cmd("HDEL").arg(self.ks.avoid()).arg(&expired),
+                )
+                .await;
+        }
+        out.sort();
+        Ok(out)
+    }
+
     async fn recv_commands(&self, max: usize, wait: Duration) -> Result<Vec<WorkerCommand>> {
         let reg = self.reg()?;
         let key = self.ks.commands(&reg.worker);
@@ -851,4 +897,11 @@ async fn lock_acquire(
         token: token.to_owned(),
         fence: Fence(fence.unsigned_abs()),
     }))
+}
+
+/// This machine's wall clock in unix ms (for marks that only need to expire roughly on time).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -303,3 +303,22 @@ fn heavy_units_count_their_weight_against_capacity() {
     let b = ring.assign(&units, DEFAULT_BALANCE, |_| Some(10));
     assert_eq!(a.owners, b.owners);
 }
+
+#[test]
+fn a_unit_kept_off_a_worker_goes_to_its_next_choice_unless_none_is_left() {
+    let workers = [WorkerId::new("a").unwrap(), WorkerId::new("b").unwrap()];
+    let ring = Ring::new(&workers, RingConfig::default());
+    let bot = BotId::new("x").unwrap();
+    let first = ring.preference(&bot).next().unwrap().clone();
+    let plan = ring.assign_with(
+        [&bot],
+        DEFAULT_BALANCE,
+        |_| None,
+        |_| 1,
+        |b, w| !(b == &bot && w == &first),
+    );
+    assert_ne!(plan.owners[&bot], first, "kept off its first choice");
+    // Kept off every member: placed anyway.
+    let plan = ring.assign_with([&bot], DEFAULT_BALANCE, |_| None, |_| 1, |_, _| false);
+    assert_eq!(plan.owners[&bot], first);
+}

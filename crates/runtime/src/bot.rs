@@ -35,6 +35,9 @@ pub(crate) enum BotExit {
     Fenced(String),
     /// Needs an operator (bad token, unusable spec). Not retried until restarted.
     Failed(String),
+    /// The platform stayed unreachable from this worker for `transport_down`: another worker
+    /// should run the bot.
+    TransportDown(String),
 }
 
 /// Per-bot settings the worker passes down.
@@ -50,6 +53,8 @@ pub(crate) struct BotSettings {
     /// owner skips it: it ran there a moment ago, and connecting refuses bad credentials just
     /// the same (one platform call less per bot when thousands move at once).
     pub(crate) verify: bool,
+    /// See [`crate::WorkerConfig::transport_down`].
+    pub(crate) transport_down: Duration,
 }
 
 /// Everything a bot task needs; owned by the task.
@@ -66,6 +71,8 @@ pub(crate) struct BotCtx {
     pub(crate) reporter: Reporter,
     pub(crate) settings: BotSettings,
     pub(crate) stop: watch::Receiver<bool>,
+    /// Since when the platform has been unreachable without a success in between.
+    pub(crate) down_since: Option<std::time::Instant>,
 }
 
 /// Resolves once a stop is asked for (or the worker that could ask is gone).
@@ -115,6 +122,19 @@ fn wait_after(e: &PlatformError, attempt: u32) -> Duration {
 }
 
 impl BotCtx {
+    /// Counts a failure toward `transport_down` (transient ones only): the exit when the
+    /// platform has been unreachable from here that long.
+    fn down(&mut self, e: &PlatformError) -> Option<BotExit> {
+        if e.kind() != ErrorKind::Transient || self.settings.transport_down.is_zero() {
+            return None;
+        }
+        let since = *self.down_since.get_or_insert_with(std::time::Instant::now);
+        (since.elapsed() >= self.settings.transport_down).then(|| {
+            warn!(bot = %self.spec.id, error = %e, down_s = since.elapsed().as_secs(), "the platform is unreachable from this worker; handing the bot to another");
+            BotExit::TransportDown(e.to_string())
+        })
+    }
+
     fn report(&self, status: BotStatus, error: Option<&str>) {
         self.reporter
             .report(&self.spec.id, status, error, &self.worker);
@@ -163,11 +183,17 @@ impl BotCtx {
                 () = stopped(self.stop.clone()) => return Err(BotExit::Stopped),
             };
             match r {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    self.down_since = None;
+                    return Ok(v);
+                }
                 Err(e) if matches!(e.kind(), ErrorKind::Credentials | ErrorKind::Rejected) => {
                     return Err(self.fail(&e));
                 }
                 Err(e) => {
+                    if let Some(exit) = self.down(&e) {
+                        return Err(exit);
+                    }
                     self.metrics.platform_error(self.spec.platform, e.reason());
                     let wait = wait_after(&e, attempt);
                     warn!(bot = %self.spec.id, error = %e, wait_ms = wait.as_millis() as u64, "{what} failed; retrying");
@@ -339,10 +365,14 @@ impl BotCtx {
                         self.report(BotStatus::Running, None);
                     }
                     attempt = 0;
+                    self.down_since = None;
                     b
                 }
                 Err(e) if e.kind() == ErrorKind::Credentials => break self.fail(&e),
                 Err(e) => {
+                    if let Some(exit) = self.down(&e) {
+                        break exit;
+                    }
                     self.metrics.platform_error(self.spec.platform, e.reason());
                     if e.kind() == ErrorKind::Conflict {
                         self.report(BotStatus::Running, Some(&e.to_string()));

@@ -44,6 +44,12 @@ pub struct WorkerConfig {
     /// Messages a bot holds received but not answered before it stops receiving until its
     /// chats catch up (what is received is recorded and acknowledged first). Default 1,000.
     pub max_in_flight: usize,
+    /// A bot whose platform stays unreachable from this worker this long (transient failures
+    /// only: refused, reset, timeout, 5xx) is handed to another worker, which its placement
+    /// then prefers for `avoid_for`. Zero never moves it.
+    pub transport_down: Duration,
+    /// How long a bot moved for a transport that was down stays off this worker.
+    pub avoid_for: Duration,
     /// Slack client settings.
     #[cfg(feature = "slack")]
     pub slack: botfleet_slack::SlackConfig,
@@ -85,6 +91,8 @@ impl WorkerConfig {
             webhook_timeout: Duration::from_secs(10),
             handler_retry_for: Duration::from_secs(300),
             max_in_flight: 1_000,
+            transport_down: Duration::from_secs(120),
+            avoid_for: Duration::from_secs(600),
             #[cfg(feature = "slack")]
             slack: botfleet_slack::SlackConfig::default(),
             #[cfg(feature = "discord")]

@@ -72,6 +72,8 @@ enum Signal {
     Claimed(BotId, ClaimResult),
     /// A let-go job finished: the bot's task has ended and its claim is dealt with.
     LetGo(BotId),
+    /// The fleet was told to keep this bot off this worker: let it go now.
+    Avoided(BotId),
 }
 
 struct Running {
@@ -180,6 +182,8 @@ impl Worker {
             takes: HashSet::new(),
             leaving: HashSet::new(),
             members_seen: None,
+            avoid: Vec::new(),
+            avoid_pending: HashSet::new(),
             cold_start: Some((Instant::now(), Instant::now())),
             last_scan: Instant::now(),
             plan: converge::Plan::default(),
@@ -220,6 +224,10 @@ struct State {
     /// Live workers that said they are shutting down: placed as if gone already, so the bots
     /// they hand over are ours by our own plan too (and are not passed back to them).
     leaving: HashSet<WorkerId>,
+    /// (unit, worker) pairs placement keeps apart: a transport that was down there.
+    avoid: Vec<(BotId, WorkerId)>,
+    /// Units this worker is marking as avoided (until the coordinator lists them).
+    avoid_pending: HashSet<BotId>,
     /// The live workers at the last pass (for the journal's joins and leaves).
     members_seen: Option<HashSet<WorkerId>>,
     /// Until the first share is all running: when the worker started, and the last progress
@@ -655,6 +663,28 @@ impl State {
                         self.note("bot_failed", Some(bot.as_str()), None, Some(&why));
                         false
                     }
+                    BotExit::TransportDown(why) => {
+                        self.note("transport_down", Some(bot.as_str()), None, Some(&why));
+                        let me = self.me().clone();
+                        self.avoid.push((bot.clone(), me.clone()));
+                        self.avoid.sort();
+                        self.avoid_pending.insert(bot.clone());
+                        let (coord, tx, b, for_) = (
+                            self.w.coord.clone(),
+                            self.tx.clone(),
+                            bot.clone(),
+                            self.w.cfg.avoid_for,
+                        );
+                        // Mark it for the fleet, then let it go: the next pass places it
+                        // on its next choice, here and on every other worker.
+                        self.jobs.spawn(async move {
+                            if let Err(e) = coord.avoid(&b, &me, for_).await {
+                                warn!(bot = %b, error = %e, "could not tell the fleet to run the bot elsewhere");
+                            }
+                            let _ = tx.send(Signal::Avoided(b));
+                        });
+                        true
+                    }
                     BotExit::Fenced(why) => {
                         info!(%bot, why = %why, "bot lost its claim");
                         self.running.remove(&bot);
@@ -663,6 +693,11 @@ impl State {
                 }
             }
             Signal::Claimed(bot, result) => self.on_claimed(bot, result),
+            Signal::Avoided(bot) => {
+                self.avoid_pending.remove(&bot);
+                self.let_go(&bot, After::Release);
+                true
+            }
             Signal::LetGo(bot) => {
                 self.stopping.remove(&bot);
                 // Bots stopped to restart or after a fence come back on the next pass.

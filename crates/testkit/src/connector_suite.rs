@@ -100,6 +100,11 @@ impl Harness {
 
     /// Starts worker `name` on the hub.
     pub fn start(&self, name: &str) -> RunningWorker {
+        self.start_with(name, |_| {})
+    }
+
+    /// [`Harness::start`] with `tune` applied to the worker's configuration last.
+    pub fn start_with(&self, name: &str, tune: impl FnOnce(&mut WorkerConfig)) -> RunningWorker {
         let mut c = WorkerConfig::new(WorkerId::new(name).expect("worker id"));
         c.lease = Duration::from_millis(1500);
         c.connect_rate = 1000.0;
@@ -108,6 +113,7 @@ impl Harness {
         c.telegram.poll_timeout = Duration::from_secs(2);
         c.telegram.request_slack = Duration::from_secs(3);
         c.handler_retry_for = Duration::from_secs(20);
+        tune(&mut c);
         let coord = self.hub.coordinator();
         let w = Worker::new(
             c,

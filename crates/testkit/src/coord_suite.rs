@@ -900,6 +900,33 @@ pub async fn a_fresh_fleet_starts_at_once<F: CoordFixture>(f: &F) {
     assert!(a.try_lead("job", LEASE).await.unwrap().is_some());
 }
 
+/// A bot kept off a worker is listed, for every handle, until its time runs out.
+pub async fn avoidances_are_shared_and_expire<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    let (bot, other) = (BotId::new("b1").unwrap(), BotId::new("b2").unwrap());
+    let wa = WorkerId::new("w-a").unwrap();
+    a.avoid(&bot, &wa, Duration::from_millis(700))
+        .await
+        .unwrap();
+    a.avoid(&other, &wa, Duration::from_secs(60)).await.unwrap();
+    let seen = b.avoidances().await.unwrap();
+    assert_eq!(
+        seen,
+        [(bot.clone(), wa.clone()), (other.clone(), wa.clone())]
+    );
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        b.avoidances().await.unwrap(),
+        [(other, wa)],
+        "the short one expired"
+    );
+    assert!(a
+        .avoid(&bot, &WorkerId::new("w-b").unwrap(), Duration::ZERO)
+        .await
+        .is_err());
+}
+
 /// Generates a module `conformance_coord` with one `#[tokio::test]` per suite case, each
 /// running against a fresh fixture from `$fixture` (an async expression). The tests' paths
 /// (`conformance_coord::<case>`) match `cargo test conformance`.
@@ -934,6 +961,7 @@ macro_rules! coordinator_conformance {
             data_loss_waits_for_old_owners,
             lost_writes_are_detected,
             a_fresh_fleet_starts_at_once,
+            avoidances_are_shared_and_expire,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

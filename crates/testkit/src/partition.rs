@@ -131,6 +131,14 @@ impl Coordinator for Partition {
         self.check()?;
         self.inner.acquire_lock_fenced(k, t).await
     }
+    async fn avoid(&self, bot: &BotId, worker: &WorkerId, for_: Duration) -> Result<()> {
+        self.check()?;
+        self.inner.avoid(bot, worker, for_).await
+    }
+    async fn avoidances(&self) -> Result<Vec<(BotId, WorkerId)>> {
+        self.check()?;
+        self.inner.avoidances().await
+    }
     async fn renew_lock(&self, g: &LockGuard, t: Duration) -> Result<bool> {
         self.check()?;
         self.inner.renew_lock(g, t).await

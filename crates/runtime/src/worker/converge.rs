@@ -160,13 +160,14 @@ async fn stop_task(stop: &watch::Sender<bool>, mut task: JoinHandle<()>) {
 
 /// The plan's inputs, hashed: live members (id, incarnation, capacity) and the registry
 /// generation.
-fn inputs_of(live: &[LiveWorker], generation: u64) -> u64 {
+fn inputs_of(live: &[LiveWorker], generation: u64, avoid: &[(BotId, WorkerId)]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for l in live {
         (l.id.as_str(), l.incarnation.as_str(), l.meta.capacity).hash(&mut h);
     }
     generation.hash(&mut h);
+    avoid.hash(&mut h);
     h.finish()
 }
 
@@ -181,12 +182,16 @@ impl State {
             .filter(|r| r.spec.enabled)
             .map(|r| r.spec.id.clone())
             .collect();
-        // Capacity counts connections: a Discord slice of K shards weighs K.
-        let plan = ring.assign_weighted(
+        // Capacity counts connections: a Discord slice of K shards weighs K. A unit whose
+        // transport was down on a worker goes elsewhere for a while.
+        let avoid: std::collections::HashSet<(&BotId, &WorkerId)> =
+            self.avoid.iter().map(|(b, w)| (b, w)).collect();
+        let plan = ring.assign_with(
             &enabled,
             DEFAULT_BALANCE,
             |w| caps.get(w).copied(),
             |u| self.weight(u),
+            |u, w| !avoid.contains(&(u, w)),
         );
         (plan.owners, plan.unplaced.len())
     }
@@ -274,7 +279,28 @@ impl State {
         self.leaving.retain(|w| live.iter().any(|l| &l.id == w));
         live.retain(|l| !self.leaving.contains(&l.id));
         self.note_members(&live);
-        let inputs = inputs_of(&live, self.generation);
+        // Units kept off workers (a transport that was down there); the last list if the
+        // coordinator does not answer.
+        match self.w.coord.avoidances().await {
+            Ok(a) => {
+                let mine: Vec<(BotId, WorkerId)> = self
+                    .avoid
+                    .iter()
+                    .filter(|(_, w)| w == self.me())
+                    .cloned()
+                    .collect();
+                self.avoid = a;
+                // Ours stay until the coordinator has them (the mark may be on its way).
+                for m in mine {
+                    if !self.avoid.contains(&m) && self.avoid_pending.contains(&m.0) {
+                        self.avoid.push(m);
+                    }
+                }
+                self.avoid.sort();
+            }
+            Err(e) => debug!(error = %e, "cannot read the avoided workers; keeping the last list"),
+        }
+        let inputs = inputs_of(&live, self.generation, &self.avoid);
         let changed = self.plan.inputs != Some(inputs);
         if !force && !changed && self.short == 0 && self.takes.is_empty() {
             return;
@@ -525,8 +551,10 @@ impl State {
                         retry_for: self.w.cfg.handler_retry_for,
                         max_in_flight: self.w.cfg.max_in_flight,
                         verify: !handed,
+                        transport_down: self.w.cfg.transport_down,
                     },
                     stop: stop_rx,
+                    down_since: None,
                 });
                 tokio::spawn(async move {
                     let exit = ctx.run().await;
