@@ -255,12 +255,17 @@ impl BotCtx {
             };
             debug!(bot = %self.spec.id, user = %identity.user_id, "credentials accepted");
         }
-        let checkpoint = match self.store.cursor(&self.spec.id).await {
-            Ok(c) => c.map(|c| c.value),
-            Err(e) => {
-                warn!(bot = %self.spec.id, error = %e, "cannot read the checkpoint; starting from the platform's");
-                None
-            }
+        // Where to resume: the checkpoint, and what a predecessor recorded but did not answer
+        // (one store call: a worker taking thousands of bots makes one per bot).
+        let (store, bot) = (self.store.clone(), self.spec.id.clone());
+        let (checkpoint, pending) = match self
+            .store_retry("read the resume point", || {
+                store.resume_point(&bot, 100_000)
+            })
+            .await
+        {
+            Ok((c, p)) => (c.map(|c| c.value), p),
+            Err(exit) => return exit,
         };
         let cp = checkpoint.clone();
         // A connection that reconnects on its own asks before every attempt: a worker whose
@@ -297,7 +302,7 @@ impl BotCtx {
             retry_for: self.settings.retry_for,
             stop: self.stop.clone(),
         });
-        let exit = self.receive(receiver, &mut chats).await;
+        let exit = self.receive(receiver, &mut chats, pending).await;
         chats.finish(Duration::from_secs(4)).await;
         exit
     }
@@ -308,21 +313,14 @@ impl BotCtx {
         &mut self,
         mut receiver: Box<dyn botfleet_platform::Receiver>,
         chats: &mut Chats,
+        pending: Vec<botfleet_store::InboxEntry>,
     ) -> BotExit {
-        let (store, bot) = (self.store.clone(), self.spec.id.clone());
-        match self
-            .store_retry("read the inbox", || store.inbox_pending(&bot, 100_000))
-            .await
-        {
-            Ok(pending) => {
-                if !pending.is_empty() {
-                    info!(bot = %bot, messages = pending.len(), "replaying recorded messages not answered yet");
-                }
-                for e in pending {
-                    chats.dispatch(e);
-                }
-            }
-            Err(exit) => return exit,
+        let bot = self.spec.id.clone();
+        if !pending.is_empty() {
+            info!(bot = %bot, messages = pending.len(), "replaying recorded messages not answered yet");
+        }
+        for e in pending {
+            chats.dispatch(e);
         }
         let mut attempt = 0;
         let exit = loop {

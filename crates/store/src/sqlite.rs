@@ -638,6 +638,39 @@ impl Store for SqliteStore {
         inbox_query(self, bot, "pending", "seq ASC", limit).await
     }
 
+    async fn resume_point(
+        &self,
+        bot: &BotId,
+        limit: usize,
+    ) -> Result<(Option<Cursor>, Vec<InboxEntry>)> {
+        let id = bot.as_str().to_owned();
+        // One trip to the reading thread for both.
+        let (cursor, rows) = self
+            .read("read the resume point", move |c| {
+                let r: Option<(i64, Option<String>)> = c
+                    .query_row(
+                        "SELECT fence, cursor FROM bot_fences WHERE bot_id = ?1",
+                        [&id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
+                    .map_err(|e| StoreError::backend("read cursor", e))?;
+                let cursor = r.and_then(|(f, v)| {
+                    v.map(|value| Cursor {
+                        value,
+                        fence: Fence(f.max(0).unsigned_abs()),
+                    })
+                });
+                Ok((cursor, inbox_rows(c, &id, "pending", "seq ASC", limit)?))
+            })
+            .await?;
+        let entries = rows
+            .into_iter()
+            .map(|r| r.into_entry(bot))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((cursor, entries))
+    }
+
     async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
         inbox_query(self, bot, "undeliverable", "seq DESC", limit).await
     }
@@ -753,34 +786,45 @@ async fn inbox_query(
     limit: usize,
 ) -> Result<Vec<InboxEntry>> {
     let bot_s = bot.as_str().to_owned();
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let rows: Vec<InboxRow> = s
         .read("read inbox", move |c| {
-            let mut st = c
-                .prepare(&format!(
-                    "SELECT key, seq, chat, message, state, error, received_at_ms FROM inbox \
-                     WHERE bot_id = ?1 AND state = ?2 ORDER BY {order} LIMIT ?3"
-                ))
-                .map_err(|e| StoreError::backend("read inbox", e))?;
-            let rows = st
-                .query_map(params![bot_s, state, limit], |r| {
-                    Ok(InboxRow {
-                        key: r.get(0)?,
-                        seq: r.get(1)?,
-                        chat: r.get(2)?,
-                        message: r.get(3)?,
-                        state: r.get(4)?,
-                        error: r.get(5)?,
-                        received_at_ms: r.get(6)?,
-                    })
-                })
-                .map_err(|e| StoreError::backend("read inbox", e))?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(|e| StoreError::backend("read inbox", e))?;
-            Ok(rows)
+            inbox_rows(c, &bot_s, state, order, limit)
         })
         .await?;
     rows.into_iter().map(|r| r.into_entry(bot)).collect()
+}
+
+/// The inbox rows of `bot` in `state`, on one connection.
+fn inbox_rows(
+    c: &Connection,
+    bot: &str,
+    state: &'static str,
+    order: &'static str,
+    limit: usize,
+) -> Result<Vec<InboxRow>> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut st = c
+        .prepare(&format!(
+            "SELECT key, seq, chat, message, state, error, received_at_ms FROM inbox \
+             WHERE bot_id = ?1 AND state = ?2 ORDER BY {order} LIMIT ?3"
+        ))
+        .map_err(|e| StoreError::backend("read inbox", e))?;
+    let rows = st
+        .query_map(params![bot, state, limit], |r| {
+            Ok(InboxRow {
+                key: r.get(0)?,
+                seq: r.get(1)?,
+                chat: r.get(2)?,
+                message: r.get(3)?,
+                state: r.get(4)?,
+                error: r.get(5)?,
+                received_at_ms: r.get(6)?,
+            })
+        })
+        .map_err(|e| StoreError::backend("read inbox", e))?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| StoreError::backend("read inbox", e))?;
+    Ok(rows)
 }
 
 fn stale_unless_written(c: &Connection, changed: usize, bot: BotId, offered: Fence) -> Result<()> {

@@ -244,4 +244,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn reseal_secrets(&self) -> Result<u64> {
         Ok(0)
     }
+
+    /// What a bot starting here resumes from: its checkpoint and up to `limit` inbox entries
+    /// recorded but not answered, oldest first — in one call (a worker taking thousands of
+    /// bots over makes one per bot).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn resume_point(
+        &self,
+        bot: &BotId,
+        limit: usize,
+    ) -> Result<(Option<Cursor>, Vec<InboxEntry>)> {
+        Ok((
+            self.cursor(bot).await?,
+            self.inbox_pending(bot, limit).await?,
+        ))
+    }
 }

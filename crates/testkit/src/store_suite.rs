@@ -399,6 +399,13 @@ pub async fn inbox_records_once_in_order(s: Arc<dyn Store>) {
     assert!(pending.windows(2).all(|w| w[0].seq < w[1].seq));
     assert_eq!(pending[2].chat, "c1");
     assert_eq!(pending[2].message, "{\"text\":\"u3\"}");
+    // The resume point answers the checkpoint and the same entries, in one call.
+    s.put_cursor(&bot, "offset-9", Fence(3)).await.unwrap();
+    let (cursor, again) = s.resume_point(&bot, 100).await.unwrap();
+    assert_eq!(cursor.map(|c| c.value).as_deref(), Some("offset-9"));
+    assert_eq!(again, pending);
+    let (none, nothing) = s.resume_point(&bid("never"), 100).await.unwrap();
+    assert!(none.is_none() && nothing.is_empty());
     assert_eq!(pending[0].state, InboxState::Pending);
     assert!(pending[0].received_at_ms > 0);
     assert_eq!(s.inbox_pending(&bot, 2).await.unwrap().len(), 2);
