@@ -48,6 +48,10 @@ pub(crate) struct ApiState {
     pub(crate) journal: Arc<Journal>,
     /// SHA-256 of the bearer token; `None`: loopback clients only.
     pub(crate) token_digest: Option<[u8; 32]>,
+    /// The last fleet document and when it was made: pages refreshing every second share
+    /// one computation a second (it reads the whole registry).
+    pub(crate) fleet_cache:
+        Arc<tokio::sync::Mutex<Option<(std::time::Instant, serde_json::Value)>>>,
 }
 
 /// An API error: a status, a stable code and a message for people.
@@ -412,9 +416,20 @@ async fn import_bots(
 #[utoipa::path(get, path = "/api/v1/fleet",
     responses((status = 200, description = "workers (heartbeat age, capacity, bots held), enabled bots, bots with no live owner and why, the grace window after a Redis data loss", body = Object)))]
 async fn fleet(State(s): State<ApiState>) -> ApiResult<Json<serde_json::Value>> {
+    // One computation at a time; callers within a second of it share its answer.
+    let mut cached = s.fleet_cache.lock().await;
+    if let Some((at, doc)) = cached.as_ref() {
+        if at.elapsed() < FLEET_CACHE_FOR {
+            return Ok(Json(doc.clone()));
+        }
+    }
     let doc = crate::fleet::status_doc(&*s.registry.store, Some(&*s.coord), s.mode).await?;
+    *cached = Some((std::time::Instant::now(), doc.clone()));
     Ok(Json(doc))
 }
+
+/// How long a fleet document is served again.
+const FLEET_CACHE_FOR: std::time::Duration = std::time::Duration::from_millis(900);
 
 #[utoipa::path(get, path = "/api/v1/events", params(EventQuery),
     responses((status = 200, description = "this worker's journal: bots started, stopped, handed over, failed; workers joining and leaving; self-fencing; draining; registry changes", body = Events)))]
@@ -636,6 +651,7 @@ mod tests {
             mode: "embedded",
             journal: Journal::new(10),
             token_digest: token.map(digest),
+            fleet_cache: Default::default(),
         }
     }
 

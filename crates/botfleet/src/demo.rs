@@ -270,6 +270,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         mode: "demo",
         journal: journal.clone(),
         token_digest: None,
+        fleet_cache: Default::default(),
     });
     let (addr, http_task) = botfleet_runtime::http::serve_router(a.http_addr, router)
         .await

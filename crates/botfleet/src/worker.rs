@@ -225,6 +225,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         mode: if embedded { "embedded" } else { "fleet" },
         journal: worker.journal(),
         token_digest: token.as_deref().map(crate::api::digest),
+        fleet_cache: Default::default(),
     }));
     let (addr, http_task) = http::serve_router(a.http_addr, router)
         .await
