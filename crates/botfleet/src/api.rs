@@ -479,6 +479,94 @@ async fn event_stream(
         .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
 }
 
+/// Options of the fleet's journal.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct FleetEventQuery {
+    /// Only entries after this position.
+    after: Option<u64>,
+    /// At most this many (default 200, at most 5,000).
+    limit: Option<usize>,
+}
+
+/// Entries of the fleet's journal as JSON, each with its `pos`.
+async fn fleet_entries(
+    coord: &dyn Coordinator,
+    after: Option<u64>,
+    limit: usize,
+) -> ApiResult<Vec<Value>> {
+    let raw = coord.journal_read(after, limit).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "fleet_unreachable",
+            e.to_string(),
+        )
+    })?;
+    Ok(raw
+        .into_iter()
+        .filter_map(|(pos, e)| {
+            let mut v: Value = serde_json::from_str(&e).ok()?;
+            v["pos"] = Value::from(pos);
+            Some(v)
+        })
+        .collect())
+}
+
+#[utoipa::path(get, path = "/api/v1/fleet/events", params(FleetEventQuery),
+    responses((status = 200, description = "the whole fleet's journal (every worker's entries, as /api/v1/events shows one worker's), each with `pos`; the newest 5,000 are kept", body = Object)))]
+async fn fleet_events(
+    State(s): State<ApiState>,
+    Query(q): Query<FleetEventQuery>,
+) -> ApiResult<Json<Value>> {
+    let limit = q
+        .limit
+        .unwrap_or(200)
+        .clamp(1, botfleet_coord::JOURNAL_KEEP);
+    let events = fleet_entries(&*s.coord, q.after, limit).await?;
+    Ok(Json(serde_json::json!({ "events": events })))
+}
+
+#[utoipa::path(get, path = "/api/v1/fleet/events/stream", params(FleetEventQuery),
+    responses((status = 200, content_type = "text/event-stream", description = "server-sent events: the fleet's journal after `after` (or the newest `limit`), then new entries as workers share them (every 250 ms); `id` is the entry's `pos`")))]
+async fn fleet_event_stream(
+    State(s): State<ApiState>,
+    Query(q): Query<FleetEventQuery>,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
+    let limit = q
+        .limit
+        .unwrap_or(200)
+        .clamp(1, botfleet_coord::JOURNAL_KEEP);
+    let stream = futures_util::stream::unfold(
+        (
+            s.coord.clone(),
+            q.after,
+            true,
+            std::collections::VecDeque::<Value>::new(),
+        ),
+        move |(coord, mut after, mut first, mut queue)| async move {
+            loop {
+                if let Some(v) = queue.pop_front() {
+                    let ev = SseEvent::default()
+                        .id(v["pos"].to_string())
+                        .data(v.to_string());
+                    return Some((Ok(ev), (coord, after, first, queue)));
+                }
+                if !first {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                let ask = if first { limit } else { 1_000 };
+                first = false;
+                if let Ok(entries) = fleet_entries(&*coord, after, ask).await {
+                    if let Some(last) = entries.last().and_then(|v| v["pos"].as_u64()) {
+                        after = Some(last);
+                    }
+                    queue.extend(entries);
+                }
+            }
+        },
+    );
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+}
+
 fn entry_event(e: &JournalEntry) -> SseEvent {
     SseEvent::default()
         .id(e.seq.to_string())
@@ -517,7 +605,9 @@ async fn page() -> Response {
         import_bots,
         fleet,
         events,
-        event_stream
+        event_stream,
+        fleet_events,
+        fleet_event_stream
     ),
     components(schemas(
         ApiError,
@@ -587,6 +677,8 @@ pub(crate) fn routes(state: ApiState) -> Router {
         .route("/fleet", get(fleet))
         .route("/events", get(events))
         .route("/events/stream", get(event_stream))
+        .route("/fleet/events", get(fleet_events))
+        .route("/fleet/events/stream", get(fleet_event_stream))
         .route("/openapi.json", get(openapi))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .merge(import)

@@ -231,12 +231,16 @@ async fn the_page_shows_the_workers_and_a_killed_one_going() {
     assert!(shown.ends_with("|true"), "the page was reloaded: {shown:?}");
     // Its bots come back on the survivor, and the page counts them again.
     assert_eq!(page.until(running, |s| s == "20").await, "20");
+    // The fleet's journal: on a's page, what b did before it died as well as a's reclaim.
     let events = "document.getElementById('events').textContent";
-    assert!(page
-        .eval(events)
-        .await
-        .as_str()
-        .unwrap()
-        .contains("bot_started"));
+    let shown = page
+        .until(events, |s| {
+            s.contains("page-b  bot_started") && s.contains("page-a  bot_started")
+        })
+        .await;
+    assert!(
+        shown.contains("page-b  bot_started"),
+        "b's entries on a's page: {shown}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

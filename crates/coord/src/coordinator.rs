@@ -202,6 +202,20 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn acquire_lock_fenced(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>>;
 
+    /// Appends entries (JSON documents: what workers saw happen) to the fleet's journal, which
+    /// keeps the newest [`JOURNAL_KEEP`](crate::JOURNAL_KEEP). Each gets the next position.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn journal_append(&self, entries: &[String]) -> Result<()>;
+
+    /// Up to `max` journal entries after position `after` (`None`: the newest `max`), oldest
+    /// first, with their positions.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn journal_read(&self, after: Option<u64>, max: usize) -> Result<Vec<(u64, String)>>;
+
     /// Keeps `bot` off `worker` for `for_` (its transport stayed down there): every worker's
     /// placement then puts the bot on its next choice, unless no other live worker is left.
     ///

@@ -98,6 +98,14 @@ impl KeySpace {
     pub fn lock_fence(&self, name: &str) -> String {
         self.key(&["lockfence", name])
     }
+    /// Sorted set: the fleet's journal, `position|json` scored by position.
+    pub fn journal(&self) -> String {
+        self.key(&["journal"])
+    }
+    /// Counter: the last journal position given.
+    pub fn journal_seq(&self) -> String {
+        self.key(&["journalseq"])
+    }
     /// Hash: `bot|worker` → unix ms until which placement keeps the bot off the worker.
     pub fn avoid(&self) -> String {
         self.key(&["avoid"])

@@ -11,6 +11,9 @@ mod redis;
 mod types;
 
 pub use coordinator::Coordinator;
+
+/// Journal entries the fleet keeps (the newest).
+pub const JOURNAL_KEEP: usize = 5_000;
 pub use error::{CoordError, Result};
 pub use keyspace::KeySpace;
 pub use lease::{LeaseHandle, LeaseKeeper, LeaseLost};

@@ -89,6 +89,9 @@ struct State {
     lock_counters: HashMap<String, u64>,
     /// (bot, worker) → unix ms until which placement keeps them apart.
     avoid: HashMap<(BotId, WorkerId), u64>,
+    /// The fleet's journal: (position, entry), the newest `JOURNAL_KEEP`.
+    journal: VecDeque<(u64, String)>,
+    journal_seq: u64,
     member_signals: Vec<mpsc::Sender<()>>,
     /// Handles made unusable by [`MemoryHub::crash`].
     crashed: Vec<u64>,
@@ -714,6 +717,36 @@ impl Coordinator for MemoryCoordinator {
 
     async fn acquire_lock_fenced(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
         acquire(self, &format!("lock:{key}"), &nonce(), ttl)
+    }
+
+    async fn journal_append(&self, entries: &[String]) -> Result<()> {
+        let mut st = self.state()?;
+        for e in entries {
+            st.journal_seq += 1;
+            let pos = st.journal_seq;
+            st.journal.push_back((pos, e.clone()));
+            if st.journal.len() > crate::JOURNAL_KEEP {
+                st.journal.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    async fn journal_read(&self, after: Option<u64>, max: usize) -> Result<Vec<(u64, String)>> {
+        let st = self.state()?;
+        Ok(match after {
+            Some(a) => st
+                .journal
+                .iter()
+                .filter(|(p, _)| *p > a)
+                .take(max)
+                .cloned()
+                .collect(),
+            None => {
+                let skip = st.journal.len().saturating_sub(max);
+                st.journal.iter().skip(skip).cloned().collect()
+            }
+        })
     }
 
     async fn avoid(&self, bot: &BotId, worker: &WorkerId, for_: Duration) -> Result<()> {

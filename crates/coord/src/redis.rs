@@ -704,6 +704,72 @@ impl Coordinator for RedisCoordinator {
         }
     }
 
+    async fn journal_append(&self, entries: &[String]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let n = entries.len() as u64;
+        let last: u64 = self
+            .query(
+                "append to the journal",
+                redis::cmd("INCRBY").arg(self.ks.journal_seq()).arg(n),
+            )
+            .await?;
+        let key = self.ks.journal();
+        let mut add = redis::cmd("ZADD");
+        add.arg(&key);
+        for (i, e) in entries.iter().enumerate() {
+            let pos = last + 1 - n + i as u64;
+            add.arg(pos).arg(format!("{pos}|{e}"));
+        }
+        let _: i64 = self.query("append to the journal", &add).await?;
+        let keep = i64::try_from(crate::JOURNAL_KEEP).unwrap_or(i64::MAX);
+        let _: i64 = self
+            .query(
+                "trim the journal",
+                redis::cmd("ZREMRANGEBYRANK")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-keep - 1),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn journal_read(&self, after: Option<u64>, max: usize) -> Result<Vec<(u64, String)>> {
+        let key = self.ks.journal();
+        let max = i64::try_from(max.max(1)).unwrap_or(i64::MAX);
+        let raw: Vec<String> = match after {
+            Some(a) => {
+                self.query(
+                    "read the journal",
+                    redis::cmd("ZRANGEBYSCORE")
+                        .arg(&key)
+                        .arg(format!("({a}"))
+                        .arg("+inf")
+                        .arg("LIMIT")
+                        .arg(0)
+                        .arg(max),
+                )
+                .await?
+            }
+            None => {
+                self.query(
+                    "read the journal",
+                    redis::cmd("ZRANGE").arg(&key).arg(-max).arg(-1),
+                )
+                .await?
+            }
+        };
+        Ok(raw
+            .into_iter()
+            .filter_map(|m| {
+                let (pos, e) = m.split_once('|')?;
+                Some((pos.parse().ok()?, e.to_owned()))
+            })
+            .collect())
+    }
+
     async fn avoid(&self, bot: &BotId, worker: &WorkerId, for_: Duration) -> Result<()> {
         let until = wall_ms() + check_ttl("avoid time", for_)?;
         let _: i64 = self

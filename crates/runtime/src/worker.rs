@@ -477,6 +477,11 @@ impl State {
     ) -> Result<(), WorkerError> {
         self.start_keeper().await;
         let forwarders = spawn_forwarders(&self.w.coord, self.w.cfg.lease, &self.tx);
+        let (journal_stop, journal_task) = spawn_journal_forwarder(
+            self.w.coord.clone(),
+            self.w.journal.clone(),
+            self.me().to_string(),
+        );
         let mut tick = tokio::time::interval(self.w.cfg.reconcile_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut refresh = tokio::time::interval(self.w.cfg.registry_refresh);
@@ -562,6 +567,9 @@ impl State {
             }
         }
         self.drain(&mut rx).await;
+        // The journal's last entries (the drain's hand-overs) reach the fleet before we go.
+        let _ = journal_stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(1), journal_task).await;
         for t in forwarders {
             t.abort();
         }
@@ -755,4 +763,60 @@ impl State {
             }
         }
     }
+}
+
+/// Copies this worker's journal entries to the fleet's journal (the coordinator), in batches
+/// every 250 ms, so any worker's live page shows the whole fleet. Telemetry: a batch the
+/// coordinator refuses is dropped, not retried. Stops (after one last batch) when told.
+fn spawn_journal_forwarder(
+    coord: Arc<dyn Coordinator>,
+    journal: Arc<Journal>,
+    me: String,
+) -> (watch::Sender<bool>, JoinHandle<()>) {
+    let (stop_tx, mut stop) = watch::channel(false);
+    let mut rx = journal.follow();
+    let task = tokio::spawn(async move {
+        let mut batch: Vec<String> = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let keep = |batch: &mut Vec<String>, e: &crate::JournalEntry| {
+            // Workers of one process may share a journal: each sends its own.
+            if e.worker == me {
+                if let Ok(j) = serde_json::to_string(e) {
+                    batch.push(j);
+                }
+            }
+        };
+        loop {
+            let done = tokio::select! {
+                r = rx.recv() => match r {
+                    Ok(e) => {
+                        keep(&mut batch, &e);
+                        if batch.len() < 500 {
+                            continue;
+                        }
+                        false
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => true,
+                },
+                _ = tick.tick() => false,
+                _ = stop.changed() => {
+                    while let Ok(e) = rx.try_recv() {
+                        keep(&mut batch, &e);
+                    }
+                    true
+                }
+            };
+            if !batch.is_empty() {
+                if let Err(e) = coord.journal_append(&batch).await {
+                    debug!(error = %e, entries = batch.len(), "journal entries not shared with the fleet");
+                }
+                batch.clear();
+            }
+            if done {
+                return;
+            }
+        }
+    });
+    (stop_tx, task)
 }

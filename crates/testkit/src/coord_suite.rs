@@ -900,6 +900,40 @@ pub async fn a_fresh_fleet_starts_at_once<F: CoordFixture>(f: &F) {
     assert!(a.try_lead("job", LEASE).await.unwrap().is_some());
 }
 
+/// Journal entries from any handle are read by every handle in one order, from a position;
+/// only the newest are kept.
+pub async fn the_journal_is_shared_and_bounded<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    a.journal_append(&["a1".into(), "a2".into()]).await.unwrap();
+    b.journal_append(&["b1".into()]).await.unwrap();
+    a.journal_append(&[]).await.unwrap();
+    let all = b.journal_read(None, 10).await.unwrap();
+    let texts: Vec<&str> = all.iter().map(|(_, e)| e.as_str()).collect();
+    assert_eq!(texts, ["a1", "a2", "b1"]);
+    assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
+    let after = a.journal_read(Some(all[0].0), 10).await.unwrap();
+    assert_eq!(
+        after.iter().map(|(_, e)| e.as_str()).collect::<Vec<_>>(),
+        ["a2", "b1"]
+    );
+    assert_eq!(
+        a.journal_read(None, 1).await.unwrap()[0].1,
+        "b1",
+        "the newest"
+    );
+    let many: Vec<String> = (0..crate::JOURNAL_KEEP_FOR_TESTS + 10)
+        .map(|i| format!("x{i}"))
+        .collect();
+    a.journal_append(&many).await.unwrap();
+    let kept = a.journal_read(Some(0), usize::MAX).await.unwrap();
+    assert_eq!(kept.len(), crate::JOURNAL_KEEP_FOR_TESTS);
+    assert_eq!(
+        kept.last().unwrap().1,
+        format!("x{}", crate::JOURNAL_KEEP_FOR_TESTS + 9)
+    );
+}
+
 /// A bot kept off a worker is listed, for every handle, until its time runs out.
 pub async fn avoidances_are_shared_and_expire<F: CoordFixture>(f: &F) {
     let a = worker(f, "w-a", LEASE).await;
@@ -962,6 +996,7 @@ macro_rules! coordinator_conformance {
             lost_writes_are_detected,
             a_fresh_fleet_starts_at_once,
             avoidances_are_shared_and_expire,
+            the_journal_is_shared_and_bounded,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -28,3 +28,6 @@ pub fn nonce() -> String {
     getrandom::fill(&mut b).expect("entropy");
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+/// How many journal entries the coordinator keeps (for the suite).
+pub const JOURNAL_KEEP_FOR_TESTS: usize = botfleet_coord::JOURNAL_KEEP;

@@ -131,6 +131,14 @@ impl Coordinator for Partition {
         self.check()?;
         self.inner.acquire_lock_fenced(k, t).await
     }
+    async fn journal_append(&self, entries: &[String]) -> Result<()> {
+        self.check()?;
+        self.inner.journal_append(entries).await
+    }
+    async fn journal_read(&self, after: Option<u64>, max: usize) -> Result<Vec<(u64, String)>> {
+        self.check()?;
+        self.inner.journal_read(after, max).await
+    }
     async fn avoid(&self, bot: &BotId, worker: &WorkerId, for_: Duration) -> Result<()> {
         self.check()?;
         self.inner.avoid(bot, worker, for_).await
