@@ -260,7 +260,7 @@ pub(crate) struct EventQuery {
     /// Only entries after this sequence number.
     #[serde(default)]
     after: u64,
-    /// At most this many (default 200, at most 2,000).
+    /// At most this many (default 200, at most 1,000).
     limit: Option<usize>,
 }
 

@@ -283,6 +283,9 @@ impl BotCtx {
             Ok(c) => c,
             Err(exit) => return exit,
         };
+        // Not kept for the bot's life: an idle bot's task holds as little as it can.
+        drop(may_act);
+        drop(cp);
         self.metrics.running(self.spec.platform, 1);
         let _running = RunningGuard {
             metrics: self.metrics.clone(),

@@ -51,13 +51,13 @@ struct Inner {
 }
 
 /// Entries a worker keeps.
-pub const JOURNAL_CAPACITY: usize = 2_000;
+pub const JOURNAL_CAPACITY: usize = 1_000;
 
 impl Journal {
     /// An empty journal keeping the last `cap` entries (workers of one process may share
     /// one).
     pub fn new(cap: usize) -> Arc<Self> {
-        let (live, _) = broadcast::channel(1024);
+        let (live, _) = broadcast::channel(128);
         Arc::new(Self {
             cap: cap.max(1),
             inner: Mutex::new(Inner {

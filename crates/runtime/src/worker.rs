@@ -765,53 +765,39 @@ impl State {
     }
 }
 
-/// Copies this worker's journal entries to the fleet's journal (the coordinator), in batches
-/// every 250 ms, so any worker's live page shows the whole fleet. Telemetry: a batch the
-/// coordinator refuses is dropped, not retried. Stops (after one last batch) when told.
+/// Copies this worker's journal entries to the fleet's journal (the coordinator) every
+/// 250 ms, so any worker's live page shows the whole fleet. Telemetry: a batch the coordinator
+/// refuses is dropped, not retried, and a burst larger than the local journal keeps its newest
+/// entries. Stops (after one last batch) when told.
 fn spawn_journal_forwarder(
     coord: Arc<dyn Coordinator>,
     journal: Arc<Journal>,
     me: String,
 ) -> (watch::Sender<bool>, JoinHandle<()>) {
     let (stop_tx, mut stop) = watch::channel(false);
-    let mut rx = journal.follow();
     let task = tokio::spawn(async move {
-        let mut batch: Vec<String> = Vec::new();
+        let mut last = 0u64;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let keep = |batch: &mut Vec<String>, e: &crate::JournalEntry| {
-            // Workers of one process may share a journal: each sends its own.
-            if e.worker == me {
-                if let Ok(j) = serde_json::to_string(e) {
-                    batch.push(j);
-                }
-            }
-        };
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let done = tokio::select! {
-                r = rx.recv() => match r {
-                    Ok(e) => {
-                        keep(&mut batch, &e);
-                        if batch.len() < 500 {
-                            continue;
-                        }
-                        false
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => true,
-                },
                 _ = tick.tick() => false,
-                _ = stop.changed() => {
-                    while let Ok(e) = rx.try_recv() {
-                        keep(&mut batch, &e);
-                    }
-                    true
-                }
+                _ = stop.changed() => true,
             };
+            let entries = journal.since(last, crate::JOURNAL_CAPACITY);
+            if let Some(e) = entries.last() {
+                last = e.seq;
+            }
+            // Workers of one process may share a journal: each sends its own.
+            let batch: Vec<String> = entries
+                .iter()
+                .filter(|e| e.worker == me)
+                .filter_map(|e| serde_json::to_string(e).ok())
+                .collect();
             if !batch.is_empty() {
                 if let Err(e) = coord.journal_append(&batch).await {
                     debug!(error = %e, entries = batch.len(), "journal entries not shared with the fleet");
                 }
-                batch.clear();
             }
             if done {
                 return;
