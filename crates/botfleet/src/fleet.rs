@@ -187,12 +187,8 @@ pub(crate) async fn status_doc(
     let units: Vec<botfleet_core::BotRecord> = bots
         .iter()
         .filter(|b| b.spec.enabled)
-        .flat_map(|b| {
-            b.spec
-                .units()
-                .into_iter()
-                .map(|spec| botfleet_core::BotRecord { spec, ..b.clone() })
-        })
+        .cloned()
+        .flat_map(botfleet_core::BotRecord::into_units)
         .collect();
     let weights: HashMap<BotId, u32> = units
         .iter()

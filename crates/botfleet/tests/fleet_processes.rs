@@ -1007,7 +1007,22 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
             .map(|k| fake.state().resumes(&dtoken(*k)))
             .collect()
     };
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Every unit's sessions are checkpointed (written when they start): moves resume.
+    let units: Vec<(BotId, usize)> = (0..DBOTS)
+        .map(|k| (BotId::new(format!("disc-{k}")).unwrap(), SHARDS as usize))
+        .chain((0..4).map(|k| (BotId::new("disc-big").unwrap().slice(k), 4)))
+        .collect();
+    wait_for("every unit checkpointed", limit, || async {
+        for (unit, shards) in &units {
+            let c = store.cursor(unit).await.ok()??;
+            let cp: botfleet_discord::Checkpoint = serde_json::from_str(&c.value).ok()?;
+            if cp.sessions.len() != *shards {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
 
     // 1. kill -9 w1.
     let victims = held(&coord, "w1").await;
@@ -1049,7 +1064,13 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
         t.elapsed()
     );
     procs[0].signal("-CONT");
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    wait_for("w0 rejoins and takes units again", limit, || async {
+        let live = coord.live_workers().await.ok()?;
+        live.iter()
+            .find(|w| w.id.as_str() == "w0" && w.meta.bots_held > 0)
+            .and_then(|_| all_up(&fake).then_some(()))
+    })
+    .await;
 
     stop.store(true, Ordering::SeqCst);
     writer.await.unwrap();

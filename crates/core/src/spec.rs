@@ -101,6 +101,9 @@ impl BotSpec {
     /// What the fleet places and claims for this bot: the bot itself, or for a Discord bot
     /// split into slices one spec per slice (id `{bot}#{k}`, `options.slice = Some(k)`).
     pub fn units(&self) -> Vec<BotSpec> {
+        if !self.is_sliced() {
+            return vec![self.clone()];
+        }
         match (self.options.shards, self.options.shards_per_slice) {
             (Some(s), Some(k)) if k > 0 && self.platform == Platform::Discord => (0..s.div_ceil(k))
                 .map(|i| {
@@ -112,6 +115,13 @@ impl BotSpec {
                 .collect(),
             _ => vec![self.clone()],
         }
+    }
+
+    /// Whether the bot is split into slices (more than one unit).
+    pub fn is_sliced(&self) -> bool {
+        self.platform == Platform::Discord
+            && self.options.shards.is_some()
+            && self.options.shards_per_slice.is_some_and(|k| k > 0)
     }
 
     /// The shards this spec runs out of `total`: its slice's, or all of them.
@@ -302,6 +312,27 @@ impl FromStr for BotStatus {
             "failed" => Ok(BotStatus::Failed),
             other => Err(format!("unknown bot status {other:?}")),
         }
+    }
+}
+
+impl BotRecord {
+    /// This record as the units the fleet places ([`BotSpec::units`]), each with the bot's
+    /// status; a bot that is one unit is itself, not a copy.
+    pub fn into_units(self) -> Vec<BotRecord> {
+        if !self.spec.is_sliced() {
+            return vec![self];
+        }
+        self.spec
+            .units()
+            .into_iter()
+            .map(|spec| BotRecord {
+                spec,
+                status: self.status,
+                last_error: self.last_error.clone(),
+                reported_by: self.reported_by.clone(),
+                updated_at_ms: self.updated_at_ms,
+            })
+            .collect()
     }
 }
 

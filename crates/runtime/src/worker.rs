@@ -183,6 +183,7 @@ impl Worker {
             leaving: HashSet::new(),
             members_seen: None,
             avoid: Vec::new(),
+            heavy: false,
             avoid_pending: HashSet::new(),
             cold_start: Some((Instant::now(), Instant::now())),
             last_scan: Instant::now(),
@@ -226,6 +227,8 @@ struct State {
     leaving: HashSet<WorkerId>,
     /// (unit, worker) pairs placement keeps apart: a transport that was down there.
     avoid: Vec<(BotId, WorkerId)>,
+    /// Whether some unit weighs more than one connection (a Discord bot or slice).
+    heavy: bool,
     /// Units this worker is marking as avoided (until the coordinator lists them).
     avoid_pending: HashSet<BotId>,
     /// The live workers at the last pass (for the journal's joins and leaves).
@@ -444,14 +447,10 @@ impl State {
         // slices (`bot#k`, its own spec naming its shards).
         let fresh: HashMap<BotId, BotRecord> = bots
             .into_iter()
-            .flat_map(|b| {
-                b.spec
-                    .units()
-                    .into_iter()
-                    .map(|spec| (spec.id.clone(), BotRecord { spec, ..b.clone() }))
-                    .collect::<Vec<_>>()
-            })
+            .flat_map(BotRecord::into_units)
+            .map(|u| (u.spec.id.clone(), u))
             .collect();
+        self.heavy = fresh.values().any(|r| r.spec.weight() > 1);
         let changed: Vec<BotId> = self
             .running
             .keys()
@@ -536,6 +535,7 @@ impl State {
                 }
                 _ = tick.tick() => {
                     self.cold_start_progress();
+                    self.refresh_avoid().await;
                     for (p, c) in &self.w.connectors {
                         if let Some(n) = c.open_connections() {
                             self.w.metrics.set_connections(*p, n);

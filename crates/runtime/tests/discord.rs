@@ -28,6 +28,20 @@ async fn answered(fake: &FakeDiscord, texts: &[String]) {
     .await;
 }
 
+/// Waits until `unit`'s checkpoint in the store holds a session for each of its `shards`.
+async fn checkpointed(h: &Harness, unit: &BotId, shards: usize) {
+    wait_for(
+        "the sessions checkpointed",
+        Duration::from_secs(30),
+        || async {
+            let c = h.store().cursor(unit).await.ok()??;
+            let cp: botfleet_discord::Checkpoint = serde_json::from_str(&c.value).ok()?;
+            (cp.sessions.len() == shards).then_some(())
+        },
+    )
+    .await;
+}
+
 fn write(fake: &FakeDiscord, round: &str) -> Vec<String> {
     (0..8u64)
         .map(|c| {
@@ -53,8 +67,8 @@ async fn a_sharded_bot_resumes_on_every_move() {
     assert_eq!(fake.state().identifies(TOKEN), u64::from(SHARDS));
     let mut all = write(&fake, "cold");
     answered(&fake, &all).await;
-    // Let the checkpoint be written (every 3 s, and at once for new sessions).
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    // The sessions are in the store (written at once when they start).
+    checkpointed(&h, &spec.id, SHARDS as usize).await;
     all.extend(write(&fake, "before-drain"));
     answered(&fake, &all).await;
 
@@ -163,8 +177,10 @@ async fn slices_of_one_bot_run_on_different_workers_and_resume_when_one_dies() {
             .then_some(())
     })
     .await;
-    // Let the checkpoints be written, then a dies.
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    // Every slice's sessions are in the store, then a dies.
+    for k in 0..4 {
+        checkpointed(&h, &spec.id.slice(k), 2).await;
+    }
     h.crash(a);
     wait_for("b runs every slice", Duration::from_secs(30), || async {
         (shards_running(&b.metrics, "b") == 8 && fake.state().connected_shards(T) == 8)

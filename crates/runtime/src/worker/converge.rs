@@ -279,27 +279,6 @@ impl State {
         self.leaving.retain(|w| live.iter().any(|l| &l.id == w));
         live.retain(|l| !self.leaving.contains(&l.id));
         self.note_members(&live);
-        // Units kept off workers (a transport that was down there); the last list if the
-        // coordinator does not answer.
-        match self.w.coord.avoidances().await {
-            Ok(a) => {
-                let mine: Vec<(BotId, WorkerId)> = self
-                    .avoid
-                    .iter()
-                    .filter(|(_, w)| w == self.me())
-                    .cloned()
-                    .collect();
-                self.avoid = a;
-                // Ours stay until the coordinator has them (the mark may be on its way).
-                for m in mine {
-                    if !self.avoid.contains(&m) && self.avoid_pending.contains(&m.0) {
-                        self.avoid.push(m);
-                    }
-                }
-                self.avoid.sort();
-            }
-            Err(e) => debug!(error = %e, "cannot read the avoided workers; keeping the last list"),
-        }
         let inputs = inputs_of(&live, self.generation, &self.avoid);
         let changed = self.plan.inputs != Some(inputs);
         if !force && !changed && self.short == 0 && self.takes.is_empty() {
@@ -388,13 +367,18 @@ impl State {
         let live_ids: std::collections::HashSet<&WorkerId> = live.iter().map(|l| &l.id).collect();
         self.held_by.retain(|_, w| live_ids.contains(w));
         // Room in connections: a Discord slice of K shards takes K.
-        let busy: u64 = self
-            .running
-            .keys()
-            .chain(self.claiming.iter())
-            .chain(self.stopping.iter())
-            .map(|u| u64::from(self.weight(u)))
-            .sum();
+        // Weighed one by one only when some unit weighs more than 1 (a pass stays O(1) here
+        // for a fleet of single-connection bots).
+        let busy: u64 = if self.heavy {
+            self.running
+                .keys()
+                .chain(self.claiming.iter())
+                .chain(self.stopping.iter())
+                .map(|u| u64::from(self.weight(u)))
+                .sum()
+        } else {
+            (self.running.len() + self.claiming.len() + self.stopping.len()) as u64
+        };
         let mut room = u64::from(self.w.cfg.capacity).saturating_sub(busy);
         let mine = self.plan.mine.clone();
         let mut wanted: Vec<BotId> = Vec::new();
@@ -490,6 +474,28 @@ impl State {
                 self.short += 1;
                 false
             }
+        }
+    }
+
+    /// Re-reads the units kept off workers (a transport that was down there) — once a tick,
+    /// not every pass: the marks change rarely. The last list stays if the coordinator does
+    /// not answer; marks of ours not yet listed stay too.
+    pub(super) async fn refresh_avoid(&mut self) {
+        match self.w.coord.avoidances().await {
+            Ok(mut a) => {
+                for m in self
+                    .avoid
+                    .iter()
+                    .filter(|(b, w)| w == self.me() && self.avoid_pending.contains(b))
+                {
+                    if !a.contains(m) {
+                        a.push(m.clone());
+                    }
+                }
+                a.sort();
+                self.avoid = a;
+            }
+            Err(e) => debug!(error = %e, "cannot read the avoided workers; keeping the last list"),
         }
     }
 
