@@ -214,18 +214,10 @@ pub(crate) async fn status_doc(
     let mut shards: HashMap<String, u64> = HashMap::new();
     for b in &units {
         let discord = b.spec.platform == botfleet_core::Platform::Discord;
-        // A slice's status is its bot's (any slice): a slice is always asked about.
-        if b.spec.id.slice_index().is_none()
-            && b.status == BotStatus::Running
-            && b.reported_by
-                .as_deref()
-                .is_some_and(|w| live_ids.contains(w))
-        {
+        if let Some(w) = crate::registry::reported_owner(b, |w| live_ids.contains(w)) {
             running += 1;
             if discord {
-                if let Some(w) = &b.reported_by {
-                    *shards.entry(w.clone()).or_default() += u64::from(b.spec.weight());
-                }
+                *shards.entry(w.to_owned()).or_default() += u64::from(b.spec.weight());
             }
             continue;
         }

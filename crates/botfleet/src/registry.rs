@@ -749,12 +749,8 @@ impl Registry {
                 out.push(v);
                 continue;
             }
-            let reported = b
-                .reported_by
-                .clone()
-                .filter(|w| b.status == BotStatus::Running && live.contains(w));
-            let owner = match reported {
-                Some(w) => Some(w),
+            let owner = match reported_owner(&b, |w| live.contains(w)) {
+                Some(w) => Some(w.to_owned()),
                 None => self.owner_of(&b).await?,
             };
             out.push(view(b, owner, &inbox));
@@ -849,6 +845,14 @@ impl Registry {
                 .filter(|_| b.status == BotStatus::Running),
         })
     }
+}
+
+/// The worker running `b` by its own report, when that worker is live: no coordinator call
+/// needed. A slice's status is its bot's (any slice), so slices are never answered here.
+pub(crate) fn reported_owner(b: &BotRecord, is_live: impl Fn(&str) -> bool) -> Option<&str> {
+    b.reported_by.as_deref().filter(|w| {
+        b.spec.id.slice_index().is_none() && b.status == BotStatus::Running && is_live(w)
+    })
 }
 
 fn view(

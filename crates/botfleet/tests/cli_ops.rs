@@ -45,6 +45,11 @@ fn bots_add(db: &str, id: &str, platform: &str, token: &str, extra: &[&str]) -> 
     botfleet(&args)
 }
 
+/// `botfleet bots list --json` against `db`: (stdout, stderr).
+fn list_json(db: &str) -> (String, String) {
+    text(&botfleet(&["bots", "list", "--json", "--database-url", db]))
+}
+
 fn text(o: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -293,13 +298,7 @@ async fn an_embedded_worker_serves_bots_health_and_metrics() {
     })
     .await;
     let list = wait_for("late failed", Duration::from_secs(10), || async {
-        let (out, _) = text(&botfleet(&[
-            "bots",
-            "list",
-            "--json",
-            "--database-url",
-            &db,
-        ]));
+        let (out, _) = list_json(&db);
         out.contains("\"failed\"").then_some(out)
     })
     .await;
@@ -444,13 +443,7 @@ fn update_and_upsert_change_bots_in_place() {
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{:?}", text(&o));
     assert!(text(&o).0.contains("updated a"), "{:?}", text(&o));
-    let (list, _) = text(&botfleet(&[
-        "bots",
-        "list",
-        "--json",
-        "--database-url",
-        &db,
-    ]));
+    let (list, _) = list_json(&db);
     assert!(list.contains("\"handler\":\"webhook\""), "{list}");
     assert!(!list.contains("SECRET"), "{list}");
     // A bad webhook URL is refused, naming the field, and nothing changes.
@@ -464,13 +457,7 @@ fn update_and_upsert_change_bots_in_place() {
         &db,
     ]);
     assert!(text(&o).1.contains("webhook_url"), "{:?}", text(&o));
-    let (after, _) = text(&botfleet(&[
-        "bots",
-        "list",
-        "--json",
-        "--database-url",
-        &db,
-    ]));
+    let (after, _) = list_json(&db);
     assert_eq!(after, list);
     assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
     // Upsert: the existing bot is updated, a new one added; without it, refused.
@@ -501,13 +488,7 @@ fn update_and_upsert_change_bots_in_place() {
         "{:?}",
         text(&o)
     );
-    let (list, _) = text(&botfleet(&[
-        "bots",
-        "list",
-        "--json",
-        "--database-url",
-        &db,
-    ]));
+    let (list, _) = list_json(&db);
     assert!(
         list.contains("\"handler\":\"echo\""),
         "the line describes the whole bot: {list}"
@@ -780,13 +761,7 @@ fn discord_bots_take_a_shard_count() {
         &["--shards", "8"],
     );
     assert!(o.status.success(), "{:?}", text(&o));
-    let (list, _) = text(&botfleet(&[
-        "bots",
-        "list",
-        "--json",
-        "--database-url",
-        &db,
-    ]));
+    let (list, _) = list_json(&db);
     assert!(
         list.contains("\"shards\":8") && list.contains("\"platform\":\"discord\""),
         "{list}"
@@ -801,13 +776,7 @@ fn discord_bots_take_a_shard_count() {
         &db,
     ]);
     assert!(o.status.success(), "{:?}", text(&o));
-    let (list, _) = text(&botfleet(&[
-        "bots",
-        "list",
-        "--json",
-        "--database-url",
-        &db,
-    ]));
+    let (list, _) = list_json(&db);
     assert!(list.contains("\"shards\":null"), "{list}");
     let o = bots_add(
         &db,
@@ -842,13 +811,7 @@ fn discord_bots_take_a_shard_count() {
         &["--shards", "10", "--shards-per-slice", "4"],
     );
     assert!(o.status.success(), "{:?}", text(&o));
-    let (list, _) = text(&botfleet(&[
-        "bots",
-        "list",
-        "--json",
-        "--database-url",
-        &db,
-    ]));
+    let (list, _) = list_json(&db);
     let row: serde_json::Value = list
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())

@@ -300,6 +300,28 @@ async fn n_polling(
     since.elapsed()
 }
 
+/// Checks every chat of `want` was answered in order (the first answer to each message
+/// follows the order of the messages) and answers how many answers were repeats.
+fn duplicates_in_order(want: &Chats, got: &Chats) -> usize {
+    let mut dups = 0;
+    for (chat, texts) in want {
+        let g = &got[chat];
+        dups += g.len() - texts.len();
+        let mut firsts: Vec<&String> = Vec::new();
+        for t in g {
+            if !firsts.contains(&t) {
+                firsts.push(t);
+            }
+        }
+        assert_eq!(
+            firsts,
+            texts.iter().collect::<Vec<_>>(),
+            "order in {chat:?}"
+        );
+    }
+    dups
+}
+
 /// Users writing to `bots` bots all along: message k of each chat says "k".
 struct Traffic {
     stop: Arc<AtomicBool>,
@@ -402,24 +424,7 @@ impl Traffic {
             },
         )
         .await;
-        let mut dups = 0;
-        for (chat, texts) in &want {
-            let got = &answered[chat];
-            dups += got.len() - texts.len();
-            // In order: the first answer to each message follows the order of the messages.
-            let mut firsts: Vec<&String> = Vec::new();
-            for t in got {
-                if !firsts.contains(&t) {
-                    firsts.push(t);
-                }
-            }
-            assert_eq!(
-                firsts,
-                texts.iter().collect::<Vec<_>>(),
-                "order in {chat:?}"
-            );
-        }
-        (total, dups)
+        (total, duplicates_in_order(&want, &answered))
     }
 }
 
@@ -1093,22 +1098,7 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
             .then_some(got)
     })
     .await;
-    let mut dups = 0;
-    for (chat, texts) in &want {
-        let g = &got[chat];
-        dups += g.len() - texts.len();
-        let mut firsts: Vec<&String> = Vec::new();
-        for t in g {
-            if !firsts.contains(&t) {
-                firsts.push(t);
-            }
-        }
-        assert_eq!(
-            firsts,
-            texts.iter().collect::<Vec<_>>(),
-            "order in {chat:?}"
-        );
-    }
+    let dups = duplicates_in_order(&want, &got);
     let written: usize = want.values().map(Vec::len).sum();
     let identifies: u64 = tokens.iter().map(|t| fake.state().identifies(t)).sum();
     let resumes: u64 = tokens.iter().map(|t| fake.state().resumes(t)).sum();

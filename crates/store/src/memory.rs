@@ -71,6 +71,22 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// `bot`'s inbox entries in `state`, in no order.
+    fn entries_in(&self, bot: &BotId, state: InboxState) -> Vec<InboxEntry> {
+        self.st()
+            .inbox
+            .get(bot)
+            .map(|i| {
+                i.values()
+                    .filter(|(e, _)| e.state == state)
+                    .map(|(e, _)| e.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 #[async_trait]
 impl Store for MemoryStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
@@ -210,17 +226,7 @@ impl Store for MemoryStore {
     }
 
     async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
-        let st = self.st();
-        let mut out: Vec<InboxEntry> = st
-            .inbox
-            .get(bot)
-            .map(|i| {
-                i.values()
-                    .filter(|(e, _)| e.state == InboxState::Pending)
-                    .map(|(e, _)| e.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut out = self.entries_in(bot, InboxState::Pending);
         out.sort_by_key(|e| e.seq);
         out.truncate(limit);
         Ok(out)
@@ -274,17 +280,7 @@ impl Store for MemoryStore {
     }
 
     async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
-        let st = self.st();
-        let mut out: Vec<InboxEntry> = st
-            .inbox
-            .get(bot)
-            .map(|i| {
-                i.values()
-                    .filter(|(e, _)| e.state == InboxState::Undeliverable)
-                    .map(|(e, _)| e.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut out = self.entries_in(bot, InboxState::Undeliverable);
         out.sort_by_key(|e| std::cmp::Reverse(e.seq));
         out.truncate(limit);
         Ok(out)

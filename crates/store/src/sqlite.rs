@@ -589,19 +589,7 @@ impl Store for SqliteStore {
         let (bot, items) = (bot.clone(), items.to_vec());
         self.with("record inbox", move |c| {
             let fail = |e| StoreError::backend("record inbox", e);
-            // IMMEDIATE: take the write lock first. A deferred transaction that reads and then
-            // writes fails at once (no busy wait) when another process wrote in between.
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(fail)?;
-            let current = current_fence(&tx, bot.as_str()).map_err(fail)?;
-            if current > fence {
-                return Err(StoreError::StaleFence {
-                    bot,
-                    offered: fence,
-                    current,
-                });
-            }
+            let tx = fenced_tx(c, &bot, fence, "record inbox")?;
             let mut seq: i64 = tx
                 .query_row(
                     "SELECT COALESCE(MAX(seq), 0) FROM inbox WHERE bot_id = ?1",
@@ -689,19 +677,7 @@ impl Store for SqliteStore {
         };
         self.with("finish inbox entry", move |c| {
             let fail = |e| StoreError::backend("finish inbox entry", e);
-            // IMMEDIATE: take the write lock first. A deferred transaction that reads and then
-            // writes fails at once (no busy wait) when another process wrote in between.
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(fail)?;
-            let current = current_fence(&tx, bot.as_str()).map_err(fail)?;
-            if current > fence {
-                return Err(StoreError::StaleFence {
-                    bot,
-                    offered: fence,
-                    current,
-                });
-            }
+            let tx = fenced_tx(c, &bot, fence, "finish inbox entry")?;
             let n = tx
                 .execute(
                     "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
@@ -825,6 +801,29 @@ fn inbox_rows(
         .collect::<rusqlite::Result<Vec<_>>>()
         .map_err(|e| StoreError::backend("read inbox", e))?;
     Ok(rows)
+}
+
+/// An IMMEDIATE transaction (the write lock first: a deferred one that reads and then writes
+/// fails at once, with no busy wait, when another process wrote in between) in which `bot`'s
+/// accepted fence is not above `fence`; a stale writer is refused.
+fn fenced_tx<'c>(
+    c: &'c mut Connection,
+    bot: &BotId,
+    fence: Fence,
+    op: &'static str,
+) -> Result<rusqlite::Transaction<'c>> {
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| StoreError::backend(op, e))?;
+    let current = current_fence(&tx, bot.as_str()).map_err(|e| StoreError::backend(op, e))?;
+    if current > fence {
+        return Err(StoreError::StaleFence {
+            bot: bot.clone(),
+            offered: fence,
+            current,
+        });
+    }
+    Ok(tx)
 }
 
 fn stale_unless_written(c: &Connection, changed: usize, bot: BotId, offered: Fence) -> Result<()> {
