@@ -229,6 +229,41 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn avoidances(&self) -> Result<Vec<(BotId, WorkerId)>>;
 
+    /// Takes the next ticket of `chat`'s turn queue for the journal entry `entry` (its
+    /// delivery key) and, in the same round trip, asks for the turn (as
+    /// [`Coordinator::turn_try`]). Tickets are served in the order they were taken, one holder
+    /// at a time; different chats are independent. `chat` is 1-300 bytes without white space
+    /// or braces (e.g. `{bot}/{chat}`).
+    ///
+    /// A turn is held while the holder's liveness (this registration) holds: a worker that
+    /// dies holding a turn, or holding tickets not yet served, is skipped by whoever asks next
+    /// ([`Turn::TakeOver`](crate::Turn::TakeOver)), which replays its entry in order.
+    ///
+    /// # Errors
+    /// Backend failures; `NotRegistered` before `register`; `InvalidArgument` for a bad key.
+    async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, crate::Turn)>;
+
+    /// Asks for `ticket`'s turn again (after a wake-up, or after waiting a while: a taker
+    /// that died is noticed here, not signalled).
+    ///
+    /// # Errors
+    /// As [`Coordinator::turn_take`].
+    async fn turn_try(&self, chat: &str, ticket: u64) -> Result<crate::Turn>;
+
+    /// Ends the turn of `ticket` held under `fence`, and wakes the worker that took the next
+    /// ticket. Answers whether this registration held it.
+    ///
+    /// # Errors
+    /// As [`Coordinator::turn_take`].
+    async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool>;
+
+    /// Wake-ups for this worker: the chat whose turn was released while this worker holds the
+    /// next ticket (best effort: a missed one is made up by asking again after a while).
+    ///
+    /// # Errors
+    /// Backend failures; `NotRegistered` before `register`.
+    async fn turn_wakeups(&self) -> Result<mpsc::Receiver<String>>;
+
     /// Extends a held lock; answers false if it was lost.
     ///
     /// # Errors
@@ -255,14 +290,19 @@ pub(crate) fn check_ttl(what: &str, d: Duration) -> Result<u64> {
 
 /// Checks a rate-limiter or lock key: 1–200 bytes, no white space or braces.
 pub(crate) fn check_key(what: &str, key: &str) -> Result<()> {
+    check_key_len(what, key, 200)
+}
+
+/// Checks a key of 1–`max` bytes without white space or braces.
+pub(crate) fn check_key_len(what: &str, key: &str, max: usize) -> Result<()> {
     if key.is_empty()
-        || key.len() > 200
+        || key.len() > max
         || key
             .chars()
             .any(|c| c.is_whitespace() || c.is_control() || c == '{' || c == '}')
     {
         return Err(crate::CoordError::InvalidArgument(format!(
-            "{what} must be 1-200 bytes without white space or braces"
+            "{what} must be 1-{max} bytes without white space or braces"
         )));
     }
     Ok(())

@@ -110,6 +110,19 @@ impl KeySpace {
     pub fn avoid(&self) -> String {
         self.key(&["avoid"])
     }
+    /// Hash: a chat's turn queue (`next`, `serving`, holder `hw`/`hi`, fence `f`, and per
+    /// ticket `t{n}` = `worker|incarnation|entry`).
+    pub fn turn(&self, chat: &str) -> String {
+        self.key(&["turn", chat])
+    }
+    /// Pub/sub channel waking a worker whose ticket's turn came.
+    pub fn turn_wake(&self, worker: &WorkerId) -> String {
+        self.key(&["turnwake", worker.as_str()])
+    }
+    /// What [`KeySpace::turn_wake`] puts before the worker id.
+    pub fn turn_wake_prefix(&self) -> String {
+        self.key(&["turnwake", ""])
+    }
 }
 
 #[cfg(test)]

@@ -22,5 +22,5 @@ pub use memory::{MemoryCoordinator, MemoryHub, MemorySnapshot};
 pub use redis::{RedisConfig, RedisCoordinator};
 pub use types::{
     ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard, MemberEvent,
-    Owner, Permit, RateGrant, RateLimit, Renewal, WorkerCommand, WorkerMeta,
+    Owner, Permit, RateGrant, RateLimit, Renewal, Turn, WorkerCommand, WorkerMeta,
 };

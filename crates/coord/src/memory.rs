@@ -15,9 +15,9 @@ use botfleet_core::{BotId, Clock, Fence, Incarnation, SystemClock, WorkerId};
 use tokio::sync::{mpsc, Notify};
 
 use crate::{
-    coordinator::{check_key, check_ttl, nonce, Knowledge},
+    coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
     ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent, LiveWorker,
-    LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn, WorkerCommand, WorkerMeta,
 };
 
 /// How many lifecycle events the hub keeps.
@@ -75,6 +75,17 @@ struct Lock {
     deadline_ms: u64,
 }
 
+/// A chat's turn queue; see `lua/turn.lua` for the Redis twin.
+#[derive(Debug, Default, Clone)]
+struct ChatTurns {
+    next: u64,
+    serving: u64,
+    holder: Option<(WorkerId, Incarnation)>,
+    fence: u64,
+    /// Ticket → its taker and journal key.
+    tickets: HashMap<u64, (WorkerId, Incarnation, String)>,
+}
+
 #[derive(Debug, Default, Clone)]
 struct State {
     epoch: Option<Epoch>,
@@ -93,6 +104,12 @@ struct State {
     journal: VecDeque<(u64, String)>,
     journal_seq: u64,
     member_signals: Vec<mpsc::Sender<()>>,
+    /// Per chat key: its turn queue (gone while the chat has no ticket).
+    turns: HashMap<String, ChatTurns>,
+    /// The last turn fence granted, of any chat (a forgotten chat's next fences stay above).
+    turn_fence: u64,
+    /// Per worker: where its turn wake-ups go.
+    turn_wakers: HashMap<WorkerId, Vec<mpsc::Sender<String>>>,
     /// Handles made unusable by [`MemoryHub::crash`].
     crashed: Vec<u64>,
 }
@@ -102,6 +119,63 @@ impl State {
         self.members
             .get(worker)
             .is_some_and(|m| &m.incarnation == inc && m.deadline_ms > now)
+    }
+
+    /// The turn answer for `ticket` of `chat`, asked by `me` (see `Coordinator::turn_try`).
+    fn turn_try(
+        &mut self,
+        chat: &str,
+        ticket: u64,
+        me: &(WorkerId, Incarnation),
+        now: u64,
+    ) -> Turn {
+        if !self.is_live(&me.0, &me.1, now) {
+            return Turn::NotLive;
+        }
+        let live = |st: &State, w: &WorkerId, i: &Incarnation| st.is_live(w, i, now);
+        let Some(q) = self.turns.get(chat) else {
+            // Forgotten (served to the end): nothing of it is left to wait for.
+            return Turn::Passed;
+        };
+        if ticket < q.serving {
+            return Turn::Passed;
+        }
+        let serving = q.serving;
+        let takeover = match &q.holder {
+            Some(h) if h == me && serving == ticket => false,
+            Some((w, i)) if live(self, w, i) => return Turn::Wait,
+            Some(_) => true,
+            None if serving == ticket => false,
+            None => match q.tickets.get(&serving) {
+                Some((w, i, _)) if live(self, w, i) => return Turn::Wait,
+                _ => true,
+            },
+        };
+        let Some(q) = self.turns.get_mut(chat) else {
+            return Turn::Passed;
+        };
+        let f = (self.turn_fence + 1).max(now.saturating_mul(1000));
+        self.turn_fence = f;
+        let Some(q) = self.turns.get_mut(chat) else {
+            return Turn::Passed;
+        };
+        q.fence = f;
+        q.holder = Some(me.clone());
+        let fence = Fence(q.fence);
+        if takeover {
+            let entry = q
+                .tickets
+                .get(&serving)
+                .map(|t| t.2.clone())
+                .unwrap_or_default();
+            Turn::TakeOver {
+                ticket: serving,
+                entry,
+                fence,
+            }
+        } else {
+            Turn::Granted { ticket, fence }
+        }
     }
 
     /// The epoch, created (untrusted: it follows a loss) when missing and `grace` is known.
@@ -764,6 +838,66 @@ impl Coordinator for MemoryCoordinator {
         let mut out: Vec<(BotId, WorkerId)> = st.avoid.keys().cloned().collect();
         out.sort();
         Ok(out)
+    }
+
+    async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, Turn)> {
+        check_key_len("chat key", chat, 300)?;
+        let me = self.me()?;
+        let now = self.now();
+        let mut st = self.state()?;
+        if !st.is_live(&me.0, &me.1, now) {
+            return Ok((0, Turn::NotLive));
+        }
+        let q = st.turns.entry(chat.to_owned()).or_default();
+        let ticket = q.next;
+        q.next += 1;
+        q.tickets
+            .insert(ticket, (me.0.clone(), me.1.clone(), entry.to_owned()));
+        let turn = st.turn_try(chat, ticket, &me, now);
+        Ok((ticket, turn))
+    }
+
+    async fn turn_try(&self, chat: &str, ticket: u64) -> Result<Turn> {
+        check_key_len("chat key", chat, 300)?;
+        let me = self.me()?;
+        let now = self.now();
+        Ok(self.state()?.turn_try(chat, ticket, &me, now))
+    }
+
+    async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
+        check_key_len("chat key", chat, 300)?;
+        let me = self.me()?;
+        let mut st = self.state()?;
+        let Some(q) = st.turns.get_mut(chat) else {
+            return Ok(false);
+        };
+        if q.holder.as_ref() != Some(&me) || q.serving != ticket || q.fence != fence.0 {
+            return Ok(false);
+        }
+        q.tickets.remove(&ticket);
+        q.serving = ticket + 1;
+        q.holder = None;
+        if q.serving >= q.next {
+            st.turns.remove(chat);
+            return Ok(true);
+        }
+        let next = q.tickets.get(&q.serving).map(|t| t.0.clone());
+        if let Some(w) = next {
+            if let Some(txs) = st.turn_wakers.get_mut(&w) {
+                txs.retain(|tx| !tx.is_closed());
+                for tx in txs.iter() {
+                    let _ = tx.try_send(chat.to_owned());
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    async fn turn_wakeups(&self) -> Result<mpsc::Receiver<String>> {
+        let (w, _) = self.me()?;
+        let (tx, rx) = mpsc::channel(1024);
+        self.state()?.turn_wakers.entry(w).or_default().push(tx);
+        Ok(rx)
     }
 
     async fn renew_lock(&self, guard: &LockGuard, ttl: Duration) -> Result<bool> {

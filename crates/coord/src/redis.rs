@@ -13,9 +13,10 @@ use tokio::sync::{mpsc, Mutex, OnceCell};
 use tracing::{debug, warn};
 
 use crate::{
-    coordinator::{check_key, check_ttl, nonce, Knowledge},
+    coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
     ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, KeySpace, LifecycleEvent,
-    LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn, WorkerCommand,
+    WorkerMeta,
 };
 
 /// Settings of a [`RedisCoordinator`]. `Debug` hides the URL (it may hold a password).
@@ -82,6 +83,7 @@ struct Scripts {
     lock_renew: Script,
     lock_release: Script,
     epoch_info: Script,
+    turn: Script,
 }
 
 /// A script that needs the fleet epoch (see `lua/epoch.lua`), which is prepended to it.
@@ -99,6 +101,7 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scrip
     hand_over: Script::new(include_str!("lua/hand_over.lua")),
     owner: Script::new(include_str!("lua/owner.lua")),
     rate: Script::new(include_str!("lua/rate.lua")),
+    turn: Script::new(include_str!("lua/turn.lua")),
     lock_acquire: with_epoch(include_str!("lua/lock_acquire.lua")),
     lock_renew: Script::new(include_str!("lua/lock_renew.lua")),
     lock_release: Script::new(include_str!("lua/lock_release.lua")),
@@ -241,6 +244,30 @@ impl RedisCoordinator {
             Ok(r) => r.map_err(|e| CoordError::redis(what, e)),
             Err(_) => Err(CoordError::Timeout(deadline)),
         }
+    }
+
+    /// Runs `lua/turn.lua`.
+    async fn turn_call(
+        &self,
+        op: &'static str,
+        chat: &str,
+        arg: &str,
+        fence: Fence,
+    ) -> Result<Vec<String>> {
+        check_key_len("chat key", chat, 300)?;
+        let reg = self.reg()?;
+        let mut inv = SCRIPTS.turn.prepare_invoke();
+        inv.key(self.ks.workers())
+            .key(self.ks.deadlines())
+            .key(self.ks.turn(chat))
+            .arg(op)
+            .arg(reg.worker.as_str())
+            .arg(reg.incarnation.as_str())
+            .arg(arg)
+            .arg(fence.0)
+            .arg(self.ks.turn_wake_prefix())
+            .arg(chat);
+        self.run("turn", inv).await
     }
 
     fn membership_keys<'a, 's>(
@@ -816,6 +843,84 @@ impl Coordinator for RedisCoordinator {
         Ok(out)
     }
 
+    async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, Turn)> {
+        let r = self.turn_call("take", chat, entry, Fence::ZERO).await?;
+        let ticket =
+            r.first()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| CoordError::Protocol {
+                    what: "turn take",
+                    detail: format!("reply {r:?}"),
+                })?;
+        Ok((ticket, parse_turn(&r[1..])?))
+    }
+
+    async fn turn_try(&self, chat: &str, ticket: u64) -> Result<Turn> {
+        let r = self
+            .turn_call("try", chat, &ticket.to_string(), Fence::ZERO)
+            .await?;
+        parse_turn(&r)
+    }
+
+    async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
+        let r = self
+            .turn_call("release", chat, &ticket.to_string(), fence)
+            .await?;
+        Ok(r.first().is_some_and(|v| v == "1"))
+    }
+
+    async fn turn_wakeups(&self) -> Result<mpsc::Receiver<String>> {
+        use futures_util::StreamExt;
+        let reg = self.reg()?;
+        let (tx, rx) = mpsc::channel(1024);
+        let client = self.client.clone();
+        let channel = self.ks.turn_wake(&reg.worker);
+        let subscribe = |client: redis::Client, channel: String| async move {
+            let sub = async {
+                let mut ps = client.get_async_pubsub().await?;
+                ps.subscribe(&channel).await?;
+                Ok::<_, redis::RedisError>(ps)
+            };
+            match tokio::time::timeout(Duration::from_secs(2), sub).await {
+                Ok(r) => r.map_err(|e| CoordError::redis("subscribe to turn wake-ups", e)),
+                Err(_) => Err(CoordError::Timeout(Duration::from_secs(2))),
+            }
+        };
+        // Subscribed before answering: a release after this call wakes the caller.
+        let mut ps = Some(subscribe(client.clone(), channel.clone()).await?);
+        tokio::spawn(async move {
+            while !tx.is_closed() {
+                let current = match ps.take() {
+                    Some(p) => Ok(p),
+                    None => subscribe(client.clone(), channel.clone()).await,
+                };
+                if let Ok(p) = current {
+                    let mut stream = p.into_on_message();
+                    loop {
+                        tokio::select! {
+                            m = stream.next() => match m {
+                                Some(m) => {
+                                    if let Ok(chat) = m.get_payload::<String>() {
+                                        let _ = tx.try_send(chat);
+                                    }
+                                }
+                                None => break,
+                            },
+                            () = tx.closed() => return,
+                        }
+                    }
+                } else {
+                    debug!("turn wake-ups: subscribe failed; retrying");
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(rx)
+    }
+
     async fn recv_commands(&self, max: usize, wait: Duration) -> Result<Vec<WorkerCommand>> {
         let reg = self.reg()?;
         let key = self.ks.commands(&reg.worker);
@@ -966,6 +1071,30 @@ async fn lock_acquire(
 }
 
 /// This machine's wall clock in unix ms (for marks that only need to expire roughly on time).
+/// Reads a turn answer (see `lua/turn.lua`).
+fn parse_turn(r: &[String]) -> Result<Turn> {
+    let bad = || CoordError::Protocol {
+        what: "turn",
+        detail: format!("reply {r:?}"),
+    };
+    let num = |s: &String| s.parse::<u64>().map_err(|_| bad());
+    match r.first().map(String::as_str) {
+        Some("granted") if r.len() == 3 => Ok(Turn::Granted {
+            ticket: num(&r[1])?,
+            fence: Fence(num(&r[2])?),
+        }),
+        Some("takeover") if r.len() == 4 => Ok(Turn::TakeOver {
+            ticket: num(&r[1])?,
+            entry: r[2].clone(),
+            fence: Fence(num(&r[3])?),
+        }),
+        Some("wait") => Ok(Turn::Wait),
+        Some("passed") => Ok(Turn::Passed),
+        Some("notlive") => Ok(Turn::NotLive),
+        _ => Err(bad()),
+    }
+}
+
 fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

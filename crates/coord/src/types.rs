@@ -241,3 +241,35 @@ pub struct LockGuard {
     /// Grows on every grant of this lock; pass it to writes the lock protects.
     pub fence: Fence,
 }
+
+/// Where a message stands in its chat's turn queue (see
+/// [`Coordinator::turn_take`](crate::Coordinator::turn_take)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// The caller's ticket has the chat's turn, under this fence (above every fence of the
+    /// chat's turns before it). Release it when the message is done.
+    Granted {
+        /// The ticket.
+        ticket: u64,
+        /// The turn's fence: conversation state and outbox records carry it.
+        fence: Fence,
+    },
+    /// An earlier ticket has the turn (or its live taker is about to): wait for a wake-up
+    /// (see [`Coordinator::turn_wakeups`](crate::Coordinator::turn_wakeups)) and ask again.
+    Wait,
+    /// The ticket being served belongs to a worker whose liveness is gone: the caller now
+    /// holds that ticket's turn and must handle its entry (if the store has it and it is
+    /// still pending) before its own, then release it.
+    TakeOver {
+        /// The dead worker's ticket.
+        ticket: u64,
+        /// The journal key its taker recorded with it.
+        entry: String,
+        /// The turn's fence.
+        fence: Fence,
+    },
+    /// The ticket was served already (taken over while its taker was thought dead).
+    Passed,
+    /// The caller's own liveness is missing or foreign: it may act on nothing.
+    NotLive,
+}

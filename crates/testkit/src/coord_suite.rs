@@ -5,7 +5,7 @@ use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
 
 use botfleet_coord::{
     ClaimOutcome, Coordinator, LeaseKeeper, LeaseLost, LifecycleEvent, MemberEvent, MemberWatch,
-    Permit, RateLimit, Renewal, WorkerCommand, WorkerMeta,
+    Permit, RateLimit, Renewal, Turn, WorkerCommand, WorkerMeta,
 };
 use botfleet_core::{BotId, Fence, SystemClock, WorkerId};
 use botfleet_store::{MemoryStore, Store, StoreError};
@@ -961,6 +961,97 @@ pub async fn avoidances_are_shared_and_expire<F: CoordFixture>(f: &F) {
         .is_err());
 }
 
+fn granted_turn(t: Turn) -> Fence {
+    match t {
+        Turn::Granted { fence, .. } => fence,
+        other => panic!("expected the turn, got {other:?}"),
+    }
+}
+
+/// A chat's tickets are served in order, one holder at a time; a release wakes the next
+/// ticket's worker; fences grow; other chats are independent.
+pub async fn turns_are_served_in_ticket_order<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(10)).await;
+    let b = worker(f, "w-b", Duration::from_secs(10)).await;
+    let mut wake_b = b.turn_wakeups().await.unwrap();
+    let (t0, first) = a.turn_take("bot1/chat1", "k0").await.unwrap();
+    let f0 = granted_turn(first);
+    assert_eq!(t0, 0);
+    let (t1, second) = b.turn_take("bot1/chat1", "k1").await.unwrap();
+    assert_eq!((t1, second), (1, Turn::Wait), "one holder at a time");
+    assert_eq!(b.turn_try("bot1/chat1", t1).await.unwrap(), Turn::Wait);
+    // Another chat is not held up.
+    let (_, other) = b.turn_take("bot1/chat2", "x0").await.unwrap();
+    let fo = granted_turn(other);
+    // Only the holder with its fence releases.
+    assert!(!b.turn_release("bot1/chat1", t0, f0).await.unwrap());
+    assert!(!a
+        .turn_release("bot1/chat1", t0, Fence(f0.0 + 1))
+        .await
+        .unwrap());
+    assert!(a.turn_release("bot1/chat1", t0, f0).await.unwrap());
+    let woke = tokio::time::timeout(Duration::from_secs(5), wake_b.recv())
+        .await
+        .expect("the next ticket's worker is woken")
+        .unwrap();
+    assert_eq!(woke, "bot1/chat1");
+    let f1 = granted_turn(b.turn_try("bot1/chat1", t1).await.unwrap());
+    assert!(f1 > f0, "fences grow: {f0:?} then {f1:?}");
+    assert_eq!(a.turn_try("bot1/chat1", t0).await.unwrap(), Turn::Passed);
+    assert!(b.turn_release("bot1/chat1", t1, f1).await.unwrap());
+    assert!(b.turn_release("bot1/chat2", 0, fo).await.unwrap());
+    // An emptied queue is forgotten; fences still grow past it.
+    let (t, again) = a.turn_take("bot1/chat1", "k2").await.unwrap();
+    let f2 = granted_turn(again);
+    assert_eq!(t, 0, "a forgotten queue starts again");
+    assert!(f2 > f1);
+    assert!(a.turn_release("bot1/chat1", t, f2).await.unwrap());
+    assert!(a.turn_take("bad chat", "k").await.is_err());
+}
+
+/// A worker that dies holding a turn, or holding a ticket not yet served, is skipped by the
+/// next asker, which takes over its entry in order; the dead worker's late release is refused.
+pub async fn dead_holders_tickets_are_taken_over<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    let c = worker(f, "w-c", LEASE).await;
+    // a holds ticket 0 and took ticket 2; b took ticket 1; c takes ticket 3.
+    let (_, t) = a.turn_take("bot/c", "e0").await.unwrap();
+    let fa = granted_turn(t);
+    let (t1, _) = b.turn_take("bot/c", "e1").await.unwrap();
+    let (t2, _) = a.turn_take("bot/c", "e2").await.unwrap();
+    let (t3, w) = c.turn_take("bot/c", "e3").await.unwrap();
+    assert_eq!((t1, t2, t3, w), (1, 2, 3, Turn::Wait));
+    // b dies too: c must replay e0, e1 and e2 in order before its own.
+    outlive_lease(&[&c]).await;
+    let mut replayed = Vec::new();
+    let mut last = Fence::ZERO;
+    loop {
+        match c.turn_try("bot/c", t3).await.unwrap() {
+            Turn::TakeOver {
+                ticket,
+                entry,
+                fence,
+            } => {
+                assert!(fence > last);
+                last = fence;
+                replayed.push(entry);
+                assert!(c.turn_release("bot/c", ticket, fence).await.unwrap());
+            }
+            Turn::Granted { fence, .. } => {
+                assert!(fence > last);
+                assert!(c.turn_release("bot/c", t3, fence).await.unwrap());
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(replayed, ["e0", "e1", "e2"]);
+    // The dead holder acts on nothing.
+    assert!(!a.turn_release("bot/c", 0, fa).await.unwrap());
+    assert_eq!(a.turn_try("bot/c", t2).await.unwrap(), Turn::NotLive);
+}
+
 /// Generates a module `conformance_coord` with one `#[tokio::test]` per suite case, each
 /// running against a fresh fixture from `$fixture` (an async expression). The tests' paths
 /// (`conformance_coord::<case>`) match `cargo test conformance`.
@@ -997,6 +1088,8 @@ macro_rules! coordinator_conformance {
             a_fresh_fleet_starts_at_once,
             avoidances_are_shared_and_expire,
             the_journal_is_shared_and_bounded,
+            turns_are_served_in_ticket_order,
+            dead_holders_tickets_are_taken_over,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

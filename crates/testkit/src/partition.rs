@@ -147,6 +147,22 @@ impl Coordinator for Partition {
         self.check()?;
         self.inner.avoidances().await
     }
+    async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, botfleet_coord::Turn)> {
+        self.check()?;
+        self.inner.turn_take(chat, entry).await
+    }
+    async fn turn_try(&self, chat: &str, ticket: u64) -> Result<botfleet_coord::Turn> {
+        self.check()?;
+        self.inner.turn_try(chat, ticket).await
+    }
+    async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
+        self.check()?;
+        self.inner.turn_release(chat, ticket, fence).await
+    }
+    async fn turn_wakeups(&self) -> Result<mpsc::Receiver<String>> {
+        self.check()?;
+        self.inner.turn_wakeups().await
+    }
     async fn renew_lock(&self, g: &LockGuard, t: Duration) -> Result<bool> {
         self.check()?;
         self.inner.renew_lock(g, t).await

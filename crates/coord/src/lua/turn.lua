@@ -1,0 +1,112 @@
+-- A chat's turn queue: tickets served in the order they were taken, one holder at a time,
+-- a holder's turn valid while its worker's liveness holds.
+-- KEYS[1] workers   hash  worker -> incarnation
+-- KEYS[2] deadlines zset  worker -> liveness deadline (server ms)
+-- KEYS[3] turn      hash  of the chat: next, serving, hw/hi (holder), f (last fence),
+--                   t<n> = "worker|incarnation|entry" per ticket not yet served
+-- ARGV[1] op: 'take' | 'try' | 'release'
+-- ARGV[2] caller worker id, ARGV[3] caller incarnation
+-- ARGV[4] take: the journal entry key; try/release: the ticket
+-- ARGV[5] release: the turn's fence
+-- ARGV[6] the wake channel prefix (the next ticket's worker id is appended)
+-- Returns take: {ticket, answer...}; try: {answer...}; release: {'1'|'0'} where answer is
+-- 'granted', ticket, fence | 'wait' | 'takeover', ticket, entry, fence | 'passed' | 'notlive'.
+--
+-- Fences are max(last + 1, server time in µs): a chat forgotten when its queue empties (or
+-- by a data loss) still gets fences above the ones granted before.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function live(w, inc)
+  if redis.call('HGET', KEYS[1], w) ~= inc then
+    return false
+  end
+  return tonumber(redis.call('ZSCORE', KEYS[2], w) or '0') > now_ms
+end
+local me, inc = ARGV[2], ARGV[3]
+local function taker(field)
+  local v = redis.call('HGET', KEYS[3], field)
+  if not v then
+    return nil
+  end
+  local a = string.find(v, '|', 1, true)
+  local b = string.find(v, '|', a + 1, true)
+  return string.sub(v, 1, a - 1), string.sub(v, a + 1, b - 1), string.sub(v, b + 1)
+end
+local function grant(kind, ticket, entry)
+  local f = math.max(tonumber(redis.call('HGET', KEYS[3], 'f') or '0') + 1, now_us)
+  local fs = string.format('%d', f)
+  redis.call('HSET', KEYS[3], 'hw', me, 'hi', inc, 'f', fs)
+  if kind == 'granted' then
+    return { 'granted', ticket, fs }
+  end
+  return { 'takeover', ticket, entry or '', fs }
+end
+local function try(ticket)
+  local h = redis.call('HMGET', KEYS[3], 'next', 'serving', 'hw', 'hi')
+  if not h[1] then
+    return { 'passed' }
+  end
+  local serving = tonumber(h[2] or '0')
+  local n = tonumber(ticket)
+  if n < serving then
+    return { 'passed' }
+  end
+  local s = string.format('%d', serving)
+  if h[3] then
+    if h[3] == me and h[4] == inc and serving == n then
+      return grant('granted', s)
+    end
+    if live(h[3], h[4]) then
+      return { 'wait' }
+    end
+  elseif serving == n then
+    return grant('granted', s)
+  else
+    local w, i = taker('t' .. s)
+    if w and live(w, i) then
+      return { 'wait' }
+    end
+  end
+  local _, _, entry = taker('t' .. s)
+  return grant('takeover', s, entry)
+end
+
+if ARGV[1] ~= 'release' and not live(me, inc) then
+  if ARGV[1] == 'take' then
+    return { '0', 'notlive' }
+  end
+  return { 'notlive' }
+end
+if ARGV[1] == 'take' then
+  local n = redis.call('HINCRBY', KEYS[3], 'next', 1) - 1
+  local s = string.format('%d', n)
+  redis.call('HSETNX', KEYS[3], 'serving', '0')
+  redis.call('HSET', KEYS[3], 't' .. s, me .. '|' .. inc .. '|' .. ARGV[4])
+  -- A forgotten queue: a safety net against keys left by a fleet that went away.
+  redis.call('PEXPIRE', KEYS[3], 86400000)
+  local r = try(s)
+  table.insert(r, 1, s)
+  return r
+elseif ARGV[1] == 'try' then
+  return try(ARGV[4])
+end
+-- release
+local h = redis.call('HMGET', KEYS[3], 'next', 'serving', 'hw', 'hi', 'f')
+if h[3] ~= me or h[4] ~= inc or h[2] ~= ARGV[4] or h[5] ~= ARGV[5] then
+  return { '0' }
+end
+local serving = tonumber(h[2]) + 1
+redis.call('HDEL', KEYS[3], 't' .. h[2], 'hw', 'hi')
+if serving >= tonumber(h[1]) then
+  -- Nothing waits: forget the chat (its fences stay above by the clock).
+  redis.call('DEL', KEYS[3])
+  return { '1' }
+end
+local s = string.format('%d', serving)
+redis.call('HSET', KEYS[3], 'serving', s)
+local w = taker('t' .. s)
+if w then
+  redis.call('PUBLISH', ARGV[6] .. w, ARGV[7])
+end
+return { '1' }
