@@ -10,6 +10,7 @@ mod schema;
 mod seal;
 mod sqlite;
 mod store;
+mod turns;
 
 pub use error::{Result, StoreError};
 pub use inbox::{InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats};
@@ -18,6 +19,7 @@ pub use postgres::PostgresStore;
 pub use seal::{KeyError, Keyring};
 pub use sqlite::SqliteStore;
 pub use store::{BotFilter, Cursor, StatusReport, Store};
+pub use turns::{reply_key, StateWrite, TurnRecord, TurnView, MAX_STATE_BYTES};
 
 /// Opens the store a URL names:
 ///

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
 
 use crate::{
-    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Result, Store,
-    StoreError,
+    reply_key, BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats,
+    Result, StateWrite, Store, StoreError, TurnRecord, TurnView,
 };
 
 #[derive(Debug, Default)]
@@ -20,6 +20,10 @@ struct State {
     sent: BTreeMap<BotId, std::collections::BTreeSet<String>>,
     /// Per bot: key → (entry, unix ms it finished).
     inbox: BTreeMap<BotId, BTreeMap<String, (InboxEntry, Option<i64>)>>,
+    /// Per bot: reply key → (fence, unix ms sent).
+    outbox: BTreeMap<BotId, BTreeMap<String, (Fence, i64)>>,
+    /// Per (bot, chat): (revision, fence, state).
+    chats: BTreeMap<(BotId, String), (u64, Fence, Option<String>)>,
 }
 
 impl State {
@@ -286,6 +290,106 @@ impl Store for MemoryStore {
         Ok(out)
     }
 
+    async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
+        let mut st = self.st();
+        let now = botfleet_core::unix_ms();
+        let inbox = st.inbox.entry(bot.clone()).or_default();
+        Ok(items
+            .iter()
+            .map(|item| {
+                if inbox.contains_key(&item.key) {
+                    return false;
+                }
+                let entry = InboxEntry {
+                    bot: bot.clone(),
+                    key: item.key.clone(),
+                    seq: crate::turns::arrival_seq().max(0).unsigned_abs(),
+                    chat: item.chat.clone(),
+                    message: item.message.clone(),
+                    state: InboxState::Pending,
+                    error: None,
+                    received_at_ms: now,
+                };
+                inbox.insert(item.key.clone(), (entry, None));
+                true
+            })
+            .collect())
+    }
+
+    async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
+        let st = self.st();
+        let entry = st
+            .inbox
+            .get(bot)
+            .and_then(|i| i.get(key))
+            .map(|(e, _)| e.clone());
+        let (revision, state) = st
+            .chats
+            .get(&(bot.clone(), chat.to_owned()))
+            .map_or((0, None), |(r, _, s)| (*r, s.clone()));
+        let sent = st
+            .outbox
+            .get(bot)
+            .is_some_and(|o| o.contains_key(&reply_key(key)));
+        Ok(TurnView {
+            entry,
+            state,
+            revision,
+            sent,
+        })
+    }
+
+    async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()> {
+        let mut st = self.st();
+        let row = st
+            .chats
+            .entry((bot.clone(), chat.to_owned()))
+            .or_insert((0, Fence::ZERO, None));
+        if row.1 > fence {
+            return Err(StoreError::StaleFence {
+                bot: bot.clone(),
+                offered: fence,
+                current: row.1,
+            });
+        }
+        row.1 = fence;
+        Ok(())
+    }
+
+    async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite> {
+        let mut st = self.st();
+        let now = botfleet_core::unix_ms();
+        if rec.sent {
+            st.outbox
+                .entry(bot.clone())
+                .or_default()
+                .entry(reply_key(&rec.key))
+                .or_insert((rec.fence, now));
+        }
+        let mut written = StateWrite::Unchanged;
+        if let Some((expected, state)) = &rec.state {
+            let row =
+                st.chats
+                    .entry((bot.clone(), rec.chat.clone()))
+                    .or_insert((0, Fence::ZERO, None));
+            if row.1 > rec.fence || row.0 != *expected {
+                written = StateWrite::Stale;
+            } else {
+                *row = (expected + 1, rec.fence, Some(state.clone()));
+                written = StateWrite::Written(expected + 1);
+            }
+        }
+        if let Some((entry, finished)) = st.inbox.get_mut(bot).and_then(|i| i.get_mut(&rec.key)) {
+            if entry.state == InboxState::Pending {
+                let (state, error) = crate::turns::outcome_parts(&rec.outcome);
+                entry.state = state.parse().unwrap_or(InboxState::Done);
+                entry.error = error;
+                *finished = Some(now);
+            }
+        }
+        Ok(written)
+    }
+
     async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
         let mut st = self.st();
         let mut gone = 0;
@@ -301,6 +405,9 @@ impl Store for MemoryStore {
                 }
                 keep
             });
+        }
+        for sent in st.outbox.values_mut() {
+            sent.retain(|_, (_, at)| *at >= done_before_ms);
         }
         Ok(gone)
     }

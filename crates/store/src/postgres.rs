@@ -11,7 +11,7 @@ use tracing::warn;
 use crate::{
     schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
     BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Keyring,
-    Result, Store, StoreError,
+    Result, StateWrite, Store, StoreError, TurnRecord, TurnView,
 };
 
 /// A [`Store`] in Postgres. Reconnects on the next call after the connection drops.
@@ -569,12 +569,162 @@ impl Store for PostgresStore {
     async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
         let c = self.client().await?;
         c.execute(
-            "DELETE FROM inbox WHERE (state = 'done' AND finished_at_ms < $1) \
+            "WITH sent AS (DELETE FROM outbox WHERE sent_at_ms < $1) \
+             DELETE FROM inbox WHERE (state = 'done' AND finished_at_ms < $1) \
              OR (state = 'undeliverable' AND finished_at_ms < $2)",
             &[&done_before_ms, &undeliverable_before_ms],
         )
         .await
         .map_err(db("prune inbox"))
+    }
+
+    async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
+        let c = self.client().await?;
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
+        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        let rows = c
+            .query(
+                "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
+                 SELECT $1, key, $5 + ord, chat, message, 'pending', $6 \
+                 FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
+                 ON CONFLICT DO NOTHING RETURNING key",
+                &[
+                    &bot.as_str(),
+                    &keys,
+                    &chats,
+                    &messages,
+                    &crate::turns::arrival_seq(),
+                    &botfleet_core::unix_ms(),
+                ],
+            )
+            .await
+            .map_err(db("journal"))?;
+        let new: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+        let mut seen = std::collections::HashSet::new();
+        Ok(keys
+            .iter()
+            .map(|k| new.contains(*k) && seen.insert(*k))
+            .collect())
+    }
+
+    async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
+        let c = self.client().await?;
+        let reply = crate::reply_key(key);
+        let r = c
+            .query_one(
+                crate::schema::TURN_VIEW,
+                &[&bot.as_str(), &key, &chat, &reply],
+            )
+            .await
+            .map_err(db("read a turn"))?;
+        let entry = match r.get::<_, Option<i64>>(0) {
+            Some(seq) => Some(
+                InboxRow {
+                    key: key.to_owned(),
+                    seq,
+                    chat: r.get(1),
+                    message: r.get(2),
+                    state: r.get(3),
+                    error: r.get(4),
+                    received_at_ms: r.get(5),
+                }
+                .into_entry(bot)?,
+            ),
+            None => None,
+        };
+        Ok(TurnView {
+            entry,
+            revision: r
+                .get::<_, Option<i64>>(6)
+                .unwrap_or(0)
+                .max(0)
+                .unsigned_abs(),
+            state: r.get(7),
+            sent: r.get(8),
+        })
+    }
+
+    async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                crate::schema::TURN_ACCEPT,
+                &[
+                    &bot.as_str(),
+                    &chat,
+                    &fence_i64(fence),
+                    &botfleet_core::unix_ms(),
+                ],
+            )
+            .await
+            .map_err(db("accept a turn"))?;
+        if n > 0 {
+            return Ok(());
+        }
+        let current: i64 = c
+            .query_opt(
+                "SELECT fence FROM chat_state WHERE bot_id = $1 AND chat = $2",
+                &[&bot.as_str(), &chat],
+            )
+            .await
+            .map_err(db("accept a turn"))?
+            .map_or(0, |r| r.get(0));
+        Err(StoreError::StaleFence {
+            bot: bot.clone(),
+            offered: fence,
+            current: Fence(current.max(0).unsigned_abs()),
+        })
+    }
+
+    async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite> {
+        let c = self.client().await?;
+        let (state, error) = crate::turns::outcome_parts(&rec.outcome);
+        let now = botfleet_core::unix_ms();
+        let reply = crate::reply_key(&rec.key);
+        let (expected, new_state) = match &rec.state {
+            Some((r, s)) => (i64::try_from(*r).unwrap_or(i64::MAX), Some(s.as_str())),
+            None => (0, None),
+        };
+        // One statement, so one transaction: outbox, state and the entry's end together.
+        let cas = if rec.state.is_some() {
+            format!("{} RETURNING revision", crate::schema::STATE_CAS)
+        } else {
+            "SELECT 0::BIGINT AS revision WHERE false".to_owned()
+        };
+        let sql = format!(
+            "WITH ob AS (INSERT INTO outbox (bot_id, key, fence, sent_at_ms) \
+               SELECT $1, $7, $4, $6 WHERE $8 ON CONFLICT DO NOTHING RETURNING 1), \
+             fin AS (UPDATE inbox SET state = $9, error = $10, finished_at_ms = $6 \
+               WHERE bot_id = $1 AND key = $11 AND state = 'pending' RETURNING 1), \
+             st AS ({cas}) \
+             SELECT (SELECT revision FROM st), (SELECT COUNT(*) FROM ob), (SELECT COUNT(*) FROM fin), \
+               CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT)"
+        );
+        let r = c
+            .query_one(
+                &sql,
+                &[
+                    &bot.as_str(),
+                    &rec.chat,
+                    &expected,
+                    &fence_i64(rec.fence),
+                    &new_state,
+                    &now,
+                    &reply,
+                    &rec.sent,
+                    &state,
+                    &error,
+                    &rec.key,
+                ],
+            )
+            .await
+            .map_err(db("record a turn"))?;
+        Ok(match (rec.state.is_some(), r.get::<_, Option<i64>>(0)) {
+            (false, _) => StateWrite::Unchanged,
+            (true, Some(rev)) => StateWrite::Written(rev.max(0).unsigned_abs()),
+            (true, None) => StateWrite::Stale,
+        })
     }
 
     async fn registry_stamp(&self) -> Result<(u64, i64)> {

@@ -53,7 +53,53 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     "ALTER TABLE bots ADD COLUMN shards BIGINT;",
     // 6: Discord shards per slice (NULL: the whole bot is one unit).
     "ALTER TABLE bots ADD COLUMN shards_per_slice BIGINT;",
+    // 7: webhook bots: replies sent (the outbox, fenced by the chat's turn) and conversation
+    // state per chat (compare-and-set on revision, fenced by the turn).
+    "CREATE TABLE outbox (
+        bot_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        fence BIGINT NOT NULL,
+        sent_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (bot_id, key)
+    );
+    CREATE INDEX outbox_by_time ON outbox (sent_at_ms);
+    CREATE TABLE chat_state (
+        bot_id TEXT NOT NULL,
+        chat TEXT NOT NULL,
+        revision BIGINT NOT NULL,
+        fence BIGINT NOT NULL,
+        state TEXT,
+        updated_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (bot_id, chat)
+    );",
 ];
+
+/// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
+/// revision the state was computed from, `$4` fence, `$5` state, `$6` now. Writes only when
+/// the stored row is at `$3` with a fence not above `$4` (or there is none and `$3` is 0).
+pub(crate) const STATE_CAS: &str = "INSERT INTO chat_state (bot_id, chat, revision, fence, state, updated_at_ms) \
+     SELECT CAST($1 AS TEXT), CAST($2 AS TEXT), CAST($3 AS BIGINT) + 1, CAST($4 AS BIGINT), \
+     CAST($5 AS TEXT), CAST($6 AS BIGINT) \
+     WHERE CAST($3 AS BIGINT) = 0 OR EXISTS (SELECT 1 FROM chat_state WHERE bot_id = $1 AND chat = $2) \
+     ON CONFLICT (bot_id, chat) DO UPDATE SET revision = excluded.revision, \
+     fence = excluded.fence, state = excluded.state, updated_at_ms = excluded.updated_at_ms \
+     WHERE chat_state.revision = CAST($3 AS BIGINT) AND chat_state.fence <= CAST($4 AS BIGINT)";
+
+/// Records a turn of a chat under a fence (`$1` bot, `$2` chat, `$3` fence, `$4` now); no row
+/// changes when a higher fence was recorded.
+pub(crate) const TURN_ACCEPT: &str =
+    "INSERT INTO chat_state (bot_id, chat, revision, fence, state, updated_at_ms) \
+     VALUES ($1, $2, 0, $3, NULL, $4) \
+     ON CONFLICT (bot_id, chat) DO UPDATE SET fence = excluded.fence \
+     WHERE chat_state.fence <= excluded.fence";
+
+/// What a turn starts from (`$1` bot, `$2` entry key, `$3` chat, `$4` reply key).
+pub(crate) const TURN_VIEW: &str =
+    "SELECT i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
+     s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $4) \
+     FROM (SELECT 1 AS one) AS one \
+     LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $2 \
+     LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $3";
 
 /// A row of `bots` as plain values, shared by the SQL backends.
 pub(crate) struct BotRow {

@@ -20,7 +20,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use crate::{
     schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
     BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Keyring,
-    Result, StatusReport, Store, StoreError,
+    Result, StateWrite, StatusReport, Store, StoreError, TurnRecord, TurnView,
 };
 
 /// A [`Store`] in a SQLite file.
@@ -659,6 +659,173 @@ impl Store for SqliteStore {
         Ok((cursor, entries))
     }
 
+    async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
+        let (bot, items) = (bot.clone(), items.to_vec());
+        self.with("journal", move |c| {
+            let fail = |e| StoreError::backend("journal", e);
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
+            let now = botfleet_core::unix_ms();
+            let seq = crate::turns::arrival_seq();
+            let mut out = Vec::with_capacity(items.len());
+            {
+                let mut st = tx
+                    .prepare_cached(
+                        "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6) ON CONFLICT DO NOTHING",
+                    )
+                    .map_err(fail)?;
+                for (i, item) in items.iter().enumerate() {
+                    let n = st
+                        .execute(params![
+                            bot.as_str(),
+                            item.key,
+                            seq + i as i64,
+                            item.chat,
+                            item.message,
+                            now
+                        ])
+                        .map_err(fail)?;
+                    out.push(n > 0);
+                }
+            }
+            tx.commit().map_err(fail)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
+        let (bot, key, chat) = (bot.clone(), key.to_owned(), chat.to_owned());
+        self.read("read a turn", move |c| {
+            let fail = |e| StoreError::backend("read a turn", e);
+            let reply = crate::reply_key(&key);
+            let mut st = c
+                .prepare_cached(&crate::schema::TURN_VIEW.replace('$', "?"))
+                .map_err(fail)?;
+            let (row, revision, state, sent) = st
+                .query_row(params![bot.as_str(), key, chat, reply], |r| {
+                    let row = match r.get::<_, Option<i64>>(0)? {
+                        Some(seq) => Some(InboxRow {
+                            key: key.clone(),
+                            seq,
+                            chat: r.get(1)?,
+                            message: r.get(2)?,
+                            state: r.get(3)?,
+                            error: r.get(4)?,
+                            received_at_ms: r.get(5)?,
+                        }),
+                        None => None,
+                    };
+                    Ok((
+                        row,
+                        r.get::<_, Option<i64>>(6)?,
+                        r.get::<_, Option<String>>(7)?,
+                        r.get::<_, bool>(8)?,
+                    ))
+                })
+                .map_err(fail)?;
+            Ok(TurnView {
+                entry: row.map(|r| r.into_entry(&bot)).transpose()?,
+                state,
+                revision: revision.unwrap_or(0).max(0).unsigned_abs(),
+                sent,
+            })
+        })
+        .await
+    }
+
+    async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()> {
+        let (bot, chat) = (bot.clone(), chat.to_owned());
+        self.with("accept a turn", move |c| {
+            let fail = |e| StoreError::backend("accept a turn", e);
+            let n = c
+                .execute(
+                    &crate::schema::TURN_ACCEPT.replace('$', "?"),
+                    params![
+                        bot.as_str(),
+                        chat,
+                        fence_i64(fence),
+                        botfleet_core::unix_ms()
+                    ],
+                )
+                .map_err(fail)?;
+            if n > 0 {
+                return Ok(());
+            }
+            let current: i64 = c
+                .query_row(
+                    "SELECT fence FROM chat_state WHERE bot_id = ?1 AND chat = ?2",
+                    params![bot.as_str(), chat],
+                    |r| r.get(0),
+                )
+                .map_err(fail)?;
+            Err(StoreError::StaleFence {
+                bot,
+                offered: fence,
+                current: Fence(current.max(0).unsigned_abs()),
+            })
+        })
+        .await
+    }
+
+    async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite> {
+        let (bot, rec) = (bot.clone(), rec.clone());
+        self.with("record a turn", move |c| {
+            let fail = |e| StoreError::backend("record a turn", e);
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
+            let now = botfleet_core::unix_ms();
+            if rec.sent {
+                tx.execute(
+                    "INSERT INTO outbox (bot_id, key, fence, sent_at_ms) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT DO NOTHING",
+                    params![
+                        bot.as_str(),
+                        crate::reply_key(&rec.key),
+                        fence_i64(rec.fence),
+                        now
+                    ],
+                )
+                .map_err(fail)?;
+            }
+            let mut written = StateWrite::Unchanged;
+            if let Some((expected, state)) = &rec.state {
+                let expected = i64::try_from(*expected).unwrap_or(i64::MAX);
+                let n = tx
+                    .execute(
+                        &crate::schema::STATE_CAS.replace('$', "?"),
+                        params![
+                            bot.as_str(),
+                            rec.chat,
+                            expected,
+                            fence_i64(rec.fence),
+                            state,
+                            now
+                        ],
+                    )
+                    .map_err(fail)?;
+                written = if n > 0 {
+                    StateWrite::Written(expected.max(0).unsigned_abs() + 1)
+                } else {
+                    StateWrite::Stale
+                };
+            }
+            let (state, error) = crate::turns::outcome_parts(&rec.outcome);
+            tx.execute(
+                "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
+                 WHERE bot_id = ?1 AND key = ?2 AND state = 'pending'",
+                params![bot.as_str(), rec.key, state, error, now],
+            )
+            .map_err(fail)?;
+            tx.commit().map_err(fail)?;
+            Ok(written)
+        })
+        .await
+    }
+
     async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
         inbox_query(self, bot, "undeliverable", "seq DESC", limit).await
     }
@@ -727,7 +894,10 @@ impl Store for SqliteStore {
                  OR (state = 'undeliverable' AND finished_at_ms < ?2)",
                 params![done_before_ms, undeliverable_before_ms],
             )
-            .map(|n| n as u64)
+            .and_then(|n| {
+                c.execute("DELETE FROM outbox WHERE sent_at_ms < ?1", [done_before_ms])?;
+                Ok(n as u64)
+            })
             .map_err(|e| StoreError::backend("prune inbox", e))
         })
         .await

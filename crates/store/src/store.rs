@@ -3,7 +3,9 @@
 use async_trait::async_trait;
 use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence, Platform};
 
-use crate::{InboxEntry, InboxItem, InboxOutcome, InboxStats, Result};
+use crate::{
+    InboxEntry, InboxItem, InboxOutcome, InboxStats, Result, StateWrite, TurnRecord, TurnView,
+};
 
 /// Which bots [`Store::list_bots`] returns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -244,6 +246,34 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn reseal_secrets(&self) -> Result<u64> {
         Ok(0)
     }
+
+    /// Journals webhook deliveries of `bot`, each once (a key recorded before is a
+    /// redelivery, answered `false`). Not fenced: every worker journals what it receives.
+    ///
+    /// # Errors
+    /// Backend failures (then none of the items may be assumed recorded).
+    async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>>;
+
+    /// What a turn on the entry `key` of `chat` starts from (see [`TurnView`]), in one call.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView>;
+
+    /// Records that a turn of `chat` under `fence` began (a turn taken over from a dead
+    /// worker): a lower fence's state write is refused from now on.
+    ///
+    /// # Errors
+    /// `StaleFence` when a higher fence was accepted for the chat; backend failures.
+    async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()>;
+
+    /// Writes what a turn leaves, in one transaction: the outbox record of its reply (if
+    /// sent; a record made before stays), the chat's state by compare-and-set on the
+    /// revision and the fence, and the entry's end (if still pending).
+    ///
+    /// # Errors
+    /// Backend failures (then nothing of it may be assumed written).
+    async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite>;
 
     /// What a bot starting here resumes from: its checkpoint and up to `limit` inbox entries
     /// recorded but not answered, oldest first — in one call (a worker taking thousands of

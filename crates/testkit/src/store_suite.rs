@@ -562,6 +562,128 @@ pub async fn app_tokens_round_trip_and_stay_secret(s: Arc<dyn Store>) {
     assert!(s.add_bot(&no_app).await.is_err());
 }
 
+/// Webhook deliveries are journaled by any worker (not fenced per bot), once per key, even
+/// when several journal the same key at once.
+pub async fn journal_takes_each_delivery_once(s: Arc<dyn Store>) {
+    let bot = bid("hook1");
+    // A unit holder's high fence does not keep other workers from journaling.
+    s.accept_fence(&bot, Fence(1_000)).await.unwrap();
+    assert_eq!(
+        s.journal_put(&bot, &[item("u1", "c1"), item("u2", "c2")])
+            .await
+            .unwrap(),
+        [true, true]
+    );
+    let mut racers = Vec::new();
+    for _ in 0..4 {
+        let s = s.clone();
+        let bot = bot.clone();
+        racers.push(tokio::spawn(async move {
+            s.journal_put(&bot, &[item("u3", "c1")]).await.unwrap()[0]
+        }));
+    }
+    let mut firsts = 0;
+    for r in racers {
+        firsts += usize::from(r.await.unwrap());
+    }
+    assert_eq!(firsts, 1, "one of four concurrent deliveries is new");
+    assert_eq!(
+        s.journal_put(&bot, &[item("u1", "c1")]).await.unwrap(),
+        [false]
+    );
+    let pending = s.inbox_pending(&bot, 10).await.unwrap();
+    let keys: Vec<&str> = pending.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["u1", "u2", "u3"], "in arrival order");
+}
+
+/// A turn reads its entry, the chat's state and whether the reply went out; it writes the
+/// outbox record, the state (compare-and-set on revision and fence) and the entry's end at once.
+pub async fn turns_read_and_write_state_outbox_and_entry(s: Arc<dyn Store>) {
+    use botfleet_store::{StateWrite, TurnRecord};
+    let bot = bid("hook2");
+    s.journal_put(
+        &bot,
+        &[item("m1", "c1"), item("m2", "c1"), item("m3", "c1")],
+    )
+    .await
+    .unwrap();
+    let v = s.turn_view(&bot, "m1", "c1").await.unwrap();
+    assert_eq!(v.entry.as_ref().map(|e| e.state), Some(InboxState::Pending));
+    assert_eq!((v.revision, v.state.as_deref(), v.sent), (0, None, false));
+    assert!(s
+        .turn_view(&bot, "nope", "c1")
+        .await
+        .unwrap()
+        .entry
+        .is_none());
+    let rec = |key: &str, fence: u64, state: Option<(u64, &str)>| TurnRecord {
+        key: key.to_owned(),
+        chat: "c1".to_owned(),
+        fence: Fence(fence),
+        outcome: InboxOutcome::Done,
+        sent: true,
+        state: state.map(|(r, s)| (r, s.to_owned())),
+    };
+    assert_eq!(
+        s.turn_record(&bot, &rec("m1", 10, Some((0, r#"{"n":1}"#))))
+            .await
+            .unwrap(),
+        StateWrite::Written(1)
+    );
+    let v = s.turn_view(&bot, "m1", "c1").await.unwrap();
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Done));
+    assert_eq!(
+        (v.revision, v.state.as_deref(), v.sent),
+        (1, Some(r#"{"n":1}"#), true)
+    );
+    // Another chat's state is its own.
+    assert_eq!(s.turn_view(&bot, "m1", "c2").await.unwrap().revision, 0);
+    // A write computed from an old revision is refused, but the entry still ends.
+    assert_eq!(
+        s.turn_record(&bot, &rec("m2", 11, Some((0, r#"{"n":9}"#))))
+            .await
+            .unwrap(),
+        StateWrite::Stale
+    );
+    let v = s.turn_view(&bot, "m2", "c1").await.unwrap();
+    assert_eq!(v.state.as_deref(), Some(r#"{"n":1}"#));
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Done));
+    // A turn taken over under fence 20: the frozen holder's (fence 12) write is refused even at
+    // the right revision, and so is its accept.
+    s.turn_accept(&bot, "c1", Fence(20)).await.unwrap();
+    assert!(matches!(
+        s.turn_accept(&bot, "c1", Fence(12)).await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    assert_eq!(
+        s.turn_record(&bot, &rec("m3", 12, Some((1, r#"{"n":2}"#))))
+            .await
+            .unwrap(),
+        StateWrite::Stale
+    );
+    assert_eq!(
+        s.turn_record(&bot, &rec("m3", 20, Some((1, r#"{"n":2}"#))))
+            .await
+            .unwrap(),
+        StateWrite::Written(2)
+    );
+    // A finished entry stays finished; no state given leaves the state alone.
+    let mut r = rec("m3", 21, None);
+    r.outcome = InboxOutcome::Undeliverable("late".into());
+    assert_eq!(
+        s.turn_record(&bot, &r).await.unwrap(),
+        StateWrite::Unchanged
+    );
+    let v = s.turn_view(&bot, "m3", "c1").await.unwrap();
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Done));
+    assert_eq!(v.revision, 2);
+    // Records of replies go with pruning, as done entries do.
+    s.inbox_prune(botfleet_core::unix_ms() + 1, 0)
+        .await
+        .unwrap();
+    assert!(!s.turn_view(&bot, "m1", "c1").await.unwrap().sent);
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -586,6 +708,8 @@ macro_rules! store_conformance {
             inbox_writes_are_fenced,
             inbox_prune_forgets_finished_entries,
             app_tokens_round_trip_and_stay_secret,
+            journal_takes_each_delivery_once,
+            turns_read_and_write_state_outbox_and_entry,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -1,0 +1,75 @@
+//! What a chat's turn reads and writes: the journal entry it handles, the chat's
+//! conversation state (compare-and-set on a revision, fenced by the turn), and the outbox
+//! record of the reply it sent.
+//!
+//! Webhook deliveries are journaled by whichever worker received them, so these writes are
+//! not fenced per bot (many workers journal one bot's messages at once) but per chat: the
+//! turn's fence from the coordinator.
+
+use crate::{InboxEntry, InboxOutcome};
+use botfleet_core::Fence;
+
+/// Largest conversation state the store takes (bytes of JSON).
+pub const MAX_STATE_BYTES: usize = 64 * 1024;
+
+/// What a turn starts from, read in one call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TurnView {
+    /// The journal entry, if recorded.
+    pub entry: Option<InboxEntry>,
+    /// The chat's state (JSON), if one was written.
+    pub state: Option<String>,
+    /// The state's revision (0: never written); the compare-and-set expects it.
+    pub revision: u64,
+    /// Whether the entry's reply is in the outbox (sent before).
+    pub sent: bool,
+}
+
+/// What a turn leaves, written in one transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnRecord {
+    /// The journal entry handled.
+    pub key: String,
+    /// Its chat.
+    pub chat: String,
+    /// The turn's fence.
+    pub fence: Fence,
+    /// How the entry ends.
+    pub outcome: InboxOutcome,
+    /// A reply was sent: record it in the outbox under the entry's idempotency key.
+    pub sent: bool,
+    /// The new state (JSON) and the revision it was computed from, if the handler gave one.
+    pub state: Option<(u64, String)>,
+}
+
+/// What became of a [`TurnRecord`]'s state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateWrite {
+    /// No state was given.
+    Unchanged,
+    /// Written at this revision.
+    Written(u64),
+    /// Refused: a turn with a higher fence, or a write at another revision, came first. The
+    /// state given is dropped.
+    Stale,
+}
+
+/// The outbox key of the reply to the entry `key`.
+pub fn reply_key(key: &str) -> String {
+    format!("{key}:reply")
+}
+
+/// How a finished entry's outcome is stored: (state, error).
+pub(crate) fn outcome_parts(o: &InboxOutcome) -> (&'static str, Option<String>) {
+    match o {
+        InboxOutcome::Done => ("done", None),
+        InboxOutcome::Undeliverable(why) => ("undeliverable", Some(why.clone())),
+    }
+}
+
+/// The µs clock used as a journal entry's sequence (arrival order across workers).
+pub(crate) fn arrival_seq() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
