@@ -107,6 +107,9 @@ pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
     if !args.contains(&"--http-addr") {
         cmd.args(["--http-addr", "127.0.0.1:0"]);
     }
+    if !args.contains(&"--hooks-addr") {
+        cmd.args(["--hooks-addr", "127.0.0.1:0"]);
+    }
     cmd.args(args).stdout(Stdio::null());
     let logs = std::env::var_os("BOTFLEET_BENCH_LOGS");
     let log_file = match &logs {

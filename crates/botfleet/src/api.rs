@@ -197,6 +197,31 @@ pub(crate) struct NewBot {
     /// Discord: split the shards into slices of this many, placed apart (needs a fixed
     /// `shards`).
     shards_per_slice: Option<u32>,
+    /// Webhook settings.
+    #[serde(flatten)]
+    hook: HookDoc,
+}
+
+/// How a bot receives and what verifies its webhook deliveries (fields of a bot and of a
+/// change).
+#[derive(Debug, Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct HookDoc {
+    /// How the bot receives: telegram `poll` (default) or `webhook`; slack `socket` (default)
+    /// or `events`; whatsapp `cloud` (default) or `web`.
+    mode: Option<String>,
+    /// Telegram webhook mode: the secret every delivery carries. Never returned.
+    secret_token: Option<String>,
+    /// Slack Events API: the signing secret. Never returned.
+    signing_secret: Option<String>,
+    /// WhatsApp Cloud API: the app secret. Never returned.
+    app_secret: Option<String>,
+    /// WhatsApp Cloud API: the subscription's verify token. Never returned.
+    verify_token: Option<String>,
+    /// WhatsApp Cloud API: the sending phone number's id.
+    phone_number_id: Option<String>,
+    /// Telegram webhook mode: deliveries in flight at once (1-100).
+    max_connections: Option<u32>,
 }
 
 /// What `PATCH /bots/{id}` changes: a field left out is kept, `null` clears an optional one.
@@ -213,6 +238,9 @@ pub(crate) struct BotChange {
     #[schema(value_type = Option<String>)]
     shards: Option<Value>,
     shards_per_slice: Option<u32>,
+    /// Webhook settings.
+    #[serde(flatten)]
+    hook: HookDoc,
 }
 
 /// A bot and what the request did to it.

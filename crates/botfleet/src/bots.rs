@@ -62,6 +62,8 @@ pub(crate) struct UpdateArgs {
     /// Discord: new shards per slice; 0 makes the bot one unit again.
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4096), value_name = "K")]
     shards_per_slice: Option<u32>,
+    #[command(flatten)]
+    hook: HookArgs,
 }
 
 impl UpdateArgs {
@@ -93,6 +95,7 @@ impl UpdateArgs {
             enabled: None,
             shards: self.shards.map(|s| s.0),
             shards_per_slice: self.shards_per_slice.map(|k| Some(k).filter(|k| *k > 0)),
+            hook: self.hook.into_fields(),
         };
         if patch.token.is_none()
             && patch.app_token.is_none()
@@ -102,8 +105,9 @@ impl UpdateArgs {
             && patch.webhook_secret.is_none()
             && patch.shards.is_none()
             && patch.shards_per_slice.is_none()
+            && !patch.hook.any()
         {
-            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice");
+            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections");
         }
         Ok(patch)
     }
@@ -149,6 +153,51 @@ pub(crate) struct AddArgs {
     /// of its own choosing (needs a fixed --shards N). Without it the bot is one unit.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096), value_name = "K")]
     shards_per_slice: Option<u32>,
+    #[command(flatten)]
+    hook: HookArgs,
+}
+
+/// How a bot receives and what verifies its webhook deliveries (flags of `add` and `update`).
+#[derive(Debug, Args, Default)]
+pub(crate) struct HookArgs {
+    /// How the bot receives: telegram `poll` (default) or `webhook`; slack `socket` (default)
+    /// or `events`; whatsapp `cloud` (default) or `web`.
+    #[arg(long)]
+    mode: Option<String>,
+    /// Telegram webhook mode: the secret every delivery carries in
+    /// `X-Telegram-Bot-Api-Secret-Token` (A-Z a-z 0-9 _ -, up to 256).
+    #[arg(long, env = "BOTFLEET_SECRET_TOKEN", hide_env_values = true)]
+    secret_token: Option<String>,
+    /// Slack Events API: the app's signing secret (`X-Slack-Signature`).
+    #[arg(long, env = "BOTFLEET_SIGNING_SECRET", hide_env_values = true)]
+    signing_secret: Option<String>,
+    /// WhatsApp Cloud API: the app secret (`X-Hub-Signature-256`).
+    #[arg(long, env = "BOTFLEET_APP_SECRET", hide_env_values = true)]
+    app_secret: Option<String>,
+    /// WhatsApp Cloud API: the verify token of the subscription handshake.
+    #[arg(long, env = "BOTFLEET_VERIFY_TOKEN", hide_env_values = true)]
+    verify_token: Option<String>,
+    /// WhatsApp Cloud API: the id of the phone number replies are sent from.
+    #[arg(long)]
+    phone_number_id: Option<String>,
+    /// Telegram webhook mode: deliveries in flight at once (`setWebhook`'s max_connections,
+    /// 1-100; default 40).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    max_connections: Option<u32>,
+}
+
+impl HookArgs {
+    fn into_fields(self) -> crate::registry::HookFields {
+        crate::registry::HookFields {
+            mode: self.mode,
+            secret_token: self.secret_token,
+            signing_secret: self.signing_secret,
+            app_secret: self.app_secret,
+            verify_token: self.verify_token,
+            phone_number_id: self.phone_number_id,
+            max_connections: self.max_connections,
+        }
+    }
 }
 
 /// `--shards`: `auto` or a count.
@@ -189,8 +238,9 @@ pub(crate) enum BotsCommand {
         change: UpdateArgs,
     },
     /// Register many bots from a JSON-lines file (fields of `add`: id, platform, token,
-    /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards, shards_per_slice); `-` reads standard
-    /// input.
+    /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards, shards_per_slice,
+    /// mode, secret_token, signing_secret, app_secret, verify_token, phone_number_id,
+    /// max_connections); `-` reads standard input.
     Import {
         #[command(flatten)]
         backends: Backends,
@@ -271,6 +321,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 enabled: Some(!bot.disabled),
                 shards: bot.shards.and_then(|s| s.0),
                 shards_per_slice: bot.shards_per_slice,
+                hook: bot.hook.into_fields(),
             };
             let id = line.id.clone();
             match remote.client()? {

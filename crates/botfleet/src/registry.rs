@@ -74,6 +74,13 @@ pub(crate) const BOT_FIELDS: &[&str] = &[
     "enabled",
     "shards",
     "shards_per_slice",
+    "mode",
+    "secret_token",
+    "signing_secret",
+    "app_secret",
+    "verify_token",
+    "phone_number_id",
+    "max_connections",
 ];
 
 /// One bot as `bots add` flags, a `bots import` line or an API request describe it.
@@ -92,6 +99,170 @@ pub(crate) struct BotLine {
     pub(crate) shards: Option<u32>,
     /// Discord: shards per slice (None: one unit).
     pub(crate) shards_per_slice: Option<u32>,
+    /// Webhook settings.
+    pub(crate) hook: HookFields,
+}
+
+/// How a bot receives and what verifies its webhook deliveries, as the fields name them.
+#[derive(Debug, Default)]
+pub(crate) struct HookFields {
+    /// `poll`/`webhook` (Telegram), `socket`/`events` (Slack), `cloud`/`web` (WhatsApp).
+    pub(crate) mode: Option<String>,
+    /// Telegram webhook mode's secret token.
+    pub(crate) secret_token: Option<String>,
+    /// Slack Events API's signing secret.
+    pub(crate) signing_secret: Option<String>,
+    /// WhatsApp Cloud API's app secret.
+    pub(crate) app_secret: Option<String>,
+    /// WhatsApp Cloud API's verify token.
+    pub(crate) verify_token: Option<String>,
+    /// WhatsApp Cloud API's phone number id.
+    pub(crate) phone_number_id: Option<String>,
+    /// Telegram webhook mode: `max_connections` for `setWebhook`.
+    pub(crate) max_connections: Option<u32>,
+}
+
+impl HookFields {
+    /// Reads one field; `Ok(false)` when `k` is not a hook field.
+    fn read(&mut self, k: &str, v: &Value) -> Result<bool, RegistryError> {
+        match k {
+            "mode" => self.mode = text(k, v)?,
+            "secret_token" => self.secret_token = text(k, v)?,
+            "signing_secret" => self.signing_secret = text(k, v)?,
+            "app_secret" => self.app_secret = text(k, v)?,
+            "verify_token" => self.verify_token = text(k, v)?,
+            "phone_number_id" => self.phone_number_id = text(k, v)?,
+            "max_connections" => {
+                self.max_connections =
+                    match v {
+                        Value::Null => None,
+                        Value::Number(n) => {
+                            Some(n.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(
+                                || RegistryError::invalid("field max_connections must be 1-100"),
+                            )?)
+                        }
+                        _ => {
+                            return Err(RegistryError::invalid(
+                                "field max_connections must be 1-100",
+                            ))
+                        }
+                    };
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn write(&self, o: &mut Map<String, Value>) {
+        put_texts(
+            o,
+            [
+                ("mode", &self.mode),
+                ("secret_token", &self.secret_token),
+                ("signing_secret", &self.signing_secret),
+                ("app_secret", &self.app_secret),
+                ("verify_token", &self.verify_token),
+                ("phone_number_id", &self.phone_number_id),
+            ],
+        );
+        if let Some(n) = self.max_connections {
+            o.insert("max_connections".into(), n.into());
+        }
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        self.mode.is_some()
+            || self.secret_token.is_some()
+            || self.signing_secret.is_some()
+            || self.app_secret.is_some()
+            || self.verify_token.is_some()
+            || self.phone_number_id.is_some()
+            || self.max_connections.is_some()
+    }
+
+    /// Applies the fields to `spec` (an empty text clears), checking each secret's name fits
+    /// the platform.
+    fn apply(self, spec: &mut BotSpec) -> Result<(), RegistryError> {
+        let clear = |v: String| Some(v).filter(|v| !v.is_empty());
+        let gave_secret = [&self.secret_token, &self.signing_secret, &self.app_secret]
+            .iter()
+            .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
+        if let Some(m) = self.mode {
+            spec.options.mode = clear(m);
+        }
+        let own = match spec.platform {
+            Platform::Telegram => "secret_token",
+            Platform::Slack => "signing_secret",
+            Platform::Whatsapp => "app_secret",
+            Platform::Discord => "",
+        };
+        for (name, v) in [
+            ("secret_token", self.secret_token),
+            ("signing_secret", self.signing_secret),
+            ("app_secret", self.app_secret),
+        ] {
+            if let Some(v) = v {
+                if name != own {
+                    return Err(RegistryError::invalid(format!(
+                        "field {name} is not a {} setting{}",
+                        spec.platform,
+                        if own.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (it takes {own})")
+                        }
+                    )));
+                }
+                spec.hook.secret = clear(v).map(Secret::new);
+            }
+        }
+        if spec.platform != Platform::Whatsapp
+            && (self.verify_token.is_some() || self.phone_number_id.is_some())
+        {
+            return Err(RegistryError::invalid(
+                "fields verify_token and phone_number_id are WhatsApp settings",
+            ));
+        }
+        if let Some(v) = self.verify_token {
+            spec.hook.verify_token = clear(v).map(Secret::new);
+        }
+        if let Some(v) = self.phone_number_id {
+            spec.options.phone_number_id = clear(v);
+        }
+        if let Some(n) = self.max_connections {
+            if spec.platform != Platform::Telegram {
+                return Err(RegistryError::invalid(
+                    "field max_connections is a Telegram webhook setting",
+                ));
+            }
+            spec.options.max_connections = Some(n);
+        }
+        if gave_secret && !spec.is_webhook() && spec.platform != Platform::Whatsapp {
+            return Err(RegistryError::invalid(format!(
+                "a webhook secret needs mode {}",
+                if spec.platform == Platform::Slack {
+                    "events"
+                } else {
+                    "webhook"
+                }
+            )));
+        }
+        // Leaving a webhook mode forgets the settings only it uses.
+        if !spec.is_webhook() && spec.platform != Platform::Whatsapp {
+            spec.hook = botfleet_core::HookSecrets::default();
+            spec.options.max_connections = None;
+        }
+        Ok(())
+    }
+}
+
+/// Puts the fields that are set into `o` as strings.
+fn put_texts<const N: usize>(o: &mut Map<String, Value>, fields: [(&str, &Option<String>); N]) {
+    for (k, v) in fields {
+        if let Some(v) = v {
+            o.insert(k.into(), v.clone().into());
+        }
+    }
 }
 
 /// Reads a JSON object. Errors name the place, never a value (a token may be anywhere).
@@ -195,6 +366,7 @@ impl BotLine {
                 "enabled" => out.enabled = flag(k, v)?,
                 "shards" => out.shards = shards(v)?,
                 "shards_per_slice" => out.shards_per_slice = per_slice(v)?,
+                _ if out.hook.read(k, v)? => {}
                 _ => return Err(unknown(k, BOT_FIELDS)),
             }
         }
@@ -216,17 +388,16 @@ impl BotLine {
         o.insert("id".into(), self.id.clone().into());
         o.insert("platform".into(), self.platform.clone().into());
         o.insert("token".into(), self.token.clone().into());
-        for (k, v) in [
-            ("app_token", &self.app_token),
-            ("api_url", &self.api_url),
-            ("handler", &self.handler),
-            ("webhook_url", &self.webhook_url),
-            ("webhook_secret", &self.webhook_secret),
-        ] {
-            if let Some(v) = v {
-                o.insert(k.into(), v.clone().into());
-            }
-        }
+        put_texts(
+            &mut o,
+            [
+                ("app_token", &self.app_token),
+                ("api_url", &self.api_url),
+                ("handler", &self.handler),
+                ("webhook_url", &self.webhook_url),
+                ("webhook_secret", &self.webhook_secret),
+            ],
+        );
         if let Some(e) = self.enabled {
             o.insert("enabled".into(), e.into());
         }
@@ -236,6 +407,7 @@ impl BotLine {
         if let Some(n) = self.shards_per_slice {
             o.insert("shards_per_slice".into(), n.into());
         }
+        self.hook.write(&mut o);
         Value::Object(o)
     }
 
@@ -258,7 +430,7 @@ impl BotLine {
             self.webhook_secret.map(Secret::new),
         )
         .map_err(|e| bad(&e))?;
-        let spec = BotSpec {
+        let mut spec = BotSpec {
             id,
             platform,
             token: Secret::new(self.token),
@@ -267,11 +439,13 @@ impl BotLine {
                 api_url: self.api_url,
                 shards: self.shards,
                 shards_per_slice: self.shards_per_slice,
-                slice: None,
+                ..BotOptions::default()
             },
+            hook: botfleet_core::HookSecrets::default(),
             handler,
             enabled: self.enabled.unwrap_or(true),
         };
+        self.hook.apply(&mut spec)?;
         spec.validate().map_err(|e| bad(&e))?;
         Ok(spec)
     }
@@ -292,6 +466,8 @@ pub(crate) struct BotPatch {
     pub(crate) shards: Option<Option<u32>>,
     /// Discord: `Some(None)` back to one unit.
     pub(crate) shards_per_slice: Option<Option<u32>>,
+    /// Webhook settings (an empty text clears one).
+    pub(crate) hook: HookFields,
 }
 
 /// The fields of a patch.
@@ -305,6 +481,13 @@ pub(crate) const PATCH_FIELDS: &[&str] = &[
     "enabled",
     "shards",
     "shards_per_slice",
+    "mode",
+    "secret_token",
+    "signing_secret",
+    "app_secret",
+    "verify_token",
+    "phone_number_id",
+    "max_connections",
 ];
 
 impl BotPatch {
@@ -343,6 +526,10 @@ impl BotPatch {
                         "field {k} cannot be changed (remove the bot and add it again)"
                     )))
                 }
+                _ if v.is_null()
+                    && k != "max_connections"
+                    && p.hook.read(k, &Value::String(String::new()))? => {}
+                _ if p.hook.read(k, v)? => {}
                 _ => return Err(unknown(k, PATCH_FIELDS)),
             }
         }
@@ -380,6 +567,7 @@ impl BotPatch {
                 o.insert(k.into(), v.clone().map_or(Value::Null, Value::from));
             }
         }
+        self.hook.write(&mut o);
         Value::Object(o)
     }
 
@@ -419,6 +607,7 @@ impl BotPatch {
             .unwrap_or_else(|| spec.handler.kind().to_owned());
         next.handler = HandlerSpec::from_parts(&kind, url, secret)
             .map_err(|e| RegistryError::invalid(e.to_string()))?;
+        self.hook.apply(&mut next)?;
         next.validate()
             .map_err(|e| RegistryError::invalid(e.to_string()))?;
         Ok(next)
@@ -456,6 +645,10 @@ pub(crate) struct BotView {
     pub(crate) api_url: Option<String>,
     /// Whether a second credential (Slack's app token) is set; never the value.
     pub(crate) has_app_token: bool,
+    /// How the bot receives: `poll`/`webhook`, `socket`/`events`, `gateway`, `cloud`/`web`.
+    pub(crate) mode: String,
+    /// Whether a webhook verification secret is set; never the value.
+    pub(crate) has_hook_secret: bool,
     /// Discord: the shard count, or none for Discord's recommendation.
     pub(crate) shards: Option<u32>,
     /// Discord: shards per slice, when the bot is split into slices.
@@ -877,6 +1070,8 @@ fn view(
         },
         api_url: b.spec.options.api_url.clone(),
         has_app_token: b.spec.app_token.is_some(),
+        mode: b.spec.mode().to_owned(),
+        has_hook_secret: b.spec.hook.secret.is_some(),
         shards: b.spec.options.shards,
         shards_per_slice: b.spec.options.shards_per_slice,
         slices: Vec::new(),

@@ -81,6 +81,20 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_REGISTRY_REFRESH_MS",
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     registry_refresh_ms: Option<u64>,
+    /// Where platforms' webhooks are served (`/hooks/{platform}/{bot}`): the only port to
+    /// expose publicly, behind the load balancer that spreads requests over every worker.
+    #[arg(long, env = "BOTFLEET_HOOKS_ADDR", default_value = "127.0.0.1:8081")]
+    hooks_addr: SocketAddr,
+    /// How platforms reach the hooks address (the load balancer in front of every worker),
+    /// e.g. `https://bots.example.com`: webhook bots are registered at
+    /// `{public-url}/hooks/{platform}/{bot}`.
+    #[arg(long, env = "BOTFLEET_PUBLIC_URL", value_parser = public_url)]
+    public_url: Option<String>,
+    /// A webhook message waiting this long (ms) for its chat's turn is reported (log and
+    /// `botfleet_turn_waits_exceeded_total`) and goes on waiting; it is never dropped.
+    #[arg(long, env = "BOTFLEET_TURN_WAIT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    turn_wait_ms: u64,
     /// A bot whose platform stays unreachable from this worker this long, in ms, is handed to
     /// another worker (which placement prefers for it for 10 minutes); 0 never moves it.
     #[arg(long, env = "BOTFLEET_TRANSPORT_DOWN_MS", default_value_t = 120_000,
@@ -182,6 +196,8 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
     cfg.transport_down = Duration::from_millis(a.transport_down_ms);
+    cfg.turn_wait = Duration::from_millis(a.turn_wait_ms);
+    cfg.telegram.public_url = a.public_url.clone();
     cfg.telegram.poll_timeout = Duration::from_secs(a.poll_timeout_s);
     cfg.registry_refresh = Duration::from_millis(a.registry_refresh_ms.unwrap_or(if embedded {
         2_000
@@ -209,7 +225,8 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
              loopback clients only"
         );
     }
-    let worker = Worker::new(cfg, coord.clone(), store.clone())?;
+    let mut worker = Worker::new(cfg, coord.clone(), store.clone())?;
+    let hooks = worker.hooks();
     worker.metrics().set_top_bots(a.metrics_top_bots);
     let router = http::app(http::HttpState {
         metrics: worker.metrics(),
@@ -230,13 +247,34 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let (addr, http_task) = http::serve_router(a.http_addr, router)
         .await
         .with_context(|| format!("binding the HTTP address {} (--http-addr)", a.http_addr))?;
-    info!(worker = %id, %addr, mode = if embedded { "embedded" } else { "fleet" }, "worker starting");
-    // A machine-readable line for scripts and tests: where the HTTP endpoints are.
+    let (hooks_addr, hooks_task) = http::serve_router(a.hooks_addr, hooks.router())
+        .await
+        .with_context(|| format!("binding the hooks address {} (--hooks-addr)", a.hooks_addr))?;
+    info!(worker = %id, %addr, %hooks_addr, mode = if embedded { "embedded" } else { "fleet" }, "worker starting");
+    // Machine-readable lines for scripts and tests: where the HTTP endpoints are.
+    eprintln!("botfleet worker {id} hooks on http://{hooks_addr}");
     eprintln!("botfleet worker {id} listening on http://{addr}");
     worker.run(shutdown_signal()).await?;
     http_task.abort();
+    hooks_task.abort();
     info!(worker = %id, "worker stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--public-url`: an `http(s)://` URL without a query.
+fn public_url(s: &str) -> Result<String, String> {
+    let ok = (s.starts_with("https://") || s.starts_with("http://"))
+        && s.len() <= 2048
+        && !s.contains(['?', '#', ' '])
+        && s.split("://").nth(1).is_some_and(|rest| !rest.is_empty());
+    if ok {
+        Ok(s.trim_end_matches('/').to_owned())
+    } else {
+        Err(
+            "must be an http:// or https:// URL without a query, e.g. https://bots.example.com"
+                .into(),
+        )
+    }
 }
 
 /// Descriptors a worker needs besides its bots' connections (store, Redis, HTTP server,

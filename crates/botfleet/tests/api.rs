@@ -37,6 +37,7 @@ impl Drop for Worker {
 
 fn start_worker(db: &str, token_file: Option<&std::path::Path>) -> Worker {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_botfleet"));
+    cmd.env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0");
     cmd.args([
         "worker",
         "--database-url",
@@ -438,6 +439,7 @@ fn a_bad_api_token_is_a_clear_error_at_start() {
         (short, "at least 16 characters"),
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
             .args([
                 "worker",
                 "--database-url",
@@ -471,6 +473,7 @@ async fn the_cli_manages_bots_through_a_workers_api() {
     std::fs::create_dir_all(&cwd).unwrap();
     let cli = |args: &[&str], with_token: bool| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_botfleet"));
+        c.env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0");
         c.args(args)
             .current_dir(&cwd)
             .env_remove("BOTFLEET_API_TOKEN")

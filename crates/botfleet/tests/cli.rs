@@ -6,6 +6,7 @@ use std::process::Command;
 
 fn botfleet(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args(args)
         .output()
         .unwrap()

@@ -31,6 +31,7 @@ fn db(dir: &Dir) -> String {
 
 fn botfleet(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args(args)
         .env_remove("BOTFLEET_TOKEN")
         .output()
@@ -226,6 +227,7 @@ fn start_worker(db: &str) -> Worker {
 /// [`start_worker`] with more flags.
 fn start_worker_with(db: &str, extra: &[&str]) -> Worker {
     let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args([
             "worker",
             "--database-url",
@@ -413,6 +415,7 @@ fn update_and_upsert_change_bots_in_place() {
     assert!(text(&o).1.contains("no bot zz"), "{:?}", text(&o));
     // The token from standard input, the handler from a flag.
     let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args([
             "bots",
             "update",
@@ -508,6 +511,7 @@ fn a_config_file_configures_the_worker_and_logs_can_be_json() {
     )
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args(["worker", "--log-format", "json", "--config"])
         .arg(&conf)
         .env("RUST_LOG", "info")
@@ -523,6 +527,8 @@ fn a_config_file_configures_the_worker_and_logs_can_be_json() {
     for line in BufReader::new(stderr).lines().map_while(Result::ok) {
         if line.contains("listening on http://127.0.0.1:") {
             listening = true;
+        } else if line.starts_with("botfleet worker ") && line.contains(" hooks on http://") {
+            // The other machine-readable line: where the hooks address is.
         } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
             assert!(v["level"].is_string(), "{line}");
             assert!(!line.contains('\u{1b}'), "colour in a file: {line}");
@@ -546,6 +552,7 @@ fn a_config_file_configures_the_worker_and_logs_can_be_json() {
     ] {
         std::fs::write(&conf, body).unwrap();
         let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
             .args(["worker", "--config"])
             .arg(&conf)
             .output()
@@ -701,6 +708,7 @@ async fn long_operations_show_progress() {
     }
     // A worker's cold start ends with a line saying its whole share runs.
     let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args([
             "worker",
             "--database-url",
@@ -721,6 +729,7 @@ async fn long_operations_show_progress() {
     assert!(line.contains("bots=3"), "{line}");
     // `fleet status --watch` shows the status again and again.
     let mut watch = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args([
             "fleet",
             "status",

@@ -134,6 +134,7 @@ async fn setup_mixed(bots: usize, slack_bots: usize) -> Setup {
 /// exit, with its stderr.
 fn fleet_cli(db: &str, redis: &RedisServer, args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args(args)
         .args([
             "--database-url",
@@ -179,6 +180,7 @@ fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
 fn spawn_worker_with(name: &str, db: &str, redis: &str, dir: &Path, extra: &[&str]) -> Proc {
     let log = dir.join(format!("{name}.log"));
     let child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args(["worker", "--worker-id", name, "--http-addr", "127.0.0.1:0"])
         .args([
             "--database-url",

@@ -64,6 +64,7 @@ fn start_reading(mut cmd: Command, marker: &'static str) -> (Proc, String) {
 
 fn worker(id: &str, db: &str, redis: &str) -> (Proc, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_botfleet"));
+    c.env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0");
     c.args([
         "worker",
         "--worker-id",
@@ -149,6 +150,7 @@ async fn the_page_shows_the_workers_and_a_killed_one_going() {
         let token = format!("{}:PAGE", 500 + i);
         fake.state().add_bot(&token);
         let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
             .args(["bots", "add", &format!("bot-{i}"), "--platform", "telegram"])
             .args([
                 "--token",

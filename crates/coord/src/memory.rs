@@ -151,9 +151,6 @@ impl State {
                 _ => true,
             },
         };
-        let Some(q) = self.turns.get_mut(chat) else {
-            return Turn::Passed;
-        };
         let f = (self.turn_fence + 1).max(now.saturating_mul(1000));
         self.turn_fence = f;
         let Some(q) = self.turns.get_mut(chat) else {

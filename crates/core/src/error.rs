@@ -76,6 +76,15 @@ pub enum InvalidSpec {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The receive mode, or a webhook setting it needs, is wrong.
+    #[error("invalid {field}: {reason}")]
+    Hook {
+        /// Which setting (`mode`, `secret_token`, `signing_secret`, `app_secret`,
+        /// `verify_token`, `phone_number_id`, `max_connections`).
+        field: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The handler kind is not one botfleet knows.
     #[error("unknown handler {0:?} (expected echo or webhook)")]
     UnknownHandler(String),

@@ -14,7 +14,7 @@ pub use ids::{BotId, ChatKey, Fence, Incarnation, WorkerId, MAX_ID_LEN};
 pub use message::{Inbound, Outbound};
 pub use platform::Platform;
 pub use secret::Secret;
-pub use spec::{BotOptions, BotRecord, BotSpec, BotStatus, HandlerSpec};
+pub use spec::{BotOptions, BotRecord, BotSpec, BotStatus, HandlerSpec, HookSecrets};
 
 /// Milliseconds since the Unix epoch, from the wall clock; for timestamps shown to people,
 /// never for leases.

@@ -75,6 +75,26 @@ pub struct BotOptions {
     /// Set on a unit's spec only (never stored): which slice it runs.
     #[serde(skip)]
     pub slice: Option<u32>,
+    /// How the bot receives: Telegram `poll` (default) or `webhook`; Slack `socket` (default)
+    /// or `events`; WhatsApp `cloud` (default) or `web`; Discord `gateway`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Telegram webhook mode: `max_connections` given to `setWebhook` (1-100, default 40).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    /// WhatsApp Cloud API: the phone number id replies are sent from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phone_number_id: Option<String>,
+}
+
+/// What verifies a webhook bot's deliveries. Never printed.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct HookSecrets {
+    /// Telegram's secret token (`X-Telegram-Bot-Api-Secret-Token`), Slack's signing secret,
+    /// WhatsApp's app secret (`X-Hub-Signature-256`).
+    pub secret: Option<Secret>,
+    /// WhatsApp: the verify token of the subscription handshake (`hub.verify_token`).
+    pub verify_token: Option<Secret>,
 }
 
 /// Everything needed to run one bot.
@@ -91,6 +111,8 @@ pub struct BotSpec {
     pub app_token: Option<Secret>,
     /// Optional settings.
     pub options: BotOptions,
+    /// Webhook verification secrets (webhook modes only).
+    pub hook: HookSecrets,
     /// How it answers.
     pub handler: HandlerSpec,
     /// Disabled bots stay registered but are not run.
@@ -115,6 +137,28 @@ impl BotSpec {
                 .collect(),
             _ => vec![self.clone()],
         }
+    }
+
+    /// How the bot receives (see [`BotOptions::mode`]), its platform's default when unset.
+    pub fn mode(&self) -> &str {
+        match (&self.options.mode, self.platform) {
+            (Some(m), _) => m,
+            (None, Platform::Telegram) => "poll",
+            (None, Platform::Slack) => "socket",
+            (None, Platform::Discord) => "gateway",
+            (None, Platform::Whatsapp) => "cloud",
+        }
+    }
+
+    /// Whether the platform POSTs the bot's updates to the fleet's hooks address (Telegram
+    /// `webhook`, Slack `events`, WhatsApp `cloud`): every worker takes them.
+    pub fn is_webhook(&self) -> bool {
+        matches!(
+            (self.platform, self.mode()),
+            (Platform::Telegram, "webhook")
+                | (Platform::Slack, "events")
+                | (Platform::Whatsapp, "cloud")
+        )
     }
 
     /// Whether the bot is split into slices (more than one unit).
@@ -155,9 +199,92 @@ impl BotSpec {
             token: token.into(),
             app_token: None,
             options: BotOptions::default(),
+            hook: HookSecrets::default(),
             handler: HandlerSpec::Echo,
             enabled: true,
         }
+    }
+
+    /// Checks the receive mode and the webhook settings it needs.
+    fn validate_hook(&self) -> Result<(), InvalidSpec> {
+        let bad = |field, reason| Err(InvalidSpec::Hook { field, reason });
+        let modes: &[&str] = match self.platform {
+            Platform::Telegram => &["poll", "webhook"],
+            Platform::Slack => &["socket", "events"],
+            Platform::Discord => &["gateway"],
+            Platform::Whatsapp => &["cloud", "web"],
+        };
+        if !modes.contains(&self.mode()) {
+            return bad(
+                "mode",
+                match self.platform {
+                    Platform::Telegram => "must be poll or webhook",
+                    Platform::Slack => "must be socket or events",
+                    Platform::Discord => "must be gateway",
+                    Platform::Whatsapp => "must be cloud or web",
+                },
+            );
+        }
+        let secret = self.hook.secret.as_ref().map(Secret::expose);
+        if let Some(s) = secret {
+            if s.is_empty()
+                || s.len() > 256
+                || s.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return bad("secret", "must be 1-256 bytes without white space");
+            }
+        }
+        if let Some(v) = self.hook.verify_token.as_ref().map(Secret::expose) {
+            if v.is_empty()
+                || v.len() > 256
+                || v.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return bad("verify_token", "must be 1-256 bytes without white space");
+            }
+        }
+        if let Some(n) = self.options.max_connections {
+            if !(1..=100).contains(&n) {
+                return bad("max_connections", "must be between 1 and 100");
+            }
+        }
+        if self.is_webhook() && secret.is_none() {
+            return bad(
+                match self.platform {
+                    Platform::Telegram => "secret_token",
+                    Platform::Slack => "signing_secret",
+                    _ => "app_secret",
+                },
+                "is required: every delivery is verified with it",
+            );
+        }
+        if self.platform == Platform::Telegram && self.is_webhook() {
+            let ok = secret.is_some_and(|s| {
+                s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            });
+            if !ok {
+                return bad(
+                    "secret_token",
+                    "may hold only A-Z, a-z, 0-9, _ and - (Telegram's rule)",
+                );
+            }
+        }
+        if self.platform == Platform::Whatsapp && self.mode() == "cloud" {
+            if self.hook.verify_token.is_none() {
+                return bad("verify_token", "is required for the WhatsApp Cloud API");
+            }
+            match &self.options.phone_number_id {
+                Some(p)
+                    if !p.is_empty() && p.len() <= 64 && p.chars().all(|c| c.is_ascii_digit()) => {}
+                _ => {
+                    return bad(
+                        "phone_number_id",
+                        "is required: the digits of the sending number's id",
+                    )
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Checks what can be checked without the network: token shape, URL shapes, handler
@@ -193,12 +320,18 @@ impl BotSpec {
                 ));
             }
         }
+        self.validate_hook()?;
         if self.platform == Platform::Slack {
             if !token.starts_with("xoxb-") {
                 return Err(InvalidSpec::Token("must be a Slack bot token (xoxb-…)"));
             }
             match &self.app_token {
-                None => return Err(InvalidSpec::AppToken("is required for Slack (xapp-…)")),
+                None if self.mode() == "events" => {}
+                None => {
+                    return Err(InvalidSpec::AppToken(
+                        "is required for Slack Socket Mode (xapp-…)",
+                    ))
+                }
                 Some(a) if !a.expose().starts_with("xapp-") => {
                     return Err(InvalidSpec::AppToken(
                         "must be a Slack app-level token (xapp-…)",

@@ -102,6 +102,11 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         self.connect(spec, checkpoint).await
     }
 
+    /// The platform's webhook side, when it has bots that receive by webhook.
+    fn webhooks(&self) -> Option<Arc<dyn crate::Webhooks>> {
+        None
+    }
+
     /// Connections this platform holds open now (Slack's sockets), for a gauge; `None` for a
     /// platform that holds none between requests.
     fn open_connections(&self) -> Option<u64> {

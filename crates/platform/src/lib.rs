@@ -2,8 +2,10 @@
 
 mod connector;
 mod error;
+mod hooks;
 
 pub use connector::{
     Ack, Batch, Connection, Connector, Identity, MayAct, Received, Receiver, Sender, Stat,
 };
 pub use error::{ErrorKind, PlatformError};
+pub use hooks::{secrets_match, HookAnswer, HookRefusal, HookRequest, Webhooks};

@@ -50,6 +50,9 @@ pub struct WorkerConfig {
     pub transport_down: Duration,
     /// How long a bot moved for a transport that was down stays off this worker.
     pub avoid_for: Duration,
+    /// A webhook message waiting this long for its chat's turn is reported (metric and log)
+    /// and goes on waiting: never dropped. Default 10 s.
+    pub turn_wait: Duration,
     /// Slack client settings.
     #[cfg(feature = "slack")]
     pub slack: botfleet_slack::SlackConfig,
@@ -93,6 +96,7 @@ impl WorkerConfig {
             max_in_flight: 1_000,
             transport_down: Duration::from_secs(120),
             avoid_for: Duration::from_secs(600),
+            turn_wait: Duration::from_secs(10),
             #[cfg(feature = "slack")]
             slack: botfleet_slack::SlackConfig::default(),
             #[cfg(feature = "discord")]

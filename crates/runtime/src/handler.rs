@@ -61,6 +61,15 @@ pub fn sign(secret: &Secret, body: &[u8]) -> String {
     hex
 }
 
+/// A handler's answer with conversation state (webhook bots).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reply {
+    /// The text to send back, if any.
+    pub text: Option<String>,
+    /// The chat's new state (JSON), if the handler gave one: sent with the chat's next message.
+    pub state: Option<String>,
+}
+
 impl Handler {
     /// A handler for `spec`, sharing the process's HTTP client.
     pub fn new(spec: HandlerSpec, http: reqwest::Client, timeout: Duration) -> Self {
@@ -76,11 +85,34 @@ impl Handler {
     /// # Errors
     /// Webhook failures; echo never fails.
     pub async fn answer(&self, msg: &Inbound) -> Result<Option<String>, HandlerError> {
+        Ok(self.answer_with_state(msg, None).await?.text)
+    }
+
+    /// The answer to `msg` in a chat whose state is `state` (JSON): the webhook gets it as the
+    /// request's `state` field and may answer `{"text": …, "state": {…}}`.
+    ///
+    /// # Errors
+    /// Webhook failures; echo never fails.
+    pub async fn answer_with_state(
+        &self,
+        msg: &Inbound,
+        state: Option<&str>,
+    ) -> Result<Reply, HandlerError> {
         match &self.spec {
-            HandlerSpec::Echo => Ok((!msg.text.is_empty()).then(|| msg.text.clone())),
+            HandlerSpec::Echo => Ok(Reply {
+                text: (!msg.text.is_empty()).then(|| msg.text.clone()),
+                state: None,
+            }),
             HandlerSpec::Webhook { url, secret } => {
+                let mut doc =
+                    serde_json::to_value(msg).map_err(|e| HandlerError::BadReply(e.to_string()))?;
+                if let (Some(st), Some(obj)) = (state, doc.as_object_mut()) {
+                    let v: serde_json::Value = serde_json::from_str(st)
+                        .map_err(|e| HandlerError::BadReply(format!("stored state: {e}")))?;
+                    obj.insert("state".into(), v);
+                }
                 let body =
-                    serde_json::to_vec(msg).map_err(|e| HandlerError::BadReply(e.to_string()))?;
+                    serde_json::to_vec(&doc).map_err(|e| HandlerError::BadReply(e.to_string()))?;
                 let mut req = self
                     .http
                     .post(url)
@@ -103,16 +135,21 @@ impl Handler {
                     .await
                     .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
                 if bytes.iter().all(u8::is_ascii_whitespace) {
-                    return Ok(None);
+                    return Ok(Reply::default());
                 }
                 let v: serde_json::Value = serde_json::from_slice(&bytes)
                     .map_err(|e| HandlerError::BadReply(e.to_string()))?;
-                match v.get("text") {
-                    None | Some(serde_json::Value::Null) => Ok(None),
-                    Some(serde_json::Value::String(s)) if s.is_empty() => Ok(None),
-                    Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
-                    Some(_) => Err(HandlerError::BadReply("`text` is not a string".into())),
-                }
+                let text = match v.get("text") {
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(serde_json::Value::String(s)) if s.is_empty() => None,
+                    Some(serde_json::Value::String(s)) => Some(s.clone()),
+                    Some(_) => return Err(HandlerError::BadReply("`text` is not a string".into())),
+                };
+                let state = match v.get("state") {
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(s) => Some(s.to_string()),
+                };
+                Ok(Reply { text, state })
             }
         }
     }

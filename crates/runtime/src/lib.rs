@@ -4,6 +4,7 @@ mod bot;
 mod chats;
 mod config;
 mod handler;
+mod hooks;
 pub mod http;
 mod journal;
 mod lock;
@@ -14,7 +15,8 @@ mod starter;
 mod worker;
 
 pub use config::{hostname, WorkerConfig};
-pub use handler::{sign, Handler, HandlerError, SIGNATURE_HEADER};
+pub use handler::{sign, Handler, HandlerError, Reply, SIGNATURE_HEADER};
+pub use hooks::{Hooks, MAX_HOOK_BODY};
 pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};
 pub use lock::InstanceLock;
 pub use metrics::Metrics;

@@ -54,6 +54,28 @@ pub const REGISTRATIONS_TOTAL: &str = "botfleet_registrations_total";
 /// Seconds left in the fleet's grace window after a coordinator data loss, as this worker
 /// last saw it (0 outside one): bots that had owners wait until it ends.
 pub const GRACE_WINDOW_SECONDS: &str = "botfleet_grace_window_seconds";
+/// Webhook requests refused before anything was stored (bad signature, secret or token), by
+/// platform.
+pub const HOOKS_REFUSED_TOTAL: &str = "botfleet_hooks_refused_total";
+/// Webhook deliveries journaled (new), by platform.
+pub const HOOKS_JOURNALED_TOTAL: &str = "botfleet_hooks_journaled_total";
+/// Webhook deliveries of an update journaled before (acknowledged, handled once), by platform.
+pub const HOOKS_DUPLICATES_TOTAL: &str = "botfleet_hooks_duplicates_total";
+/// Webhook requests answered 503 (journal or coordinator unavailable; the platform retries).
+pub const HOOKS_UNAVAILABLE_TOTAL: &str = "botfleet_hooks_unavailable_total";
+/// Waits for a chat's turn longer than `--turn-wait-ms` (reported, then waited on), by platform.
+pub const TURN_WAITS_EXCEEDED_TOTAL: &str = "botfleet_turn_waits_exceeded_total";
+/// Turns taken over from a worker that died holding them (its entries replayed), by platform.
+pub const TURN_TAKEOVERS_TOTAL: &str = "botfleet_turn_takeovers_total";
+/// Replies not sent because the outbox had them (a replay), by platform.
+pub const OUTBOX_SKIPPED_TOTAL: &str = "botfleet_outbox_skipped_total";
+/// Conversation-state writes refused (a newer turn wrote first; the result is dropped), by
+/// platform.
+pub const STATE_REFUSED_TOTAL: &str = "botfleet_state_refused_total";
+/// Conversation states over the size bound (not stored; reported), by platform.
+pub const STATE_TOO_LARGE_TOTAL: &str = "botfleet_state_too_large_total";
+/// Time from a webhook request's arrival to its reply sent, by platform.
+pub const HOOK_REPLY_SECONDS: &str = "botfleet_hook_reply_seconds";
 /// Messages received by each of the busiest bots on this worker (bounded: the top N only).
 pub const BOT_MESSAGES_RECEIVED_TOTAL: &str = "botfleet_bot_messages_received_total";
 /// The worker process's resident memory.
@@ -81,6 +103,7 @@ pub struct Metrics {
     per_platform: Mutex<BTreeMap<(&'static str, Platform), u64>>,
     reply: Histograms,
     ack: Histograms,
+    hook_reply: Histograms,
     // std Mutex: held for one map update, never across .await.
     connections: Mutex<BTreeMap<Platform, u64>>,
     errors: Mutex<BTreeMap<(Platform, &'static str), u64>>,
@@ -195,6 +218,17 @@ impl Metrics {
         *lock(&self.per_platform)
             .entry((HANDLER_RETRIES_TOTAL, p))
             .or_default() += 1;
+    }
+    /// Adds `n` to the per-platform counter `name` (one of the webhook counters:
+    /// [`HOOKS_REFUSED_TOTAL`] ... [`STATE_TOO_LARGE_TOTAL`]).
+    pub fn count(&self, name: &'static str, p: Platform, n: u64) {
+        if n > 0 {
+            *lock(&self.per_platform).entry((name, p)).or_default() += n;
+        }
+    }
+    /// A webhook reply went out `d` after its request arrived.
+    pub fn hook_reply_latency(&self, p: Platform, d: std::time::Duration) {
+        self.hook_reply.observe(p, d);
     }
     /// A count of [`Metrics::undeliverable`], [`Metrics::redelivered`] or
     /// [`Metrics::handler_retry`] by metric name.
@@ -326,6 +360,39 @@ impl Metrics {
                 DELIVERIES_REDELIVERED_TOTAL,
                 "Deliveries the platform said it made before.",
             ),
+            (
+                HOOKS_REFUSED_TOTAL,
+                "Webhook requests refused before anything was stored.",
+            ),
+            (HOOKS_JOURNALED_TOTAL, "Webhook deliveries journaled."),
+            (
+                HOOKS_DUPLICATES_TOTAL,
+                "Webhook deliveries of an update journaled before.",
+            ),
+            (
+                HOOKS_UNAVAILABLE_TOTAL,
+                "Webhook requests answered 503 (the platform retries).",
+            ),
+            (
+                TURN_WAITS_EXCEEDED_TOTAL,
+                "Waits for a chat's turn past --turn-wait-ms.",
+            ),
+            (
+                TURN_TAKEOVERS_TOTAL,
+                "Turns taken over from a worker that died holding them.",
+            ),
+            (
+                OUTBOX_SKIPPED_TOTAL,
+                "Replies not sent again because the outbox had them.",
+            ),
+            (
+                STATE_REFUSED_TOTAL,
+                "Conversation-state writes refused (a newer turn wrote first).",
+            ),
+            (
+                STATE_TOO_LARGE_TOTAL,
+                "Conversation states over the size bound (not stored).",
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for ((n, p), v) in lock(&self.per_platform).iter() {
@@ -338,6 +405,12 @@ impl Metrics {
             &mut out,
             REPLY_SECONDS,
             "Seconds from taking a message up to its reply sent (handler and send).",
+            &w,
+        );
+        self.hook_reply.render(
+            &mut out,
+            HOOK_REPLY_SECONDS,
+            "Seconds from a webhook request's arrival to its reply sent (journal, turn, handler, send).",
             &w,
         );
         self.ack.render(

@@ -95,6 +95,10 @@ pub struct Worker {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     journal: Arc<Journal>,
+    /// The current registration's lease, for the hooks address.
+    lease_tx: watch::Sender<Option<LeaseHandle>>,
+    /// The webhook side, when asked for (its background work runs with the worker).
+    hooks: Option<crate::Hooks>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -132,7 +136,39 @@ impl Worker {
             metrics,
             ready: Arc::new(AtomicBool::new(false)),
             journal,
+            lease_tx: watch::Sender::new(None),
+            hooks: None,
         })
+    }
+
+    /// The worker's webhook side: serve [`Hooks::router`](crate::Hooks::router) on the hooks
+    /// address. Its background work (turn wake-ups, the sweeper of lost turns) runs while
+    /// [`Worker::run`] does.
+    pub fn hooks(&mut self) -> crate::Hooks {
+        if let Some(h) = &self.hooks {
+            return h.clone();
+        }
+        let webhooks = self
+            .connectors
+            .values()
+            .filter_map(|c| c.webhooks().map(|w| (c.platform(), w)))
+            .collect();
+        let h = crate::Hooks::new(
+            self.coord.clone(),
+            self.store.clone(),
+            webhooks,
+            self.metrics.clone(),
+            self.lease_tx.subscribe(),
+            self.http.clone(),
+            crate::hooks::HookSettings {
+                lease: self.cfg.lease,
+                turn_wait: self.cfg.turn_wait,
+                handler_timeout: self.cfg.webhook_timeout,
+                retry_for: self.cfg.handler_retry_for,
+            },
+        );
+        self.hooks = Some(h.clone());
+        h
     }
 
     /// The worker's metrics (for `/metrics` and reports).
@@ -169,6 +205,7 @@ impl Worker {
         let cfg = self.cfg.clone();
         let starter = Starter::spawn(self.coord.clone(), move |p| cfg.connect_rate_of(p));
         let reporter = Reporter::spawn(self.store.clone());
+        let hooks_task = self.hooks.clone().map(|h| tokio::spawn(h.background()));
         let state = State {
             w: self,
             tx,
@@ -201,7 +238,11 @@ impl Worker {
             grace_wake: None,
             event_reader: None,
         };
-        state.run(rx, shutdown).await
+        let r = state.run(rx, shutdown).await;
+        if let Some(t) = hooks_task {
+            t.abort();
+        }
+        r
     }
 }
 
@@ -364,6 +405,7 @@ impl State {
                     info!(worker = %self.me(), incarnation = %k.handle().incarnation(), "registered");
                     self.w.metrics.registered();
                     self.lease = Some(k.handle());
+                    self.w.lease_tx.send_replace(Some(k.handle()));
                     self.keeper = Some(k);
                     self.fenced = false;
                     break;

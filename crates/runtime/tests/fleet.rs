@@ -9,23 +9,13 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use botfleet_coord::{Coordinator, MemoryHub};
 use botfleet_core::{BotId, BotSpec, BotStatus, Platform, WorkerId};
 use botfleet_runtime::{Worker, WorkerConfig};
-use botfleet_store::{SqliteStore, Store};
+use botfleet_store::Store;
 use botfleet_telegram::TelegramConfig;
-use botfleet_testkit::{nonce, wait_for, FakeTelegram, Fault, Sent};
+use botfleet_testkit::{wait_for, FakeTelegram, Fault, Sent};
 use tokio::{sync::oneshot, task::JoinHandle};
 
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-async fn store() -> (TempDir, Arc<dyn Store>) {
-    let dir = std::env::temp_dir().join(format!("botfleet-rt-{}", nonce()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let s = SqliteStore::open(dir.join("bots.db")).await.unwrap();
-    (TempDir(dir), Arc::new(s))
+async fn store() -> (botfleet_testkit::TempDir, Arc<dyn Store>) {
+    botfleet_testkit::temp_sqlite("botfleet-rt").await
 }
 
 fn token(i: usize) -> String {

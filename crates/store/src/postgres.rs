@@ -132,7 +132,7 @@ async fn migrate(client: &mut Client) -> Result<()> {
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
     webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token, shards, \
-    shards_per_slice FROM bots";
+    shards_per_slice, hook FROM bots";
 
 fn row_to_bot(r: &Row) -> Result<BotRow> {
     let get = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
@@ -152,12 +152,13 @@ fn row_to_bot(r: &Row) -> Result<BotRow> {
         app_token: r.try_get(12).map_err(get)?,
         shards: r.try_get(13).map_err(get)?,
         shards_per_slice: r.try_get(14).map_err(get)?,
+        hook: r.try_get(15).map_err(get)?,
     })
 }
 
 /// A bot row as SQL parameters, in the order both INSERT and UPDATE use: $1 id … $9
-/// updated_at_ms, $10 app_token, $11 status.
-fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
+/// updated_at_ms, $10 app_token, $11 shards, $12 shards_per_slice, $13 hook, $14 status.
+fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 14] {
     [
         &r.id,
         &r.platform,
@@ -171,6 +172,7 @@ fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
         &r.app_token,
         &r.shards,
         &r.shards_per_slice,
+        &r.hook,
         &r.status,
     ]
 }
@@ -254,8 +256,8 @@ impl Store for PostgresStore {
             .execute(
                 "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
                  webhook_secret, enabled, updated_at_ms, app_token, shards, \
-                 shards_per_slice, status, last_error, created_at_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, NULL, $9) \
+                 shards_per_slice, hook, status, last_error, created_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULL, $9) \
                  ON CONFLICT (id) DO NOTHING",
                 &row_params(&r)[..],
             )
@@ -303,10 +305,10 @@ impl Store for PostgresStore {
             .execute(
                 "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
                  webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9, \
-                     app_token = $10, shards = $11, shards_per_slice = $12 \
+                     app_token = $10, shards = $11, shards_per_slice = $12, hook = $13 \
                  WHERE id = $1",
                 // Everything but the status (the last parameter): updates keep it.
-                &row_params(&r)[..12],
+                &row_params(&r)[..13],
             )
             .await
             .map_err(db("update bot"))?;
@@ -320,7 +322,7 @@ impl Store for PostgresStore {
         let c = self.client().await?;
         let rows = c
             .query(
-                "SELECT id, token, app_token, webhook_secret FROM bots ORDER BY id",
+                "SELECT id, token, app_token, webhook_secret, hook FROM bots ORDER BY id",
                 &[],
             )
             .await
@@ -328,16 +330,18 @@ impl Store for PostgresStore {
         let mut n = 0;
         for r in rows {
             let id: String = r.get(0);
-            let old: Sealed = (r.get(1), r.get(2), r.get(3));
+            let old: Sealed = (r.get(1), r.get(2), r.get(3), r.get(4));
             let Some(new) = resealed(&self.keys, &id, &old)? else {
                 continue;
             };
             n += c
                 .execute(
-                    "UPDATE bots SET token = $2, app_token = $3, webhook_secret = $4 \
-                     WHERE id = $1 AND token = $5 AND app_token IS NOT DISTINCT FROM $6 \
-                     AND webhook_secret IS NOT DISTINCT FROM $7",
-                    &[&id, &new.0, &new.1, &new.2, &old.0, &old.1, &old.2],
+                    "UPDATE bots SET token = $2, app_token = $3, webhook_secret = $4, hook = $5 \
+                     WHERE id = $1 AND token = $6 AND app_token IS NOT DISTINCT FROM $7 \
+                     AND webhook_secret IS NOT DISTINCT FROM $8 AND hook IS NOT DISTINCT FROM $9",
+                    &[
+                        &id, &new.0, &new.1, &new.2, &new.3, &old.0, &old.1, &old.2, &old.3,
+                    ],
                 )
                 .await
                 .map_err(db("reseal secrets"))?;

@@ -72,7 +72,25 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         updated_at_ms BIGINT NOT NULL,
         PRIMARY KEY (bot_id, chat)
     );",
+    // 8: how a bot receives (mode) and what verifies its webhook deliveries, sealed as one
+    // JSON document (NULL: a polling or socket bot with no such settings).
+    "ALTER TABLE bots ADD COLUMN hook TEXT;",
 ];
+
+/// The `hook` column's document.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct HookDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_connections: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    phone_number_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    verify_token: Option<String>,
+}
 
 /// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
 /// revision the state was computed from, `$4` fence, `$5` state, `$6` now. Writes only when
@@ -109,6 +127,8 @@ pub(crate) struct BotRow {
     pub(crate) app_token: Option<String>,
     pub(crate) shards: Option<i64>,
     pub(crate) shards_per_slice: Option<i64>,
+    /// Sealed [`HookDoc`] JSON.
+    pub(crate) hook: Option<String>,
     pub(crate) api_url: Option<String>,
     pub(crate) handler: String,
     pub(crate) webhook_url: Option<String>,
@@ -138,9 +158,33 @@ impl BotRow {
                     .transpose()?,
             ),
         };
+        let doc = HookDoc {
+            mode: spec.options.mode.clone(),
+            max_connections: spec.options.max_connections,
+            phone_number_id: spec.options.phone_number_id.clone(),
+            secret: spec.hook.secret.as_ref().map(|s| s.expose().to_owned()),
+            verify_token: spec
+                .hook
+                .verify_token
+                .as_ref()
+                .map(|s| s.expose().to_owned()),
+        };
+        let hook = if doc.mode.is_none()
+            && doc.max_connections.is_none()
+            && doc.phone_number_id.is_none()
+            && doc.secret.is_none()
+            && doc.verify_token.is_none()
+        {
+            None
+        } else {
+            let json = serde_json::to_string(&doc)
+                .map_err(|e| crate::StoreError::Corrupt(e.to_string()))?;
+            Some(keys.seal(id, "hook", &json)?)
+        };
         Ok(Self {
             id: id.to_owned(),
             platform: spec.platform.as_str().to_owned(),
+            hook,
             token: keys.seal(id, "token", spec.token.expose())?,
             app_token: spec
                 .app_token
@@ -178,6 +222,11 @@ impl BotRow {
             .webhook_secret
             .map(|t| keys.open(&self.id, "webhook_secret", &t))
             .transpose()?;
+        let doc: HookDoc = match &self.hook {
+            Some(h) => serde_json::from_str(&keys.open(&self.id, "hook", h)?)
+                .map_err(|e| corrupt(format!("bot {id}: hook settings: {e}")))?,
+            None => HookDoc::default(),
+        };
         let platform = self
             .platform
             .parse()
@@ -203,6 +252,13 @@ impl BotRow {
                     shards: self.shards.and_then(|n| u32::try_from(n).ok()),
                     shards_per_slice: self.shards_per_slice.and_then(|n| u32::try_from(n).ok()),
                     slice: None,
+                    mode: doc.mode,
+                    max_connections: doc.max_connections,
+                    phone_number_id: doc.phone_number_id,
+                },
+                hook: botfleet_core::HookSecrets {
+                    secret: doc.secret.map(Secret::new),
+                    verify_token: doc.verify_token.map(Secret::new),
                 },
                 handler,
                 enabled: self.enabled,
@@ -215,8 +271,8 @@ impl BotRow {
     }
 }
 
-/// The credentials of one row: (token, app token, webhook secret).
-pub(crate) type Sealed = (String, Option<String>, Option<String>);
+/// The credentials of one row: (token, app token, webhook secret, hook settings).
+pub(crate) type Sealed = (String, Option<String>, Option<String>, Option<String>);
 
 /// `row`'s credentials as the first key seals them, or `None` when they are already so.
 pub(crate) fn resealed(
@@ -224,10 +280,11 @@ pub(crate) fn resealed(
     id: &str,
     row: &Sealed,
 ) -> crate::Result<Option<Sealed>> {
-    let (token, app, hook) = row;
+    let (token, app, hook, doc) = row;
     let current = keys.is_current(token)
         && app.as_deref().is_none_or(|a| keys.is_current(a))
-        && hook.as_deref().is_none_or(|h| keys.is_current(h));
+        && hook.as_deref().is_none_or(|h| keys.is_current(h))
+        && doc.as_deref().is_none_or(|d| keys.is_current(d));
     if current {
         return Ok(None);
     }
@@ -240,6 +297,7 @@ pub(crate) fn resealed(
         hook.as_deref()
             .map(|h| again("webhook_secret", h))
             .transpose()?,
+        doc.as_deref().map(|d| again("hook", d)).transpose()?,
     )))
 }
 

@@ -203,7 +203,7 @@ fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
 
 const SELECT_BOT: &str = "SELECT id, platform, token, api_url, handler, webhook_url, \
     webhook_secret, enabled, status, last_error, updated_at_ms, reported_by, app_token, shards, \
-    shards_per_slice FROM bots";
+    shards_per_slice, hook FROM bots";
 
 fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
     Ok(BotRow {
@@ -222,12 +222,13 @@ fn row_to_bot(r: &rusqlite::Row<'_>) -> rusqlite::Result<BotRow> {
         app_token: r.get(12)?,
         shards: r.get(13)?,
         shards_per_slice: r.get(14)?,
+        hook: r.get(15)?,
     })
 }
 
 /// A bot row as SQL parameters, in the order both INSERT and UPDATE use: ?1 id … ?9
-/// updated_at_ms, ?10 app_token, ?11 status.
-fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 13] {
+/// updated_at_ms, ?10 app_token, ?11 shards, ?12 shards_per_slice, ?13 hook, ?14 status.
+fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 14] {
     [
         &r.id,
         &r.platform,
@@ -241,6 +242,7 @@ fn row_params(r: &BotRow) -> [&dyn rusqlite::ToSql; 13] {
         &r.app_token,
         &r.shards,
         &r.shards_per_slice,
+        &r.hook,
         &r.status,
     ]
 }
@@ -271,8 +273,8 @@ impl Store for SqliteStore {
                 .execute(
                     "INSERT INTO bots (id, platform, token, api_url, handler, webhook_url, \
                      webhook_secret, enabled, updated_at_ms, app_token, shards, \
-                     shards_per_slice, status, last_error, created_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, NULL, ?9) \
+                     shards_per_slice, hook, status, last_error, created_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL, ?9) \
                      ON CONFLICT (id) DO NOTHING",
                     &row_params(&row)[..],
                 )
@@ -330,10 +332,10 @@ impl Store for SqliteStore {
                 .execute(
                     "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
                      webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9, \
-                     app_token = ?10, shards = ?11, shards_per_slice = ?12 \
+                     app_token = ?10, shards = ?11, shards_per_slice = ?12, hook = ?13 \
                      WHERE id = ?1",
                     // Everything but the status (the last parameter): updates keep it.
-                    &row_params(&row)[..12],
+                    &row_params(&row)[..13],
                 )
                 .map_err(|e| StoreError::backend("update bot", e))?;
             if n == 0 {
@@ -349,10 +351,12 @@ impl Store for SqliteStore {
         self.with("reseal secrets", move |c| {
             let rows: Vec<(String, Sealed)> = {
                 let mut st = c
-                    .prepare("SELECT id, token, app_token, webhook_secret FROM bots ORDER BY id")
+                    .prepare("SELECT id, token, app_token, webhook_secret, hook FROM bots ORDER BY id")
                     .map_err(|e| StoreError::backend("reseal secrets", e))?;
                 let rows = st
-                    .query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?))))
+                    .query_map([], |r| {
+                        Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+                    })
                     .map_err(|e| StoreError::backend("reseal secrets", e))?
                     .collect::<rusqlite::Result<Vec<_>>>()
                     .map_err(|e| StoreError::backend("reseal secrets", e))?;
@@ -365,10 +369,10 @@ impl Store for SqliteStore {
                 };
                 n += c
                     .execute(
-                        "UPDATE bots SET token = ?2, app_token = ?3, webhook_secret = ?4 \
-                         WHERE id = ?1 AND token = ?5 AND app_token IS ?6 \
-                         AND webhook_secret IS ?7",
-                        params![id, new.0, new.1, new.2, old.0, old.1, old.2],
+                        "UPDATE bots SET token = ?2, app_token = ?3, webhook_secret = ?4, hook = ?5 \
+                         WHERE id = ?1 AND token = ?6 AND app_token IS ?7 \
+                         AND webhook_secret IS ?8 AND hook IS ?9",
+                        params![id, new.0, new.1, new.2, new.3, old.0, old.1, old.2, old.3],
                     )
                     .map_err(|e| StoreError::backend("reseal secrets", e))?
                     as u64;

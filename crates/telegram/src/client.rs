@@ -215,6 +215,36 @@ impl TelegramClient {
         Ok(())
     }
 
+    /// `setWebhook`: Telegram POSTs the bot's updates to `url`, each with `secret_token` in
+    /// `X-Telegram-Bot-Api-Secret-Token`, at most `max_connections` at once; `getUpdates`
+    /// answers 409 from then on.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn set_webhook(
+        &self,
+        api: &BotApi,
+        url: &str,
+        secret_token: &Secret,
+        max_connections: u32,
+    ) -> Result<(), TelegramError> {
+        // Derived from deleteWebhook's URL: one more parsed URL per bot is memory for nothing.
+        let mut target = api.delete_webhook.clone();
+        if let Ok(mut segs) = target.path_segments_mut() {
+            segs.pop().push("setWebhook");
+        }
+        let body = json!({
+            "url": url,
+            "secret_token": secret_token.expose(),
+            "max_connections": max_connections,
+            "allowed_updates": ["message", "edited_message", "channel_post"],
+        });
+        let _: serde_json::Value = self
+            .call(&target, "setWebhook", body, self.config.request_slack)
+            .await?;
+        Ok(())
+    }
+
     /// `deleteWebhook`: long polling fails with 409 while a webhook is set.
     ///
     /// # Errors

@@ -22,6 +22,10 @@ pub struct TelegramConfig {
     /// A burst (every bot answering at once) then reuses a few warm connections instead of
     /// opening one per bot: each costs tens of KiB and, over TLS, a handshake. Default 128.
     pub max_concurrent_calls: usize,
+    /// Where Telegram reaches the fleet's hooks address (`--public-url`): webhook bots are
+    /// registered at `{public_url}/hooks/telegram/{bot}`. Default none (webhook bots fail
+    /// with a clear message).
+    pub public_url: Option<String>,
     /// PEM certificates trusted besides the public web roots: a self-hosted Bot API server
     /// behind a private CA. Default none.
     pub extra_root_certs_pem: Option<String>,
@@ -36,6 +40,7 @@ impl Default for TelegramConfig {
             pool_idle_per_host: 128,
             max_concurrent_calls: 128,
             extra_root_certs_pem: None,
+            public_url: None,
         }
     }
 }

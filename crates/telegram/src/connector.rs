@@ -6,12 +6,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use botfleet_core::{BotId, BotSpec, Outbound, Platform};
 use botfleet_platform::{
-    Ack, Batch, Connection, Connector, ErrorKind, Identity, PlatformError, Received, Receiver,
-    Sender,
+    secrets_match, Ack, Batch, Connection, Connector, ErrorKind, HookAnswer, HookRefusal,
+    HookRequest, Identity, PlatformError, Received, Receiver, Sender, Webhooks,
 };
 
 use crate::{
-    parse_update, send, BotApi, LongPoll, TelegramClient, TelegramConfig, TelegramError, Update,
+    parse_update, send, BotApi, LongPoll, RawUpdate, TelegramClient, TelegramConfig, TelegramError,
+    Update,
 };
 
 impl From<TelegramError> for PlatformError {
@@ -64,6 +65,10 @@ impl Connector for TelegramConnector {
         Platform::Telegram
     }
 
+    fn webhooks(&self) -> Option<Arc<dyn Webhooks>> {
+        Some(Arc::new(self.hooks()))
+    }
+
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
         let api = Self::api(spec)?;
         let me = self.client.get_me(&api).await?;
@@ -79,12 +84,48 @@ impl Connector for TelegramConnector {
         checkpoint: Option<&str>,
     ) -> Result<Connection, PlatformError> {
         let api = Arc::new(Self::api(spec)?);
+        if spec.is_webhook() {
+            // The unit's one exclusive act: tell Telegram where to deliver. Updates then come
+            // to every worker's hooks address; this connection only holds the registration.
+            let Some(base) = self.client.config().public_url.as_deref() else {
+                return Err(PlatformError::new(
+                    ErrorKind::Rejected,
+                    "no_public_url",
+                    "a webhook bot needs the worker's --public-url (where Telegram reaches the hooks address)",
+                ));
+            };
+            let url = hook_url(base, spec);
+            let secret = spec.hook.secret.as_ref().ok_or_else(|| {
+                PlatformError::new(
+                    ErrorKind::Rejected,
+                    "no_secret_token",
+                    "webhook mode needs a secret token",
+                )
+            })?;
+            self.client
+                .set_webhook(
+                    &api,
+                    &url,
+                    secret,
+                    spec.options.max_connections.unwrap_or(40),
+                )
+                .await?;
+            return Ok(Connection {
+                receiver: Box::new(Registered),
+                sender: Arc::new(TelegramSender {
+                    client: self.client.clone(),
+                    api,
+                }),
+            });
+        }
         Ok(Connection {
             receiver: Box::new(Poller {
                 poll: self.client.long_poll(),
                 api: api.clone(),
                 bot: spec.id.clone(),
                 offset: checkpoint.and_then(|c| c.parse().ok()).unwrap_or(0),
+                client: self.client.clone(),
+                webhook_cleared: false,
             }),
             sender: Arc::new(TelegramSender {
                 client: self.client.clone(),
@@ -94,18 +135,56 @@ impl Connector for TelegramConnector {
     }
 }
 
+/// `{public_url}/hooks/telegram/{bot}`.
+fn hook_url(base: &str, spec: &BotSpec) -> String {
+    format!(
+        "{}/hooks/telegram/{}",
+        base.trim_end_matches('/'),
+        spec.id.as_str()
+    )
+}
+
+/// A webhook bot's registration: no updates come this way (they reach every worker's hooks
+/// address), so it waits until closed.
+struct Registered;
+
+#[async_trait]
+impl Receiver for Registered {
+    async fn next(&mut self) -> Result<Batch, PlatformError> {
+        std::future::pending().await
+    }
+
+    async fn ack(&mut self, _ack: Ack) -> Result<Option<String>, PlatformError> {
+        Ok(None)
+    }
+
+    async fn close(&mut self) {}
+}
+
 /// Long polling from an offset.
 struct Poller {
     poll: LongPoll,
     api: Arc<BotApi>,
     bot: BotId,
     offset: i64,
+    client: TelegramClient,
+    /// A webhook left from webhook mode was deleted once already (a second 409 is another
+    /// poller's, reported as a conflict).
+    webhook_cleared: bool,
 }
 
 #[async_trait]
 impl Receiver for Poller {
     async fn next(&mut self) -> Result<Batch, PlatformError> {
-        let updates = self.poll.get_updates(&self.api, self.offset).await?;
+        let updates = match self.poll.get_updates(&self.api, self.offset).await {
+            Err(TelegramError::Conflict(d)) if d.contains("webhook") && !self.webhook_cleared => {
+                // The bot went back to polling from webhook mode: the webhook goes first.
+                self.webhook_cleared = true;
+                self.client.delete_webhook(&self.api).await?;
+                self.poll.get_updates(&self.api, self.offset).await?
+            }
+            r => r?,
+        };
         let next = updates
             .iter()
             .filter_map(|u| u.update_id)
@@ -160,5 +239,78 @@ struct TelegramSender {
 impl Sender for TelegramSender {
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         Ok(send(&self.client, &self.api, out).await?)
+    }
+}
+
+/// Telegram's webhook mode: deliveries carry the bot's secret token in
+/// `X-Telegram-Bot-Api-Secret-Token`; the body is one `Update`.
+#[derive(Clone, Debug)]
+pub struct TelegramHooks {
+    client: TelegramClient,
+}
+
+impl TelegramConnector {
+    /// The webhook side of this connector (sharing its connection pool).
+    pub fn hooks(&self) -> TelegramHooks {
+        TelegramHooks {
+            client: self.client.clone(),
+        }
+    }
+}
+
+impl Webhooks for TelegramHooks {
+    fn platform(&self) -> Platform {
+        Platform::Telegram
+    }
+
+    fn receive(&self, spec: &BotSpec, req: &HookRequest<'_>) -> Result<HookAnswer, HookRefusal> {
+        if req.method != "POST" {
+            return Err(HookRefusal {
+                status: 405,
+                reason: "method",
+            });
+        }
+        let given = req.header("x-telegram-bot-api-secret-token").unwrap_or("");
+        let ok = spec
+            .hook
+            .secret
+            .as_ref()
+            .is_some_and(|s| secrets_match(s.expose().as_bytes(), given.as_bytes()));
+        if !ok {
+            return Err(HookRefusal {
+                status: 401,
+                reason: "bad_secret_token",
+            });
+        }
+        let mut answer = (Vec::new(), 0, 0);
+        match serde_json::from_slice::<serde_json::Value>(req.body) {
+            Ok(json) => {
+                let raw = RawUpdate {
+                    update_id: json.get("update_id").and_then(serde_json::Value::as_i64),
+                    json,
+                };
+                match parse_update(&spec.id, &raw) {
+                    Update::Message(m) => answer.0.push(Received {
+                        key: m.message_id.clone(),
+                        message: m,
+                    }),
+                    Update::Ignored => answer.1 += 1,
+                    Update::Malformed(_) => answer.2 += 1,
+                }
+            }
+            Err(_) => answer.2 += 1,
+        }
+        Ok(HookAnswer::Deliver {
+            messages: answer.0,
+            ignored: answer.1,
+            malformed: answer.2,
+        })
+    }
+
+    fn sender(&self, spec: &BotSpec) -> Result<Arc<dyn Sender>, PlatformError> {
+        Ok(Arc::new(TelegramSender {
+            client: self.client.clone(),
+            api: Arc::new(TelegramConnector::api(spec)?),
+        }))
     }
 }

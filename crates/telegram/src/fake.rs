@@ -3,7 +3,10 @@
 //! `getUpdates` that arrives while another is pending on the same token ends the older one
 //! with 409 ("terminated by other getUpdates request"; at most one per 3 s per bot, later
 //! ones wait), counted as a conflict when that older client is still connected. It can inject
-//! 401/429/5xx, and records what it received.
+//! 401/429/5xx, and records what it received. With a webhook set it delivers updates by
+//! POST, as Telegram does: the secret token in `X-Telegram-Bot-Api-Secret-Token`, up to
+//! `max_connections` at once, one chat's in order (or racing, on request), retrying what did
+//! not get a 2xx.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -62,6 +65,18 @@ struct TokenState {
     /// Faults for `sendMessage` only.
     send_faults: VecDeque<Fault>,
     webhook: Option<String>,
+    /// `setWebhook`'s secret token, sent with every delivery.
+    webhook_secret: Option<String>,
+    /// `setWebhook`'s max_connections: deliveries in flight at once.
+    max_connections: usize,
+    /// Whether this token's delivery loop runs.
+    delivering: bool,
+    /// Update ids being delivered now.
+    in_flight: std::collections::HashSet<i64>,
+    /// Update id → when a failed delivery may be tried again.
+    retry_at: HashMap<i64, std::time::Instant>,
+    /// Failed deliveries per update id (the backoff grows with them).
+    attempts: HashMap<i64, u32>,
     polls: u64,
     /// Requests made with this token, of any method.
     requests: u64,
@@ -82,10 +97,26 @@ struct Inner {
     sent: Vec<Sent>,
 }
 
+/// What the fake's webhook deliveries did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeliveryStats {
+    /// Deliveries answered 2xx.
+    pub delivered: u64,
+    /// Deliveries answered otherwise or not at all (each is retried).
+    pub failed: u64,
+    /// The most deliveries of one chat in flight at once.
+    pub max_in_flight_per_chat: u64,
+}
+
 /// Shared state of the fake; cheap to clone.
 #[derive(Clone, Default)]
 pub struct FakeState {
     inner: Arc<Mutex<Inner>>,
+    /// Webhook deliveries of one chat may race (several in flight at once) instead of going
+    /// one after another as Telegram sends them.
+    race_chats: Arc<std::sync::atomic::AtomicBool>,
+    deliveries: Arc<Mutex<DeliveryStats>>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
     conflicts: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
     accepted: Arc<AtomicU64>,
@@ -124,6 +155,31 @@ impl FakeState {
         if let Some(t) = self.lock().tokens.get_mut(token) {
             t.webhook = Some(url.to_owned());
         }
+    }
+
+    /// Lets webhook deliveries of one chat race: several in flight at once, as a platform
+    /// that does not order a chat's deliveries would send them. Off by default: Telegram
+    /// sends one chat's updates one after another, the next once the last got a 2xx.
+    pub fn race_chats(&self, on: bool) {
+        self.race_chats.store(on, Ordering::SeqCst);
+    }
+
+    /// What webhook deliveries did so far.
+    pub fn deliveries(&self) -> DeliveryStats {
+        *self.deliveries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The webhook URL set on `token`, if any.
+    pub fn webhook(&self, token: &str) -> Option<String> {
+        self.lock()
+            .tokens
+            .get(token)
+            .and_then(|t| t.webhook.clone())
+    }
+
+    /// Updates of `token` not delivered (or polled) yet.
+    pub fn pending_updates(&self, token: &str) -> usize {
+        self.lock().tokens.get(token).map_or(0, |t| t.pending.len())
     }
 
     /// Answers the next call of `token` with `fault`.
@@ -287,6 +343,135 @@ const ABANDONED_POLL_NOTICE: Duration = Duration::from_millis(500);
 /// The server ends older polls with 409 at most this often per bot (later ones wait).
 const CONFLICT_EVERY: Duration = Duration::from_secs(3);
 
+/// The chat of an update, if it has one.
+fn chat_of(update: &Value) -> Option<i64> {
+    ["message", "edited_message", "channel_post"]
+        .iter()
+        .find_map(|k| update.get(*k))
+        .and_then(|m| m["chat"]["id"].as_i64())
+}
+
+/// Delivers `token`'s updates to its webhook as Telegram does: POST with the secret token,
+/// up to max_connections at once, one chat's after another (unless chats race), a failed
+/// one retried with a growing delay while that chat's later ones wait.
+async fn deliver(state: FakeState, token: String) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_default();
+    let in_flight_of_chat: Arc<Mutex<HashMap<i64, u64>>> = Arc::default();
+    loop {
+        if state.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        let race = state.race_chats.load(Ordering::SeqCst);
+        let now = std::time::Instant::now();
+        let (picks, url, secret, wake) = {
+            let mut g = state.lock();
+            let Some(t) = g.tokens.get_mut(&token) else {
+                return;
+            };
+            let Some(url) = t.webhook.clone() else {
+                t.delivering = false;
+                return;
+            };
+            let mut picks = Vec::new();
+            let mut blocked = std::collections::HashSet::new();
+            for u in &t.pending {
+                let Some(id) = u["update_id"].as_i64() else {
+                    continue;
+                };
+                let chat = chat_of(u);
+                let busy =
+                    t.in_flight.contains(&id) || t.retry_at.get(&id).is_some_and(|at| *at > now);
+                if busy {
+                    if let Some(c) = chat {
+                        blocked.insert(c);
+                    }
+                    continue;
+                }
+                if !race && chat.is_some_and(|c| blocked.contains(&c)) {
+                    continue;
+                }
+                if t.in_flight.len() >= t.max_connections {
+                    break;
+                }
+                t.in_flight.insert(id);
+                if let Some(c) = chat {
+                    blocked.insert(c);
+                }
+                picks.push((id, chat, u.clone()));
+            }
+            (picks, url, t.webhook_secret.clone(), t.wake.clone())
+        };
+        for (id, chat, update) in picks {
+            let (state, http, url, secret, token, per_chat) = (
+                state.clone(),
+                http.clone(),
+                url.clone(),
+                secret.clone(),
+                token.clone(),
+                in_flight_of_chat.clone(),
+            );
+            if let Some(c) = chat {
+                let mut m = per_chat.lock().unwrap_or_else(|e| e.into_inner());
+                let n = m.entry(c).or_default();
+                *n += 1;
+                let mut d = state.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+                d.max_in_flight_per_chat = d.max_in_flight_per_chat.max(*n);
+            }
+            tokio::spawn(async move {
+                let mut req = http.post(&url).json(&update);
+                if let Some(s) = &secret {
+                    req = req.header("X-Telegram-Bot-Api-Secret-Token", s);
+                }
+                let ok = req.send().await.is_ok_and(|r| r.status().is_success());
+                if let Some(c) = chat {
+                    if let Some(n) = per_chat
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_mut(&c)
+                    {
+                        *n = n.saturating_sub(1);
+                    }
+                }
+                let wake = {
+                    let mut g = state.lock();
+                    let Some(t) = g.tokens.get_mut(&token) else {
+                        return;
+                    };
+                    t.in_flight.remove(&id);
+                    if ok {
+                        t.pending.retain(|u| u["update_id"].as_i64() != Some(id));
+                        t.retry_at.remove(&id);
+                        t.attempts.remove(&id);
+                    } else {
+                        let n = t.attempts.entry(id).or_default();
+                        *n += 1;
+                        let wait = Duration::from_millis(100u64 << (*n).min(5));
+                        t.retry_at.insert(id, std::time::Instant::now() + wait);
+                    }
+                    t.wake.clone()
+                };
+                {
+                    let mut d = state.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+                    if ok {
+                        d.delivered += 1;
+                    } else {
+                        d.failed += 1;
+                    }
+                }
+                wake.notify_waiters();
+            });
+        }
+        let notified = wake.notified();
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+}
+
 fn tg_error(status: StatusCode, description: &str, retry_after: Option<u64>) -> Response {
     let mut body = json!({"ok": false, "error_code": status.as_u16(), "description": description});
     if let Some(r) = retry_after {
@@ -397,14 +582,34 @@ async fn handle(
             )
         }
         "setWebhook" => {
-            if let Some(t) = state.lock().tokens.get_mut(&token) {
-                t.webhook = args["url"].as_str().map(str::to_owned);
+            let Some(url) = args["url"].as_str().filter(|u| !u.is_empty()) else {
+                return tg_error(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: bad webhook: URL is empty",
+                    None,
+                );
+            };
+            let start = {
+                let mut g = state.lock();
+                let Some(t) = g.tokens.get_mut(&token) else {
+                    return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
+                };
+                t.webhook = Some(url.to_owned());
+                t.webhook_secret = args["secret_token"].as_str().map(str::to_owned);
+                t.max_connections = args["max_connections"]
+                    .as_u64()
+                    .map_or(40, |n| n.clamp(1, 100) as usize);
+                !std::mem::replace(&mut t.delivering, true)
+            };
+            if start {
+                tokio::spawn(deliver(state.clone(), token.clone()));
             }
             ok(json!(true))
         }
         "deleteWebhook" => {
             if let Some(t) = state.lock().tokens.get_mut(&token) {
                 t.webhook = None;
+                t.webhook_secret = None;
             }
             ok(json!(true))
         }
@@ -719,6 +924,7 @@ impl FakeTelegram {
 
 impl Drop for FakeTelegram {
     fn drop(&mut self) {
+        self.state.stopped.store(true, Ordering::SeqCst);
         self.task.abort();
     }
 }

@@ -12,7 +12,7 @@ mod poll;
 
 pub use client::{BotApi, BotUser, LongPoll, TelegramClient};
 pub use config::{TelegramConfig, DEFAULT_API_URL};
-pub use connector::TelegramConnector;
+pub use connector::{TelegramConnector, TelegramHooks};
 pub use error::TelegramError;
 pub use inbound::{parse_update, split_updates, RawUpdate, Update};
 pub use outbound::{send, MAX_TEXT_CHARS};

@@ -3,6 +3,7 @@
 
 pub mod connector_suite;
 pub mod coord_suite;
+mod hooks;
 mod partition;
 mod pg;
 mod redis_server;
@@ -12,9 +13,12 @@ mod wait;
 
 pub use botfleet_discord::fake::{FakeDiscord, FakeDiscordState};
 pub use botfleet_slack::fake::{FakeSlack, FakeSlackState, Post, PostFault};
-pub use botfleet_telegram::fake::{app as fake_telegram_app, FakeState, FakeTelegram, Fault, Sent};
+pub use botfleet_telegram::fake::{
+    app as fake_telegram_app, DeliveryStats, FakeState, FakeTelegram, Fault, Sent,
+};
 pub use connector_suite::PlatformFixture;
 pub use coord_suite::CoordFixture;
+pub use hooks::{RoundRobinProxy, StateHandler};
 pub use partition::Partition;
 pub use pg::PgSchema;
 pub use redis_server::{free_port, RedisServer};
@@ -31,3 +35,31 @@ pub fn nonce() -> String {
 
 /// How many journal entries the coordinator keeps (for the suite).
 pub const JOURNAL_KEEP_FOR_TESTS: usize = botfleet_coord::JOURNAL_KEEP;
+
+/// A directory under the system's temp dir, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    /// A fresh, empty directory named `{prefix}-{nonce}`.
+    pub fn new(prefix: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}", nonce()));
+        std::fs::create_dir_all(&dir).expect("create a temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A SQLite store in a fresh temp dir (removed when the `TempDir` drops).
+pub async fn temp_sqlite(prefix: &str) -> (TempDir, std::sync::Arc<dyn botfleet_store::Store>) {
+    let dir = TempDir::new(prefix);
+    let s = botfleet_store::SqliteStore::open(dir.0.join("bots.db"))
+        .await
+        .expect("open a SQLite store");
+    (dir, std::sync::Arc::new(s))
+}

@@ -562,6 +562,53 @@ pub async fn app_tokens_round_trip_and_stay_secret(s: Arc<dyn Store>) {
     assert!(s.add_bot(&no_app).await.is_err());
 }
 
+/// A webhook bot's mode and secrets round trip, stay out of `Debug`, and are checked.
+pub async fn webhook_settings_round_trip_and_stay_secret(s: Arc<dyn Store>) {
+    let mut b = BotSpec::new(bid("tgw"), Platform::Telegram, "1:tok-SECRET1");
+    b.options.mode = Some("webhook".into());
+    b.options.max_connections = Some(7);
+    b.hook.secret = Some(Secret::new("hookSECRET2"));
+    s.add_bot(&b).await.unwrap();
+    let r = s.get_bot(&bid("tgw")).await.unwrap().unwrap();
+    assert_eq!(r.spec, b);
+    assert!(r.spec.is_webhook());
+    let debug = format!("{r:?}");
+    assert!(!debug.contains("SECRET"), "{debug}");
+    let mut w = BotSpec::new(bid("wa"), Platform::Whatsapp, "EAAG-SECRET3");
+    w.options.phone_number_id = Some("1234567".into());
+    w.hook.secret = Some(Secret::new("appSECRET4"));
+    w.hook.verify_token = Some(Secret::new("verifySECRET5"));
+    s.add_bot(&w).await.unwrap();
+    assert_eq!(s.get_bot(&bid("wa")).await.unwrap().unwrap().spec, w);
+    // Back to polling: the settings go with an update.
+    b.options.mode = None;
+    b.hook.secret = None;
+    b.options.max_connections = None;
+    s.update_bot(&b).await.unwrap();
+    let r = s.get_bot(&bid("tgw")).await.unwrap().unwrap();
+    assert!(!r.spec.is_webhook());
+    assert_eq!(r.spec, b);
+    // A webhook mode without its secret, or a bad mode, is refused.
+    let mut bad = BotSpec::new(bid("tgx"), Platform::Telegram, "1:x");
+    bad.options.mode = Some("webhook".into());
+    assert!(matches!(
+        s.add_bot(&bad).await,
+        Err(StoreError::InvalidSpec(_))
+    ));
+    bad.options.mode = Some("carrier-pigeon".into());
+    bad.hook.secret = Some(Secret::new("s"));
+    assert!(matches!(
+        s.add_bot(&bad).await,
+        Err(StoreError::InvalidSpec(_))
+    ));
+    bad.options.mode = Some("webhook".into());
+    bad.hook.secret = Some(Secret::new("has:colon"));
+    assert!(matches!(
+        s.add_bot(&bad).await,
+        Err(StoreError::InvalidSpec(_))
+    ));
+}
+
 /// Webhook deliveries are journaled by any worker (not fenced per bot), once per key, even
 /// when several journal the same key at once.
 pub async fn journal_takes_each_delivery_once(s: Arc<dyn Store>) {
@@ -709,6 +756,7 @@ macro_rules! store_conformance {
             inbox_prune_forgets_finished_entries,
             app_tokens_round_trip_and_stay_secret,
             journal_takes_each_delivery_once,
+            webhook_settings_round_trip_and_stay_secret,
             turns_read_and_write_state_outbox_and_entry,
         );
     };

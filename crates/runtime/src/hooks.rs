@@ -1,0 +1,831 @@
+//! Webhook bots on every worker: the hooks address, and one chat's turns across workers.
+//!
+//! ```text
+//! POST /hooks/{platform}/{bot} → verify (the platform's scheme) → ticket in the chat's turn
+//!   queue (and the turn, when free, in the same round trip) → journal (deduplicated by the
+//!   platform's id) → 2xx → wait for the turn (a wake-up, not a poll) → handler with the
+//!   chat's state → send (skipped if the outbox has it) → outbox record, state CAS and entry
+//!   end in one write → release (wakes the next ticket's worker)
+//! ```
+//!
+//! A 2xx is never sent before the journal write: a worker killed right after answering
+//! loses nothing. Tickets of a worker that died are taken over by whoever asks next for that
+//! chat, which replays their entries in ticket order; entries whose tickets were lost (a
+//! coordinator that lost its data, a worker that died between journal and ticket) are swept
+//! up by the fleet's sweeper (one leader at a time).
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    body::Bytes,
+    extract::{DefaultBodyLimit, Path, RawQuery, State},
+    http::{HeaderMap, Method, StatusCode},
+    response::{IntoResponse, Response},
+    routing::any,
+    Router,
+};
+use botfleet_coord::{Coordinator, LeaseHandle, Turn};
+use botfleet_core::{BotId, BotSpec, Fence, Inbound, Outbound, Platform};
+use botfleet_platform::{ErrorKind, HookAnswer, HookRequest, Sender, Webhooks};
+use botfleet_store::{
+    InboxItem, InboxOutcome, InboxState, StateWrite, Store, TurnRecord, MAX_STATE_BYTES,
+};
+use tokio::sync::{watch, Notify};
+use tracing::{debug, info, warn};
+
+use crate::{
+    bot::backoff,
+    handler::Handler,
+    metrics::{
+        Metrics, HOOKS_DUPLICATES_TOTAL, HOOKS_JOURNALED_TOTAL, HOOKS_REFUSED_TOTAL,
+        HOOKS_UNAVAILABLE_TOTAL, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL, STATE_TOO_LARGE_TOTAL,
+        TURN_TAKEOVERS_TOTAL, TURN_WAITS_EXCEEDED_TOTAL,
+    },
+};
+
+/// Largest webhook body taken (bytes); larger ones are answered 413.
+pub const MAX_HOOK_BODY: usize = 1024 * 1024;
+
+/// How long a bot's spec is reused before it is read again (token rotations and mode changes
+/// reach every worker within this).
+const SPEC_TTL: Duration = Duration::from_secs(2);
+
+/// Settings of the hooks address.
+#[derive(Clone, Debug)]
+pub(crate) struct HookSettings {
+    pub(crate) lease: Duration,
+    pub(crate) turn_wait: Duration,
+    pub(crate) handler_timeout: Duration,
+    pub(crate) retry_for: Duration,
+}
+
+/// The webhook side of one worker: serve its [`Hooks::router`] on the hooks address.
+#[derive(Clone)]
+pub struct Hooks {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").finish_non_exhaustive()
+    }
+}
+
+/// A spec as read at an instant (`None`: no such bot).
+type CachedSpec = (Instant, Option<Arc<BotSpec>>);
+/// A sender and the spec it was made for.
+type CachedSender = (Arc<BotSpec>, Arc<dyn Sender>);
+
+struct Inner {
+    coord: Arc<dyn Coordinator>,
+    store: Arc<dyn Store>,
+    webhooks: HashMap<Platform, Arc<dyn Webhooks>>,
+    metrics: Arc<Metrics>,
+    lease: watch::Receiver<Option<LeaseHandle>>,
+    http: reqwest::Client,
+    settings: HookSettings,
+    // std Mutexes: each held for one map operation, never across .await.
+    specs: Mutex<HashMap<BotId, CachedSpec>>,
+    senders: Mutex<HashMap<BotId, CachedSender>>,
+    /// Per chat key with a ticket waiting here: what its wake-up notifies.
+    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    /// (bot, entry key) being worked on here: the sweeper leaves them alone.
+    active: Mutex<HashSet<(BotId, String)>>,
+}
+
+/// What a turn's handling came to.
+enum Handled {
+    /// Done (answered, undeliverable, or nothing to do).
+    Done,
+    /// This worker may not act (its lease is not safe): leave the entry to whoever takes over.
+    Fenced,
+}
+
+impl Hooks {
+    pub(crate) fn new(
+        coord: Arc<dyn Coordinator>,
+        store: Arc<dyn Store>,
+        webhooks: HashMap<Platform, Arc<dyn Webhooks>>,
+        metrics: Arc<Metrics>,
+        lease: watch::Receiver<Option<LeaseHandle>>,
+        http: reqwest::Client,
+        settings: HookSettings,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                coord,
+                store,
+                webhooks,
+                metrics,
+                lease,
+                http,
+                settings,
+                specs: Mutex::default(),
+                senders: Mutex::default(),
+                waiters: Mutex::default(),
+                active: Mutex::default(),
+            }),
+        }
+    }
+
+    /// `/hooks/{platform}/{bot}` (GET for handshakes, POST for deliveries), bodies up to
+    /// [`MAX_HOOK_BODY`].
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/hooks/{platform}/{bot}", any(hook))
+            .layer(DefaultBodyLimit::max(MAX_HOOK_BODY))
+            .with_state(self.clone())
+    }
+
+    /// The background work: turn wake-ups and the sweeper. Runs until aborted.
+    pub(crate) async fn background(self) {
+        let wake = self.clone().wakeups();
+        let sweep = self.sweeper();
+        tokio::join!(wake, sweep);
+    }
+
+    fn lease(&self) -> Option<LeaseHandle> {
+        self.inner.lease.borrow().clone()
+    }
+
+    fn may_act(&self) -> bool {
+        self.lease().is_some_and(|l| l.check().is_ok())
+    }
+
+    /// Dispatches this worker's turn wake-ups to the tickets waiting here.
+    async fn wakeups(self) {
+        let mut lease = self.inner.lease.clone();
+        loop {
+            // Wake-ups are addressed to the worker id: subscribe once registered.
+            while lease.borrow().is_none() {
+                if lease.changed().await.is_err() {
+                    return;
+                }
+            }
+            match self.inner.coord.turn_wakeups().await {
+                Ok(mut rx) => {
+                    while let Some(chat) = rx.recv().await {
+                        let n = lock(&self.inner.waiters).get(&chat).cloned();
+                        if let Some(n) = n {
+                            n.notify_waiters();
+                        }
+                    }
+                }
+                Err(e) => {
+                    debug!(error = %e, "turn wake-ups unavailable; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    /// Entries journaled but not answered long after (their worker died between journal and
+    /// ticket, or the coordinator lost their tickets): one worker at a time takes tickets for
+    /// them, in journal order.
+    async fn sweeper(&self) {
+        let every = self.inner.settings.lease.max(Duration::from_secs(1));
+        loop {
+            tokio::time::sleep(every).await;
+            if !self.may_act() {
+                continue;
+            }
+            match self.inner.coord.try_lead("hooks-sweeper", every * 3).await {
+                Ok(Some(_)) => {}
+                Ok(None) => continue,
+                Err(e) => {
+                    debug!(error = %e, "sweeper: cannot lead");
+                    continue;
+                }
+            }
+            if let Err(e) = self.sweep(every * 2).await {
+                debug!(error = %e, "sweeper: store unavailable");
+            }
+        }
+    }
+
+    async fn sweep(&self, older_than: Duration) -> Result<(), botfleet_store::StoreError> {
+        let stats = self.inner.store.inbox_stats().await?;
+        let cutoff =
+            botfleet_core::unix_ms() - i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        for (bot, s) in stats {
+            if s.pending == 0 {
+                continue;
+            }
+            let Ok(Some(spec)) = self.spec_of(&bot).await else {
+                continue;
+            };
+            if !spec.is_webhook() || !spec.enabled {
+                continue;
+            }
+            for e in self.inner.store.inbox_pending(&bot, 500).await? {
+                if e.received_at_ms > cutoff
+                    || lock(&self.inner.active).contains(&(bot.clone(), e.key.clone()))
+                {
+                    continue;
+                }
+                info!(%bot, key = %e.key, "replaying a journaled entry whose turn was lost");
+                let ck = chat_key(&bot, &e.chat);
+                match self.inner.coord.turn_take(&ck, &e.key).await {
+                    Ok((ticket, turn)) => {
+                        let h = self.clone();
+                        let (spec, chat, key) = (spec.clone(), e.chat.clone(), e.key.clone());
+                        tokio::spawn(async move {
+                            h.run_ticket(spec, ck, chat, key, ticket, turn, Instant::now())
+                                .await;
+                        });
+                    }
+                    Err(err) => {
+                        debug!(error = %err, "sweeper: coordinator unavailable");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bot's spec, read again after [`SPEC_TTL`].
+    async fn spec_of(
+        &self,
+        id: &BotId,
+    ) -> Result<Option<Arc<BotSpec>>, botfleet_store::StoreError> {
+        if let Some((at, spec)) = lock(&self.inner.specs).get(id) {
+            if at.elapsed() < SPEC_TTL {
+                return Ok(spec.clone());
+            }
+        }
+        let spec = self
+            .inner
+            .store
+            .get_bot(id)
+            .await?
+            .map(|r| Arc::new(r.spec));
+        let mut specs = lock(&self.inner.specs);
+        if specs.len() > 100_000 {
+            specs.clear();
+        }
+        specs.insert(id.clone(), (Instant::now(), spec.clone()));
+        Ok(spec)
+    }
+
+    fn sender_of(
+        &self,
+        spec: &Arc<BotSpec>,
+    ) -> Result<Arc<dyn Sender>, botfleet_platform::PlatformError> {
+        if let Some((s, sender)) = lock(&self.inner.senders).get(&spec.id) {
+            if **s == **spec {
+                return Ok(sender.clone());
+            }
+        }
+        let wh = self.inner.webhooks.get(&spec.platform).ok_or_else(|| {
+            botfleet_platform::PlatformError::new(
+                ErrorKind::Rejected,
+                "no_webhooks",
+                "this build has no webhook side for the platform",
+            )
+        })?;
+        let sender = wh.sender(spec)?;
+        lock(&self.inner.senders).insert(spec.id.clone(), (spec.clone(), sender.clone()));
+        Ok(sender)
+    }
+
+    fn waiter(&self, chat_key: &str) -> Arc<Notify> {
+        lock(&self.inner.waiters)
+            .entry(chat_key.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    fn forget_waiter(&self, chat_key: &str, n: Arc<Notify>) {
+        let mut w = lock(&self.inner.waiters);
+        // Ours and the map's: nobody else waits on this chat here.
+        if Arc::strong_count(&n) <= 2 {
+            w.remove(chat_key);
+        }
+    }
+
+    /// Journals a verified delivery's messages and queues them for their chats' turns.
+    async fn deliver(
+        &self,
+        spec: Arc<BotSpec>,
+        messages: Vec<botfleet_platform::Received>,
+        arrived: Instant,
+    ) -> Response {
+        let p = spec.platform;
+        // Tickets first (in delivery order), then the journal, then the 2xx. A ticket whose
+        // entry never got journaled is released empty when its turn comes.
+        let mut tickets = Vec::with_capacity(messages.len());
+        let mut failed = false;
+        for m in &messages {
+            let ck = chat_key(&spec.id, &m.message.chat.chat);
+            match self.inner.coord.turn_take(&ck, &m.key).await {
+                Ok((_, Turn::NotLive)) => {
+                    failed = true;
+                    break;
+                }
+                Ok((ticket, turn)) => tickets.push((ck, ticket, turn)),
+                Err(e) => {
+                    warn!(bot = %spec.id, error = %e, "cannot take a turn ticket; answering 503");
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        let items: Vec<InboxItem> = messages
+            .iter()
+            .map(|m| InboxItem {
+                key: m.key.clone(),
+                chat: m.message.chat.chat.clone(),
+                message: serde_json::to_string(&m.message).unwrap_or_default(),
+            })
+            .collect();
+        let journaled = if failed {
+            None
+        } else {
+            match self.inner.store.journal_put(&spec.id, &items).await {
+                Ok(new) => Some(new),
+                Err(e) => {
+                    warn!(bot = %spec.id, error = %e, "cannot journal a delivery; answering 503");
+                    None
+                }
+            }
+        };
+        // Every ticket taken is served, journaled or not (an empty one is just released).
+        for ((ck, ticket, turn), item) in tickets.into_iter().zip(&items) {
+            let h = self.clone();
+            let (spec, chat, key) = (spec.clone(), item.chat.clone(), item.key.clone());
+            tokio::spawn(async move {
+                h.run_ticket(spec, ck, chat, key, ticket, turn, arrived)
+                    .await;
+            });
+        }
+        match journaled {
+            Some(new) => {
+                let fresh = new.iter().filter(|n| **n).count() as u64;
+                self.inner.metrics.count(HOOKS_JOURNALED_TOTAL, p, fresh);
+                self.inner
+                    .metrics
+                    .count(HOOKS_DUPLICATES_TOTAL, p, new.len() as u64 - fresh);
+                for _ in 0..fresh {
+                    self.inner.metrics.received_by(spec.id.as_str());
+                }
+                StatusCode::OK.into_response()
+            }
+            None => {
+                self.inner.metrics.count(HOOKS_UNAVAILABLE_TOTAL, p, 1);
+                (StatusCode::SERVICE_UNAVAILABLE, "not journaled; retry\n").into_response()
+            }
+        }
+    }
+
+    /// Waits for `ticket`'s turn (replaying dead workers' tickets before it), handles its
+    /// entry, releases the turn.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_ticket(
+        &self,
+        spec: Arc<BotSpec>,
+        ck: String,
+        chat: String,
+        key: String,
+        mut ticket: u64,
+        mut turn: Turn,
+        arrived: Instant,
+    ) {
+        let mark = (spec.id.clone(), key.clone());
+        lock(&self.inner.active).insert(mark.clone());
+        let waiter = self.waiter(&ck);
+        let coord = &self.inner.coord;
+        let p = spec.platform;
+        let waited_from = Instant::now();
+        let mut reported = false;
+        let mut attempt = 0u32;
+        // Re-asks while waiting: a wake-up ends the wait at once; the timer only notices a
+        // ticket taker that died (expiries are not signalled).
+        let recheck = (self.inner.settings.lease / 2).max(Duration::from_millis(100));
+        loop {
+            let next = match turn {
+                Turn::Granted { fence, .. } => {
+                    let done = self.handle(&spec, &chat, &key, fence, Some(arrived)).await;
+                    if matches!(done, Handled::Done) {
+                        self.release(&ck, ticket, fence).await;
+                    }
+                    break;
+                }
+                Turn::TakeOver {
+                    ticket: dead,
+                    entry,
+                    fence,
+                } => {
+                    self.inner.metrics.count(TURN_TAKEOVERS_TOTAL, p, 1);
+                    info!(bot = %spec.id, chat = %chat, ticket = dead, "taking over a dead worker's turn");
+                    // Its holder may still be frozen somewhere: its late state write is refused.
+                    if let Err(e) = self.inner.store.turn_accept(&spec.id, &chat, fence).await {
+                        debug!(error = %e, "cannot record the taken-over turn");
+                    }
+                    let done = if entry.is_empty() {
+                        Handled::Done
+                    } else {
+                        self.handle(&spec, &chat, &entry, fence, None).await
+                    };
+                    if matches!(done, Handled::Fenced) {
+                        break;
+                    }
+                    self.release(&ck, dead, fence).await;
+                    coord.turn_try(&ck, ticket).await
+                }
+                Turn::Wait => {
+                    if !reported && waited_from.elapsed() > self.inner.settings.turn_wait {
+                        reported = true;
+                        self.inner.metrics.count(TURN_WAITS_EXCEEDED_TOTAL, p, 1);
+                        warn!(bot = %spec.id, chat = %chat, waited_ms = waited_from.elapsed().as_millis() as u64, "a message waited longer than --turn-wait-ms for its chat's turn; still waiting");
+                    }
+                    let notified = waiter.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    // Asked once more after arming: a release between the last answer and
+                    // now is not missed.
+                    match coord.turn_try(&ck, ticket).await {
+                        Ok(Turn::Wait) => {
+                            let _ = tokio::time::timeout(recheck, notified).await;
+                            coord.turn_try(&ck, ticket).await
+                        }
+                        other => other,
+                    }
+                }
+                Turn::Passed => {
+                    // Served already (taken over while this worker was thought dead), or the
+                    // coordinator forgot the queue: the entry decides.
+                    match self.inner.store.turn_view(&spec.id, &key, &chat).await {
+                        Ok(v)
+                            if v.entry
+                                .as_ref()
+                                .is_some_and(|e| e.state == InboxState::Pending) =>
+                        {
+                            match coord.turn_take(&ck, &key).await {
+                                Ok((t, next)) => {
+                                    ticket = t;
+                                    Ok(next)
+                                }
+                                Err(e) => Err(e),
+                            }
+                        }
+                        Ok(_) => break,
+                        Err(e) => {
+                            debug!(error = %e, "cannot read the entry of a passed ticket");
+                            tokio::time::sleep(backoff(attempt)).await;
+                            attempt += 1;
+                            Ok(Turn::Passed)
+                        }
+                    }
+                }
+                // This registration is gone: its tickets are others' to take over.
+                Turn::NotLive => break,
+            };
+            turn = match next {
+                Ok(t) => {
+                    attempt = 0;
+                    t
+                }
+                Err(e) => {
+                    debug!(error = %e, "turn queue unavailable; retrying");
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(5))).await;
+                    attempt += 1;
+                    if !self.may_act() && self.lease().is_none() {
+                        break;
+                    }
+                    coord.turn_try(&ck, ticket).await.unwrap_or(Turn::Wait)
+                }
+            };
+        }
+        self.forget_waiter(&ck, waiter);
+        lock(&self.inner.active).remove(&mark);
+    }
+
+    async fn release(&self, ck: &str, ticket: u64, fence: Fence) {
+        for attempt in 0..5 {
+            match self.inner.coord.turn_release(ck, ticket, fence).await {
+                Ok(_) => return,
+                Err(e) => {
+                    debug!(error = %e, "cannot release a turn; retrying");
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                }
+            }
+        }
+        // Not released: the next ticket takes it over once this worker's lease ends.
+        warn!(chat = %ck, "cannot release a turn; the next message of the chat waits for this worker's lease");
+    }
+
+    /// Handles the journaled entry `key` under the turn's `fence`: handler with the chat's
+    /// state, send (unless the outbox has it), then outbox, state and entry end at once.
+    async fn handle(
+        &self,
+        spec: &Arc<BotSpec>,
+        chat: &str,
+        key: &str,
+        fence: Fence,
+        arrived: Option<Instant>,
+    ) -> Handled {
+        let store = &self.inner.store;
+        let p = spec.platform;
+        let mut attempt = 0;
+        let view = loop {
+            if !self.may_act() {
+                return Handled::Fenced;
+            }
+            match store.turn_view(&spec.id, key, chat).await {
+                Ok(v) => break v,
+                Err(e) => {
+                    warn!(bot = %spec.id, error = %e, "cannot read a turn's entry; retrying");
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(5))).await;
+                    attempt += 1;
+                }
+            }
+        };
+        let Some(entry) = view.entry else {
+            return Handled::Done; // never journaled (the request got a 503)
+        };
+        if entry.state != InboxState::Pending {
+            return Handled::Done; // handled already (a redelivery's ticket, a replay)
+        }
+        let started = Instant::now();
+        let msg: Inbound = match serde_json::from_str(&entry.message) {
+            Ok(m) => m,
+            Err(e) => {
+                let why = format!("recorded message unreadable: {e}");
+                return self.undeliverable(spec, chat, key, fence, why).await;
+            }
+        };
+        let handler = Handler::new(
+            spec.handler.clone(),
+            self.inner.http.clone(),
+            self.inner.settings.handler_timeout,
+        );
+        let mut attempt = 0;
+        let reply = loop {
+            if !self.may_act() {
+                return Handled::Fenced;
+            }
+            match handler.answer_with_state(&msg, view.state.as_deref()).await {
+                Ok(r) => break r,
+                Err(e) if e.is_transient() && started.elapsed() < self.inner.settings.retry_for => {
+                    self.inner.metrics.handler_retry(p);
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => {
+                    self.inner.metrics.platform_error(p, "handler");
+                    let why = format!("handler: {e}");
+                    return self.undeliverable(spec, chat, key, fence, why).await;
+                }
+            }
+        };
+        let mut sent = false;
+        if let Some(text) = reply.text {
+            if view.sent {
+                self.inner.metrics.count(OUTBOX_SKIPPED_TOTAL, p, 1);
+            } else {
+                let out = Outbound::reply_to(&msg, text);
+                let sender = match self.sender_of(spec) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let why = format!("send: {e}");
+                        return self.undeliverable(spec, chat, key, fence, why).await;
+                    }
+                };
+                let mut attempt = 0;
+                loop {
+                    // Checked before every send: a frozen or fenced worker sends nothing.
+                    if !self.may_act() {
+                        return Handled::Fenced;
+                    }
+                    match sender.send(&out).await {
+                        Ok(()) => {
+                            sent = true;
+                            self.inner.metrics.sent();
+                            if let Some(a) = arrived {
+                                self.inner.metrics.hook_reply_latency(p, a.elapsed());
+                            }
+                            break;
+                        }
+                        Err(e) => {
+                            self.inner.metrics.platform_error(p, e.reason());
+                            let retry = matches!(
+                                e.kind(),
+                                ErrorKind::Transient
+                                    | ErrorKind::RateLimited(_)
+                                    | ErrorKind::Conflict
+                            ) && started.elapsed() < self.inner.settings.retry_for;
+                            if !retry {
+                                let why = format!("send: {e}");
+                                return self.undeliverable(spec, chat, key, fence, why).await;
+                            }
+                            let wait = match e.kind() {
+                                ErrorKind::RateLimited(d) => d,
+                                _ => backoff(attempt),
+                            };
+                            tokio::time::sleep(wait).await;
+                            attempt += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let state = match reply.state {
+            Some(s) if s.len() > MAX_STATE_BYTES => {
+                self.inner.metrics.count(STATE_TOO_LARGE_TOTAL, p, 1);
+                warn!(bot = %spec.id, chat = %chat, bytes = s.len(), limit = MAX_STATE_BYTES, "the handler's conversation state is too large; not stored (the reply went out)");
+                None
+            }
+            other => other.map(|s| (view.revision, s)),
+        };
+        self.finish(spec, chat, key, fence, InboxOutcome::Done, sent, state)
+            .await
+    }
+
+    /// Ends the entry as undeliverable (nothing was sent).
+    async fn undeliverable(
+        &self,
+        spec: &BotSpec,
+        chat: &str,
+        key: &str,
+        fence: Fence,
+        why: String,
+    ) -> Handled {
+        self.finish(
+            spec,
+            chat,
+            key,
+            fence,
+            InboxOutcome::Undeliverable(why),
+            false,
+            None,
+        )
+        .await
+    }
+
+    /// Writes what the turn leaves (retrying through store failures: once a reply is out,
+    /// recording it is what keeps a replay from sending it again).
+    #[allow(clippy::too_many_arguments)]
+    async fn finish(
+        &self,
+        spec: &BotSpec,
+        chat: &str,
+        key: &str,
+        fence: Fence,
+        outcome: InboxOutcome,
+        sent: bool,
+        state: Option<(u64, String)>,
+    ) -> Handled {
+        let p = spec.platform;
+        if let InboxOutcome::Undeliverable(why) = &outcome {
+            warn!(bot = %spec.id, key = %key, reason = %why, "message undeliverable");
+            self.inner.metrics.undeliverable(p);
+        }
+        let rec = TurnRecord {
+            key: key.to_owned(),
+            chat: chat.to_owned(),
+            fence,
+            outcome,
+            sent,
+            state,
+        };
+        for attempt in 0..8 {
+            match self.inner.store.turn_record(&spec.id, &rec).await {
+                Ok(StateWrite::Stale) => {
+                    self.inner.metrics.count(STATE_REFUSED_TOTAL, p, 1);
+                    warn!(bot = %spec.id, chat = %chat, "conversation state refused: a newer turn wrote first; this result is dropped");
+                    return Handled::Done;
+                }
+                Ok(_) => return Handled::Done,
+                Err(e) => {
+                    warn!(bot = %spec.id, error = %e, "cannot record a turn; retrying");
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                }
+            }
+        }
+        warn!(bot = %spec.id, key = %key, "cannot record a turn; a replay may answer it again");
+        Handled::Done
+    }
+}
+
+/// The coordinator's key of a chat: `{bot}/{chat}`, or `{bot}/h:{hash}` when the chat id
+/// has characters keys may not hold (or is long).
+pub(crate) fn chat_key(bot: &BotId, chat: &str) -> String {
+    let plain = !chat.is_empty()
+        && chat.len() <= 150
+        && chat
+            .chars()
+            .all(|c| !(c.is_whitespace() || c.is_control() || c == '{' || c == '}'));
+    if plain {
+        return format!("{}/{chat}", bot.as_str());
+    }
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(chat.as_bytes());
+    let hex: String = d.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("{}/h:{hex}", bot.as_str())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn hook(
+    State(h): State<Hooks>,
+    Path((platform, bot)): Path<(String, String)>,
+    method: Method,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let arrived = Instant::now();
+    let not_found = |what: &str| (StatusCode::NOT_FOUND, format!("{what}\n")).into_response();
+    let Ok(p) = platform.parse::<Platform>() else {
+        return not_found("unknown platform");
+    };
+    let Some(wh) = h.inner.webhooks.get(&p).cloned() else {
+        return not_found("this build takes no webhooks for the platform");
+    };
+    let Ok(id) = BotId::new(bot) else {
+        return not_found("no such bot");
+    };
+    let spec = match h.spec_of(&id).await {
+        Ok(Some(s)) if s.platform == p && s.is_webhook() => s,
+        Ok(_) => return not_found("no webhook bot of this platform with this id"),
+        Err(e) => {
+            warn!(error = %e, "cannot read the registry for a webhook; answering 503");
+            h.inner.metrics.count(HOOKS_UNAVAILABLE_TOTAL, p, 1);
+            return (StatusCode::SERVICE_UNAVAILABLE, "registry unavailable\n").into_response();
+        }
+    };
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    let req = HookRequest {
+        method: method.as_str(),
+        headers: &headers,
+        query: query.as_deref().unwrap_or(""),
+        body: &body,
+    };
+    match wh.receive(&spec, &req) {
+        Err(refusal) => {
+            h.inner.metrics.count(HOOKS_REFUSED_TOTAL, p, 1);
+            debug!(bot = %spec.id, reason = refusal.reason, "webhook request refused");
+            let status = StatusCode::from_u16(refusal.status).unwrap_or(StatusCode::UNAUTHORIZED);
+            (status, format!("{}\n", refusal.reason)).into_response()
+        }
+        Ok(HookAnswer::Respond {
+            status,
+            content_type,
+            body,
+        }) => (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+            [("content-type", content_type)],
+            body,
+        )
+            .into_response(),
+        Ok(HookAnswer::Deliver {
+            messages,
+            ignored: _,
+            malformed,
+        }) => {
+            if malformed > 0 {
+                h.inner.metrics.platform_error(p, "malformed_update");
+            }
+            if messages.is_empty() {
+                return StatusCode::OK.into_response();
+            }
+            if !spec.enabled {
+                // Not taken: the platform keeps it and retries.
+                return (StatusCode::SERVICE_UNAVAILABLE, "bot disabled\n").into_response();
+            }
+            if !h.may_act() {
+                h.inner.metrics.count(HOOKS_UNAVAILABLE_TOTAL, p, 1);
+                return (StatusCode::SERVICE_UNAVAILABLE, "worker not live; retry\n")
+                    .into_response();
+            }
+            h.deliver(spec, messages, arrived).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_keys_are_valid_coordinator_keys() {
+        let bot = BotId::new("b1").unwrap();
+        assert_eq!(chat_key(&bot, "-100123"), "b1/-100123");
+        for odd in ["a b", "{x}", "", &"x".repeat(400), "tab\there"] {
+            let k = chat_key(&bot, odd);
+            assert!(k.starts_with("b1/h:"), "{k}");
+            assert!(k.len() < 200);
+        }
+        assert_ne!(chat_key(&bot, "a b"), chat_key(&bot, "a  b"));
+    }
+}

@@ -1,0 +1,489 @@
+//! Webhook bots on every worker, in one process: three workers on the in-memory hub behind a
+//! round-robin proxy, the fake Bot API delivering by webhook. (The multi-process fleet with
+//! Redis, kill -9 and SIGTERM is in the CLI crate's tests.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use botfleet_coord::{Coordinator, MemoryHub};
+use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret, WorkerId};
+use botfleet_runtime::{metrics, Worker, WorkerConfig};
+use botfleet_store::Store;
+use botfleet_telegram::TelegramConfig;
+use botfleet_testkit::{wait_for, FakeTelegram, RoundRobinProxy, Sent, StateHandler};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+const SECRET: &str = "s3cret-token_1";
+
+async fn store() -> (botfleet_testkit::TempDir, Arc<dyn Store>) {
+    botfleet_testkit::temp_sqlite("botfleet-hooks").await
+}
+
+fn config(name: &str, public_url: &str) -> WorkerConfig {
+    let mut c = WorkerConfig::new(WorkerId::new(name).unwrap());
+    c.lease = Duration::from_millis(1500);
+    c.reconcile_every = Duration::from_millis(200);
+    c.registry_refresh = Duration::from_millis(300);
+    c.telegram = TelegramConfig {
+        poll_timeout: Duration::from_secs(2),
+        request_slack: Duration::from_secs(3),
+        public_url: Some(public_url.to_owned()),
+        ..TelegramConfig::default()
+    };
+    c
+}
+
+struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    http: JoinHandle<()>,
+    hooks_url: String,
+    metrics: Arc<botfleet_runtime::Metrics>,
+}
+
+impl Running {
+    async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), &mut self.task)
+            .await
+            .expect("drains in time")
+            .unwrap();
+        self.http.abort();
+    }
+}
+
+async fn start(cfg: WorkerConfig, coord: Arc<dyn Coordinator>, store: Arc<dyn Store>) -> Running {
+    let mut w = Worker::new(cfg, coord, store).unwrap();
+    let metrics = w.metrics();
+    let router = w.hooks().router();
+    let (addr, http) = botfleet_runtime::http::serve_router("127.0.0.1:0".parse().unwrap(), router)
+        .await
+        .unwrap();
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        w.run(async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Running {
+        stop: Some(tx),
+        task,
+        http,
+        hooks_url: format!("http://{addr}"),
+        metrics,
+    }
+}
+
+/// Workers `names` on one in-memory hub and `store`, registering webhooks under `public`.
+async fn fleet(
+    names: &[&str],
+    hub: &MemoryHub,
+    store: &Arc<dyn Store>,
+    public: &str,
+) -> Vec<Running> {
+    let mut out = Vec::new();
+    for name in names {
+        out.push(
+            start(
+                config(name, public),
+                Arc::new(hub.coordinator()),
+                store.clone(),
+            )
+            .await,
+        );
+    }
+    out
+}
+
+fn webhook_bot(id: &str, token: &str, fake: &FakeTelegram, handler: &str) -> BotSpec {
+    let mut spec = BotSpec::new(BotId::new(id).unwrap(), Platform::Telegram, token);
+    spec.options.api_url = Some(fake.url());
+    spec.options.mode = Some("webhook".into());
+    spec.options.max_connections = Some(8);
+    spec.hook.secret = Some(Secret::new(SECRET));
+    spec.handler = HandlerSpec::Webhook {
+        url: handler.to_owned(),
+        secret: None,
+    };
+    spec
+}
+
+/// Waits (10 ms steps) until `f` holds, or fails naming `what`.
+async fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    wait_for(what, Duration::from_secs(secs), || {
+        let ok = f();
+        async move { ok.then_some(()) }
+    })
+    .await;
+}
+
+/// Per chat, the texts sent, in order.
+fn by_chat(sent: &[Sent]) -> HashMap<String, Vec<String>> {
+    let mut m: HashMap<String, Vec<String>> = HashMap::new();
+    for s in sent {
+        m.entry(s.chat_id.clone()).or_default().push(s.text.clone());
+    }
+    m
+}
+
+/// Three workers behind a round-robin proxy: one registers the webhook; every worker takes
+/// deliveries; each chat's messages are answered once, in order, and the conversation state
+/// moves with the chat from worker to worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_answer_a_webhook_bot_once_in_order_with_state() {
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    let handler = StateHandler::start(Duration::from_millis(5)).await;
+    let proxy = RoundRobinProxy::start(Vec::new()).await;
+    let token = "4242:hook-token";
+    fake.state().add_bot(token);
+    store
+        .add_bot(&webhook_bot("hooky", token, &fake, &handler.url()))
+        .await
+        .unwrap();
+    let hub = MemoryHub::new();
+    let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    let expected = format!("{}/hooks/telegram/hooky", proxy.url());
+    until("the claim holder registers the webhook", 10, || {
+        fake.state().webhook(token).as_deref() == Some(expected.as_str())
+    })
+    .await;
+
+    const CHATS: i64 = 6;
+    const EACH: usize = 12;
+    for round in 0..EACH {
+        for chat in 0..CHATS {
+            fake.state()
+                .user_writes(token, 500 + chat, &format!("m{round}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let total = CHATS as usize * EACH;
+    until("fake.state().sent_count() >= total", 30, || {
+        fake.state().sent_count() >= total
+    })
+    .await;
+    // No late duplicates.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = fake.state().sent();
+    assert_eq!(sent.len(), total, "each message answered once");
+    for (chat, texts) in by_chat(&sent) {
+        let want: Vec<String> = (0..EACH).map(|i| format!("{}:m{i}", i + 1)).collect();
+        assert_eq!(
+            texts, want,
+            "chat {chat}: in order, the count carried across workers"
+        );
+    }
+    assert_eq!(handler.max_concurrency_per_chat(), 1, "one turn at a time");
+    let served = proxy.served();
+    assert_eq!(served.len(), 3, "every worker took deliveries: {served:?}");
+    assert_eq!(
+        fake.state().polls(token),
+        0,
+        "a webhook bot is never polled"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// Deliveries of one chat racing each other (several in flight at once) still get one turn at
+/// a time: the state counts every message exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_deliveries_of_one_chat_take_turns() {
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().race_chats(true);
+    let handler = StateHandler::start(Duration::from_millis(15)).await;
+    let proxy = RoundRobinProxy::start(Vec::new()).await;
+    let token = "4343:race-token";
+    fake.state().add_bot(token);
+    store
+        .add_bot(&webhook_bot("racy", token, &fake, &handler.url()))
+        .await
+        .unwrap();
+    let hub = MemoryHub::new();
+    let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    until("fake.state().webhook(token).is_some()", 10, || {
+        fake.state().webhook(token).is_some()
+    })
+    .await;
+    const N: usize = 30;
+    for i in 0..N {
+        fake.state().user_writes(token, 77, &format!("r{i}"));
+    }
+    until("fake.state().sent_count() >= N", 30, || {
+        fake.state().sent_count() >= N
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = fake.state().sent();
+    assert_eq!(sent.len(), N);
+    let mut counts: Vec<u64> = sent
+        .iter()
+        .map(|s| s.text.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    counts.sort_unstable();
+    assert_eq!(
+        counts,
+        (1..=N as u64).collect::<Vec<_>>(),
+        "every message saw the state its predecessor left"
+    );
+    assert_eq!(handler.max_concurrency_per_chat(), 1, "one turn at a time");
+    assert!(
+        fake.state().deliveries().max_in_flight_per_chat > 1,
+        "the deliveries did race"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// A request without the secret token (or with a wrong one) is refused before anything is
+/// stored; a redelivery of an update to another worker is acknowledged and answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_secrets_are_refused_and_redeliveries_answered_once() {
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    let token = "4444:sig-token";
+    fake.state().add_bot(token);
+    let mut spec = webhook_bot("sig", token, &fake, "http://127.0.0.1:9/");
+    spec.handler = HandlerSpec::Echo;
+    store.add_bot(&spec).await.unwrap();
+    let hub = MemoryHub::new();
+    let mut ws = fleet(&["a", "b"], &hub, &store, "http://127.0.0.1:9").await;
+    let (b, a) = (ws.pop().unwrap(), ws.pop().unwrap());
+    let http = reqwest::Client::new();
+    let update = serde_json::json!({
+        "update_id": 9001,
+        "message": {"message_id": 1, "date": 1_700_000_000, "chat": {"id": 5, "type": "private"},
+                    "from": {"id": 5, "is_bot": false, "first_name": "u"}, "text": "hello"}
+    });
+    let post = |url: String, secret: Option<&'static str>| {
+        let mut r = http.post(url).json(&update);
+        if let Some(s) = secret {
+            r = r.header("X-Telegram-Bot-Api-Secret-Token", s);
+        }
+        r.send()
+    };
+    // Workers answer 503 until registered: wait for that.
+    let path = "/hooks/telegram/sig";
+    for (secret, want) in [(None, 401), (Some("wrong"), 401)] {
+        let r = post(format!("{}{path}", a.hooks_url), secret)
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want);
+    }
+    assert_eq!(
+        a.metrics
+            .platform_count(metrics::HOOKS_REFUSED_TOTAL, Platform::Telegram),
+        2
+    );
+    assert!(
+        store.inbox_stats().await.unwrap().is_empty(),
+        "nothing stored for a refused request"
+    );
+    // Unknown bots and platforms are 404; a GET is not a delivery.
+    let r = http
+        .post(format!("{}/hooks/telegram/nobody", a.hooks_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let r = http
+        .post(format!("{}/hooks/fax/sig", a.hooks_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // The same update to both workers: both acknowledge, one answer.
+    let mut ok = 0;
+    for _ in 0..100 {
+        let ra = post(format!("{}{path}", a.hooks_url), Some(SECRET))
+            .await
+            .unwrap();
+        let rb = post(format!("{}{path}", b.hooks_url), Some(SECRET))
+            .await
+            .unwrap();
+        if ra.status() == 200 && rb.status() == 200 {
+            ok += 1;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ok, 1, "both workers acknowledge once registered");
+    until("fake.state().sent_count() >= 1", 10, || {
+        fake.state().sent_count() >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.state().sent_count(), 1, "answered once");
+    let dups = a
+        .metrics
+        .platform_count(metrics::HOOKS_DUPLICATES_TOTAL, Platform::Telegram)
+        + b.metrics
+            .platform_count(metrics::HOOKS_DUPLICATES_TOTAL, Platform::Telegram);
+    assert!(dups >= 1, "the second delivery was a duplicate");
+    // A body over the limit is refused.
+    let big = vec![b'x'; botfleet_runtime::MAX_HOOK_BODY + 1];
+    let r = http
+        .post(format!("{}{path}", a.hooks_url))
+        .header("X-Telegram-Bot-Api-Secret-Token", SECRET)
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A worker that dies holding a chat's turn: after its lease the next message's worker takes
+/// the turn over and answers the dead worker's message first, then its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_turn_is_taken_over_in_order() {
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    let token = "4545:dead-token";
+    fake.state().add_bot(token);
+    // A handler that never answers the first message: its worker holds the turn until it dies.
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang_url = format!("http://{}/", hang.local_addr().unwrap());
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let f2 = first.clone();
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::post(move |axum::Json(v): axum::Json<serde_json::Value>| {
+            let f = f2.clone();
+            async move {
+                if f.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                axum::Json(
+                    serde_json::json!({"text": format!("re:{}", v["text"].as_str().unwrap_or(""))}),
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(hang, app).await;
+    });
+    store
+        .add_bot(&webhook_bot("deady", token, &fake, &hang_url))
+        .await
+        .unwrap();
+    let hub = MemoryHub::new();
+    let ca = hub.coordinator();
+    let a = start(
+        config("a", "http://127.0.0.1:9"),
+        Arc::new(ca.clone()),
+        store.clone(),
+    )
+    .await;
+    let b = start(
+        config("b", "http://127.0.0.1:9"),
+        Arc::new(hub.coordinator()),
+        store.clone(),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let post = |url: String, id: i64, text: &str| {
+        http.post(url)
+            .header("X-Telegram-Bot-Api-Secret-Token", SECRET)
+            .json(&serde_json::json!({
+                "update_id": id,
+                "message": {"message_id": id, "date": 1_700_000_000, "chat": {"id": 8, "type": "private"}, "text": text}
+            }))
+            .send()
+    };
+    until(
+        "a.metrics.sent_total() == 0 && fake.state().webhook(token).i",
+        10,
+        || a.metrics.sent_total() == 0 && fake.state().webhook(token).is_some(),
+    )
+    .await;
+    let mut ok = false;
+    for _ in 0..50 {
+        if post(format!("{}/hooks/telegram/deady", a.hooks_url), 1, "one")
+            .await
+            .unwrap()
+            .status()
+            == 200
+        {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "a acknowledges the first message");
+    // b's message waits behind a's turn.
+    let r = post(format!("{}/hooks/telegram/deady", b.hooks_url), 2, "two")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        fake.state().sent_count(),
+        0,
+        "the second waits for the first's turn"
+    );
+    // a dies (its coordinator handle is cut, its tasks abandoned).
+    hub.crash(&ca);
+    a.task.abort();
+    a.http.abort();
+    until("fake.state().sent_count() >= 2", 15, || {
+        fake.state().sent_count() >= 2
+    })
+    .await;
+    let texts: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(
+        texts,
+        ["re:one", "re:two"],
+        "the dead worker's message first"
+    );
+    assert!(
+        b.metrics
+            .platform_count(metrics::TURN_TAKEOVERS_TOTAL, Platform::Telegram)
+            >= 1
+    );
+    b.shutdown().await;
+}
+
+/// Back to polling: the webhook is deleted and the bot is polled again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_polling_deletes_the_webhook() {
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    let token = "4646:mode-token";
+    fake.state().add_bot(token);
+    let mut spec = webhook_bot("modey", token, &fake, "http://127.0.0.1:9/");
+    spec.handler = HandlerSpec::Echo;
+    store.add_bot(&spec).await.unwrap();
+    let hub = MemoryHub::new();
+    let a = fleet(&["a"], &hub, &store, "http://127.0.0.1:9")
+        .await
+        .remove(0);
+    until("fake.state().webhook(token).is_some()", 10, || {
+        fake.state().webhook(token).is_some()
+    })
+    .await;
+    spec.options.mode = None;
+    spec.hook.secret = None;
+    spec.options.max_connections = None;
+    store.update_bot(&spec).await.unwrap();
+    until("the webhook goes and polling comes back", 15, || {
+        fake.state().webhook(token).is_none() && fake.state().is_polling(token)
+    })
+    .await;
+    fake.state().user_writes(token, 3, "polled");
+    until("fake.state().sent_count() == 1", 10, || {
+        fake.state().sent_count() == 1
+    })
+    .await;
+    a.shutdown().await;
+}

@@ -1,0 +1,217 @@
+//! Webhook test helpers: a round-robin proxy standing for the load balancer in front of every
+//! worker's hooks address, and a handler that keeps conversation state.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use axum::{
+    body::Bytes,
+    extract::State,
+    http::{HeaderMap, Method, StatusCode, Uri},
+    response::{IntoResponse, Response},
+    routing::{any, post},
+    Json, Router,
+};
+use serde_json::{json, Value};
+
+/// A load balancer for tests: each request goes to the next backend in turn; a backend that
+/// does not answer is skipped (as a health-checked balancer would), and 502 comes back only
+/// when none answers.
+pub struct RoundRobinProxy {
+    addr: SocketAddr,
+    state: ProxyState,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone, Default)]
+struct ProxyState {
+    backends: Arc<Mutex<Vec<String>>>,
+    next: Arc<AtomicUsize>,
+    /// Requests answered per backend URL.
+    served: Arc<Mutex<HashMap<String, u64>>>,
+    http: reqwest::Client,
+}
+
+impl RoundRobinProxy {
+    /// Serves on `127.0.0.1:0`, spreading over `backends` (`http://host:port`).
+    pub async fn start(backends: Vec<String>) -> Self {
+        let state = ProxyState {
+            backends: Arc::new(Mutex::new(backends)),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+            ..ProxyState::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new()
+            .fallback(any(forward))
+            .with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, state, task }
+    }
+
+    /// `http://127.0.0.1:<port>`: the fleet's public URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Replaces the backends (a worker restarted on another port).
+    pub fn set_backends(&self, backends: Vec<String>) {
+        *self.state.backends.lock().unwrap() = backends;
+    }
+
+    /// Requests each backend answered.
+    pub fn served(&self) -> HashMap<String, u64> {
+        self.state.served.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RoundRobinProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn forward(
+    State(s): State<ProxyState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let backends = s.backends.lock().unwrap().clone();
+    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    for _ in 0..backends.len() {
+        let i = s.next.fetch_add(1, Ordering::Relaxed) % backends.len();
+        let target = format!("{}{path}", backends[i]);
+        let mut req = s.http.request(method.clone(), &target).body(body.clone());
+        for (k, v) in &headers {
+            if k != "host" && k != "content-length" {
+                req = req.header(k, v);
+            }
+        }
+        match req.send().await {
+            Ok(r) => {
+                *s.served
+                    .lock()
+                    .unwrap()
+                    .entry(backends[i].clone())
+                    .or_default() += 1;
+                let status = r.status();
+                let ct = r
+                    .headers()
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("text/plain")
+                    .to_owned();
+                let body = r.bytes().await.unwrap_or_default();
+                return (status, [("content-type", ct)], body).into_response();
+            }
+            // Not answering (killed, stopped): the next one.
+            Err(_) => continue,
+        }
+    }
+    (StatusCode::BAD_GATEWAY, "no backend answered\n").into_response()
+}
+
+/// A webhook handler that keeps a count per chat in the conversation state: it answers
+/// `{"text": "<n>:<text>", "state": {"n": <n>}}` where `n` is the state's `n` plus one, and
+/// records how many calls of one chat ran at once.
+pub struct StateHandler {
+    addr: SocketAddr,
+    state: HandlerState,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone, Default)]
+struct HandlerState {
+    delay: Duration,
+    /// Per chat: calls in flight now, and the most at once.
+    in_flight: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+    calls: Arc<AtomicUsize>,
+    /// A state this large (bytes of padding) is answered when the text is "big".
+    big: usize,
+}
+
+impl StateHandler {
+    /// Serves on `127.0.0.1:0`; each call takes `delay` (so turns overlap if they can).
+    pub async fn start(delay: Duration) -> Self {
+        let state = HandlerState {
+            delay,
+            big: 100 * 1024,
+            ..HandlerState::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new()
+            .route("/", post(handle))
+            .with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, state, task }
+    }
+
+    /// Where to POST.
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// The most calls of one chat that ran at once (1 when turns hold).
+    pub fn max_concurrency_per_chat(&self) -> u64 {
+        self.state
+            .in_flight
+            .lock()
+            .unwrap()
+            .values()
+            .map(|(_, m)| *m)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Calls so far.
+    pub fn calls(&self) -> usize {
+        self.state.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for StateHandler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn handle(State(s): State<HandlerState>, Json(msg): Json<Value>) -> Response {
+    s.calls.fetch_add(1, Ordering::SeqCst);
+    let chat = format!("{}/{}", msg["chat"]["bot"], msg["chat"]["chat"]);
+    {
+        let mut m = s.in_flight.lock().unwrap();
+        let e = m.entry(chat.clone()).or_default();
+        e.0 += 1;
+        e.1 = e.1.max(e.0);
+    }
+    if !s.delay.is_zero() {
+        tokio::time::sleep(s.delay).await;
+    }
+    let n = msg["state"]["n"].as_u64().unwrap_or(0) + 1;
+    let text = msg["text"].as_str().unwrap_or("");
+    let mut state = json!({ "n": n });
+    if text == "big" {
+        state["pad"] = Value::String("x".repeat(s.big));
+    }
+    if let Some(e) = s.in_flight.lock().unwrap().get_mut(&chat) {
+        e.0 -= 1;
+    }
+    Json(json!({ "text": format!("{n}:{text}"), "state": state })).into_response()
+}
