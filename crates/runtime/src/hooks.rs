@@ -29,7 +29,7 @@ use axum::{
     Router,
 };
 use botfleet_coord::{Coordinator, LeaseHandle, Turn};
-use botfleet_core::{BotId, BotSpec, Fence, Inbound, Outbound, Platform};
+use botfleet_core::{BotId, BotSpec, BotStatus, Fence, Inbound, Outbound, Platform};
 use botfleet_platform::{ErrorKind, HookAnswer, HookRequest, Sender, Webhooks};
 use botfleet_store::{
     InboxItem, InboxOutcome, InboxState, StateWrite, Store, TurnRecord, MAX_STATE_BYTES,
@@ -619,6 +619,24 @@ impl Hooks {
                                     | ErrorKind::RateLimited(_)
                                     | ErrorKind::Conflict
                             ) && started.elapsed() < self.inner.settings.retry_for;
+                            if e.kind() == ErrorKind::Credentials {
+                                // The bot's credentials are refused: it fails (shown in
+                                // `bots list`) until an operator fixes and restarts it.
+                                let me = self.lease().map(|l| l.worker().to_string());
+                                if let Err(err) = self
+                                    .inner
+                                    .store
+                                    .set_status(
+                                        &spec.id,
+                                        BotStatus::Failed,
+                                        Some(&e.to_string()),
+                                        me.as_deref(),
+                                    )
+                                    .await
+                                {
+                                    warn!(bot = %spec.id, error = %err, "cannot record a failed bot");
+                                }
+                            }
                             if !retry {
                                 let why = format!("send: {e}");
                                 return self.undeliverable(spec, chat, key, fence, why).await;

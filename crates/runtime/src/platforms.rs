@@ -18,6 +18,9 @@ pub fn supported() -> Vec<Platform> {
     if cfg!(feature = "discord") {
         out.push(Platform::Discord);
     }
+    if cfg!(feature = "whatsapp") {
+        out.push(Platform::Whatsapp);
+    }
     out
 }
 
@@ -26,7 +29,10 @@ pub(crate) fn connectors(
     cfg: &WorkerConfig,
     coord: &Arc<dyn Coordinator>,
 ) -> Result<HashMap<Platform, Arc<dyn Connector>>, WorkerError> {
-    #[cfg_attr(not(any(feature = "slack", feature = "discord")), allow(unused_mut))]
+    #[cfg_attr(
+        not(any(feature = "slack", feature = "discord", feature = "whatsapp")),
+        allow(unused_mut)
+    )]
     let mut list: Vec<Arc<dyn Connector>> = vec![Arc::new(
         botfleet_telegram::TelegramConnector::new(cfg.telegram.clone())?,
     )];
@@ -44,6 +50,11 @@ pub(crate) fn connectors(
             }),
         )
         .map_err(|e| WorkerError::Platform(e.to_string()))?,
+    ));
+    #[cfg(feature = "whatsapp")]
+    list.push(Arc::new(
+        botfleet_whatsapp::WhatsappConnector::new()
+            .map_err(|e| WorkerError::Platform(e.to_string()))?,
     ));
     #[cfg(not(feature = "discord"))]
     let _ = coord;

@@ -487,3 +487,134 @@ async fn back_to_polling_deletes_the_webhook() {
     .await;
     a.shutdown().await;
 }
+
+/// WhatsApp Cloud API on three workers: the handshake answers the challenge only with the
+/// verify token; signed deliveries (each delivered twice, with status updates between) are
+/// answered once per message, in order, with the state carried; a bad signature is refused;
+/// a token Graph refuses (190) fails the bot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_cloud_bots_answer_once_in_order_across_workers() {
+    use botfleet_testkit::{FakeGraph, SendFault};
+    let (_dir, store) = store().await;
+    let graph = FakeGraph::start().await.unwrap();
+    let handler = StateHandler::start(Duration::from_millis(5)).await;
+    let proxy = RoundRobinProxy::start(Vec::new()).await;
+    let (number, access, app_secret) = ("1234567", "EAAG-access", "app-secret-1");
+    graph.state().add_number(number, access, app_secret);
+    graph.state().duplicate_deliveries(true);
+    let mut spec = BotSpec::new(BotId::new("wa").unwrap(), Platform::Whatsapp, access);
+    spec.options.api_url = Some(graph.url());
+    spec.options.phone_number_id = Some(number.into());
+    spec.hook.secret = Some(Secret::new(app_secret));
+    spec.hook.verify_token = Some(Secret::new("verify-me"));
+    spec.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    store.add_bot(&spec).await.unwrap();
+    let hub = MemoryHub::new();
+    let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    let hook = format!("{}/hooks/whatsapp/wa", proxy.url());
+    let http = reqwest::Client::new();
+    // The subscription handshake.
+    let ok = http
+        .get(format!(
+            "{hook}?hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=verify-me"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.text().await.unwrap(), "1158201444");
+    let bad = http
+        .get(format!(
+            "{hook}?hub.mode=subscribe&hub.challenge=1&hub.verify_token=guess"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 403);
+    // A delivery signed with another secret is refused and never handled.
+    let body = br#"{"object":"whatsapp_business_account","entry":[{"id":"x","changes":[{"field":"messages","value":{"messages":[{"from":"1","id":"wamid.forged","type":"text","text":{"body":"forged"}}]}}]}]}"#;
+    let forged = http
+        .post(&hook)
+        .header(
+            "x-hub-signature-256",
+            botfleet_whatsapp::sign("wrong", body),
+        )
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+    graph.state().subscribe(number, &hook);
+    const CHATS: usize = 4;
+    const EACH: usize = 8;
+    for round in 0..EACH {
+        for chat in 0..CHATS {
+            let id =
+                graph
+                    .state()
+                    .user_writes(number, &format!("49170{chat}"), &format!("w{round}"));
+            graph.state().status_update(number, &id);
+        }
+    }
+    let total = CHATS * EACH;
+    until("every WhatsApp message answered", 30, || {
+        graph.state().sent_count() >= total && graph.state().undelivered() == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = graph.state().sent();
+    assert_eq!(
+        sent.len(),
+        total,
+        "each message answered once, duplicates dropped"
+    );
+    let mut per_chat: HashMap<String, Vec<String>> = HashMap::new();
+    for s in &sent {
+        assert!(s
+            .reply_to
+            .as_deref()
+            .is_some_and(|r| r.starts_with("wamid.")));
+        per_chat
+            .entry(s.to.clone())
+            .or_default()
+            .push(s.text.clone());
+    }
+    for (chat, texts) in per_chat {
+        let want: Vec<String> = (0..EACH).map(|i| format!("{}:w{i}", i + 1)).collect();
+        assert_eq!(texts, want, "chat {chat}");
+    }
+    assert!(!sent.iter().any(|s| s.text.contains("forged")));
+    let dups: u64 = workers
+        .iter()
+        .map(|w| {
+            w.metrics
+                .platform_count(metrics::HOOKS_DUPLICATES_TOTAL, Platform::Whatsapp)
+        })
+        .sum();
+    assert!(
+        dups >= total as u64,
+        "every second delivery was a duplicate ({dups})"
+    );
+    // Graph refuses the token: the bot fails, visibly.
+    graph.state().inject_send(number, SendFault::TokenExpired);
+    graph.state().user_writes(number, "491709", "after");
+    let id = BotId::new("wa").unwrap();
+    let mut failed = false;
+    for _ in 0..200 {
+        let rec = store.get_bot(&id).await.unwrap().unwrap();
+        if rec.status == botfleet_core::BotStatus::Failed {
+            assert!(rec.last_error.unwrap_or_default().contains("190"));
+            failed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(failed, "a refused token fails the bot");
+    for w in workers {
+        w.shutdown().await;
+    }
+}

@@ -16,6 +16,7 @@ pub use botfleet_slack::fake::{FakeSlack, FakeSlackState, Post, PostFault};
 pub use botfleet_telegram::fake::{
     app as fake_telegram_app, DeliveryStats, FakeState, FakeTelegram, Fault, Sent,
 };
+pub use botfleet_whatsapp::fake::{FakeGraph, FakeGraphState, SendFault, Sent as WhatsappSent};
 pub use connector_suite::PlatformFixture;
 pub use coord_suite::CoordFixture;
 pub use hooks::{RoundRobinProxy, StateHandler};

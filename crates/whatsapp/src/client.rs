@@ -1,0 +1,212 @@
+//! The Graph API calls a Cloud API bot makes: read its phone number, send a text.
+
+use std::time::Duration;
+
+use botfleet_core::Secret;
+use botfleet_platform::{ErrorKind, PlatformError};
+use serde_json::{json, Value};
+
+/// The Graph API's base, with the version.
+pub const DEFAULT_API_URL: &str = "https://graph.facebook.com/v21.0";
+
+/// The longest text body WhatsApp takes, in characters; longer replies are cut (and marked).
+pub const MAX_TEXT_CHARS: usize = 4096;
+
+/// Why a Graph call failed. Never holds the access token.
+#[derive(Debug, thiserror::Error)]
+pub enum WhatsappError {
+    /// Graph error 190 (or HTTP 401): the access token is invalid or expired.
+    #[error("WhatsApp refused the access token (code {code}): {message}")]
+    Credentials {
+        /// Graph's error code.
+        code: i64,
+        /// Graph's message.
+        message: String,
+    },
+    /// Rate limited (codes 4, 80007, 130429, or HTTP 429).
+    #[error("rate limited by WhatsApp (code {code})")]
+    RateLimited {
+        /// Graph's error code.
+        code: i64,
+    },
+    /// Graph refused this request (a bad recipient, a message outside the 24-hour window...).
+    #[error("WhatsApp refused the request (code {code}): {message}")]
+    Refused {
+        /// Graph's error code.
+        code: i64,
+        /// Graph's message.
+        message: String,
+    },
+    /// A 5xx.
+    #[error("WhatsApp answered {0}")]
+    Server(u16),
+    /// The network failed or timed out.
+    #[error("network: {0}")]
+    Network(#[source] reqwest::Error),
+    /// The answer could not be read.
+    #[error("unreadable answer: {0}")]
+    Malformed(String),
+}
+
+impl From<WhatsappError> for PlatformError {
+    fn from(e: WhatsappError) -> Self {
+        let (kind, reason) = match &e {
+            WhatsappError::Credentials { .. } => (ErrorKind::Credentials, "unauthorized"),
+            WhatsappError::RateLimited { .. } => (
+                ErrorKind::RateLimited(Duration::from_secs(5)),
+                "rate_limited",
+            ),
+            WhatsappError::Refused { .. } => (ErrorKind::Rejected, "refused"),
+            WhatsappError::Server(_) => (ErrorKind::Transient, "server_error"),
+            WhatsappError::Network(_) => (ErrorKind::Transient, "network"),
+            WhatsappError::Malformed(_) => (ErrorKind::Malformed, "malformed"),
+        };
+        PlatformError::new(kind, reason, e.to_string()).with_source(e)
+    }
+}
+
+/// One bot's number: where and as whom it sends. `Debug` hides the token.
+#[derive(Clone)]
+pub struct Number {
+    base: String,
+    phone_number_id: String,
+    token: Secret,
+}
+
+impl std::fmt::Debug for Number {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Number")
+            .field("phone_number_id", &self.phone_number_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Number {
+    /// The number `phone_number_id` on `api_url` (default [`DEFAULT_API_URL`]), sending with
+    /// the access `token`.
+    pub fn new(api_url: Option<&str>, phone_number_id: &str, token: &Secret) -> Self {
+        Self {
+            base: api_url
+                .unwrap_or(DEFAULT_API_URL)
+                .trim_end_matches('/')
+                .to_owned(),
+            phone_number_id: phone_number_id.to_owned(),
+            token: token.clone(),
+        }
+    }
+}
+
+/// A Graph API client shared by every bot of the process.
+#[derive(Clone, Debug)]
+pub struct GraphClient {
+    http: reqwest::Client,
+}
+
+impl GraphClient {
+    /// A client with its own connection pool.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new() -> Result<Self, WhatsappError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|e| WhatsappError::Network(e.without_url()))?;
+        Ok(Self { http })
+    }
+
+    async fn call(&self, req: reqwest::RequestBuilder) -> Result<Value, WhatsappError> {
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| WhatsappError::Network(e.without_url()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| WhatsappError::Network(e.without_url()))?;
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if (200..300).contains(&status) {
+            if body.is_null() {
+                return Err(WhatsappError::Malformed("not JSON".into()));
+            }
+            return Ok(body);
+        }
+        let err = &body["error"];
+        let code = err["code"].as_i64().unwrap_or(0);
+        let message: String = err["message"]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(300)
+            .collect();
+        Err(match (status, code) {
+            (_, 190) | (401, _) => WhatsappError::Credentials { code, message },
+            (_, 4 | 80007 | 130_429) | (429, _) => WhatsappError::RateLimited { code },
+            (s, _) if s >= 500 => WhatsappError::Server(s),
+            _ => WhatsappError::Refused { code, message },
+        })
+    }
+
+    /// `GET /{phone_number_id}`: the number's display number (checks the token).
+    ///
+    /// # Errors
+    /// See [`WhatsappError`].
+    pub async fn verify(&self, n: &Number) -> Result<String, WhatsappError> {
+        let v = self
+            .call(
+                self.http
+                    .get(format!("{}/{}", n.base, n.phone_number_id))
+                    .bearer_auth(n.token.expose()),
+            )
+            .await?;
+        Ok(v["display_phone_number"]
+            .as_str()
+            .unwrap_or(&n.phone_number_id)
+            .to_owned())
+    }
+
+    /// `POST /{phone_number_id}/messages`: a text to `to` (a WhatsApp id), in reply to the
+    /// message `reply_to` when given. Answers the sent message's id.
+    ///
+    /// # Errors
+    /// See [`WhatsappError`].
+    pub async fn send_text(
+        &self,
+        n: &Number,
+        to: &str,
+        body: &str,
+        reply_to: Option<&str>,
+    ) -> Result<String, WhatsappError> {
+        let body: String = if body.chars().count() > MAX_TEXT_CHARS {
+            let mut t: String = body.chars().take(MAX_TEXT_CHARS - 1).collect();
+            t.push('…');
+            t
+        } else {
+            body.to_owned()
+        };
+        let mut doc = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": to,
+            "type": "text",
+            "text": { "body": body },
+        });
+        if let Some(id) = reply_to {
+            doc["context"] = json!({ "message_id": id });
+        }
+        let v = self
+            .call(
+                self.http
+                    .post(format!("{}/{}/messages", n.base, n.phone_number_id))
+                    .bearer_auth(n.token.expose())
+                    .json(&doc),
+            )
+            .await?;
+        v["messages"][0]["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| WhatsappError::Malformed("no message id in the answer".into()))
+    }
+}

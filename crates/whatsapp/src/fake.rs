@@ -1,0 +1,451 @@
+//! A fake WhatsApp Cloud API (feature `fake`): the Graph endpoints a bot calls
+//! (`GET /{phone_number_id}`, `POST /{phone_number_id}/messages`, bearer tokens, Graph error
+//! JSON) and Meta's side of the webhook: signed deliveries (`X-Hub-Signature-256`) of text
+//! messages and status updates to a subscribed URL, one chat's after another, retried until
+//! they get a 2xx, and duplicated on request.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Json, Router,
+};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::sign;
+
+/// A text the fake received through `POST /{phone_number_id}/messages`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    /// The sending number's id.
+    pub phone_number_id: String,
+    /// The recipient.
+    pub to: String,
+    /// The text body.
+    pub text: String,
+    /// The message it answers (`context.message_id`), if any.
+    pub reply_to: Option<String>,
+}
+
+/// An error to answer the next send of a number with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendFault {
+    /// 401 with Graph code 190 (token expired).
+    TokenExpired,
+    /// 400 with code 131047 (outside the 24-hour window): refused.
+    Refused,
+    /// 429 with code 130429.
+    RateLimited,
+    /// 500.
+    ServerError,
+}
+
+struct Number {
+    token: String,
+    app_secret: String,
+    webhook: Option<String>,
+    faults: Vec<SendFault>,
+}
+
+struct Pending {
+    id: String,
+    chat: Option<String>,
+    body: Vec<u8>,
+    attempts: u32,
+    retry_at: Option<Instant>,
+    in_flight: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    numbers: HashMap<String, Number>,
+    sent: Vec<Sent>,
+    /// Per number: deliveries not acknowledged yet, oldest first.
+    pending: HashMap<String, Vec<Pending>>,
+    delivering: HashSet<String>,
+}
+
+/// Shared state of the fake; cheap to clone.
+#[derive(Clone, Default)]
+pub struct FakeGraphState {
+    inner: Arc<Mutex<Inner>>,
+    wake: Arc<Notify>,
+    next_id: Arc<AtomicU64>,
+    delivered: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    duplicate: Arc<AtomicBool>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl FakeGraphState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds the number `phone_number_id`, reachable with `token`, signing with `app_secret`.
+    pub fn add_number(&self, phone_number_id: &str, token: &str, app_secret: &str) {
+        self.lock().numbers.insert(
+            phone_number_id.to_owned(),
+            Number {
+                token: token.to_owned(),
+                app_secret: app_secret.to_owned(),
+                webhook: None,
+                faults: Vec::new(),
+            },
+        );
+    }
+
+    /// Makes the number's token answer 401/190 from now on.
+    pub fn revoke(&self, phone_number_id: &str) {
+        if let Some(n) = self.lock().numbers.get_mut(phone_number_id) {
+            n.token = format!("revoked-{}", n.token);
+        }
+    }
+
+    /// Subscribes `url` to the number's changes (what the Meta app dashboard does).
+    pub fn subscribe(&self, phone_number_id: &str, url: &str) {
+        if let Some(n) = self.lock().numbers.get_mut(phone_number_id) {
+            n.webhook = Some(url.to_owned());
+        }
+        self.wake.notify_waiters();
+    }
+
+    /// Delivers every message twice (the second after the first got its 2xx), as Meta may.
+    pub fn duplicate_deliveries(&self, on: bool) {
+        self.duplicate.store(on, Ordering::SeqCst);
+    }
+
+    /// Answers the number's next send with `fault`.
+    pub fn inject_send(&self, phone_number_id: &str, fault: SendFault) {
+        if let Some(n) = self.lock().numbers.get_mut(phone_number_id) {
+            n.faults.push(fault);
+        }
+    }
+
+    fn enqueue(&self, phone_number_id: &str, id: String, chat: Option<String>, doc: &Value) {
+        let body = doc.to_string().into_bytes();
+        let copies = if self.duplicate.load(Ordering::SeqCst) && chat.is_some() {
+            2
+        } else {
+            1
+        };
+        let mut g = self.lock();
+        let q = g.pending.entry(phone_number_id.to_owned()).or_default();
+        for _ in 0..copies {
+            q.push(Pending {
+                id: id.clone(),
+                chat: chat.clone(),
+                body: body.clone(),
+                attempts: 0,
+                retry_at: None,
+                in_flight: false,
+            });
+        }
+        let start = g.delivering.insert(phone_number_id.to_owned());
+        drop(g);
+        if start {
+            tokio::spawn(deliver(self.clone(), phone_number_id.to_owned()));
+        }
+        self.wake.notify_waiters();
+    }
+
+    /// A user `from` writes `text` to the number; answers the message's `wamid`.
+    pub fn user_writes(&self, phone_number_id: &str, from: &str, text: &str) -> String {
+        let id = format!("wamid.{}", self.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+        let doc = json!({
+            "object": "whatsapp_business_account",
+            "entry": [{"id": "waba", "changes": [{"field": "messages", "value": {
+                "messaging_product": "whatsapp",
+                "metadata": {"display_phone_number": "15550000000", "phone_number_id": phone_number_id},
+                "contacts": [{"profile": {"name": "user"}, "wa_id": from}],
+                "messages": [{"from": from, "id": id, "timestamp": "1700000000", "type": "text", "text": {"body": text}}]
+            }}]}]
+        });
+        self.enqueue(phone_number_id, id.clone(), Some(from.to_owned()), &doc);
+        id
+    }
+
+    /// A status update (`delivered`) of `wamid`: taken and ignored by a bot.
+    pub fn status_update(&self, phone_number_id: &str, wamid: &str) {
+        let doc = json!({
+            "object": "whatsapp_business_account",
+            "entry": [{"id": "waba", "changes": [{"field": "messages", "value": {
+                "messaging_product": "whatsapp",
+                "metadata": {"phone_number_id": phone_number_id},
+                "statuses": [{"id": wamid, "status": "delivered", "timestamp": "1700000001", "recipient_id": "1"}]
+            }}]}]
+        });
+        let id = format!("status.{}", self.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+        self.enqueue(phone_number_id, id, None, &doc);
+    }
+
+    /// Everything sent, in arrival order.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.lock().sent.clone()
+    }
+
+    /// How many sends arrived.
+    pub fn sent_count(&self) -> usize {
+        self.lock().sent.len()
+    }
+
+    /// Deliveries answered 2xx, and deliveries that were not (each retried).
+    pub fn deliveries(&self) -> (u64, u64) {
+        (
+            self.delivered.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+        )
+    }
+
+    /// Deliveries not acknowledged yet, over every number.
+    pub fn undelivered(&self) -> usize {
+        self.lock().pending.values().map(Vec::len).sum()
+    }
+}
+
+/// Delivers a number's queue: up to 8 at once, one chat's after another, a failure retried
+/// with a growing delay while that chat's later ones wait.
+async fn deliver(state: FakeGraphState, number: String) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_default();
+    loop {
+        if state.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        let notified = state.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let now = Instant::now();
+        let target = state
+            .lock()
+            .numbers
+            .get(&number)
+            .and_then(|n| Some((n.webhook.clone()?, n.app_secret.clone())));
+        let Some((url, secret)) = target else {
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+            continue;
+        };
+        let picks = {
+            let mut g = state.lock();
+            let mut picks = Vec::new();
+            let mut busy_chats = HashSet::new();
+            let q = g.pending.entry(number.clone()).or_default();
+            let in_flight = q.iter().filter(|p| p.in_flight).count();
+            for (i, p) in q.iter_mut().enumerate() {
+                let waiting = p.in_flight || p.retry_at.is_some_and(|t| t > now);
+                let chat_busy = p.chat.as_ref().is_some_and(|c| busy_chats.contains(c));
+                if let Some(c) = &p.chat {
+                    busy_chats.insert(c.clone());
+                }
+                if waiting || chat_busy || in_flight + picks.len() >= 8 {
+                    continue;
+                }
+                p.in_flight = true;
+                picks.push((i, p.id.clone(), p.body.clone(), url.clone(), secret.clone()));
+            }
+            picks
+        };
+        for (_, id, body, url, secret) in picks {
+            let (state, http, number) = (state.clone(), http.clone(), number.clone());
+            tokio::spawn(async move {
+                let ok = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .header("x-hub-signature-256", sign(&secret, &body))
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                {
+                    let mut g = state.lock();
+                    let q = g.pending.entry(number).or_default();
+                    if let Some(pos) = q.iter().position(|p| p.in_flight && p.id == id) {
+                        if ok {
+                            q.remove(pos);
+                        } else {
+                            let p = &mut q[pos];
+                            p.in_flight = false;
+                            p.attempts += 1;
+                            p.retry_at = Some(
+                                Instant::now() + Duration::from_millis(100u64 << p.attempts.min(5)),
+                            );
+                        }
+                    }
+                }
+                if ok {
+                    state.delivered.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    state.failed.fetch_add(1, Ordering::SeqCst);
+                }
+                state.wake.notify_waiters();
+            });
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+}
+
+fn graph_error(status: StatusCode, code: i64, message: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"message": message, "type": "OAuthException", "code": code, "fbtrace_id": "fake"}})),
+    )
+        .into_response()
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("authorization")?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+fn authorized(state: &FakeGraphState, id: &str, headers: &HeaderMap) -> Result<(), Response> {
+    let g = state.lock();
+    match (g.numbers.get(id), bearer(headers)) {
+        (Some(n), Some(t)) if n.token == t => Ok(()),
+        (None, Some(_)) => Err(graph_error(
+            StatusCode::BAD_REQUEST,
+            100,
+            "Unsupported get request: the object does not exist",
+        )),
+        _ => Err(graph_error(
+            StatusCode::UNAUTHORIZED,
+            190,
+            "Error validating access token: Session has expired",
+        )),
+    }
+}
+
+async fn number_info(
+    State(state): State<FakeGraphState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = authorized(&state, &id, &headers) {
+        return r;
+    }
+    Json(json!({"verified_name": "Fake", "display_phone_number": "+1 555-0100", "id": id}))
+        .into_response()
+}
+
+async fn messages(
+    State(state): State<FakeGraphState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Option<Json<Value>>,
+) -> Response {
+    if let Err(r) = authorized(&state, &id, &headers) {
+        return r;
+    }
+    let Some(Json(doc)) = body else {
+        return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
+    };
+    let fault = state
+        .lock()
+        .numbers
+        .get_mut(&id)
+        .and_then(|n| (!n.faults.is_empty()).then(|| n.faults.remove(0)));
+    match fault {
+        Some(SendFault::TokenExpired) => {
+            return graph_error(StatusCode::UNAUTHORIZED, 190, "Session has expired")
+        }
+        Some(SendFault::Refused) => {
+            return graph_error(StatusCode::BAD_REQUEST, 131_047, "Re-engagement message")
+        }
+        Some(SendFault::RateLimited) => {
+            return graph_error(StatusCode::TOO_MANY_REQUESTS, 130_429, "Rate limit hit")
+        }
+        Some(SendFault::ServerError) => {
+            return graph_error(StatusCode::INTERNAL_SERVER_ERROR, 1, "An unknown error")
+        }
+        None => {}
+    }
+    let (Some(to), Some(text)) = (doc["to"].as_str(), doc["text"]["body"].as_str()) else {
+        return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
+    };
+    if doc["messaging_product"] != "whatsapp" || text.is_empty() {
+        return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
+    }
+    let wamid = format!(
+        "wamid.out.{}",
+        state.next_id.fetch_add(1, Ordering::SeqCst) + 1
+    );
+    state.lock().sent.push(Sent {
+        phone_number_id: id,
+        to: to.to_owned(),
+        text: text.to_owned(),
+        reply_to: doc["context"]["message_id"].as_str().map(str::to_owned),
+    });
+    Json(json!({"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}], "messages": [{"id": wamid}]}))
+        .into_response()
+}
+
+/// The fake's routes, callable without a socket.
+pub fn app(state: FakeGraphState) -> Router {
+    Router::new()
+        .route("/{id}", get(number_info))
+        .route("/{id}/messages", post(messages))
+        .with_state(state)
+}
+
+/// A fake Graph API on `127.0.0.1:0`.
+pub struct FakeGraph {
+    addr: SocketAddr,
+    state: FakeGraphState,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeGraph {
+    /// Binds a loopback port and serves.
+    ///
+    /// # Errors
+    /// When no loopback port can be bound.
+    pub async fn start() -> std::io::Result<Self> {
+        let state = FakeGraphState::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let router = app(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(Self { addr, state, task })
+    }
+
+    /// `http://127.0.0.1:<port>`: the bots' API URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The shared state.
+    pub fn state(&self) -> &FakeGraphState {
+        &self.state
+    }
+}
+
+impl Drop for FakeGraph {
+    fn drop(&mut self) {
+        self.state.stopped.store(true, Ordering::SeqCst);
+        self.task.abort();
+    }
+}
