@@ -618,3 +618,88 @@ async fn whatsapp_cloud_bots_answer_once_in_order_across_workers() {
         w.shutdown().await;
     }
 }
+
+/// Slack Events API on three workers: the url_verification challenge is answered; signed
+/// events (one channel's in order, failed ones retried) are answered once, in order, with the
+/// state carried; a stale or forged request is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_events_bots_answer_once_in_order_across_workers() {
+    use botfleet_testkit::FakeSlack;
+    let (_dir, store) = store().await;
+    let slack = FakeSlack::start().await.unwrap();
+    let handler = StateHandler::start(Duration::from_millis(5)).await;
+    let proxy = RoundRobinProxy::start(Vec::new()).await;
+    let bot_token = "xoxb-events-1";
+    slack.state().add_app(bot_token, "xapp-unused");
+    let mut spec = BotSpec::new(BotId::new("sl").unwrap(), Platform::Slack, bot_token);
+    spec.options.api_url = Some(slack.api_url());
+    spec.options.mode = Some("events".into());
+    spec.hook.secret = Some(Secret::new("signing-secret-1"));
+    spec.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    store.add_bot(&spec).await.unwrap();
+    let hub = MemoryHub::new();
+    let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    let hook = format!("{}/hooks/slack/sl", proxy.url());
+    slack
+        .state()
+        .subscribe_events(bot_token, &hook, "signing-secret-1");
+    let (status, body) = slack.state().verify_url(bot_token).await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body, "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P");
+    // Forged and stale requests are refused.
+    let http = reqwest::Client::new();
+    let evil = br#"{"type":"event_callback","event":{"type":"message","channel":"C1","user":"U1","text":"forged","ts":"1.000001"}}"#;
+    let now = (botfleet_core::unix_ms() / 1000).to_string();
+    let old = (botfleet_core::unix_ms() / 1000 - 600).to_string();
+    for (ts, secret) in [(&now, "wrong"), (&old, "signing-secret-1")] {
+        let r = http
+            .post(&hook)
+            .header("x-slack-request-timestamp", ts.as_str())
+            .header("x-slack-signature", botfleet_slack::sign(secret, ts, evil))
+            .body(evil.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    const CHANNELS: usize = 4;
+    const EACH: usize = 8;
+    for round in 0..EACH {
+        for c in 0..CHANNELS {
+            slack
+                .state()
+                .user_writes(bot_token, &format!("C00{c}"), None, &format!("s{round}"));
+        }
+    }
+    let total = CHANNELS * EACH;
+    until("every Slack event answered", 30, || {
+        slack.state().posts_count() >= total && slack.state().events_undelivered() == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let posts = slack.state().posts();
+    assert_eq!(posts.len(), total, "each event answered once");
+    let mut per: HashMap<String, Vec<String>> = HashMap::new();
+    for p in &posts {
+        per.entry(p.channel.clone())
+            .or_default()
+            .push(p.text.clone());
+    }
+    for (ch, texts) in per {
+        let want: Vec<String> = (0..EACH).map(|i| format!("{}:s{i}", i + 1)).collect();
+        assert_eq!(texts, want, "channel {ch}");
+    }
+    assert!(!posts.iter().any(|p| p.text.contains("forged")));
+    assert_eq!(
+        slack.state().sockets(bot_token),
+        0,
+        "events mode opens no socket"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}

@@ -34,7 +34,16 @@ impl SlackConnector {
         })
     }
 
-    fn api(spec: &BotSpec) -> Result<SlackApi, PlatformError> {
+    pub(crate) fn api(spec: &BotSpec) -> Result<SlackApi, PlatformError> {
+        if spec.mode() == "events" {
+            // No socket to open: the app token is never used (the bot token stands in).
+            let app = spec.app_token.as_ref().unwrap_or(&spec.token);
+            return Ok(SlackApi::new(
+                spec.options.api_url.as_deref(),
+                &spec.token,
+                app,
+            ));
+        }
         let app = spec.app_token.as_ref().ok_or_else(|| {
             PlatformError::new(
                 ErrorKind::Rejected,
@@ -71,6 +80,15 @@ impl Connector for SlackConnector {
     ) -> Result<Connection, PlatformError> {
         let api = Self::api(spec)?;
         let info = self.client.auth_test(&api).await?;
+        if spec.mode() == "events" {
+            return Ok(Connection {
+                receiver: Box::new(crate::events::Subscribed),
+                sender: Arc::new(SlackSender {
+                    client: self.client.clone(),
+                    api,
+                }),
+            });
+        }
         let mut receiver = SocketReceiver::new(
             self.client.clone(),
             api.clone(),
@@ -92,14 +110,20 @@ impl Connector for SlackConnector {
         })
     }
 
+    fn webhooks(&self) -> Option<Arc<dyn botfleet_platform::Webhooks>> {
+        Some(Arc::new(crate::SlackEvents {
+            client: self.client.clone(),
+        }))
+    }
+
     fn open_connections(&self) -> Option<u64> {
         Some(self.open.load(Ordering::Relaxed).max(0).unsigned_abs())
     }
 }
 
-struct SlackSender {
-    client: SlackClient,
-    api: SlackApi,
+pub(crate) struct SlackSender {
+    pub(crate) client: SlackClient,
+    pub(crate) api: SlackApi,
 }
 
 #[async_trait]

@@ -6,7 +6,9 @@
 //! caps an app at 10 sockets (`too_many_websockets`) and records what it received.
 //!
 //! Tokens are registered with [`FakeSlackState::add_app`]; a user writes with
-//! [`FakeSlackState::user_writes`].
+//! [`FakeSlackState::user_writes`]. An app subscribed to the Events API
+//! ([`FakeSlackState::subscribe_events`]) gets its events as signed POSTs instead, retried
+//! until they get a 2xx.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -118,6 +120,27 @@ pub struct FakeSlackState {
     overlaps: Arc<AtomicU64>,
     ack_deadline_ms: Arc<AtomicU64>,
     ping_every_ms: Arc<AtomicU64>,
+    /// Events API subscriptions, per bot token.
+    events: Arc<Mutex<HashMap<String, EventsSub>>>,
+    events_delivered: Arc<AtomicU64>,
+    events_failed: Arc<AtomicU64>,
+}
+
+/// An app subscribed to the Events API: where its events go and how they are signed.
+struct EventsSub {
+    url: String,
+    secret: String,
+    user_id: String,
+    queue: Vec<EventDelivery>,
+}
+
+struct EventDelivery {
+    id: String,
+    channel: String,
+    payload: Value,
+    attempts: u32,
+    retry_at: Option<Instant>,
+    in_flight: bool,
 }
 
 impl Default for FakeSlackState {
@@ -130,6 +153,9 @@ impl Default for FakeSlackState {
             overlaps: Arc::default(),
             ack_deadline_ms: Arc::new(AtomicU64::new(3_000)),
             ping_every_ms: Arc::new(AtomicU64::new(20_000)),
+            events: Arc::default(),
+            events_delivered: Arc::default(),
+            events_failed: Arc::default(),
         }
     }
 }
@@ -193,12 +219,104 @@ impl FakeSlackState {
         ts
     }
 
+    /// Subscribes the app of `bot_token` to the Events API: its events are POSTed to `url`
+    /// from now on (not to sockets), signed with `signing_secret` as Slack signs them
+    /// (`X-Slack-Request-Timestamp`, `X-Slack-Signature`), one channel's after another, a
+    /// failed one retried (`X-Slack-Retry-Num`) while that channel's later ones wait.
+    pub fn subscribe_events(&self, bot_token: &str, url: &str, signing_secret: &str) {
+        let user_id = self.bot_user(bot_token).unwrap_or_default();
+        let start = {
+            let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            let fresh = !ev.contains_key(bot_token);
+            ev.insert(
+                bot_token.to_owned(),
+                EventsSub {
+                    url: url.to_owned(),
+                    secret: signing_secret.to_owned(),
+                    user_id,
+                    queue: Vec::new(),
+                },
+            );
+            fresh
+        };
+        if start {
+            tokio::spawn(deliver_events(self.clone(), bot_token.to_owned()));
+        }
+    }
+
+    /// Sends the `url_verification` challenge to the app's events URL, signed; answers the
+    /// response's status and body.
+    pub async fn verify_url(&self, bot_token: &str) -> Option<(u16, String)> {
+        let (url, secret) = {
+            let ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            let sub = ev.get(bot_token)?;
+            (sub.url.clone(), sub.secret.clone())
+        };
+        let body = json!({"token": "verification-token", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", "type": "url_verification"}).to_string();
+        let ts = (botfleet_core::unix_ms() / 1000).to_string();
+        let r = reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .header("x-slack-request-timestamp", &ts)
+            .header(
+                "x-slack-signature",
+                crate::sign(&secret, &ts, body.as_bytes()),
+            )
+            .body(body)
+            .send()
+            .await
+            .ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.text().await.unwrap_or_default()))
+    }
+
+    /// Events API deliveries answered 2xx, and ones that were not (each retried).
+    pub fn events_deliveries(&self) -> (u64, u64) {
+        (
+            self.events_delivered.load(Ordering::SeqCst),
+            self.events_failed.load(Ordering::SeqCst),
+        )
+    }
+
+    /// Events API deliveries not acknowledged yet.
+    pub fn events_undelivered(&self) -> usize {
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|s| s.queue.len())
+            .sum()
+    }
+
     /// Queues any event (e.g. a malformed one, or an edit) for the app of `bot_token`.
     pub fn push_event(&self, bot_token: &str, event: Value) {
         {
             let mut g = self.lock();
             g.next_id += 1;
             let event_id = format!("Ev{:08}", g.next_id);
+            let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            if let (Some(sub), Some(app)) = (ev.get_mut(bot_token), g.apps.get(bot_token)) {
+                let channel = event["channel"].as_str().unwrap_or("").to_owned();
+                let payload = json!({
+                    "token": "verification-token", "team_id": "T0001", "api_app_id": app.id,
+                    "event": event, "type": "event_callback", "event_id": event_id,
+                    "event_time": 1_700_000_000,
+                    "authorizations": [{"team_id": "T0001", "user_id": sub.user_id, "is_bot": true}],
+                });
+                sub.queue.push(EventDelivery {
+                    id: event_id,
+                    channel,
+                    payload,
+                    attempts: 0,
+                    retry_at: None,
+                    in_flight: false,
+                });
+                drop(ev);
+                drop(g);
+                self.wake.notify_waiters();
+                return;
+            }
+            drop(ev);
             if let Some(app) = g.apps.get_mut(bot_token) {
                 let payload = json!({
                     "token": "verification-token", "team_id": "T0001", "api_app_id": app.id,
@@ -776,6 +894,98 @@ pub fn app(state: FakeSlackState) -> Router {
         .with_state(state)
 }
 
+/// Delivers an Events API subscriber's queue (see [`FakeSlackState::subscribe_events`]).
+async fn deliver_events(state: FakeSlackState, bot_token: String) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_default();
+    loop {
+        let woken = state.wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let now = Instant::now();
+        let picks = {
+            let mut ev = state.events.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(sub) = ev.get_mut(&bot_token) else {
+                return;
+            };
+            let (url, secret) = (sub.url.clone(), sub.secret.clone());
+            let in_flight = sub.queue.iter().filter(|d| d.in_flight).count();
+            let mut busy = std::collections::HashSet::new();
+            let mut picks = Vec::new();
+            for d in &mut sub.queue {
+                let waiting = d.in_flight || d.retry_at.is_some_and(|t| t > now);
+                let blocked = !busy.insert(d.channel.clone());
+                if waiting || blocked || in_flight + picks.len() >= 8 {
+                    continue;
+                }
+                d.in_flight = true;
+                picks.push((
+                    d.id.clone(),
+                    d.payload.to_string(),
+                    d.attempts,
+                    url.clone(),
+                    secret.clone(),
+                ));
+            }
+            picks
+        };
+        for (id, body, attempts, url, secret) in picks {
+            let (state, http, bot_token) = (state.clone(), http.clone(), bot_token.clone());
+            tokio::spawn(async move {
+                let ts = (botfleet_core::unix_ms() / 1000).to_string();
+                let mut req = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .header("x-slack-request-timestamp", &ts)
+                    .header(
+                        "x-slack-signature",
+                        crate::sign(&secret, &ts, body.as_bytes()),
+                    );
+                if attempts > 0 {
+                    req = req
+                        .header("x-slack-retry-num", attempts.to_string())
+                        .header("x-slack-retry-reason", "http_error");
+                }
+                let ok = req
+                    .body(body)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                {
+                    let mut ev = state.events.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(sub) = ev.get_mut(&bot_token) {
+                        if let Some(pos) = sub.queue.iter().position(|d| d.id == id) {
+                            if ok {
+                                sub.queue.remove(pos);
+                            } else {
+                                let d = &mut sub.queue[pos];
+                                d.in_flight = false;
+                                d.attempts += 1;
+                                d.retry_at = Some(
+                                    Instant::now()
+                                        + Duration::from_millis(100u64 << d.attempts.min(5)),
+                                );
+                            }
+                        }
+                    }
+                }
+                if ok {
+                    state.events_delivered.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    state.events_failed.fetch_add(1, Ordering::SeqCst);
+                }
+                state.wake.notify_waiters();
+            });
+        }
+        tokio::select! {
+            () = woken => {}
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
 /// A running fake Slack on `127.0.0.1:<free port>`; stops when dropped.
 pub struct FakeSlack {
     addr: SocketAddr,
@@ -830,6 +1040,12 @@ impl FakeSlack {
 
 impl Drop for FakeSlack {
     fn drop(&mut self) {
+        // Ends the Events API delivery loops.
+        self.state
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         for t in &self.tasks {
             t.abort();
         }

@@ -4,6 +4,7 @@ mod client;
 mod config;
 mod connector;
 mod error;
+mod events;
 #[cfg(feature = "fake")]
 pub mod fake;
 mod inbound;
@@ -14,5 +15,6 @@ pub use client::{AuthInfo, SlackApi, SlackClient};
 pub use config::{SlackConfig, DEFAULT_API_URL};
 pub use connector::SlackConnector;
 pub use error::SlackError;
+pub use events::{sign, SlackEvents, MAX_SKEW_S};
 pub use inbound::{parse_event, parse_frame, Event, Frame, Me};
 pub use outbound::{channel_and_thread, send, MAX_TEXT_CHARS};

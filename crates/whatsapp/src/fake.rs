@@ -320,16 +320,17 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .strip_prefix("Bearer ")
 }
 
-fn authorized(state: &FakeGraphState, id: &str, headers: &HeaderMap) -> Result<(), Response> {
+/// The Graph error for a request on number `id` with these headers, if it is not allowed.
+fn refusal(state: &FakeGraphState, id: &str, headers: &HeaderMap) -> Option<Response> {
     let g = state.lock();
     match (g.numbers.get(id), bearer(headers)) {
-        (Some(n), Some(t)) if n.token == t => Ok(()),
-        (None, Some(_)) => Err(graph_error(
+        (Some(n), Some(t)) if n.token == t => None,
+        (None, Some(_)) => Some(graph_error(
             StatusCode::BAD_REQUEST,
             100,
             "Unsupported get request: the object does not exist",
         )),
-        _ => Err(graph_error(
+        _ => Some(graph_error(
             StatusCode::UNAUTHORIZED,
             190,
             "Error validating access token: Session has expired",
@@ -342,7 +343,7 @@ async fn number_info(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authorized(&state, &id, &headers) {
+    if let Some(r) = refusal(&state, &id, &headers) {
         return r;
     }
     Json(json!({"verified_name": "Fake", "display_phone_number": "+1 555-0100", "id": id}))
@@ -355,7 +356,7 @@ async fn messages(
     headers: HeaderMap,
     body: Option<Json<Value>>,
 ) -> Response {
-    if let Err(r) = authorized(&state, &id, &headers) {
+    if let Some(r) = refusal(&state, &id, &headers) {
         return r;
     }
     let Some(Json(doc)) = body else {
