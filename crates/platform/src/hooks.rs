@@ -116,6 +116,24 @@ pub trait Webhooks: Send + Sync + std::fmt::Debug {
     fn sender(&self, spec: &BotSpec) -> Result<Arc<dyn Sender>, PlatformError>;
 }
 
+/// The receiver of a webhook bot's unit: nothing arrives this way (deliveries reach every
+/// worker's hooks address), so it waits until closed.
+#[derive(Debug, Default)]
+pub struct NoDeliveries;
+
+#[async_trait::async_trait]
+impl crate::Receiver for NoDeliveries {
+    async fn next(&mut self) -> Result<crate::Batch, PlatformError> {
+        std::future::pending().await
+    }
+
+    async fn ack(&mut self, _ack: crate::Ack) -> Result<Option<String>, PlatformError> {
+        Ok(None)
+    }
+
+    async fn close(&mut self) {}
+}
+
 /// Compares two secrets in time that does not depend on where they differ.
 pub fn secrets_match(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {

@@ -8,4 +8,4 @@ pub use connector::{
     Ack, Batch, Connection, Connector, Identity, MayAct, Received, Receiver, Sender, Stat,
 };
 pub use error::{ErrorKind, PlatformError};
-pub use hooks::{secrets_match, HookAnswer, HookRefusal, HookRequest, Webhooks};
+pub use hooks::{secrets_match, HookAnswer, HookRefusal, HookRequest, NoDeliveries, Webhooks};

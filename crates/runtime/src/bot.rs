@@ -258,10 +258,11 @@ impl BotCtx {
         // Where to resume: the checkpoint, and what a predecessor recorded but did not answer
         // (one store call: a worker taking thousands of bots makes one per bot).
         let (store, bot) = (self.store.clone(), self.spec.id.clone());
+        // A webhook bot's journal belongs to the chats' turns on every worker (and their
+        // sweeper), not to the unit: replaying it here would answer outside the turns.
+        let limit = if self.spec.is_webhook() { 0 } else { 100_000 };
         let (checkpoint, pending) = match self
-            .store_retry("read the resume point", || {
-                store.resume_point(&bot, 100_000)
-            })
+            .store_retry("read the resume point", || store.resume_point(&bot, limit))
             .await
         {
             Ok((c, p)) => (c.map(|c| c.value), p),

@@ -95,6 +95,11 @@ struct Inner {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// (bot, entry key) being worked on here: the sweeper leaves them alone.
     active: Mutex<HashSet<(BotId, String)>>,
+    /// Shutting down: new deliveries are answered 503, waiting tickets are left to others.
+    draining: std::sync::atomic::AtomicBool,
+    /// Turns being handled here now, and a signal when that falls to zero.
+    handling: std::sync::atomic::AtomicUsize,
+    idle: Notify,
 }
 
 /// What a turn's handling came to.
@@ -128,6 +133,9 @@ impl Hooks {
                 senders: Mutex::default(),
                 waiters: Mutex::default(),
                 active: Mutex::default(),
+                draining: std::sync::atomic::AtomicBool::new(false),
+                handling: std::sync::atomic::AtomicUsize::new(0),
+                idle: Notify::new(),
             }),
         }
     }
@@ -146,6 +154,45 @@ impl Hooks {
         let wake = self.clone().wakeups();
         let sweep = self.sweeper();
         tokio::join!(wake, sweep);
+    }
+
+    /// Starts a clean shutdown: new deliveries are answered 503 (the load balancer or the
+    /// platform sends them to another worker), tickets still waiting are left to be taken over.
+    pub(crate) fn begin_drain(&self) {
+        self.inner
+            .draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits (up to `limit`) until no turn is being handled here: a worker leaves only once
+    /// its turns are done, so none is handled twice at once.
+    pub(crate) async fn wait_idle(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let idle = self.inner.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self
+                .inner
+                .handling
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 0
+            {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                warn!(
+                    "turns still being handled at shutdown; their entries are replayed by others"
+                );
+                return;
+            }
+        }
+    }
+
+    fn draining(&self) -> bool {
+        self.inner
+            .draining
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn lease(&self) -> Option<LeaseHandle> {
@@ -437,6 +484,8 @@ impl Hooks {
                     self.release(&ck, dead, fence).await;
                     coord.turn_try(&ck, ticket).await
                 }
+                // Leaving: this ticket is taken over once the worker unregisters.
+                Turn::Wait if self.draining() => break,
                 Turn::Wait => {
                     if !reported && waited_from.elapsed() > self.inner.settings.turn_wait {
                         reported = true;
@@ -529,6 +578,23 @@ impl Hooks {
         fence: Fence,
         arrived: Option<Instant>,
     ) -> Handled {
+        use std::sync::atomic::Ordering;
+        self.inner.handling.fetch_add(1, Ordering::SeqCst);
+        let done = self.handle_inner(spec, chat, key, fence, arrived).await;
+        if self.inner.handling.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.inner.idle.notify_waiters();
+        }
+        done
+    }
+
+    async fn handle_inner(
+        &self,
+        spec: &Arc<BotSpec>,
+        chat: &str,
+        key: &str,
+        fence: Fence,
+        arrived: Option<Instant>,
+    ) -> Handled {
         let store = &self.inner.store;
         let p = spec.platform;
         let mut attempt = 0;
@@ -551,6 +617,7 @@ impl Hooks {
         if entry.state != InboxState::Pending {
             return Handled::Done; // handled already (a redelivery's ticket, a replay)
         }
+        debug!(bot = %spec.id, chat = %chat, key = %key, fence = fence.0, revision = view.revision, has_state = view.state.is_some(), sent = view.sent, "handling a turn");
         let started = Instant::now();
         let msg: Inbound = match serde_json::from_str(&entry.message) {
             Ok(m) => m,
@@ -821,7 +888,7 @@ async fn hook(
                 // Not taken: the platform keeps it and retries.
                 return (StatusCode::SERVICE_UNAVAILABLE, "bot disabled\n").into_response();
             }
-            if !h.may_act() {
+            if !h.may_act() || h.draining() {
                 h.inner.metrics.count(HOOKS_UNAVAILABLE_TOTAL, p, 1);
                 return (StatusCode::SERVICE_UNAVAILABLE, "worker not live; retry\n")
                     .into_response();

@@ -82,7 +82,7 @@ impl Connector for SlackConnector {
         let info = self.client.auth_test(&api).await?;
         if spec.mode() == "events" {
             return Ok(Connection {
-                receiver: Box::new(crate::events::Subscribed),
+                receiver: Box::new(botfleet_platform::NoDeliveries),
                 sender: Arc::new(SlackSender {
                     client: self.client.clone(),
                     api,

@@ -3,11 +3,9 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use botfleet_core::BotSpec;
 use botfleet_platform::{
-    secrets_match, Ack, Batch, HookAnswer, HookRefusal, HookRequest, PlatformError, Received,
-    Receiver, Sender, Webhooks,
+    secrets_match, HookAnswer, HookRefusal, HookRequest, PlatformError, Received, Sender, Webhooks,
 };
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -121,21 +119,6 @@ impl Webhooks for SlackEvents {
             api: crate::SlackConnector::api(spec)?,
         }))
     }
-}
-
-/// An events-mode bot's unit: nothing arrives this way (events reach every worker's hooks
-/// address).
-pub(crate) struct Subscribed;
-
-#[async_trait]
-impl Receiver for Subscribed {
-    async fn next(&mut self) -> Result<Batch, PlatformError> {
-        std::future::pending().await
-    }
-    async fn ack(&mut self, _ack: Ack) -> Result<Option<String>, PlatformError> {
-        Ok(None)
-    }
-    async fn close(&mut self) {}
 }
 
 #[cfg(test)]

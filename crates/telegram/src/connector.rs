@@ -111,7 +111,7 @@ impl Connector for TelegramConnector {
                 )
                 .await?;
             return Ok(Connection {
-                receiver: Box::new(Registered),
+                receiver: Box::new(botfleet_platform::NoDeliveries),
                 sender: Arc::new(TelegramSender {
                     client: self.client.clone(),
                     api,
@@ -142,23 +142,6 @@ fn hook_url(base: &str, spec: &BotSpec) -> String {
         base.trim_end_matches('/'),
         spec.id.as_str()
     )
-}
-
-/// A webhook bot's registration: no updates come this way (they reach every worker's hooks
-/// address), so it waits until closed.
-struct Registered;
-
-#[async_trait]
-impl Receiver for Registered {
-    async fn next(&mut self) -> Result<Batch, PlatformError> {
-        std::future::pending().await
-    }
-
-    async fn ack(&mut self, _ack: Ack) -> Result<Option<String>, PlatformError> {
-        Ok(None)
-    }
-
-    async fn close(&mut self) {}
 }
 
 /// Long polling from an offset.

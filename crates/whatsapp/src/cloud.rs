@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use botfleet_core::{BotId, BotSpec, ChatKey, Inbound, Outbound, Platform};
 use botfleet_platform::{
-    secrets_match, Ack, Batch, Connection, Connector, ErrorKind, HookAnswer, HookRefusal,
-    HookRequest, Identity, PlatformError, Received, Receiver, Sender, Webhooks,
+    secrets_match, Connection, Connector, ErrorKind, HookAnswer, HookRefusal, HookRequest,
+    Identity, PlatformError, Received, Sender, Webhooks,
 };
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -155,27 +155,13 @@ impl Connector for WhatsappConnector {
         // Deliveries reach every worker's hooks address (the subscription is set in the
         // Meta app); the unit only watches the credentials.
         Ok(Connection {
-            receiver: Box::new(Subscribed),
+            receiver: Box::new(botfleet_platform::NoDeliveries),
             sender: Arc::new(CloudSender {
                 client: self.client.clone(),
                 number: number(spec)?,
             }),
         })
     }
-}
-
-/// A Cloud API bot's unit: nothing arrives this way.
-struct Subscribed;
-
-#[async_trait]
-impl Receiver for Subscribed {
-    async fn next(&mut self) -> Result<Batch, PlatformError> {
-        std::future::pending().await
-    }
-    async fn ack(&mut self, _ack: Ack) -> Result<Option<String>, PlatformError> {
-        Ok(None)
-    }
-    async fn close(&mut self) {}
 }
 
 struct CloudSender {

@@ -596,6 +596,9 @@ impl State {
     pub(super) async fn drain(&mut self, rx: &mut mpsc::UnboundedReceiver<Signal>) {
         self.w.ready.store(false, Ordering::SeqCst);
         self.draining = true;
+        if let Some(h) = &self.w.hooks {
+            h.begin_drain();
+        }
         let started = Instant::now();
         let me = self.me().clone();
         info!(worker = %me, bots = self.running.len(), "draining");
@@ -646,6 +649,11 @@ impl State {
             }
         }
         self.jobs.abort_all();
+        // Turns being handled finish before our liveness ends: nobody takes one over while
+        // it is still being answered here.
+        if let Some(h) = &self.w.hooks {
+            h.wait_idle(STOP_TIMEOUT).await;
+        }
         if let Err(e) = self.w.coord.unregister().await {
             warn!(error = %e, "unregister failed; liveness ends with the lease");
         }
