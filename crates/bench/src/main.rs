@@ -2,18 +2,20 @@
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
 //! (`--quick` for 1,000 bots only;
-//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss`
+//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
 //! two workers to all bots polling again; at 2,000, 10,000 and 20,000 bots, how fast a join, a
 //! SIGTERM and a kill -9 move them (see `moves.rs`); how the fleet comes back when Redis
 //! loses its data; and for Slack bots (see `slack.rs`) the cost of an idle socket and the
-//! refresh drill at scale.
+//! refresh drill at scale; for webhook bots (see `hooks.rs`) what a chat's turn costs and the
+//! updates a worker answers per second end to end.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod discord;
+mod hooks;
 mod moves;
 mod shards;
 mod slack;
@@ -447,6 +449,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref().is_none_or(|o| o == "loss") {
         moves::data_loss(if quick { 200 } else { 2_000 }).await?;
+    }
+    if only.as_deref().is_none_or(|o| o == "turn") {
+        hooks::turn_overhead().await?;
+    }
+    if only.as_deref().is_none_or(|o| o == "hooks") {
+        hooks::throughput().await?;
     }
     Ok(())
 }

@@ -650,7 +650,7 @@ impl Hooks {
                 }
             }
         };
-        let mut sent = false;
+        let mut sent: Option<Instant> = None;
         if let Some(text) = reply.text {
             if view.sent {
                 self.inner.metrics.count(OUTBOX_SKIPPED_TOTAL, p, 1);
@@ -671,7 +671,7 @@ impl Hooks {
                     }
                     match sender.send(&out).await {
                         Ok(()) => {
-                            sent = true;
+                            sent = Some(Instant::now());
                             self.inner.metrics.sent();
                             if let Some(a) = arrived {
                                 self.inner.metrics.hook_reply_latency(p, a.elapsed());
@@ -722,7 +722,21 @@ impl Hooks {
         let state = match reply.state {
             Some(s) if s.len() > MAX_STATE_BYTES => {
                 self.inner.metrics.count(STATE_TOO_LARGE_TOTAL, p, 1);
-                warn!(bot = %spec.id, chat = %chat, bytes = s.len(), limit = MAX_STATE_BYTES, "the handler's conversation state is too large; not stored (the reply went out)");
+                let why = format!(
+                    "the handler's conversation state is {} bytes, over the {MAX_STATE_BYTES}-byte bound: not stored (the chat keeps its last state)",
+                    s.len()
+                );
+                warn!(bot = %spec.id, chat = %chat, "{why}");
+                // Shown to the bot's owner in `bots list` (the bot keeps running).
+                let me = self.lease().map(|l| l.worker().to_string());
+                if let Err(e) = self
+                    .inner
+                    .store
+                    .set_status(&spec.id, BotStatus::Running, Some(&why), me.as_deref())
+                    .await
+                {
+                    debug!(error = %e, "cannot record the state error");
+                }
                 None
             }
             other => other.map(|s| (view.revision, s)),
@@ -746,7 +760,7 @@ impl Hooks {
             key,
             fence,
             InboxOutcome::Undeliverable(why),
-            false,
+            None,
             None,
         )
         .await
@@ -762,7 +776,7 @@ impl Hooks {
         key: &str,
         fence: Fence,
         outcome: InboxOutcome,
-        sent: bool,
+        sent: Option<Instant>,
         state: Option<(u64, String)>,
     ) -> Handled {
         let p = spec.platform;
@@ -775,11 +789,17 @@ impl Hooks {
             chat: chat.to_owned(),
             fence,
             outcome,
-            sent,
+            sent: sent.is_some(),
             state,
         };
         for attempt in 0..8 {
-            match self.inner.store.turn_record(&spec.id, &rec).await {
+            let r = self.inner.store.turn_record(&spec.id, &rec).await;
+            if let (Ok(_), Some(at)) = (&r, sent) {
+                // What remains of the duplicate window: a replay after a crash in here sends
+                // the reply again.
+                self.inner.metrics.outbox_window(p, at.elapsed());
+            }
+            match r {
                 Ok(StateWrite::Stale) => {
                     self.inner.metrics.count(STATE_REFUSED_TOTAL, p, 1);
                     warn!(bot = %spec.id, chat = %chat, "conversation state refused: a newer turn wrote first; this result is dropped");

@@ -74,6 +74,9 @@ pub const OUTBOX_SKIPPED_TOTAL: &str = "botfleet_outbox_skipped_total";
 pub const STATE_REFUSED_TOTAL: &str = "botfleet_state_refused_total";
 /// Conversation states over the size bound (not stored; reported), by platform.
 pub const STATE_TOO_LARGE_TOTAL: &str = "botfleet_state_too_large_total";
+/// Time from the platform accepting a webhook bot's reply to its outbox record written: the
+/// window in which a crash makes a replay send the reply again, by platform.
+pub const OUTBOX_WINDOW_SECONDS: &str = "botfleet_outbox_window_seconds";
 /// Time from a webhook request's arrival to its reply sent, by platform.
 pub const HOOK_REPLY_SECONDS: &str = "botfleet_hook_reply_seconds";
 /// Messages received by each of the busiest bots on this worker (bounded: the top N only).
@@ -104,6 +107,7 @@ pub struct Metrics {
     reply: Histograms,
     ack: Histograms,
     hook_reply: Histograms,
+    outbox_window: Histograms,
     // std Mutex: held for one map update, never across .await.
     connections: Mutex<BTreeMap<Platform, u64>>,
     errors: Mutex<BTreeMap<(Platform, &'static str), u64>>,
@@ -225,6 +229,10 @@ impl Metrics {
         if n > 0 {
             *lock(&self.per_platform).entry((name, p)).or_default() += n;
         }
+    }
+    /// A webhook reply's outbox record was written `d` after the platform accepted it.
+    pub fn outbox_window(&self, p: Platform, d: std::time::Duration) {
+        self.outbox_window.observe(p, d);
     }
     /// A webhook reply went out `d` after its request arrived.
     pub fn hook_reply_latency(&self, p: Platform, d: std::time::Duration) {
@@ -411,6 +419,12 @@ impl Metrics {
             &mut out,
             HOOK_REPLY_SECONDS,
             "Seconds from a webhook request's arrival to its reply sent (journal, turn, handler, send).",
+            &w,
+        );
+        self.outbox_window.render(
+            &mut out,
+            OUTBOX_WINDOW_SECONDS,
+            "Seconds from the platform accepting a webhook reply to its outbox record (a crash in between sends it again on replay).",
             &w,
         );
         self.ack.render(

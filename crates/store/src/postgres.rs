@@ -14,11 +14,53 @@ use crate::{
     Result, StateWrite, Store, StoreError, TurnRecord, TurnView,
 };
 
-/// A [`Store`] in Postgres. Reconnects on the next call after the connection drops.
+/// Connections each store keeps: statements of concurrent turns run side by side, and their
+/// commits share the server's WAL flushes (one connection would serialize every commit).
+pub(crate) const POOL_SIZE: usize = 4;
+
+/// Journals webhook deliveries (`$1` bot, `$2..$4` keys, chats, messages, `$5` base
+/// sequence, `$6` now).
+const JOURNAL_PUT: &str =
+    "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
+     SELECT $1, key, $5 + ord, chat, message, 'pending', $6 \
+     FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
+     ON CONFLICT DO NOTHING RETURNING key";
+
+/// What a turn leaves, in one statement (so one transaction): `$1` bot, `$2` chat, `$3`
+/// revision the state came from, `$4` fence, `$5` state, `$6` now, `$7` reply key, `$8` sent,
+/// `$9` entry state, `$10` error, `$11` entry key.
+fn turn_record_sql(cas: &str) -> String {
+    format!(
+        "WITH ob AS (INSERT INTO outbox (bot_id, key, fence, sent_at_ms) \
+           SELECT $1, $7, $4, $6 WHERE $8 ON CONFLICT DO NOTHING RETURNING 1), \
+         fin AS (UPDATE inbox SET state = $9, error = $10, finished_at_ms = $6 \
+           WHERE bot_id = $1 AND key = $11 AND state = 'pending' RETURNING 1), \
+         st AS ({cas}) \
+         SELECT (SELECT revision FROM st), (SELECT COUNT(*) FROM ob), (SELECT COUNT(*) FROM fin), \
+           CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT)"
+    )
+}
+
+/// [`turn_record_sql`] without a state to write.
+static TURN_RECORD: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {
+    Box::leak(turn_record_sql("SELECT 0::BIGINT AS revision WHERE false").into_boxed_str())
+});
+
+/// [`turn_record_sql`] with the state's compare-and-set.
+static TURN_RECORD_STATE: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {
+    Box::leak(
+        turn_record_sql(&format!("{} RETURNING revision", crate::schema::STATE_CAS))
+            .into_boxed_str(),
+    )
+});
+
+/// A [`Store`] in Postgres, over 4 connections used in turn. A connection that
+/// drops is opened again on its next use.
 #[derive(Clone)]
 pub struct PostgresStore {
     config: tokio_postgres::Config,
-    client: Arc<RwLock<Arc<Client>>>,
+    clients: Arc<[RwLock<Arc<Conn>>]>,
+    next: Arc<std::sync::atomic::AtomicUsize>,
     keys: Arc<Keyring>,
 }
 
@@ -28,6 +70,51 @@ impl std::fmt::Debug for PostgresStore {
         f.debug_struct("PostgresStore")
             .field("dbname", &self.config.get_dbname())
             .finish_non_exhaustive()
+    }
+}
+
+/// One connection and the statements prepared on it (the hot ones: parsed and planned once).
+struct Conn {
+    client: Client,
+    // std Mutex: held for one map operation, never across .await.
+    prepared: std::sync::Mutex<HashMap<&'static str, tokio_postgres::Statement>>,
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Conn {
+    fn new(client: Client) -> Self {
+        Self {
+            client,
+            prepared: std::sync::Mutex::default(),
+        }
+    }
+
+    /// `sql` prepared on this connection (once).
+    async fn statement(
+        &self,
+        sql: &'static str,
+        op: &'static str,
+    ) -> Result<tokio_postgres::Statement> {
+        if let Some(s) = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sql)
+        {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(sql).await.map_err(db(op))?;
+        self.prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sql, s.clone());
+        Ok(s)
     }
 }
 
@@ -61,9 +148,14 @@ impl PostgresStore {
                 })?;
         let mut client = connect(&config).await?;
         migrate(&mut client).await?;
+        let mut clients = vec![RwLock::new(Arc::new(Conn::new(client)))];
+        for _ in 1..POOL_SIZE {
+            clients.push(RwLock::new(Arc::new(Conn::new(connect(&config).await?))));
+        }
         Ok(Self {
             config,
-            client: Arc::new(RwLock::new(Arc::new(client))),
+            clients: clients.into(),
+            next: Arc::default(),
             keys: Keyring::none(),
         })
     }
@@ -75,16 +167,18 @@ impl PostgresStore {
         self
     }
 
-    async fn client(&self) -> Result<Arc<Client>> {
+    async fn client(&self) -> Result<Arc<Conn>> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.clients.len();
+        let slot = &self.clients[i];
         {
-            let c = self.client.read().await;
+            let c = slot.read().await;
             if !c.is_closed() {
                 return Ok(c.clone());
             }
         }
-        let mut w = self.client.write().await;
+        let mut w = slot.write().await;
         if w.is_closed() {
-            *w = Arc::new(connect(&self.config).await?);
+            *w = Arc::new(Conn::new(connect(&self.config).await?));
         }
         Ok(w.clone())
     }
@@ -587,12 +681,10 @@ impl Store for PostgresStore {
         let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
         let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
         let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        let st = c.statement(JOURNAL_PUT, "journal").await?;
         let rows = c
             .query(
-                "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
-                 SELECT $1, key, $5 + ord, chat, message, 'pending', $6 \
-                 FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
-                 ON CONFLICT DO NOTHING RETURNING key",
+                &st,
                 &[
                     &bot.as_str(),
                     &keys,
@@ -691,23 +783,15 @@ impl Store for PostgresStore {
             None => (0, None),
         };
         // One statement, so one transaction: outbox, state and the entry's end together.
-        let cas = if rec.state.is_some() {
-            format!("{} RETURNING revision", crate::schema::STATE_CAS)
+        let sql = if rec.state.is_some() {
+            &*TURN_RECORD_STATE
         } else {
-            "SELECT 0::BIGINT AS revision WHERE false".to_owned()
+            &*TURN_RECORD
         };
-        let sql = format!(
-            "WITH ob AS (INSERT INTO outbox (bot_id, key, fence, sent_at_ms) \
-               SELECT $1, $7, $4, $6 WHERE $8 ON CONFLICT DO NOTHING RETURNING 1), \
-             fin AS (UPDATE inbox SET state = $9, error = $10, finished_at_ms = $6 \
-               WHERE bot_id = $1 AND key = $11 AND state = 'pending' RETURNING 1), \
-             st AS ({cas}) \
-             SELECT (SELECT revision FROM st), (SELECT COUNT(*) FROM ob), (SELECT COUNT(*) FROM fin), \
-               CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT)"
-        );
+        let st = c.statement(sql, "record a turn").await?;
         let r = c
             .query_one(
-                &sql,
+                &st,
                 &[
                     &bot.as_str(),
                     &rec.chat,

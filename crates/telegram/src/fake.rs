@@ -50,6 +50,8 @@ pub struct Sent {
     pub chat_id: String,
     /// The text.
     pub text: String,
+    /// When the fake received it.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -576,6 +578,7 @@ async fn handle(
                 token,
                 chat_id: chat_id.clone(),
                 text: text.to_owned(),
+                at: std::time::Instant::now(),
             });
             ok(
                 json!({"message_id": 1, "date": 1_700_000_000, "chat": {"id": chat_id}, "text": text}),

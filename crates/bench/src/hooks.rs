@@ -1,0 +1,350 @@
+//! Webhook bots: what a chat's turn costs, and how many updates a worker answers end to end.
+//!
+//! - `--only turn`: on loopback Redis, the uncontended turn (ticket + turn in one call, then
+//!   the release) against one plain coordinator round trip (an owner lookup), p50/p99 over
+//!   10,000 iterations.
+//! - `--only hooks [--workers N] [--store sqlite|postgres] [--rate R] [--seconds S]`: N
+//!   `botfleet worker` processes (release build) on a private Redis and a SQLite file (or a
+//!   Postgres schema of `BOTFLEET_TEST_POSTGRES_URL`); 20 Telegram webhook bots with the echo
+//!   handler, 100 chats each; updates POSTed round-robin straight to the workers' hooks
+//!   addresses at R per second (open loop) for S seconds. Each update is journaled, takes its
+//!   turn, is echoed and sent to the fake Bot API; latency is from the POST to the fake's
+//!   receipt of the reply. With `--store sqlite --workers 1 --embedded` the worker runs without
+//!   Redis (the in-memory coordinator).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context};
+use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator, Turn, WorkerMeta};
+use botfleet_core::{BotId, BotSpec, Platform, Secret, WorkerId};
+use botfleet_testkit::{nonce, FakeTelegram, PgSchema, RedisServer};
+
+use crate::{botfleet_bin, Dir};
+
+const SECRET: &str = "bench-secret";
+const BOTS: usize = 20;
+const CHATS: usize = 100;
+
+fn arg(name: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != name).nth(1)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// `--only turn`.
+pub(crate) async fn turn_overhead() -> anyhow::Result<()> {
+    let redis = RedisServer::start()?;
+    let coord =
+        RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix(format!("b{}", nonce())))
+            .await?;
+    coord
+        .register(
+            &WorkerId::new("bench")?,
+            &WorkerMeta {
+                host: "bench".into(),
+                capacity: 1,
+                started_at_ms: 0,
+                bots_held: 0,
+                rss_bytes: 0,
+            },
+            Duration::from_secs(30),
+        )
+        .await?;
+    let bot = BotId::new("b0")?;
+    let n = 10_000;
+    let (mut base, mut take, mut release) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n + 500 {
+        let chat = format!("b0/{}", i % 64);
+        let t = Instant::now();
+        let _ = coord.owner(&bot).await?;
+        let b = t.elapsed();
+        let t = Instant::now();
+        let (ticket, turn) = coord.turn_take(&chat, "k").await?;
+        let tk = t.elapsed();
+        let Turn::Granted { fence, .. } = turn else {
+            bail!("an uncontended turn was not granted: {turn:?}");
+        };
+        let t = Instant::now();
+        coord.turn_release(&chat, ticket, fence).await?;
+        let r = t.elapsed();
+        if i >= 500 {
+            base.push(b.as_secs_f64() * 1e3);
+            take.push(tk.as_secs_f64() * 1e3);
+            release.push(r.as_secs_f64() * 1e3);
+        }
+    }
+    for v in [&mut base, &mut take, &mut release] {
+        v.sort_by(f64::total_cmp);
+    }
+    println!(
+        "turn overhead, uncontended, loopback Redis, {n} iterations: one coordinator round trip (owner lookup) p50 {:.3} ms p99 {:.3} ms; ticket + turn (before the handler) p50 {:.3} ms p99 {:.3} ms; release (after the send) p50 {:.3} ms p99 {:.3} ms",
+        pct(&base, 0.5),
+        pct(&base, 0.99),
+        pct(&take, 0.5),
+        pct(&take, 0.99),
+        pct(&release, 0.5),
+        pct(&release, 0.99),
+    );
+    Ok(())
+}
+
+/// `--only hooks`.
+pub(crate) async fn throughput() -> anyhow::Result<()> {
+    let workers: usize = arg("--workers").map_or(Ok(1), |s| s.parse())?;
+    let store_kind = arg("--store").unwrap_or_else(|| "sqlite".into());
+    let rate: f64 = arg("--rate").map_or(Ok(2_000.0 * workers as f64), |s| s.parse())?;
+    let seconds: f64 = arg("--seconds").map_or(Ok(10.0), |s| s.parse())?;
+    let embedded = std::env::args().any(|a| a == "--embedded");
+    let threads = arg("--worker-threads").unwrap_or_else(|| "2".into());
+    let bin = botfleet_bin()?;
+    let fake = FakeTelegram::start().await?;
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-hooks-{}", nonce())));
+    std::fs::create_dir_all(&dir.0)?;
+    let pg = if store_kind == "postgres" {
+        Some(PgSchema::create().await)
+    } else {
+        None
+    };
+    let db = match &pg {
+        Some(s) => s.url(),
+        None => format!("sqlite://{}", dir.0.join("bots.db").display()),
+    };
+    let store = botfleet_store::open(&db).await?;
+    for i in 0..BOTS {
+        let token = format!("{}:hooks-{i}", 20_000 + i);
+        fake.state().add_bot(&token);
+        let mut s = BotSpec::new(BotId::new(format!("h{i}"))?, Platform::Telegram, token);
+        s.options.api_url = Some(fake.url());
+        s.options.mode = Some("webhook".into());
+        s.hook.secret = Some(Secret::new(SECRET));
+        store.add_bot(&s).await?;
+    }
+    let redis = if embedded {
+        None
+    } else {
+        Some(RedisServer::start()?)
+    };
+    let mut procs = Vec::new();
+    let mut hooks = Vec::new();
+    for w in 0..workers {
+        let log = dir.0.join(format!("w{w}.log"));
+        let name = format!("w{w}");
+        let mut args: Vec<String> = vec![
+            "--worker-id".into(),
+            name,
+            "--database-url".into(),
+            db.clone(),
+            "--public-url".into(),
+            "http://127.0.0.1:9".into(),
+            "--worker-threads".into(),
+            threads.clone(),
+        ];
+        if let Some(r) = &redis {
+            args.extend(["--redis-url".into(), r.url()]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        procs.push(spawn_logged(&bin, &refs, &log)?);
+        hooks.push(hooks_url(&log).await?);
+    }
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(512)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    // Wait until every worker takes deliveries (registered, not 503).
+    for h in &hooks {
+        let t = Instant::now();
+        loop {
+            let r = post(&http, h, 0, 0, 0).await;
+            if r.is_ok_and(|s| s == 200) {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                bail!("worker at {h} never took a delivery");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The warm-up deliveries' replies, before counting.
+    let t = Instant::now();
+    while fake.state().sent_count() < hooks.len() && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let warm = fake.state().sent_count();
+    let total = (rate * seconds) as usize;
+    let sent_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let acks: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(1_024));
+    let pids: Vec<u32> = procs.iter().map(|p| p.0.id()).collect();
+    let cpu0: u64 = pids.iter().map(|p| crate::cpu_ticks(*p)).sum();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let permit = gate.clone().acquire_owned().await?;
+        let (http, h) = (http.clone(), hooks[i % hooks.len()].clone());
+        let (sent_at, acks, failures) = (sent_at.clone(), acks.clone(), failures.clone());
+        tasks.spawn(async move {
+            let id = i + 1;
+            let bot = i % BOTS;
+            let chat = (i / BOTS) % CHATS;
+            let t = Instant::now();
+            sent_at.lock().unwrap().insert(id.to_string(), t);
+            match post(&http, &h, bot, chat, id).await {
+                Ok(200) => acks.lock().unwrap().push(t.elapsed().as_secs_f64() * 1e3),
+                _ => {
+                    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    let offered = start.elapsed();
+    while tasks.join_next().await.is_some() {}
+    let want = warm + total - failures.load(std::sync::atomic::Ordering::Relaxed);
+    let t = Instant::now();
+    while fake.state().sent_count() < want {
+        if t.elapsed() > Duration::from_secs(120) {
+            bail!("only {} of {want} answered", fake.state().sent_count());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cpu_s = (pids.iter().map(|p| crate::cpu_ticks(*p)).sum::<u64>() - cpu0) as f64 / 100.0;
+    let sent = fake.state().sent();
+    let mut lat: Vec<f64> = {
+        let at = sent_at.lock().unwrap();
+        sent.iter()
+            .filter_map(|s| Some((s.at - *at.get(&s.text)?).as_secs_f64() * 1e3))
+            .collect()
+    };
+    let last = sent.iter().map(|s| s.at).max().unwrap_or(start);
+    let elapsed = (last - start).as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let mut acks = acks.lock().unwrap().clone();
+    acks.sort_by(f64::total_cmp);
+    let mut window = (0.0, 0u64);
+    for i in 0..hooks.len() {
+        if let Some((s, c)) = outbox_window(&http, i).await {
+            window.0 += s;
+            window.1 += c;
+        }
+    }
+    println!(
+        "webhook throughput, {workers} worker(s) x {threads} threads, {} store{}, {BOTS} bots x {CHATS} chats, echo: offered {:.0}/s for {:.1} s, answered {} ({} refused) at {:.0}/s ({:.0}/s per worker); POST to reply p50 {:.1} ms p99 {:.1} ms; POST to 2xx (journaled) p50 {:.1} ms p99 {:.1} ms; outbox window (send accepted to record written) mean {:.2} ms; worker CPU {:.0} % of a core per 1,000 updates/s",
+        store_kind,
+        if embedded { " (embedded, no Redis)" } else { " + Redis" },
+        total as f64 / offered.as_secs_f64(),
+        offered.as_secs_f64(),
+        lat.len(),
+        failures.load(std::sync::atomic::Ordering::Relaxed),
+        lat.len() as f64 / elapsed,
+        lat.len() as f64 / elapsed / workers as f64,
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        pct(&acks, 0.5),
+        pct(&acks, 0.99),
+        if window.1 > 0 { window.0 / window.1 as f64 * 1e3 } else { f64::NAN },
+        cpu_s / lat.len() as f64 * 1000.0 * 100.0,
+    );
+    drop(procs);
+    drop(store);
+    Ok(())
+}
+
+/// `(sum, count)` of a worker's outbox window histogram, from its metrics endpoint.
+async fn outbox_window(http: &reqwest::Client, i: usize) -> Option<(f64, u64)> {
+    let url = METRICS.lock().unwrap().get(i)?.clone();
+    let text = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let num = |name: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(name))?
+            .rsplit(' ')
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((
+        num("botfleet_outbox_window_seconds_sum")?,
+        num("botfleet_outbox_window_seconds_count")? as u64,
+    ))
+}
+
+/// The metrics URLs of the workers started, in order.
+static METRICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+async fn post(
+    http: &reqwest::Client,
+    hooks: &str,
+    bot: usize,
+    chat: usize,
+    id: usize,
+) -> anyhow::Result<u16> {
+    let body = serde_json::json!({
+        "update_id": id,
+        "message": {"message_id": id, "date": 1_700_000_000,
+                    "chat": {"id": 1_000 + chat, "type": "private"},
+                    "from": {"id": 1_000 + chat, "is_bot": false, "first_name": "u"},
+                    "text": id.to_string()}
+    });
+    let r = http
+        .post(format!("{hooks}/hooks/telegram/h{bot}"))
+        .header("X-Telegram-Bot-Api-Secret-Token", SECRET)
+        .json(&body)
+        .send()
+        .await?;
+    Ok(r.status().as_u16())
+}
+
+fn spawn_logged(
+    bin: &std::path::Path,
+    args: &[&str],
+    log: &std::path::Path,
+) -> anyhow::Result<crate::Worker> {
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("worker")
+        .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("BOTFLEET_API_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log)?);
+    Ok(crate::Worker(
+        cmd.spawn().context("starting botfleet worker")?,
+    ))
+}
+
+async fn hooks_url(log: &std::path::Path) -> anyhow::Result<String> {
+    let t = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let hooks = text.lines().find_map(|l| l.split(" hooks on ").nth(1));
+        let http = text.lines().find_map(|l| l.split(" listening on ").nth(1));
+        if let (Some(h), Some(m)) = (hooks, http) {
+            METRICS.lock().unwrap().push(m.trim().to_owned());
+            return Ok(h.trim().to_owned());
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("no hooks address in {}:\n{text}", log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
