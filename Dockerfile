@@ -18,9 +18,12 @@ COPY --from=build /src/target/release/botfleet /usr/local/bin/botfleet
 USER 10001
 WORKDIR /var/lib/botfleet
 # Listen beyond the container's loopback; logs as JSON lines for the collector.
+# 8080: health, metrics, control API; 8081: platforms' webhooks (the only port to publish,
+# behind the load balancer whose address is --public-url / BOTFLEET_PUBLIC_URL).
 ENV BOTFLEET_HTTP_ADDR=0.0.0.0:8080 \
+    BOTFLEET_HOOKS_ADDR=0.0.0.0:8081 \
     BOTFLEET_LOG_FORMAT=json
-EXPOSE 8080
+EXPOSE 8080 8081
 # SIGTERM hands every bot over before exit: give it the time (see the README's Deploys note).
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/botfleet"]

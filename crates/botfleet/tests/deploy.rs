@@ -84,18 +84,23 @@ impl Worker {
 
     /// The port of `--http-addr` in `args`, else of `BOTFLEET_HTTP_ADDR` in `env`.
     fn http_port(args: &[String], env: &[(String, String)]) -> u16 {
+        Self::port_of("--http-addr", "BOTFLEET_HTTP_ADDR", args, env)
+    }
+
+    /// The port of `--hooks-addr` in `args`, else of `BOTFLEET_HOOKS_ADDR` in `env`.
+    fn hooks_port(args: &[String], env: &[(String, String)]) -> u16 {
+        Self::port_of("--hooks-addr", "BOTFLEET_HOOKS_ADDR", args, env)
+    }
+
+    fn port_of(flag: &str, var: &str, args: &[String], env: &[(String, String)]) -> u16 {
         let from_args = args
             .iter()
-            .position(|a| a == "--http-addr")
+            .position(|a| a == flag)
             .and_then(|i| args.get(i + 1))
             .cloned();
         let addr = from_args
-            .or_else(|| {
-                env.iter()
-                    .find(|(k, _)| k == "BOTFLEET_HTTP_ADDR")
-                    .map(|(_, v)| v.clone())
-            })
-            .expect("an HTTP address beyond loopback");
+            .or_else(|| env.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone()))
+            .unwrap_or_else(|| panic!("{flag}: an address beyond loopback"));
         assert!(
             !addr.starts_with("127."),
             "a container must listen beyond loopback: {addr}"
@@ -195,7 +200,8 @@ fn the_dockerfile_builds_the_binary_and_runs_it_as_a_non_root_worker() {
         w.check_var(k, "Dockerfile ENV");
     }
     let port = Worker::http_port(&cmd, &env);
-    assert_eq!(of("EXPOSE "), [port.to_string().as_str()]);
+    let hooks = Worker::hooks_port(&cmd, &env);
+    assert_eq!(of("EXPOSE "), [format!("{port} {hooks}").as_str()]);
 }
 
 #[test]
@@ -210,6 +216,7 @@ fn the_compose_file_runs_three_workers_on_redis_and_postgres() {
     assert!(names.contains(&"redis".to_owned()) && names.contains(&"postgres".to_owned()));
     let mut workers = 0;
     let mut ids = HashSet::new();
+    let mut hooks_ports = HashSet::new();
     for (name, svc) in &services {
         let svc = merged(svc);
         let cmd = strings(
@@ -241,6 +248,8 @@ fn the_compose_file_runs_three_workers_on_redis_and_postgres() {
         let db = var("BOTFLEET_DATABASE_URL").unwrap();
         assert!(db.contains("@postgres:5432/"), "{db}");
         ids.insert(var("BOTFLEET_WORKER_ID").unwrap());
+        let hooks = Worker::hooks_port(&cmd, &env);
+        hooks_ports.insert(format!("{name:?}:{hooks}"));
         let port = Worker::http_port(&cmd, &env);
         for p in strings(&svc[&Yaml::String("ports".into())]) {
             assert!(
@@ -255,6 +264,24 @@ fn the_compose_file_runs_three_workers_on_redis_and_postgres() {
     }
     assert_eq!(workers, 3);
     assert_eq!(ids.len(), 3, "worker ids are distinct");
+    // The load balancer in front of the hooks ports names every worker's.
+    let lb = format!(
+        "{:?}",
+        services
+            .get(&Yaml::String("hooks".into()))
+            .expect("a hooks load balancer")
+    );
+    for hp in &hooks_ports {
+        let (svc, port) = hp.rsplit_once(':').unwrap();
+        let svc = svc
+            .trim_matches('"')
+            .trim_start_matches("String(\"")
+            .trim_end_matches("\")");
+        assert!(
+            lb.contains(&format!("{svc}:{port}")),
+            "the load balancer misses {svc}:{port}"
+        );
+    }
 }
 
 #[test]
@@ -305,6 +332,29 @@ fn the_kubernetes_manifests_probe_drain_and_expose_what_the_worker_serves() {
     assert_eq!(
         svc["spec"]["ports"][0]["targetPort"].as_str(),
         Some(port_name)
+    );
+    // Webhooks: a port of their own and a Service of their own (the only one to publish).
+    let hooks = Worker::hooks_port(&args, &env);
+    let hooks_name = c["ports"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .find(|p| p["containerPort"].as_i64() == Some(i64::from(hooks)))
+        .expect("the hooks port is a container port")["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let hooks_svc = docs
+        .iter()
+        .find(|d| {
+            d["kind"].as_str() == Some("Service")
+                && d["metadata"]["name"].as_str() == Some("botfleet-hooks")
+        })
+        .expect("a botfleet-hooks Service");
+    assert_eq!(&hooks_svc["spec"]["selector"], labels);
+    assert_eq!(
+        hooks_svc["spec"]["ports"][0]["targetPort"].as_str(),
+        Some(hooks_name.as_str())
     );
 }
 

@@ -343,10 +343,11 @@ async fn bad_secrets_are_refused_and_redeliveries_answered_once() {
     b.shutdown().await;
 }
 
-/// A worker that dies holding a chat's turn: after its lease the next message's worker takes
-/// the turn over and answers the dead worker's message first, then its own.
+/// A worker frozen holding a chat's turn (its liveness gone, its tasks still there): after its
+/// lease the next message's worker takes the turn over and answers the frozen worker's message
+/// first, then its own; when the frozen worker's handler finally answers, it acts on nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_workers_turn_is_taken_over_in_order() {
+async fn a_frozen_workers_turn_is_taken_over_and_it_acts_on_nothing() {
     let (_dir, store) = store().await;
     let fake = FakeTelegram::start().await.unwrap();
     let token = "4545:dead-token";
@@ -355,18 +356,21 @@ async fn a_dead_workers_turn_is_taken_over_in_order() {
     let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hang_url = format!("http://{}/", hang.local_addr().unwrap());
     let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let f2 = first.clone();
+    let thaw = Arc::new(tokio::sync::Notify::new());
+    let (f2, t2) = (first.clone(), thaw.clone());
     let app = axum::Router::new().route(
         "/",
         axum::routing::post(move |axum::Json(v): axum::Json<serde_json::Value>| {
-            let f = f2.clone();
+            let (f, t) = (f2.clone(), t2.clone());
             async move {
+                let text = v["text"].as_str().unwrap_or("").to_owned();
                 if f.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    t.notified().await;
+                    return axum::Json(
+                        serde_json::json!({"text": format!("late:{text}"), "state": {"late": true}}),
+                    );
                 }
-                axum::Json(
-                    serde_json::json!({"text": format!("re:{}", v["text"].as_str().unwrap_or(""))}),
-                )
+                axum::Json(serde_json::json!({"text": format!("re:{text}")}))
             }
         }),
     );
@@ -432,10 +436,8 @@ async fn a_dead_workers_turn_is_taken_over_in_order() {
         0,
         "the second waits for the first's turn"
     );
-    // a dies (its coordinator handle is cut, its tasks abandoned).
+    // a freezes: its coordinator handle is cut (no renewal gets through), its tasks stay.
     hub.crash(&ca);
-    a.task.abort();
-    a.http.abort();
     until("fake.state().sent_count() >= 2", 15, || {
         fake.state().sent_count() >= 2
     })
@@ -444,14 +446,91 @@ async fn a_dead_workers_turn_is_taken_over_in_order() {
     assert_eq!(
         texts,
         ["re:one", "re:two"],
-        "the dead worker's message first"
+        "the frozen worker's message first"
     );
     assert!(
         b.metrics
             .platform_count(metrics::TURN_TAKEOVERS_TOTAL, Platform::Telegram)
             >= 1
     );
+    // a thaws: its handler answers at last; a sends nothing and writes no state.
+    thaw.notify_waiters();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let texts: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(
+        texts,
+        ["re:one", "re:two"],
+        "the frozen worker acted on nothing"
+    );
+    let v = store
+        .turn_view(&BotId::new("deady").unwrap(), "1", "8")
+        .await
+        .unwrap();
+    assert!(
+        !v.state.unwrap_or_default().contains("late"),
+        "the frozen worker's state was not written"
+    );
+    a.task.abort();
+    a.http.abort();
     b.shutdown().await;
+}
+
+/// A conversation state over the bound is not stored and is reported to the bot's owner;
+/// the reply still goes out and the chat keeps its last state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_large_state_is_reported_not_stored() {
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    let handler = StateHandler::start(Duration::ZERO).await;
+    let token = "4747:big-token";
+    fake.state().add_bot(token);
+    store
+        .add_bot(&webhook_bot("biggy", token, &fake, &handler.url()))
+        .await
+        .unwrap();
+    let hub = MemoryHub::new();
+    let a = fleet(&["a"], &hub, &store, "http://127.0.0.1:9")
+        .await
+        .remove(0);
+    let http = reqwest::Client::new();
+    for (id, text) in [(1, "small"), (2, "big"), (3, "after")] {
+        let body = serde_json::json!({"update_id": id, "message": {"message_id": id, "chat": {"id": 4}, "text": text}});
+        let mut ok = false;
+        for _ in 0..100 {
+            let r = http
+                .post(format!("{}/hooks/telegram/biggy", a.hooks_url))
+                .header("X-Telegram-Bot-Api-Secret-Token", SECRET)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            if r.status() == 200 {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ok);
+        until("answered", 10, || fake.state().sent_count() == id as usize).await;
+    }
+    let texts: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+    // The big state was dropped: "after" continues from "small"'s state (1), not "big"'s (2).
+    assert_eq!(texts, ["1:small", "2:big", "2:after"]);
+    assert_eq!(
+        a.metrics
+            .platform_count(metrics::STATE_TOO_LARGE_TOTAL, Platform::Telegram),
+        1
+    );
+    let rec = store
+        .get_bot(&BotId::new("biggy").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        rec.last_error.unwrap_or_default().contains("over the"),
+        "reported to the owner"
+    );
+    a.shutdown().await;
 }
 
 /// Back to polling: the webhook is deleted and the bot is polled again.
