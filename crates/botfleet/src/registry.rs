@@ -237,6 +237,11 @@ impl HookFields {
             }
             spec.options.max_connections = Some(n);
         }
+        if spec.platform == Platform::Whatsapp && spec.mode() == "web" {
+            return Err(RegistryError::invalid(
+                "WhatsApp device-link (mode web) does not run in this build yet; mode cloud (the Cloud API) does",
+            ));
+        }
         if gave_secret && !spec.is_webhook() && spec.platform != Platform::Whatsapp {
             return Err(RegistryError::invalid(format!(
                 "a webhook secret needs mode {}",

@@ -856,3 +856,195 @@ fn discord_bots_take_a_shard_count() {
         text(&o)
     );
 }
+
+/// Webhook bots through the CLI: each platform takes its own secret's name, the secrets stay
+/// out of `bots list`, a secret without its webhook mode and a mode the build lacks are
+/// refused with the field named.
+#[test]
+fn webhook_bots_are_added_with_their_platforms_settings() {
+    let dir = tempdir();
+    let db = db(&dir);
+    let ok = |args: &[&str]| {
+        let o = botfleet(args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    ok(&[
+        "bots",
+        "add",
+        "tg",
+        "--platform",
+        "telegram",
+        "--token",
+        "1:tok",
+        "--mode",
+        "webhook",
+        "--secret-token",
+        "SEKRET_tg",
+        "--max-connections",
+        "10",
+        "--database-url",
+        &db,
+    ]);
+    ok(&[
+        "bots",
+        "add",
+        "sl",
+        "--platform",
+        "slack",
+        "--token",
+        "xoxb-1",
+        "--mode",
+        "events",
+        "--signing-secret",
+        "SEKRETsl",
+        "--database-url",
+        &db,
+    ]);
+    ok(&[
+        "bots",
+        "add",
+        "wa",
+        "--platform",
+        "whatsapp",
+        "--token",
+        "EAAG1",
+        "--phone-number-id",
+        "123",
+        "--app-secret",
+        "SEKRETwa",
+        "--verify-token",
+        "SEKRETvt",
+        "--database-url",
+        &db,
+    ]);
+    let o = botfleet(&["bots", "list", "--json", "--database-url", &db]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(!out.contains("SEKRET"), "{out}");
+    for (id, mode) in [("tg", "webhook"), ("sl", "events"), ("wa", "cloud")] {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("\"id\":\"{id}\"")))
+            .unwrap();
+        assert!(line.contains(&format!("\"mode\":\"{mode}\"")), "{line}");
+        assert!(line.contains("\"has_hook_secret\":true"), "{line}");
+    }
+    for (args, field) in [
+        (
+            vec![
+                "bots",
+                "add",
+                "x1",
+                "--platform",
+                "telegram",
+                "--token",
+                "1:t",
+                "--secret-token",
+                "abc",
+            ],
+            "needs mode webhook",
+        ),
+        (
+            vec![
+                "bots",
+                "add",
+                "x2",
+                "--platform",
+                "telegram",
+                "--token",
+                "1:t",
+                "--mode",
+                "webhook",
+            ],
+            "secret_token",
+        ),
+        (
+            vec![
+                "bots",
+                "add",
+                "x3",
+                "--platform",
+                "slack",
+                "--token",
+                "xoxb-1",
+                "--mode",
+                "events",
+                "--secret-token",
+                "abc",
+            ],
+            "secret_token is not a slack setting",
+        ),
+        (
+            vec![
+                "bots",
+                "add",
+                "x4",
+                "--platform",
+                "whatsapp",
+                "--token",
+                "EAAG",
+                "--mode",
+                "web",
+            ],
+            "mode web",
+        ),
+        (
+            vec![
+                "bots",
+                "add",
+                "x5",
+                "--platform",
+                "whatsapp",
+                "--token",
+                "EAAG",
+                "--app-secret",
+                "a",
+                "--verify-token",
+                "v",
+            ],
+            "phone_number_id",
+        ),
+        (
+            vec![
+                "bots",
+                "add",
+                "x6",
+                "--platform",
+                "telegram",
+                "--token",
+                "1:t",
+                "--mode",
+                "carrier",
+            ],
+            "mode",
+        ),
+    ] {
+        let mut a = args.clone();
+        a.extend(["--database-url", &db]);
+        let o = botfleet(&a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{a:?}");
+        assert!(err.contains(field), "{a:?}: {err}");
+        assert!(!err.contains("abc\""), "{err}");
+    }
+    // Back to polling forgets the webhook settings.
+    ok(&[
+        "bots",
+        "update",
+        "tg",
+        "--mode",
+        "poll",
+        "--database-url",
+        &db,
+    ]);
+    let o = botfleet(&["bots", "list", "--json", "--database-url", &db]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let line = out.lines().find(|l| l.contains("\"id\":\"tg\"")).unwrap();
+    assert!(
+        line.contains("\"mode\":\"poll\"") && line.contains("\"has_hook_secret\":false"),
+        "{line}"
+    );
+}
