@@ -102,6 +102,16 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         self.connect(spec, checkpoint).await
     }
 
+    /// The bot was removed from the registry while this worker ran it: undo what its unit set
+    /// up at the platform (Telegram's webhook). The default has nothing to undo.
+    ///
+    /// # Errors
+    /// The platform's failures (reported, not retried).
+    async fn removed(&self, spec: &BotSpec) -> Result<(), PlatformError> {
+        let _ = spec;
+        Ok(())
+    }
+
     /// The platform's webhook side, when it has bots that receive by webhook.
     fn webhooks(&self) -> Option<Arc<dyn crate::Webhooks>> {
         None

@@ -504,6 +504,27 @@ impl State {
             })
             .cloned()
             .collect();
+        // Removed while we run them: their platform set-up goes with them.
+        let removed: Vec<BotRecord> = self
+            .running
+            .keys()
+            .filter(|b| !fresh.contains_key(*b))
+            .filter_map(|b| self.registry.get(b).cloned())
+            .collect();
+        for rec in removed {
+            if let Some(c) = self.w.connectors.get(&rec.spec.platform).cloned() {
+                tokio::spawn(async move {
+                    match c.removed(&rec.spec).await {
+                        Ok(()) => {
+                            debug!(bot = %rec.spec.id, "removed bot's platform set-up undone")
+                        }
+                        Err(e) => {
+                            warn!(bot = %rec.spec.id, error = %e, "cannot undo a removed bot's platform set-up")
+                        }
+                    }
+                });
+            }
+        }
         self.registry = fresh;
         for bot in changed {
             info!(%bot, "spec changed; restarting");

@@ -533,9 +533,10 @@ async fn a_too_large_state_is_reported_not_stored() {
     a.shutdown().await;
 }
 
-/// Back to polling: the webhook is deleted and the bot is polled again.
+/// Back to polling: the webhook is deleted and the bot is polled again; a removed webhook bot
+/// has its webhook deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn back_to_polling_deletes_the_webhook() {
+async fn back_to_polling_or_removal_deletes_the_webhook() {
     let (_dir, store) = store().await;
     let fake = FakeTelegram::start().await.unwrap();
     let token = "4646:mode-token";
@@ -562,6 +563,19 @@ async fn back_to_polling_deletes_the_webhook() {
     fake.state().user_writes(token, 3, "polled");
     until("fake.state().sent_count() == 1", 10, || {
         fake.state().sent_count() == 1
+    })
+    .await;
+    // Webhook mode again, then the bot is removed: its webhook goes with it.
+    spec.options.mode = Some("webhook".into());
+    spec.hook.secret = Some(Secret::new(SECRET));
+    store.update_bot(&spec).await.unwrap();
+    until("the webhook is set again", 15, || {
+        fake.state().webhook(token).is_some()
+    })
+    .await;
+    store.remove_bot(&spec.id).await.unwrap();
+    until("a removed bot's webhook is deleted", 15, || {
+        fake.state().webhook(token).is_none()
     })
     .await;
     a.shutdown().await;

@@ -69,6 +69,14 @@ impl Connector for TelegramConnector {
         Some(Arc::new(self.hooks()))
     }
 
+    async fn removed(&self, spec: &BotSpec) -> Result<(), PlatformError> {
+        if spec.is_webhook() {
+            // Telegram would go on delivering to the fleet for a bot nobody answers.
+            self.client.delete_webhook(&Self::api(spec)?).await?;
+        }
+        Ok(())
+    }
+
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
         let api = Self::api(spec)?;
         let me = self.client.get_me(&api).await?;
