@@ -1,7 +1,7 @@
 //! Webhook bots of all three platforms on a fleet of `botfleet worker` processes behind a
 //! round-robin proxy (the load balancer), one Redis, one SQLite registry. Users write at a
 //! human pace in many chats while one worker is killed with SIGKILL, another stopped with
-//! SIGTERM and a new one joins. Every message must be answered, in order per chat, with the
+//! SIGTERM, a new one joins, and one is frozen (SIGSTOP) past its lease and thawed. Every message must be answered, in order per chat, with the
 //! conversation state carried from worker to worker; forged requests are refused and never
 //! handled.
 
@@ -144,7 +144,9 @@ async fn webhook_bots_survive_kill_and_sigterm_behind_a_load_balancer() {
     let wa = FakeGraph::start().await.unwrap();
     let sl = FakeSlack::start().await.unwrap();
     let handler = StateHandler::start(Duration::from_millis(20)).await;
-    let proxy = RoundRobinProxy::start(Vec::new()).await;
+    // A frozen worker does not answer: the balancer gives up on it after a second and tries
+    // the next (the platform would retry otherwise).
+    let proxy = RoundRobinProxy::start_with_timeout(Vec::new(), Duration::from_secs(1)).await;
     let dir = TempDir::new("botfleet-hooks-fleet");
     let db_path = dir.0.join("bots.db");
     let db = format!("sqlite://{}", db_path.display());
@@ -233,10 +235,10 @@ async fn webhook_bots_survive_kill_and_sigterm_behind_a_load_balancer() {
     )
     .await;
 
-    // Users write at a human pace: every chat a message every ~300 ms, 24 rounds; a worker
+    // Users write at a human pace: every chat a message every ~300 ms, 32 rounds; a worker
     // is killed with SIGKILL at round 6, another stopped with SIGTERM at round 12 while a new
-    // one joins.
-    const ROUNDS: usize = 24;
+    // one joins, a third frozen with SIGSTOP from round 16 to 28 (about 4 s, past its lease).
+    const ROUNDS: usize = 32;
     const CHATS: usize = 2;
     let http = reqwest::Client::new();
     let mut forged = 0;
@@ -264,6 +266,13 @@ async fn webhook_bots_survive_kill_and_sigterm_behind_a_load_balancer() {
             backends.push(w4.hooks_url().await);
             proxy.set_backends(backends.clone());
             workers.push(w4);
+        }
+        if round == 16 {
+            // Frozen past its lease (3 s) while holding turns and tickets, then thawed.
+            workers[2].signal("-STOP");
+        }
+        if round == 28 {
+            workers[2].signal("-CONT");
         }
         if round % 4 == 1 {
             // Forged deliveries on every platform: refused, never handled.

@@ -32,7 +32,7 @@ use botfleet_coord::{Coordinator, LeaseHandle, Turn};
 use botfleet_core::{BotId, BotSpec, BotStatus, Fence, Inbound, Outbound, Platform};
 use botfleet_platform::{ErrorKind, HookAnswer, HookRequest, Sender, Webhooks};
 use botfleet_store::{
-    InboxItem, InboxOutcome, InboxState, StateWrite, Store, TurnRecord, MAX_STATE_BYTES,
+    InboxItem, InboxOutcome, InboxState, StateWrite, Store, TurnRecord, TurnView, MAX_STATE_BYTES,
 };
 use tokio::sync::{watch, Notify};
 use tracing::{debug, info, warn};
@@ -281,7 +281,7 @@ impl Hooks {
                         let h = self.clone();
                         let (spec, chat, key) = (spec.clone(), e.chat.clone(), e.key.clone());
                         tokio::spawn(async move {
-                            h.run_ticket(spec, ck, chat, key, ticket, turn, Instant::now())
+                            h.run_ticket(spec, ck, chat, key, ticket, turn, Instant::now(), None)
                                 .await;
                         });
                     }
@@ -390,11 +390,25 @@ impl Hooks {
                 message: serde_json::to_string(&m.message).unwrap_or_default(),
             })
             .collect();
+        // A ticket granted at once (the uncontended case) reads its turn's start in the same
+        // store call as the journal write: its turn is held, nothing else can change it.
+        let first_granted = tickets
+            .iter()
+            .position(|(_, _, t)| matches!(t, Turn::Granted { .. }));
+        let mut preload = None;
         let journaled = if failed {
             None
         } else {
-            match self.inner.store.journal_put(&spec.id, &items).await {
-                Ok(new) => Some(new),
+            match self
+                .inner
+                .store
+                .journal_put_view(&spec.id, &items, first_granted)
+                .await
+            {
+                Ok((new, view)) => {
+                    preload = view;
+                    Some(new)
+                }
                 Err(e) => {
                     warn!(bot = %spec.id, error = %e, "cannot journal a delivery; answering 503");
                     None
@@ -402,11 +416,16 @@ impl Hooks {
             }
         };
         // Every ticket taken is served, journaled or not (an empty one is just released).
-        for ((ck, ticket, turn), item) in tickets.into_iter().zip(&items) {
+        for (i, ((ck, ticket, turn), item)) in tickets.into_iter().zip(&items).enumerate() {
             let h = self.clone();
             let (spec, chat, key) = (spec.clone(), item.chat.clone(), item.key.clone());
+            let view = if Some(i) == first_granted {
+                preload.take()
+            } else {
+                None
+            };
             tokio::spawn(async move {
-                h.run_ticket(spec, ck, chat, key, ticket, turn, arrived)
+                h.run_ticket(spec, ck, chat, key, ticket, turn, arrived, view)
                     .await;
             });
         }
@@ -441,6 +460,7 @@ impl Hooks {
         mut ticket: u64,
         mut turn: Turn,
         arrived: Instant,
+        mut preload: Option<TurnView>,
     ) {
         let mark = (spec.id.clone(), key.clone());
         lock(&self.inner.active).insert(mark.clone());
@@ -456,7 +476,9 @@ impl Hooks {
         loop {
             let next = match turn {
                 Turn::Granted { fence, .. } => {
-                    let done = self.handle(&spec, &chat, &key, fence, Some(arrived)).await;
+                    let done = self
+                        .handle(&spec, &chat, &key, fence, Some(arrived), preload.take())
+                        .await;
                     if matches!(done, Handled::Done) {
                         self.release(&ck, ticket, fence).await;
                     }
@@ -476,7 +498,7 @@ impl Hooks {
                     let done = if entry.is_empty() {
                         Handled::Done
                     } else {
-                        self.handle(&spec, &chat, &entry, fence, None).await
+                        self.handle(&spec, &chat, &entry, fence, None, None).await
                     };
                     if matches!(done, Handled::Fenced) {
                         break;
@@ -577,10 +599,13 @@ impl Hooks {
         key: &str,
         fence: Fence,
         arrived: Option<Instant>,
+        preload: Option<TurnView>,
     ) -> Handled {
         use std::sync::atomic::Ordering;
         self.inner.handling.fetch_add(1, Ordering::SeqCst);
-        let done = self.handle_inner(spec, chat, key, fence, arrived).await;
+        let done = self
+            .handle_inner(spec, chat, key, fence, arrived, preload)
+            .await;
         if self.inner.handling.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.inner.idle.notify_waiters();
         }
@@ -594,6 +619,7 @@ impl Hooks {
         key: &str,
         fence: Fence,
         arrived: Option<Instant>,
+        preload: Option<TurnView>,
     ) -> Handled {
         let store = &self.inner.store;
         let p = spec.platform;
@@ -601,6 +627,9 @@ impl Hooks {
         let view = loop {
             if !self.may_act() {
                 return Handled::Fenced;
+            }
+            if let Some(v) = preload {
+                break v;
             }
             match store.turn_view(&spec.id, key, chat).await {
                 Ok(v) => break v,

@@ -26,6 +26,19 @@ const JOURNAL_PUT: &str =
      FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
      ON CONFLICT DO NOTHING RETURNING key";
 
+/// [`JOURNAL_PUT`] and the turn view of one of the items at once (`$7` its key, `$8` its
+/// chat, `$9` its reply key). The view's reads see the table as before the insert: a new
+/// entry shows as absent, and the caller knows it is pending.
+const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
+     SELECT $1, key, $5 + ord, chat, message, 'pending', $6 \
+     FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
+     ON CONFLICT DO NOTHING RETURNING key) \
+     SELECT ARRAY(SELECT key FROM ins), i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
+     s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $9) \
+     FROM (SELECT 1 AS one) AS one \
+     LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $7 \
+     LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $8";
+
 /// What a turn leaves, in one statement (so one transaction): `$1` bot, `$2` chat, `$3`
 /// revision the state came from, `$4` fence, `$5` state, `$6` now, `$7` reply key, `$8` sent,
 /// `$9` entry state, `$10` error, `$11` entry key.
@@ -702,6 +715,87 @@ impl Store for PostgresStore {
             .iter()
             .map(|k| new.contains(*k) && seen.insert(*k))
             .collect())
+    }
+
+    async fn journal_put_view(
+        &self,
+        bot: &BotId,
+        items: &[InboxItem],
+        view: Option<usize>,
+    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+        let Some(item) = view.and_then(|i| items.get(i)) else {
+            return Ok((self.journal_put(bot, items).await?, None));
+        };
+        let c = self.client().await?;
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
+        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        let (seq, now) = (crate::turns::arrival_seq(), botfleet_core::unix_ms());
+        let reply = crate::reply_key(&item.key);
+        let st = c.statement(JOURNAL_PUT_VIEW, "journal").await?;
+        let r = c
+            .query_one(
+                &st,
+                &[
+                    &bot.as_str(),
+                    &keys,
+                    &chats,
+                    &messages,
+                    &seq,
+                    &now,
+                    &item.key,
+                    &item.chat,
+                    &reply,
+                ],
+            )
+            .await
+            .map_err(db("journal"))?;
+        let inserted: Vec<String> = r.get(0);
+        let mut seen = std::collections::HashSet::new();
+        let new: Vec<bool> = keys
+            .iter()
+            .map(|k| inserted.iter().any(|i| i == k) && seen.insert(*k))
+            .collect();
+        let entry = match r.get::<_, Option<i64>>(1) {
+            Some(seq) => Some(
+                InboxRow {
+                    key: item.key.clone(),
+                    seq,
+                    chat: r.get(2),
+                    message: r.get(3),
+                    state: r.get(4),
+                    error: r.get(5),
+                    received_at_ms: r.get(6),
+                }
+                .into_entry(bot)?,
+            ),
+            // Inserted by this very call: pending, as given.
+            None if inserted.contains(&item.key) => {
+                let ord = items.iter().position(|i| i.key == item.key).unwrap_or(0) as i64 + 1;
+                Some(InboxEntry {
+                    bot: bot.clone(),
+                    key: item.key.clone(),
+                    seq: (seq + ord).max(0).unsigned_abs(),
+                    chat: item.chat.clone(),
+                    message: item.message.clone(),
+                    state: InboxState::Pending,
+                    error: None,
+                    received_at_ms: now,
+                })
+            }
+            None => None,
+        };
+        let view = TurnView {
+            entry,
+            revision: r
+                .get::<_, Option<i64>>(7)
+                .unwrap_or(0)
+                .max(0)
+                .unsigned_abs(),
+            state: r.get(8),
+            sent: r.get(9),
+        };
+        Ok((new, Some(view)))
     }
 
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {

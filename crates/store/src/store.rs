@@ -254,6 +254,26 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures (then none of the items may be assumed recorded).
     async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>>;
 
+    /// [`Store::journal_put`], and in the same call the [`TurnView`] of `items[view]` (when
+    /// given): what a worker that already holds that entry's turn starts from. One round trip
+    /// where the backend can (Postgres); the default makes two calls.
+    ///
+    /// # Errors
+    /// As [`Store::journal_put`] (then nothing may be assumed recorded).
+    async fn journal_put_view(
+        &self,
+        bot: &BotId,
+        items: &[InboxItem],
+        view: Option<usize>,
+    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+        let new = self.journal_put(bot, items).await?;
+        let v = match view.and_then(|i| items.get(i)) {
+            Some(it) => Some(self.turn_view(bot, &it.key, &it.chat).await?),
+            None => None,
+        };
+        Ok((new, v))
+    }
+
     /// What a turn on the entry `key` of `chat` starts from (see [`TurnView`]), in one call.
     ///
     /// # Errors

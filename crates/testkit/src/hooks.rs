@@ -42,12 +42,15 @@ struct ProxyState {
 impl RoundRobinProxy {
     /// Serves on `127.0.0.1:0`, spreading over `backends` (`http://host:port`).
     pub async fn start(backends: Vec<String>) -> Self {
+        Self::start_with_timeout(backends, Duration::from_secs(30)).await
+    }
+
+    /// [`RoundRobinProxy::start`], giving up on a backend that has not answered within
+    /// `timeout` (a frozen one) and trying the next, as a balancer with a response timeout does.
+    pub async fn start_with_timeout(backends: Vec<String>, timeout: Duration) -> Self {
         let state = ProxyState {
             backends: Arc::new(Mutex::new(backends)),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
+            http: reqwest::Client::builder().timeout(timeout).build().unwrap(),
             ..ProxyState::default()
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

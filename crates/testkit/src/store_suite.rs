@@ -562,6 +562,73 @@ pub async fn app_tokens_round_trip_and_stay_secret(s: Arc<dyn Store>) {
     assert!(s.add_bot(&no_app).await.is_err());
 }
 
+/// Journaling with the view of one item: a new entry shows pending with its message, a
+/// redelivery shows the entry as it is, and the chat's state and outbox are read too.
+pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
+    use botfleet_store::{StateWrite, TurnRecord};
+    let bot = bid("hook3");
+    let (new, v) = s
+        .journal_put_view(&bot, &[item("a1", "c1")], Some(0))
+        .await
+        .unwrap();
+    assert_eq!(new, [true]);
+    let v = v.unwrap();
+    let e = v.entry.unwrap();
+    assert_eq!(
+        (e.key.as_str(), e.chat.as_str(), e.state),
+        ("a1", "c1", InboxState::Pending)
+    );
+    assert_eq!(e.message, item("a1", "c1").message);
+    assert_eq!((v.revision, v.state, v.sent), (0, None, false));
+    let rec = TurnRecord {
+        key: "a1".into(),
+        chat: "c1".into(),
+        fence: Fence(5),
+        outcome: InboxOutcome::Done,
+        sent: true,
+        state: Some((0, "{\"n\":1}".into())),
+    };
+    assert_eq!(
+        s.turn_record(&bot, &rec).await.unwrap(),
+        StateWrite::Written(1)
+    );
+    // A redelivery: not new, the entry as it is now.
+    let (new, v) = s
+        .journal_put_view(&bot, &[item("a1", "c1")], Some(0))
+        .await
+        .unwrap();
+    assert_eq!(new, [false]);
+    let v = v.unwrap();
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Done));
+    assert_eq!(
+        (v.revision, v.state.as_deref(), v.sent),
+        (1, Some("{\"n\":1}"), true)
+    );
+    // A new entry of the same chat sees the chat's state.
+    let (new, v) = s
+        .journal_put_view(&bot, &[item("a2", "c1"), item("a3", "c2")], Some(0))
+        .await
+        .unwrap();
+    assert_eq!(new, [true, true]);
+    let v = v.unwrap();
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
+    assert_eq!((v.revision, v.sent), (1, false));
+    // Without a view it is journal_put.
+    let (new, v) = s
+        .journal_put_view(&bot, &[item("a4", "c1")], None)
+        .await
+        .unwrap();
+    assert_eq!((new, v), (vec![true], None));
+    let keys: Vec<String> = s
+        .inbox_pending(&bot, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(keys, ["a2", "a3", "a4"]);
+}
+
 /// A webhook bot's mode and secrets round trip, stay out of `Debug`, and are checked.
 pub async fn webhook_settings_round_trip_and_stay_secret(s: Arc<dyn Store>) {
     let mut b = BotSpec::new(bid("tgw"), Platform::Telegram, "1:tok-SECRET1");
@@ -756,6 +823,7 @@ macro_rules! store_conformance {
             inbox_prune_forgets_finished_entries,
             app_tokens_round_trip_and_stay_secret,
             journal_takes_each_delivery_once,
+            journal_and_view_in_one_call,
             webhook_settings_round_trip_and_stay_secret,
             turns_read_and_write_state_outbox_and_entry,
         );
