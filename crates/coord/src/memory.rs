@@ -80,10 +80,14 @@ struct Lock {
 struct ChatTurns {
     next: u64,
     serving: u64,
+    /// When `serving` last moved (ms).
+    since_ms: u64,
     holder: Option<(WorkerId, Incarnation)>,
     fence: u64,
     /// Ticket → its taker and journal key.
     tickets: HashMap<u64, (WorkerId, Incarnation, String)>,
+    /// Journal key → its ticket while it waits (a take asked again answers the same ticket).
+    by_entry: HashMap<String, u64>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -128,6 +132,7 @@ impl State {
         ticket: u64,
         me: &(WorkerId, Incarnation),
         now: u64,
+        abandoned_after: u64,
     ) -> Turn {
         if !self.is_live(&me.0, &me.1, now) {
             return Turn::NotLive;
@@ -147,7 +152,11 @@ impl State {
             Some(_) => true,
             None if serving == ticket => false,
             None => match q.tickets.get(&serving) {
-                Some((w, i, _)) if live(self, w, i) => return Turn::Wait,
+                Some((w, i, _))
+                    if live(self, w, i) && now.saturating_sub(q.since_ms) < abandoned_after =>
+                {
+                    return Turn::Wait
+                }
                 _ => true,
             },
         };
@@ -841,16 +850,37 @@ impl Coordinator for MemoryCoordinator {
         check_key_len("chat key", chat, 300)?;
         let me = self.me()?;
         let now = self.now();
+        let abandoned = crate::redis::abandoned_after_ms(self.known.grace_ms());
         let mut st = self.state()?;
         if !st.is_live(&me.0, &me.1, now) {
             return Ok((0, Turn::NotLive));
         }
-        let q = st.turns.entry(chat.to_owned()).or_default();
+        if let Some(have) = st
+            .turns
+            .get(chat)
+            .and_then(|q| q.by_entry.get(entry).copied())
+        {
+            let turn = st.turn_try(chat, have, &me, now, abandoned);
+            return Ok((have, turn));
+        }
+        // Numbers start above every ticket given before: never reused for a chat.
+        let base = (st.turn_fence + 1).max(now.saturating_mul(1000));
+        let q = st
+            .turns
+            .entry(chat.to_owned())
+            .or_insert_with(|| ChatTurns {
+                next: base,
+                serving: base,
+                since_ms: now,
+                ..ChatTurns::default()
+            });
         let ticket = q.next;
         q.next += 1;
         q.tickets
             .insert(ticket, (me.0.clone(), me.1.clone(), entry.to_owned()));
-        let turn = st.turn_try(chat, ticket, &me, now);
+        q.by_entry.insert(entry.to_owned(), ticket);
+        st.turn_fence = st.turn_fence.max(ticket);
+        let turn = st.turn_try(chat, ticket, &me, now, abandoned);
         Ok((ticket, turn))
     }
 
@@ -858,7 +888,8 @@ impl Coordinator for MemoryCoordinator {
         check_key_len("chat key", chat, 300)?;
         let me = self.me()?;
         let now = self.now();
-        Ok(self.state()?.turn_try(chat, ticket, &me, now))
+        let abandoned = crate::redis::abandoned_after_ms(self.known.grace_ms());
+        Ok(self.state()?.turn_try(chat, ticket, &me, now, abandoned))
     }
 
     async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
@@ -871,8 +902,11 @@ impl Coordinator for MemoryCoordinator {
         if q.holder.as_ref() != Some(&me) || q.serving != ticket || q.fence != fence.0 {
             return Ok(false);
         }
-        q.tickets.remove(&ticket);
+        if let Some((_, _, entry)) = q.tickets.remove(&ticket) {
+            q.by_entry.remove(&entry);
+        }
         q.serving = ticket + 1;
+        q.since_ms = self.hub.clock.now_ms();
         q.holder = None;
         if q.serving >= q.next {
             st.turns.remove(chat);

@@ -266,7 +266,8 @@ impl RedisCoordinator {
             .arg(arg)
             .arg(fence.0)
             .arg(self.ks.turn_wake_prefix())
-            .arg(chat);
+            .arg(chat)
+            .arg(abandoned_after_ms(self.known.grace_ms()));
         self.run("turn", inv).await
     }
 
@@ -1071,6 +1072,13 @@ async fn lock_acquire(
 }
 
 /// This machine's wall clock in unix ms (for marks that only need to expire roughly on time).
+/// After how long a ticket whose turn came, held by nobody, counts as abandoned although its
+/// taker is live: a lease (the longest the fleet uses), at least 5 s. A live taker asks again
+/// within half its lease even when a wake-up was lost.
+pub(crate) fn abandoned_after_ms(lease_ms: u64) -> u64 {
+    lease_ms.max(5_000)
+}
+
 /// Reads a turn answer (see `lua/turn.lua`).
 fn parse_turn(r: &[String]) -> Result<Turn> {
     let bad = || CoordError::Protocol {

@@ -29,6 +29,7 @@ use axum::{
     Router,
 };
 use botfleet_coord::{Coordinator, LeaseHandle, Turn};
+use botfleet_core::Incarnation;
 use botfleet_core::{BotId, BotSpec, BotStatus, Fence, Inbound, Outbound, Platform};
 use botfleet_platform::{ErrorKind, HookAnswer, HookRequest, Sender, Webhooks};
 use botfleet_store::{
@@ -97,9 +98,31 @@ struct Inner {
     active: Mutex<HashSet<(BotId, String)>>,
     /// Shutting down: new deliveries are answered 503, waiting tickets are left to others.
     draining: std::sync::atomic::AtomicBool,
+    /// Leaving for good: no turn starts being handled any more (set just before the worker
+    /// unregisters, so none is handled here after others may take it over).
+    closed: std::sync::atomic::AtomicBool,
     /// Turns being handled here now, and a signal when that falls to zero.
     handling: std::sync::atomic::AtomicUsize,
     idle: Notify,
+}
+
+/// What serving a held turn came to.
+enum Served {
+    /// Handled and released.
+    Done,
+    /// The worker may not go on (its registration ended, or it is leaving).
+    Stop,
+    /// The turn was taken from this worker meanwhile: its own ticket's next answer.
+    Again(Turn),
+}
+
+/// Whether a taken-over turn's fence was recorded.
+enum Accepted {
+    Yes,
+    /// A newer turn of the chat was granted: this one is void.
+    Superseded,
+    /// The worker may not act now.
+    Fenced,
 }
 
 /// What a turn's handling came to.
@@ -134,6 +157,7 @@ impl Hooks {
                 waiters: Mutex::default(),
                 active: Mutex::default(),
                 draining: std::sync::atomic::AtomicBool::new(false),
+                closed: std::sync::atomic::AtomicBool::new(false),
                 handling: std::sync::atomic::AtomicUsize::new(0),
                 idle: Notify::new(),
             }),
@@ -167,6 +191,9 @@ impl Hooks {
     /// Waits (up to `limit`) until no turn is being handled here: a worker leaves only once
     /// its turns are done, so none is handled twice at once.
     pub(crate) async fn wait_idle(&self, limit: Duration) {
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let idle = self.inner.idle.notified();
@@ -189,6 +216,10 @@ impl Hooks {
         }
     }
 
+    fn closed(&self) -> bool {
+        self.inner.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn draining(&self) -> bool {
         self.inner
             .draining
@@ -200,7 +231,7 @@ impl Hooks {
     }
 
     fn may_act(&self) -> bool {
-        self.lease().is_some_and(|l| l.check().is_ok())
+        !self.closed() && self.lease().is_some_and(|l| l.check().is_ok())
     }
 
     /// Dispatches this worker's turn wake-ups to the tickets waiting here.
@@ -269,9 +300,7 @@ impl Hooks {
                 continue;
             }
             for e in self.inner.store.inbox_pending(&bot, 500).await? {
-                if e.received_at_ms > cutoff
-                    || lock(&self.inner.active).contains(&(bot.clone(), e.key.clone()))
-                {
+                if e.received_at_ms > cutoff || !self.claim_local(&bot, &e.key) {
                     continue;
                 }
                 info!(%bot, key = %e.key, "replaying a journaled entry whose turn was lost");
@@ -286,6 +315,7 @@ impl Hooks {
                         });
                     }
                     Err(err) => {
+                        self.unclaim_local(&bot, &e.key);
                         debug!(error = %err, "sweeper: coordinator unavailable");
                         return Ok(());
                     }
@@ -340,6 +370,15 @@ impl Hooks {
         Ok(sender)
     }
 
+    /// Marks the entry as served here; false when a task here serves it already.
+    fn claim_local(&self, bot: &BotId, key: &str) -> bool {
+        lock(&self.inner.active).insert((bot.clone(), key.to_owned()))
+    }
+
+    fn unclaim_local(&self, bot: &BotId, key: &str) {
+        lock(&self.inner.active).remove(&(bot.clone(), key.to_owned()));
+    }
+
     fn waiter(&self, chat_key: &str) -> Arc<Notify> {
         lock(&self.inner.waiters)
             .entry(chat_key.to_owned())
@@ -367,16 +406,44 @@ impl Hooks {
         // entry never got journaled is released empty when its turn comes.
         let mut tickets = Vec::with_capacity(messages.len());
         let mut failed = false;
-        for m in &messages {
+        let inc = self.incarnation();
+        for (idx, m) in messages.iter().enumerate() {
+            // Served here already (a redelivery reaching the same worker): its task has it.
+            if !self.claim_local(&spec.id, &m.key) {
+                continue;
+            }
             let ck = chat_key(&spec.id, &m.message.chat.chat);
             match self.inner.coord.turn_take(&ck, &m.key).await {
                 Ok((_, Turn::NotLive)) => {
+                    self.unclaim_local(&spec.id, &m.key);
                     failed = true;
                     break;
                 }
-                Ok((ticket, turn)) => tickets.push((ck, ticket, turn)),
+                Ok((ticket, turn)) => tickets.push((idx, ck, ticket, turn)),
                 Err(e) => {
                     warn!(bot = %spec.id, error = %e, "cannot take a turn ticket; answering 503");
+                    // The take may have happened with its answer lost: asked again (the same
+                    // ticket comes back) until known, then served (empty: it is released).
+                    let (h, spec, key) = (self.clone(), spec.clone(), m.key.clone());
+                    let (chat, inc) = (m.message.chat.chat.clone(), inc.clone());
+                    tokio::spawn(async move {
+                        match h.take(&ck, &key, &inc).await {
+                            Some((ticket, turn)) => {
+                                h.run_ticket(
+                                    spec,
+                                    ck,
+                                    chat,
+                                    key,
+                                    ticket,
+                                    turn,
+                                    Instant::now(),
+                                    None,
+                                )
+                                .await;
+                            }
+                            None => h.unclaim_local(&spec.id, &key),
+                        }
+                    });
                     failed = true;
                     break;
                 }
@@ -394,7 +461,8 @@ impl Hooks {
         // store call as the journal write: its turn is held, nothing else can change it.
         let first_granted = tickets
             .iter()
-            .position(|(_, _, t)| matches!(t, Turn::Granted { .. }));
+            .find(|(_, _, _, t)| matches!(t, Turn::Granted { .. }))
+            .map(|(idx, ..)| *idx);
         let mut preload = None;
         let journaled = if failed {
             None
@@ -416,10 +484,11 @@ impl Hooks {
             }
         };
         // Every ticket taken is served, journaled or not (an empty one is just released).
-        for (i, ((ck, ticket, turn), item)) in tickets.into_iter().zip(&items).enumerate() {
+        for (idx, ck, ticket, turn) in tickets {
             let h = self.clone();
+            let item = &items[idx];
             let (spec, chat, key) = (spec.clone(), item.chat.clone(), item.key.clone());
-            let view = if Some(i) == first_granted {
+            let view = if Some(idx) == first_granted {
                 preload.take()
             } else {
                 None
@@ -463,8 +532,8 @@ impl Hooks {
         mut preload: Option<TurnView>,
     ) {
         let mark = (spec.id.clone(), key.clone());
-        lock(&self.inner.active).insert(mark.clone());
         let waiter = self.waiter(&ck);
+        let inc = self.incarnation();
         let coord = &self.inner.coord;
         let p = spec.platform;
         let waited_from = Instant::now();
@@ -476,13 +545,25 @@ impl Hooks {
         loop {
             let next = match turn {
                 Turn::Granted { fence, .. } => {
-                    let done = self
-                        .handle(&spec, &chat, &key, fence, Some(arrived), preload.take())
-                        .await;
-                    if matches!(done, Handled::Done) {
-                        self.release(&ck, ticket, fence).await;
+                    let pre = preload.take();
+                    match self
+                        .serve(
+                            &spec,
+                            &ck,
+                            &chat,
+                            &key,
+                            ticket,
+                            fence,
+                            Some(arrived),
+                            pre,
+                            &inc,
+                            false,
+                        )
+                        .await
+                    {
+                        Served::Done | Served::Stop => break,
+                        Served::Again(t) => Ok(t),
                     }
-                    break;
                 }
                 Turn::TakeOver {
                     ticket: dead,
@@ -490,21 +571,16 @@ impl Hooks {
                     fence,
                 } => {
                     self.inner.metrics.count(TURN_TAKEOVERS_TOTAL, p, 1);
-                    info!(bot = %spec.id, chat = %chat, ticket = dead, "taking over a dead worker's turn");
-                    // Its holder may still be frozen somewhere: its late state write is refused.
-                    if let Err(e) = self.inner.store.turn_accept(&spec.id, &chat, fence).await {
-                        debug!(error = %e, "cannot record the taken-over turn");
+                    info!(bot = %spec.id, chat = %chat, ticket = dead, "taking over a turn its worker left");
+                    match self
+                        .serve(
+                            &spec, &ck, &chat, &entry, dead, fence, None, None, &inc, true,
+                        )
+                        .await
+                    {
+                        Served::Stop => break,
+                        Served::Done | Served::Again(_) => coord.turn_try(&ck, ticket).await,
                     }
-                    let done = if entry.is_empty() {
-                        Handled::Done
-                    } else {
-                        self.handle(&spec, &chat, &entry, fence, None, None).await
-                    };
-                    if matches!(done, Handled::Fenced) {
-                        break;
-                    }
-                    self.release(&ck, dead, fence).await;
-                    coord.turn_try(&ck, ticket).await
                 }
                 // Leaving: this ticket is taken over once the worker unregisters.
                 Turn::Wait if self.draining() => break,
@@ -536,17 +612,20 @@ impl Hooks {
                                 .as_ref()
                                 .is_some_and(|e| e.state == InboxState::Pending) =>
                         {
-                            match coord.turn_take(&ck, &key).await {
-                                Ok((t, next)) => {
+                            match self.take(&ck, &key, &inc).await {
+                                Some((t, next)) => {
                                     ticket = t;
                                     Ok(next)
                                 }
-                                Err(e) => Err(e),
+                                None => break,
                             }
                         }
                         Ok(_) => break,
                         Err(e) => {
                             debug!(error = %e, "cannot read the entry of a passed ticket");
+                            if !self.same_registration(&inc) {
+                                break;
+                            }
                             tokio::time::sleep(backoff(attempt)).await;
                             attempt += 1;
                             Ok(Turn::Passed)
@@ -563,11 +642,12 @@ impl Hooks {
                 }
                 Err(e) => {
                     debug!(error = %e, "turn queue unavailable; retrying");
-                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(5))).await;
-                    attempt += 1;
-                    if !self.may_act() && self.lease().is_none() {
+                    if !self.same_registration(&inc) {
                         break;
                     }
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(5))).await;
+                    attempt += 1;
+                    // Asked again; while the queue is unreachable this answers Wait.
                     coord.turn_try(&ck, ticket).await.unwrap_or(Turn::Wait)
                 }
             };
@@ -576,18 +656,181 @@ impl Hooks {
         lock(&self.inner.active).remove(&mark);
     }
 
-    async fn release(&self, ck: &str, ticket: u64, fence: Fence) {
-        for attempt in 0..5 {
-            match self.inner.coord.turn_release(ck, ticket, fence).await {
-                Ok(_) => return,
+    /// Handles `entry` under the held turn of `ticket` and releases it. A worker whose lease
+    /// became unsafe in between waits for it to be safe again and asks for the turn again (it
+    /// is still its own unless it was taken over meanwhile); one whose registration ended, or
+    /// that is leaving, stops and leaves the turn to be taken over.
+    #[allow(clippy::too_many_arguments)]
+    async fn serve(
+        &self,
+        spec: &Arc<BotSpec>,
+        ck: &str,
+        chat: &str,
+        entry: &str,
+        ticket: u64,
+        mut fence: Fence,
+        arrived: Option<Instant>,
+        mut preload: Option<TurnView>,
+        inc: &Option<Incarnation>,
+        takeover: bool,
+    ) -> Served {
+        loop {
+            let done = if takeover {
+                // Its holder may still be frozen somewhere: its late state write is refused.
+                match self.accept(spec, chat, fence).await {
+                    Accepted::Yes => {
+                        self.handle_entry(spec, chat, entry, fence, arrived, None)
+                            .await
+                    }
+                    // A newer turn of the chat was granted: this one is void.
+                    Accepted::Superseded => return Served::Done,
+                    Accepted::Fenced => Handled::Fenced,
+                }
+            } else {
+                self.handle_entry(spec, chat, entry, fence, arrived, preload.take())
+                    .await
+            };
+            if matches!(done, Handled::Done) {
+                return if self.release(ck, ticket, fence, inc).await {
+                    Served::Done
+                } else {
+                    Served::Stop
+                };
+            }
+            if !self.recover(inc).await {
+                return Served::Stop;
+            }
+            match self.try_again(ck, ticket, inc).await {
+                Some(Turn::Granted { fence: f, .. }) => fence = f,
+                Some(other) => return Served::Again(other),
+                None => return Served::Stop,
+            }
+        }
+    }
+
+    /// `handle`, or nothing for an empty entry (a ticket whose journal write failed).
+    async fn handle_entry(
+        &self,
+        spec: &Arc<BotSpec>,
+        chat: &str,
+        entry: &str,
+        fence: Fence,
+        arrived: Option<Instant>,
+        preload: Option<TurnView>,
+    ) -> Handled {
+        if entry.is_empty() {
+            return Handled::Done;
+        }
+        self.handle(spec, chat, entry, fence, arrived, preload)
+            .await
+    }
+
+    /// Records a taken-over turn's fence in the store, through store failures.
+    async fn accept(&self, spec: &BotSpec, chat: &str, fence: Fence) -> Accepted {
+        let mut attempt = 0;
+        loop {
+            if !self.may_act() {
+                return Accepted::Fenced;
+            }
+            match self.inner.store.turn_accept(&spec.id, chat, fence).await {
+                Ok(()) => return Accepted::Yes,
+                Err(botfleet_store::StoreError::StaleFence { .. }) => return Accepted::Superseded,
                 Err(e) => {
-                    debug!(error = %e, "cannot release a turn; retrying");
+                    warn!(bot = %spec.id, error = %e, "cannot record a taken-over turn; retrying");
                     tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                    attempt += 1;
                 }
             }
         }
-        // Not released: the next ticket takes it over once this worker's lease ends.
-        warn!(chat = %ck, "cannot release a turn; the next message of the chat waits for this worker's lease");
+    }
+
+    /// Takes a ticket for `key` (idempotent per entry), through coordinator failures, while
+    /// this registration lasts.
+    async fn take(&self, ck: &str, key: &str, inc: &Option<Incarnation>) -> Option<(u64, Turn)> {
+        let mut attempt = 0;
+        loop {
+            match self.inner.coord.turn_take(ck, key).await {
+                Ok(t) => return Some(t),
+                Err(e) => {
+                    debug!(error = %e, "cannot take a turn ticket; retrying");
+                    if !self.same_registration(inc) {
+                        return None;
+                    }
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Asks for `ticket`'s turn again, through coordinator failures, while this registration
+    /// lasts.
+    async fn try_again(&self, ck: &str, ticket: u64, inc: &Option<Incarnation>) -> Option<Turn> {
+        let mut attempt = 0;
+        loop {
+            match self.inner.coord.turn_try(ck, ticket).await {
+                Ok(t) => return Some(t),
+                Err(e) => {
+                    debug!(error = %e, "turn queue unavailable; retrying");
+                    if !self.same_registration(inc) {
+                        return None;
+                    }
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Waits until this worker may act again under the same registration: true then; false
+    /// when the registration ended or changed, or the worker is leaving (its turns are then
+    /// taken over by others).
+    async fn recover(&self, inc: &Option<Incarnation>) -> bool {
+        loop {
+            if self.closed() || !self.same_registration(inc) {
+                return false;
+            }
+            if self.may_act() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Ends the turn, through coordinator failures, while this registration lasts (a turn
+    /// left held by a live worker would hold its chat up). False when it could not.
+    async fn release(
+        &self,
+        ck: &str,
+        ticket: u64,
+        fence: Fence,
+        inc: &Option<Incarnation>,
+    ) -> bool {
+        let mut attempt = 0;
+        loop {
+            match self.inner.coord.turn_release(ck, ticket, fence).await {
+                Ok(_) => return true,
+                Err(e) => {
+                    debug!(error = %e, "cannot release a turn; retrying");
+                    if !self.same_registration(inc) {
+                        // The registration is gone: the turn is others' to take over.
+                        return false;
+                    }
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// The current registration's incarnation, if registered.
+    fn incarnation(&self) -> Option<Incarnation> {
+        self.lease().map(|l| l.incarnation().clone())
+    }
+
+    /// Whether the worker is still registered as `inc` (and not past its leave).
+    fn same_registration(&self, inc: &Option<Incarnation>) -> bool {
+        inc.is_some() && self.incarnation() == *inc
     }
 
     /// Handles the journaled entry `key` under the turn's `fence`: handler with the chat's
@@ -603,6 +846,13 @@ impl Hooks {
     ) -> Handled {
         use std::sync::atomic::Ordering;
         self.inner.handling.fetch_add(1, Ordering::SeqCst);
+        if self.closed() {
+            // Leaving: this turn is taken over once the worker unregisters.
+            if self.inner.handling.fetch_sub(1, Ordering::SeqCst) == 1 {
+                self.inner.idle.notify_waiters();
+            }
+            return Handled::Fenced;
+        }
         let done = self
             .handle_inner(spec, chat, key, fence, arrived, preload)
             .await;
@@ -821,7 +1071,8 @@ impl Hooks {
             sent: sent.is_some(),
             state,
         };
-        for attempt in 0..8 {
+        let mut attempt = 0;
+        loop {
             let r = self.inner.store.turn_record(&spec.id, &rec).await;
             if let (Ok(_), Some(at)) = (&r, sent) {
                 // What remains of the duplicate window: a replay after a crash in here sends
@@ -837,12 +1088,16 @@ impl Hooks {
                 Ok(_) => return Handled::Done,
                 Err(e) => {
                     warn!(bot = %spec.id, error = %e, "cannot record a turn; retrying");
+                    // Not released unrecorded: the next message would start from the old
+                    // state. A worker that may no longer act leaves it to its successor.
+                    if !self.may_act() {
+                        return Handled::Fenced;
+                    }
                     tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                    attempt += 1;
                 }
             }
         }
-        warn!(bot = %spec.id, key = %key, "cannot record a turn; a replay may answer it again");
-        Handled::Done
     }
 }
 
@@ -942,7 +1197,11 @@ async fn hook(
                 return (StatusCode::SERVICE_UNAVAILABLE, "worker not live; retry\n")
                     .into_response();
             }
-            h.deliver(spec, messages, arrived).await
+            // In a task of its own: a platform that hangs up mid-request must not cut a
+            // delivery between its ticket and the task that serves it.
+            let task = tokio::spawn(async move { h.deliver(spec, messages, arrived).await });
+            task.await
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
         }
     }
 }

@@ -54,7 +54,7 @@ impl Webhooks for SlackEvents {
         let ts = req.header("x-slack-request-timestamp").unwrap_or("");
         let fresh = ts.parse::<i64>().is_ok_and(|t| {
             let now = botfleet_core::unix_ms() / 1000;
-            (now - t).abs() <= MAX_SKEW_S
+            now.abs_diff(t) <= MAX_SKEW_S.unsigned_abs()
         });
         if !fresh {
             return Err(HookRefusal {
@@ -86,9 +86,15 @@ impl Webhooks for SlackEvents {
                 body: doc["challenge"].as_str().unwrap_or("").to_owned(),
             }),
             Some("event_callback") => {
+                // The bot's own user (messages from it are not answered); bots' messages are
+                // left out by their bot_id anyway. A person's authorization is not the bot.
                 let me = Me {
-                    user_id: doc["authorizations"][0]["user_id"]
-                        .as_str()
+                    user_id: doc["authorizations"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|a| a["is_bot"] == true)
+                        .and_then(|a| a["user_id"].as_str())
                         .unwrap_or("")
                         .to_owned(),
                     bot_id: None,

@@ -379,7 +379,17 @@ impl Store for MemoryStore {
                 written = StateWrite::Written(expected + 1);
             }
         }
-        if let Some((entry, finished)) = st.inbox.get_mut(bot).and_then(|i| i.get_mut(&rec.key)) {
+        // A turn superseded by a newer one leaves the entry to that one.
+        let superseded = st
+            .chats
+            .get(&(bot.clone(), rec.chat.clone()))
+            .is_some_and(|(_, f, _)| *f > rec.fence);
+        if let Some((entry, finished)) = st
+            .inbox
+            .get_mut(bot)
+            .and_then(|i| i.get_mut(&rec.key))
+            .filter(|_| !superseded)
+        {
             if entry.state == InboxState::Pending {
                 let (state, error) = crate::turns::outcome_parts(&rec.outcome);
                 entry.state = state.parse().unwrap_or(InboxState::Done);

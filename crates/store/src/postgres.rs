@@ -47,7 +47,9 @@ fn turn_record_sql(cas: &str) -> String {
         "WITH ob AS (INSERT INTO outbox (bot_id, key, fence, sent_at_ms) \
            SELECT $1, $7, $4, $6 WHERE $8 ON CONFLICT DO NOTHING RETURNING 1), \
          fin AS (UPDATE inbox SET state = $9, error = $10, finished_at_ms = $6 \
-           WHERE bot_id = $1 AND key = $11 AND state = 'pending' RETURNING 1), \
+           WHERE bot_id = $1 AND key = $11 AND state = 'pending' \
+           AND NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = $1 AND c.chat = $2 \
+           AND c.fence > $4) RETURNING 1), \
          st AS ({cas}) \
          SELECT (SELECT revision FROM st), (SELECT COUNT(*) FROM ob), (SELECT COUNT(*) FROM fin), \
            CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT)"

@@ -818,10 +818,22 @@ impl Store for SqliteStore {
                 };
             }
             let (state, error) = crate::turns::outcome_parts(&rec.outcome);
+            // A turn superseded by a newer one (a higher fence on the chat) leaves the entry
+            // to that one: it ends it with its own result.
             tx.execute(
                 "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
-                 WHERE bot_id = ?1 AND key = ?2 AND state = 'pending'",
-                params![bot.as_str(), rec.key, state, error, now],
+                 WHERE bot_id = ?1 AND key = ?2 AND state = 'pending' \
+                 AND NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = ?1 \
+                 AND c.chat = ?6 AND c.fence > ?7)",
+                params![
+                    bot.as_str(),
+                    rec.key,
+                    state,
+                    error,
+                    now,
+                    rec.chat,
+                    fence_i64(rec.fence)
+                ],
             )
             .map_err(fail)?;
             tx.commit().map_err(fail)?;

@@ -976,12 +976,16 @@ pub async fn turns_are_served_in_ticket_order<F: CoordFixture>(f: &F) {
     let mut wake_b = b.turn_wakeups().await.unwrap();
     let (t0, first) = a.turn_take("bot1/chat1", "k0").await.unwrap();
     let f0 = granted_turn(first);
-    assert_eq!(t0, 0);
     let (t1, second) = b.turn_take("bot1/chat1", "k1").await.unwrap();
-    assert_eq!((t1, second), (1, Turn::Wait), "one holder at a time");
+    assert_eq!((t1, second), (t0 + 1, Turn::Wait), "one holder at a time");
+    // Taking again for the same entry (a take whose answer was lost) is the same ticket.
+    assert_eq!(
+        b.turn_take("bot1/chat1", "k1").await.unwrap(),
+        (t1, Turn::Wait)
+    );
     assert_eq!(b.turn_try("bot1/chat1", t1).await.unwrap(), Turn::Wait);
     // Another chat is not held up.
-    let (_, other) = b.turn_take("bot1/chat2", "x0").await.unwrap();
+    let (to, other) = b.turn_take("bot1/chat2", "x0").await.unwrap();
     let fo = granted_turn(other);
     // Only the holder with its fence releases.
     assert!(!b.turn_release("bot1/chat1", t0, f0).await.unwrap());
@@ -999,11 +1003,11 @@ pub async fn turns_are_served_in_ticket_order<F: CoordFixture>(f: &F) {
     assert!(f1 > f0, "fences grow: {f0:?} then {f1:?}");
     assert_eq!(a.turn_try("bot1/chat1", t0).await.unwrap(), Turn::Passed);
     assert!(b.turn_release("bot1/chat1", t1, f1).await.unwrap());
-    assert!(b.turn_release("bot1/chat2", 0, fo).await.unwrap());
-    // An emptied queue is forgotten; fences still grow past it.
+    assert!(b.turn_release("bot1/chat2", to, fo).await.unwrap());
+    // An emptied queue is forgotten; ticket numbers and fences still grow past it.
     let (t, again) = a.turn_take("bot1/chat1", "k2").await.unwrap();
     let f2 = granted_turn(again);
-    assert_eq!(t, 0, "a forgotten queue starts again");
+    assert!(t > t1, "a ticket number is never reused: {t} after {t1}");
     assert!(f2 > f1);
     assert!(a.turn_release("bot1/chat1", t, f2).await.unwrap());
     assert!(a.turn_take("bad chat", "k").await.is_err());
@@ -1021,7 +1025,7 @@ pub async fn dead_holders_tickets_are_taken_over<F: CoordFixture>(f: &F) {
     let (t1, _) = b.turn_take("bot/c", "e1").await.unwrap();
     let (t2, _) = a.turn_take("bot/c", "e2").await.unwrap();
     let (t3, w) = c.turn_take("bot/c", "e3").await.unwrap();
-    assert_eq!((t1, t2, t3, w), (1, 2, 3, Turn::Wait));
+    assert_eq!((t2, t3, w), (t1 + 1, t1 + 2, Turn::Wait));
     // b dies too: c must replay e0, e1 and e2 in order before its own.
     outlive_lease(&[&c]).await;
     let mut replayed = Vec::new();
@@ -1048,8 +1052,46 @@ pub async fn dead_holders_tickets_are_taken_over<F: CoordFixture>(f: &F) {
     }
     assert_eq!(replayed, ["e0", "e1", "e2"]);
     // The dead holder acts on nothing.
-    assert!(!a.turn_release("bot/c", 0, fa).await.unwrap());
+    assert!(!a.turn_release("bot/c", t1 - 1, fa).await.unwrap());
     assert_eq!(a.turn_try("bot/c", t2).await.unwrap(), Turn::NotLive);
+}
+
+/// A ticket whose turn came but whose live taker never asks for it (it lost track of it) is
+/// taken over by the next asker once it has waited a lease (at least 5 s) unheld.
+pub async fn abandoned_tickets_of_live_takers_are_taken_over<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", Duration::from_secs(30)).await;
+    let b = worker(f, "w-b", Duration::from_secs(30)).await;
+    let (t0, g) = a.turn_take("bot/ab", "x0").await.unwrap();
+    let f0 = granted_turn(g);
+    let (_, _) = a.turn_take("bot/ab", "x1").await.unwrap(); // a will never ask for this one
+    let (t2, w) = b.turn_take("bot/ab", "x2").await.unwrap();
+    assert_eq!(w, Turn::Wait);
+    assert!(a.turn_release("bot/ab", t0, f0).await.unwrap());
+    assert_eq!(
+        b.turn_try("bot/ab", t2).await.unwrap(),
+        Turn::Wait,
+        "its live taker may still ask"
+    );
+    let start = tokio::time::Instant::now();
+    let taken = loop {
+        a.renew(0).await.unwrap();
+        b.renew(0).await.unwrap();
+        match b.turn_try("bot/ab", t2).await.unwrap() {
+            Turn::TakeOver { entry, .. } => break entry,
+            Turn::Wait => {}
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(taken, "x1");
+    assert!(
+        start.elapsed() >= Duration::from_secs(4),
+        "not before it waited about a lease"
+    );
 }
 
 /// Generates a module `conformance_coord` with one `#[tokio::test]` per suite case, each
@@ -1090,6 +1132,7 @@ macro_rules! coordinator_conformance {
             the_journal_is_shared_and_bounded,
             turns_are_served_in_ticket_order,
             dead_holders_tickets_are_taken_over,
+            abandoned_tickets_of_live_takers_are_taken_over,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -775,6 +775,11 @@ pub async fn turns_read_and_write_state_outbox_and_entry(s: Arc<dyn Store>) {
             .unwrap(),
         StateWrite::Stale
     );
+    // ... and the superseded turn leaves the entry to the newer one, recording only that it
+    // sent a reply (so the newer one does not send it again).
+    let v = s.turn_view(&bot, "m3", "c1").await.unwrap();
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
+    assert!(v.sent);
     assert_eq!(
         s.turn_record(&bot, &rec("m3", 20, Some((1, r#"{"n":2}"#))))
             .await

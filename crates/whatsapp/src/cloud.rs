@@ -28,10 +28,15 @@ pub fn sign(app_secret: &str, body: &[u8]) -> String {
     out
 }
 
-/// What one delivery holds for `bot`: text messages (keyed by their `wamid`), how many
-/// changes were of kinds the bot does not handle (statuses, other fields, media), and
-/// whether the body could be read at all.
-pub fn parse_delivery(bot: &BotId, body: &[u8]) -> (Vec<Received>, usize, usize) {
+/// What one delivery holds for `bot` (whose number is `phone_number_id`, when known): text
+/// messages (keyed by their `wamid`), how many changes were of kinds the bot does not handle
+/// (statuses, other fields, media, another number of the same app), and how many could not
+/// be read.
+pub fn parse_delivery(
+    bot: &BotId,
+    phone_number_id: Option<&str>,
+    body: &[u8],
+) -> (Vec<Received>, usize, usize) {
     let Ok(doc) = serde_json::from_slice::<Value>(body) else {
         return (Vec::new(), 0, 1);
     };
@@ -46,6 +51,14 @@ pub fn parse_delivery(bot: &BotId, body: &[u8]) -> (Vec<Received>, usize, usize)
                 continue;
             }
             let value = &change["value"];
+            // One app's subscription carries every number of it: only this bot's count.
+            let number = value["metadata"]["phone_number_id"].as_str();
+            if let (Some(mine), Some(got)) = (phone_number_id, number) {
+                if mine != got {
+                    ignored += 1;
+                    continue;
+                }
+            }
             ignored += value["statuses"].as_array().map_or(0, Vec::len);
             for m in value["messages"].as_array().into_iter().flatten() {
                 let (Some(id), Some(from)) = (m["id"].as_str(), m["from"].as_str()) else {
@@ -230,7 +243,8 @@ impl Webhooks for CloudHooks {
                         reason: "bad_signature",
                     });
                 }
-                let (messages, ignored, malformed) = parse_delivery(&spec.id, req.body);
+                let (messages, ignored, malformed) =
+                    parse_delivery(&spec.id, spec.options.phone_number_id.as_deref(), req.body);
                 Ok(HookAnswer::Deliver {
                     messages,
                     ignored,
@@ -275,15 +289,20 @@ mod tests {
                 {"field": "account_update", "value": {}}
             ]}]
         });
-        let (msgs, ignored, malformed) = parse_delivery(&bot, body.to_string().as_bytes());
+        let (msgs, ignored, malformed) =
+            parse_delivery(&bot, Some("123"), body.to_string().as_bytes());
         assert_eq!(msgs.len(), 1);
         assert_eq!(msgs[0].key, "wamid.A");
         assert_eq!(msgs[0].message.chat.chat, "4915");
         assert_eq!(msgs[0].message.text, "hi");
         assert_eq!(msgs[0].message.sent_at_ms, Some(1_700_000_000_000));
         assert_eq!((ignored, malformed), (3, 1));
-        assert_eq!(parse_delivery(&bot, b"not json").2, 1);
-        assert_eq!(parse_delivery(&bot, b"{}").2, 1);
+        assert_eq!(parse_delivery(&bot, None, b"not json").2, 1);
+        assert_eq!(parse_delivery(&bot, None, b"{}").2, 1);
+        // Another number of the same app: not this bot's.
+        let (msgs, ignored, _) = parse_delivery(&bot, Some("999"), body.to_string().as_bytes());
+        assert!(msgs.is_empty());
+        assert_eq!(ignored, 2);
     }
 
     #[test]

@@ -9,11 +9,17 @@
 -- ARGV[4] take: the journal entry key; try/release: the ticket
 -- ARGV[5] release: the turn's fence
 -- ARGV[6] the wake channel prefix (the next ticket's worker id is appended)
+-- ARGV[7] the chat key (the wake-up's message)
+-- ARGV[8] ms after which a ticket whose turn came and that nobody holds counts as abandoned
+--         even if its taker is live (a taker that lost track of it)
 -- Returns take: {ticket, answer...}; try: {answer...}; release: {'1'|'0'} where answer is
 -- 'granted', ticket, fence | 'wait' | 'takeover', ticket, entry, fence | 'passed' | 'notlive'.
 --
 -- Fences are max(last + 1, server time in µs): a chat forgotten when its queue empties (or
--- by a data loss) still gets fences above the ones granted before.
+-- by a data loss) still gets fences above the ones granted before. Ticket numbers start at
+-- the server time in µs when a queue is made, so a number is never reused for a chat.
+-- Taking is idempotent per entry (`e<entry>` names its ticket while it waits): a take whose
+-- answer was lost is asked again and answers the same ticket.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -64,7 +70,8 @@ local function try(ticket)
     return grant('granted', s)
   else
     local w, i = taker('t' .. s)
-    if w and live(w, i) then
+    local since = tonumber(redis.call('HGET', KEYS[3], 'ss') or '0')
+    if w and live(w, i) and now_ms - since < tonumber(ARGV[8]) then
       return { 'wait' }
     end
   end
@@ -79,10 +86,19 @@ if ARGV[1] ~= 'release' and not live(me, inc) then
   return { 'notlive' }
 end
 if ARGV[1] == 'take' then
+  local have = redis.call('HGET', KEYS[3], 'e' .. ARGV[4])
+  if have and redis.call('HEXISTS', KEYS[3], 't' .. have) == 1 then
+    local r = try(have)
+    table.insert(r, 1, have)
+    return r
+  end
+  if redis.call('HEXISTS', KEYS[3], 'next') == 0 then
+    local base = string.format('%d', now_us)
+    redis.call('HSET', KEYS[3], 'next', base, 'serving', base, 'ss', string.format('%d', now_ms))
+  end
   local n = redis.call('HINCRBY', KEYS[3], 'next', 1) - 1
   local s = string.format('%d', n)
-  redis.call('HSETNX', KEYS[3], 'serving', '0')
-  redis.call('HSET', KEYS[3], 't' .. s, me .. '|' .. inc .. '|' .. ARGV[4])
+  redis.call('HSET', KEYS[3], 't' .. s, me .. '|' .. inc .. '|' .. ARGV[4], 'e' .. ARGV[4], s)
   -- A forgotten queue: a safety net against keys left by a fleet that went away.
   redis.call('PEXPIRE', KEYS[3], 86400000)
   local r = try(s)
@@ -97,6 +113,10 @@ if h[3] ~= me or h[4] ~= inc or h[2] ~= ARGV[4] or h[5] ~= ARGV[5] then
   return { '0' }
 end
 local serving = tonumber(h[2]) + 1
+local _, _, served = taker('t' .. h[2])
+if served then
+  redis.call('HDEL', KEYS[3], 'e' .. served)
+end
 redis.call('HDEL', KEYS[3], 't' .. h[2], 'hw', 'hi')
 if serving >= tonumber(h[1]) then
   -- Nothing waits: forget the chat (its fences stay above by the clock).
@@ -104,7 +124,7 @@ if serving >= tonumber(h[1]) then
   return { '1' }
 end
 local s = string.format('%d', serving)
-redis.call('HSET', KEYS[3], 'serving', s)
+redis.call('HSET', KEYS[3], 'serving', s, 'ss', string.format('%d', now_ms))
 local w = taker('t' .. s)
 if w then
   redis.call('PUBLISH', ARGV[6] .. w, ARGV[7])

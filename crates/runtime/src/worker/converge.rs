@@ -657,6 +657,8 @@ impl State {
         if let Err(e) = self.w.coord.unregister().await {
             warn!(error = %e, "unregister failed; liveness ends with the lease");
         }
+        // Nothing of this registration acts any more (the hooks' tasks stop asking).
+        self.w.lease_tx.send_replace(None);
         if let Some(k) = self.keeper.take() {
             k.stop();
         }
