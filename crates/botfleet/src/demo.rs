@@ -1,6 +1,7 @@
 //! `botfleet demo`: the fleet at work, in one process, with nothing to set up: Telegram,
-//! Slack and Discord bots in one pool of three workers, users writing on both; one worker is killed
-//! midway and another joins; then a report per platform.
+//! Slack and Discord bots in one pool of three workers, and Telegram webhook bots answered by
+//! every worker behind a round-robin balancer; users writing on all of them; one worker is
+//! killed midway and another joins; then a report per platform.
 
 use std::{
     collections::HashMap,
@@ -32,6 +33,10 @@ pub(crate) struct DemoArgs {
     /// Percent of them on Discord, two shards each (0-100); the rest on Telegram.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100))]
     discord_percent: u32,
+    /// Percent of them Telegram bots in webhook mode (0-100): Telegram POSTs their updates to
+    /// every worker through a round-robin balancer, and each chat still gets one turn at a time.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=100))]
+    webhook_percent: u32,
     /// How long users write, in seconds (10-600).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(10..=600))]
     duration_s: u64,
@@ -58,6 +63,9 @@ struct DemoWorker {
     metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    /// Its hooks address (webhook bots), and the task serving it.
+    hooks_url: String,
+    hooks_task: JoinHandle<()>,
     alive: bool,
 }
 
@@ -67,24 +75,37 @@ struct DemoBot {
     platform: Platform,
     /// Telegram token, or Slack bot token.
     token: String,
+    /// A Telegram bot in webhook mode.
+    webhook: bool,
 }
 
-fn start_worker(
+/// The secret token of the demo's Telegram webhook bots.
+const DEMO_SECRET: &str = "demo-secret";
+
+async fn start_worker(
     name: &str,
     hub: &MemoryHub,
     store: Arc<dyn Store>,
     lease: Duration,
     journal: &Arc<Journal>,
+    public_url: &str,
 ) -> anyhow::Result<DemoWorker> {
     let id = WorkerId::new(name)?;
     let mut cfg = WorkerConfig::new(id.clone());
     cfg.lease = lease;
     cfg.reconcile_every = Duration::from_millis(250);
     cfg.telegram.poll_timeout = Duration::from_secs(5);
+    cfg.telegram.public_url = Some(public_url.to_owned());
     let handle = hub.coordinator();
-    let worker = Worker::new(cfg, Arc::new(handle.clone()) as Arc<dyn Coordinator>, store)?
+    let mut worker = Worker::new(cfg, Arc::new(handle.clone()) as Arc<dyn Coordinator>, store)?
         .with_journal(journal.clone());
     let metrics = worker.metrics();
+    let (hooks_addr, hooks_task) = botfleet_runtime::http::serve_router(
+        "127.0.0.1:0".parse().context("loopback")?,
+        worker.hooks().router(),
+    )
+    .await
+    .context("binding a hooks address")?;
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         if let Err(e) = worker
@@ -102,8 +123,71 @@ fn start_worker(
         metrics,
         stop: Some(tx),
         task,
+        hooks_url: format!("http://{hooks_addr}"),
+        hooks_task,
         alive: true,
     })
+}
+
+/// The load balancer in front of the workers' hooks addresses: each request to the next
+/// worker in turn, skipping one that does not answer (killed).
+#[derive(Clone, Default)]
+struct Balancer {
+    backends: Arc<std::sync::Mutex<Vec<String>>>,
+    next: Arc<std::sync::atomic::AtomicUsize>,
+    http: reqwest::Client,
+}
+
+impl Balancer {
+    fn set(&self, urls: Vec<String>) {
+        *self.backends.lock().unwrap_or_else(|e| e.into_inner()) = urls;
+    }
+
+    async fn forward(
+        &self,
+        path: &str,
+        headers: &axum::http::HeaderMap,
+        body: axum::body::Bytes,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let backends = self
+            .backends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for _ in 0..backends.len() {
+            let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % backends.len();
+            let mut req = self
+                .http
+                .post(format!("{}{path}", backends[i]))
+                .body(body.clone());
+            for (k, v) in headers {
+                if k != "host" && k != "content-length" {
+                    req = req.header(k, v);
+                }
+            }
+            if let Ok(r) = req.send().await {
+                let status = r.status();
+                return (status, r.bytes().await.unwrap_or_default()).into_response();
+            }
+        }
+        (axum::http::StatusCode::BAD_GATEWAY, "no worker answered").into_response()
+    }
+}
+
+/// Serves `balancer` on a loopback port; answers its URL.
+async fn serve_balancer(balancer: Balancer) -> anyhow::Result<(String, JoinHandle<()>)> {
+    let app = axum::Router::new().fallback(
+        move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let b = balancer.clone();
+            async move { b.forward(uri.path(), &headers, body).await }
+        },
+    );
+    let (addr, task) =
+        botfleet_runtime::http::serve_router("127.0.0.1:0".parse().context("loopback")?, app)
+            .await
+            .context("binding the demo's balancer")?;
+    Ok((format!("http://{addr}"), task))
 }
 
 fn view(t: Duration, ws: &[DemoWorker], fakes: &Fakes, written: u64) -> String {
@@ -188,13 +272,20 @@ impl Fakes {
     fn served_since(&self, bots: &[&DemoBot], since: Instant) -> usize {
         let of = |p: Platform| -> Vec<String> {
             bots.iter()
-                .filter(|b| b.platform == p)
+                .filter(|b| b.platform == p && !b.webhook)
                 .map(|b| b.token.clone())
                 .collect()
         };
-        self.telegram
-            .state()
-            .polled_since_among(&of(Platform::Telegram), since)
+        // A webhook bot is served by every worker once its webhook is set.
+        let hooked = bots
+            .iter()
+            .filter(|b| b.webhook && self.telegram.state().webhook(&b.token).is_some())
+            .count();
+        hooked
+            + self
+                .telegram
+                .state()
+                .polled_since_among(&of(Platform::Telegram), since)
             + self
                 .slack
                 .state()
@@ -216,6 +307,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let slack_bots = a.bots * a.slack_percent / 100;
     let discord_bots = (a.bots * a.discord_percent / 100).min(a.bots - slack_bots);
+    let webhook_bots = (a.bots * a.webhook_percent / 100).min(a.bots - slack_bots - discord_bots);
     let mut bots = Vec::new();
     for i in 0..a.bots {
         let id = BotId::new(format!("demo-{i}"))?;
@@ -230,6 +322,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
                 id,
                 platform: Platform::Slack,
                 token,
+                webhook: false,
             }
         } else if i < slack_bots + discord_bots {
             let token = format!("DISCORD.demo.{i}");
@@ -241,17 +334,24 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
                 id,
                 platform: Platform::Discord,
                 token,
+                webhook: false,
             }
         } else {
+            let webhook = i < slack_bots + discord_bots + webhook_bots;
             let token = format!("{}:demo-{i}", 100_000 + i);
             fakes.telegram.state().add_bot(&token);
             let mut spec = BotSpec::new(id.clone(), Platform::Telegram, token.clone());
             spec.options.api_url = Some(fakes.telegram.url());
+            if webhook {
+                spec.options.mode = Some("webhook".into());
+                spec.hook.secret = Some(Secret::new(DEMO_SECRET));
+            }
             store.add_bot(&spec).await?;
             DemoBot {
                 id,
                 platform: Platform::Telegram,
                 token,
+                webhook,
             }
         };
         bots.push(bot);
@@ -276,18 +376,25 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("binding {} (--http-addr)", a.http_addr))?;
     println!("watch it live: http://{addr}/");
+    let balancer = Balancer::default();
+    let (public_url, balancer_task) = serve_balancer(balancer.clone()).await?;
     let mut ws = Vec::new();
     for i in 0..3 {
-        ws.push(start_worker(
-            &format!("worker-{i}"),
-            &hub,
-            store.clone(),
-            lease,
-            &journal,
-        )?);
+        ws.push(
+            start_worker(
+                &format!("worker-{i}"),
+                &hub,
+                store.clone(),
+                lease,
+                &journal,
+                &public_url,
+            )
+            .await?,
+        );
     }
+    balancer.set(ws.iter().map(|w| w.hooks_url.clone()).collect());
     println!(
-        "botfleet demo: {} bots ({} Telegram, {slack_bots} Slack, {discord_bots} Discord of 2 shards), 3 workers, users writing {} msg/s for {} s, lease {} ms",
+        "botfleet demo: {} bots ({} Telegram of which {webhook_bots} by webhook through a balancer to every worker, {slack_bots} Slack, {discord_bots} Discord of 2 shards), 3 workers, users writing {} msg/s for {} s, lease {} ms",
         a.bots,
         a.bots - slack_bots - discord_bots,
         a.rate,
@@ -343,7 +450,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             // kill -9, in one process: the worker's coordinator handle dies and its loop stops.
             let victim = ws[1].id.clone();
             let mut moved = Vec::new();
-            for (i, b) in bots.iter().enumerate() {
+            for (i, b) in bots.iter().enumerate().filter(|(_, b)| !b.webhook) {
                 if let Ok(Some(o)) = probe.owner(&b.id).await {
                     if o.worker == victim && o.live {
                         moved.push(i);
@@ -353,6 +460,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             let w = &mut ws[1];
             hub.crash(&w.handle);
             w.task.abort();
+            w.hooks_task.abort();
             w.alive = false;
             killed = Some((Instant::now(), moved));
             println!(
@@ -374,13 +482,23 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             }
         }
         if !joined && t0.elapsed() >= join_at {
-            ws.push(start_worker(
-                "worker-3",
-                &hub,
-                store.clone(),
-                lease,
-                &journal,
-            )?);
+            ws.push(
+                start_worker(
+                    "worker-3",
+                    &hub,
+                    store.clone(),
+                    lease,
+                    &journal,
+                    &public_url,
+                )
+                .await?,
+            );
+            balancer.set(
+                ws.iter()
+                    .filter(|w| w.alive)
+                    .map(|w| w.hooks_url.clone())
+                    .collect(),
+            );
             joined = true;
             println!(
                 "{}  -> worker-3 joins",
@@ -444,6 +562,11 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         .map(|b| fakes.discord.state().resumes(&b.token))
         .sum();
     println!("  Telegram second pollers (409)       {conflicts}");
+    let d = fakes.telegram.state().deliveries();
+    println!(
+        "  Telegram webhook deliveries         {} taken, {} retried (a worker down or draining)",
+        d.delivered, d.failed
+    );
     println!("  Slack sockets held by two workers  {overlaps}");
     println!(
         "  Discord shards run twice            {two_sessions}; {identifies} IDENTIFYs for {} shards, {resumes} RESUMEs (a moved bot resumes)",
@@ -475,7 +598,9 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     }
     for w in ws {
         let _ = tokio::time::timeout(Duration::from_secs(10), w.task).await;
+        w.hooks_task.abort();
     }
+    balancer_task.abort();
     http_task.abort();
     Ok(
         if failed || conflicts > 0 || overlaps > 0 || two_sessions > 0 {
