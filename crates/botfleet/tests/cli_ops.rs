@@ -390,6 +390,13 @@ fn the_demo_runs_and_reports_nothing_lost() {
     );
     assert!(out.contains("kill -> the victim's bots back"), "{out}");
     assert!(out.contains("Slack envelope ack p99"), "{out}");
+    // Webhook bots were answered through the balancer (their replies are in telegram's line).
+    let taken: u64 = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Telegram webhook deliveries"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no webhook line in:\n{out}"));
+    assert!(taken > 0, "{out}");
 }
 
 #[test]
