@@ -51,6 +51,10 @@ use crate::{
 /// Largest webhook body taken (bytes); larger ones are answered 413.
 pub const MAX_HOOK_BODY: usize = 1024 * 1024;
 
+/// Pending entries of one bot the sweeper looks at per pass (oldest first; entries still
+/// being served are skipped, so a slow chat does not hide the others' lost ones).
+const SWEEP_BATCH: usize = 5_000;
+
 /// How long a bot's spec is reused before it is read again (token rotations and mode changes
 /// reach every worker within this).
 const SPEC_TTL: Duration = Duration::from_secs(2);
@@ -299,7 +303,7 @@ impl Hooks {
             if !spec.is_webhook() || !spec.enabled {
                 continue;
             }
-            for e in self.inner.store.inbox_pending(&bot, 500).await? {
+            for e in self.inner.store.inbox_pending(&bot, SWEEP_BATCH).await? {
                 if e.received_at_ms > cutoff || !self.claim_local(&bot, &e.key) {
                     continue;
                 }
