@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use botfleet_testkit::{nonce, FakeTelegram, RedisServer};
+use botfleet_testkit::{FakeTelegram, RedisServer};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
@@ -143,8 +143,9 @@ async fn the_page_shows_the_workers_and_a_killed_one_going() {
     };
     let fake = FakeTelegram::start().await.unwrap();
     let redis = RedisServer::start().unwrap();
-    let dir = std::env::temp_dir().join(format!("botfleet-page-{}", nonce()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed at the end (after the browser and the workers, declared later, are gone).
+    let tmp = botfleet_testkit::TempDir::new("botfleet-page");
+    let dir = tmp.0.clone();
     let db = format!("sqlite://{}", dir.join("bots.db").display());
     for i in 0..20 {
         let token = format!("{}:PAGE", 500 + i);
@@ -175,7 +176,9 @@ async fn the_page_shows_the_workers_and_a_killed_one_going() {
         "--remote-debugging-port=0",
     ])
     .arg(format!("--user-data-dir={}", profile.display()))
-    .arg("about:blank");
+    .arg("about:blank")
+    // Chromium's own scratch files go with the test's directory too.
+    .env("TMPDIR", &dir);
     let (_chromium, ws_url) = start_reading(c, "DevTools listening on ");
     // A new tab on the page, then its DevTools socket.
     let devtools = ws_url
