@@ -346,10 +346,16 @@ impl Hooks {
             .await?
             .map(|r| Arc::new(r.spec));
         let mut specs = lock(&self.inner.specs);
-        if specs.len() > 100_000 {
-            specs.clear();
+        // Only webhook bots' specs are kept: the sweeper also looks up polling and socket
+        // bots with pending entries, and holding those would cost every such bot memory.
+        if spec.as_ref().is_some_and(|s| s.is_webhook()) {
+            if specs.len() >= 10_000 {
+                specs.retain(|_, (at, _)| at.elapsed() < SPEC_TTL);
+            }
+            specs.insert(id.clone(), (Instant::now(), spec.clone()));
+        } else {
+            specs.remove(id);
         }
-        specs.insert(id.clone(), (Instant::now(), spec.clone()));
         Ok(spec)
     }
 
