@@ -9,15 +9,15 @@
 
 use std::{
     collections::HashMap,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::Path,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
-    wait_for, FakeGraph, FakeSlack, FakeTelegram, RedisServer, RoundRobinProxy, StateHandler,
+    wait_for, FakeGraph, FakeSlack, FakeTelegram, Proc, RedisServer, RoundRobinProxy, StateHandler,
     TempDir,
 };
 
@@ -26,54 +26,21 @@ const TG_SECRET: &str = "tg-secret_1";
 const SIGNING: &str = "slack-signing-1";
 const APP_SECRET: &str = "wa-app-secret";
 
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {}", self.name);
-    }
-
-    /// The worker's hooks address, from its first lines.
-    async fn hooks_url(&self) -> String {
-        let log = self.log.clone();
-        wait_for(
-            "the worker's hooks address",
-            Duration::from_secs(20),
-            || {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let url = text
-                    .lines()
-                    .find_map(|l| l.split(" hooks on ").nth(1).map(|u| u.trim().to_owned()));
-                async move { url }
-            },
-        )
-        .await
-    }
-
-    /// The worker's log lines that mention `what`.
-    fn log_about(&self, what: &str) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        text.lines()
-            .filter(|l| l.contains(what))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The worker's hooks address, from its first lines.
+async fn hooks_url(w: &Proc) -> String {
+    let log = w.log.clone();
+    wait_for(
+        "the worker's hooks address",
+        Duration::from_secs(20),
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let url = text
+                .lines()
+                .find_map(|l| l.split(" hooks on ").nth(1).map(|u| u.trim().to_owned()));
+            async move { url }
+        },
+    )
+    .await
 }
 
 fn spawn_worker(name: &str, db: &str, redis: &str, public: &str, dir: &Path) -> Proc {
@@ -211,7 +178,7 @@ async fn webhook_bots_survive_kill_and_sigterm_behind_a_load_balancer() {
         .collect();
     let mut backends = Vec::new();
     for w in &workers {
-        backends.push(w.hooks_url().await);
+        backends.push(hooks_url(w).await);
     }
     proxy.set_backends(backends.clone());
     for (i, n) in numbers.iter().enumerate() {
@@ -263,7 +230,7 @@ async fn webhook_bots_survive_kill_and_sigterm_behind_a_load_balancer() {
         if round == 12 {
             workers[1].signal("-TERM");
             let w4 = spawn_worker("w4", &db, &redis.url(), &public, &dir.0);
-            backends.push(w4.hooks_url().await);
+            backends.push(hooks_url(&w4).await);
             proxy.set_backends(backends.clone());
             workers.push(w4);
         }

@@ -652,13 +652,10 @@ impl Hooks {
                 }
                 Err(e) => {
                     debug!(error = %e, "turn queue unavailable; retrying");
-                    if !self.same_registration(&inc) {
-                        break;
+                    match self.try_again(&ck, ticket, &inc).await {
+                        Some(t) => t,
+                        None => break,
                     }
-                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(5))).await;
-                    attempt += 1;
-                    // Asked again; while the queue is unreachable this answers Wait.
-                    coord.turn_try(&ck, ticket).await.unwrap_or(Turn::Wait)
                 }
             };
         }
@@ -754,15 +751,24 @@ impl Hooks {
         }
     }
 
-    /// Takes a ticket for `key` (idempotent per entry), through coordinator failures, while
-    /// this registration lasts.
-    async fn take(&self, ck: &str, key: &str, inc: &Option<Incarnation>) -> Option<(u64, Turn)> {
+    /// Runs the coordinator call `op` until it answers, while this registration lasts
+    /// (`None` once it ended: what was asked is others' to take over then).
+    async fn while_registered<T, F, Fut>(
+        &self,
+        what: &'static str,
+        inc: &Option<Incarnation>,
+        mut op: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = botfleet_coord::Result<T>>,
+    {
         let mut attempt = 0;
         loop {
-            match self.inner.coord.turn_take(ck, key).await {
+            match op().await {
                 Ok(t) => return Some(t),
                 Err(e) => {
-                    debug!(error = %e, "cannot take a turn ticket; retrying");
+                    debug!(error = %e, "{what}: turn queue unavailable; retrying");
                     if !self.same_registration(inc) {
                         return None;
                     }
@@ -773,23 +779,20 @@ impl Hooks {
         }
     }
 
+    /// Takes a ticket for `key` (idempotent per entry), through coordinator failures, while
+    /// this registration lasts.
+    async fn take(&self, ck: &str, key: &str, inc: &Option<Incarnation>) -> Option<(u64, Turn)> {
+        self.while_registered("take a ticket", inc, || self.inner.coord.turn_take(ck, key))
+            .await
+    }
+
     /// Asks for `ticket`'s turn again, through coordinator failures, while this registration
     /// lasts.
     async fn try_again(&self, ck: &str, ticket: u64, inc: &Option<Incarnation>) -> Option<Turn> {
-        let mut attempt = 0;
-        loop {
-            match self.inner.coord.turn_try(ck, ticket).await {
-                Ok(t) => return Some(t),
-                Err(e) => {
-                    debug!(error = %e, "turn queue unavailable; retrying");
-                    if !self.same_registration(inc) {
-                        return None;
-                    }
-                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
-                    attempt += 1;
-                }
-            }
-        }
+        self.while_registered("ask for a turn", inc, || {
+            self.inner.coord.turn_try(ck, ticket)
+        })
+        .await
     }
 
     /// Waits until this worker may act again under the same registration: true then; false
@@ -816,21 +819,11 @@ impl Hooks {
         fence: Fence,
         inc: &Option<Incarnation>,
     ) -> bool {
-        let mut attempt = 0;
-        loop {
-            match self.inner.coord.turn_release(ck, ticket, fence).await {
-                Ok(_) => return true,
-                Err(e) => {
-                    debug!(error = %e, "cannot release a turn; retrying");
-                    if !self.same_registration(inc) {
-                        // The registration is gone: the turn is others' to take over.
-                        return false;
-                    }
-                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
-                    attempt += 1;
-                }
-            }
-        }
+        self.while_registered("release a turn", inc, || {
+            self.inner.coord.turn_release(ck, ticket, fence)
+        })
+        .await
+        .is_some()
     }
 
     /// The current registration's incarnation, if registered.
@@ -854,19 +847,22 @@ impl Hooks {
         arrived: Option<Instant>,
         preload: Option<TurnView>,
     ) -> Handled {
-        use std::sync::atomic::Ordering;
-        self.inner.handling.fetch_add(1, Ordering::SeqCst);
-        if self.closed() {
+        self.inner
+            .handling
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let done = if self.closed() {
             // Leaving: this turn is taken over once the worker unregisters.
-            if self.inner.handling.fetch_sub(1, Ordering::SeqCst) == 1 {
-                self.inner.idle.notify_waiters();
-            }
-            return Handled::Fenced;
-        }
-        let done = self
-            .handle_inner(spec, chat, key, fence, arrived, preload)
-            .await;
-        if self.inner.handling.fetch_sub(1, Ordering::SeqCst) == 1 {
+            Handled::Fenced
+        } else {
+            self.handle_inner(spec, chat, key, fence, arrived, preload)
+                .await
+        };
+        if self
+            .inner
+            .handling
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
             self.inner.idle.notify_waiters();
         }
         done

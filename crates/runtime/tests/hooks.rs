@@ -98,6 +98,29 @@ async fn fleet(
     out
 }
 
+/// An echo webhook bot `id` on a fresh fake Bot API and store, and workers `names` on one hub
+/// (no balancer: tests post to a worker's hooks address themselves).
+async fn echo_webhook_bot(
+    id: &str,
+    token: &str,
+    names: &[&str],
+) -> (
+    botfleet_testkit::TempDir,
+    Arc<dyn Store>,
+    FakeTelegram,
+    BotSpec,
+    Vec<Running>,
+) {
+    let (dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(token);
+    let mut spec = webhook_bot(id, token, &fake, "http://127.0.0.1:9/");
+    spec.handler = HandlerSpec::Echo;
+    store.add_bot(&spec).await.unwrap();
+    let ws = fleet(names, &MemoryHub::new(), &store, "http://127.0.0.1:9").await;
+    (dir, store, fake, spec, ws)
+}
+
 fn webhook_bot(id: &str, token: &str, fake: &FakeTelegram, handler: &str) -> BotSpec {
     let mut spec = BotSpec::new(BotId::new(id).unwrap(), Platform::Telegram, token);
     spec.options.api_url = Some(fake.url());
@@ -248,15 +271,8 @@ async fn racing_deliveries_of_one_chat_take_turns() {
 /// stored; a redelivery of an update to another worker is acknowledged and answered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_secrets_are_refused_and_redeliveries_answered_once() {
-    let (_dir, store) = store().await;
-    let fake = FakeTelegram::start().await.unwrap();
     let token = "4444:sig-token";
-    fake.state().add_bot(token);
-    let mut spec = webhook_bot("sig", token, &fake, "http://127.0.0.1:9/");
-    spec.handler = HandlerSpec::Echo;
-    store.add_bot(&spec).await.unwrap();
-    let hub = MemoryHub::new();
-    let mut ws = fleet(&["a", "b"], &hub, &store, "http://127.0.0.1:9").await;
+    let (_dir, store, fake, _spec, mut ws) = echo_webhook_bot("sig", token, &["a", "b"]).await;
     let (b, a) = (ws.pop().unwrap(), ws.pop().unwrap());
     let http = reqwest::Client::new();
     let update = serde_json::json!({
@@ -537,17 +553,9 @@ async fn a_too_large_state_is_reported_not_stored() {
 /// has its webhook deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_to_polling_or_removal_deletes_the_webhook() {
-    let (_dir, store) = store().await;
-    let fake = FakeTelegram::start().await.unwrap();
     let token = "4646:mode-token";
-    fake.state().add_bot(token);
-    let mut spec = webhook_bot("modey", token, &fake, "http://127.0.0.1:9/");
-    spec.handler = HandlerSpec::Echo;
-    store.add_bot(&spec).await.unwrap();
-    let hub = MemoryHub::new();
-    let a = fleet(&["a"], &hub, &store, "http://127.0.0.1:9")
-        .await
-        .remove(0);
+    let (_dir, store, fake, mut spec, mut ws) = echo_webhook_bot("modey", token, &["a"]).await;
+    let a = ws.remove(0);
     until("fake.state().webhook(token).is_some()", 10, || {
         fake.state().webhook(token).is_some()
     })

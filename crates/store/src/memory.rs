@@ -27,6 +27,37 @@ struct State {
 }
 
 impl State {
+    /// Records each item not recorded before (numbered by `next_seq`); answers which were new.
+    fn record(
+        &mut self,
+        bot: &BotId,
+        items: &[InboxItem],
+        mut next_seq: impl FnMut() -> u64,
+    ) -> Vec<bool> {
+        let now = botfleet_core::unix_ms();
+        let inbox = self.inbox.entry(bot.clone()).or_default();
+        items
+            .iter()
+            .map(|item| {
+                if inbox.contains_key(&item.key) {
+                    return false;
+                }
+                let entry = InboxEntry {
+                    bot: bot.clone(),
+                    key: item.key.clone(),
+                    seq: next_seq(),
+                    chat: item.chat.clone(),
+                    message: item.message.clone(),
+                    state: InboxState::Pending,
+                    error: None,
+                    received_at_ms: now,
+                };
+                inbox.insert(item.key.clone(), (entry, None));
+                true
+            })
+            .collect()
+    }
+
     fn check_fence(&self, id: &BotId, fence: Fence) -> Result<()> {
         match self.fences.get(id) {
             Some((current, _)) if *current > fence => Err(StoreError::StaleFence {
@@ -203,30 +234,15 @@ impl Store for MemoryStore {
     async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>> {
         let mut st = self.st();
         st.check_fence(bot, fence)?;
-        let now = botfleet_core::unix_ms();
-        let inbox = st.inbox.entry(bot.clone()).or_default();
-        let mut seq = inbox.values().map(|(e, _)| e.seq).max().unwrap_or(0);
-        Ok(items
-            .iter()
-            .map(|item| {
-                if inbox.contains_key(&item.key) {
-                    return false;
-                }
-                seq += 1;
-                let entry = InboxEntry {
-                    bot: bot.clone(),
-                    key: item.key.clone(),
-                    seq,
-                    chat: item.chat.clone(),
-                    message: item.message.clone(),
-                    state: InboxState::Pending,
-                    error: None,
-                    received_at_ms: now,
-                };
-                inbox.insert(item.key.clone(), (entry, None));
-                true
-            })
-            .collect())
+        let mut seq = st
+            .inbox
+            .get(bot)
+            .and_then(|i| i.values().map(|(e, _)| e.seq).max())
+            .unwrap_or(0);
+        Ok(st.record(bot, items, || {
+            seq += 1;
+            seq
+        }))
     }
 
     async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
@@ -291,29 +307,9 @@ impl Store for MemoryStore {
     }
 
     async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
-        let mut st = self.st();
-        let now = botfleet_core::unix_ms();
-        let inbox = st.inbox.entry(bot.clone()).or_default();
-        Ok(items
-            .iter()
-            .map(|item| {
-                if inbox.contains_key(&item.key) {
-                    return false;
-                }
-                let entry = InboxEntry {
-                    bot: bot.clone(),
-                    key: item.key.clone(),
-                    seq: crate::turns::arrival_seq().max(0).unsigned_abs(),
-                    chat: item.chat.clone(),
-                    message: item.message.clone(),
-                    state: InboxState::Pending,
-                    error: None,
-                    received_at_ms: now,
-                };
-                inbox.insert(item.key.clone(), (entry, None));
-                true
-            })
-            .collect())
+        Ok(self.st().record(bot, items, || {
+            crate::turns::arrival_seq().max(0).unsigned_abs()
+        }))
     }
 
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {

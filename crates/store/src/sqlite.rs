@@ -594,32 +594,15 @@ impl Store for SqliteStore {
         self.with("record inbox", move |c| {
             let fail = |e| StoreError::backend("record inbox", e);
             let tx = fenced_tx(c, &bot, fence, "record inbox")?;
-            let mut seq: i64 = tx
+            let last: i64 = tx
                 .query_row(
                     "SELECT COALESCE(MAX(seq), 0) FROM inbox WHERE bot_id = ?1",
                     [bot.as_str()],
                     |r| r.get(0),
                 )
                 .map_err(fail)?;
-            let now = botfleet_core::unix_ms();
-            let mut out = Vec::with_capacity(items.len());
-            {
-                let mut st = tx
-                    .prepare_cached(
-                        "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6) ON CONFLICT DO NOTHING",
-                    )
-                    .map_err(fail)?;
-                for item in items {
-                    let n = st
-                        .execute(params![bot.as_str(), item.key, seq + 1, item.chat, item.message, now])
-                        .map_err(fail)?;
-                    if n > 0 {
-                        seq += 1;
-                    }
-                    out.push(n > 0);
-                }
-            }
+            // Numbered on from the bot's last entry, without gaps for redeliveries.
+            let out = insert_inbox(&tx, &bot, &items, last + 1, false, "record inbox")?;
             tx.commit().map_err(fail)?;
             Ok(out)
         })
@@ -670,30 +653,15 @@ impl Store for SqliteStore {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(fail)?;
-            let now = botfleet_core::unix_ms();
-            let seq = crate::turns::arrival_seq();
-            let mut out = Vec::with_capacity(items.len());
-            {
-                let mut st = tx
-                    .prepare_cached(
-                        "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6) ON CONFLICT DO NOTHING",
-                    )
-                    .map_err(fail)?;
-                for (i, item) in items.iter().enumerate() {
-                    let n = st
-                        .execute(params![
-                            bot.as_str(),
-                            item.key,
-                            seq + i as i64,
-                            item.chat,
-                            item.message,
-                            now
-                        ])
-                        .map_err(fail)?;
-                    out.push(n > 0);
-                }
-            }
+            // Numbered by arrival time: many workers journal one bot at once.
+            let out = insert_inbox(
+                &tx,
+                &bot,
+                &items,
+                crate::turns::arrival_seq(),
+                true,
+                "journal",
+            )?;
             tx.commit().map_err(fail)?;
             Ok(out)
         })
@@ -987,6 +955,45 @@ fn inbox_rows(
         .collect::<rusqlite::Result<Vec<_>>>()
         .map_err(|e| StoreError::backend("read inbox", e))?;
     Ok(rows)
+}
+
+/// Inserts the items not recorded before, the first at `seq`, the next one up (for every
+/// item when `step_always`, else only after a new one); answers which were new.
+fn insert_inbox(
+    tx: &rusqlite::Transaction<'_>,
+    bot: &BotId,
+    items: &[InboxItem],
+    mut seq: i64,
+    step_always: bool,
+    op: &'static str,
+) -> Result<Vec<bool>> {
+    let fail = |e| StoreError::backend(op, e);
+    let now = botfleet_core::unix_ms();
+    let mut st = tx
+        .prepare_cached(
+            "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6) ON CONFLICT DO NOTHING",
+        )
+        .map_err(fail)?;
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let new = st
+            .execute(params![
+                bot.as_str(),
+                item.key,
+                seq,
+                item.chat,
+                item.message,
+                now
+            ])
+            .map_err(fail)?
+            > 0;
+        if new || step_always {
+            seq += 1;
+        }
+        out.push(new);
+    }
+    Ok(out)
 }
 
 /// An IMMEDIATE transaction (the write lock first: a deferred one that reads and then writes
