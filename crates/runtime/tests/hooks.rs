@@ -11,7 +11,7 @@ use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret, WorkerId};
 use botfleet_runtime::{metrics, Worker, WorkerConfig};
 use botfleet_store::Store;
 use botfleet_telegram::TelegramConfig;
-use botfleet_testkit::{wait_for, FakeTelegram, RoundRobinProxy, Sent, StateHandler};
+use botfleet_testkit::{wait_for, FakeTelegram, RoundRobinProxy, StateHandler};
 use tokio::{sync::oneshot, task::JoinHandle};
 
 const SECRET: &str = "s3cret-token_1";
@@ -143,59 +143,79 @@ async fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     .await;
 }
 
-/// Per chat, the texts sent, in order.
-fn by_chat(sent: &[Sent]) -> HashMap<String, Vec<String>> {
-    let mut m: HashMap<String, Vec<String>> = HashMap::new();
-    for s in sent {
-        m.entry(s.chat_id.clone()).or_default().push(s.text.clone());
-    }
-    m
+/// A webhook platform's fake, as the shared suite drives it.
+#[async_trait::async_trait]
+trait WebhookFixture: Send + Sync {
+    /// The platform's path segment and the bot's id: deliveries go to `/hooks/{0}/{1}`.
+    fn path(&self) -> (&'static str, &'static str);
+    /// The bot, registered on the fake, answering through `handler`.
+    fn bot(&self, handler: &str) -> BotSpec;
+    /// Points the platform's deliveries at `hook` (Telegram: waits for the unit's setWebhook).
+    async fn subscribe(&self, hook: &str);
+    /// A user writes `text` in chat `chat`.
+    fn user_writes(&self, chat: usize, text: &str);
+    /// The replies, as (chat, text), in the order the platform received them.
+    fn replies(&self) -> Vec<(String, String)>;
+    /// Whether every delivery got its 2xx.
+    fn settled(&self) -> bool;
+    /// A delivery signed with the wrong secret.
+    fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder;
 }
 
-/// Three workers behind a round-robin proxy: one registers the webhook; every worker takes
-/// deliveries; each chat's messages are answered once, in order, and the conversation state
-/// moves with the chat from worker to worker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_workers_answer_a_webhook_bot_once_in_order_with_state() {
-    let (_dir, store) = store().await;
-    let fake = FakeTelegram::start().await.unwrap();
+/// What the suite leaves for a platform's own checks.
+struct SuiteRun {
+    store: Arc<dyn Store>,
+    workers: Vec<Running>,
+    hook: String,
+    _dir: botfleet_testkit::TempDir,
+    _proxy: RoundRobinProxy,
+    _handler: StateHandler,
+}
+
+/// The suite every webhook platform passes: three workers behind a round-robin proxy; a
+/// forged delivery is refused and never handled; each chat's messages are answered once, in
+/// order, the conversation state moving with the chat from worker to worker, one turn at a
+/// time; every worker takes deliveries.
+async fn webhook_suite(f: &impl WebhookFixture, chats: usize, each: usize) -> SuiteRun {
+    let (dir, store) = store().await;
     let handler = StateHandler::start(Duration::from_millis(5)).await;
     let proxy = RoundRobinProxy::start(Vec::new()).await;
-    let token = "4242:hook-token";
-    fake.state().add_bot(token);
-    store
-        .add_bot(&webhook_bot("hooky", token, &fake, &handler.url()))
-        .await
-        .unwrap();
+    store.add_bot(&f.bot(&handler.url())).await.unwrap();
     let hub = MemoryHub::new();
     let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
     proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
-    let expected = format!("{}/hooks/telegram/hooky", proxy.url());
-    until("the claim holder registers the webhook", 10, || {
-        fake.state().webhook(token).as_deref() == Some(expected.as_str())
-    })
-    .await;
-
-    const CHATS: i64 = 6;
-    const EACH: usize = 12;
-    for round in 0..EACH {
-        for chat in 0..CHATS {
-            fake.state()
-                .user_writes(token, 500 + chat, &format!("m{round}"));
+    let (platform, bot) = f.path();
+    let hook = format!("{}/hooks/{platform}/{bot}", proxy.url());
+    let forged = f
+        .forged(&reqwest::Client::new(), &hook)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401, "a forged delivery is refused");
+    f.subscribe(&hook).await;
+    for round in 0..each {
+        for chat in 0..chats {
+            f.user_writes(chat, &format!("m{round}"));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let total = CHATS as usize * EACH;
-    until("fake.state().sent_count() >= total", 30, || {
-        fake.state().sent_count() >= total
+    let total = chats * each;
+    until("every message answered", 30, || {
+        f.replies().len() >= total && f.settled()
     })
     .await;
     // No late duplicates.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let sent = fake.state().sent();
-    assert_eq!(sent.len(), total, "each message answered once");
-    for (chat, texts) in by_chat(&sent) {
-        let want: Vec<String> = (0..EACH).map(|i| format!("{}:m{i}", i + 1)).collect();
+    let replies = f.replies();
+    assert_eq!(replies.len(), total, "each message answered once");
+    let mut per_chat: HashMap<String, Vec<String>> = HashMap::new();
+    for (chat, text) in replies {
+        assert!(!text.contains("forged"), "a forged delivery was handled");
+        per_chat.entry(chat).or_default().push(text);
+    }
+    assert_eq!(per_chat.len(), chats);
+    for (chat, texts) in per_chat {
+        let want: Vec<String> = (0..each).map(|i| format!("{}:m{i}", i + 1)).collect();
         assert_eq!(
             texts, want,
             "chat {chat}: in order, the count carried across workers"
@@ -204,14 +224,82 @@ async fn three_workers_answer_a_webhook_bot_once_in_order_with_state() {
     assert_eq!(handler.max_concurrency_per_chat(), 1, "one turn at a time");
     let served = proxy.served();
     assert_eq!(served.len(), 3, "every worker took deliveries: {served:?}");
+    SuiteRun {
+        store,
+        workers,
+        hook,
+        _dir: dir,
+        _proxy: proxy,
+        _handler: handler,
+    }
+}
+
+impl SuiteRun {
+    async fn shutdown(self) {
+        for w in self.workers {
+            w.shutdown().await;
+        }
+    }
+}
+
+struct TelegramHooksFixture {
+    fake: FakeTelegram,
+}
+
+const TG_TOKEN: &str = "4242:hook-token";
+
+#[async_trait::async_trait]
+impl WebhookFixture for TelegramHooksFixture {
+    fn path(&self) -> (&'static str, &'static str) {
+        ("telegram", "hooky")
+    }
+    fn bot(&self, handler: &str) -> BotSpec {
+        self.fake.state().add_bot(TG_TOKEN);
+        webhook_bot("hooky", TG_TOKEN, &self.fake, handler)
+    }
+    async fn subscribe(&self, hook: &str) {
+        until("the claim holder registers the webhook", 10, || {
+            self.fake.state().webhook(TG_TOKEN).as_deref() == Some(hook)
+        })
+        .await;
+    }
+    fn user_writes(&self, chat: usize, text: &str) {
+        self.fake
+            .state()
+            .user_writes(TG_TOKEN, 500 + chat as i64, text);
+    }
+    fn replies(&self) -> Vec<(String, String)> {
+        self.fake
+            .state()
+            .sent()
+            .into_iter()
+            .map(|s| (s.chat_id, s.text))
+            .collect()
+    }
+    fn settled(&self) -> bool {
+        self.fake.state().pending_updates(TG_TOKEN) == 0
+    }
+    fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
+        http.post(hook)
+            .header("X-Telegram-Bot-Api-Secret-Token", "guess")
+            .json(&serde_json::json!({"update_id": 1, "message": {"message_id": 1, "chat": {"id": 1}, "text": "forged"}}))
+    }
+}
+
+/// Telegram webhook mode passes the suite; the claim holder registered the webhook and the
+/// bot is never polled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_webhook_bots_pass_the_webhook_suite() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    let run = webhook_suite(&f, 6, 12).await;
     assert_eq!(
-        fake.state().polls(token),
+        f.fake.state().polls(TG_TOKEN),
         0,
         "a webhook bot is never polled"
     );
-    for w in workers {
-        w.shutdown().await;
-    }
+    run.shutdown().await;
 }
 
 /// Deliveries of one chat racing each other (several in flight at once) still get one turn at
@@ -589,39 +677,86 @@ async fn back_to_polling_or_removal_deletes_the_webhook() {
     a.shutdown().await;
 }
 
-/// WhatsApp Cloud API on three workers: the handshake answers the challenge only with the
-/// verify token; signed deliveries (each delivered twice, with status updates between) are
-/// answered once per message, in order, with the state carried; a bad signature is refused;
-/// a token Graph refuses (190) fails the bot.
+const WA_NUMBER: &str = "1234567";
+const WA_ACCESS: &str = "EAAG-access";
+const WA_SECRET: &str = "app-secret-1";
+
+struct WhatsappFixture {
+    graph: botfleet_testkit::FakeGraph,
+}
+
+#[async_trait::async_trait]
+impl WebhookFixture for WhatsappFixture {
+    fn path(&self) -> (&'static str, &'static str) {
+        ("whatsapp", "wa")
+    }
+    fn bot(&self, handler: &str) -> BotSpec {
+        self.graph
+            .state()
+            .add_number(WA_NUMBER, WA_ACCESS, WA_SECRET);
+        // Every message is delivered twice, with a status update after it.
+        self.graph.state().duplicate_deliveries(true);
+        let mut spec = BotSpec::new(BotId::new("wa").unwrap(), Platform::Whatsapp, WA_ACCESS);
+        spec.options.api_url = Some(self.graph.url());
+        spec.options.phone_number_id = Some(WA_NUMBER.into());
+        spec.hook.secret = Some(Secret::new(WA_SECRET));
+        spec.hook.verify_token = Some(Secret::new("verify-me"));
+        spec.handler = HandlerSpec::Webhook {
+            url: handler.to_owned(),
+            secret: None,
+        };
+        spec
+    }
+    async fn subscribe(&self, hook: &str) {
+        self.graph.state().subscribe(WA_NUMBER, hook);
+    }
+    fn user_writes(&self, chat: usize, text: &str) {
+        let id = self
+            .graph
+            .state()
+            .user_writes(WA_NUMBER, &format!("49170{chat}"), text);
+        self.graph.state().status_update(WA_NUMBER, &id);
+    }
+    fn replies(&self) -> Vec<(String, String)> {
+        self.graph
+            .state()
+            .sent()
+            .into_iter()
+            .map(|s| (s.to, s.text))
+            .collect()
+    }
+    fn settled(&self) -> bool {
+        self.graph.state().undelivered() == 0
+    }
+    fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
+        let body = br#"{"object":"whatsapp_business_account","entry":[{"id":"x","changes":[{"field":"messages","value":{"messages":[{"from":"1","id":"wamid.forged","type":"text","text":{"body":"forged"}}]}}]}]}"#;
+        http.post(hook)
+            .header(
+                "x-hub-signature-256",
+                botfleet_whatsapp::sign("wrong", body),
+            )
+            .body(body.to_vec())
+    }
+}
+
+/// WhatsApp Cloud API passes the suite with every message delivered twice and status updates
+/// between; the handshake answers the challenge only with the verify token; replies answer
+/// their message; a token Graph refuses (190) fails the bot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn whatsapp_cloud_bots_answer_once_in_order_across_workers() {
+async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
     use botfleet_testkit::{FakeGraph, SendFault};
-    let (_dir, store) = store().await;
-    let graph = FakeGraph::start().await.unwrap();
-    let handler = StateHandler::start(Duration::from_millis(5)).await;
-    let proxy = RoundRobinProxy::start(Vec::new()).await;
-    let (number, access, app_secret) = ("1234567", "EAAG-access", "app-secret-1");
-    graph.state().add_number(number, access, app_secret);
-    graph.state().duplicate_deliveries(true);
-    let mut spec = BotSpec::new(BotId::new("wa").unwrap(), Platform::Whatsapp, access);
-    spec.options.api_url = Some(graph.url());
-    spec.options.phone_number_id = Some(number.into());
-    spec.hook.secret = Some(Secret::new(app_secret));
-    spec.hook.verify_token = Some(Secret::new("verify-me"));
-    spec.handler = HandlerSpec::Webhook {
-        url: handler.url(),
-        secret: None,
+    let f = WhatsappFixture {
+        graph: FakeGraph::start().await.unwrap(),
     };
-    store.add_bot(&spec).await.unwrap();
-    let hub = MemoryHub::new();
-    let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
-    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
-    let hook = format!("{}/hooks/whatsapp/wa", proxy.url());
+    let (chats, each) = (4, 8);
+    let run = webhook_suite(&f, chats, each).await;
+    let graph = &f.graph;
     let http = reqwest::Client::new();
     // The subscription handshake.
     let ok = http
         .get(format!(
-            "{hook}?hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=verify-me"
+            "{}?hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=verify-me",
+            run.hook
         ))
         .send()
         .await
@@ -630,66 +765,22 @@ async fn whatsapp_cloud_bots_answer_once_in_order_across_workers() {
     assert_eq!(ok.text().await.unwrap(), "1158201444");
     let bad = http
         .get(format!(
-            "{hook}?hub.mode=subscribe&hub.challenge=1&hub.verify_token=guess"
+            "{}?hub.mode=subscribe&hub.challenge=1&hub.verify_token=guess",
+            run.hook
         ))
         .send()
         .await
         .unwrap();
     assert_eq!(bad.status(), 403);
-    // A delivery signed with another secret is refused and never handled.
-    let body = br#"{"object":"whatsapp_business_account","entry":[{"id":"x","changes":[{"field":"messages","value":{"messages":[{"from":"1","id":"wamid.forged","type":"text","text":{"body":"forged"}}]}}]}]}"#;
-    let forged = http
-        .post(&hook)
-        .header(
-            "x-hub-signature-256",
-            botfleet_whatsapp::sign("wrong", body),
-        )
-        .body(body.to_vec())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(forged.status(), 401);
-    graph.state().subscribe(number, &hook);
-    const CHATS: usize = 4;
-    const EACH: usize = 8;
-    for round in 0..EACH {
-        for chat in 0..CHATS {
-            let id =
-                graph
-                    .state()
-                    .user_writes(number, &format!("49170{chat}"), &format!("w{round}"));
-            graph.state().status_update(number, &id);
-        }
-    }
-    let total = CHATS * EACH;
-    until("every WhatsApp message answered", 30, || {
-        graph.state().sent_count() >= total && graph.state().undelivered() == 0
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let sent = graph.state().sent();
-    assert_eq!(
-        sent.len(),
-        total,
-        "each message answered once, duplicates dropped"
-    );
-    let mut per_chat: HashMap<String, Vec<String>> = HashMap::new();
-    for s in &sent {
+    for s in graph.state().sent() {
         assert!(s
             .reply_to
             .as_deref()
             .is_some_and(|r| r.starts_with("wamid.")));
-        per_chat
-            .entry(s.to.clone())
-            .or_default()
-            .push(s.text.clone());
     }
-    for (chat, texts) in per_chat {
-        let want: Vec<String> = (0..EACH).map(|i| format!("{}:w{i}", i + 1)).collect();
-        assert_eq!(texts, want, "chat {chat}");
-    }
-    assert!(!sent.iter().any(|s| s.text.contains("forged")));
-    let dups: u64 = workers
+    let total = (chats * each) as u64;
+    let dups: u64 = run
+        .workers
         .iter()
         .map(|w| {
             w.metrics
@@ -697,16 +788,18 @@ async fn whatsapp_cloud_bots_answer_once_in_order_across_workers() {
         })
         .sum();
     assert!(
-        dups >= total as u64,
+        dups >= total,
         "every second delivery was a duplicate ({dups})"
     );
     // Graph refuses the token: the bot fails, visibly.
-    graph.state().inject_send(number, SendFault::TokenExpired);
-    graph.state().user_writes(number, "491709", "after");
+    graph
+        .state()
+        .inject_send(WA_NUMBER, SendFault::TokenExpired);
+    graph.state().user_writes(WA_NUMBER, "491709", "after");
     let id = BotId::new("wa").unwrap();
     let mut failed = false;
     for _ in 0..200 {
-        let rec = store.get_bot(&id).await.unwrap().unwrap();
+        let rec = run.store.get_bot(&id).await.unwrap().unwrap();
         if rec.status == botfleet_core::BotStatus::Failed {
             assert!(rec.last_error.unwrap_or_default().contains("190"));
             failed = true;
@@ -715,92 +808,97 @@ async fn whatsapp_cloud_bots_answer_once_in_order_across_workers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(failed, "a refused token fails the bot");
-    for w in workers {
-        w.shutdown().await;
+    run.shutdown().await;
+}
+
+const SL_TOKEN: &str = "xoxb-events-1";
+const SL_SIGNING: &str = "signing-secret-1";
+
+struct SlackEventsFixture {
+    slack: botfleet_testkit::FakeSlack,
+}
+
+#[async_trait::async_trait]
+impl WebhookFixture for SlackEventsFixture {
+    fn path(&self) -> (&'static str, &'static str) {
+        ("slack", "sl")
+    }
+    fn bot(&self, handler: &str) -> BotSpec {
+        self.slack.state().add_app(SL_TOKEN, "xapp-unused");
+        let mut spec = BotSpec::new(BotId::new("sl").unwrap(), Platform::Slack, SL_TOKEN);
+        spec.options.api_url = Some(self.slack.api_url());
+        spec.options.mode = Some("events".into());
+        spec.hook.secret = Some(Secret::new(SL_SIGNING));
+        spec.handler = HandlerSpec::Webhook {
+            url: handler.to_owned(),
+            secret: None,
+        };
+        spec
+    }
+    async fn subscribe(&self, hook: &str) {
+        self.slack
+            .state()
+            .subscribe_events(SL_TOKEN, hook, SL_SIGNING);
+    }
+    fn user_writes(&self, chat: usize, text: &str) {
+        self.slack
+            .state()
+            .user_writes(SL_TOKEN, &format!("C00{chat}"), None, text);
+    }
+    fn replies(&self) -> Vec<(String, String)> {
+        self.slack
+            .state()
+            .posts()
+            .into_iter()
+            .map(|p| (p.channel, p.text))
+            .collect()
+    }
+    fn settled(&self) -> bool {
+        self.slack.state().events_undelivered() == 0
+    }
+    fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
+        let evil = br#"{"type":"event_callback","event":{"type":"message","channel":"C1","user":"U1","text":"forged","ts":"1.000001"}}"#;
+        let now = (botfleet_core::unix_ms() / 1000).to_string();
+        http.post(hook)
+            .header("x-slack-request-timestamp", now.as_str())
+            .header(
+                "x-slack-signature",
+                botfleet_slack::sign("wrong", &now, evil),
+            )
+            .body(evil.to_vec())
     }
 }
 
-/// Slack Events API on three workers: the url_verification challenge is answered; signed
-/// events (one channel's in order, failed ones retried) are answered once, in order, with the
-/// state carried; a stale or forged request is refused.
+/// Slack Events API passes the suite; the url_verification challenge is answered, a stale
+/// request is refused, and events mode opens no socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slack_events_bots_answer_once_in_order_across_workers() {
-    use botfleet_testkit::FakeSlack;
-    let (_dir, store) = store().await;
-    let slack = FakeSlack::start().await.unwrap();
-    let handler = StateHandler::start(Duration::from_millis(5)).await;
-    let proxy = RoundRobinProxy::start(Vec::new()).await;
-    let bot_token = "xoxb-events-1";
-    slack.state().add_app(bot_token, "xapp-unused");
-    let mut spec = BotSpec::new(BotId::new("sl").unwrap(), Platform::Slack, bot_token);
-    spec.options.api_url = Some(slack.api_url());
-    spec.options.mode = Some("events".into());
-    spec.hook.secret = Some(Secret::new("signing-secret-1"));
-    spec.handler = HandlerSpec::Webhook {
-        url: handler.url(),
-        secret: None,
+async fn slack_events_bots_pass_the_webhook_suite() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
     };
-    store.add_bot(&spec).await.unwrap();
-    let hub = MemoryHub::new();
-    let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
-    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
-    let hook = format!("{}/hooks/slack/sl", proxy.url());
-    slack
-        .state()
-        .subscribe_events(bot_token, &hook, "signing-secret-1");
-    let (status, body) = slack.state().verify_url(bot_token).await.unwrap();
+    let run = webhook_suite(&f, 4, 8).await;
+    let (status, body) = f.slack.state().verify_url(SL_TOKEN).await.unwrap();
     assert_eq!(status, 200);
     assert_eq!(body, "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P");
-    // Forged and stale requests are refused.
-    let http = reqwest::Client::new();
-    let evil = br#"{"type":"event_callback","event":{"type":"message","channel":"C1","user":"U1","text":"forged","ts":"1.000001"}}"#;
-    let now = (botfleet_core::unix_ms() / 1000).to_string();
+    // Correctly signed but older than 5 minutes: refused.
+    let evil = br#"{"type":"event_callback","event":{"type":"message","channel":"C1","user":"U1","text":"forged","ts":"1.000002"}}"#;
     let old = (botfleet_core::unix_ms() / 1000 - 600).to_string();
-    for (ts, secret) in [(&now, "wrong"), (&old, "signing-secret-1")] {
-        let r = http
-            .post(&hook)
-            .header("x-slack-request-timestamp", ts.as_str())
-            .header("x-slack-signature", botfleet_slack::sign(secret, ts, evil))
-            .body(evil.to_vec())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 401);
-    }
-    const CHANNELS: usize = 4;
-    const EACH: usize = 8;
-    for round in 0..EACH {
-        for c in 0..CHANNELS {
-            slack
-                .state()
-                .user_writes(bot_token, &format!("C00{c}"), None, &format!("s{round}"));
-        }
-    }
-    let total = CHANNELS * EACH;
-    until("every Slack event answered", 30, || {
-        slack.state().posts_count() >= total && slack.state().events_undelivered() == 0
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let posts = slack.state().posts();
-    assert_eq!(posts.len(), total, "each event answered once");
-    let mut per: HashMap<String, Vec<String>> = HashMap::new();
-    for p in &posts {
-        per.entry(p.channel.clone())
-            .or_default()
-            .push(p.text.clone());
-    }
-    for (ch, texts) in per {
-        let want: Vec<String> = (0..EACH).map(|i| format!("{}:s{i}", i + 1)).collect();
-        assert_eq!(texts, want, "channel {ch}");
-    }
-    assert!(!posts.iter().any(|p| p.text.contains("forged")));
+    let r = reqwest::Client::new()
+        .post(&run.hook)
+        .header("x-slack-request-timestamp", old.as_str())
+        .header(
+            "x-slack-signature",
+            botfleet_slack::sign(SL_SIGNING, &old, evil),
+        )
+        .body(evil.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
     assert_eq!(
-        slack.state().sockets(bot_token),
+        f.slack.state().sockets(SL_TOKEN),
         0,
         "events mode opens no socket"
     );
-    for w in workers {
-        w.shutdown().await;
-    }
+    run.shutdown().await;
 }
