@@ -8,6 +8,9 @@ mod memory;
 mod postgres;
 mod schema;
 mod seal;
+mod session;
+#[cfg(feature = "session-kv")]
+mod session_kv;
 mod sqlite;
 mod store;
 mod turns;
@@ -17,6 +20,9 @@ pub use inbox::{InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats};
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub use seal::{KeyError, Keyring};
+pub use session::SessionWrite;
+#[cfg(feature = "session-kv")]
+pub use session_kv::StoreSession;
 pub use sqlite::SqliteStore;
 pub use store::{BotFilter, Cursor, StatusReport, Store};
 pub use turns::{reply_key, StateWrite, TurnRecord, TurnView, MAX_STATE_BYTES};

@@ -24,6 +24,8 @@ struct State {
     outbox: BTreeMap<BotId, BTreeMap<String, (Fence, i64)>>,
     /// Per (bot, chat): (revision, fence, state).
     chats: BTreeMap<(BotId, String), (u64, Fence, Option<String>)>,
+    /// Per bot: (kind, key) → value of its linked-device session.
+    sessions: BTreeMap<BotId, BTreeMap<(String, String), Vec<u8>>>,
 }
 
 impl State {
@@ -171,7 +173,9 @@ impl Store for MemoryStore {
     }
 
     async fn remove_bot(&self, id: &BotId) -> Result<bool> {
-        Ok(self.st().bots.remove(id).is_some())
+        let mut st = self.st();
+        st.sessions.remove(id);
+        Ok(st.bots.remove(id).is_some())
     }
 
     async fn set_status(
@@ -304,6 +308,49 @@ impl Store for MemoryStore {
         out.sort_by_key(|e| std::cmp::Reverse(e.seq));
         out.truncate(limit);
         Ok(out)
+    }
+
+    async fn session_write(
+        &self,
+        bot: &BotId,
+        writes: &[crate::SessionWrite],
+        fence: Fence,
+    ) -> Result<()> {
+        let mut st = self.st();
+        st.check_fence(bot, fence)?;
+        let recs = st.sessions.entry(bot.clone()).or_default();
+        for w in writes {
+            match w {
+                crate::SessionWrite::Put { kind, key, value } => {
+                    recs.insert((kind.clone(), key.clone()), value.clone());
+                }
+                crate::SessionWrite::Delete { kind, key } => {
+                    recs.remove(&(kind.clone(), key.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn session_records(&self, bot: &BotId, kind: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        Ok(self
+            .st()
+            .sessions
+            .get(bot)
+            .map(|recs| {
+                recs.iter()
+                    .filter(|((k, _), _)| k == kind)
+                    .map(|((_, key), v)| (key.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn session_clear(&self, bot: &BotId, fence: Fence) -> Result<()> {
+        let mut st = self.st();
+        st.check_fence(bot, fence)?;
+        st.sessions.remove(bot);
+        Ok(())
     }
 
     async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {

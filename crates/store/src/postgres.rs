@@ -455,13 +455,35 @@ impl Store for PostgresStore {
                 .await
                 .map_err(db("reseal secrets"))?;
         }
+        // Linked-device sessions are sealed too (a value written meanwhile is left as is).
+        let recs = c
+            .query("SELECT bot_id, kind, key, value FROM session_records", &[])
+            .await
+            .map_err(db("reseal secrets"))?;
+        for r in recs {
+            let (bot, kind, key, value): (String, String, String, String) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            if let Some(new) = crate::session::resealed(&self.keys, &bot, &kind, &value)? {
+                c.execute(
+                    "UPDATE session_records SET value = $5 \
+                     WHERE bot_id = $1 AND kind = $2 AND key = $3 AND value = $4",
+                    &[&bot, &kind, &key, &value, &new],
+                )
+                .await
+                .map_err(db("reseal secrets"))?;
+            }
+        }
         Ok(n)
     }
 
     async fn remove_bot(&self, id: &BotId) -> Result<bool> {
         let c = self.client().await?;
         let n = c
-            .execute("DELETE FROM bots WHERE id = $1", &[&id.as_str()])
+            .execute(
+                "WITH s AS (DELETE FROM session_records WHERE bot_id = $1) \
+                 DELETE FROM bots WHERE id = $1",
+                &[&id.as_str()],
+            )
             .await
             .map_err(db("remove bot"))?;
         Ok(n > 0)
@@ -717,6 +739,91 @@ impl Store for PostgresStore {
             .iter()
             .map(|k| new.contains(*k) && seen.insert(*k))
             .collect())
+    }
+
+    async fn session_write(
+        &self,
+        bot: &BotId,
+        writes: &[crate::SessionWrite],
+        fence: Fence,
+    ) -> Result<()> {
+        let (puts, dels) = crate::session::net(writes);
+        let mut kinds = Vec::new();
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        for (kind, key, v) in &puts {
+            values.push(self.keys.seal(
+                bot.as_str(),
+                &crate::session::field(kind),
+                &crate::session::to_hex(v),
+            )?);
+            kinds.push(kind.as_str());
+            keys.push(key.as_str());
+        }
+        let del_kinds: Vec<&str> = dels.iter().map(|(k, _)| k.as_str()).collect();
+        let del_keys: Vec<&str> = dels.iter().map(|(_, k)| k.as_str()).collect();
+        let c = self.client().await?;
+        // One statement, so all or none, and only under a fence not below the store's.
+        let r = c
+            .query_one(
+                "WITH ok AS (SELECT COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $2 AS yes), \
+                 del AS (DELETE FROM session_records WHERE bot_id = $1 AND (SELECT yes FROM ok) \
+                   AND (kind, key) IN (SELECT * FROM UNNEST($3::TEXT[], $4::TEXT[]))), \
+                 ins AS (INSERT INTO session_records (bot_id, kind, key, value, updated_at_ms) \
+                   SELECT $1, k, key, v, $8 FROM UNNEST($5::TEXT[], $6::TEXT[], $7::TEXT[]) AS t(k, key, v) \
+                   WHERE (SELECT yes FROM ok) \
+                   ON CONFLICT (bot_id, kind, key) DO UPDATE SET value = excluded.value, \
+                   updated_at_ms = excluded.updated_at_ms) \
+                 SELECT yes FROM ok",
+                &[
+                    &bot.as_str(),
+                    &fence_i64(fence),
+                    &del_kinds,
+                    &del_keys,
+                    &kinds,
+                    &keys,
+                    &values,
+                    &botfleet_core::unix_ms(),
+                ],
+            )
+            .await
+            .map_err(db("write a session"))?;
+        if r.get::<_, bool>(0) {
+            Ok(())
+        } else {
+            Err(self.stale(&c, bot, fence).await)
+        }
+    }
+
+    async fn session_records(&self, bot: &BotId, kind: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT key, value FROM session_records WHERE bot_id = $1 AND kind = $2 ORDER BY key",
+                &[&bot.as_str(), &kind],
+            )
+            .await
+            .map_err(db("read a session"))?;
+        let rows = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        crate::session::open_session_rows(&self.keys, bot, kind, rows)
+    }
+
+    async fn session_clear(&self, bot: &BotId, fence: Fence) -> Result<()> {
+        let c = self.client().await?;
+        let r = c
+            .query_one(
+                "WITH ok AS (SELECT COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $2 AS yes), \
+                 del AS (DELETE FROM session_records WHERE bot_id = $1 AND (SELECT yes FROM ok)) \
+                 SELECT yes FROM ok",
+                &[&bot.as_str(), &fence_i64(fence)],
+            )
+            .await
+            .map_err(db("clear a session"))?;
+        if r.get::<_, bool>(0) {
+            Ok(())
+        } else {
+            Err(self.stale(&c, bot, fence).await)
+        }
     }
 
     async fn journal_put_view(

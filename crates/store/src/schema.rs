@@ -75,6 +75,16 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // 8: how a bot receives (mode) and what verifies its webhook deliveries, sealed as one
     // JSON document (NULL: a polling or socket bot with no such settings).
     "ALTER TABLE bots ADD COLUMN hook TEXT;",
+    // 9: a linked-device session's records (WhatsApp Web), sealed, written under the claim's
+    // fence.
+    "CREATE TABLE session_records (
+        bot_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (bot_id, kind, key)
+    );",
 ];
 
 /// The `hook` column's document.

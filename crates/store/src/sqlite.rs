@@ -377,6 +377,29 @@ impl Store for SqliteStore {
                     .map_err(|e| StoreError::backend("reseal secrets", e))?
                     as u64;
             }
+            // Linked-device sessions are sealed too (a value written meanwhile is left as is).
+            let fail = |e| StoreError::backend("reseal secrets", e);
+            let recs: Vec<(String, String, String, String)> = {
+                let mut st = c
+                    .prepare("SELECT bot_id, kind, key, value FROM session_records")
+                    .map_err(fail)?;
+                let rows = st
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .map_err(fail)?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(fail)?;
+                rows
+            };
+            for (bot, kind, key, value) in recs {
+                if let Some(new) = crate::session::resealed(&keys, &bot, &kind, &value)? {
+                    c.execute(
+                        "UPDATE session_records SET value = ?5 \
+                         WHERE bot_id = ?1 AND kind = ?2 AND key = ?3 AND value = ?4",
+                        params![bot, kind, key, value, new],
+                    )
+                    .map_err(fail)?;
+                }
+            }
             Ok(n)
         })
         .await
@@ -385,6 +408,9 @@ impl Store for SqliteStore {
     async fn remove_bot(&self, id: &BotId) -> Result<bool> {
         let id = id.as_str().to_owned();
         self.with("remove bot", move |c| {
+            // A removed bot's linked session (its keys) goes with it.
+            c.execute("DELETE FROM session_records WHERE bot_id = ?1", [&id])
+                .map_err(|e| StoreError::backend("remove bot", e))?;
             c.execute("DELETE FROM bots WHERE id = ?1", [id])
                 .map(|n| n > 0)
                 .map_err(|e| StoreError::backend("remove bot", e))
@@ -644,6 +670,90 @@ impl Store for SqliteStore {
             .map(|r| r.into_entry(bot))
             .collect::<Result<Vec<_>>>()?;
         Ok((cursor, entries))
+    }
+
+    async fn session_write(
+        &self,
+        bot: &BotId,
+        writes: &[crate::SessionWrite],
+        fence: Fence,
+    ) -> Result<()> {
+        // Sealed before the transaction: the writer connection does no crypto.
+        let mut sealed = Vec::with_capacity(writes.len());
+        for w in writes {
+            sealed.push(match w {
+                crate::SessionWrite::Put { kind, key, value } => (
+                    kind.clone(),
+                    key.clone(),
+                    Some(self.keys.seal(
+                        bot.as_str(),
+                        &crate::session::field(kind),
+                        &crate::session::to_hex(value),
+                    )?),
+                ),
+                crate::SessionWrite::Delete { kind, key } => (kind.clone(), key.clone(), None),
+            });
+        }
+        let bot = bot.clone();
+        self.with("write a session", move |c| {
+            let fail = |e| StoreError::backend("write a session", e);
+            let tx = fenced_tx(c, &bot, fence, "write a session")?;
+            let now = botfleet_core::unix_ms();
+            for (kind, key, value) in &sealed {
+                match value {
+                    Some(v) => tx.execute(
+                        "INSERT INTO session_records (bot_id, kind, key, value, updated_at_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (bot_id, kind, key) \
+                         DO UPDATE SET value = excluded.value, updated_at_ms = excluded.updated_at_ms",
+                        params![bot.as_str(), kind, key, v, now],
+                    ),
+                    None => tx.execute(
+                        "DELETE FROM session_records WHERE bot_id = ?1 AND kind = ?2 AND key = ?3",
+                        params![bot.as_str(), kind, key],
+                    ),
+                }
+                .map_err(fail)?;
+            }
+            tx.commit().map_err(fail)
+        })
+        .await
+    }
+
+    async fn session_records(&self, bot: &BotId, kind: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let (b, k) = (bot.as_str().to_owned(), kind.to_owned());
+        let rows: Vec<(String, String)> = self
+            .read("read a session", move |c| {
+                let fail = |e| StoreError::backend("read a session", e);
+                let mut st = c
+                    .prepare_cached(
+                        "SELECT key, value FROM session_records WHERE bot_id = ?1 AND kind = ?2 \
+                         ORDER BY key",
+                    )
+                    .map_err(fail)?;
+                let rows = st
+                    .query_map(params![b, k], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .map_err(fail)?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(fail)?;
+                Ok(rows)
+            })
+            .await?;
+        crate::session::open_session_rows(&self.keys, bot, kind, rows)
+    }
+
+    async fn session_clear(&self, bot: &BotId, fence: Fence) -> Result<()> {
+        let bot = bot.clone();
+        self.with("clear a session", move |c| {
+            let fail = |e| StoreError::backend("clear a session", e);
+            let tx = fenced_tx(c, &bot, fence, "clear a session")?;
+            tx.execute(
+                "DELETE FROM session_records WHERE bot_id = ?1",
+                [bot.as_str()],
+            )
+            .map_err(fail)?;
+            tx.commit().map_err(fail)
+        })
+        .await
     }
 
     async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {

@@ -4,7 +4,8 @@ use async_trait::async_trait;
 use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence, Platform};
 
 use crate::{
-    InboxEntry, InboxItem, InboxOutcome, InboxStats, Result, StateWrite, TurnRecord, TurnView,
+    InboxEntry, InboxItem, InboxOutcome, InboxStats, Result, SessionWrite, StateWrite, TurnRecord,
+    TurnView,
 };
 
 /// Which bots [`Store::list_bots`] returns.
@@ -294,6 +295,27 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Backend failures (then nothing of it may be assumed written).
     async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite>;
+
+    /// Applies `writes` to the bot's linked-device session records, all or none, under
+    /// `fence` (the claim's).
+    ///
+    /// # Errors
+    /// `StaleFence` when a higher fence was accepted for the bot (nothing is written);
+    /// backend failures (then nothing may be assumed written).
+    async fn session_write(&self, bot: &BotId, writes: &[SessionWrite], fence: Fence)
+        -> Result<()>;
+
+    /// Every record of `kind` in the bot's session, sorted by key.
+    ///
+    /// # Errors
+    /// Backend failures; `Secrets` when a value does not open.
+    async fn session_records(&self, bot: &BotId, kind: &str) -> Result<Vec<(String, Vec<u8>)>>;
+
+    /// Forgets the bot's whole session (logged out, unlinked) under `fence`.
+    ///
+    /// # Errors
+    /// `StaleFence` when a higher fence was accepted for the bot; backend failures.
+    async fn session_clear(&self, bot: &BotId, fence: Fence) -> Result<()>;
 
     /// What a bot starting here resumes from: its checkpoint and up to `limit` inbox entries
     /// recorded but not answered, oldest first — in one call (a worker taking thousands of

@@ -41,6 +41,17 @@ async fn sealed_at_rest(b: &impl Backend) {
     for spec in specs() {
         k1.add_bot(&spec).await.unwrap();
     }
+    // A linked-device session's keys are sealed like credentials.
+    let a = BotId::new("a").unwrap();
+    k1.accept_fence(&a, botfleet_core::Fence(1)).await.unwrap();
+    let session = botfleet_store::SessionWrite::Put {
+        kind: "identity".into(),
+        key: "self".into(),
+        value: b"SECRET-KEYPAIR".to_vec(),
+    };
+    k1.session_write(&a, &[session], botfleet_core::Fence(1))
+        .await
+        .unwrap();
     let raw = b.raw().await;
     assert_eq!(raw.len(), 2);
     for (id, token, app, hook) in &raw {
@@ -86,6 +97,13 @@ async fn sealed_at_rest(b: &impl Backend) {
     // Only the new key now: everything opens. Only the old one: nothing does.
     let k2 = b.open(ring(K2)).await;
     assert_eq!(k2.list_bots(&Default::default()).await.unwrap().len(), 3);
+    assert_eq!(
+        k2.session_records(&a, "identity").await.unwrap(),
+        [("self".to_owned(), b"SECRET-KEYPAIR".to_vec())],
+        "the session was re-sealed too"
+    );
+    assert!(k1.session_records(&a, "identity").await.is_err());
+    assert!(plain.session_records(&a, "identity").await.is_err());
     let e = k1.get_bot(&p.id).await.unwrap_err();
     assert!(e.to_string().contains("do not include"), "{e}");
 }

@@ -629,6 +629,114 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
     assert_eq!(keys, ["a2", "a3", "a4"]);
 }
 
+/// A linked-device session's records round-trip by kind, change all or none under the
+/// claim's fence (a stale writer changes nothing), are read whole by the next owner, and go
+/// with a clear or the bot's removal.
+pub async fn session_records_are_fenced_and_move_whole(s: Arc<dyn Store>) {
+    use botfleet_store::SessionWrite;
+    let bot = bid("wa-web");
+    s.add_bot(&spec("wa-web", Platform::Telegram))
+        .await
+        .unwrap();
+    let put = |kind: &str, key: &str, v: &[u8]| SessionWrite::Put {
+        kind: kind.into(),
+        key: key.into(),
+        value: v.to_vec(),
+    };
+    // The first owner (fence 3) writes a whole session: every kind of record.
+    s.accept_fence(&bot, Fence(3)).await.unwrap();
+    let all_bytes: Vec<u8> = (0..=255).collect();
+    s.session_write(
+        &bot,
+        &[
+            put("device", "self", b"{\"jid\":\"1@s.whatsapp.net\"}"),
+            put("identity", "4917:1", &[7; 32]),
+            put("session", "4917:1", &all_bytes),
+            put("prekey", "00000001", &[1, 2, 3]),
+            put("prekey", "00000002", &[4, 5, 6]),
+            put("signed_prekey", "1", &[9; 64]),
+            put("sender_key", "group@g.us:4917", &[5; 10]),
+            put("sync_key", "a1b2", b"key"),
+            put("app_state_version", "regular", b"{\"version\":3}"),
+        ],
+        Fence(3),
+    )
+    .await
+    .unwrap();
+    // Deletes and puts apply in order, the last write of a record winning.
+    s.session_write(
+        &bot,
+        &[
+            SessionWrite::Delete {
+                kind: "prekey".into(),
+                key: "00000001".into(),
+            },
+            put("prekey", "00000003", &[7]),
+            SessionWrite::Delete {
+                kind: "prekey".into(),
+                key: "00000003".into(),
+            },
+            put("prekey", "00000003", &[8]),
+        ],
+        Fence(3),
+    )
+    .await
+    .unwrap();
+    // The next owner (fence 4) reads it whole.
+    s.accept_fence(&bot, Fence(4)).await.unwrap();
+    assert_eq!(
+        s.session_records(&bot, "prekey").await.unwrap(),
+        [
+            ("00000002".to_owned(), vec![4, 5, 6]),
+            ("00000003".to_owned(), vec![8])
+        ]
+    );
+    assert_eq!(
+        s.session_records(&bot, "session").await.unwrap(),
+        [("4917:1".to_owned(), all_bytes.clone())]
+    );
+    assert_eq!(s.session_records(&bot, "device").await.unwrap().len(), 1);
+    assert!(s.session_records(&bot, "nothing").await.unwrap().is_empty());
+    // The old owner, stale, changes nothing, not even part of a batch.
+    let stale = s
+        .session_write(
+            &bot,
+            &[
+                put("session", "4917:1", b"corrupt"),
+                put("prekey", "9", b"x"),
+            ],
+            Fence(3),
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::StaleFence { .. })),
+        "{stale:?}"
+    );
+    assert!(matches!(
+        s.session_clear(&bot, Fence(3)).await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    assert_eq!(
+        s.session_records(&bot, "session").await.unwrap(),
+        [("4917:1".to_owned(), all_bytes)]
+    );
+    assert_eq!(s.session_records(&bot, "prekey").await.unwrap().len(), 2);
+    // Another bot's session is its own.
+    assert!(s
+        .session_records(&bid("other"), "session")
+        .await
+        .unwrap()
+        .is_empty());
+    // Logged out: the owner forgets it; a removed bot's session goes with it.
+    s.session_clear(&bot, Fence(4)).await.unwrap();
+    assert!(s.session_records(&bot, "device").await.unwrap().is_empty());
+    s.session_write(&bot, &[put("device", "self", b"again")], Fence(4))
+        .await
+        .unwrap();
+    assert!(s.remove_bot(&bot).await.unwrap());
+    assert!(s.session_records(&bot, "device").await.unwrap().is_empty());
+}
+
 /// A webhook bot's mode and secrets round trip, stay out of `Debug`, and are checked.
 pub async fn webhook_settings_round_trip_and_stay_secret(s: Arc<dyn Store>) {
     let mut b = BotSpec::new(bid("tgw"), Platform::Telegram, "1:tok-SECRET1");
@@ -829,6 +937,7 @@ macro_rules! store_conformance {
             app_tokens_round_trip_and_stay_secret,
             journal_takes_each_delivery_once,
             journal_and_view_in_one_call,
+            session_records_are_fenced_and_move_whole,
             webhook_settings_round_trip_and_stay_secret,
             turns_read_and_write_state_outbox_and_entry,
         );

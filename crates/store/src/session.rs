@@ -1,0 +1,130 @@
+//! A bot's linked-device session (WhatsApp Web: device identity, Signal sessions and keys,
+//! app-state keys): records that move with the bot from worker to worker. Every write carries
+//! the claim's fence, so a worker that lost the bot cannot corrupt the session its successor
+//! uses; values are sealed like credentials (see `Keyring`).
+
+/// One change to a bot's session records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionWrite {
+    /// Sets the record `key` of `kind` (e.g. `session`, `prekey`, `identity`, `device`).
+    Put {
+        /// The record's kind.
+        kind: String,
+        /// Its key within the kind.
+        key: String,
+        /// Its value.
+        value: Vec<u8>,
+    },
+    /// Removes the record `key` of `kind` (absent is fine).
+    Delete {
+        /// The record's kind.
+        kind: String,
+        /// Its key within the kind.
+        key: String,
+    },
+}
+
+/// A record's (kind, key).
+pub(crate) type RecordId = (String, String);
+/// A record to set: kind, key, value.
+pub(crate) type RecordPut = (String, String, Vec<u8>);
+
+/// `writes` reduced to their outcome, last write of a record winning: (records to set, in
+/// order of first mention, records to remove).
+pub(crate) fn net(writes: &[SessionWrite]) -> (Vec<RecordPut>, Vec<RecordId>) {
+    let mut last: Vec<(RecordId, Option<Vec<u8>>)> = Vec::new();
+    for w in writes {
+        let (k, v) = match w {
+            SessionWrite::Put { kind, key, value } => {
+                ((kind.clone(), key.clone()), Some(value.clone()))
+            }
+            SessionWrite::Delete { kind, key } => ((kind.clone(), key.clone()), None),
+        };
+        match last.iter_mut().find(|(x, _)| *x == k) {
+            Some(slot) => slot.1 = v,
+            None => last.push((k, v)),
+        }
+    }
+    let mut puts = Vec::new();
+    let mut dels = Vec::new();
+    for ((kind, key), v) in last {
+        match v {
+            Some(v) => puts.push((kind, key, v)),
+            None => dels.push((kind, key)),
+        }
+    }
+    (puts, dels)
+}
+
+/// Hex of `bytes` (session values are sealed as text).
+pub(crate) fn to_hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// The bytes of `hex`, `None` if it is not hex.
+pub(crate) fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The sealing field of a kind (binds a sealed value to its kind).
+pub(crate) fn field(kind: &str) -> String {
+    format!("session:{kind}")
+}
+
+/// `value` (of `bot`'s record of `kind`) sealed under the first key, `None` when it is so
+/// already.
+pub(crate) fn resealed(
+    keys: &crate::Keyring,
+    bot: &str,
+    kind: &str,
+    value: &str,
+) -> crate::Result<Option<String>> {
+    if keys.is_current(value) {
+        return Ok(None);
+    }
+    let f = field(kind);
+    Ok(Some(keys.seal(bot, &f, &keys.open(bot, &f, value)?)?))
+}
+
+/// Opens sealed `(key, value)` rows of `kind`.
+pub(crate) fn open_session_rows(
+    keys: &crate::Keyring,
+    bot: &botfleet_core::BotId,
+    kind: &str,
+    rows: Vec<(String, String)>,
+) -> crate::Result<Vec<(String, Vec<u8>)>> {
+    rows.into_iter()
+        .map(|(key, v)| {
+            let hex = keys.open(bot.as_str(), &field(kind), &v)?;
+            let bytes = from_hex(&hex).ok_or_else(|| {
+                crate::StoreError::Corrupt(format!(
+                    "bot {bot}: session record {kind}/{key} is not hex"
+                ))
+            })?;
+            Ok((key, bytes))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips() {
+        let b: Vec<u8> = (0..=255).collect();
+        assert_eq!(from_hex(&to_hex(&b)).unwrap(), b);
+        assert!(from_hex("abc").is_none());
+        assert!(from_hex("zz").is_none());
+    }
+}
