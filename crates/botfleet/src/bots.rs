@@ -122,8 +122,9 @@ pub(crate) struct AddArgs {
     platform: String,
     /// The platform token (Telegram bot token, Slack bot token `xoxb-…`). Prefer the
     /// environment variable: command lines are visible to other users of the machine.
+    /// WhatsApp device-link bots (`--mode web`) have none: `bots link` links them.
     #[arg(long, env = "BOTFLEET_TOKEN", hide_env_values = true)]
-    token: String,
+    token: Option<String>,
     /// Slack's app-level token (`xapp-…`, scope connections:write) that opens Socket Mode
     /// connections. Prefer the environment variable.
     #[arg(long, env = "BOTFLEET_APP_TOKEN", hide_env_values = true)]
@@ -290,6 +291,25 @@ pub(crate) enum BotsCommand {
         /// The bot's id.
         id: String,
     },
+    /// Link a WhatsApp device-link bot (`--mode web`) to a phone: shows a QR code to scan in
+    /// WhatsApp > Linked devices (or, with `--phone`, a code to enter on that phone), waits
+    /// until the phone confirms, stores the session and restarts the bot.
+    Link {
+        #[command(flatten)]
+        backends: Backends,
+        /// The bot's id.
+        id: String,
+        /// Link with a pairing code for this phone number (country code first, digits
+        /// only, e.g. 15551234567) instead of a QR code.
+        #[arg(long)]
+        phone: Option<String>,
+        /// How long to wait for the phone, in seconds.
+        #[arg(long, default_value_t = 180)]
+        timeout: u64,
+        /// Replace a linked session (disable the bot first, so no worker runs it meanwhile).
+        #[arg(long)]
+        force: bool,
+    },
     /// Restart a bot (e.g. after fixing its token); clears a `failed` status.
     Restart {
         #[command(flatten)]
@@ -312,7 +332,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
             let line = BotLine {
                 id: bot.id,
                 platform: bot.platform,
-                token: bot.token,
+                token: bot.token.unwrap_or_default(),
                 app_token: bot.app_token,
                 api_url: bot.api_url,
                 handler: Some(bot.handler.as_str().to_owned()),
@@ -399,12 +419,19 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                     "ID", "PLATFORM", "ENABLED", "STATUS", "OWNER", "PENDING", "UNDELIVERABLE"
                 );
                 for r in rows {
+                    // A device-link bot no phone has linked yet is shown as such: no worker
+                    // runs it until `bots link`.
+                    let status = if r["linked"] == serde_json::Value::Bool(false) {
+                        "unlinked"
+                    } else {
+                        r["status"].as_str().unwrap_or_default()
+                    };
                     println!(
                         "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {}",
                         r["id"].as_str().unwrap_or_default(),
                         r["platform"].as_str().unwrap_or_default(),
                         r["enabled"],
-                        r["status"].as_str().unwrap_or_default(),
+                        status,
                         r["owner"].as_str().unwrap_or("-"),
                         r["pending"],
                         r["undeliverable"],
@@ -447,6 +474,13 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
             act(&backends, &remote, &id, "disable").await?;
             println!("disabled {id}");
         }
+        BotsCommand::Link {
+            backends,
+            id,
+            phone,
+            timeout,
+            force,
+        } => return link(&backends, &id, phone, timeout, force).await,
         BotsCommand::Restart {
             backends,
             remote,
@@ -581,4 +615,130 @@ async fn import(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `bots link`: see [`BotsCommand::Link`].
+#[cfg(feature = "whatsapp-web")]
+async fn link(
+    backends: &Backends,
+    id: &str,
+    phone: Option<String>,
+    timeout: u64,
+    force: bool,
+) -> anyhow::Result<ExitCode> {
+    use botfleet_core::{BotStatus, Platform};
+    use botfleet_platform::SessionKv;
+    use botfleet_whatsapp::device::{self, LinkPrompt, WebConfig};
+
+    let reg = registry(backends).await?;
+    let rec = reg.get(id).await?;
+    if rec.spec.platform != Platform::Whatsapp || rec.spec.mode() != "web" {
+        anyhow::bail!(
+            "{id} is not a WhatsApp device-link bot: only `--platform whatsapp --mode web` bots are linked"
+        );
+    }
+    if let Some(p) = &phone {
+        if p.is_empty() || p.len() > 15 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            anyhow::bail!(
+                "--phone takes the number with its country code, digits only (e.g. 15551234567)"
+            );
+        }
+    }
+    if timeout == 0 {
+        anyhow::bail!("--timeout must be at least 1 second");
+    }
+    let linked = crate::registry::linked(reg.store.as_ref(), &rec.spec)
+        .await?
+        .unwrap_or(false);
+    if linked && !force {
+        anyhow::bail!(
+            "{id} is linked already; to link it to another phone: `botfleet bots disable {id}`, then `botfleet bots link {id} --force`"
+        );
+    }
+    if force && rec.status == BotStatus::Running {
+        anyhow::bail!(
+            "{id} is running: `botfleet bots disable {id}` first, so no worker uses the session while it is replaced"
+        );
+    }
+    // Under the highest fence granted so far: a worker that runs the bot later holds a fence
+    // at least as high, and reads what is written here.
+    let fence = reg.store.highest_fence(&rec.spec.id).await?;
+    let session = std::sync::Arc::new(botfleet_runtime::StoreSession::new(
+        reg.store.clone(),
+        rec.spec.id.clone(),
+        fence,
+    ));
+    if force {
+        session
+            .clear()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot clear the old session: {e}"))?;
+    }
+    let cfg = WebConfig::from_env().map_err(anyhow::Error::msg)?;
+    let with_phone = phone.is_some();
+    if with_phone {
+        println!("asking WhatsApp for a pairing code…");
+    } else {
+        println!("waiting for a QR code from WhatsApp…");
+    }
+    let linked_as = device::link(
+        &cfg,
+        &rec.spec.id,
+        rec.spec.options.api_url.as_deref(),
+        session,
+        phone,
+        std::time::Duration::from_secs(timeout),
+        |p| match p {
+            LinkPrompt::Qr(code) => {
+                println!(
+                    "Scan with WhatsApp on the phone (Settings > Linked devices > Link a device):"
+                );
+                println!("{}", render_qr(&code));
+                println!("QR data: {code}");
+            }
+            LinkPrompt::Code(code) => println!(
+                "On the phone: WhatsApp > Linked devices > Link a device > Link with phone number instead, and enter {code}"
+            ),
+        },
+    )
+    .await;
+    match linked_as {
+        Ok(jid) => {
+            println!("linked {id} as {jid}");
+            if rec.spec.enabled {
+                reg.restart(id).await?;
+                println!("its worker connects it now");
+            } else {
+                println!("it is disabled: `botfleet bots enable {id}` to run it");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// A QR code as text for a terminal: two modules per character cell.
+#[cfg(feature = "whatsapp-web")]
+fn render_qr(data: &str) -> String {
+    match qrcode::QrCode::new(data.as_bytes()) {
+        Ok(code) => code
+            .render::<qrcode::render::unicode::Dense1x2>()
+            .quiet_zone(true)
+            .build(),
+        Err(e) => format!("(cannot draw the QR code: {e}; render the QR data below instead)"),
+    }
+}
+
+#[cfg(not(feature = "whatsapp-web"))]
+async fn link(
+    _backends: &Backends,
+    _id: &str,
+    _phone: Option<String>,
+    _timeout: u64,
+    _force: bool,
+) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("WhatsApp device-link is not in this build (cargo feature whatsapp-web)")
 }

@@ -237,9 +237,12 @@ impl HookFields {
             }
             spec.options.max_connections = Some(n);
         }
-        if spec.platform == Platform::Whatsapp && spec.mode() == "web" {
+        if spec.platform == Platform::Whatsapp
+            && spec.mode() == "web"
+            && !cfg!(feature = "whatsapp-web")
+        {
             return Err(RegistryError::invalid(
-                "WhatsApp device-link (mode web) does not run in this build yet; mode cloud (the Cloud API) does",
+                "WhatsApp device-link (mode web) is not in this build (cargo feature whatsapp-web); mode cloud (the Cloud API) is",
             ));
         }
         if gave_secret && !spec.is_webhook() && spec.platform != Platform::Whatsapp {
@@ -375,12 +378,14 @@ impl BotLine {
                 _ => return Err(unknown(k, BOT_FIELDS)),
             }
         }
+        // A WhatsApp device-link bot has no token: a linked session stands for it.
+        let device_link = out.platform == "whatsapp" && out.hook.mode.as_deref() == Some("web");
         for (field, value) in [
             ("id", &out.id),
             ("platform", &out.platform),
             ("token", &out.token),
         ] {
-            if value.is_empty() {
+            if value.is_empty() && !(field == "token" && device_link) {
                 return Err(RegistryError::invalid(format!("missing field {field}")));
             }
         }
@@ -663,6 +668,9 @@ pub(crate) struct BotView {
     pub(crate) slices: Vec<SliceView>,
     /// Unix milliseconds of the spec's last change.
     pub(crate) updated_at_ms: i64,
+    /// WhatsApp device-link bots: whether a phone linked the device (`bots link`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) linked: Option<bool>,
 }
 
 /// One slice of a bot split into slices.
@@ -951,7 +959,10 @@ impl Registry {
                 Some(w) => Some(w.to_owned()),
                 None => self.owner_of(&b).await?,
             };
-            out.push(view(b, owner, &inbox));
+            let is_linked = linked(self.store.as_ref(), &b.spec).await?;
+            let mut v = view(b, owner, &inbox);
+            v.linked = is_linked;
+            out.push(v);
         }
         Ok(out)
     }
@@ -968,7 +979,10 @@ impl Registry {
             return self.sliced(rec, &inbox).await;
         }
         let owner = self.owner_of(&rec).await?;
-        Ok(view(rec, owner, &inbox))
+        let is_linked = linked(self.store.as_ref(), &rec.spec).await?;
+        let mut v = view(rec, owner, &inbox);
+        v.linked = is_linked;
+        Ok(v)
     }
 
     /// A bot split into slices: each slice with its shards and owner; the bot's owner is
@@ -1081,7 +1095,26 @@ fn view(
         shards_per_slice: b.spec.options.shards_per_slice,
         slices: Vec::new(),
         updated_at_ms: b.updated_at_ms,
+        linked: None,
     }
+}
+
+/// Whether a device-link bot's stored session holds a linked device (one with its phone
+/// number); `None` for every other bot.
+pub(crate) async fn linked(
+    store: &dyn Store,
+    spec: &BotSpec,
+) -> Result<Option<bool>, RegistryError> {
+    if spec.platform != Platform::Whatsapp || spec.mode() != "web" {
+        return Ok(None);
+    }
+    let device = store
+        .session_records(&spec.id, "device")
+        .await
+        .map_err(RegistryError::store)?;
+    Ok(Some(device.iter().any(|(_, v)| {
+        serde_json::from_slice::<serde_json::Value>(v).is_ok_and(|d| !d["pn"].is_null())
+    })))
 }
 
 #[cfg(test)]

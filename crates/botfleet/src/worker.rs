@@ -100,6 +100,10 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_TRANSPORT_DOWN_MS", default_value_t = 120_000,
           value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     transport_down_ms: u64,
+    /// The WhatsApp Web version device-link bots announce (e.g. 2.3000.1017); unset, each
+    /// session asks web.whatsapp.com for the current one once a day.
+    #[arg(long, env = "BOTFLEET_WHATSAPP_WEB_VERSION", value_parser = web_version)]
+    whatsapp_web_version: Option<String>,
     /// Show the message counts of this many of the busiest bots in /metrics (0-1000), as
     /// `botfleet_bot_messages_received_total{bot_id}`: a bounded label set.
     #[arg(long, env = "BOTFLEET_METRICS_TOP_BOTS", default_value_t = 10,
@@ -196,6 +200,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
     cfg.transport_down = Duration::from_millis(a.transport_down_ms);
+    cfg.whatsapp_web_version = a.whatsapp_web_version.clone();
     cfg.turn_wait = Duration::from_millis(a.turn_wait_ms);
     cfg.telegram.public_url = a.public_url.clone();
     cfg.telegram.poll_timeout = Duration::from_secs(a.poll_timeout_s);
@@ -307,9 +312,40 @@ pub(crate) fn random_hex() -> String {
     format!("{:08x}", h.finish() as u32)
 }
 
+/// `--whatsapp-web-version`: three numbers, `2.3000.1017`.
+fn web_version(v: &str) -> Result<String, String> {
+    let parts: Vec<&str> = v.split('.').collect();
+    if parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        Ok(v.to_owned())
+    } else {
+        Err(format!(
+            "a WhatsApp Web version looks like 2.3000.1017, not {v:?}"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn web_versions_are_three_numbers() {
+        assert!(web_version("2.3000.1017").is_ok());
+        for bad in [
+            "",
+            "2.3000",
+            "2.3000.x",
+            "2..1",
+            "2.3000.1.4",
+            "1234567890.1.1",
+        ] {
+            assert!(web_version(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_open_file_limit_is_read_on_linux() {

@@ -984,20 +984,7 @@ fn webhook_bots_are_added_with_their_platforms_settings() {
             ],
             "secret_token is not a slack setting",
         ),
-        (
-            vec![
-                "bots",
-                "add",
-                "x4",
-                "--platform",
-                "whatsapp",
-                "--token",
-                "EAAG",
-                "--mode",
-                "web",
-            ],
-            "mode web",
-        ),
+        (vec!["bots", "add", "x4", "--platform", "telegram"], "token"),
         (
             vec![
                 "bots",

@@ -10,7 +10,7 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
@@ -144,30 +144,24 @@ fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
 
 /// A worker with `extra` flags (lease, poll timeout) besides the fleet's.
 fn spawn_worker_with(name: &str, db: &str, redis: &str, dir: &Path, extra: &[&str]) -> Proc {
-    let log = dir.join(format!("{name}.log"));
-    let child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
-        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
-        .args(["worker", "--worker-id", name, "--http-addr", "127.0.0.1:0"])
-        .args([
-            "--database-url",
-            db,
-            "--redis-url",
-            redis,
-            "--prefix",
-            "itest",
-        ])
-        .args(extra)
-        .args(["--connect-rate", "20000"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Proc {
-        name: name.into(),
-        child,
-        log,
-    }
+    Proc::spawn(
+        name,
+        Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
+            .args(["worker", "--worker-id", name, "--http-addr", "127.0.0.1:0"])
+            .args([
+                "--database-url",
+                db,
+                "--redis-url",
+                redis,
+                "--prefix",
+                "itest",
+            ])
+            .args(extra)
+            .args(["--connect-rate", "20000"])
+            .env("RUST_LOG", "warn"),
+        dir,
+    )
 }
 
 /// The bots of the mixed pool `worker` holds now: Telegram tokens, Slack bot tokens.

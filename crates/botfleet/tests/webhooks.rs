@@ -10,7 +10,7 @@
 use std::{
     collections::HashMap,
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -44,33 +44,27 @@ async fn hooks_url(w: &Proc) -> String {
 }
 
 fn spawn_worker(name: &str, db: &str, redis: &str, public: &str, dir: &Path) -> Proc {
-    let log = dir.join(format!("{name}.log"));
-    let child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
-        .args(["worker", "--worker-id", name])
-        .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
-        .args([
-            "--database-url",
-            db,
-            "--redis-url",
-            redis,
-            "--prefix",
-            "hooks",
-        ])
-        .args(["--lease-ms", &LEASE_MS.to_string(), "--public-url", public])
-        .env(
-            "RUST_LOG",
-            std::env::var("HOOKS_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .env_remove("BOTFLEET_API_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Proc {
-        name: name.into(),
-        child,
-        log,
-    }
+    Proc::spawn(
+        name,
+        Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .args(["worker", "--worker-id", name])
+            .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
+            .args([
+                "--database-url",
+                db,
+                "--redis-url",
+                redis,
+                "--prefix",
+                "hooks",
+            ])
+            .args(["--lease-ms", &LEASE_MS.to_string(), "--public-url", public])
+            .env(
+                "RUST_LOG",
+                std::env::var("HOOKS_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .env_remove("BOTFLEET_API_TOKEN"),
+        dir,
+    )
 }
 
 fn with_handler(mut spec: BotSpec, url: &str) -> BotSpec {

@@ -294,7 +294,9 @@ impl BotSpec {
     /// [`InvalidSpec`] says which field is wrong and why, without echoing the token.
     pub fn validate(&self) -> Result<(), InvalidSpec> {
         let token = self.token.expose();
-        if token.is_empty() {
+        // A WhatsApp device-link bot has no token: its linked session stands for it.
+        let device_link = self.platform == Platform::Whatsapp && self.mode() == "web";
+        if token.is_empty() && !device_link {
             return Err(InvalidSpec::Token("is empty"));
         }
         if token.len() > 4096 {
@@ -341,7 +343,12 @@ impl BotSpec {
             }
         }
         if let Some(url) = &self.options.api_url {
-            check_http_url("api_url", url)?;
+            if self.platform == Platform::Whatsapp && self.mode() == "web" {
+                // WhatsApp Web's socket (default wss://web.whatsapp.com/ws/chat).
+                check_ws_url("api_url", url)?;
+            } else {
+                check_http_url("api_url", url)?;
+            }
         }
         if let Some(n) = self.options.shards {
             if self.platform != Platform::Discord {
@@ -377,6 +384,18 @@ impl BotSpec {
 
 /// The most shards a Discord bot may have here.
 pub(crate) const MAX_SHARDS: u32 = 4096;
+
+fn check_ws_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
+    let rest = url
+        .strip_prefix("ws://")
+        .or_else(|| url.strip_prefix("wss://"))
+        .ok_or(InvalidSpec::Url {
+            field,
+            reason: "must start with ws:// or wss://",
+        })?;
+    // The same checks as an HTTP URL's (host, no white space).
+    check_http_url(field, &format!("http://{rest}"))
+}
 
 fn check_http_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
     let rest = url
@@ -531,6 +550,26 @@ mod tests {
         let e = spec("12 3:secret-part").validate().unwrap_err();
         assert!(!e.to_string().contains("secret-part"));
         assert!(spec("12/3").validate().is_err());
+    }
+
+    #[test]
+    fn device_link_bots_need_no_token_and_take_a_socket_url() {
+        let mut s = BotSpec::new(BotId::new("wa").unwrap(), Platform::Whatsapp, "");
+        s.options.mode = Some("web".into());
+        assert!(s.validate().is_ok(), "no token needed");
+        s.options.api_url = Some("ws://127.0.0.1:9/ws/chat".into());
+        assert!(s.validate().is_ok());
+        s.options.api_url = Some("https://web.whatsapp.com".into());
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "invalid api_url: must start with ws:// or wss://"
+        );
+        s.options.api_url = Some("wss:///ws".into());
+        assert!(s.validate().is_err(), "no host");
+        // Every other bot still needs its token.
+        s.options.mode = Some("cloud".into());
+        s.options.api_url = None;
+        assert!(s.validate().is_err());
     }
 
     #[test]

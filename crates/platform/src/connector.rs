@@ -102,6 +102,24 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         self.connect(spec, checkpoint).await
     }
 
+    /// [`Connector::connect_guarded`] for a platform whose client keeps a session between
+    /// connections (a linked WhatsApp device): `session` reads it and writes it under the
+    /// claim's fence. The runtime always calls this one; platforms without a session keep the
+    /// default, which ignores it.
+    ///
+    /// # Errors
+    /// As [`Connector::connect`].
+    async fn connect_with_session(
+        &self,
+        spec: &BotSpec,
+        checkpoint: Option<&str>,
+        may_act: MayAct,
+        session: Arc<dyn crate::SessionKv>,
+    ) -> Result<Connection, PlatformError> {
+        let _ = session;
+        self.connect_guarded(spec, checkpoint, may_act).await
+    }
+
     /// The bot was removed from the registry while this worker ran it: undo what its unit set
     /// up at the platform (Telegram's webhook). The default has nothing to undo.
     ///

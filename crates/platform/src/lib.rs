@@ -3,9 +3,11 @@
 mod connector;
 mod error;
 mod hooks;
+mod session;
 
 pub use connector::{
     Ack, Batch, Connection, Connector, Identity, MayAct, Received, Receiver, Sender, Stat,
 };
 pub use error::{ErrorKind, PlatformError};
 pub use hooks::{secrets_match, HookAnswer, HookRefusal, HookRequest, NoDeliveries, Webhooks};
+pub use session::{KvWrite, SessionError, SessionKv};

@@ -275,9 +275,20 @@ impl BotCtx {
             let (lease, stop) = (self.lease.clone(), self.stop.clone());
             Arc::new(move || lease.check().is_ok() && !*stop.borrow())
         };
+        // The session a platform client keeps (a linked WhatsApp device), under this claim.
+        let session: Arc<dyn botfleet_platform::SessionKv> = Arc::new(crate::StoreSession::new(
+            self.store.clone(),
+            self.spec.id.clone(),
+            self.fence,
+        ));
         let Connection { receiver, sender } = match self
             .until_ok("connect", || {
-                connector.connect_guarded(&spec, cp.as_deref(), may_act.clone())
+                connector.connect_with_session(
+                    &spec,
+                    cp.as_deref(),
+                    may_act.clone(),
+                    session.clone(),
+                )
             })
             .await
         {
@@ -287,6 +298,7 @@ impl BotCtx {
         // Not kept for the bot's life: an idle bot's task holds as little as it can.
         drop(may_act);
         drop(cp);
+        drop(session);
         self.metrics.running(self.spec.platform, 1);
         let _running = RunningGuard {
             metrics: self.metrics.clone(),

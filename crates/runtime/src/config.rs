@@ -59,6 +59,9 @@ pub struct WorkerConfig {
     /// How Discord bots reach Discord.
     #[cfg(feature = "discord")]
     pub discord: botfleet_discord::DiscordConfig,
+    /// The WhatsApp Web version device-link bots announce (`2.3000.1017`); `None` asks
+    /// web.whatsapp.com for the current one, once a day per session.
+    pub whatsapp_web_version: Option<String>,
 }
 
 impl WorkerConfig {
@@ -97,6 +100,7 @@ impl WorkerConfig {
             transport_down: Duration::from_secs(120),
             avoid_for: Duration::from_secs(600),
             turn_wait: Duration::from_secs(10),
+            whatsapp_web_version: None,
             #[cfg(feature = "slack")]
             slack: botfleet_slack::SlackConfig::default(),
             #[cfg(feature = "discord")]

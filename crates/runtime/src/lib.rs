@@ -14,6 +14,7 @@ mod reporter;
 mod starter;
 mod worker;
 
+pub use botfleet_store::StoreSession;
 pub use config::{hostname, WorkerConfig};
 pub use handler::{sign, Handler, HandlerError, Reply, SIGNATURE_HEADER};
 pub use hooks::{Hooks, MAX_HOOK_BODY};

@@ -52,10 +52,24 @@ pub(crate) fn connectors(
         .map_err(|e| WorkerError::Platform(e.to_string()))?,
     ));
     #[cfg(feature = "whatsapp")]
-    list.push(Arc::new(
-        botfleet_whatsapp::WhatsappConnector::new()
-            .map_err(|e| WorkerError::Platform(e.to_string()))?,
-    ));
+    list.push(Arc::new({
+        let c = botfleet_whatsapp::WhatsappConnector::new()
+            .map_err(|e| WorkerError::Platform(e.to_string()))?;
+        #[cfg(feature = "whatsapp-web")]
+        let c = {
+            if botfleet_whatsapp::device::skips_server_certificate() {
+                tracing::warn!("this is a test build: it does not check WhatsApp's server certificate (feature standin); never run it against WhatsApp");
+            }
+            let mut web = botfleet_whatsapp::device::WebConfig::default();
+            if let Some(v) = &cfg.whatsapp_web_version {
+                web.version = Some(
+                    botfleet_whatsapp::device::parse_version(v).map_err(WorkerError::Platform)?,
+                );
+            }
+            c.with_web(web)
+        };
+        c
+    }));
     #[cfg(not(feature = "discord"))]
     let _ = coord;
     Ok(list.into_iter().map(|c| (c.platform(), c)).collect())

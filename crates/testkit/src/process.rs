@@ -17,6 +17,24 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Starts `cmd` as `name`: standard output discarded, standard error into `{dir}/{name}.log`.
+    ///
+    /// # Panics
+    /// When the log cannot be created or the process cannot start.
+    pub fn spawn(name: &str, cmd: &mut Command, dir: &std::path::Path) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("create the log"))
+            .spawn()
+            .expect("start the process");
+        Proc {
+            name: name.into(),
+            child,
+            log,
+        }
+    }
+
     /// Sends `sig` (`-KILL`, `-TERM`, `-STOP`, `-CONT`) to it by pid.
     ///
     /// # Panics

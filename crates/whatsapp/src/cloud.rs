@@ -98,6 +98,10 @@ pub fn parse_delivery(
 #[derive(Clone, Debug)]
 pub struct WhatsappConnector {
     client: GraphClient,
+    #[cfg(feature = "web")]
+    web: crate::device::WebConfig,
+    #[cfg(feature = "web")]
+    web_stats: Arc<crate::device::WebStats>,
 }
 
 impl WhatsappConnector {
@@ -108,7 +112,19 @@ impl WhatsappConnector {
     pub fn new() -> Result<Self, crate::WhatsappError> {
         Ok(Self {
             client: GraphClient::new()?,
+            #[cfg(feature = "web")]
+            web: crate::device::WebConfig::default(),
+            #[cfg(feature = "web")]
+            web_stats: Arc::default(),
         })
+    }
+
+    /// How device-link bots (`--mode web`) connect.
+    #[cfg(feature = "web")]
+    #[must_use]
+    pub fn with_web(mut self, web: crate::device::WebConfig) -> Self {
+        self.web = web;
+        self
     }
 
     /// The webhook side, sharing the connection pool.
@@ -144,13 +160,51 @@ impl Connector for WhatsappConnector {
         Some(Arc::new(self.hooks()))
     }
 
+    #[cfg(feature = "web")]
+    fn open_connections(&self) -> Option<u64> {
+        Some(
+            self.web_stats
+                .open
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .max(0)
+                .unsigned_abs(),
+        )
+    }
+
+    #[cfg(feature = "web")]
+    fn stats(&self) -> Vec<botfleet_platform::Stat> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.web_stats;
+        vec![
+            botfleet_platform::Stat {
+                name: "whatsapp_session_writes_refused_total",
+                help: "Linked-session writes refused because a newer owner held the bot.",
+                kind: "counter",
+                value: s.refused_writes.load(Relaxed) as f64,
+            },
+            botfleet_platform::Stat {
+                name: "whatsapp_logged_out_total",
+                help: "Linked sessions logged out by the phone (the bot fails: link again).",
+                kind: "counter",
+                value: s.logged_out.load(Relaxed) as f64,
+            },
+            botfleet_platform::Stat {
+                name: "whatsapp_replaced_total",
+                help: "Linked sessions another connection took over (the bot stops).",
+                kind: "counter",
+                value: s.replaced.load(Relaxed) as f64,
+            },
+        ]
+    }
+
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
-        if spec.mode() != "cloud" {
-            return Err(PlatformError::new(
-                ErrorKind::Rejected,
-                "mode",
-                "WhatsApp device-link (mode web) does not run in this build yet",
-            ));
+        if spec.mode() == "web" {
+            // A linked device has no token to check: its session is checked on connecting.
+            web_in_build()?;
+            return Ok(Identity {
+                user_id: spec.id.to_string(),
+                name: None,
+            });
         }
         let n = number(spec)?;
         let shown = self.client.verify(&n).await?;
@@ -160,11 +214,35 @@ impl Connector for WhatsappConnector {
         })
     }
 
+    async fn connect_with_session(
+        &self,
+        spec: &BotSpec,
+        checkpoint: Option<&str>,
+        may_act: botfleet_platform::MayAct,
+        session: Arc<dyn botfleet_platform::SessionKv>,
+    ) -> Result<Connection, PlatformError> {
+        if spec.mode() == "web" {
+            web_in_build()?;
+            #[cfg(feature = "web")]
+            return crate::device::connect(&self.web, &self.web_stats, spec, may_act, session)
+                .await;
+        }
+        let _ = (may_act, session);
+        self.connect(spec, checkpoint).await
+    }
+
     async fn connect(
         &self,
         spec: &BotSpec,
         _checkpoint: Option<&str>,
     ) -> Result<Connection, PlatformError> {
+        if spec.mode() == "web" {
+            return Err(PlatformError::new(
+                ErrorKind::Rejected,
+                "no_session",
+                "a device-link bot connects with its session (connect_with_session)",
+            ));
+        }
         // Deliveries reach every worker's hooks address (the subscription is set in the
         // Meta app); the unit only watches the credentials.
         Ok(Connection {
@@ -174,6 +252,19 @@ impl Connector for WhatsappConnector {
                 number: number(spec)?,
             }),
         })
+    }
+}
+
+/// Refuses device-link bots in a build without the `web` feature.
+fn web_in_build() -> Result<(), PlatformError> {
+    if cfg!(feature = "web") {
+        Ok(())
+    } else {
+        Err(PlatformError::new(
+            ErrorKind::Rejected,
+            "mode",
+            "WhatsApp device-link (mode web) is not in this build (cargo feature `web`)",
+        ))
     }
 }
 

@@ -2,8 +2,14 @@
 
 mod client;
 mod cloud;
+#[cfg(feature = "web")]
+pub mod device;
 #[cfg(feature = "fake")]
 pub mod fake;
+#[cfg(feature = "standin")]
+pub mod standin;
+#[cfg(feature = "web")]
+pub mod web;
 
 pub use client::{GraphClient, Number, WhatsappError, DEFAULT_API_URL, MAX_TEXT_CHARS};
 pub use cloud::{parse_delivery, sign, CloudHooks, WhatsappConnector};

@@ -1,0 +1,350 @@
+//! WhatsApp device-link bots on a fleet of `botfleet worker` processes (one Redis, one SQLite
+//! registry), against the stand-in at the client's transport boundary. Bots are added and
+//! linked with the CLI (`bots link` shows the QR code; the stand-in scans it as the phone).
+//! One worker is killed with SIGKILL, another stopped with SIGTERM: every bot comes back on a
+//! survivor, and no device ever has two connections at once.
+
+#![cfg(feature = "whatsapp-web")]
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use botfleet_core::{BotId, BotStatus};
+use botfleet_store::{SqliteStore, Store};
+use botfleet_testkit::{wait_for, Proc, RedisServer, TempDir};
+use botfleet_whatsapp::standin::StandIn;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const LEASE_MS: u64 = 3_000;
+const VERSION: &str = "2.3000.1";
+
+fn cli(db: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(args)
+        .args(["--database-url", db])
+        .env("BOTFLEET_WHATSAPP_WEB_VERSION", VERSION)
+        .env_remove("BOTFLEET_API_TOKEN")
+        .env_remove("BOTFLEET_TOKEN")
+        .output()
+        .unwrap()
+}
+
+fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
+    Proc::spawn(
+        name,
+        Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .args(["worker", "--worker-id", name])
+            .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
+            .args([
+                "--database-url",
+                db,
+                "--redis-url",
+                redis,
+                "--prefix",
+                "waweb",
+            ])
+            .args(["--lease-ms", &LEASE_MS.to_string()])
+            .args(["--whatsapp-web-version", VERSION])
+            .env(
+                "RUST_LOG",
+                std::env::var("WAWEB_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .env_remove("BOTFLEET_API_TOKEN"),
+        dir,
+    )
+}
+
+/// Runs `bots link ID`, scanning the QR code it prints as the phone `user` would.
+async fn link(db: &str, standin: &StandIn, id: &str, user: &str) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(["bots", "link", id, "--database-url", db, "--timeout", "60"])
+        .env("BOTFLEET_WHATSAPP_WEB_VERSION", VERSION)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
+    let qr = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            printed.push_str(&l);
+            printed.push('\n');
+            if let Some(q) = l.strip_prefix("QR data: ") {
+                return q.to_owned();
+            }
+        }
+        panic!("no QR data printed: {printed}");
+    })
+    .await
+    .expect("a QR code in time");
+    assert!(
+        printed.contains("Linked devices"),
+        "tells where to scan: {printed}"
+    );
+    assert!(
+        printed.lines().count() > 10,
+        "draws the QR code in the terminal: {printed}"
+    );
+    standin.scan(&qr, user).await.unwrap();
+    let mut rest = String::new();
+    while let Some(l) = lines.next_line().await.unwrap() {
+        rest.push_str(&l);
+        rest.push('\n');
+    }
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("link ends")
+        .unwrap();
+    assert!(status.success(), "bots link {id}: {rest}");
+    assert!(rest.contains(&format!("linked {id} as {user}")), "{rest}");
+}
+
+fn contact(i: usize) -> String {
+    format!("1555777000{i}")
+}
+
+async fn owner(store: &SqliteStore, id: &str) -> Option<String> {
+    let r = store
+        .get_bot(&BotId::new(id).unwrap())
+        .await
+        .ok()
+        .flatten()?;
+    (r.status == BotStatus::Running).then_some(r.reported_by?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linked_sessions_move_across_kill_and_sigterm_without_two_connections() {
+    let redis = RedisServer::start().unwrap();
+    let standin = std::sync::Arc::new(StandIn::start().await.unwrap());
+    let dir = TempDir::new("botfleet-waweb-fleet");
+    let db_path = dir.0.join("bots.db");
+    let db = format!("sqlite://{}", db_path.display());
+    let url = standin.url();
+
+    let bots: Vec<(String, String)> = (0..4)
+        .map(|i| (format!("wa-{i}"), format!("1555010000{i}")))
+        .collect();
+    for (id, _) in &bots {
+        let out = cli(
+            &db,
+            &[
+                "bots",
+                "add",
+                id,
+                "--platform",
+                "whatsapp",
+                "--mode",
+                "web",
+                "--api-url",
+                &url,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let list = cli(&db, &["bots", "list"]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert_eq!(
+        text.lines().filter(|l| l.contains("unlinked")).count(),
+        4,
+        "shown as unlinked: {text}"
+    );
+
+    // Nobody scans: a clear message, and a failure exit.
+    let out = cli(&db, &["bots", "link", "wa-0", "--timeout", "2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no phone confirmed the link within 2 s"),
+        "{err}"
+    );
+    // Bad input is refused before anything starts.
+    let out = cli(&db, &["bots", "link", "wa-0", "--phone", "+1 555"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("digits only"));
+
+    for (id, user) in &bots {
+        link(&db, &standin, id, user).await;
+    }
+    let list = cli(&db, &["bots", "list", "--json"]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("\"linked\":true"))
+            .count(),
+        4,
+        "{text}"
+    );
+    // Linked already: refused without --force.
+    let out = cli(&db, &["bots", "link", "wa-0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("linked already"));
+
+    let store = SqliteStore::open(&db_path).await.unwrap();
+    let mut workers: Vec<Proc> = ["w1", "w2", "w3"]
+        .iter()
+        .map(|n| spawn_worker(n, &db, &redis.url(), &dir.0))
+        .collect();
+    let all_up = |exclude: Vec<String>| {
+        let standin = &standin;
+        let store = &store;
+        let bots = &bots;
+        async move {
+            for (id, user) in bots {
+                if standin.connected(user) != 1 {
+                    return None;
+                }
+                let o = owner(store, id).await?;
+                if exclude.contains(&o) {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    };
+    wait_for("every bot connected", Duration::from_secs(60), || {
+        all_up(Vec::new())
+    })
+    .await;
+
+    // Contacts write to every bot at a human pace through the kill and the SIGTERM.
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(0usize));
+    let writer = {
+        let (standin, bots, writing, sent) =
+            (standin.clone(), bots.clone(), writing.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut round = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                for (i, (_, user)) in bots.iter().enumerate() {
+                    standin
+                        .send_text(&contact(i), user, &format!("m{round}"))
+                        .await
+                        .unwrap();
+                }
+                round += 1;
+                *sent.lock().unwrap() = round;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+
+    // SIGKILL the busiest worker: its bots come back on the others within a lease or so.
+    let mut count = std::collections::HashMap::<String, usize>::new();
+    for (id, _) in &bots {
+        if let Some(o) = owner(&store, id).await {
+            *count.entry(o).or_default() += 1;
+        }
+    }
+    let victim = count.iter().max_by_key(|(_, n)| **n).unwrap().0.clone();
+    let mut moved = Vec::new();
+    for (id, user) in &bots {
+        if owner(&store, id).await.as_deref() == Some(victim.as_str()) {
+            moved.push(user.clone());
+        }
+    }
+    assert!(!moved.is_empty());
+    let i = workers.iter().position(|w| w.name == victim).unwrap();
+    let mut killed = workers.remove(i);
+    killed.signal("-KILL");
+    let _ = killed.child.wait();
+    wait_for(
+        "every bot back after the kill",
+        Duration::from_secs(60),
+        || all_up(vec![victim.clone()]),
+    )
+    .await;
+
+    // SIGTERM the next busiest: a clean hand-over.
+    let mut count = std::collections::HashMap::<String, usize>::new();
+    for (id, _) in &bots {
+        if let Some(o) = owner(&store, id).await {
+            *count.entry(o).or_default() += 1;
+        }
+    }
+    let second = count.iter().max_by_key(|(_, n)| **n).unwrap().0.clone();
+    let i = workers.iter().position(|w| w.name == second).unwrap();
+    let mut stopped = workers.remove(i);
+    stopped.signal("-TERM");
+    let status = tokio::task::spawn_blocking(move || {
+        let s = stopped.child.wait();
+        (s, stopped)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.unwrap().success(), "{}", status.1.log_tail());
+    wait_for(
+        "every bot on the last worker",
+        Duration::from_secs(60),
+        || all_up(vec![victim.clone(), second.clone()]),
+    )
+    .await;
+
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
+    let rounds = *sent.lock().unwrap();
+    assert!(rounds > 5, "contacts wrote through the moves");
+    wait_for(
+        "every message answered",
+        Duration::from_secs(60),
+        || async {
+            bots.iter()
+                .enumerate()
+                .all(|(i, (_, user))| {
+                    standin.unacked(user) == 0
+                        && standin.replies_to(user, &contact(i)).len() >= rounds
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let mut duplicated = 0;
+    for (i, (id, user)) in bots.iter().enumerate() {
+        let got = standin.replies_to(user, &contact(i));
+        let mut first: Vec<&String> = Vec::new();
+        for t in &got {
+            if first.contains(&t) {
+                duplicated += 1;
+            } else {
+                first.push(t);
+            }
+        }
+        let want: Vec<String> = (0..rounds).map(|r| format!("m{r}")).collect();
+        assert_eq!(
+            first.into_iter().cloned().collect::<Vec<_>>(),
+            want,
+            "{id}: every message answered, in order"
+        );
+    }
+    eprintln!(
+        "{} messages, 0 lost, {duplicated} answered twice (a reply in flight at the kill)",
+        rounds * bots.len()
+    );
+    assert!(duplicated <= 2, "{duplicated} answered twice");
+
+    for (id, user) in &bots {
+        assert_eq!(
+            standin.max_concurrent(user),
+            1,
+            "{id}: never two connections of one device"
+        );
+    }
+    for user in &moved {
+        assert!(
+            standin.logins(user) >= 2,
+            "{user} reconnected after the kill"
+        );
+    }
+    for w in &mut workers {
+        w.signal("-TERM");
+        let _ = w.child.wait();
+    }
+}

@@ -1,0 +1,347 @@
+//! WhatsApp device-link bots through the worker and the platform seam, with the real
+//! `whatsapp-rust` client against the stand-in at its transport boundary (a WebSocket server
+//! speaking WhatsApp Web's Noise handshake and binary nodes): linking, connect on claim,
+//! hand-over without two connections, logged out, replaced, unlinked.
+
+#![cfg(feature = "whatsapp-web")]
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{sync::Arc, time::Duration};
+
+use botfleet_coord::{Coordinator, MemoryHub};
+use botfleet_core::{BotId, BotSpec, BotStatus, Platform, WorkerId};
+use botfleet_runtime::{StoreSession, Worker, WorkerConfig};
+use botfleet_store::Store;
+use botfleet_testkit::{temp_sqlite, wait_for};
+use botfleet_whatsapp::{
+    device::{self, LinkPrompt, WebConfig},
+    standin::StandIn,
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+const VERSION: (u32, u32, u32) = (2, 3000, 1);
+
+fn web_config() -> WebConfig {
+    WebConfig {
+        version: Some(VERSION),
+        connect_timeout: Duration::from_secs(20),
+    }
+}
+
+fn spec(id: &str, url: &str) -> BotSpec {
+    let mut s = BotSpec::new(BotId::new(id).unwrap(), Platform::Whatsapp, "");
+    s.options.mode = Some("web".into());
+    s.options.api_url = Some(url.to_owned());
+    s
+}
+
+/// Links `id` as the phone `user` would: the QR code the client shows is scanned by the
+/// stand-in acting as the phone.
+async fn link(store: &Arc<dyn Store>, standin: &StandIn, id: &str, user: &str) {
+    let bot = BotId::new(id).unwrap();
+    let fence = store.highest_fence(&bot).await.unwrap();
+    let session = Arc::new(StoreSession::new(store.clone(), bot.clone(), fence));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let url = standin.url();
+    let linking = tokio::spawn(async move {
+        device::link(
+            &web_config(),
+            &bot,
+            Some(&url),
+            session,
+            None,
+            Duration::from_secs(60),
+            move |p| {
+                if let LinkPrompt::Qr(q) = p {
+                    let _ = tx.send(q);
+                }
+            },
+        )
+        .await
+    });
+    let qr = match tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("a QR code in time")
+    {
+        Some(q) => q,
+        None => panic!("no QR code: {:?}", linking.await.unwrap()),
+    };
+    standin.scan(&qr, user).await.unwrap();
+    let jid = linking.await.unwrap().expect("linked");
+    assert!(jid.starts_with(user), "linked as {jid}");
+    // The linking client closed its connection.
+    wait_for(
+        "the linking client gone",
+        Duration::from_secs(10),
+        || async { (standin.connected(user) == 0).then_some(()) },
+    )
+    .await;
+}
+
+struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    metrics: Arc<botfleet_runtime::Metrics>,
+}
+
+impl Running {
+    async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
+            .await
+            .expect("stops in time")
+            .unwrap();
+    }
+}
+
+fn start(name: &str, coord: Arc<dyn Coordinator>, store: Arc<dyn Store>) -> Running {
+    let mut c = WorkerConfig::new(WorkerId::new(name).unwrap());
+    c.lease = Duration::from_millis(1500);
+    c.reconcile_every = Duration::from_millis(200);
+    c.whatsapp_web_version = Some(format!("{}.{}.{}", VERSION.0, VERSION.1, VERSION.2));
+    let w = Worker::new(c, coord, store).unwrap();
+    let metrics = w.metrics();
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        w.run(async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Running {
+        stop: Some(tx),
+        task,
+        metrics,
+    }
+}
+
+async fn status(store: &Arc<dyn Store>, id: &str) -> (BotStatus, String, String) {
+    let r = store
+        .get_bot(&BotId::new(id).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        r.status,
+        r.last_error.unwrap_or_default(),
+        r.reported_by.unwrap_or_default(),
+    )
+}
+
+async fn linked(store: &Arc<dyn Store>, id: &str) -> bool {
+    !store
+        .session_records(&BotId::new(id).unwrap(), "device")
+        .await
+        .unwrap()
+        .is_empty()
+}
+
+/// A linked bot connects when a worker claims it; a clean shutdown hands it to the other
+/// worker, which connects the same session (read whole from the store) only after the first
+/// disconnected: the server never sees two connections of the device. No session write of the
+/// first worker was refused: it flushed while it still held the bot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linked_bot_connects_on_claim_and_hands_over_without_overlap() {
+    let standin = StandIn::start().await.unwrap();
+    let (_dir, store) = temp_sqlite("wa-web-handover").await;
+    store.add_bot(&spec("wa-1", &standin.url())).await.unwrap();
+    link(&store, &standin, "wa-1", "15550000001").await;
+    assert!(linked(&store, "wa-1").await);
+    let before = standin.logins("15550000001");
+
+    let hub = MemoryHub::new();
+    let a = start("a", Arc::new(hub.coordinator()), store.clone());
+    wait_for("connected on claim", Duration::from_secs(30), || async {
+        (standin.connected("15550000001") == 1
+            && status(&store, "wa-1").await == (BotStatus::Running, String::new(), "a".into()))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(standin.logins("15550000001"), before + 1);
+
+    let b = start("b", Arc::new(hub.coordinator()), store.clone());
+    let a_metrics = a.metrics.clone();
+    // Let b join the fleet before a leaves, so a hands the bot over.
+    wait_for("b registered", Duration::from_secs(10), || async {
+        (hub.coordinator().live_workers().await.ok()?.len() == 2).then_some(())
+    })
+    .await;
+    // a leaves cleanly (if placement gave the bot to b already, that was the hand-over).
+    a.shutdown().await;
+    wait_for("running on b", Duration::from_secs(30), || async {
+        (standin.connected("15550000001") == 1
+            && status(&store, "wa-1").await.0 == BotStatus::Running
+            && status(&store, "wa-1").await.2 == "b")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        standin.max_concurrent("15550000001"),
+        1,
+        "never two connections of one device"
+    );
+    assert!(standin.logins("15550000001") >= before + 2);
+    let text = a_metrics.render("a");
+    assert!(
+        text.contains("botfleet_whatsapp_session_writes_refused_total{worker_id=\"a\",platform=\"whatsapp\"} 0")
+            || !text.contains("botfleet_whatsapp_session_writes_refused_total"),
+        "no refused session write on the worker that handed over: {text}"
+    );
+    b.shutdown().await;
+    wait_for(
+        "disconnected on shutdown",
+        Duration::from_secs(10),
+        || async { (standin.connected("15550000001") == 0).then_some(()) },
+    )
+    .await;
+}
+
+/// The phone logs the device out: the bot fails with "link again", its session is cleared
+/// (it shows as unlinked) and no worker dials it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logged_out_by_the_phone_fails_the_bot_until_linked_again() {
+    let standin = StandIn::start().await.unwrap();
+    let (_dir, store) = temp_sqlite("wa-web-logout").await;
+    store.add_bot(&spec("wa-2", &standin.url())).await.unwrap();
+    link(&store, &standin, "wa-2", "15550000002").await;
+    let hub = MemoryHub::new();
+    let w = start("solo", Arc::new(hub.coordinator()), store.clone());
+    wait_for("connected", Duration::from_secs(30), || async {
+        (standin.connected("15550000002") == 1
+            && status(&store, "wa-2").await.0 == BotStatus::Running)
+            .then_some(())
+    })
+    .await;
+    standin.log_out("15550000002");
+    let (st, err, _) = wait_for("failed", Duration::from_secs(30), || async {
+        let s = status(&store, "wa-2").await;
+        (s.0 == BotStatus::Failed).then_some(s)
+    })
+    .await;
+    assert_eq!(st, BotStatus::Failed);
+    assert!(err.contains("link again"), "{err}");
+    assert!(err.contains("bots link wa-2"), "{err}");
+    wait_for("session cleared", Duration::from_secs(10), || async {
+        (!linked(&store, "wa-2").await).then_some(())
+    })
+    .await;
+    let logins = standin.logins("15550000002");
+    // Several reconcile rounds: a failed bot is not retried.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(standin.logins("15550000002"), logins, "not dialed again");
+    assert_eq!(standin.connected("15550000002"), 0);
+    w.shutdown().await;
+}
+
+/// Another client takes the session over: the bot stops and says so, and does not fight for
+/// the session (no reconnect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connection_stops_the_bot_instead_of_fighting() {
+    let standin = StandIn::start().await.unwrap();
+    let (_dir, store) = temp_sqlite("wa-web-replaced").await;
+    store.add_bot(&spec("wa-3", &standin.url())).await.unwrap();
+    link(&store, &standin, "wa-3", "15550000003").await;
+    let hub = MemoryHub::new();
+    let w = start("solo", Arc::new(hub.coordinator()), store.clone());
+    wait_for("connected", Duration::from_secs(30), || async {
+        (standin.connected("15550000003") == 1
+            && status(&store, "wa-3").await.0 == BotStatus::Running)
+            .then_some(())
+    })
+    .await;
+    let logins = standin.logins("15550000003");
+    standin.replace("15550000003");
+    let (_, err, _) = wait_for("failed", Duration::from_secs(30), || async {
+        let s = status(&store, "wa-3").await;
+        (s.0 == BotStatus::Failed).then_some(s)
+    })
+    .await;
+    assert!(err.contains("stream replaced"), "{err}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(standin.logins("15550000003"), logins, "no reconnect");
+    assert!(linked(&store, "wa-3").await, "the session is kept");
+    w.shutdown().await;
+}
+
+/// A bot no phone has linked is reported once ("not linked: run bots link") and never
+/// dialed: no registration, no login, no retry loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlinked_bot_is_reported_and_never_dialed() {
+    let standin = StandIn::start().await.unwrap();
+    let (_dir, store) = temp_sqlite("wa-web-unlinked").await;
+    store.add_bot(&spec("wa-4", &standin.url())).await.unwrap();
+    let hub = MemoryHub::new();
+    let w = start("solo", Arc::new(hub.coordinator()), store.clone());
+    let (_, err, _) = wait_for("reported", Duration::from_secs(30), || async {
+        let s = status(&store, "wa-4").await;
+        (s.0 == BotStatus::Failed).then_some(s)
+    })
+    .await;
+    assert!(err.contains("not linked"), "{err}");
+    assert!(err.contains("bots link wa-4"), "{err}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(standin.registering(), 0);
+    assert_eq!(standin.total_connected(), 0);
+    w.shutdown().await;
+}
+
+/// A contact writes to the bot (Signal-encrypted, as a phone would): the echo handler answers
+/// each text once, in order, before and after the bot moves to another worker; messages
+/// written while nobody runs it are delivered to the next owner (WhatsApp's offline queue),
+/// and every one is acknowledged only once recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contacts_are_answered_in_order_across_a_hand_over() {
+    let standin = StandIn::start().await.unwrap();
+    let (_dir, store) = temp_sqlite("wa-web-messages").await;
+    let (user, contact) = ("15550000005", "15557770005");
+    store.add_bot(&spec("wa-5", &standin.url())).await.unwrap();
+    link(&store, &standin, "wa-5", user).await;
+    let hub = MemoryHub::new();
+    let a = start("a", Arc::new(hub.coordinator()), store.clone());
+    wait_for("running", Duration::from_secs(30), || async {
+        (standin.connected(user) == 1 && status(&store, "wa-5").await.0 == BotStatus::Running)
+            .then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        standin
+            .send_text(contact, user, &format!("m{i}"))
+            .await
+            .unwrap();
+    }
+    wait_for("three answers", Duration::from_secs(30), || async {
+        (standin.replies_to(user, contact).len() >= 3).then_some(())
+    })
+    .await;
+    // Nobody runs the bot for a moment: what the contact writes meanwhile waits at WhatsApp.
+    a.shutdown().await;
+    for i in 3..6 {
+        standin
+            .send_text(contact, user, &format!("m{i}"))
+            .await
+            .unwrap();
+    }
+    assert!(standin.unacked(user) > 0, "held while the bot is offline");
+    let b = start("b", Arc::new(hub.coordinator()), store.clone());
+    standin.send_text(contact, user, "m6").await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !(standin.replies_to(user, contact).len() >= 7 && standin.unacked(user) == 0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "every answer: got {:?}, {} unacknowledged, status {:?}",
+            standin.replies_to(user, contact),
+            standin.unacked(user),
+            status(&store, "wa-5").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let want: Vec<String> = (0..7).map(|i| format!("m{i}")).collect();
+    assert_eq!(
+        standin.replies_to(user, contact),
+        want,
+        "once each, in order"
+    );
+    assert_eq!(standin.max_concurrent(user), 1);
+    b.shutdown().await;
+}

@@ -1,0 +1,703 @@
+//! WhatsApp device-link bots (`--mode web`) on the platform seam, on `whatsapp-rust`.
+//!
+//! A linked number is one companion-device session. Its state (identity, Signal keys,
+//! app-state keys) lives in the shared store through [`FencedBackend`], every write under the
+//! claim's fence. The client dials only while the worker may act for the bot (the transport
+//! factory asks first), so a worker that lost the bot never connects the session its
+//! successor holds. Messages reach the runtime before WhatsApp is told they arrived: the
+//! client's durability hook waits until the runtime has recorded them.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use botfleet_core::{BotId, BotSpec, ChatKey, Inbound, Outbound, Platform};
+use botfleet_platform::{
+    Ack, Batch, Connection, ErrorKind, MayAct, PlatformError, Received, Receiver, Sender, SessionKv,
+};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn};
+use whatsapp_rust::{
+    bot::{Bot, BotHandle},
+    http::{HttpClient, HttpRequest, HttpResponse},
+    transport::{Transport, TransportEvent, TransportFactory},
+    types::durability_hook::InboundDurabilityHook,
+    Client, Jid, TokioRuntime,
+};
+use whatsapp_rust_tokio_transport::TokioWebSocketTransportFactory;
+
+use crate::web::FencedBackend;
+
+/// WhatsApp Web's socket.
+pub const DEFAULT_WEB_URL: &str = "wss://web.whatsapp.com/ws/chat";
+
+/// One-time prekeys uploaded at a time.
+pub const PREKEY_BATCH: usize = 50;
+
+/// How device-link bots connect (one for every bot of the process).
+#[derive(Clone, Debug)]
+pub struct WebConfig {
+    /// The WhatsApp Web version to announce; `None` asks web.whatsapp.com for the current
+    /// one (once a day per session). Tests against the stand-in pin it.
+    pub version: Option<(u32, u32, u32)>,
+    /// How long a connection may take to be accepted before the attempt counts as failed.
+    pub connect_timeout: Duration,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self {
+            version: None,
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl WebConfig {
+    /// The defaults, with `BOTFLEET_WHATSAPP_WEB_VERSION` (`2.3000.1017`) pinning the version.
+    ///
+    /// # Errors
+    /// A malformed version.
+    pub fn from_env() -> Result<Self, String> {
+        let mut cfg = Self::default();
+        if let Ok(v) = std::env::var("BOTFLEET_WHATSAPP_WEB_VERSION") {
+            cfg.version = Some(parse_version(&v)?);
+        }
+        Ok(cfg)
+    }
+}
+
+/// `a.b.c` as three numbers.
+///
+/// # Errors
+/// Anything else.
+pub fn parse_version(v: &str) -> Result<(u32, u32, u32), String> {
+    let parts: Vec<u32> = v
+        .trim()
+        .split('.')
+        .map(|p| p.parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("a WhatsApp Web version looks like 2.3000.1017, not {v:?}"))?;
+    match parts[..] {
+        [a, b, c] => Ok((a, b, c)),
+        _ => Err(format!(
+            "a WhatsApp Web version looks like 2.3000.1017, not {v:?}"
+        )),
+    }
+}
+
+/// Figures of a process's device-link sessions, for the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct WebStats {
+    /// Sessions connected now.
+    pub open: std::sync::atomic::AtomicI64,
+    /// Session writes refused because a newer owner held the bot.
+    pub refused_writes: Arc<AtomicU64>,
+    /// Times a session was logged out by the phone.
+    pub logged_out: AtomicU64,
+    /// Times another connection took a session over.
+    pub replaced: AtomicU64,
+}
+
+/// Whether this build skips the check of WhatsApp's server certificate (test builds that
+/// talk to the stand-in): said loudly at start-up.
+pub fn skips_server_certificate() -> bool {
+    cfg!(feature = "standin")
+}
+
+fn url(spec: &BotSpec) -> String {
+    spec.options
+        .api_url
+        .clone()
+        .unwrap_or_else(|| DEFAULT_WEB_URL.to_owned())
+}
+
+/// Dials only while the worker may act for the bot.
+struct GuardedDial {
+    inner: TokioWebSocketTransportFactory,
+    may_act: MayAct,
+    dials: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl TransportFactory for GuardedDial {
+    async fn create_transport(
+        &self,
+    ) -> whatsapp_rust::anyhow::Result<(
+        Arc<dyn Transport>,
+        whatsapp_rust::async_channel::Receiver<TransportEvent>,
+    )> {
+        if !(self.may_act)() {
+            return Err(whatsapp_rust::anyhow::anyhow!(
+                "this worker may no longer act for the bot: not dialing"
+            ));
+        }
+        self.dials.fetch_add(1, Ordering::Relaxed);
+        self.inner.create_transport().await
+    }
+}
+
+/// The client's HTTP needs (the current WhatsApp Web version; media, which text bots do not
+/// use) over the process's reqwest pool.
+struct Http(reqwest::Client);
+
+#[async_trait]
+impl HttpClient for Http {
+    async fn execute(&self, request: HttpRequest) -> whatsapp_rust::anyhow::Result<HttpResponse> {
+        let method = reqwest::Method::from_bytes(request.method.as_bytes())?;
+        let mut req = self.0.request(method, &request.url);
+        for (k, v) in &request.headers {
+            req = req.header(k, v);
+        }
+        if let Some(body) = request.body {
+            req = req.body(body.to_vec());
+        }
+        let resp = req.send().await?;
+        let status_code = resp.status().as_u16();
+        let body = resp.bytes().await?.to_vec();
+        Ok(HttpResponse { status_code, body })
+    }
+}
+
+/// What the client's events mean to the bot.
+#[derive(Debug)]
+enum Ev {
+    Connected,
+    Disconnected(String),
+    LoggedOut(String),
+    Replaced,
+    QrCode(String),
+    PairCode(String),
+    Paired(String),
+    PairFailed(String),
+}
+
+struct Events(mpsc::UnboundedSender<Ev>);
+
+impl whatsapp_rust::types::events::EventHandler for Events {
+    fn handle_event(&self, event: Arc<whatsapp_rust::types::events::Event>) {
+        use whatsapp_rust::types::events::Event;
+        let ev = match &*event {
+            Event::Connected(_) => Ev::Connected,
+            Event::Disconnected(d) => Ev::Disconnected(format!("{:?}", d.reason)),
+            Event::LoggedOut(l) => Ev::LoggedOut(format!("{:?}", l.reason)),
+            Event::StreamReplaced(_) => Ev::Replaced,
+            Event::PairingQrCode(q) => Ev::QrCode(q.code.clone()),
+            Event::PairingCode(c) => Ev::PairCode(c.code.clone()),
+            Event::PairSuccess(p) => Ev::Paired(p.id.to_string()),
+            Event::PairError(e) => Ev::PairFailed(format!("{e:?}")),
+            Event::PairingCodeError(e) => Ev::PairFailed(format!("{e:?}")),
+            Event::PairingQrCodesExhausted(_) => {
+                Ev::PairFailed("every QR code expired unscanned".into())
+            }
+            _ => return,
+        };
+        let _ = self.0.send(ev);
+    }
+}
+
+/// Messages handed to the runtime, acknowledged to WhatsApp once it recorded them.
+struct Delivery {
+    messages: Vec<Received>,
+    recorded: oneshot::Sender<()>,
+}
+
+/// The client's durability hook: WhatsApp is told a message arrived only after the runtime
+/// recorded it (a worker killed before that gets it redelivered to its successor).
+struct Hand {
+    bot: BotId,
+    tx: mpsc::Sender<Delivery>,
+}
+
+#[async_trait]
+impl InboundDurabilityHook for Hand {
+    async fn on_messages(
+        &self,
+        _client: Arc<Client>,
+        batch: &[whatsapp_rust::types::events::InboundMessage],
+    ) -> whatsapp_rust::anyhow::Result<()> {
+        use whatsapp_rust::wacore::proto_helpers::MessageExt;
+        let messages: Vec<Received> = batch
+            .iter()
+            .filter(|m| !m.info.source.is_from_me)
+            .filter_map(|m| {
+                let text = m.message.text_content()?.to_owned();
+                let src = &m.info.source;
+                let chat = src.chat.to_string();
+                Some(Received {
+                    key: format!("{chat}|{}|{}", src.sender, m.info.id),
+                    message: Inbound {
+                        platform: Platform::Whatsapp,
+                        chat: ChatKey::new(self.bot.clone(), chat),
+                        message_id: m.info.id.to_string(),
+                        sender: Some(src.sender.to_string()),
+                        text,
+                        sent_at_ms: Some(m.info.timestamp.timestamp_millis()),
+                    },
+                })
+            })
+            .collect();
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let (recorded, done) = oneshot::channel();
+        self.tx
+            .send(Delivery { messages, recorded })
+            .await
+            .map_err(|_| whatsapp_rust::anyhow::anyhow!("the bot stopped receiving"))?;
+        // Not acknowledged unless recorded: WhatsApp delivers it again.
+        tokio::time::timeout(Duration::from_secs(60), done)
+            .await
+            .map_err(|_| whatsapp_rust::anyhow::anyhow!("not recorded in time"))?
+            .map_err(|_| whatsapp_rust::anyhow::anyhow!("the bot stopped before recording"))
+    }
+}
+
+/// A started client and its channels.
+struct Running {
+    handle: Option<BotHandle>,
+    client: Arc<Client>,
+    events: mpsc::UnboundedReceiver<Ev>,
+    deliveries: mpsc::Receiver<Delivery>,
+}
+
+async fn start(
+    cfg: &WebConfig,
+    url: String,
+    bot: &BotId,
+    backend: Arc<FencedBackend>,
+    may_act: MayAct,
+    linking: bool,
+    phone: Option<String>,
+) -> Result<Running, PlatformError> {
+    let (etx, events) = mpsc::unbounded_channel();
+    let (dtx, deliveries) = mpsc::channel(64);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| PlatformError::new(ErrorKind::Transient, "http_client", e.to_string()))?;
+    let mut builder = Bot::builder()
+        .with_backend_arc(backend)
+        .with_transport_factory(GuardedDial {
+            inner: TokioWebSocketTransportFactory::new().with_url(url),
+            may_act,
+            dials: Arc::new(AtomicU64::new(0)),
+        })
+        .with_http_client(Http(http))
+        .with_runtime(TokioRuntime)
+        .with_event_handler(Events(etx))
+        .with_inbound_durability_hook(Hand {
+            bot: bot.clone(),
+            tx: dtx,
+        })
+        .skip_history_sync()
+        // whatsmeow's batch: WhatsApp asks for more when the server runs low, and a session
+        // keeps every unused one (812, WhatsApp Web's batch, cost ~250 KiB per session).
+        .with_wanted_pre_key_count(PREKEY_BATCH);
+    if let Some(v) = cfg.version {
+        builder = builder.with_version(v);
+    }
+    if linking {
+        // The name the phone shows for the linked device until the phone syncs its own.
+        builder = builder.with_push_name(bot.to_string());
+    }
+    if let Some(phone) = phone {
+        builder = builder.with_pair_code(whatsapp_rust::wacore::pair_code::PairCodeOptions {
+            phone_number: phone,
+            ..Default::default()
+        });
+    }
+    let built = builder.build().await.map_err(|e| {
+        PlatformError::new(
+            ErrorKind::Transient,
+            "client_build",
+            format!("cannot start the WhatsApp client: {e}"),
+        )
+    })?;
+    let client = built.client();
+    let handle = built.spawn();
+    Ok(Running {
+        handle: Some(handle),
+        client,
+        events,
+        deliveries,
+    })
+}
+
+impl Running {
+    /// Disconnects cleanly (the client flushes its state, through the fence still held) and
+    /// waits for it to end; aborts it when that takes too long.
+    async fn stop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            let abort = handle.client();
+            if tokio::time::timeout(Duration::from_secs(10), handle.shutdown())
+                .await
+                .is_err()
+            {
+                warn!("the WhatsApp client did not stop within 10 s; aborting it");
+                abort.disconnect().await;
+            }
+        }
+    }
+}
+
+fn logged_out(bot: &BotId, why: &str) -> PlatformError {
+    PlatformError::new(
+        ErrorKind::Credentials,
+        "logged_out",
+        format!("logged out by the phone ({why}): link again with `botfleet bots link {bot}`"),
+    )
+}
+
+fn replaced() -> PlatformError {
+    PlatformError::new(
+        ErrorKind::Credentials,
+        "stream_replaced",
+        "another client connected with this linked session (stream replaced); stopped so as \
+         not to fight for it: stop the other client, then `botfleet bots restart` the bot",
+    )
+}
+
+/// Opens a linked bot's session: the bot's connection once WhatsApp accepted it.
+pub(crate) async fn connect(
+    cfg: &WebConfig,
+    stats: &Arc<WebStats>,
+    spec: &BotSpec,
+    may_act: MayAct,
+    session: Arc<dyn SessionKv>,
+) -> Result<Connection, PlatformError> {
+    let backend = FencedBackend::load(session.clone())
+        .await
+        .map_err(|e| {
+            PlatformError::new(
+                ErrorKind::Transient,
+                "session_read",
+                format!("cannot read the linked session: {e}"),
+            )
+        })?
+        .counting(stats.refused_writes.clone());
+    if !backend.is_linked() {
+        return Err(PlatformError::new(
+            ErrorKind::Credentials,
+            "not_linked",
+            format!(
+                "not linked: run `botfleet bots link {}` and confirm on the phone",
+                spec.id
+            ),
+        ));
+    }
+    let backend = Arc::new(backend);
+    let mut run = start(
+        cfg,
+        url(spec),
+        &spec.id,
+        backend.clone(),
+        may_act.clone(),
+        false,
+        None,
+    )
+    .await?;
+    let mut early = VecDeque::new();
+    let outcome = tokio::time::timeout(cfg.connect_timeout, async {
+        loop {
+            tokio::select! {
+                ev = run.events.recv() => match ev {
+                    Some(Ev::Connected) => return Ok(()),
+                    Some(Ev::LoggedOut(why)) => return Err(Some(why)),
+                    Some(Ev::Replaced) => return Err(None),
+                    Some(other) => debug!(bot = %spec.id, event = ?other, "before connected"),
+                    None => return Ok(()),
+                },
+                // Messages come before `Connected` when WhatsApp held some (the offline
+                // queue), and the client finishes that queue only once they are recorded:
+                // the session is accepted, the runtime takes over from here.
+                d = run.deliveries.recv() => if let Some(d) = d {
+                    early.push_back(d);
+                    return Ok(());
+                },
+            }
+        }
+    })
+    .await;
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(Some(why))) => {
+            run.stop().await;
+            stats.logged_out.fetch_add(1, Ordering::Relaxed);
+            if may_act() {
+                let _ = session.clear().await;
+            }
+            return Err(logged_out(&spec.id, &why));
+        }
+        Ok(Err(None)) => {
+            run.stop().await;
+            stats.replaced.fetch_add(1, Ordering::Relaxed);
+            return Err(replaced());
+        }
+        Err(_) => {
+            run.stop().await;
+            return Err(PlatformError::new(
+                ErrorKind::Transient,
+                "connect_timeout",
+                format!(
+                    "WhatsApp did not accept the session within {} s",
+                    cfg.connect_timeout.as_secs()
+                ),
+            ));
+        }
+    }
+    info!(bot = %spec.id, "WhatsApp session connected");
+    let client = run.client.clone();
+    stats.open.fetch_add(1, Ordering::Relaxed);
+    Ok(Connection {
+        receiver: Box::new(WebReceiver {
+            bot: spec.id.clone(),
+            stats: stats.clone(),
+            may_act,
+            open: true,
+            run,
+            session,
+            early,
+            waiting: HashMap::new(),
+            next_ack: 0,
+        }),
+        sender: Arc::new(WebSender { client }),
+    })
+}
+
+struct WebReceiver {
+    bot: BotId,
+    stats: Arc<WebStats>,
+    may_act: MayAct,
+    open: bool,
+    run: Running,
+    session: Arc<dyn SessionKv>,
+    early: VecDeque<Delivery>,
+    waiting: HashMap<String, oneshot::Sender<()>>,
+    next_ack: u64,
+}
+
+impl WebReceiver {
+    async fn stop(&mut self) {
+        self.run.stop().await;
+        if std::mem::take(&mut self.open) {
+            self.stats.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A worker that lost the bot (frozen past its lease, or stopping) reports nothing about
+    /// the session: its successor owns it now.
+    fn lost(&self) -> Option<PlatformError> {
+        (!(self.may_act)()).then(|| {
+            PlatformError::new(
+                ErrorKind::Transient,
+                "not_owner",
+                "this worker no longer holds the bot",
+            )
+        })
+    }
+
+    fn batch(&mut self, d: Delivery) -> Batch {
+        self.next_ack += 1;
+        let id = self.next_ack.to_string();
+        self.waiting.insert(id.clone(), d.recorded);
+        Batch {
+            messages: d.messages,
+            ack: Ack(vec![id]),
+            ..Batch::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Receiver for WebReceiver {
+    async fn next(&mut self) -> Result<Batch, PlatformError> {
+        if let Some(d) = self.early.pop_front() {
+            return Ok(self.batch(d));
+        }
+        loop {
+            tokio::select! {
+                ev = self.run.events.recv() => match ev {
+                    Some(Ev::LoggedOut(why)) => {
+                        self.stop().await;
+                        if let Some(e) = self.lost() {
+                            return Err(e);
+                        }
+                        self.stats.logged_out.fetch_add(1, Ordering::Relaxed);
+                        // The session is of no use any more: a new link starts afresh.
+                        if let Err(e) = self.session.clear().await {
+                            warn!(bot = %self.bot, error = %e, "cannot clear the logged-out session");
+                        }
+                        return Err(logged_out(&self.bot, &why));
+                    }
+                    Some(Ev::Replaced) => {
+                        self.stop().await;
+                        if let Some(e) = self.lost() {
+                            return Err(e);
+                        }
+                        self.stats.replaced.fetch_add(1, Ordering::Relaxed);
+                        return Err(replaced());
+                    }
+                    Some(Ev::Disconnected(why)) => {
+                        // The client reconnects by itself with backoff (each dial asks first).
+                        debug!(bot = %self.bot, reason = %why, "WhatsApp connection dropped; reconnecting");
+                    }
+                    Some(_) => {}
+                    None => {
+                        return Err(PlatformError::new(
+                            ErrorKind::Transient,
+                            "client_stopped",
+                            "the WhatsApp client stopped",
+                        ))
+                    }
+                },
+                d = self.run.deliveries.recv() => match d {
+                    Some(d) => return Ok(self.batch(d)),
+                    None => {
+                        return Err(PlatformError::new(
+                            ErrorKind::Transient,
+                            "client_stopped",
+                            "the WhatsApp client stopped",
+                        ))
+                    }
+                },
+            }
+        }
+    }
+
+    async fn ack(&mut self, ack: Ack) -> Result<Option<String>, PlatformError> {
+        for id in ack.0 {
+            if let Some(tx) = self.waiting.remove(&id) {
+                let _ = tx.send(());
+            }
+        }
+        Ok(None)
+    }
+
+    async fn close(&mut self) {
+        // Unrecorded deliveries stay unacknowledged: WhatsApp gives them to the next owner.
+        self.waiting.clear();
+        self.stop().await;
+    }
+}
+
+struct WebSender {
+    client: Arc<Client>,
+}
+
+#[async_trait]
+impl Sender for WebSender {
+    async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
+        if out.text.is_empty() {
+            return Ok(());
+        }
+        let to: Jid = out.chat.chat.parse().map_err(|_| {
+            PlatformError::new(
+                ErrorKind::Rejected,
+                "bad_chat",
+                format!("{:?} is not a WhatsApp chat", out.chat.chat),
+            )
+        })?;
+        self.client
+            .send_text(to, out.text.clone())
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                PlatformError::new(
+                    ErrorKind::Transient,
+                    "send_failed",
+                    format!("WhatsApp did not take the message: {e}"),
+                )
+            })
+    }
+}
+
+/// What `link` shows the operator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkPrompt {
+    /// A QR code to scan in WhatsApp > Linked devices (its text; it rotates).
+    Qr(String),
+    /// The code to enter on the phone (linking with a phone number).
+    Code(String),
+}
+
+/// Why linking failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// Nobody confirmed on the phone in time.
+    #[error("no phone confirmed the link within {0} s; run the command again to get a new code")]
+    Timeout(u64),
+    /// WhatsApp or the phone refused.
+    #[error("linking failed: {0}")]
+    Refused(String),
+    /// The session could not be read or written.
+    #[error("{0}")]
+    Platform(#[from] PlatformError),
+}
+
+/// Links a bot: registers as a new companion device, shows each QR code (or the pairing
+/// code for `phone`) through `prompt`, waits until the phone confirms and WhatsApp accepts the
+/// new device, and leaves the session stored. Answers the linked account's JID.
+///
+/// # Errors
+/// [`LinkError`].
+pub async fn link(
+    cfg: &WebConfig,
+    bot: &BotId,
+    api_url: Option<&str>,
+    session: Arc<dyn SessionKv>,
+    phone: Option<String>,
+    timeout: Duration,
+    prompt: impl Fn(LinkPrompt) + Send + Sync,
+) -> Result<String, LinkError> {
+    let backend = FencedBackend::load(session.clone()).await.map_err(|e| {
+        PlatformError::new(
+            ErrorKind::Transient,
+            "session_read",
+            format!("cannot read the session: {e}"),
+        )
+    })?;
+    let url = api_url.map_or_else(|| DEFAULT_WEB_URL.to_owned(), str::to_owned);
+    let mut run = start(
+        cfg,
+        url,
+        bot,
+        Arc::new(backend),
+        Arc::new(|| true),
+        true,
+        phone,
+    )
+    .await?;
+    let mut paired: Option<String> = None;
+    let outcome = tokio::time::timeout(timeout, async {
+        loop {
+            tokio::select! {
+                ev = run.events.recv() => match ev {
+                    Some(Ev::QrCode(code)) => prompt(LinkPrompt::Qr(code)),
+                    Some(Ev::PairCode(code)) => prompt(LinkPrompt::Code(code)),
+                    Some(Ev::Paired(jid)) => paired = Some(jid),
+                    Some(Ev::Connected) if paired.is_some() => return Ok(()),
+                    Some(Ev::PairFailed(why)) => return Err(LinkError::Refused(why)),
+                    Some(Ev::LoggedOut(why)) => return Err(LinkError::Refused(format!("logged out: {why}"))),
+                    Some(_) => {}
+                    None => return Err(LinkError::Refused("the client stopped".into())),
+                },
+                // Messages that arrive during linking are left for the bot's worker.
+                d = run.deliveries.recv() => drop(d),
+            }
+        }
+    })
+    .await;
+    run.stop().await;
+    match outcome {
+        Ok(Ok(())) => Ok(paired.unwrap_or_default()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(LinkError::Timeout(timeout.as_secs())),
+    }
+}
