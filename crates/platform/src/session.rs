@@ -23,6 +23,12 @@ pub trait SessionKv: Send + Sync {
     /// in words without any secret.
     async fn write(&self, writes: Vec<KvWrite>) -> Result<(), SessionError>;
 
+    /// The record `key` of `kind`, if there is one.
+    ///
+    /// # Errors
+    /// The store's failure.
+    async fn get(&self, kind: &str, key: &str) -> Result<Option<Vec<u8>>, SessionError>;
+
     /// Every record of `kind`, as `(key, value)`, sorted by key.
     ///
     /// # Errors

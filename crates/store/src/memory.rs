@@ -346,6 +346,15 @@ impl Store for MemoryStore {
             .unwrap_or_default())
     }
 
+    async fn session_record(&self, bot: &BotId, kind: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .st()
+            .sessions
+            .get(bot)
+            .and_then(|recs| recs.get(&(kind.to_owned(), key.to_owned())))
+            .cloned())
+    }
+
     async fn session_clear(&self, bot: &BotId, fence: Fence) -> Result<()> {
         let mut st = self.st();
         st.check_fence(bot, fence)?;

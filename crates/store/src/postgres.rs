@@ -808,6 +808,25 @@ impl Store for PostgresStore {
         crate::session::open_session_rows(&self.keys, bot, kind, rows)
     }
 
+    async fn session_record(&self, bot: &BotId, kind: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT value FROM session_records WHERE bot_id = $1 AND kind = $2 AND key = $3",
+                &[&bot.as_str(), &kind, &key],
+            )
+            .await
+            .map_err(db("read a session"))?;
+        let rows = row
+            .map(|r| vec![(key.to_owned(), r.get(0))])
+            .unwrap_or_default();
+        Ok(
+            crate::session::open_session_rows(&self.keys, bot, kind, rows)?
+                .pop()
+                .map(|(_, v)| v),
+        )
+    }
+
     async fn session_clear(&self, bot: &BotId, fence: Fence) -> Result<()> {
         let c = self.client().await?;
         let r = c

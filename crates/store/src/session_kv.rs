@@ -46,6 +46,13 @@ impl SessionKv for StoreSession {
             .map_err(err)
     }
 
+    async fn get(&self, kind: &str, key: &str) -> Result<Option<Vec<u8>>, SessionError> {
+        self.store
+            .session_record(&self.bot, kind, key)
+            .await
+            .map_err(err)
+    }
+
     async fn load(&self, kind: &str) -> Result<Vec<(String, Vec<u8>)>, SessionError> {
         self.store
             .session_records(&self.bot, kind)

@@ -741,6 +741,28 @@ impl Store for SqliteStore {
         crate::session::open_session_rows(&self.keys, bot, kind, rows)
     }
 
+    async fn session_record(&self, bot: &BotId, kind: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let (b, k, y) = (bot.as_str().to_owned(), kind.to_owned(), key.to_owned());
+        let row: Option<String> = self
+            .read("read a session", move |c| {
+                let fail = |e| StoreError::backend("read a session", e);
+                c.prepare_cached(
+                    "SELECT value FROM session_records WHERE bot_id = ?1 AND kind = ?2 AND key = ?3",
+                )
+                .map_err(fail)?
+                .query_row(params![b, k, y], |r| r.get(0))
+                .optional()
+                .map_err(fail)
+            })
+            .await?;
+        let rows = row.map(|v| vec![(key.to_owned(), v)]).unwrap_or_default();
+        Ok(
+            crate::session::open_session_rows(&self.keys, bot, kind, rows)?
+                .pop()
+                .map(|(_, v)| v),
+        )
+    }
+
     async fn session_clear(&self, bot: &BotId, fence: Fence) -> Result<()> {
         let bot = bot.clone();
         self.with("clear a session", move |c| {

@@ -311,6 +311,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures; `Secrets` when a value does not open.
     async fn session_records(&self, bot: &BotId, kind: &str) -> Result<Vec<(String, Vec<u8>)>>;
 
+    /// The record `key` of `kind` in the bot's session.
+    ///
+    /// # Errors
+    /// Backend failures; `Secrets` when the value does not open.
+    async fn session_record(&self, bot: &BotId, kind: &str, key: &str) -> Result<Option<Vec<u8>>>;
+
     /// Forgets the bot's whole session (logged out, unlinked) under `fence`.
     ///
     /// # Errors

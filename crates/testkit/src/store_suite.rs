@@ -697,6 +697,23 @@ pub async fn session_records_are_fenced_and_move_whole(s: Arc<dyn Store>) {
     );
     assert_eq!(s.session_records(&bot, "device").await.unwrap().len(), 1);
     assert!(s.session_records(&bot, "nothing").await.unwrap().is_empty());
+    // One record at a time (what a client reads on demand).
+    assert_eq!(
+        s.session_record(&bot, "session", "4917:1").await.unwrap(),
+        Some(all_bytes.clone())
+    );
+    assert_eq!(
+        s.session_record(&bot, "prekey", "00000003").await.unwrap(),
+        Some(vec![8])
+    );
+    assert_eq!(
+        s.session_record(&bot, "prekey", "00000001").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        s.session_record(&bot, "session", "other").await.unwrap(),
+        None
+    );
     // The old owner, stale, changes nothing, not even part of a batch.
     let stale = s
         .session_write(

@@ -40,8 +40,18 @@ async fn standin() {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
-        let Ok(user) = line else { break };
-        s.add_device(user.trim(), 1);
+        let Ok(line) = line else { break };
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words[..] {
+            ["send", from, to] => {
+                s.send_text(from, to, "hello").await.unwrap();
+            }
+            ["unacked", to] => {
+                let _ = writeln!(out, "{}", s.unacked(to));
+            }
+            [user] => s.add_device(user, 1),
+            _ => {}
+        }
         let _ = writeln!(out, "ok");
         let _ = out.flush();
     }
@@ -119,13 +129,13 @@ async fn main() {
     let took = t.elapsed();
     // Idle: keepalives only.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let after = rss_kib();
+    let idle = rss_kib();
     println!(
         "{n} idle linked sessions (connected in {:.1} s): RSS {:.1} MiB with none, {:.1} MiB with them: {:.0} KiB per session",
         took.as_secs_f64(),
         base as f64 / 1024.0,
-        after as f64 / 1024.0,
-        after.saturating_sub(base) as f64 / n as f64
+        idle as f64 / 1024.0,
+        idle.saturating_sub(base) as f64 / n as f64
     );
     if std::env::var("WEB_IDLE_KINDS").is_ok() {
         for k in botfleet_whatsapp::web::KINDS {
@@ -134,6 +144,42 @@ async fn main() {
             println!("  {k}: {} records, {bytes} bytes", rows.len());
         }
     }
+
+    // Then `contacts` people write to every bot once: each session now holds that many
+    // Signal sessions (recorded and acknowledged as the runtime does).
+    let contacts: usize = std::env::args()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let mut tasks = Vec::new();
+    for mut c in open {
+        tasks.push(tokio::spawn(async move {
+            let mut got = 0;
+            while got < contacts {
+                let b = c.receiver.next().await.expect("a batch");
+                got += b.messages.len();
+                c.receiver.ack(b.ack).await.unwrap();
+            }
+            c
+        }));
+    }
+    for j in 0..contacts {
+        for i in 0..n {
+            writeln!(to_child, "send 1666{j:07} 1555{i:07}").unwrap();
+            assert_eq!(lines.next().unwrap().unwrap(), "ok");
+        }
+    }
+    let mut open = Vec::new();
+    for t in tasks {
+        open.push(t.await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let after = rss_kib();
+    println!(
+        "after {contacts} contacts wrote to each: RSS {:.1} MiB: {:.0} KiB per session",
+        after as f64 / 1024.0,
+        after.saturating_sub(base) as f64 / n as f64
+    );
     for mut c in open {
         c.receiver.close().await;
     }

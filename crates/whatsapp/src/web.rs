@@ -66,6 +66,23 @@ impl std::fmt::Debug for FencedBackend {
     }
 }
 
+/// Kinds kept in memory: small, read often. The others grow with contacts and messages
+/// (Signal sessions, identities, sender keys, prekeys, message secrets) and are read from the
+/// store when the client asks — it keeps the ones in use in its own bounded cache.
+fn cached(k: &str) -> bool {
+    matches!(
+        k,
+        "device"
+            | "signed_prekey"
+            | "sync_key"
+            | "app_version"
+            | "lid"
+            | "device_list"
+            | "group_meta"
+            | "sk_device"
+    )
+}
+
 fn kind(k: &str) -> &'static str {
     KINDS.iter().copied().find(|x| *x == k).unwrap_or("other")
 }
@@ -103,7 +120,7 @@ impl FencedBackend {
     /// When the store cannot be read.
     pub async fn load(kv: Arc<dyn SessionKv>) -> Result<Self> {
         let mut cache: Records = HashMap::new();
-        for k in KINDS {
+        for k in KINDS.iter().copied().filter(|k| cached(k)) {
             let rows = kv.load(k).await.map_err(|e| db_err(e.to_string()))?;
             cache.insert(k, rows.into_iter().collect());
         }
@@ -128,7 +145,7 @@ impl FencedBackend {
 
     /// Whether a device is linked: the session holds a device that has its phone number.
     pub fn is_linked(&self) -> bool {
-        self.get("device", "self")
+        self.read(|c| c.get("device").and_then(|m| m.get("self")).cloned())
             .and_then(|v| de::<Device>(&v).ok())
             .is_some_and(|d| d.pn.is_some())
     }
@@ -137,16 +154,26 @@ impl FencedBackend {
         f(&self.cache.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn get(&self, k: &str, key: &str) -> Option<Vec<u8>> {
-        self.read(|c| c.get(kind(k)).and_then(|m| m.get(key)).cloned())
+    /// One record: from memory for the kinds kept there, else from the store.
+    async fn fetch(&self, k: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let k = kind(k);
+        if cached(k) {
+            return Ok(self.read(|c| c.get(k).and_then(|m| m.get(key)).cloned()));
+        }
+        self.kv.get(k, key).await.map_err(|e| db_err(e.to_string()))
     }
 
-    fn all(&self, k: &str) -> Vec<(String, Vec<u8>)> {
-        self.read(|c| {
-            c.get(kind(k))
-                .map(|m| m.iter().map(|(a, b)| (a.clone(), b.clone())).collect())
-                .unwrap_or_default()
-        })
+    /// Every record of a kind, sorted by key.
+    async fn fetch_all(&self, k: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let k = kind(k);
+        if cached(k) {
+            return Ok(self.read(|c| {
+                c.get(k)
+                    .map(|m| m.iter().map(|(a, b)| (a.clone(), b.clone())).collect())
+                    .unwrap_or_default()
+            }));
+        }
+        self.kv.load(k).await.map_err(|e| db_err(e.to_string()))
     }
 
     /// Writes through, then updates the cache (a refused write changes nothing here either).
@@ -165,7 +192,9 @@ impl FencedBackend {
         for w in writes {
             match w {
                 KvWrite::Put(k, key, v) => {
-                    c.entry(kind(&k)).or_default().insert(key, v);
+                    if cached(kind(&k)) {
+                        c.entry(kind(&k)).or_default().insert(key, v);
+                    }
                 }
                 KvWrite::Delete(k, key) => {
                     if let Some(m) = c.get_mut(kind(&k)) {
@@ -223,14 +252,15 @@ impl SignalStore for FencedBackend {
     }
     async fn load_identity(&self, address: &str) -> Result<Option<[u8; 32]>> {
         Ok(self
-            .get("identity", address)
+            .fetch("identity", address)
+            .await?
             .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok()))
     }
     async fn delete_identity(&self, address: &str) -> Result<()> {
         self.del("identity", address).await
     }
     async fn get_session(&self, address: &str) -> Result<Option<Bytes>> {
-        Ok(self.get("session", address).map(Bytes::from))
+        Ok(self.fetch("session", address).await?.map(Bytes::from))
     }
     async fn put_session(&self, address: &str, session: &[u8]) -> Result<()> {
         self.put("session", address, session.to_vec()).await
@@ -243,7 +273,7 @@ impl SignalStore for FencedBackend {
             .await
     }
     async fn load_prekey(&self, id: u32) -> Result<Option<Bytes>> {
-        match self.get("prekey", &prekey_key(id)) {
+        match self.fetch("prekey", &prekey_key(id)).await? {
             Some(v) => Ok(Some(Bytes::copy_from_slice(prekey_record(&v)?))),
             None => Ok(None),
         }
@@ -251,7 +281,7 @@ impl SignalStore for FencedBackend {
     async fn mark_prekeys_uploaded(&self, ids: &[u32]) -> Result<()> {
         let mut writes = Vec::new();
         for id in ids {
-            if let Some(v) = self.get("prekey", &prekey_key(*id)) {
+            if let Some(v) = self.fetch("prekey", &prekey_key(*id)).await? {
                 let v = prekey_value(prekey_record(&v)?, true);
                 writes.push(KvWrite::Put("prekey".into(), prekey_key(*id), v));
             }
@@ -263,7 +293,8 @@ impl SignalStore for FencedBackend {
     }
     async fn get_max_prekey_id(&self) -> Result<u32> {
         Ok(self
-            .all("prekey")
+            .fetch_all("prekey")
+            .await?
             .iter()
             .filter_map(|(k, _)| k.parse::<u32>().ok())
             .max()
@@ -274,11 +305,12 @@ impl SignalStore for FencedBackend {
             .await
     }
     async fn load_signed_prekey(&self, id: u32) -> Result<Option<Vec<u8>>> {
-        Ok(self.get("signed_prekey", &prekey_key(id)))
+        Ok(self.fetch("signed_prekey", &prekey_key(id)).await?)
     }
     async fn load_all_signed_prekeys(&self) -> Result<Vec<(u32, Vec<u8>)>> {
         Ok(self
-            .all("signed_prekey")
+            .fetch_all("signed_prekey")
+            .await?
             .into_iter()
             .filter_map(|(k, v)| Some((k.parse().ok()?, v)))
             .collect())
@@ -290,7 +322,7 @@ impl SignalStore for FencedBackend {
         self.put("sender_key", address, record.to_vec()).await
     }
     async fn get_sender_key(&self, address: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.get("sender_key", address))
+        Ok(self.fetch("sender_key", address).await?)
     }
     async fn delete_sender_key(&self, address: &str) -> Result<()> {
         self.del("sender_key", address).await
@@ -300,7 +332,8 @@ impl SignalStore for FencedBackend {
 #[async_trait]
 impl AppSyncStore for FencedBackend {
     async fn get_sync_key(&self, key_id: &[u8]) -> Result<Option<AppStateSyncKey>> {
-        self.get("sync_key", &hex(key_id))
+        self.fetch("sync_key", &hex(key_id))
+            .await?
             .map(|v| de(&v))
             .transpose()
     }
@@ -308,7 +341,7 @@ impl AppSyncStore for FencedBackend {
         self.put("sync_key", hex(key_id), ser(&key)?).await
     }
     async fn get_version(&self, name: &str) -> Result<HashState> {
-        match self.get("app_version", name) {
+        match self.fetch("app_version", name).await? {
             Some(v) => de(&v),
             None => Ok(HashState::default()),
         }
@@ -335,7 +368,9 @@ impl AppSyncStore for FencedBackend {
         self.apply(writes).await
     }
     async fn get_mutation_mac(&self, name: &str, index_mac: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.get("mutation_mac", &format!("{name}:{}", hex(index_mac))))
+        Ok(self
+            .fetch("mutation_mac", &format!("{name}:{}", hex(index_mac)))
+            .await?)
     }
     async fn delete_mutation_macs(&self, name: &str, index_macs: &[Vec<u8>]) -> Result<()> {
         let writes = index_macs
@@ -347,7 +382,8 @@ impl AppSyncStore for FencedBackend {
     async fn clear_mutation_macs(&self, name: &str) -> Result<()> {
         let prefix = format!("{name}:");
         let writes = self
-            .all("mutation_mac")
+            .fetch_all("mutation_mac")
+            .await?
             .into_iter()
             .filter(|(k, _)| k.starts_with(&prefix))
             .map(|(k, _)| KvWrite::Delete("mutation_mac".into(), k))
@@ -356,7 +392,7 @@ impl AppSyncStore for FencedBackend {
     }
     async fn get_latest_sync_key_id(&self) -> Result<Option<Vec<u8>>> {
         let mut best: Option<(i64, String)> = None;
-        for (k, v) in self.all("sync_key") {
+        for (k, v) in self.fetch_all("sync_key").await? {
             let key: AppStateSyncKey = de(&v)?;
             if best.as_ref().is_none_or(|(t, _)| key.timestamp > *t) {
                 best = Some((key.timestamp, k));
@@ -371,7 +407,8 @@ impl ProtocolStore for FencedBackend {
     async fn get_sender_key_devices(&self, group_jid: &str) -> Result<Vec<(String, bool)>> {
         let prefix = format!("{group_jid}|");
         Ok(self
-            .all("sk_device")
+            .fetch_all("sk_device")
+            .await?
             .into_iter()
             .filter_map(|(k, v)| {
                 let dev = k.strip_prefix(&prefix)?.to_owned();
@@ -395,7 +432,8 @@ impl ProtocolStore for FencedBackend {
     async fn clear_sender_key_devices(&self, group_jid: &str) -> Result<()> {
         let prefix = format!("{group_jid}|");
         let writes = self
-            .all("sk_device")
+            .fetch_all("sk_device")
+            .await?
             .into_iter()
             .filter(|(k, _)| k.starts_with(&prefix))
             .map(|(k, _)| KvWrite::Delete("sk_device".into(), k))
@@ -404,7 +442,8 @@ impl ProtocolStore for FencedBackend {
     }
     async fn delete_sender_key_device_rows(&self, device_jids: &[&str]) -> Result<()> {
         let writes = self
-            .all("sk_device")
+            .fetch_all("sk_device")
+            .await?
             .into_iter()
             .filter(|(k, _)| {
                 k.rsplit_once('|')
@@ -416,17 +455,18 @@ impl ProtocolStore for FencedBackend {
     }
     async fn clear_all_sender_key_devices(&self) -> Result<()> {
         let writes = self
-            .all("sk_device")
+            .fetch_all("sk_device")
+            .await?
             .into_iter()
             .map(|(k, _)| KvWrite::Delete("sk_device".into(), k))
             .collect();
         self.apply(writes).await
     }
     async fn get_lid_mapping(&self, lid: &str) -> Result<Option<LidPnMappingEntry>> {
-        self.get("lid", lid).map(|v| de(&v)).transpose()
+        self.fetch("lid", lid).await?.map(|v| de(&v)).transpose()
     }
     async fn get_pn_mapping(&self, phone: &str) -> Result<Option<LidPnMappingEntry>> {
-        for (_, v) in self.all("lid") {
+        for (_, v) in self.fetch_all("lid").await? {
             let e: LidPnMappingEntry = de(&v)?;
             if e.phone_number == phone {
                 return Ok(Some(e));
@@ -438,7 +478,11 @@ impl ProtocolStore for FencedBackend {
         self.put("lid", entry.lid.clone(), ser(entry)?).await
     }
     async fn get_all_lid_mappings(&self) -> Result<Vec<LidPnMappingEntry>> {
-        self.all("lid").iter().map(|(_, v)| de(v)).collect()
+        self.fetch_all("lid")
+            .await?
+            .iter()
+            .map(|(_, v)| de(v))
+            .collect()
     }
     async fn save_base_key(&self, address: &str, message_id: &str, base_key: &[u8]) -> Result<()> {
         self.put(
@@ -455,7 +499,8 @@ impl ProtocolStore for FencedBackend {
         current_base_key: &[u8],
     ) -> Result<bool> {
         Ok(self
-            .get("base_key", &format!("{address}|{message_id}"))
+            .fetch("base_key", &format!("{address}|{message_id}"))
+            .await?
             .is_some_and(|v| v == current_base_key))
     }
     async fn delete_base_key(&self, address: &str, message_id: &str) -> Result<()> {
@@ -467,13 +512,16 @@ impl ProtocolStore for FencedBackend {
             .await
     }
     async fn get_devices(&self, user: &str) -> Result<Option<DeviceListRecord>> {
-        self.get("device_list", user).map(|v| de(&v)).transpose()
+        self.fetch("device_list", user)
+            .await?
+            .map(|v| de(&v))
+            .transpose()
     }
     async fn delete_devices(&self, user: &str) -> Result<()> {
         self.del("device_list", user).await
     }
     async fn get_group_metadata(&self, group_jid: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.get("group_meta", group_jid))
+        Ok(self.fetch("group_meta", group_jid).await?)
     }
     async fn put_group_metadata(&self, group_jid: &str, blob: &[u8]) -> Result<()> {
         self.put("group_meta", group_jid, blob.to_vec()).await
@@ -482,7 +530,10 @@ impl ProtocolStore for FencedBackend {
         self.del("group_meta", group_jid).await
     }
     async fn get_tc_token(&self, jid: &str) -> Result<Option<TcTokenEntry>> {
-        self.get("tc_token", jid).map(|v| de(&v)).transpose()
+        self.fetch("tc_token", jid)
+            .await?
+            .map(|v| de(&v))
+            .transpose()
     }
     async fn put_tc_token(&self, jid: &str, entry: &TcTokenEntry) -> Result<()> {
         self.put("tc_token", jid, ser(entry)?).await
@@ -491,11 +542,16 @@ impl ProtocolStore for FencedBackend {
         self.del("tc_token", jid).await
     }
     async fn get_all_tc_token_jids(&self) -> Result<Vec<String>> {
-        Ok(self.all("tc_token").into_iter().map(|(k, _)| k).collect())
+        Ok(self
+            .fetch_all("tc_token")
+            .await?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
     }
     async fn delete_expired_tc_tokens(&self, token_cutoff: i64, sender_cutoff: i64) -> Result<u32> {
         let mut writes = Vec::new();
-        for (k, v) in self.all("tc_token") {
+        for (k, v) in self.fetch_all("tc_token").await? {
             let e: TcTokenEntry = de(&v)?;
             let sender_old = e.sender_timestamp.is_none_or(|t| t < sender_cutoff);
             if e.token_timestamp < token_cutoff && sender_old {
@@ -521,7 +577,7 @@ impl ProtocolStore for FencedBackend {
     }
     async fn take_sent_message(&self, chat_jid: &str, message_id: &str) -> Result<Option<Vec<u8>>> {
         let key = format!("{chat_jid}|{message_id}");
-        match self.get("sent_message", &key) {
+        match self.fetch("sent_message", &key).await? {
             Some(v) => {
                 let m: SentMessage = de(&v)?;
                 self.del("sent_message", key).await?;
@@ -532,7 +588,7 @@ impl ProtocolStore for FencedBackend {
     }
     async fn delete_expired_sent_messages(&self, cutoff_timestamp: i64) -> Result<u32> {
         let mut writes = Vec::new();
-        for (k, v) in self.all("sent_message") {
+        for (k, v) in self.fetch_all("sent_message").await? {
             if de::<SentMessage>(&v)?.at < cutoff_timestamp {
                 writes.push(KvWrite::Delete("sent_message".into(), k));
             }
@@ -565,7 +621,8 @@ impl ProtocolStore for FencedBackend {
         sender: &str,
         id: &str,
     ) -> Result<Option<Vec<u8>>> {
-        self.get("pending_inbound", &format!("{chat}|{sender}|{id}"))
+        self.fetch("pending_inbound", &format!("{chat}|{sender}|{id}"))
+            .await?
             .map(|v| de::<SentMessage>(&v).map(|p| p.payload))
             .transpose()
     }
@@ -577,7 +634,7 @@ impl ProtocolStore for FencedBackend {
 
     async fn delete_expired_pending_inbound(&self, cutoff_timestamp: i64) -> Result<u32> {
         let mut writes = Vec::new();
-        for (k, v) in self.all("pending_inbound") {
+        for (k, v) in self.fetch_all("pending_inbound").await? {
             if de::<SentMessage>(&v)?.at < cutoff_timestamp {
                 writes.push(KvWrite::Delete("pending_inbound".into(), k));
             }
@@ -644,14 +701,17 @@ impl MsgSecretStore for FencedBackend {
         sender: &str,
         msg_id: &str,
     ) -> Result<Option<Vec<u8>>> {
-        match self.get("msg_secret", &format!("{chat}|{sender}|{msg_id}")) {
+        match self
+            .fetch("msg_secret", &format!("{chat}|{sender}|{msg_id}"))
+            .await?
+        {
             Some(v) => Ok(Some(de::<MsgSecretEntry>(&v)?.secret.to_vec())),
             None => Ok(None),
         }
     }
     async fn delete_expired_msg_secrets(&self, cutoff_timestamp: i64) -> Result<u32> {
         let mut writes = Vec::new();
-        for (k, v) in self.all("msg_secret") {
+        for (k, v) in self.fetch_all("msg_secret").await? {
             let e: MsgSecretEntry = de(&v)?;
             if e.expires_at != 0 && e.expires_at < cutoff_timestamp {
                 writes.push(KvWrite::Delete("msg_secret".into(), k));
@@ -669,10 +729,13 @@ impl DeviceStore for FencedBackend {
         self.put("device", "self", ser(device)?).await
     }
     async fn load(&self) -> Result<Option<Device>> {
-        self.get("device", "self").map(|v| de(&v)).transpose()
+        self.fetch("device", "self")
+            .await?
+            .map(|v| de(&v))
+            .transpose()
     }
     async fn exists(&self) -> Result<bool> {
-        Ok(self.get("device", "self").is_some())
+        Ok(self.fetch("device", "self").await?.is_some())
     }
     async fn create(&self) -> Result<i32> {
         // One linked device per bot: its id is always 1.
