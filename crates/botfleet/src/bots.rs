@@ -430,7 +430,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                         "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {}",
                         r["id"].as_str().unwrap_or_default(),
                         r["platform"].as_str().unwrap_or_default(),
-                        r["enabled"],
+                        r["enabled"].to_string(),
                         status,
                         r["owner"].as_str().unwrap_or("-"),
                         r["pending"],

@@ -166,6 +166,28 @@ async fn linked_sessions_move_across_kill_and_sigterm_without_two_connections() 
         err.contains("no phone confirmed the link within 2 s"),
         "{err}"
     );
+    // WhatsApp out of reach: said so, not blamed on the phone.
+    let out = cli(
+        &db,
+        &[
+            "bots",
+            "add",
+            "wa-dead",
+            "--platform",
+            "whatsapp",
+            "--mode",
+            "web",
+            "--api-url",
+            "ws://127.0.0.1:1/ws/chat",
+        ],
+    );
+    assert!(out.status.success());
+    let out = cli(&db, &["bots", "link", "wa-dead", "--timeout", "2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WhatsApp did not answer within 2 s"), "{err}");
+    let out = cli(&db, &["bots", "remove", "wa-dead"]);
+    assert!(out.status.success());
     // Bad input is refused before anything starts.
     let out = cli(&db, &["bots", "link", "wa-0", "--phone", "+1 555"]);
     assert!(!out.status.success());

@@ -633,6 +633,12 @@ pub enum LinkError {
     /// Nobody confirmed on the phone in time.
     #[error("no phone confirmed the link within {0} s; run the command again to get a new code")]
     Timeout(u64),
+    /// WhatsApp never offered a code: it could not be reached.
+    #[error(
+        "WhatsApp did not answer within {1} s (no code came from {0}): check this machine's \
+         connection to it"
+    )]
+    Unreachable(String, u64),
     /// WhatsApp or the phone refused.
     #[error("linking failed: {0}")]
     Refused(String),
@@ -666,7 +672,7 @@ pub async fn link(
     let url = api_url.map_or_else(|| DEFAULT_WEB_URL.to_owned(), str::to_owned);
     let mut run = start(
         cfg,
-        url,
+        url.clone(),
         bot,
         Arc::new(backend),
         Arc::new(|| true),
@@ -675,12 +681,19 @@ pub async fn link(
     )
     .await?;
     let mut paired: Option<String> = None;
+    let mut prompted = false;
     let outcome = tokio::time::timeout(timeout, async {
         loop {
             tokio::select! {
                 ev = run.events.recv() => match ev {
-                    Some(Ev::QrCode(code)) => prompt(LinkPrompt::Qr(code)),
-                    Some(Ev::PairCode(code)) => prompt(LinkPrompt::Code(code)),
+                    Some(Ev::QrCode(code)) => {
+                        prompted = true;
+                        prompt(LinkPrompt::Qr(code));
+                    }
+                    Some(Ev::PairCode(code)) => {
+                        prompted = true;
+                        prompt(LinkPrompt::Code(code));
+                    }
                     Some(Ev::Paired(jid)) => paired = Some(jid),
                     Some(Ev::Connected) if paired.is_some() => return Ok(()),
                     Some(Ev::PairFailed(why)) => return Err(LinkError::Refused(why)),
@@ -698,6 +711,7 @@ pub async fn link(
     match outcome {
         Ok(Ok(())) => Ok(paired.unwrap_or_default()),
         Ok(Err(e)) => Err(e),
+        Err(_) if !prompted => Err(LinkError::Unreachable(url, timeout.as_secs())),
         Err(_) => Err(LinkError::Timeout(timeout.as_secs())),
     }
 }
