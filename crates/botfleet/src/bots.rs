@@ -626,7 +626,7 @@ async fn link(
     timeout: u64,
     force: bool,
 ) -> anyhow::Result<ExitCode> {
-    use botfleet_core::{BotStatus, Platform};
+    use botfleet_core::Platform;
     use botfleet_platform::SessionKv;
     use botfleet_whatsapp::device::{self, LinkPrompt, WebConfig};
 
@@ -655,9 +655,9 @@ async fn link(
             "{id} is linked already; to link it to another phone: `botfleet bots disable {id}`, then `botfleet bots link {id} --force`"
         );
     }
-    if force && rec.status == BotStatus::Running {
+    if force && rec.spec.enabled {
         anyhow::bail!(
-            "{id} is running: `botfleet bots disable {id}` first, so no worker uses the session while it is replaced"
+            "{id} is enabled: `botfleet bots disable {id}` first, so no worker uses the session while it is replaced"
         );
     }
     // Under the highest fence granted so far: a worker that runs the bot later holds a fence

@@ -3,13 +3,22 @@
 
 use async_trait::async_trait;
 
-/// One change to a session record.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One change to a session record. `Debug` shows the record, never the value (private keys).
+#[derive(Clone, PartialEq, Eq)]
 pub enum KvWrite {
     /// Sets `(kind, key)` to the value.
     Put(String, String, Vec<u8>),
     /// Removes `(kind, key)`.
     Delete(String, String),
+}
+
+impl std::fmt::Debug for KvWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvWrite::Put(kind, key, v) => write!(f, "Put({kind}/{key}, {} bytes)", v.len()),
+            KvWrite::Delete(kind, key) => write!(f, "Delete({kind}/{key})"),
+        }
+    }
 }
 
 /// Where a bot's session records live: the shared store, every write under the claim's

@@ -345,3 +345,45 @@ async fn contacts_are_answered_in_order_across_a_hand_over() {
     assert_eq!(standin.max_concurrent(user), 1);
     b.shutdown().await;
 }
+
+/// WhatsApp bans the number for a while: the bot waits the ban out (its status says why),
+/// then the client starts again and what the contact wrote meanwhile is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_temporary_ban_is_waited_out() {
+    let standin = StandIn::start().await.unwrap();
+    let (_dir, store) = temp_sqlite("wa-web-ban").await;
+    let (user, contact) = ("15550000006", "15557770006");
+    store.add_bot(&spec("wa-6", &standin.url())).await.unwrap();
+    link(&store, &standin, "wa-6", user).await;
+    let hub = MemoryHub::new();
+    let w = start("solo", Arc::new(hub.coordinator()), store.clone());
+    wait_for("running", Duration::from_secs(30), || async {
+        (standin.connected(user) == 1 && status(&store, "wa-6").await.0 == BotStatus::Running)
+            .then_some(())
+    })
+    .await;
+    standin.send_text(contact, user, "before").await.unwrap();
+    wait_for("answered", Duration::from_secs(30), || async {
+        (standin.replies_to(user, contact).len() == 1).then_some(())
+    })
+    .await;
+    standin.ban(user, Duration::from_secs(3));
+    wait_for("the ban met", Duration::from_secs(30), || async {
+        (standin.refused(user) > 0).then_some(())
+    })
+    .await;
+    standin.send_text(contact, user, "during").await.unwrap();
+    wait_for(
+        "answered after the ban",
+        Duration::from_secs(60),
+        || async {
+            (standin.replies_to(user, contact).len() == 2 && standin.unacked(user) == 0)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(standin.replies_to(user, contact), ["before", "during"]);
+    assert_eq!(status(&store, "wa-6").await.0, BotStatus::Running);
+    assert_eq!(standin.max_concurrent(user), 1);
+    w.shutdown().await;
+}

@@ -3,8 +3,8 @@
 //! the claim's fence, so a worker that lost the bot cannot corrupt the session its successor
 //! uses; values are sealed like credentials (see `Keyring`).
 
-/// One change to a bot's session records.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One change to a bot's session records. `Debug` shows the record, never the value.
+#[derive(Clone, PartialEq, Eq)]
 pub enum SessionWrite {
     /// Sets the record `key` of `kind` (e.g. `session`, `prekey`, `identity`, `device`).
     Put {
@@ -22,6 +22,17 @@ pub enum SessionWrite {
         /// Its key within the kind.
         key: String,
     },
+}
+
+impl std::fmt::Debug for SessionWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionWrite::Put { kind, key, value } => {
+                write!(f, "Put({kind}/{key}, {} bytes)", value.len())
+            }
+            SessionWrite::Delete { kind, key } => write!(f, "Delete({kind}/{key})"),
+        }
+    }
 }
 
 /// A record's (kind, key).

@@ -123,7 +123,13 @@ struct GuardedDial {
     inner: TokioWebSocketTransportFactory,
     may_act: MayAct,
     dials: Arc<AtomicU64>,
+    /// The connection dialed last, so that a stop can close it even when the client's own
+    /// graceful disconnect is slow.
+    current: Socket,
 }
+
+/// The client's current connection, shared with its [`Running`].
+type Socket = Arc<std::sync::Mutex<Option<Arc<dyn Transport>>>>;
 
 #[async_trait]
 impl TransportFactory for GuardedDial {
@@ -139,7 +145,9 @@ impl TransportFactory for GuardedDial {
             ));
         }
         self.dials.fetch_add(1, Ordering::Relaxed);
-        self.inner.create_transport().await
+        let (transport, events) = self.inner.create_transport().await?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(transport.clone());
+        Ok((transport, events))
     }
 }
 
@@ -176,6 +184,9 @@ enum Ev {
     PairCode(String),
     Paired(String),
     PairFailed(String),
+    /// The client gave up and will not reconnect by itself (a temporary ban, an outdated
+    /// client, another connect failure).
+    GaveUp(PlatformError),
 }
 
 struct Events(mpsc::UnboundedSender<Ev>);
@@ -196,6 +207,29 @@ impl whatsapp_rust::types::events::EventHandler for Events {
             Event::PairingQrCodesExhausted(_) => {
                 Ev::PairFailed("every QR code expired unscanned".into())
             }
+            Event::TemporaryBan(b) => {
+                let wait = b.expire.to_std().unwrap_or(Duration::from_secs(3600));
+                Ev::GaveUp(PlatformError::new(
+                    ErrorKind::RateLimited(wait),
+                    "temporary_ban",
+                    format!(
+                        "WhatsApp banned this number for {} s ({:?})",
+                        wait.as_secs(),
+                        b.code
+                    ),
+                ))
+            }
+            Event::ClientOutdated(_) => Ev::GaveUp(PlatformError::new(
+                ErrorKind::Credentials,
+                "client_outdated",
+                "WhatsApp says this client version is outdated: unset or raise \
+                 --whatsapp-web-version, or upgrade botfleet",
+            )),
+            Event::ConnectFailure(f) => Ev::GaveUp(PlatformError::new(
+                ErrorKind::Transient,
+                "connect_failure",
+                format!("WhatsApp refused the connection ({:?})", f.reason),
+            )),
             _ => return,
         };
         let _ = self.0.send(ev);
@@ -263,6 +297,7 @@ impl InboundDurabilityHook for Hand {
 struct Running {
     handle: Option<BotHandle>,
     client: Arc<Client>,
+    socket: Socket,
     events: mpsc::UnboundedReceiver<Ev>,
     deliveries: mpsc::Receiver<Delivery>,
 }
@@ -277,6 +312,7 @@ async fn start(
     phone: Option<String>,
 ) -> Result<Running, PlatformError> {
     let (etx, events) = mpsc::unbounded_channel();
+    let socket: Socket = Arc::default();
     let (dtx, deliveries) = mpsc::channel(64);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -288,6 +324,7 @@ async fn start(
             inner: TokioWebSocketTransportFactory::new().with_url(url),
             may_act,
             dials: Arc::new(AtomicU64::new(0)),
+            current: socket.clone(),
         })
         .with_http_client(Http(http))
         .with_runtime(TokioRuntime)
@@ -325,6 +362,7 @@ async fn start(
     Ok(Running {
         handle: Some(handle),
         client,
+        socket,
         events,
         deliveries,
     })
@@ -335,16 +373,71 @@ impl Running {
     /// waits for it to end; aborts it when that takes too long.
     async fn stop(&mut self) {
         if let Some(handle) = self.handle.take() {
-            let abort = handle.client();
-            if tokio::time::timeout(Duration::from_secs(10), handle.shutdown())
+            // Well inside the time a worker gives a stopping bot (5 s) before it hands the bot
+            // over: the connection must be closed by then.
+            if tokio::time::timeout(GRACEFUL_STOP, handle.shutdown())
                 .await
                 .is_err()
             {
-                warn!("the WhatsApp client did not stop within 10 s; aborting it");
-                abort.disconnect().await;
+                warn!(
+                    "the WhatsApp client did not disconnect within {} s; closing its connection",
+                    GRACEFUL_STOP.as_secs()
+                );
+                self.close_socket().await;
             }
         }
     }
+
+    /// Closes the connection itself, whatever the client is doing.
+    async fn close_socket(&self) {
+        let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = socket {
+            let _ = tokio::time::timeout(Duration::from_secs(1), t.disconnect()).await;
+        }
+    }
+}
+
+/// How long a clean disconnect (flushing the client's state) may take on a stop.
+const GRACEFUL_STOP: Duration = Duration::from_secs(3);
+
+impl Drop for Running {
+    /// A connect abandoned midway (the bot stopped while it waited) still disconnects.
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    if let Some(t) = socket {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), t.disconnect()).await;
+                    }
+                    let _ = tokio::time::timeout(GRACEFUL_STOP, handle.shutdown()).await;
+                });
+            }
+        }
+    }
+}
+
+/// Why a session ended before it was connected.
+enum Early {
+    LoggedOut(String),
+    Replaced,
+    GaveUp(PlatformError),
+}
+
+fn stopped() -> PlatformError {
+    PlatformError::new(
+        ErrorKind::Transient,
+        "client_stopped",
+        "the WhatsApp client stopped",
+    )
+}
+
+fn not_owner() -> PlatformError {
+    PlatformError::new(
+        ErrorKind::Transient,
+        "not_owner",
+        "this worker no longer holds the bot",
+    )
 }
 
 fn logged_out(bot: &BotId, why: &str) -> PlatformError {
@@ -409,10 +502,11 @@ pub(crate) async fn connect(
             tokio::select! {
                 ev = run.events.recv() => match ev {
                     Some(Ev::Connected) => return Ok(()),
-                    Some(Ev::LoggedOut(why)) => return Err(Some(why)),
-                    Some(Ev::Replaced) => return Err(None),
-                    Some(other) => debug!(bot = %spec.id, event = ?other, "before connected"),
-                    None => return Ok(()),
+                    Some(Ev::LoggedOut(why)) => return Err(Early::LoggedOut(why)),
+                    Some(Ev::Replaced) => return Err(Early::Replaced),
+                    Some(Ev::GaveUp(e)) => return Err(Early::GaveUp(e)),
+                    Some(_) => debug!(bot = %spec.id, "a client event before connected"),
+                    None => return Err(Early::GaveUp(stopped())),
                 },
                 // Messages come before `Connected` when WhatsApp held some (the offline
                 // queue), and the client finishes that queue only once they are recorded:
@@ -425,20 +519,28 @@ pub(crate) async fn connect(
         }
     })
     .await;
+    // A worker that lost the bot meanwhile (frozen, fenced, stopping) says nothing about the
+    // session and lets it go: its successor owns it.
+    if !may_act() {
+        run.stop().await;
+        return Err(not_owner());
+    }
     match outcome {
         Ok(Ok(())) => {}
-        Ok(Err(Some(why))) => {
+        Ok(Err(Early::LoggedOut(why))) => {
             run.stop().await;
             stats.logged_out.fetch_add(1, Ordering::Relaxed);
-            if may_act() {
-                let _ = session.clear().await;
-            }
+            let _ = session.clear().await;
             return Err(logged_out(&spec.id, &why));
         }
-        Ok(Err(None)) => {
+        Ok(Err(Early::Replaced)) => {
             run.stop().await;
             stats.replaced.fetch_add(1, Ordering::Relaxed);
             return Err(replaced());
+        }
+        Ok(Err(Early::GaveUp(e))) => {
+            run.stop().await;
+            return Err(e);
         }
         Err(_) => {
             run.stop().await;
@@ -453,7 +555,7 @@ pub(crate) async fn connect(
         }
     }
     info!(bot = %spec.id, "WhatsApp session connected");
-    let client = run.client.clone();
+    let client = Arc::new(std::sync::RwLock::new(run.client.clone()));
     stats.open.fetch_add(1, Ordering::Relaxed);
     Ok(Connection {
         receiver: Box::new(WebReceiver {
@@ -462,6 +564,12 @@ pub(crate) async fn connect(
             may_act,
             open: true,
             run,
+            relaunch: Relaunch {
+                cfg: cfg.clone(),
+                url: url(spec),
+                backend,
+                client: client.clone(),
+            },
             session,
             early,
             waiting: HashMap::new(),
@@ -471,12 +579,23 @@ pub(crate) async fn connect(
     })
 }
 
+/// What starting the client again takes, after it gave up on its own (a temporary ban over,
+/// a connect failure).
+struct Relaunch {
+    cfg: WebConfig,
+    url: String,
+    backend: Arc<FencedBackend>,
+    /// The client the sender uses: replaced on a relaunch.
+    client: Arc<std::sync::RwLock<Arc<Client>>>,
+}
+
 struct WebReceiver {
     bot: BotId,
     stats: Arc<WebStats>,
     may_act: MayAct,
     open: bool,
     run: Running,
+    relaunch: Relaunch,
     session: Arc<dyn SessionKv>,
     early: VecDeque<Delivery>,
     waiting: HashMap<String, oneshot::Sender<()>>,
@@ -494,13 +613,7 @@ impl WebReceiver {
     /// A worker that lost the bot (frozen past its lease, or stopping) reports nothing about
     /// the session: its successor owns it now.
     fn lost(&self) -> Option<PlatformError> {
-        (!(self.may_act)()).then(|| {
-            PlatformError::new(
-                ErrorKind::Transient,
-                "not_owner",
-                "this worker no longer holds the bot",
-            )
-        })
+        (!(self.may_act)()).then(not_owner)
     }
 
     fn batch(&mut self, d: Delivery) -> Batch {
@@ -520,6 +633,29 @@ impl Receiver for WebReceiver {
     async fn next(&mut self) -> Result<Batch, PlatformError> {
         if let Some(d) = self.early.pop_front() {
             return Ok(self.batch(d));
+        }
+        if self.run.handle.is_none() {
+            // The client gave up earlier (the runtime waited as the error said): start it
+            // again, if this worker still holds the bot.
+            if let Some(e) = self.lost() {
+                return Err(e);
+            }
+            let r = &self.relaunch;
+            let run = start(
+                &r.cfg,
+                r.url.clone(),
+                &self.bot,
+                r.backend.clone(),
+                self.may_act.clone(),
+                false,
+                None,
+            )
+            .await?;
+            *r.client.write().unwrap_or_else(|e| e.into_inner()) = run.client.clone();
+            self.run = run;
+            self.open = true;
+            self.stats.open.fetch_add(1, Ordering::Relaxed);
+            info!(bot = %self.bot, "WhatsApp client started again");
         }
         loop {
             tokio::select! {
@@ -544,28 +680,20 @@ impl Receiver for WebReceiver {
                         self.stats.replaced.fetch_add(1, Ordering::Relaxed);
                         return Err(replaced());
                     }
+                    Some(Ev::GaveUp(e)) => {
+                        self.stop().await;
+                        return Err(self.lost().unwrap_or(e));
+                    }
                     Some(Ev::Disconnected(why)) => {
                         // The client reconnects by itself with backoff (each dial asks first).
                         debug!(bot = %self.bot, reason = %why, "WhatsApp connection dropped; reconnecting");
                     }
                     Some(_) => {}
-                    None => {
-                        return Err(PlatformError::new(
-                            ErrorKind::Transient,
-                            "client_stopped",
-                            "the WhatsApp client stopped",
-                        ))
-                    }
+                    None => return Err(stopped()),
                 },
                 d = self.run.deliveries.recv() => match d {
                     Some(d) => return Ok(self.batch(d)),
-                    None => {
-                        return Err(PlatformError::new(
-                            ErrorKind::Transient,
-                            "client_stopped",
-                            "the WhatsApp client stopped",
-                        ))
-                    }
+                    None => return Err(stopped()),
                 },
             }
         }
@@ -582,13 +710,17 @@ impl Receiver for WebReceiver {
 
     async fn close(&mut self) {
         // Unrecorded deliveries stay unacknowledged: WhatsApp gives them to the next owner.
+        // Dropping their answers now ends the client's waits at once, so it disconnects fast.
         self.waiting.clear();
+        self.early.clear();
+        self.run.deliveries.close();
+        while self.run.deliveries.try_recv().is_ok() {}
         self.stop().await;
     }
 }
 
 struct WebSender {
-    client: Arc<Client>,
+    client: Arc<std::sync::RwLock<Arc<Client>>>,
 }
 
 #[async_trait]
@@ -604,8 +736,17 @@ impl Sender for WebSender {
                 format!("{:?} is not a WhatsApp chat", out.chat.chat),
             )
         })?;
-        self.client
-            .send_text(to, out.text.clone())
+        // The same reply always carries the same message id: a resend (a retry, a successor
+        // replaying what was answered but not yet marked) is the same message to WhatsApp.
+        let options =
+            whatsapp_rust::SendOptions::default().with_message_id(message_id(&out.idempotency_key));
+        let client = self
+            .client
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        client
+            .send_message_with_options(to, wa_text(&out.text), options)
             .await
             .map(|_| ())
             .map_err(|e| {
@@ -616,6 +757,19 @@ impl Sender for WebSender {
                 )
             })
     }
+}
+
+/// A WhatsApp-shaped message id (`3EB0` and 16 hex bytes) derived from an idempotency key.
+fn message_id(key: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(key.as_bytes());
+    let hex: String = d[..16].iter().map(|b| format!("{b:02X}")).collect();
+    format!("3EB0{hex}")
+}
+
+fn wa_text(text: &str) -> whatsapp_rust::waproto::whatsapp::Message {
+    use whatsapp_rust::wacore::proto_helpers::MessageBuilderExt;
+    whatsapp_rust::waproto::whatsapp::Message::text(text)
 }
 
 /// What `link` shows the operator.
@@ -708,10 +862,49 @@ pub async fn link(
     })
     .await;
     run.stop().await;
+    // The client writes the new device on its way out: linked only if the store has it.
+    if matches!(outcome, Ok(Ok(()))) {
+        let stored = FencedBackend::load(session).await.map_err(|e| {
+            PlatformError::new(
+                ErrorKind::Transient,
+                "session_read",
+                format!("cannot read the session back: {e}"),
+            )
+        })?;
+        if !stored.is_linked() {
+            return Err(LinkError::Refused(
+                "the phone confirmed, but the session could not be stored (was the bot started \
+                 meanwhile?); run the command again"
+                    .into(),
+            ));
+        }
+    }
     match outcome {
         Ok(Ok(())) => Ok(paired.unwrap_or_default()),
         Ok(Err(e)) => Err(e),
         Err(_) if !prompted => Err(LinkError::Unreachable(url, timeout.as_secs())),
         Err(_) => Err(LinkError::Timeout(timeout.as_secs())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_keeps_its_message_id_across_resends() {
+        let a = message_id("wa:1555@s.whatsapp.net:3EB0AA:reply");
+        assert_eq!(a, message_id("wa:1555@s.whatsapp.net:3EB0AA:reply"));
+        assert_ne!(a, message_id("wa:1555@s.whatsapp.net:3EB0AB:reply"));
+        assert!(a.starts_with("3EB0") && a.len() == 36);
+        assert!(a[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn versions_are_three_numbers() {
+        assert_eq!(parse_version("2.3000.1017"), Ok((2, 3000, 1017)));
+        assert!(parse_version("2.3000").is_err());
+        assert!(parse_version("2.x.1").is_err());
+        assert!(parse_version("").is_err());
     }
 }

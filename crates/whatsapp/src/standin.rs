@@ -166,6 +166,16 @@ impl StandIn {
         self.hub.kick(who, stanza::removed());
     }
 
+    /// WhatsApp bans `who` for `time`: live connections are told to restart
+    /// (`<stream:error code="515"/>`) and their logins meanwhile are refused with
+    /// `<failure reason="402" code="101" expire=…/>` (the client emits `TemporaryBan` and
+    /// stops); after `time` they are accepted again.
+    pub fn ban(&self, who: &str, time: Duration) {
+        let until = std::time::Instant::now() + time;
+        self.hub.each_device(who, |d| d.banned_until = Some(until));
+        self.hub.kick(who, stanza::stream_error(Some("515"), None));
+    }
+
     /// Plays the phone scanning a QR code: `qr` is the text of the client's `PairingQrCode`
     /// event. Sends the registering client that shows it a `pair-success` for phone number
     /// `user` and a new device id, waits for the client to sign it (`pair-device-sign`), links
@@ -334,6 +344,20 @@ impl Hub {
         }
     }
 
+    fn each_device(&self, who: &str, f: impl Fn(&mut Device)) {
+        let who = Who::parse(who);
+        let mut state = self.lock();
+        if let Some(account) = state.accounts.get_mut(&who.user) {
+            for (_, device) in account
+                .devices
+                .iter_mut()
+                .filter(|(id, _)| who.device.is_none_or(|d| d == **id))
+            {
+                f(device);
+            }
+        }
+    }
+
     fn unlink(&self, who: &str) {
         let who = Who::parse(who);
         let mut state = self.lock();
@@ -476,6 +500,8 @@ struct Device {
     max_live: usize,
     logins: usize,
     refused: usize,
+    /// Logins are refused with a temporary ban until then.
+    banned_until: Option<std::time::Instant>,
     bundle: Option<session::Bundle>,
     /// Messages from contacts not acknowledged yet, in order.
     inbox: VecDeque<mailbox::Envelope>,

@@ -554,7 +554,8 @@ impl ProtocolStore for FencedBackend {
         for (k, v) in self.fetch_all("tc_token").await? {
             let e: TcTokenEntry = de(&v)?;
             let sender_old = e.sender_timestamp.is_none_or(|t| t < sender_cutoff);
-            if e.token_timestamp < token_cutoff && sender_old {
+            let token_old = e.token.is_empty() || e.token_timestamp < token_cutoff;
+            if token_old && sender_old {
                 writes.push(KvWrite::Delete("tc_token".into(), k));
             }
         }
@@ -686,14 +687,39 @@ impl MsgSecretStore for FencedBackend {
         let n = entries.len();
         let mut writes = Vec::with_capacity(n);
         for e in &entries {
-            writes.push(KvWrite::Put(
-                "msg_secret".into(),
-                format!("{}|{}|{}", e.chat, e.sender, e.msg_id),
-                ser(e)?,
-            ));
+            let key = format!("{}|{}|{}", e.chat, e.sender, e.msg_id);
+            let mut e = e.clone();
+            // A redelivery or an edit never shortens a window nor forgets a known time.
+            if let Some(v) = self.fetch("msg_secret", &key).await? {
+                let old: MsgSecretEntry = de(&v)?;
+                e.expires_at =
+                    wacore::store::traits::merge_msg_secret_expiry(old.expires_at, e.expires_at);
+                e.message_ts = wacore::store::traits::merge_msg_secret_message_ts(
+                    old.message_ts,
+                    e.message_ts,
+                );
+            }
+            writes.push(KvWrite::Put("msg_secret".into(), key, ser(&e)?));
         }
         self.apply(writes).await?;
         Ok(n)
+    }
+    async fn get_msg_secret_with_ts(
+        &self,
+        chat: &str,
+        sender: &str,
+        msg_id: &str,
+    ) -> Result<Option<(Vec<u8>, i64)>> {
+        match self
+            .fetch("msg_secret", &format!("{chat}|{sender}|{msg_id}"))
+            .await?
+        {
+            Some(v) => {
+                let e: MsgSecretEntry = de(&v)?;
+                Ok(Some((e.secret.to_vec(), e.message_ts)))
+            }
+            None => Ok(None),
+        }
     }
     async fn get_msg_secret(
         &self,
@@ -713,7 +739,7 @@ impl MsgSecretStore for FencedBackend {
         let mut writes = Vec::new();
         for (k, v) in self.fetch_all("msg_secret").await? {
             let e: MsgSecretEntry = de(&v)?;
-            if e.expires_at != 0 && e.expires_at < cutoff_timestamp {
+            if e.expires_at != 0 && e.expires_at <= cutoff_timestamp {
                 writes.push(KvWrite::Delete("msg_secret".into(), k));
             }
         }

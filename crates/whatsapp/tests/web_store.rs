@@ -119,6 +119,29 @@ async fn a_session_moves_whole_and_stale_writers_are_refused(store: Arc<dyn Stor
     }])
     .await
     .unwrap();
+    // Message secrets merge on a second write: a window never shrinks, a known time stays.
+    let entry = |id: &str, expires_at, message_ts| MsgSecretEntry {
+        chat: "4917".into(),
+        sender: "4917".into(),
+        msg_id: id.into(),
+        secret: [4; 32],
+        expires_at,
+        message_ts,
+    };
+    a.put_msg_secrets(vec![entry("m4", 500, 90)]).await.unwrap();
+    a.put_msg_secrets(vec![entry("m4", 300, 0)]).await.unwrap();
+    assert_eq!(
+        a.get_msg_secret_with_ts("4917", "4917", "m4")
+            .await
+            .unwrap(),
+        Some((vec![4; 32], 90))
+    );
+    assert_eq!(a.delete_expired_msg_secrets(499).await.unwrap(), 0);
+    assert_eq!(
+        a.delete_expired_msg_secrets(500).await.unwrap(),
+        1,
+        "at the deadline"
+    );
 
     // The next owner (a higher fence) reads the session whole.
     let b = backend(&store, 4).await;

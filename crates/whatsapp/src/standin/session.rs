@@ -145,6 +145,22 @@ impl Hub {
             tracing::debug!(%user, device = device_id, "stand-in refused a login");
             return (id, vec![Out::Kick(failure())]);
         }
+        if let Some(left) = device
+            .banned_until
+            .and_then(|t| t.checked_duration_since(std::time::Instant::now()))
+        {
+            device.refused += 1;
+            let expire = left.as_secs().max(1).to_string();
+            let ban = wacore_binary::builder::NodeBuilder::new("failure")
+                .attrs([
+                    ("reason", "402"),
+                    ("code", "101"),
+                    ("expire", expire.as_str()),
+                    ("location", "standin"),
+                ])
+                .build();
+            return (id, vec![Out::Kick(ban)]);
+        }
         device.noise_key = Some(greeting.client_static);
         device.logins += 1;
         device.live += 1;
