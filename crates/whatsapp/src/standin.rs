@@ -359,17 +359,7 @@ impl Hub {
     }
 
     fn unlink(&self, who: &str) {
-        let who = Who::parse(who);
-        let mut state = self.lock();
-        if let Some(account) = state.accounts.get_mut(&who.user) {
-            for (_, device) in account
-                .devices
-                .iter_mut()
-                .filter(|(id, _)| who.device.is_none_or(|d| d == **id))
-            {
-                device.unlink();
-            }
-        }
+        self.each_device(who, Device::unlink);
     }
 }
 
