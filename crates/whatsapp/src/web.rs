@@ -268,6 +268,37 @@ impl SignalStore for FencedBackend {
     async fn delete_session(&self, address: &str) -> Result<()> {
         self.del("session", address).await
     }
+    // The batches the client flushes its Signal state in: one fenced write each, all or none.
+    async fn put_identities_batch(&self, identities: &[(Arc<str>, [u8; 32])]) -> Result<()> {
+        let writes = identities
+            .iter()
+            .map(|(a, k)| KvWrite::Put("identity".into(), a.to_string(), k.to_vec()))
+            .collect();
+        self.apply(writes).await
+    }
+    async fn put_sessions_batch(&self, sessions: &[(Arc<str>, Bytes)]) -> Result<()> {
+        let writes = sessions
+            .iter()
+            .map(|(a, v)| KvWrite::Put("session".into(), a.to_string(), v.to_vec()))
+            .collect();
+        self.apply(writes).await
+    }
+    async fn store_prekeys_batch(&self, keys: &[(u32, Bytes)], uploaded: bool) -> Result<()> {
+        let writes = keys
+            .iter()
+            .map(|(id, r)| {
+                KvWrite::Put("prekey".into(), prekey_key(*id), prekey_value(r, uploaded))
+            })
+            .collect();
+        self.apply(writes).await
+    }
+    async fn put_sender_keys_batch(&self, sender_keys: &[(Arc<str>, Bytes)]) -> Result<()> {
+        let writes = sender_keys
+            .iter()
+            .map(|(a, v)| KvWrite::Put("sender_key".into(), a.to_string(), v.to_vec()))
+            .collect();
+        self.apply(writes).await
+    }
     async fn store_prekey(&self, id: u32, record: &[u8], uploaded: bool) -> Result<()> {
         self.put("prekey", prekey_key(id), prekey_value(record, uploaded))
             .await

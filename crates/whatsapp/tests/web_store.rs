@@ -194,10 +194,27 @@ async fn a_session_moves_whole_and_stale_writers_are_refused(store: Arc<dyn Stor
         Some(vec![3; 32])
     );
 
-    // The old owner, stale, is refused and changes nothing.
+    // The client's batches are one write each.
+    b.put_sessions_batch(&[
+        ("4918:1".into(), bytes::Bytes::from_static(&[8])),
+        ("4919:1".into(), bytes::Bytes::from_static(&[9])),
+    ])
+    .await
+    .unwrap();
+    b.put_identities_batch(&[("4918:1".into(), [8; 32])])
+        .await
+        .unwrap();
+    // The old owner, stale, is refused and changes nothing, not even part of a batch.
     assert!(a.put_session("4917:1", b"corrupt").await.is_err());
     assert!(a.save(&Device::new()).await.is_err());
-    assert_eq!(a.refused_writes(), 2, "both refusals counted as stale");
+    assert!(a
+        .put_sessions_batch(&[
+            ("4917:1".into(), bytes::Bytes::from_static(b"corrupt")),
+            ("4920:1".into(), bytes::Bytes::from_static(&[1])),
+        ])
+        .await
+        .is_err());
+    assert_eq!(a.refused_writes(), 3, "every refusal counted as stale");
     assert_eq!(b.refused_writes(), 0);
     let c = backend(&store, 5).await;
     assert_eq!(
@@ -205,6 +222,12 @@ async fn a_session_moves_whole_and_stale_writers_are_refused(store: Arc<dyn Stor
         [1, 2, 3]
     );
     assert_eq!(c.load().await.unwrap().unwrap().push_name, "support");
+    assert_eq!(
+        c.get_session("4919:1").await.unwrap().unwrap().as_ref(),
+        [9]
+    );
+    assert!(c.get_session("4920:1").await.unwrap().is_none());
+    assert_eq!(c.load_identity("4918:1").await.unwrap(), Some([8; 32]));
     // What the new owner took is gone for the next one too.
     assert!(c
         .take_sent_message("4917@s.whatsapp.net", "m2")
