@@ -29,7 +29,7 @@ use std::{
 use anyhow::{bail, Context};
 use botfleet_core::{BotId, BotSpec, Platform};
 use botfleet_store::{SqliteStore, Store};
-use botfleet_testkit::{nonce, FakeTelegram, RedisServer};
+use botfleet_testkit::{nonce, rss_kib, FakeTelegram, RedisServer};
 
 pub(crate) struct Dir(pub(crate) PathBuf);
 impl Drop for Dir {
@@ -136,18 +136,6 @@ pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
     };
     let child = cmd.spawn().context("starting botfleet worker")?;
     Ok(Worker(child))
-}
-
-/// Resident memory of a process, KiB.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// User + system CPU time of a process, in clock ticks (1/100 s on Linux).

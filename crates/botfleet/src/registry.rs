@@ -1112,9 +1112,14 @@ pub(crate) async fn linked(
         .session_records(&spec.id, "device")
         .await
         .map_err(RegistryError::store)?;
-    Ok(Some(device.iter().any(|(_, v)| {
-        serde_json::from_slice::<serde_json::Value>(v).is_ok_and(|d| !d["pn"].is_null())
-    })))
+    #[cfg(feature = "whatsapp-web")]
+    let linked = device
+        .iter()
+        .any(|(_, v)| botfleet_whatsapp::web::device_is_linked(v));
+    // A build without device-link cannot read the record: present is as far as it can tell.
+    #[cfg(not(feature = "whatsapp-web"))]
+    let linked = !device.is_empty();
+    Ok(Some(linked))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::{
 use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator};
 use botfleet_core::{BotId, BotSpec, Platform};
 use botfleet_store::{SqliteStore, Store};
-use botfleet_testkit::{nonce, wait_for, FakeSlack, FakeTelegram, Proc, RedisServer};
+use botfleet_testkit::{fleet_worker, nonce, wait_for, FakeSlack, FakeTelegram, Proc, RedisServer};
 
 const BOTS: usize = 300;
 /// Slack bots beside the Telegram ones in the mixed pool.
@@ -146,20 +146,9 @@ fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
 fn spawn_worker_with(name: &str, db: &str, redis: &str, dir: &Path, extra: &[&str]) -> Proc {
     Proc::spawn(
         name,
-        Command::new(env!("CARGO_BIN_EXE_botfleet"))
-            .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
-            .args(["worker", "--worker-id", name, "--http-addr", "127.0.0.1:0"])
-            .args([
-                "--database-url",
-                db,
-                "--redis-url",
-                redis,
-                "--prefix",
-                "itest",
-            ])
+        fleet_worker(env!("CARGO_BIN_EXE_botfleet"), name, db, redis, "itest")
             .args(extra)
-            .args(["--connect-rate", "20000"])
-            .env("RUST_LOG", "warn"),
+            .args(["--connect-rate", "20000"]),
         dir,
     )
 }

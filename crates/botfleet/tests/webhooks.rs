@@ -10,15 +10,14 @@
 use std::{
     collections::HashMap,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
-    wait_for, FakeGraph, FakeSlack, FakeTelegram, Proc, RedisServer, RoundRobinProxy, StateHandler,
-    TempDir,
+    fleet_worker, wait_for, FakeGraph, FakeSlack, FakeTelegram, Proc, RedisServer, RoundRobinProxy,
+    StateHandler, TempDir,
 };
 
 const LEASE_MS: u64 = 3_000;
@@ -46,23 +45,12 @@ async fn hooks_url(w: &Proc) -> String {
 fn spawn_worker(name: &str, db: &str, redis: &str, public: &str, dir: &Path) -> Proc {
     Proc::spawn(
         name,
-        Command::new(env!("CARGO_BIN_EXE_botfleet"))
-            .args(["worker", "--worker-id", name])
-            .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
-            .args([
-                "--database-url",
-                db,
-                "--redis-url",
-                redis,
-                "--prefix",
-                "hooks",
-            ])
+        fleet_worker(env!("CARGO_BIN_EXE_botfleet"), name, db, redis, "hooks")
             .args(["--lease-ms", &LEASE_MS.to_string(), "--public-url", public])
             .env(
                 "RUST_LOG",
                 std::env::var("HOOKS_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .env_remove("BOTFLEET_API_TOKEN"),
+            ),
         dir,
     )
 }

@@ -15,7 +15,7 @@ use std::{
 
 use botfleet_core::{BotId, BotStatus};
 use botfleet_store::{SqliteStore, Store};
-use botfleet_testkit::{wait_for, Proc, RedisServer, TempDir};
+use botfleet_testkit::{fleet_worker, wait_for, Proc, RedisServer, TempDir};
 use botfleet_whatsapp::standin::StandIn;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -36,24 +36,13 @@ fn cli(db: &str, args: &[&str]) -> std::process::Output {
 fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
     Proc::spawn(
         name,
-        Command::new(env!("CARGO_BIN_EXE_botfleet"))
-            .args(["worker", "--worker-id", name])
-            .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
-            .args([
-                "--database-url",
-                db,
-                "--redis-url",
-                redis,
-                "--prefix",
-                "waweb",
-            ])
+        fleet_worker(env!("CARGO_BIN_EXE_botfleet"), name, db, redis, "waweb")
             .args(["--lease-ms", &LEASE_MS.to_string()])
             .args(["--whatsapp-web-version", VERSION])
             .env(
                 "RUST_LOG",
                 std::env::var("WAWEB_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .env_remove("BOTFLEET_API_TOKEN"),
+            ),
         dir,
     )
 }

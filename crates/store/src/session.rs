@@ -68,24 +68,9 @@ pub(crate) fn net(writes: &[SessionWrite]) -> (Vec<RecordPut>, Vec<RecordId>) {
 }
 
 /// Hex of `bytes` (session values are sealed as text).
-pub(crate) fn to_hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
-
+pub(crate) use crate::seal::hex as to_hex;
 /// The bytes of `hex`, `None` if it is not hex.
-pub(crate) fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
-}
+pub(crate) use crate::seal::unhex as from_hex;
 
 /// The sealing field of a kind (binds a sealed value to its kind).
 pub(crate) fn field(kind: &str) -> String {

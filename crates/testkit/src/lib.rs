@@ -23,7 +23,7 @@ pub use coord_suite::CoordFixture;
 pub use hooks::{RoundRobinProxy, StateHandler};
 pub use partition::Partition;
 pub use pg::PgSchema;
-pub use process::Proc;
+pub use process::{fleet_worker, rss_kib, Proc};
 pub use redis_server::{free_port, RedisServer};
 pub use rng::SeededRng;
 pub use store_suite::StoreFixture;

@@ -5,6 +5,38 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
+/// `botfleet worker` (the binary `bin`) as a member of a test fleet: named `name`, on the
+/// registry `db`, Redis `redis` and key prefix `prefix`, its HTTP and hooks addresses on ports
+/// the OS picks, logging warnings; add the test's own flags (and `RUST_LOG`) to it.
+pub fn fleet_worker(bin: &str, name: &str, db: &str, redis: &str, prefix: &str) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args(["worker", "--worker-id", name])
+        .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
+        .args([
+            "--database-url",
+            db,
+            "--redis-url",
+            redis,
+            "--prefix",
+            prefix,
+        ])
+        .env("RUST_LOG", "warn")
+        .env_remove("BOTFLEET_API_TOKEN");
+    cmd
+}
+
+/// Resident memory of process `pid` in KiB (`VmRSS`), 0 when it cannot be read.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// A child process, killed (after a SIGCONT, in case the test stopped it) when dropped.
 #[derive(Debug)]
 pub struct Proc {

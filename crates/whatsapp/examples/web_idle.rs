@@ -23,14 +23,7 @@ use botfleet_whatsapp::{device::WebConfig, web::FencedBackend, WhatsappConnector
 use wacore::store::traits::DeviceStore;
 
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    botfleet_testkit::rss_kib(std::process::id())
 }
 
 /// The child: a stand-in that adds the devices named on standard input.

@@ -122,7 +122,6 @@ fn url(spec: &BotSpec) -> String {
 struct GuardedDial {
     inner: TokioWebSocketTransportFactory,
     may_act: MayAct,
-    dials: Arc<AtomicU64>,
     /// The connection dialed last, so that a stop can close it even when the client's own
     /// graceful disconnect is slow.
     current: Socket,
@@ -144,7 +143,6 @@ impl TransportFactory for GuardedDial {
                 "this worker may no longer act for the bot: not dialing"
             ));
         }
-        self.dials.fetch_add(1, Ordering::Relaxed);
         let (transport, events) = self.inner.create_transport().await?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(transport.clone());
         Ok((transport, events))
@@ -323,7 +321,6 @@ async fn start(
         .with_transport_factory(GuardedDial {
             inner: TokioWebSocketTransportFactory::new().with_url(url),
             may_act,
-            dials: Arc::new(AtomicU64::new(0)),
             current: socket.clone(),
         })
         .with_http_client(Http(http))

@@ -66,6 +66,12 @@ impl std::fmt::Debug for FencedBackend {
     }
 }
 
+/// Whether a stored `device` record (what [`DeviceStore::save`] wrote) is a linked device:
+/// one that has its phone number.
+pub fn device_is_linked(record: &[u8]) -> bool {
+    de::<Device>(record).is_ok_and(|d| d.pn.is_some())
+}
+
 /// Kinds kept in memory: small, read often. The others grow with contacts and messages
 /// (Signal sessions, identities, sender keys, prekeys, message secrets) and are read from the
 /// store when the client asks — it keeps the ones in use in its own bounded cache.
@@ -146,8 +152,7 @@ impl FencedBackend {
     /// Whether a device is linked: the session holds a device that has its phone number.
     pub fn is_linked(&self) -> bool {
         self.read(|c| c.get("device").and_then(|m| m.get("self")).cloned())
-            .and_then(|v| de::<Device>(&v).ok())
-            .is_some_and(|d| d.pn.is_some())
+            .is_some_and(|v| device_is_linked(&v))
     }
 
     fn read<T>(&self, f: impl FnOnce(&Records) -> T) -> T {
