@@ -98,6 +98,10 @@ pub(crate) async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>)
     }
 }
 
+/// How long a stop waits for a connect in progress to end (well inside the 5 s a worker gives
+/// a stopping bot before it hands the bot over).
+const CONNECT_WIND_DOWN: Duration = Duration::from_millis(4_500);
+
 /// Capped exponential backoff with jitter: attempt 0 → ~0.5 s, doubling, at most ~30 s.
 pub(crate) fn backoff(attempt: u32) -> Duration {
     static SEED: AtomicU64 = AtomicU64::new(0x2545_f491_4f6c_dd1d);
@@ -168,19 +172,51 @@ impl BotCtx {
 
     /// Runs `call` until it succeeds, the credentials are refused (the bot fails), the lease is
     /// not safe or a stop is asked for; retryable failures wait as their kind says.
-    async fn until_ok<T, F, Fut>(&mut self, what: &'static str, mut call: F) -> Result<T, BotExit>
+    async fn until_ok<T, F, Fut>(&mut self, what: &'static str, call: F) -> Result<T, BotExit>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, PlatformError>>,
+    {
+        self.until_ok_then(what, call, None::<fn(T) -> std::future::Ready<()>>)
+            .await
+    }
+
+    /// [`Self::until_ok`], where a stop does not drop a call midway: `wind_down` gets the
+    /// call [`CONNECT_WIND_DOWN`] to end (the connector sees `may_act` turn false) and is
+    /// handed what it opened anyway, to close. A connect dropped midway could leave a client
+    /// dialing or logging in on its own after the bot was handed over, beside the next
+    /// owner's connection (WhatsApp kicks both).
+    async fn until_ok_then<T, F, Fut, W, WFut>(
+        &mut self,
+        what: &'static str,
+        mut call: F,
+        mut wind_down: Option<W>,
+    ) -> Result<T, BotExit>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, PlatformError>>,
+        W: FnOnce(T) -> WFut,
+        WFut: std::future::Future<Output = ()>,
     {
         let mut attempt = 0;
         loop {
             self.lease
                 .check()
                 .map_err(|e| BotExit::Fenced(e.to_string()))?;
+            let fut = call();
+            tokio::pin!(fut);
             let r = tokio::select! {
-                r = call() => r,
-                () = stopped(self.stop.clone()) => return Err(BotExit::Stopped),
+                r = &mut fut => r,
+                () = stopped(self.stop.clone()) => {
+                    if let Some(close) = wind_down.take() {
+                        match tokio::time::timeout(CONNECT_WIND_DOWN, fut).await {
+                            Ok(Ok(opened)) => close(opened).await,
+                            Ok(Err(_)) => {}
+                            Err(_) => warn!(bot = %self.spec.id, "{what} did not end within {} s of the stop; dropped", CONNECT_WIND_DOWN.as_secs()),
+                        }
+                    }
+                    return Err(BotExit::Stopped);
+                }
             };
             match r {
                 Ok(v) => {
@@ -282,14 +318,21 @@ impl BotCtx {
             self.fence,
         ));
         let Connection { receiver, sender } = match self
-            .until_ok("connect", || {
-                connector.connect_with_session(
-                    &spec,
-                    cp.as_deref(),
-                    may_act.clone(),
-                    session.clone(),
-                )
-            })
+            .until_ok_then(
+                "connect",
+                || {
+                    connector.connect_with_session(
+                        &spec,
+                        cp.as_deref(),
+                        may_act.clone(),
+                        session.clone(),
+                    )
+                },
+                Some(|c: Connection| async move {
+                    let mut receiver = c.receiver;
+                    receiver.close().await;
+                }),
+            )
             .await
         {
             Ok(c) => c,

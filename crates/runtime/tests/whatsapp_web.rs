@@ -197,6 +197,59 @@ async fn a_linked_bot_connects_on_claim_and_hands_over_without_overlap() {
     .await;
 }
 
+/// A bot handed over while its connect is still in flight (a slow network: the dial takes
+/// seconds) is not dropped midway: the stopping worker's client would dial on by itself and log
+/// in beside the next owner's. The connect ends first (the dial that lands is closed), then the
+/// bot moves, and the server never sees two connections of the device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_during_a_slow_dial_leaves_no_second_connection() {
+    let standin = StandIn::start().await.unwrap();
+    let (_dir, store) = temp_sqlite("wa-web-slow-dial").await;
+    store
+        .add_bot(&spec("wa-slow", &standin.url()))
+        .await
+        .unwrap();
+    link(&store, &standin, "wa-slow", "15550000007").await;
+    let user = "15550000007";
+    let before = standin.logins(user);
+    standin.slow_dials(Duration::from_secs(2));
+    let dials = standin.dials();
+
+    let hub = MemoryHub::new();
+    let a = start("a", Arc::new(hub.coordinator()), store.clone());
+    wait_for("a dialing", Duration::from_secs(10), || async {
+        (standin.dials() > dials).then_some(())
+    })
+    .await;
+    // a leaves while its dial is in flight; b takes the bot.
+    let b = start("b", Arc::new(hub.coordinator()), store.clone());
+    wait_for("b registered", Duration::from_secs(10), || async {
+        (hub.coordinator().live_workers().await.ok()?.len() == 2).then_some(())
+    })
+    .await;
+    a.shutdown().await;
+    wait_for("running on b", Duration::from_secs(30), || async {
+        (standin.connected(user) == 1
+            && status(&store, "wa-slow").await == (BotStatus::Running, String::new(), "b".into()))
+            .then_some(())
+    })
+    .await;
+    // Past the time an abandoned client would have logged in, still one connection.
+    let settled = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < settled {
+        assert!(standin.connected(user) <= 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        standin.max_concurrent(user),
+        1,
+        "never two connections of one device"
+    );
+    assert_eq!(standin.connected(user), 1);
+    assert!(standin.logins(user) > before, "b logged in");
+    b.shutdown().await;
+}
+
 /// The phone logs the device out: the bot fails with "link again", its session is cleared
 /// (it shows as unlinked) and no worker dials it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

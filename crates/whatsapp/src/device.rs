@@ -127,8 +127,27 @@ struct GuardedDial {
     current: Socket,
 }
 
-/// The client's current connection, shared with its [`Running`].
-type Socket = Arc<std::sync::Mutex<Option<Arc<dyn Transport>>>>;
+/// The client's current connection, shared with its [`Running`]; once a stop began, a dial
+/// that lands is closed at once instead of kept (the client's own disconnect does not reach a
+/// dial in flight: it would log in after the stop, beside the next owner's connection).
+#[derive(Default)]
+struct Dialed {
+    current: Option<Arc<dyn Transport>>,
+    closing: bool,
+}
+
+type Socket = Arc<std::sync::Mutex<Dialed>>;
+
+fn dialed(socket: &Socket) -> std::sync::MutexGuard<'_, Dialed> {
+    socket.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Marks the client as stopping and takes its connection, to close.
+fn closing(socket: &Socket) -> Option<Arc<dyn Transport>> {
+    let mut d = dialed(socket);
+    d.closing = true;
+    d.current.take()
+}
 
 #[async_trait]
 impl TransportFactory for GuardedDial {
@@ -138,13 +157,26 @@ impl TransportFactory for GuardedDial {
         Arc<dyn Transport>,
         whatsapp_rust::async_channel::Receiver<TransportEvent>,
     )> {
-        if !(self.may_act)() {
-            return Err(whatsapp_rust::anyhow::anyhow!(
-                "this worker may no longer act for the bot: not dialing"
-            ));
+        let refused = || {
+            whatsapp_rust::anyhow::anyhow!("this worker may no longer act for the bot: not dialing")
+        };
+        if !(self.may_act)() || dialed(&self.current).closing {
+            return Err(refused());
         }
         let (transport, events) = self.inner.create_transport().await?;
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(transport.clone());
+        // Asked again once the dial landed: a stop or a lost lease meanwhile closes it here.
+        let kept = {
+            let mut d = dialed(&self.current);
+            let keep = !d.closing && (self.may_act)();
+            if keep {
+                d.current = Some(transport.clone());
+            }
+            keep
+        };
+        if !kept {
+            transport.disconnect().await;
+            return Err(refused());
+        }
         Ok((transport, events))
     }
 }
@@ -367,9 +399,12 @@ async fn start(
 
 impl Running {
     /// Disconnects cleanly (the client flushes its state, through the fence still held) and
-    /// waits for it to end; aborts it when that takes too long.
+    /// waits for it to end; closes the connection itself when that takes too long, and in any
+    /// case whatever connection is still open once the client ended (a dial in flight).
     async fn stop(&mut self) {
         if let Some(handle) = self.handle.take() {
+            // A dial landing while the client disconnects is closed, not logged in.
+            dialed(&self.socket).closing = true;
             // Well inside the time a worker gives a stopping bot (5 s) before it hands the bot
             // over: the connection must be closed by then.
             if tokio::time::timeout(GRACEFUL_STOP, handle.shutdown())
@@ -380,28 +415,32 @@ impl Running {
                     "the WhatsApp client did not disconnect within {} s; closing its connection",
                     GRACEFUL_STOP.as_secs()
                 );
-                self.close_socket().await;
             }
+            self.close_socket().await;
         }
     }
 
-    /// Closes the connection itself, whatever the client is doing.
+    /// Closes the connection itself, whatever the client is doing; no dial is kept after it.
     async fn close_socket(&self) {
-        let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = socket {
+        if let Some(t) = closing(&self.socket) {
             let _ = tokio::time::timeout(Duration::from_secs(1), t.disconnect()).await;
         }
     }
 }
 
+/// How often a connect in progress asks whether this worker may still act for the bot.
+const MAY_ACT_TICK: Duration = Duration::from_millis(100);
+
 /// How long a clean disconnect (flushing the client's state) may take on a stop.
 const GRACEFUL_STOP: Duration = Duration::from_secs(3);
 
 impl Drop for Running {
-    /// A connect abandoned midway (the bot stopped while it waited) still disconnects.
+    /// A client dropped without [`Running::stop`] (a connect abandoned midway) still
+    /// disconnects, and keeps no dial that lands afterwards. The runtime lets a connect end
+    /// instead of dropping it, so this is the last resort.
     fn drop(&mut self) {
         if let Some(handle) = self.handle.take() {
-            let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let socket = closing(&self.socket);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     if let Some(t) = socket {
@@ -494,9 +533,15 @@ pub(crate) async fn connect(
     )
     .await?;
     let mut early = VecDeque::new();
+    // Asked while waiting too: a stop (or a lost lease) ends the connect within a tick, the
+    // runtime waits for it, and the next owner meets no connection of ours.
+    let mut tick = tokio::time::interval(MAY_ACT_TICK);
     let outcome = tokio::time::timeout(cfg.connect_timeout, async {
         loop {
             tokio::select! {
+                _ = tick.tick() => if !may_act() {
+                    return Err(Early::GaveUp(not_owner()));
+                },
                 ev = run.events.recv() => match ev {
                     Some(Ev::Connected) => return Ok(()),
                     Some(Ev::LoggedOut(why)) => return Err(Early::LoggedOut(why)),

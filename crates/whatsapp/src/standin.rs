@@ -93,6 +93,17 @@ impl StandIn {
         Ok(StandIn { addr, hub, accept })
     }
 
+    /// Answers every new connection's WebSocket upgrade only after `delay` (a slow network):
+    /// a client's dial stays in flight that long. Zero (the default) answers at once.
+    pub fn slow_dials(&self, delay: Duration) {
+        self.hub.lock().dial_delay = delay;
+    }
+
+    /// TCP connections accepted so far, whether or not they got as far as a login.
+    pub fn dials(&self) -> usize {
+        self.hub.lock().dials
+    }
+
     /// The WebSocket URL to give the client's transport: `ws://127.0.0.1:PORT/ws/chat`.
     pub fn url(&self) -> String {
         format!("ws://{}/ws/chat", self.addr)
@@ -397,6 +408,10 @@ struct State {
     replies: Vec<Reply>,
     /// How each message from a contact was first encrypted, by message id.
     kinds: HashMap<String, contact::EncType>,
+    /// How long a new connection waits before its WebSocket upgrade is answered.
+    dial_delay: Duration,
+    /// TCP connections accepted so far.
+    dials: usize,
 }
 
 impl State {

@@ -43,6 +43,15 @@ pub(crate) async fn serve(hub: Arc<Hub>, tcp: TcpStream) {
 }
 
 async fn run(hub: &Hub, tcp: TcpStream) -> Result<(), wire::Fault> {
+    // A slow network: the client's dial is still in flight meanwhile.
+    let delay = {
+        let mut state = hub.lock();
+        state.dials += 1;
+        state.dial_delay
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     let (mut reader, mut writer) = wire::accept(tcp).await?;
     let greeting = wire::handshake(&mut reader, &mut writer, &hub.keys).await?;
     let (push, mut pushed) = mpsc::unbounded_channel();
