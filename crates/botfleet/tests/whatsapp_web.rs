@@ -106,11 +106,6 @@ async fn owner(store: &SqliteStore, id: &str) -> Option<String> {
     (r.status == BotStatus::Running).then_some(r.reported_by?)
 }
 
-// Known to fail about one run in three: the stand-in sometimes counts two connections of one
-// device at once. Suspected: a bot handed over while its connect is still in flight (workers
-// joining at start), whose dropped client is closed asynchronously. Issue 10 stays open for it;
-// run it with `cargo test -p botfleet --test whatsapp_web -- --ignored`.
-#[ignore = "flaky: a hand-over during a connect can overlap two connections (issue 10 open)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linked_sessions_move_across_kill_and_sigterm_without_two_connections() {
     let redis = RedisServer::start().unwrap();
