@@ -33,6 +33,29 @@ fn cli(db: &str, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `bots add ID --platform whatsapp --mode web` against the stand-in at `url`.
+fn add(db: &str, id: &str, url: &str) {
+    let out = cli(
+        db,
+        &[
+            "bots",
+            "add",
+            id,
+            "--platform",
+            "whatsapp",
+            "--mode",
+            "web",
+            "--api-url",
+            url,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
     Proc::spawn(
         name,
@@ -97,6 +120,24 @@ fn contact(i: usize) -> String {
     format!("1555777000{i}")
 }
 
+/// Asserts that the replies `got` answer `m0`..`m{rounds-1}`, each first answered in order;
+/// answers how many were answered more than once.
+fn in_order(got: &[String], rounds: usize, bot: &str) -> usize {
+    let mut first: Vec<&String> = Vec::new();
+    for t in got {
+        if !first.contains(&t) {
+            first.push(t);
+        }
+    }
+    let want: Vec<String> = (0..rounds).map(|r| format!("m{r}")).collect();
+    assert_eq!(
+        first.into_iter().cloned().collect::<Vec<_>>(),
+        want,
+        "{bot}: every message answered, in order"
+    );
+    got.len() - rounds
+}
+
 async fn owner(store: &SqliteStore, id: &str) -> Option<String> {
     let r = store
         .get_bot(&BotId::new(id).unwrap())
@@ -119,25 +160,7 @@ async fn linked_sessions_move_across_kill_and_sigterm_without_two_connections() 
         .map(|i| (format!("wa-{i}"), format!("1555010000{i}")))
         .collect();
     for (id, _) in &bots {
-        let out = cli(
-            &db,
-            &[
-                "bots",
-                "add",
-                id,
-                "--platform",
-                "whatsapp",
-                "--mode",
-                "web",
-                "--api-url",
-                &url,
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        add(&db, id, &url);
     }
     let list = cli(&db, &["bots", "list"]);
     let text = String::from_utf8_lossy(&list.stdout);
@@ -319,21 +342,7 @@ async fn linked_sessions_move_across_kill_and_sigterm_without_two_connections() 
     .await;
     let mut duplicated = 0;
     for (i, (id, user)) in bots.iter().enumerate() {
-        let got = standin.replies_to(user, &contact(i));
-        let mut first: Vec<&String> = Vec::new();
-        for t in &got {
-            if first.contains(&t) {
-                duplicated += 1;
-            } else {
-                first.push(t);
-            }
-        }
-        let want: Vec<String> = (0..rounds).map(|r| format!("m{r}")).collect();
-        assert_eq!(
-            first.into_iter().cloned().collect::<Vec<_>>(),
-            want,
-            "{id}: every message answered, in order"
-        );
+        duplicated += in_order(&standin.replies_to(user, &contact(i)), rounds, id);
     }
     eprintln!(
         "{} messages, 0 lost, {duplicated} answered twice (a reply in flight at the kill)",
@@ -353,6 +362,125 @@ async fn linked_sessions_move_across_kill_and_sigterm_without_two_connections() 
             standin.logins(user) >= 2,
             "{user} reconnected after the kill"
         );
+    }
+    for w in &mut workers {
+        w.signal("-TERM");
+        let _ = w.child.wait();
+    }
+}
+
+/// A worker frozen (SIGSTOP) past its lease while its bot is connected: the bot comes back on
+/// the other worker, whose login replaces the frozen connection as WhatsApp does. Woken
+/// (SIGCONT), the old worker learns it lost the bot and lets the session go: it does not
+/// report the replaced stream (the bot is not failed), does not dial again (no second
+/// takeover), and every message written through it is answered once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_woken_after_its_successor_took_the_session_does_not_fight() {
+    let redis = RedisServer::start().unwrap();
+    let standin = std::sync::Arc::new(StandIn::start().await.unwrap());
+    standin.take_over();
+    let dir = TempDir::new("botfleet-waweb-freeze");
+    let db_path = dir.0.join("bots.db");
+    let db = format!("sqlite://{}", db_path.display());
+    let (id, user) = ("wa-z", "15550300001");
+    add(&db, id, &standin.url());
+    link(&db, &standin, id, user).await;
+
+    let store = SqliteStore::open(&db_path).await.unwrap();
+    let mut workers: Vec<Proc> = ["f1", "f2"]
+        .iter()
+        .map(|n| spawn_worker(n, &db, &redis.url(), &dir.0))
+        .collect();
+    let first = wait_for("the bot connected", Duration::from_secs(60), || async {
+        let o = owner(&store, id).await?;
+        (standin.connected(user) == 1).then_some(o)
+    })
+    .await;
+    let frozen = workers.iter().position(|w| w.name == first).unwrap();
+    let logins = standin.logins(user);
+
+    // Contacts keep writing through the freeze and the wake-up.
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(0usize));
+    let writer = {
+        let (standin, writing, sent) = (standin.clone(), writing.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut round = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                standin
+                    .send_text(&contact(0), user, &format!("m{round}"))
+                    .await
+                    .unwrap();
+                round += 1;
+                *sent.lock().unwrap() = round;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+
+    workers[frozen].signal("-STOP");
+    let second = wait_for(
+        "the bot taken over by the other worker",
+        Duration::from_secs(60),
+        || async {
+            let o = owner(&store, id).await?;
+            (o != first && standin.takeovers(user) == 1 && standin.connected(user) == 1)
+                .then_some(o)
+        },
+    )
+    .await;
+    assert!(standin.logins(user) > logins);
+
+    workers[frozen].signal("-CONT");
+    wait_for(
+        "the woken worker learns it lost its lease",
+        Duration::from_secs(30),
+        || async { (!workers[frozen].log_about("liveness lost").is_empty()).then_some(()) },
+    )
+    .await;
+    // A few more rounds after the wake-up, answered by whoever runs the bot now.
+    let woke_at = *sent.lock().unwrap();
+    wait_for(
+        "rounds after the wake-up",
+        Duration::from_secs(30),
+        || async { (*sent.lock().unwrap() >= woke_at + 5).then_some(()) },
+    )
+    .await;
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
+    let rounds = *sent.lock().unwrap();
+    wait_for(
+        "every message answered",
+        Duration::from_secs(60),
+        || async {
+            (standin.unacked(user) == 0 && standin.replies_to(user, &contact(0)).len() >= rounds)
+                .then_some(())
+        },
+    )
+    .await;
+    let twice = in_order(&standin.replies_to(user, &contact(0)), rounds, id);
+    assert!(
+        twice <= 1,
+        "{twice} answered twice (at most a reply in flight at the freeze)"
+    );
+    // The woken worker never fought for the session, nor reported it replaced.
+    assert_eq!(standin.takeovers(user), 1, "no second takeover");
+    assert_eq!(standin.connected(user), 1);
+    let r = store
+        .get_bot(&BotId::new(id).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.status, BotStatus::Running, "{:?}", r.last_error);
+    assert!(r.last_error.is_none(), "{:?}", r.last_error);
+    assert!(
+        workers[frozen].log_about("stream replaced").is_empty(),
+        "the woken worker reported nothing about the session: {}",
+        workers[frozen].log_tail()
+    );
+    eprintln!("{rounds} messages through a freeze of {first}; taken over by {second}");
+    if std::env::var_os("WAWEB_TEST_LOG").is_some() {
+        eprintln!("{first}'s log:\n{}", workers[frozen].log_tail());
     }
     for w in &mut workers {
         w.signal("-TERM");

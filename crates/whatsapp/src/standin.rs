@@ -28,8 +28,11 @@
 //! `usync` for the contact's devices and fetching its prekey bundle) is decrypted on the
 //! contact's side and shows in [`StandIn::replies`].
 //!
-//! Unlike WhatsApp, a second login of a device does not kick the first: both stay connected,
-//! so [`StandIn::max_concurrent`] shows a double login. [`StandIn::replace`] is the kick.
+//! Unlike WhatsApp, by default a second login of a device does not kick the first: both stay
+//! connected, so [`StandIn::max_concurrent`] shows a double login. [`StandIn::replace`] is the
+//! kick; after [`StandIn::take_over`] a login kicks the older connection as WhatsApp does
+//! (counted in [`StandIn::takeovers`]). [`StandIn::slow_dials`] holds new connections, so a
+//! client's dial stays in flight.
 
 mod contact;
 mod mailbox;
@@ -97,6 +100,20 @@ impl StandIn {
     /// a client's dial stays in flight that long. Zero (the default) answers at once.
     pub fn slow_dials(&self, delay: Duration) {
         self.hub.lock().dial_delay = delay;
+    }
+
+    /// From now on, behaves as WhatsApp does when a device logs in while it has a live
+    /// connection: the older connection is kicked with `<conflict type="replaced"/>` (its
+    /// client emits `StreamReplaced`), and the login counted in [`StandIn::takeovers`]. By
+    /// default both stay connected, so that [`StandIn::max_concurrent`] shows a double login.
+    pub fn take_over(&self) {
+        self.hub.lock().take_over = true;
+    }
+
+    /// Logins of `who` (see [`StandIn::connected`]) that replaced a live connection of the
+    /// device (see [`StandIn::take_over`]).
+    pub fn takeovers(&self, who: &str) -> usize {
+        self.hub.devices(who, |d| d.takeovers).sum()
     }
 
     /// TCP connections accepted so far, whether or not they got as far as a login.
@@ -412,6 +429,8 @@ struct State {
     dial_delay: Duration,
     /// TCP connections accepted so far.
     dials: usize,
+    /// Whether a login replaces the device's older connections (see [`StandIn::take_over`]).
+    take_over: bool,
 }
 
 impl State {
@@ -503,6 +522,8 @@ struct Device {
     noise_key: Option<[u8; 32]>,
     live: usize,
     max_live: usize,
+    /// Logins that replaced a live connection of the device.
+    takeovers: usize,
     logins: usize,
     refused: usize,
     /// Logins are refused with a temporary ban until then.

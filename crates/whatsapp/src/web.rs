@@ -58,6 +58,8 @@ pub struct FencedBackend {
     refused: Arc<std::sync::atomic::AtomicU64>,
     // std RwLock: held for map operations only, never across .await.
     cache: RwLock<Records>,
+    /// Makes taking a sent message (read, then delete) one step.
+    taking: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for FencedBackend {
@@ -134,6 +136,7 @@ impl FencedBackend {
             kv,
             refused: Arc::default(),
             cache: RwLock::new(cache),
+            taking: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -502,16 +505,27 @@ impl ProtocolStore for FencedBackend {
         self.fetch("lid", lid).await?.map(|v| de(&v)).transpose()
     }
     async fn get_pn_mapping(&self, phone: &str) -> Result<Option<LidPnMappingEntry>> {
+        // A number can have had more than one LID: the one learned last is the current one.
+        let mut latest: Option<LidPnMappingEntry> = None;
         for (_, v) in self.fetch_all("lid").await? {
             let e: LidPnMappingEntry = de(&v)?;
-            if e.phone_number == phone {
-                return Ok(Some(e));
+            if e.phone_number == phone
+                && latest.as_ref().is_none_or(|l| e.updated_at >= l.updated_at)
+            {
+                latest = Some(e);
             }
         }
-        Ok(None)
+        Ok(latest)
     }
     async fn put_lid_mapping(&self, entry: &LidPnMappingEntry) -> Result<()> {
         self.put("lid", entry.lid.clone(), ser(entry)?).await
+    }
+    async fn put_lid_mappings(&self, entries: &[LidPnMappingEntry]) -> Result<()> {
+        let writes = entries
+            .iter()
+            .map(|e| Ok(KvWrite::Put("lid".into(), e.lid.clone(), ser(e)?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.apply(writes).await
     }
     async fn get_all_lid_mappings(&self) -> Result<Vec<LidPnMappingEntry>> {
         self.fetch_all("lid")
@@ -614,6 +628,8 @@ impl ProtocolStore for FencedBackend {
     }
     async fn take_sent_message(&self, chat_jid: &str, message_id: &str) -> Result<Option<Vec<u8>>> {
         let key = format!("{chat_jid}|{message_id}");
+        // Two retry receipts for one message at once: only one of them gets it to resend.
+        let _one = self.taking.lock().await;
         match self.fetch("sent_message", &key).await? {
             Some(v) => {
                 let m: SentMessage = de(&v)?;

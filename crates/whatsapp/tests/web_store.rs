@@ -177,6 +177,22 @@ async fn a_session_moves_whole_and_stale_writers_are_refused(store: Arc<dyn Stor
         b.get_pn_mapping("4917").await.unwrap().map(|e| e.lid),
         Some("100".to_owned())
     );
+    // A number that had more than one LID maps to the one learned last, whatever the order.
+    let mapping = |lid: &str, updated_at| LidPnMappingEntry {
+        lid: lid.into(),
+        phone_number: "4930".into(),
+        created_at: 1,
+        updated_at,
+        learning_source: "usync".into(),
+    };
+    b.put_lid_mappings(&[mapping("300", 9), mapping("050", 3), mapping("900", 5)])
+        .await
+        .unwrap();
+    assert_eq!(
+        b.get_pn_mapping("4930").await.unwrap().map(|e| e.lid),
+        Some("300".to_owned())
+    );
+    assert_eq!(b.get_all_lid_mappings().await.unwrap().len(), 4);
     assert!(b.has_same_base_key("4917:1", "m1", &[4; 4]).await.unwrap());
     assert_eq!(b.get_devices("4917").await.unwrap().unwrap().timestamp, 5);
     assert_eq!(
@@ -228,6 +244,24 @@ async fn a_session_moves_whole_and_stale_writers_are_refused(store: Arc<dyn Stor
     );
     assert!(c.get_session("4920:1").await.unwrap().is_none());
     assert_eq!(c.load_identity("4918:1").await.unwrap(), Some([8; 32]));
+    assert_eq!(
+        c.get_pn_mapping("4930").await.unwrap().map(|e| e.lid),
+        Some("300".to_owned()),
+        "the mappings batch moved whole"
+    );
+    // Two takes of one sent message at once: one gets it.
+    c.store_sent_message("4917@s.whatsapp.net", "m5", b"again")
+        .await
+        .unwrap();
+    let (x, y) = tokio::join!(
+        c.take_sent_message("4917@s.whatsapp.net", "m5"),
+        c.take_sent_message("4917@s.whatsapp.net", "m5")
+    );
+    assert_eq!(
+        [x.unwrap(), y.unwrap()].iter().flatten().count(),
+        1,
+        "taken once"
+    );
     // What the new owner took is gone for the next one too.
     assert!(c
         .take_sent_message("4917@s.whatsapp.net", "m2")

@@ -117,7 +117,9 @@ impl Hub {
         greeting: &wire::Greeting,
         push: mpsc::UnboundedSender<Out>,
     ) -> (u64, Vec<Out>) {
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let take_over = state.take_over;
         let id = state.next_id();
         let payload = &greeting.payload;
         let Some(username) = payload.username else {
@@ -172,6 +174,28 @@ impl Hub {
         }
         device.noise_key = Some(greeting.client_static);
         device.logins += 1;
+        let replacing = device.live > 0 && take_over;
+        if replacing {
+            device.takeovers += 1;
+            // As WhatsApp does: the older connections of the device are replaced.
+            let older: Vec<u64> = state
+                .conns
+                .iter()
+                .filter(|(_, c)| {
+                    matches!(&c.role, Role::Device { user: u, device: d } if *u == user && *d == device_id)
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            for old in older {
+                if let Some(push) = state.leave(old) {
+                    // A closed channel means the connection is ending anyway.
+                    let _ = push.send(Out::Kick(super::stanza::replaced()));
+                }
+            }
+        }
+        let Some(device) = state.device(&user, device_id) else {
+            return (id, vec![Out::Kick(failure())]);
+        };
         device.live += 1;
         device.max_live = device.max_live.max(device.live);
         state.conns.insert(
@@ -190,18 +214,7 @@ impl Hub {
 
     /// Forgets a connection; idempotent.
     fn leave(&self, id: u64) {
-        let mut state = self.lock();
-        let Some(conn) = state.conns.remove(&id) else {
-            return;
-        };
-        if let Role::Device { user, device } = conn.role {
-            if let Some(target) = state.device(&user, device) {
-                target.live = target.live.saturating_sub(1);
-            }
-            // What this connection did not acknowledge waits for the next one.
-            state.requeue(id, &user, device);
-        }
-        // A pending scan's sender drops here: `scan` learns the client went away.
+        self.lock().leave(id);
     }
 
     /// What to send for a node the client sent.
@@ -438,6 +451,20 @@ impl Hub {
 }
 
 impl State {
+    /// Forgets a connection (idempotent): a device's connection is no longer live, and what
+    /// it did not acknowledge waits for the next one. Answers the connection's channel.
+    pub(crate) fn leave(&mut self, id: u64) -> Option<mpsc::UnboundedSender<Out>> {
+        let conn = self.conns.remove(&id)?;
+        if let Role::Device { user, device } = &conn.role {
+            if let Some(target) = self.device(user, *device) {
+                target.live = target.live.saturating_sub(1);
+            }
+            self.requeue(id, user, *device);
+        }
+        // A pending scan's sender drops with the connection: `scan` learns the client went away.
+        Some(conn.push)
+    }
+
     pub(crate) fn device(&mut self, user: &str, device: u16) -> Option<&mut super::Device> {
         self.accounts.get_mut(user)?.devices.get_mut(&device)
     }
