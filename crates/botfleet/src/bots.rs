@@ -660,20 +660,20 @@ async fn link(
             "{id} is enabled: `botfleet bots disable {id}` first, so no worker uses the session while it is replaced"
         );
     }
-    // Under the highest fence granted so far: a worker that runs the bot later holds a fence
-    // at least as high, and reads what is written here.
-    let fence = reg.store.highest_fence(&rec.spec.id).await?;
-    let session = std::sync::Arc::new(botfleet_runtime::StoreSession::new(
-        reg.store.clone(),
-        rec.spec.id.clone(),
-        fence,
-    ));
-    if force {
-        session
-            .clear()
+    // Under a fence of its own above every one granted so far: a worker that runs the bot
+    // later holds a higher one and reads what is written here, and a second link of the bot
+    // started meanwhile voids this one instead of mixing two devices in one session.
+    let session = std::sync::Arc::new(
+        botfleet_runtime::StoreSession::above_all(reg.store.clone(), rec.spec.id.clone())
             .await
-            .map_err(|e| anyhow::anyhow!("cannot clear the old session: {e}"))?;
-    }
+            .map_err(|e| anyhow::anyhow!("cannot take the session to link it: {e}"))?,
+    );
+    // A new device starts from nothing: the session replaced (`--force`), or what an earlier
+    // link left unfinished (its keys are no other link's to reuse).
+    session
+        .clear()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot clear the old session: {e}"))?;
     let cfg = WebConfig::from_env().map_err(anyhow::Error::msg)?;
     let with_phone = phone.is_some();
     if with_phone {

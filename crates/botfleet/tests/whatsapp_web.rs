@@ -70,8 +70,15 @@ fn spawn_worker(name: &str, db: &str, redis: &str, dir: &Path) -> Proc {
     )
 }
 
-/// Runs `bots link ID`, scanning the QR code it prints as the phone `user` would.
-async fn link(db: &str, standin: &StandIn, id: &str, user: &str) {
+/// A `bots link ID` under way, past its first QR code.
+struct Linking {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    qr: String,
+}
+
+/// Starts `bots link ID` and reads until it shows a QR code (drawn, and as `QR data:`).
+async fn start_link(db: &str, id: &str) -> Linking {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_botfleet"))
         .args(["bots", "link", id, "--database-url", db, "--timeout", "60"])
         .env("BOTFLEET_WHATSAPP_WEB_VERSION", VERSION)
@@ -102,17 +109,33 @@ async fn link(db: &str, standin: &StandIn, id: &str, user: &str) {
         printed.lines().count() > 10,
         "draws the QR code in the terminal: {printed}"
     );
-    standin.scan(&qr, user).await.unwrap();
-    let mut rest = String::new();
-    while let Some(l) = lines.next_line().await.unwrap() {
-        rest.push_str(&l);
-        rest.push('\n');
+    Linking { child, lines, qr }
+}
+
+impl Linking {
+    /// Waits for the command to end: whether it succeeded, and what it printed since the QR
+    /// code (stdout, then stderr).
+    async fn finish(mut self) -> (bool, String) {
+        let mut rest = String::new();
+        while let Some(l) = self.lines.next_line().await.unwrap() {
+            rest.push_str(&l);
+            rest.push('\n');
+        }
+        let out = tokio::time::timeout(Duration::from_secs(60), self.child.wait_with_output())
+            .await
+            .expect("link ends")
+            .unwrap();
+        rest.push_str(&String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), rest)
     }
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("link ends")
-        .unwrap();
-    assert!(status.success(), "bots link {id}: {rest}");
+}
+
+/// Runs `bots link ID`, scanning the QR code it prints as the phone `user` would.
+async fn link(db: &str, standin: &StandIn, id: &str, user: &str) {
+    let linking = start_link(db, id).await;
+    standin.scan(&linking.qr, user).await.unwrap();
+    let (ok, rest) = linking.finish().await;
+    assert!(ok, "bots link {id}: {rest}");
     assert!(rest.contains(&format!("linked {id} as {user}")), "{rest}");
 }
 
@@ -486,4 +509,34 @@ async fn a_frozen_worker_woken_after_its_successor_took_the_session_does_not_fig
         w.signal("-TERM");
         let _ = w.child.wait();
     }
+}
+
+/// Two `bots link` of one bot at once (an operator's script run twice): the later one owns
+/// the session. The earlier one, scanned first, says it is void instead of storing a second
+/// device over the first; the later one links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_link_of_a_bot_voids_the_first() {
+    let standin = StandIn::start().await.unwrap();
+    let dir = TempDir::new("botfleet-waweb-links");
+    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
+    let (id, user) = ("wa-twice", "15550400001");
+    add(&db, id, &standin.url());
+    let first = start_link(&db, id).await;
+    let second = start_link(&db, id).await;
+    // Whether the phone's side completes depends on how far the client gets before its
+    // refused write: either way the command must say the link is void.
+    let _ = standin.scan(&first.qr, user).await;
+    let (ok, said) = first.finish().await;
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("another link of this bot began meanwhile"),
+        "{said}"
+    );
+    standin.scan(&second.qr, user).await.unwrap();
+    let (ok, said) = second.finish().await;
+    assert!(ok, "{said}");
+    assert!(said.contains(&format!("linked {id} as {user}")), "{said}");
+    let list = cli(&db, &["bots", "list", "--json"]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.contains("\"linked\":true"), "{text}");
 }

@@ -39,8 +39,11 @@ fn spec(id: &str, url: &str) -> BotSpec {
 /// stand-in acting as the phone.
 async fn link(store: &Arc<dyn Store>, standin: &StandIn, id: &str, user: &str) {
     let bot = BotId::new(id).unwrap();
-    let fence = store.highest_fence(&bot).await.unwrap();
-    let session = Arc::new(StoreSession::new(store.clone(), bot.clone(), fence));
+    let session = Arc::new(
+        StoreSession::above_all(store.clone(), bot.clone())
+            .await
+            .unwrap(),
+    );
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let url = standin.url();
     let linking = tokio::spawn(async move {
@@ -336,6 +339,20 @@ async fn an_unlinked_bot_is_reported_and_never_dialed() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(standin.registering(), 0);
     assert_eq!(standin.total_connected(), 0);
+    // Linked now, while the worker still holds the bot (parked): the link wrote under a fence
+    // above that claim; a restart (the spec written again, as `bots restart` does) claims the
+    // bot above the link's fence, and it connects with the new session.
+    link(&store, &standin, "wa-4", "15550000004").await;
+    store
+        .update_bot(&spec("wa-4", &standin.url()))
+        .await
+        .unwrap();
+    wait_for("connected once linked", Duration::from_secs(30), || async {
+        (standin.connected("15550000004") == 1
+            && status(&store, "wa-4").await == (BotStatus::Running, String::new(), "solo".into()))
+            .then_some(())
+    })
+    .await;
     w.shutdown().await;
 }
 

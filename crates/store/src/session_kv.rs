@@ -21,6 +21,28 @@ impl StoreSession {
     pub fn new(store: Arc<dyn Store>, bot: BotId, fence: Fence) -> Self {
         Self { store, bot, fence }
     }
+
+    /// The session of `bot` for a writer outside any claim (`bots link`): under a new fence
+    /// above every one granted so far, which the store takes first. From then on an earlier
+    /// writer — a worker that ran the bot, a link of it started before — is refused, and the
+    /// bot's next claim is granted above it. The fence steps up by a jittered amount, so that
+    /// two links started at the same moment almost never share one.
+    ///
+    /// # Errors
+    /// `StaleFence` when a higher fence was taken meanwhile (another link); backend failures.
+    pub async fn above_all(store: Arc<dyn Store>, bot: BotId) -> Result<Self, StoreError> {
+        let jitter = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::from(d.subsec_nanos()) % 65_536);
+        let fence = Fence(store.highest_fence(&bot).await?.0 + 1 + jitter);
+        store.accept_fence(&bot, fence).await?;
+        Ok(Self::new(store, bot, fence))
+    }
+
+    /// The fence this session writes under.
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
 }
 
 fn err(e: StoreError) -> SessionError {

@@ -493,6 +493,20 @@ fn replaced() -> PlatformError {
     )
 }
 
+/// Reads a session whole; `what` names it in the error.
+async fn read_session(
+    session: Arc<dyn SessionKv>,
+    what: &str,
+) -> Result<FencedBackend, PlatformError> {
+    FencedBackend::load(session).await.map_err(|e| {
+        PlatformError::new(
+            ErrorKind::Transient,
+            "session_read",
+            format!("cannot read {what}: {e}"),
+        )
+    })
+}
+
 /// Opens a linked bot's session: the bot's connection once WhatsApp accepted it.
 pub(crate) async fn connect(
     cfg: &WebConfig,
@@ -501,15 +515,8 @@ pub(crate) async fn connect(
     may_act: MayAct,
     session: Arc<dyn SessionKv>,
 ) -> Result<Connection, PlatformError> {
-    let backend = FencedBackend::load(session.clone())
-        .await
-        .map_err(|e| {
-            PlatformError::new(
-                ErrorKind::Transient,
-                "session_read",
-                format!("cannot read the linked session: {e}"),
-            )
-        })?
+    let backend = read_session(session.clone(), "the linked session")
+        .await?
         .counting(stats.refused_writes.clone());
     if !backend.is_linked() {
         return Err(PlatformError::new(
@@ -838,6 +845,13 @@ pub enum LinkError {
     /// WhatsApp or the phone refused.
     #[error("linking failed: {0}")]
     Refused(String),
+    /// Another writer took the session while this link ran (a second `bots link` of the bot):
+    /// what this link wrote was refused.
+    #[error(
+        "another link of this bot began meanwhile and owns its session now: this link is void \
+         (if the phone lists the device it added, remove it in Linked devices)"
+    )]
+    Superseded,
     /// The session could not be read or written.
     #[error("{0}")]
     Platform(#[from] PlatformError),
@@ -858,13 +872,10 @@ pub async fn link(
     timeout: Duration,
     prompt: impl Fn(LinkPrompt) + Send + Sync,
 ) -> Result<String, LinkError> {
-    let backend = FencedBackend::load(session.clone()).await.map_err(|e| {
-        PlatformError::new(
-            ErrorKind::Transient,
-            "session_read",
-            format!("cannot read the session: {e}"),
-        )
-    })?;
+    let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let backend = read_session(session.clone(), "the session")
+        .await?
+        .counting(refused.clone());
     let url = api_url.map_or_else(|| DEFAULT_WEB_URL.to_owned(), str::to_owned);
     let mut run = start(
         cfg,
@@ -878,9 +889,14 @@ pub async fn link(
     .await?;
     let mut paired: Option<String> = None;
     let mut prompted = false;
+    let mut tick = tokio::time::interval(MAY_ACT_TICK);
     let outcome = tokio::time::timeout(timeout, async {
         loop {
             tokio::select! {
+                // A refused write: another link owns the session now, waiting is in vain.
+                _ = tick.tick() => if refused.load(Ordering::Relaxed) > 0 {
+                    return Err(LinkError::Superseded);
+                },
                 ev = run.events.recv() => match ev {
                     Some(Ev::QrCode(code)) => {
                         prompted = true;
@@ -904,15 +920,13 @@ pub async fn link(
     })
     .await;
     run.stop().await;
+    // A write refused as stale: a newer writer owns the session, whatever it holds now.
+    if refused.load(Ordering::Relaxed) > 0 {
+        return Err(LinkError::Superseded);
+    }
     // The client writes the new device on its way out: linked only if the store has it.
     if matches!(outcome, Ok(Ok(()))) {
-        let stored = FencedBackend::load(session).await.map_err(|e| {
-            PlatformError::new(
-                ErrorKind::Transient,
-                "session_read",
-                format!("cannot read the session back: {e}"),
-            )
-        })?;
+        let stored = read_session(session, "the session back").await?;
         if !stored.is_linked() {
             return Err(LinkError::Refused(
                 "the phone confirmed, but the session could not be stored (was the bot started \

@@ -268,6 +268,33 @@ async fn a_session_moves_whole_and_stale_writers_are_refused(store: Arc<dyn Stor
         .await
         .unwrap()
         .is_none());
+
+    // A link takes a fence above every owner so far: the owner before it is refused, and so
+    // is a link that began before it; what the link writes, the next claim reads.
+    let bot = BotId::new("wa-web").unwrap();
+    let first = StoreSession::above_all(store.clone(), bot.clone())
+        .await
+        .unwrap();
+    assert!(first.fence() > Fence(5));
+    let second = StoreSession::above_all(store.clone(), bot.clone())
+        .await
+        .unwrap();
+    assert!(second.fence() > first.fence());
+    assert!(
+        c.put_session("4917:1", b"late").await.is_err(),
+        "the owner before the links"
+    );
+    let early = FencedBackend::load(Arc::new(first)).await.unwrap();
+    assert!(early.put_session("4917:1", b"early").await.is_err());
+    assert_eq!(early.refused_writes(), 1);
+    let linking = FencedBackend::load(Arc::new(second.clone())).await.unwrap();
+    linking.put_session("4917:1", b"linked").await.unwrap();
+    assert!(store.highest_fence(&bot).await.unwrap() >= second.fence());
+    let next = backend(&store, second.fence().0 + 1).await;
+    assert_eq!(
+        next.get_session("4917:1").await.unwrap().unwrap().as_ref(),
+        b"linked"
+    );
 }
 
 #[tokio::test]
