@@ -212,7 +212,7 @@ impl BotCtx {
                         match tokio::time::timeout(CONNECT_WIND_DOWN, fut).await {
                             Ok(Ok(opened)) => close(opened).await,
                             Ok(Err(_)) => {}
-                            Err(_) => warn!(bot = %self.spec.id, "{what} did not end within {} s of the stop; dropped", CONNECT_WIND_DOWN.as_secs()),
+                            Err(_) => warn!(bot = %self.spec.id, "{what} did not end within {:.1} s of the stop; dropped", CONNECT_WIND_DOWN.as_secs_f32()),
                         }
                     }
                     return Err(BotExit::Stopped);
