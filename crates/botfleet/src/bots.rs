@@ -131,7 +131,9 @@ pub(crate) struct AddArgs {
     app_token: Option<String>,
     /// The platform API's base URL: a self-hosted Bot API server for Telegram; Slack's Web
     /// API base (default `https://slack.com/api/`); Discord's REST base with the version
-    /// (default `https://discord.com/api/v10`).
+    /// (default `https://discord.com/api/v10`); WhatsApp's Graph API base (default
+    /// `https://graph.facebook.com/v21.0`), or for a device-link bot (`--mode web`) the
+    /// WhatsApp Web socket, ws:// or wss:// (default `wss://web.whatsapp.com/ws/chat`).
     #[arg(long)]
     api_url: Option<String>,
     /// How the bot answers.

@@ -202,21 +202,7 @@ async fn linked_sessions_move_across_kill_and_sigterm_without_two_connections() 
         "{err}"
     );
     // WhatsApp out of reach: said so, not blamed on the phone.
-    let out = cli(
-        &db,
-        &[
-            "bots",
-            "add",
-            "wa-dead",
-            "--platform",
-            "whatsapp",
-            "--mode",
-            "web",
-            "--api-url",
-            "ws://127.0.0.1:1/ws/chat",
-        ],
-    );
-    assert!(out.status.success());
+    add(&db, "wa-dead", "ws://127.0.0.1:1/ws/chat");
     let out = cli(&db, &["bots", "link", "wa-dead", "--timeout", "2"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

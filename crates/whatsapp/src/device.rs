@@ -422,9 +422,14 @@ impl Running {
 
     /// Closes the connection itself, whatever the client is doing; no dial is kept after it.
     async fn close_socket(&self) {
-        if let Some(t) = closing(&self.socket) {
-            let _ = tokio::time::timeout(Duration::from_secs(1), t.disconnect()).await;
-        }
+        close(closing(&self.socket)).await;
+    }
+}
+
+/// Closes a connection, giving it a second at most.
+async fn close(transport: Option<Arc<dyn Transport>>) {
+    if let Some(t) = transport {
+        let _ = tokio::time::timeout(Duration::from_secs(1), t.disconnect()).await;
     }
 }
 
@@ -443,9 +448,7 @@ impl Drop for Running {
             let socket = closing(&self.socket);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
-                    if let Some(t) = socket {
-                        let _ = tokio::time::timeout(Duration::from_secs(1), t.disconnect()).await;
-                    }
+                    close(socket).await;
                     let _ = tokio::time::timeout(GRACEFUL_STOP, handle.shutdown()).await;
                 });
             }
@@ -568,31 +571,29 @@ pub(crate) async fn connect(
         }
     })
     .await;
+    // Not connected, or no longer ours: the client stops here, whatever the reason.
+    let lost = !may_act();
+    if lost || !matches!(outcome, Ok(Ok(()))) {
+        run.stop().await;
+    }
     // A worker that lost the bot meanwhile (frozen, fenced, stopping) says nothing about the
     // session and lets it go: its successor owns it.
-    if !may_act() {
-        run.stop().await;
+    if lost {
         return Err(not_owner());
     }
     match outcome {
         Ok(Ok(())) => {}
         Ok(Err(Early::LoggedOut(why))) => {
-            run.stop().await;
             stats.logged_out.fetch_add(1, Ordering::Relaxed);
             let _ = session.clear().await;
             return Err(logged_out(&spec.id, &why));
         }
         Ok(Err(Early::Replaced)) => {
-            run.stop().await;
             stats.replaced.fetch_add(1, Ordering::Relaxed);
             return Err(replaced());
         }
-        Ok(Err(Early::GaveUp(e))) => {
-            run.stop().await;
-            return Err(e);
-        }
+        Ok(Err(Early::GaveUp(e))) => return Err(e),
         Err(_) => {
-            run.stop().await;
             return Err(PlatformError::new(
                 ErrorKind::Transient,
                 "connect_timeout",

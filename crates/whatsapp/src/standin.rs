@@ -121,6 +121,13 @@ impl StandIn {
         self.hub.lock().dials
     }
 
+    /// Connections accepted whose login has not been answered yet (held by
+    /// [`StandIn::slow_dials`], or in their handshake); a connection that goes away before its
+    /// login leaves this count too.
+    pub fn dials_in_flight(&self) -> usize {
+        self.hub.lock().dialing
+    }
+
     /// The WebSocket URL to give the client's transport: `ws://127.0.0.1:PORT/ws/chat`.
     pub fn url(&self) -> String {
         format!("ws://{}/ws/chat", self.addr)
@@ -429,6 +436,8 @@ struct State {
     dial_delay: Duration,
     /// TCP connections accepted so far.
     dials: usize,
+    /// Of those, the ones not admitted (nor refused, nor gone) yet.
+    dialing: usize,
     /// Whether a login replaces the device's older connections (see [`StandIn::take_over`]).
     take_over: bool,
 }

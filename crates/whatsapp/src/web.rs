@@ -219,6 +219,20 @@ impl FencedBackend {
             .await
     }
 
+    /// Sets many records of one kind in one fenced write: all or none.
+    async fn put_all(
+        &self,
+        k: &str,
+        rows: impl IntoIterator<Item = (String, Vec<u8>)>,
+    ) -> Result<()> {
+        self.apply(
+            rows.into_iter()
+                .map(|(key, v)| KvWrite::Put(k.into(), key, v))
+                .collect(),
+        )
+        .await
+    }
+
     async fn del(&self, k: &str, key: impl Into<String>) -> Result<()> {
         self.apply(vec![KvWrite::Delete(k.into(), key.into())])
             .await
@@ -247,6 +261,11 @@ fn prekey_record(v: &[u8]) -> Result<&[u8]> {
 struct SentMessage {
     payload: Vec<u8>,
     at: i64,
+}
+
+/// Records keyed by a Signal address, as stored.
+fn by_address(rows: &[(Arc<str>, Bytes)]) -> impl Iterator<Item = (String, Vec<u8>)> + '_ {
+    rows.iter().map(|(a, v)| (a.to_string(), v.to_vec()))
 }
 
 fn prekey_key(id: u32) -> String {
@@ -278,34 +297,25 @@ impl SignalStore for FencedBackend {
     }
     // The batches the client flushes its Signal state in: one fenced write each, all or none.
     async fn put_identities_batch(&self, identities: &[(Arc<str>, [u8; 32])]) -> Result<()> {
-        let writes = identities
-            .iter()
-            .map(|(a, k)| KvWrite::Put("identity".into(), a.to_string(), k.to_vec()))
-            .collect();
-        self.apply(writes).await
+        self.put_all(
+            "identity",
+            identities.iter().map(|(a, k)| (a.to_string(), k.to_vec())),
+        )
+        .await
     }
     async fn put_sessions_batch(&self, sessions: &[(Arc<str>, Bytes)]) -> Result<()> {
-        let writes = sessions
-            .iter()
-            .map(|(a, v)| KvWrite::Put("session".into(), a.to_string(), v.to_vec()))
-            .collect();
-        self.apply(writes).await
+        self.put_all("session", by_address(sessions)).await
     }
     async fn store_prekeys_batch(&self, keys: &[(u32, Bytes)], uploaded: bool) -> Result<()> {
-        let writes = keys
-            .iter()
-            .map(|(id, r)| {
-                KvWrite::Put("prekey".into(), prekey_key(*id), prekey_value(r, uploaded))
-            })
-            .collect();
-        self.apply(writes).await
+        self.put_all(
+            "prekey",
+            keys.iter()
+                .map(|(id, r)| (prekey_key(*id), prekey_value(r, uploaded))),
+        )
+        .await
     }
     async fn put_sender_keys_batch(&self, sender_keys: &[(Arc<str>, Bytes)]) -> Result<()> {
-        let writes = sender_keys
-            .iter()
-            .map(|(a, v)| KvWrite::Put("sender_key".into(), a.to_string(), v.to_vec()))
-            .collect();
-        self.apply(writes).await
+        self.put_all("sender_key", by_address(sender_keys)).await
     }
     async fn store_prekey(&self, id: u32, record: &[u8], uploaded: bool) -> Result<()> {
         self.put("prekey", prekey_key(id), prekey_value(record, uploaded))
@@ -521,11 +531,11 @@ impl ProtocolStore for FencedBackend {
         self.put("lid", entry.lid.clone(), ser(entry)?).await
     }
     async fn put_lid_mappings(&self, entries: &[LidPnMappingEntry]) -> Result<()> {
-        let writes = entries
+        let rows = entries
             .iter()
-            .map(|e| Ok(KvWrite::Put("lid".into(), e.lid.clone(), ser(e)?)))
+            .map(|e| Ok((e.lid.clone(), ser(e)?)))
             .collect::<Result<Vec<_>>>()?;
-        self.apply(writes).await
+        self.put_all("lid", rows).await
     }
     async fn get_all_lid_mappings(&self) -> Result<Vec<LidPnMappingEntry>> {
         self.fetch_all("lid")
@@ -779,13 +789,10 @@ impl MsgSecretStore for FencedBackend {
         sender: &str,
         msg_id: &str,
     ) -> Result<Option<Vec<u8>>> {
-        match self
-            .fetch("msg_secret", &format!("{chat}|{sender}|{msg_id}"))
+        Ok(self
+            .get_msg_secret_with_ts(chat, sender, msg_id)
             .await?
-        {
-            Some(v) => Ok(Some(de::<MsgSecretEntry>(&v)?.secret.to_vec())),
-            None => Ok(None),
-        }
+            .map(|(secret, _)| secret))
     }
     async fn delete_expired_msg_secrets(&self, cutoff_timestamp: i64) -> Result<u32> {
         let mut writes = Vec::new();

@@ -47,8 +47,10 @@ async fn run(hub: &Hub, tcp: TcpStream) -> Result<(), wire::Fault> {
     let delay = {
         let mut state = hub.lock();
         state.dials += 1;
+        state.dialing += 1;
         state.dial_delay
     };
+    let dialing = Dialing(hub);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -56,6 +58,7 @@ async fn run(hub: &Hub, tcp: TcpStream) -> Result<(), wire::Fault> {
     let greeting = wire::handshake(&mut reader, &mut writer, &hub.keys).await?;
     let (push, mut pushed) = mpsc::unbounded_channel();
     let (id, first) = hub.admit(&greeting, push);
+    drop(dialing);
     let member = Member { hub, id };
     let mut outs: VecDeque<Out> = first.into();
     loop {
@@ -78,6 +81,17 @@ async fn run(hub: &Hub, tcp: TcpStream) -> Result<(), wire::Fault> {
             },
             Some(out) = pushed.recv() => outs.push_back(out),
         }
+    }
+}
+
+/// A connection not admitted nor refused yet (see [`crate::standin::StandIn::dials_in_flight`]),
+/// however its handshake ends.
+struct Dialing<'h>(&'h Hub);
+
+impl Drop for Dialing<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.dialing = state.dialing.saturating_sub(1);
     }
 }
 
