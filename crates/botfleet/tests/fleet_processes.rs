@@ -1074,3 +1074,80 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
         assert_eq!(fake.state().identify_violations(t), 0, "{t}");
     }
 }
+
+/// A Telegram polling bot whose webhook handler keeps a count in the conversation state (the
+/// testkit's `StateHandler` answers `<n>:<text>`): the count goes on, one step a message, in
+/// order and with no reply twice, through a kill -9 of the worker that ran the bot. The state
+/// lives with the chat in the store, written in the turn's one record under the claim's fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polling_bots_conversation_state_survives_kill_9_of_its_worker() {
+    let s = setup(1).await;
+    let handler = botfleet_testkit::StateHandler::start(Duration::ZERO).await;
+    let bot = BotId::new("bot-0").unwrap();
+    let mut spec = s.store.get_bot(&bot).await.unwrap().unwrap().spec;
+    spec.handler = botfleet_core::HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    s.store.update_bot(&spec).await.unwrap();
+    let coord = RedisCoordinator::connect(RedisConfig::new(s.redis.url()).prefix("itest"))
+        .await
+        .unwrap();
+    let mut procs: Vec<Proc> = (0..2)
+        .map(|i| spawn_worker(&format!("s{i}"), &s.db, &s.redis.url(), &s.dir.0))
+        .collect();
+    let replies = |fake: &FakeTelegram| -> Vec<String> {
+        fake.state()
+            .sent()
+            .into_iter()
+            .filter(|m| m.chat_id == "7")
+            .map(|m| m.text)
+            .collect()
+    };
+    let want = |upto: usize| -> Vec<String> { (1..=upto).map(|n| format!("{n}:m{n}")).collect() };
+    for n in 1..=3 {
+        s.fake.state().user_writes(&token(0), 7, &format!("m{n}"));
+        wait_for("a reply", Duration::from_secs(30), || async {
+            (replies(&s.fake).len() >= n).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(replies(&s.fake), want(3));
+    let holder = wait_for("the bot's holder", Duration::from_secs(10), || async {
+        for i in 0..2 {
+            if !held_among(&coord, &format!("s{i}"), 1).await.is_empty() {
+                return Some(i);
+            }
+        }
+        None
+    })
+    .await;
+    procs[holder].child.kill().unwrap();
+    let killed_at = Instant::now();
+    // Written while nobody holds the bot: the survivor takes it after the lease.
+    for n in 4..=6 {
+        s.fake.state().user_writes(&token(0), 7, &format!("m{n}"));
+    }
+    wait_for(
+        "the survivor answers on from the state",
+        Duration::from_secs(40),
+        || async { (replies(&s.fake).len() >= 6).then_some(()) },
+    )
+    .await;
+    println!(
+        "state after kill -9: answered on from n=3 {:?} after the kill (lease {LEASE_MS} ms)",
+        killed_at.elapsed()
+    );
+    // Let any late duplicate show up before judging.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        replies(&s.fake),
+        want(6),
+        "the count goes on, once a message"
+    );
+    let survivor = 1 - holder;
+    assert!(!held_among(&coord, &format!("s{survivor}"), 1)
+        .await
+        .is_empty());
+    drop(procs);
+}

@@ -3,13 +3,7 @@
 //! acknowledge the batch to the platform and store its checkpoint, and hand each message to its
 //! chat's queue (see [`crate::chats`]). Nothing here names a platform's wire types.
 
-use std::{
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use botfleet_coord::LeaseHandle;
 use botfleet_core::{BotSpec, BotStatus, Fence};
@@ -23,7 +17,9 @@ use crate::{
     handler::Handler,
     metrics::Metrics,
     reporter::Reporter,
+    retry::{backoff, sleep_or_stop, stopped, wait_after},
     starter::Starter,
+    turn::TurnCtx,
 };
 
 /// Why a bot task ended.
@@ -75,55 +71,9 @@ pub(crate) struct BotCtx {
     pub(crate) down_since: Option<std::time::Instant>,
 }
 
-/// Resolves once a stop is asked for (or the worker that could ask is gone).
-pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
-    loop {
-        if *stop.borrow_and_update() {
-            return;
-        }
-        if stop.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
-/// Sleeps `d`, or less if asked to stop; answers whether it was asked to stop.
-pub(crate) async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
-    if *stop.borrow() {
-        return true;
-    }
-    tokio::select! {
-        () = tokio::time::sleep(d) => *stop.borrow(),
-        r = stop.changed() => r.is_err() || *stop.borrow(),
-    }
-}
-
 /// How long a stop waits for a connect in progress to end (well inside the 5 s a worker gives
 /// a stopping bot before it hands the bot over).
 const CONNECT_WIND_DOWN: Duration = Duration::from_millis(4_500);
-
-/// Capped exponential backoff with jitter: attempt 0 → ~0.5 s, doubling, at most ~30 s.
-pub(crate) fn backoff(attempt: u32) -> Duration {
-    static SEED: AtomicU64 = AtomicU64::new(0x2545_f491_4f6c_dd1d);
-    let base = 500u64.saturating_mul(1 << attempt.min(6)).min(30_000);
-    // xorshift: cheap jitter, no need for a crypto RNG; spreads retries of many bots.
-    let mut x = SEED.load(Ordering::Relaxed);
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    SEED.store(x, Ordering::Relaxed);
-    Duration::from_millis(base / 2 + x % (base / 2 + 1))
-}
-
-/// How long to wait after a retryable platform failure, `attempt` failures in a row.
-fn wait_after(e: &PlatformError, attempt: u32) -> Duration {
-    match e.kind() {
-        ErrorKind::RateLimited(d) => d,
-        // Another poller or a webhook holds the token: no hurry.
-        ErrorKind::Conflict => backoff(attempt.max(3)),
-        _ => backoff(attempt),
-    }
-}
 
 impl BotCtx {
     /// Counts a failure toward `transport_down` (transient ones only): the exit when the
@@ -156,7 +106,11 @@ impl BotCtx {
     fn chat_exit(&self, exit: ChatExit) -> BotExit {
         match exit {
             ChatExit::Fenced(why) => BotExit::Fenced(why),
-            ChatExit::Failed(e) => self.fail(&e),
+            // Reported failed by the turn that met the refusal.
+            ChatExit::Failed(e) => {
+                self.metrics.start_failure(self.spec.platform, e.reason());
+                BotExit::Failed(e.to_string())
+            }
         }
     }
 
@@ -350,15 +304,19 @@ impl BotCtx {
         self.report(BotStatus::Running, None);
         info!(bot = %self.spec.id, fence = self.fence.get(), checkpoint = checkpoint.as_deref().unwrap_or("-"), "bot running");
         let mut chats = Chats::new(ChatsCtx {
-            bot: self.spec.id.clone(),
-            platform: self.spec.platform,
+            turn: TurnCtx {
+                bot: self.spec.id.clone(),
+                platform: self.spec.platform,
+                store: self.store.clone(),
+                sender: Ok(sender),
+                handler: self.handler.clone(),
+                metrics: self.metrics.clone(),
+                reporter: self.reporter.clone(),
+                worker: Arc::from(self.worker.as_str()),
+                retry_for: self.settings.retry_for,
+            },
             fence: self.fence,
-            store: self.store.clone(),
-            sender,
-            handler: self.handler.clone(),
             lease: self.lease.clone(),
-            metrics: self.metrics.clone(),
-            retry_for: self.settings.retry_for,
             stop: self.stop.clone(),
         });
         let exit = self.receive(receiver, &mut chats, pending).await;
@@ -472,10 +430,12 @@ impl BotCtx {
                 Vec::new()
             } else {
                 match self
-                    .store_retry("record messages", || store.inbox_put(&bot, &items, fence))
+                    .store_retry("record messages", || {
+                        store.journal_put(&bot, &items, Some(fence), None)
+                    })
                     .await
                 {
-                    Ok(n) => n,
+                    Ok((n, _)) => n,
                     Err(exit) => break exit,
                 }
             };

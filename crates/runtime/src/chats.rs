@@ -1,44 +1,35 @@
 //! A bot's chat queues: each chat's messages are answered one at a time, in the order they
 //! were recorded; different chats run in parallel, so no chat waits for another.
 //!
-//! A queue's task runs the handler (transient failures retried with capped backoff for a
-//! bounded time, while the other chats go on), checks the lease before every act the platform
-//! can observe, sends the reply and marks the inbox entry done, under the claim's fence. A
-//! message the handler or the platform refuses, or that keeps failing past the retry window,
-//! is recorded as undeliverable, never dropped silently. A queue whose messages are all done
-//! is let go (its task ends) and made again by the next message of its chat.
+//! This is how a chat's turn is held for a bot whose unit is claimed (polling, socket,
+//! gateway and linked-device bots): the claim makes this worker the only one answering, and
+//! the local queue keeps the order. Each message is answered by the turn pipeline
+//! ([`crate::turn`]) under the claim's fence. A queue whose messages are all done is let go
+//! (its task ends) and made again by the next message of its chat.
 
 use std::{
     collections::{HashMap, VecDeque},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use botfleet_coord::LeaseHandle;
-use botfleet_core::{BotId, Fence, Inbound, Outbound, Platform};
-use botfleet_platform::{ErrorKind, PlatformError, Sender};
-use botfleet_store::{InboxEntry, InboxItem, InboxOutcome, Store, StoreError};
+use botfleet_core::Fence;
+use botfleet_platform::PlatformError;
+use botfleet_store::{InboxEntry, InboxItem, InboxState, TurnFence, TurnView};
 use tokio::{sync::watch, task::JoinSet};
-use tracing::{debug, warn};
 
 use crate::{
-    bot::{backoff, sleep_or_stop},
-    handler::Handler,
-    metrics::Metrics,
+    retry::sleep_or_stop,
+    turn::{self, Halt, Hold, TurnCtx},
 };
 
 /// What the queues of one bot share.
 pub(crate) struct ChatsCtx {
-    pub(crate) bot: BotId,
-    pub(crate) platform: Platform,
+    pub(crate) turn: TurnCtx,
+    /// The unit's claim: every turn's writes carry it.
     pub(crate) fence: Fence,
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) sender: Arc<dyn Sender>,
-    pub(crate) handler: Handler,
     pub(crate) lease: LeaseHandle,
-    pub(crate) metrics: Arc<Metrics>,
-    /// How long transient failures of one message are retried.
-    pub(crate) retry_for: Duration,
     pub(crate) stop: watch::Receiver<bool>,
 }
 
@@ -47,21 +38,15 @@ pub(crate) struct ChatsCtx {
 pub(crate) enum ChatExit {
     /// The worker may no longer act for the bot.
     Fenced(String),
-    /// The platform refused the credentials while sending.
+    /// The platform refused the credentials while sending (the bot was reported failed).
     Failed(PlatformError),
-}
-
-/// Why a message was left where it was.
-enum Halt {
-    /// Asked to stop: what is left stays pending for whoever runs the bot next.
-    Stopped,
-    Exit(ChatExit),
 }
 
 /// A recorded message waiting in its chat's queue.
 struct Job {
     key: String,
-    message: String,
+    /// The message, for one just received (a replay's is read with its turn).
+    message: Option<String>,
 }
 
 #[derive(Default)]
@@ -98,17 +83,18 @@ impl Chats {
         self.in_flight
     }
 
-    /// Queues a recorded entry (a replay of what a predecessor left pending).
+    /// Queues a recorded entry (a replay of what a predecessor left pending): its turn reads
+    /// what the predecessor wrote (state, outbox) first.
     pub(crate) fn dispatch(&mut self, e: InboxEntry) {
-        self.push(e.chat, e.key, e.message);
+        self.push(e.chat, e.key, None);
     }
 
     /// Queues a message just recorded.
     pub(crate) fn dispatch_new(&mut self, item: InboxItem) {
-        self.push(item.chat, item.key, item.message);
+        self.push(item.chat, item.key, Some(item.message));
     }
 
-    fn push(&mut self, chat: String, key: String, message: String) {
+    fn push(&mut self, chat: String, key: String, message: Option<String>) {
         self.in_flight += 1;
         let q = self.waiting.entry(chat.clone()).or_default();
         q.jobs.push_back(Job { key, message });
@@ -130,8 +116,7 @@ impl Chats {
         q.busy = true;
         let ctx = self.ctx.clone();
         self.answering.spawn(async move {
-            let mut stop = ctx.stop.clone();
-            let r = answer(&ctx, &job, &mut stop).await;
+            let r = answer(&ctx, &chat, job).await;
             (chat, r)
         });
     }
@@ -156,7 +141,8 @@ impl Chats {
                     return None;
                 }
                 Err(Halt::Stopped) => {}
-                Err(Halt::Exit(e)) => return Some(e),
+                Err(Halt::Fenced(why)) => return Some(ChatExit::Fenced(why)),
+                Err(Halt::Failed(e)) => return Some(ChatExit::Failed(e)),
             }
         }
     }
@@ -179,132 +165,50 @@ impl Chats {
     }
 }
 
-/// Checks before an act the platform can observe.
-fn may_act(ctx: &ChatsCtx, stop: &watch::Receiver<bool>) -> Result<(), Halt> {
-    if *stop.borrow() {
-        return Err(Halt::Stopped);
+impl Hold for ChatsCtx {
+    fn check(&self) -> Result<(), Halt> {
+        if *self.stop.borrow() {
+            return Err(Halt::Stopped);
+        }
+        self.lease.check().map_err(|e| Halt::Fenced(e.to_string()))
     }
-    ctx.lease
-        .check()
-        .map_err(|e| Halt::Exit(ChatExit::Fenced(e.to_string())))
+
+    async fn pause(&self, d: Duration) -> Result<(), Halt> {
+        let mut stop = self.stop.clone();
+        if sleep_or_stop(d, &mut stop).await {
+            return Err(Halt::Stopped);
+        }
+        Ok(())
+    }
 }
 
-/// Answers one message: handler, reply, inbox entry done.
-async fn answer(ctx: &ChatsCtx, job: &Job, stop: &mut watch::Receiver<bool>) -> Result<(), Halt> {
-    let msg: Inbound = match serde_json::from_str(&job.message) {
-        Ok(m) => m,
-        Err(e) => {
-            return undeliverable(ctx, job, format!("recorded message unreadable: {e}"), stop)
-                .await;
-        }
+/// Answers one message through the turn pipeline, under the unit's claim.
+async fn answer(ctx: &ChatsCtx, chat: &str, job: Job) -> Result<(), Halt> {
+    // A message just received, for a handler that keeps no state: nothing to read first (it
+    // is pending, its reply cannot be in the outbox yet, and no state is sent). Otherwise the
+    // turn reads the chat's state and the outbox.
+    let view = match job.message {
+        Some(message) if !ctx.turn.handler.takes_state() => Some(TurnView {
+            entry: Some(InboxEntry {
+                bot: ctx.turn.bot.clone(),
+                key: job.key.clone(),
+                seq: 0,
+                chat: chat.to_owned(),
+                message,
+                state: InboxState::Pending,
+                error: None,
+                received_at_ms: 0,
+            }),
+            ..TurnView::default()
+        }),
+        _ => None,
     };
-    let started = Instant::now();
-    let mut attempt = 0;
-    let reply = loop {
-        may_act(ctx, stop)?;
-        match ctx.handler.answer(&msg).await {
-            Ok(a) => break a,
-            Err(e) if e.is_transient() && started.elapsed() < ctx.retry_for => {
-                ctx.metrics.handler_retry(ctx.platform);
-                let wait = backoff(attempt);
-                warn!(bot = %ctx.bot, chat = %msg.chat.chat, error = %e, wait_ms = wait.as_millis() as u64, "handler failed; retrying this chat's message");
-                if sleep_or_stop(wait, stop).await {
-                    return Err(Halt::Stopped);
-                }
-                attempt += 1;
-            }
-            Err(e) => {
-                ctx.metrics.platform_error(ctx.platform, "handler");
-                return undeliverable(ctx, job, format!("handler: {e}"), stop).await;
-            }
-        }
+    let j = turn::Job {
+        key: &job.key,
+        chat,
+        fence: TurnFence::Claim(ctx.fence),
+        view,
+        arrived: None,
     };
-    if let Some(text) = reply {
-        let out = Outbound::reply_to(&msg, text);
-        let mut attempt = 0;
-        loop {
-            // Checked before every send: a frozen or fenced worker sends nothing.
-            may_act(ctx, stop)?;
-            match ctx.sender.send(&out).await {
-                Ok(()) => {
-                    ctx.metrics.sent();
-                    ctx.metrics.reply_latency(ctx.platform, started.elapsed());
-                    break;
-                }
-                Err(e) if e.kind() == ErrorKind::Credentials => {
-                    return Err(Halt::Exit(ChatExit::Failed(e)));
-                }
-                Err(e) => {
-                    ctx.metrics.platform_error(ctx.platform, e.reason());
-                    // Rejected: this message cannot be sent as it is. Anything else is retried
-                    // (an unreadable reply may hide a sent message: at least once, not at most).
-                    let retry = !matches!(e.kind(), ErrorKind::Rejected)
-                        && started.elapsed() < ctx.retry_for;
-                    if !retry {
-                        return undeliverable(ctx, job, format!("send: {e}"), stop).await;
-                    }
-                    let wait = match e.kind() {
-                        ErrorKind::RateLimited(d) => d,
-                        _ => backoff(attempt),
-                    };
-                    debug!(bot = %ctx.bot, error = %e, "send failed; retrying");
-                    if sleep_or_stop(wait, stop).await {
-                        return Err(Halt::Stopped);
-                    }
-                    attempt += 1;
-                }
-            }
-        }
-    }
-    finish(ctx, job, &InboxOutcome::Done, stop).await
-}
-
-async fn undeliverable(
-    ctx: &ChatsCtx,
-    job: &Job,
-    why: String,
-    stop: &mut watch::Receiver<bool>,
-) -> Result<(), Halt> {
-    warn!(bot = %ctx.bot, key = %job.key, reason = %why, "message undeliverable");
-    ctx.metrics.undeliverable(ctx.platform);
-    finish(ctx, job, &InboxOutcome::Undeliverable(why), stop).await
-}
-
-/// Ends the inbox entry under the fence, retrying through store failures.
-async fn finish(
-    ctx: &ChatsCtx,
-    job: &Job,
-    outcome: &InboxOutcome,
-    stop: &mut watch::Receiver<bool>,
-) -> Result<(), Halt> {
-    let mut tries = 0;
-    loop {
-        match ctx
-            .store
-            .inbox_finish(&ctx.bot, &job.key, outcome, ctx.fence)
-            .await
-        {
-            Ok(()) | Err(StoreError::NotFound(_)) => return Ok(()),
-            Err(StoreError::StaleFence { current, .. }) => {
-                return Err(Halt::Exit(ChatExit::Fenced(format!(
-                    "a newer fence {current} owns this bot"
-                ))));
-            }
-            // Not cut short by a stop: once a reply is out, recording it is what keeps the next
-            // owner from sending it again.
-            Err(e) if tries < 6 => {
-                warn!(bot = %ctx.bot, error = %e, "cannot record an answered message; retrying");
-                tokio::time::sleep(backoff(tries).min(Duration::from_secs(2))).await;
-                tries += 1;
-            }
-            Err(e) => {
-                warn!(bot = %ctx.bot, error = %e, "cannot record an answered message; the next owner may answer it again");
-                return if *stop.borrow() {
-                    Err(Halt::Stopped)
-                } else {
-                    Ok(())
-                };
-            }
-        }
-    }
+    turn::run(&ctx.turn, ctx, j).await
 }

@@ -61,7 +61,7 @@ pub fn sign(secret: &Secret, body: &[u8]) -> String {
     hex
 }
 
-/// A handler's answer with conversation state (webhook bots).
+/// A handler's answer, and the chat's new conversation state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reply {
     /// The text to send back, if any.
@@ -80,12 +80,10 @@ impl Handler {
         }
     }
 
-    /// The answer to `msg`, if any.
-    ///
-    /// # Errors
-    /// Webhook failures; echo never fails.
-    pub async fn answer(&self, msg: &Inbound) -> Result<Option<String>, HandlerError> {
-        Ok(self.answer_with_state(msg, None).await?.text)
+    /// Whether this handler is given the chat's conversation state (a webhook is; echo keeps
+    /// none, so its turns need not read it).
+    pub fn takes_state(&self) -> bool {
+        matches!(self.spec, HandlerSpec::Webhook { .. })
     }
 
     /// The answer to `msg` in a chat whose state is `state` (JSON): the webhook gets it as the

@@ -30,22 +30,21 @@ use axum::{
 };
 use botfleet_coord::{Coordinator, LeaseHandle, Turn};
 use botfleet_core::Incarnation;
-use botfleet_core::{BotId, BotSpec, BotStatus, Fence, Inbound, Outbound, Platform};
+use botfleet_core::{BotId, BotSpec, BotStatus, Fence, Platform};
 use botfleet_platform::{ErrorKind, HookAnswer, HookRequest, Sender, Webhooks};
-use botfleet_store::{
-    InboxItem, InboxOutcome, InboxState, StateWrite, Store, TurnRecord, TurnView, MAX_STATE_BYTES,
-};
+use botfleet_store::{InboxItem, InboxState, Store, TurnFence, TurnView};
 use tokio::sync::{watch, Notify};
 use tracing::{debug, info, warn};
 
 use crate::{
-    bot::backoff,
     handler::Handler,
     metrics::{
         Metrics, HOOKS_DUPLICATES_TOTAL, HOOKS_JOURNALED_TOTAL, HOOKS_REFUSED_TOTAL,
-        HOOKS_UNAVAILABLE_TOTAL, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL, STATE_TOO_LARGE_TOTAL,
-        TURN_TAKEOVERS_TOTAL, TURN_WAITS_EXCEEDED_TOTAL,
+        HOOKS_UNAVAILABLE_TOTAL, TURN_TAKEOVERS_TOTAL, TURN_WAITS_EXCEEDED_TOTAL,
     },
+    reporter::Reporter,
+    retry::{backoff, sleep_or_stop},
+    turn::{self, Halt, Hold, TurnCtx},
 };
 
 /// Largest webhook body taken (bytes); larger ones are answered 413.
@@ -93,6 +92,9 @@ struct Inner {
     lease: watch::Receiver<Option<LeaseHandle>>,
     http: reqwest::Client,
     settings: HookSettings,
+    reporter: Reporter,
+    /// Set once the worker is leaving (with `closed`): waits between tries end at once.
+    closing: watch::Sender<bool>,
     // std Mutexes: each held for one map operation, never across .await.
     specs: Mutex<HashMap<BotId, CachedSpec>>,
     senders: Mutex<HashMap<BotId, CachedSender>>,
@@ -138,6 +140,8 @@ enum Handled {
 }
 
 impl Hooks {
+    // Called once, by the worker, with what it shares; a builder would only rename these.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         coord: Arc<dyn Coordinator>,
         store: Arc<dyn Store>,
@@ -146,6 +150,7 @@ impl Hooks {
         lease: watch::Receiver<Option<LeaseHandle>>,
         http: reqwest::Client,
         settings: HookSettings,
+        reporter: Reporter,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -156,6 +161,8 @@ impl Hooks {
                 lease,
                 http,
                 settings,
+                reporter,
+                closing: watch::Sender::new(false),
                 specs: Mutex::default(),
                 senders: Mutex::default(),
                 waiters: Mutex::default(),
@@ -198,6 +205,7 @@ impl Hooks {
         self.inner
             .closed
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner.closing.send_replace(true);
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let idle = self.inner.idle.notified();
@@ -297,12 +305,15 @@ impl Hooks {
             if s.pending == 0 {
                 continue;
             }
-            let Ok(Some(spec)) = self.spec_of(&bot).await else {
+            // Read afresh (not the hot path's cache): a bot whose credentials were refused
+            // keeps its entries until it is restarted, then they are replayed in order.
+            let Ok(Some(rec)) = self.inner.store.get_bot(&bot).await else {
                 continue;
             };
-            if !spec.is_webhook() || !spec.enabled {
+            if !rec.spec.is_webhook() || !rec.spec.enabled || rec.status == BotStatus::Failed {
                 continue;
             }
+            let spec = Arc::new(rec.spec);
             for e in self.inner.store.inbox_pending(&bot, SWEEP_BATCH).await? {
                 if e.received_at_ms > cutoff || !self.claim_local(&bot, &e.key) {
                     continue;
@@ -480,7 +491,7 @@ impl Hooks {
             match self
                 .inner
                 .store
-                .journal_put_view(&spec.id, &items, first_granted)
+                .journal_put(&spec.id, &items, None, first_granted)
                 .await
             {
                 Ok((new, view)) => {
@@ -877,233 +888,58 @@ impl Hooks {
         arrived: Option<Instant>,
         preload: Option<TurnView>,
     ) -> Handled {
-        let store = &self.inner.store;
-        let p = spec.platform;
-        let mut attempt = 0;
-        let view = loop {
-            if !self.may_act() {
-                return Handled::Fenced;
-            }
-            if let Some(v) = preload {
-                break v;
-            }
-            match store.turn_view(&spec.id, key, chat).await {
-                Ok(v) => break v,
-                Err(e) => {
-                    warn!(bot = %spec.id, error = %e, "cannot read a turn's entry; retrying");
-                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(5))).await;
-                    attempt += 1;
-                }
-            }
+        let ctx = TurnCtx {
+            bot: spec.id.clone(),
+            platform: spec.platform,
+            store: self.inner.store.clone(),
+            sender: self.sender_of(spec).map_err(|e| e.to_string()),
+            handler: Handler::new(
+                spec.handler.clone(),
+                self.inner.http.clone(),
+                self.inner.settings.handler_timeout,
+            ),
+            metrics: self.inner.metrics.clone(),
+            reporter: self.inner.reporter.clone(),
+            worker: self
+                .lease()
+                .map_or_else(|| Arc::from(""), |l| Arc::from(l.worker().to_string())),
+            retry_for: self.inner.settings.retry_for,
         };
-        let Some(entry) = view.entry else {
-            return Handled::Done; // never journaled (the request got a 503)
-        };
-        if entry.state != InboxState::Pending {
-            return Handled::Done; // handled already (a redelivery's ticket, a replay)
-        }
-        debug!(bot = %spec.id, chat = %chat, key = %key, fence = fence.0, revision = view.revision, has_state = view.state.is_some(), sent = view.sent, "handling a turn");
-        let started = Instant::now();
-        let msg: Inbound = match serde_json::from_str(&entry.message) {
-            Ok(m) => m,
-            Err(e) => {
-                let why = format!("recorded message unreadable: {e}");
-                return self.undeliverable(spec, chat, key, fence, why).await;
-            }
-        };
-        let handler = Handler::new(
-            spec.handler.clone(),
-            self.inner.http.clone(),
-            self.inner.settings.handler_timeout,
-        );
-        let mut attempt = 0;
-        let reply = loop {
-            if !self.may_act() {
-                return Handled::Fenced;
-            }
-            match handler.answer_with_state(&msg, view.state.as_deref()).await {
-                Ok(r) => break r,
-                Err(e) if e.is_transient() && started.elapsed() < self.inner.settings.retry_for => {
-                    self.inner.metrics.handler_retry(p);
-                    tokio::time::sleep(backoff(attempt)).await;
-                    attempt += 1;
-                }
-                Err(e) => {
-                    self.inner.metrics.platform_error(p, "handler");
-                    let why = format!("handler: {e}");
-                    return self.undeliverable(spec, chat, key, fence, why).await;
-                }
-            }
-        };
-        let mut sent: Option<Instant> = None;
-        if let Some(text) = reply.text {
-            if view.sent {
-                self.inner.metrics.count(OUTBOX_SKIPPED_TOTAL, p, 1);
-            } else {
-                let out = Outbound::reply_to(&msg, text);
-                let sender = match self.sender_of(spec) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let why = format!("send: {e}");
-                        return self.undeliverable(spec, chat, key, fence, why).await;
-                    }
-                };
-                let mut attempt = 0;
-                loop {
-                    // Checked before every send: a frozen or fenced worker sends nothing.
-                    if !self.may_act() {
-                        return Handled::Fenced;
-                    }
-                    match sender.send(&out).await {
-                        Ok(()) => {
-                            sent = Some(Instant::now());
-                            self.inner.metrics.sent();
-                            if let Some(a) = arrived {
-                                self.inner.metrics.hook_reply_latency(p, a.elapsed());
-                            }
-                            break;
-                        }
-                        Err(e) => {
-                            self.inner.metrics.platform_error(p, e.reason());
-                            let retry = matches!(
-                                e.kind(),
-                                ErrorKind::Transient
-                                    | ErrorKind::RateLimited(_)
-                                    | ErrorKind::Conflict
-                            ) && started.elapsed() < self.inner.settings.retry_for;
-                            if e.kind() == ErrorKind::Credentials {
-                                // The bot's credentials are refused: it fails (shown in
-                                // `bots list`) until an operator fixes and restarts it.
-                                let me = self.lease().map(|l| l.worker().to_string());
-                                if let Err(err) = self
-                                    .inner
-                                    .store
-                                    .set_status(
-                                        &spec.id,
-                                        BotStatus::Failed,
-                                        Some(&e.to_string()),
-                                        me.as_deref(),
-                                    )
-                                    .await
-                                {
-                                    warn!(bot = %spec.id, error = %err, "cannot record a failed bot");
-                                }
-                            }
-                            if !retry {
-                                let why = format!("send: {e}");
-                                return self.undeliverable(spec, chat, key, fence, why).await;
-                            }
-                            let wait = match e.kind() {
-                                ErrorKind::RateLimited(d) => d,
-                                _ => backoff(attempt),
-                            };
-                            tokio::time::sleep(wait).await;
-                            attempt += 1;
-                        }
-                    }
-                }
-            }
-        }
-        let state = match reply.state {
-            Some(s) if s.len() > MAX_STATE_BYTES => {
-                self.inner.metrics.count(STATE_TOO_LARGE_TOTAL, p, 1);
-                let why = format!(
-                    "the handler's conversation state is {} bytes, over the {MAX_STATE_BYTES}-byte bound: not stored (the chat keeps its last state)",
-                    s.len()
-                );
-                warn!(bot = %spec.id, chat = %chat, "{why}");
-                // Shown to the bot's owner in `bots list` (the bot keeps running).
-                let me = self.lease().map(|l| l.worker().to_string());
-                if let Err(e) = self
-                    .inner
-                    .store
-                    .set_status(&spec.id, BotStatus::Running, Some(&why), me.as_deref())
-                    .await
-                {
-                    debug!(error = %e, "cannot record the state error");
-                }
-                None
-            }
-            other => other.map(|s| (view.revision, s)),
-        };
-        self.finish(spec, chat, key, fence, InboxOutcome::Done, sent, state)
-            .await
-    }
-
-    /// Ends the entry as undeliverable (nothing was sent).
-    async fn undeliverable(
-        &self,
-        spec: &BotSpec,
-        chat: &str,
-        key: &str,
-        fence: Fence,
-        why: String,
-    ) -> Handled {
-        self.finish(
-            spec,
-            chat,
+        let job = turn::Job {
             key,
-            fence,
-            InboxOutcome::Undeliverable(why),
-            None,
-            None,
-        )
-        .await
+            chat,
+            fence: TurnFence::Chat(fence),
+            view: preload,
+            arrived,
+        };
+        match turn::run(&ctx, self, job).await {
+            Ok(()) => Handled::Done,
+            // The bot was reported failed: its entry stays pending, and the sweeper replays
+            // it once the bot is restarted (it passes failed bots by).
+            Err(Halt::Failed(_)) => Handled::Done,
+            Err(Halt::Stopped | Halt::Fenced(_)) => Handled::Fenced,
+        }
+    }
+}
+
+impl Hold for Hooks {
+    fn check(&self) -> Result<(), Halt> {
+        if self.closed() {
+            return Err(Halt::Stopped);
+        }
+        if self.may_act() {
+            Ok(())
+        } else {
+            Err(Halt::Fenced("this worker's lease is not safe".into()))
+        }
     }
 
-    /// Writes what the turn leaves (retrying through store failures: once a reply is out,
-    /// recording it is what keeps a replay from sending it again).
-    #[allow(clippy::too_many_arguments)]
-    async fn finish(
-        &self,
-        spec: &BotSpec,
-        chat: &str,
-        key: &str,
-        fence: Fence,
-        outcome: InboxOutcome,
-        sent: Option<Instant>,
-        state: Option<(u64, String)>,
-    ) -> Handled {
-        let p = spec.platform;
-        if let InboxOutcome::Undeliverable(why) = &outcome {
-            warn!(bot = %spec.id, key = %key, reason = %why, "message undeliverable");
-            self.inner.metrics.undeliverable(p);
+    async fn pause(&self, d: Duration) -> Result<(), Halt> {
+        let mut closing = self.inner.closing.subscribe();
+        if sleep_or_stop(d, &mut closing).await {
+            return Err(Halt::Stopped);
         }
-        let rec = TurnRecord {
-            key: key.to_owned(),
-            chat: chat.to_owned(),
-            fence,
-            outcome,
-            sent: sent.is_some(),
-            state,
-        };
-        let mut attempt = 0;
-        loop {
-            let r = self.inner.store.turn_record(&spec.id, &rec).await;
-            if let (Ok(_), Some(at)) = (&r, sent) {
-                // What remains of the duplicate window: a replay after a crash in here sends
-                // the reply again.
-                self.inner.metrics.outbox_window(p, at.elapsed());
-            }
-            match r {
-                Ok(StateWrite::Stale) => {
-                    self.inner.metrics.count(STATE_REFUSED_TOTAL, p, 1);
-                    warn!(bot = %spec.id, chat = %chat, "conversation state refused: a newer turn wrote first; this result is dropped");
-                    return Handled::Done;
-                }
-                Ok(_) => return Handled::Done,
-                Err(e) => {
-                    warn!(bot = %spec.id, error = %e, "cannot record a turn; retrying");
-                    // Not released unrecorded: the next message would start from the old
-                    // state. A worker that may no longer act leaves it to its successor.
-                    if !self.may_act() {
-                        return Handled::Fenced;
-                    }
-                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
-                    attempt += 1;
-                }
-            }
-        }
+        Ok(())
     }
 }
 

@@ -11,7 +11,9 @@ mod lock;
 pub mod metrics;
 mod platforms;
 mod reporter;
+mod retry;
 mod starter;
+mod turn;
 mod worker;
 
 pub use botfleet_store::StoreSession;

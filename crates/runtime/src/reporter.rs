@@ -20,13 +20,24 @@ pub(crate) struct Reporter {
     tx: mpsc::UnboundedSender<StatusReport>,
 }
 
+/// The queue of reports a [`Reporter`] takes, until [`Reports::write`] writes them.
+#[derive(Debug)]
+pub(crate) struct Reports(mpsc::UnboundedReceiver<StatusReport>);
+
+impl Reports {
+    /// Writes the reports to `store` in batches, in order; ends when every [`Reporter`] is
+    /// dropped, after writing what was queued.
+    pub(crate) async fn write(self, store: Arc<dyn Store>) {
+        write(store, self.0).await;
+    }
+}
+
 impl Reporter {
-    /// Starts the reporter's task; it ends when every handle is dropped, after writing what
-    /// was queued.
-    pub(crate) fn spawn(store: Arc<dyn Store>) -> Self {
+    /// A reporter and its queue: reports made before the queue's writer starts wait in it
+    /// (a worker hands its reporter out before it runs).
+    pub(crate) fn new() -> (Self, Reports) {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write(store, rx));
-        Self { tx }
+        (Self { tx }, Reports(rx))
     }
 
     /// Records what `bot` is doing, as `worker` sees it; `error` `None` clears the last error.

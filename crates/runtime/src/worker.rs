@@ -99,6 +99,10 @@ pub struct Worker {
     lease_tx: watch::Sender<Option<LeaseHandle>>,
     /// The webhook side, when asked for (its background work runs with the worker).
     hooks: Option<crate::Hooks>,
+    /// Status reports of every bot here, unit holders' and webhook turns' alike.
+    reporter: Reporter,
+    /// The reports' queue, written to the store from [`Worker::run`] on.
+    reports: Option<crate::reporter::Reports>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -126,6 +130,7 @@ impl Worker {
         let metrics = Arc::new(Metrics::default());
         metrics.set_capacity(cfg.capacity);
         let journal = Journal::new(JOURNAL_CAPACITY);
+        let (reporter, reports) = Reporter::new();
         Ok(Self {
             cfg,
             coord,
@@ -138,6 +143,8 @@ impl Worker {
             journal,
             lease_tx: watch::Sender::new(None),
             hooks: None,
+            reporter,
+            reports: Some(reports),
         })
     }
 
@@ -166,6 +173,7 @@ impl Worker {
                 handler_timeout: self.cfg.webhook_timeout,
                 retry_for: self.cfg.handler_retry_for,
             },
+            self.reporter.clone(),
         );
         self.hooks = Some(h.clone());
         h
@@ -200,11 +208,17 @@ impl Worker {
     /// # Errors
     /// Only for failures that retrying cannot fix; a Redis or database that goes away for a
     /// while is waited out.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), WorkerError> {
+    pub async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), WorkerError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let cfg = self.cfg.clone();
         let starter = Starter::spawn(self.coord.clone(), move |p| cfg.connect_rate_of(p));
-        let reporter = Reporter::spawn(self.store.clone());
+        if let Some(reports) = self.reports.take() {
+            tokio::spawn(reports.write(self.store.clone()));
+        }
+        let reporter = self.reporter.clone();
         let hooks_task = self.hooks.clone().map(|h| tokio::spawn(h.background()));
         let state = State {
             w: self,

@@ -410,23 +410,29 @@ async fn a_replayed_message_whose_reply_was_sent_is_not_answered_again() {
     // The previous owner recorded update 1 in chat 5 and answered it, then died before moving
     // the cursor: the platform delivers it again.
     store
-        .inbox_put(
+        .journal_put(
             &bots[0],
             &[botfleet_store::InboxItem {
                 key: "1".into(),
                 chat: "5".into(),
                 message: "{}".into(),
             }],
-            botfleet_core::Fence(1),
+            Some(botfleet_core::Fence(1)),
+            None,
         )
         .await
         .unwrap();
     store
-        .inbox_finish(
+        .turn_record(
             &bots[0],
-            "1",
-            &botfleet_store::InboxOutcome::Done,
-            botfleet_core::Fence(1),
+            &botfleet_store::TurnRecord {
+                key: "1".into(),
+                chat: "5".into(),
+                fence: botfleet_store::TurnFence::Claim(botfleet_core::Fence(1)),
+                outcome: botfleet_store::InboxOutcome::Done,
+                sent: true,
+                state: None,
+            },
         )
         .await
         .unwrap();

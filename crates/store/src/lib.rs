@@ -25,7 +25,7 @@ pub use session::SessionWrite;
 pub use session_kv::StoreSession;
 pub use sqlite::SqliteStore;
 pub use store::{BotFilter, Cursor, StatusReport, Store};
-pub use turns::{reply_key, StateWrite, TurnRecord, TurnView, MAX_STATE_BYTES};
+pub use turns::{reply_key, StateWrite, TurnFence, TurnRecord, TurnView, MAX_STATE_BYTES};
 
 /// Opens the store a URL names:
 ///

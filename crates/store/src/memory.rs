@@ -9,15 +9,14 @@ use async_trait::async_trait;
 use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
 
 use crate::{
-    reply_key, BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats,
-    Result, StateWrite, Store, StoreError, TurnRecord, TurnView,
+    reply_key, BotFilter, Cursor, InboxEntry, InboxItem, InboxState, InboxStats, Result,
+    StateWrite, Store, StoreError, TurnFence, TurnRecord, TurnView,
 };
 
 #[derive(Debug, Default)]
 struct State {
     bots: BTreeMap<BotId, BotRecord>,
     fences: BTreeMap<BotId, (Fence, Option<String>)>,
-    sent: BTreeMap<BotId, std::collections::BTreeSet<String>>,
     /// Per bot: key → (entry, unix ms it finished).
     inbox: BTreeMap<BotId, BTreeMap<String, (InboxEntry, Option<i64>)>>,
     /// Per bot: reply key → (fence, unix ms sent).
@@ -102,7 +101,6 @@ impl MemoryStore {
         entry.0 = fence;
         if let Some(v) = value {
             entry.1 = Some(v.to_owned());
-            st.sent.remove(id);
         }
         Ok(())
     }
@@ -208,19 +206,6 @@ impl Store for MemoryStore {
         self.fenced(id, fence, Some(value))
     }
 
-    async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()> {
-        self.st()
-            .sent
-            .entry(id.clone())
-            .or_default()
-            .insert(key.to_owned());
-        Ok(())
-    }
-
-    async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool> {
-        Ok(self.st().sent.get(id).is_some_and(|s| s.contains(key)))
-    }
-
     async fn accept_fence(&self, id: &BotId, fence: Fence) -> Result<()> {
         self.fenced(id, fence, None)
     }
@@ -235,53 +220,11 @@ impl Store for MemoryStore {
         Ok(self.st().fences.get(id).map_or(Fence::ZERO, |(f, _)| *f))
     }
 
-    async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>> {
-        let mut st = self.st();
-        st.check_fence(bot, fence)?;
-        let mut seq = st
-            .inbox
-            .get(bot)
-            .and_then(|i| i.values().map(|(e, _)| e.seq).max())
-            .unwrap_or(0);
-        Ok(st.record(bot, items, || {
-            seq += 1;
-            seq
-        }))
-    }
-
     async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
         let mut out = self.entries_in(bot, InboxState::Pending);
         out.sort_by_key(|e| e.seq);
         out.truncate(limit);
         Ok(out)
-    }
-
-    async fn inbox_finish(
-        &self,
-        bot: &BotId,
-        key: &str,
-        outcome: &InboxOutcome,
-        fence: Fence,
-    ) -> Result<()> {
-        let mut st = self.st();
-        st.check_fence(bot, fence)?;
-        let (entry, finished) = st
-            .inbox
-            .get_mut(bot)
-            .and_then(|i| i.get_mut(key))
-            .ok_or_else(|| StoreError::NotFound(bot.clone()))?;
-        match outcome {
-            InboxOutcome::Done => {
-                entry.state = InboxState::Done;
-                entry.error = None;
-            }
-            InboxOutcome::Undeliverable(why) => {
-                entry.state = InboxState::Undeliverable;
-                entry.error = Some(why.clone());
-            }
-        }
-        *finished = Some(botfleet_core::unix_ms());
-        Ok(())
     }
 
     async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
@@ -362,10 +305,38 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
-        Ok(self.st().record(bot, items, || {
-            crate::turns::arrival_seq().max(0).unsigned_abs()
-        }))
+    async fn journal_put(
+        &self,
+        bot: &BotId,
+        items: &[InboxItem],
+        fence: Option<Fence>,
+        view: Option<usize>,
+    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+        let new = {
+            let mut st = self.st();
+            match fence {
+                Some(fence) => {
+                    st.check_fence(bot, fence)?;
+                    let mut seq = st
+                        .inbox
+                        .get(bot)
+                        .and_then(|i| i.values().map(|(e, _)| e.seq).max())
+                        .unwrap_or(0);
+                    st.record(bot, items, || {
+                        seq += 1;
+                        seq
+                    })
+                }
+                None => st.record(bot, items, || {
+                    crate::turns::arrival_seq().max(0).unsigned_abs()
+                }),
+            }
+        };
+        let view = match view.and_then(|i| items.get(i)) {
+            Some(it) => Some(self.turn_view(bot, &it.key, &it.chat).await?),
+            None => None,
+        };
+        Ok((new, view))
     }
 
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
@@ -411,12 +382,19 @@ impl Store for MemoryStore {
     async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite> {
         let mut st = self.st();
         let now = botfleet_core::unix_ms();
+        let (fence, claim) = match rec.fence {
+            TurnFence::Claim(f) => {
+                st.check_fence(bot, f)?;
+                (f, true)
+            }
+            TurnFence::Chat(f) => (f, false),
+        };
         if rec.sent {
             st.outbox
                 .entry(bot.clone())
                 .or_default()
                 .entry(reply_key(&rec.key))
-                .or_insert((rec.fence, now));
+                .or_insert((fence, now));
         }
         let mut written = StateWrite::Unchanged;
         if let Some((expected, state)) = &rec.state {
@@ -424,18 +402,21 @@ impl Store for MemoryStore {
                 st.chats
                     .entry((bot.clone(), rec.chat.clone()))
                     .or_insert((0, Fence::ZERO, None));
-            if row.1 > rec.fence || row.0 != *expected {
+            if (!claim && row.1 > fence) || row.0 != *expected {
                 written = StateWrite::Stale;
             } else {
-                *row = (expected + 1, rec.fence, Some(state.clone()));
+                // A claim's turn leaves the chat's own fence as it was.
+                let kept = if claim { row.1 } else { fence };
+                *row = (expected + 1, kept, Some(state.clone()));
                 written = StateWrite::Written(expected + 1);
             }
         }
-        // A turn superseded by a newer one leaves the entry to that one.
-        let superseded = st
-            .chats
-            .get(&(bot.clone(), rec.chat.clone()))
-            .is_some_and(|(_, f, _)| *f > rec.fence);
+        // A chat turn superseded by a newer one leaves the entry to that one.
+        let superseded = !claim
+            && st
+                .chats
+                .get(&(bot.clone(), rec.chat.clone()))
+                .is_some_and(|(_, f, _)| *f > fence);
         if let Some((entry, finished)) = st
             .inbox
             .get_mut(bot)

@@ -10,8 +10,8 @@ use tracing::warn;
 
 use crate::{
     schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
-    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Keyring,
-    Result, StateWrite, Store, StoreError, TurnRecord, TurnView,
+    BotFilter, Cursor, InboxEntry, InboxItem, InboxState, InboxStats, Keyring, Result, StateWrite,
+    Store, StoreError, TurnFence, TurnRecord, TurnView,
 };
 
 /// Connections each store keeps: statements of concurrent turns run side by side, and their
@@ -41,18 +41,22 @@ const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq
 
 /// What a turn leaves, in one statement (so one transaction): `$1` bot, `$2` chat, `$3`
 /// revision the state came from, `$4` fence, `$5` state, `$6` now, `$7` reply key, `$8` sent,
-/// `$9` entry state, `$10` error, `$11` entry key.
+/// `$9` entry state, `$10` error, `$11` entry key, `$12` whether the bot's claim holds the
+/// turn (then nothing is written unless `$4` is not below the bot's accepted fence, and the
+/// last column says whether it was not).
 fn turn_record_sql(cas: &str) -> String {
     format!(
-        "WITH ob AS (INSERT INTO outbox (bot_id, key, fence, sent_at_ms) \
-           SELECT $1, $7, $4, $6 WHERE $8 ON CONFLICT DO NOTHING RETURNING 1), \
+        "WITH ok AS (SELECT (NOT $12 OR COALESCE((SELECT fence FROM bot_fences \
+           WHERE bot_id = $1), 0) <= $4) AS go), \
+         ob AS (INSERT INTO outbox (bot_id, key, fence, sent_at_ms) \
+           SELECT $1, $7, $4, $6 WHERE $8 AND (SELECT go FROM ok) ON CONFLICT DO NOTHING RETURNING 1), \
          fin AS (UPDATE inbox SET state = $9, error = $10, finished_at_ms = $6 \
-           WHERE bot_id = $1 AND key = $11 AND state = 'pending' \
-           AND NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = $1 AND c.chat = $2 \
-           AND c.fence > $4) RETURNING 1), \
+           WHERE bot_id = $1 AND key = $11 AND state = 'pending' AND (SELECT go FROM ok) \
+           AND ($12 OR NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = $1 AND c.chat = $2 \
+           AND c.fence > $4)) RETURNING 1), \
          st AS ({cas}) \
          SELECT (SELECT revision FROM st), (SELECT COUNT(*) FROM ob), (SELECT COUNT(*) FROM fin), \
-           CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT)"
+           CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT), (SELECT go FROM ok)"
     )
 }
 
@@ -64,8 +68,11 @@ static TURN_RECORD: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new
 /// [`turn_record_sql`] with the state's compare-and-set.
 static TURN_RECORD_STATE: std::sync::LazyLock<&'static str> = std::sync::LazyLock::new(|| {
     Box::leak(
-        turn_record_sql(&format!("{} RETURNING revision", crate::schema::STATE_CAS))
-            .into_boxed_str(),
+        turn_record_sql(&format!(
+            "{} RETURNING revision",
+            crate::schema::state_cas("$12", "(SELECT go FROM ok)")
+        ))
+        .into_boxed_str(),
     )
 });
 
@@ -343,6 +350,169 @@ impl PostgresStore {
     }
 
     /// The refusal of a fenced write that changed nothing: a higher fence was accepted.
+    /// Journals under a unit's claim: one writer, numbered on from the bot's last entry.
+    async fn journal_fenced(
+        &self,
+        bot: &BotId,
+        items: &[InboxItem],
+        fence: Fence,
+    ) -> Result<Vec<bool>> {
+        let c = self.client().await?;
+        if self.current_fence(&c, bot.as_str()).await? > fence {
+            return Err(self.stale(&c, bot, fence).await);
+        }
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
+        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        // One statement: the fence is checked again where the rows are written, and seq grows
+        // in the items' order (gaps where an item was a redelivery).
+        let rows = c
+            .query(
+                "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS s FROM inbox WHERE bot_id = $1), \
+                 items AS (SELECT * FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) \
+                           WITH ORDINALITY AS t(key, chat, message, ord)) \
+                 INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
+                 SELECT $1, key, (SELECT s FROM base) + ord, chat, message, 'pending', $5 \
+                 FROM items \
+                 WHERE COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6 \
+                 ON CONFLICT DO NOTHING RETURNING key",
+                &[
+                    &bot.as_str(),
+                    &keys,
+                    &chats,
+                    &messages,
+                    &botfleet_core::unix_ms(),
+                    &fence_i64(fence),
+                ],
+            )
+            .await
+            .map_err(db("record inbox"))?;
+        let new: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+        if new.is_empty()
+            && !items.is_empty()
+            && self.current_fence(&c, bot.as_str()).await? > fence
+        {
+            return Err(self.stale(&c, bot, fence).await);
+        }
+        // A key twice in one batch is new once.
+        let mut seen = std::collections::HashSet::new();
+        Ok(keys
+            .iter()
+            .map(|k| new.contains(*k) && seen.insert(*k))
+            .collect())
+    }
+
+    /// Journals a webhook delivery (any worker, numbered by arrival time).
+    async fn journal_plain(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
+        let c = self.client().await?;
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
+        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        let st = c.statement(JOURNAL_PUT, "journal").await?;
+        let rows = c
+            .query(
+                &st,
+                &[
+                    &bot.as_str(),
+                    &keys,
+                    &chats,
+                    &messages,
+                    &crate::turns::arrival_seq(),
+                    &botfleet_core::unix_ms(),
+                ],
+            )
+            .await
+            .map_err(db("journal"))?;
+        let new: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+        let mut seen = std::collections::HashSet::new();
+        Ok(keys
+            .iter()
+            .map(|k| new.contains(*k) && seen.insert(*k))
+            .collect())
+    }
+
+    /// [`Self::journal_plain`], and the turn view of `items[view]` in the same statement.
+    async fn journal_unfenced(
+        &self,
+        bot: &BotId,
+        items: &[InboxItem],
+        view: Option<usize>,
+    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+        let Some(item) = view.and_then(|i| items.get(i)) else {
+            return Ok((self.journal_plain(bot, items).await?, None));
+        };
+        let c = self.client().await?;
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
+        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        let (seq, now) = (crate::turns::arrival_seq(), botfleet_core::unix_ms());
+        let reply = crate::reply_key(&item.key);
+        let st = c.statement(JOURNAL_PUT_VIEW, "journal").await?;
+        let r = c
+            .query_one(
+                &st,
+                &[
+                    &bot.as_str(),
+                    &keys,
+                    &chats,
+                    &messages,
+                    &seq,
+                    &now,
+                    &item.key,
+                    &item.chat,
+                    &reply,
+                ],
+            )
+            .await
+            .map_err(db("journal"))?;
+        let inserted: Vec<String> = r.get(0);
+        let mut seen = std::collections::HashSet::new();
+        let new: Vec<bool> = keys
+            .iter()
+            .map(|k| inserted.iter().any(|i| i == k) && seen.insert(*k))
+            .collect();
+        let entry = match r.get::<_, Option<i64>>(1) {
+            Some(seq) => Some(
+                InboxRow {
+                    key: item.key.clone(),
+                    seq,
+                    chat: r.get(2),
+                    message: r.get(3),
+                    state: r.get(4),
+                    error: r.get(5),
+                    received_at_ms: r.get(6),
+                }
+                .into_entry(bot)?,
+            ),
+            // Inserted by this very call: pending, as given.
+            None if inserted.contains(&item.key) => {
+                let ord = items.iter().position(|i| i.key == item.key).unwrap_or(0) as i64 + 1;
+                Some(InboxEntry {
+                    bot: bot.clone(),
+                    key: item.key.clone(),
+                    seq: (seq + ord).max(0).unsigned_abs(),
+                    chat: item.chat.clone(),
+                    message: item.message.clone(),
+                    state: InboxState::Pending,
+                    error: None,
+                    received_at_ms: now,
+                })
+            }
+            None => None,
+        };
+        let view = TurnView {
+            entry,
+            revision: r
+                .get::<_, Option<i64>>(7)
+                .unwrap_or(0)
+                .max(0)
+                .unsigned_abs(),
+            state: r.get(8),
+            sent: r.get(9),
+        };
+        Ok((new, Some(view)))
+    }
+
     async fn stale(&self, c: &Client, bot: &BotId, offered: Fence) -> StoreError {
         match self.current_fence(c, bot.as_str()).await {
             Ok(current) => StoreError::StaleFence {
@@ -530,49 +700,20 @@ impl Store for PostgresStore {
     }
 
     async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()> {
-        // One statement: the cursor moves and the bot's sent marks go, or neither.
         let c = self.client().await?;
-        let moved: i64 = c
-            .query_one(
-                "WITH moved AS ( \
-                   INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ($1, $2, $3) \
-                   ON CONFLICT (bot_id) DO UPDATE SET fence = EXCLUDED.fence, \
-                   cursor = EXCLUDED.cursor WHERE bot_fences.fence <= EXCLUDED.fence \
-                   RETURNING bot_id), \
-                 cleared AS (DELETE FROM sent_replies WHERE bot_id IN (SELECT bot_id FROM moved)) \
-                 SELECT COUNT(*)::BIGINT FROM moved",
+        let moved = c
+            .execute(
+                "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ($1, $2, $3) \
+                 ON CONFLICT (bot_id) DO UPDATE SET fence = EXCLUDED.fence, \
+                 cursor = EXCLUDED.cursor WHERE bot_fences.fence <= EXCLUDED.fence",
                 &[&id.as_str(), &fence_i64(fence), &value],
             )
             .await
-            .map_err(db("write cursor"))?
-            .get(0);
+            .map_err(db("write cursor"))?;
         if moved > 0 {
             return Ok(());
         }
         Err(self.stale(&c, id, fence).await)
-    }
-
-    async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()> {
-        let c = self.client().await?;
-        c.execute(
-            "INSERT INTO sent_replies (bot_id, key) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-            &[&id.as_str(), &key],
-        )
-        .await
-        .map_err(db("mark sent"))?;
-        Ok(())
-    }
-
-    async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool> {
-        let c = self.client().await?;
-        let r = c
-            .query_opt(
-                "SELECT 1 FROM sent_replies WHERE bot_id = $1 AND key = $2",
-                &[&id.as_str(), &key],
-            )
-            .await
-            .map_err(db("read sent"))?;
-        Ok(r.is_some())
     }
 
     async fn accept_fence(&self, id: &BotId, fence: Fence) -> Result<()> {
@@ -592,50 +733,22 @@ impl Store for PostgresStore {
         Err(self.stale(&c, id, fence).await)
     }
 
-    async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>> {
-        let c = self.client().await?;
-        if self.current_fence(&c, bot.as_str()).await? > fence {
-            return Err(self.stale(&c, bot, fence).await);
-        }
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
-        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
-        // One statement: the fence is checked again where the rows are written, and seq grows
-        // in the items' order (gaps where an item was a redelivery).
-        let rows = c
-            .query(
-                "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS s FROM inbox WHERE bot_id = $1), \
-                 items AS (SELECT * FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) \
-                           WITH ORDINALITY AS t(key, chat, message, ord)) \
-                 INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
-                 SELECT $1, key, (SELECT s FROM base) + ord, chat, message, 'pending', $5 \
-                 FROM items \
-                 WHERE COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6 \
-                 ON CONFLICT DO NOTHING RETURNING key",
-                &[
-                    &bot.as_str(),
-                    &keys,
-                    &chats,
-                    &messages,
-                    &botfleet_core::unix_ms(),
-                    &fence_i64(fence),
-                ],
-            )
-            .await
-            .map_err(db("record inbox"))?;
-        let new: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
-        if new.is_empty()
-            && !items.is_empty()
-            && self.current_fence(&c, bot.as_str()).await? > fence
-        {
-            return Err(self.stale(&c, bot, fence).await);
-        }
-        // A key twice in one batch is new once.
-        let mut seen = std::collections::HashSet::new();
-        Ok(keys
-            .iter()
-            .map(|k| new.contains(*k) && seen.insert(*k))
-            .collect())
+    async fn journal_put(
+        &self,
+        bot: &BotId,
+        items: &[InboxItem],
+        fence: Option<Fence>,
+        view: Option<usize>,
+    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+        let Some(fence) = fence else {
+            return self.journal_unfenced(bot, items, view).await;
+        };
+        let new = self.journal_fenced(bot, items, fence).await?;
+        let view = match view.and_then(|i| items.get(i)) {
+            Some(it) => Some(self.turn_view(bot, &it.key, &it.chat).await?),
+            None => None,
+        };
+        Ok((new, view))
     }
 
     async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
@@ -645,43 +758,6 @@ impl Store for PostgresStore {
     async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
         self.inbox_query(bot, "undeliverable", "seq DESC", limit)
             .await
-    }
-
-    async fn inbox_finish(
-        &self,
-        bot: &BotId,
-        key: &str,
-        outcome: &InboxOutcome,
-        fence: Fence,
-    ) -> Result<()> {
-        let (state, error) = match outcome {
-            InboxOutcome::Done => (InboxState::Done, None),
-            InboxOutcome::Undeliverable(why) => (InboxState::Undeliverable, Some(why.as_str())),
-        };
-        let c = self.client().await?;
-        let n = c
-            .execute(
-                "UPDATE inbox SET state = $3, error = $4, finished_at_ms = $5 \
-                 WHERE bot_id = $1 AND key = $2 \
-                 AND COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6",
-                &[
-                    &bot.as_str(),
-                    &key,
-                    &state.as_str(),
-                    &error,
-                    &botfleet_core::unix_ms(),
-                    &fence_i64(fence),
-                ],
-            )
-            .await
-            .map_err(db("finish inbox entry"))?;
-        if n > 0 {
-            return Ok(());
-        }
-        if self.current_fence(&c, bot.as_str()).await? > fence {
-            return Err(self.stale(&c, bot, fence).await);
-        }
-        Err(StoreError::NotFound(bot.clone()))
     }
 
     async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
@@ -711,34 +787,6 @@ impl Store for PostgresStore {
         )
         .await
         .map_err(db("prune inbox"))
-    }
-
-    async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
-        let c = self.client().await?;
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
-        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
-        let st = c.statement(JOURNAL_PUT, "journal").await?;
-        let rows = c
-            .query(
-                &st,
-                &[
-                    &bot.as_str(),
-                    &keys,
-                    &chats,
-                    &messages,
-                    &crate::turns::arrival_seq(),
-                    &botfleet_core::unix_ms(),
-                ],
-            )
-            .await
-            .map_err(db("journal"))?;
-        let new: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
-        let mut seen = std::collections::HashSet::new();
-        Ok(keys
-            .iter()
-            .map(|k| new.contains(*k) && seen.insert(*k))
-            .collect())
     }
 
     async fn session_write(
@@ -845,87 +893,6 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn journal_put_view(
-        &self,
-        bot: &BotId,
-        items: &[InboxItem],
-        view: Option<usize>,
-    ) -> Result<(Vec<bool>, Option<TurnView>)> {
-        let Some(item) = view.and_then(|i| items.get(i)) else {
-            return Ok((self.journal_put(bot, items).await?, None));
-        };
-        let c = self.client().await?;
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
-        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
-        let (seq, now) = (crate::turns::arrival_seq(), botfleet_core::unix_ms());
-        let reply = crate::reply_key(&item.key);
-        let st = c.statement(JOURNAL_PUT_VIEW, "journal").await?;
-        let r = c
-            .query_one(
-                &st,
-                &[
-                    &bot.as_str(),
-                    &keys,
-                    &chats,
-                    &messages,
-                    &seq,
-                    &now,
-                    &item.key,
-                    &item.chat,
-                    &reply,
-                ],
-            )
-            .await
-            .map_err(db("journal"))?;
-        let inserted: Vec<String> = r.get(0);
-        let mut seen = std::collections::HashSet::new();
-        let new: Vec<bool> = keys
-            .iter()
-            .map(|k| inserted.iter().any(|i| i == k) && seen.insert(*k))
-            .collect();
-        let entry = match r.get::<_, Option<i64>>(1) {
-            Some(seq) => Some(
-                InboxRow {
-                    key: item.key.clone(),
-                    seq,
-                    chat: r.get(2),
-                    message: r.get(3),
-                    state: r.get(4),
-                    error: r.get(5),
-                    received_at_ms: r.get(6),
-                }
-                .into_entry(bot)?,
-            ),
-            // Inserted by this very call: pending, as given.
-            None if inserted.contains(&item.key) => {
-                let ord = items.iter().position(|i| i.key == item.key).unwrap_or(0) as i64 + 1;
-                Some(InboxEntry {
-                    bot: bot.clone(),
-                    key: item.key.clone(),
-                    seq: (seq + ord).max(0).unsigned_abs(),
-                    chat: item.chat.clone(),
-                    message: item.message.clone(),
-                    state: InboxState::Pending,
-                    error: None,
-                    received_at_ms: now,
-                })
-            }
-            None => None,
-        };
-        let view = TurnView {
-            entry,
-            revision: r
-                .get::<_, Option<i64>>(7)
-                .unwrap_or(0)
-                .max(0)
-                .unsigned_abs(),
-            state: r.get(8),
-            sent: r.get(9),
-        };
-        Ok((new, Some(view)))
-    }
-
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
         let c = self.client().await?;
         let reply = crate::reply_key(key);
@@ -1004,6 +971,10 @@ impl Store for PostgresStore {
             Some((r, s)) => (i64::try_from(*r).unwrap_or(i64::MAX), Some(s.as_str())),
             None => (0, None),
         };
+        let (fence, claim) = match rec.fence {
+            TurnFence::Claim(f) => (f, true),
+            TurnFence::Chat(f) => (f, false),
+        };
         // One statement, so one transaction: outbox, state and the entry's end together.
         let sql = if rec.state.is_some() {
             &*TURN_RECORD_STATE
@@ -1018,7 +989,7 @@ impl Store for PostgresStore {
                     &bot.as_str(),
                     &rec.chat,
                     &expected,
-                    &fence_i64(rec.fence),
+                    &fence_i64(fence),
                     &new_state,
                     &now,
                     &reply,
@@ -1026,10 +997,14 @@ impl Store for PostgresStore {
                     &state,
                     &error,
                     &rec.key,
+                    &claim,
                 ],
             )
             .await
             .map_err(db("record a turn"))?;
+        if !r.get::<_, bool>(6) {
+            return Err(self.stale(&c, bot, fence).await);
+        }
         Ok(match (rec.state.is_some(), r.get::<_, Option<i64>>(0)) {
             (false, _) => StateWrite::Unchanged,
             (true, Some(rev)) => StateWrite::Written(rev.max(0).unsigned_abs()),
@@ -1071,5 +1046,64 @@ impl Store for PostgresStore {
             .iter()
             .map(|n| Fence(found.get(*n).copied().unwrap_or(0).max(0).unsigned_abs()))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_database_of_the_previous_schema_upgrades_in_place() {
+        if std::env::var("BOTFLEET_TEST_POSTGRES_URL").is_err() {
+            eprintln!("BOTFLEET_TEST_POSTGRES_URL unset: Postgres upgrade test skipped");
+            return;
+        }
+        let schema = botfleet_testkit::PgSchema::create().await;
+        let config: tokio_postgres::Config = schema.url().parse().unwrap_or_else(|e| panic!("{e}"));
+        {
+            let c = connect(&config).await.unwrap_or_else(|e| panic!("{e}"));
+            c.batch_execute(
+                "CREATE TABLE botfleet_migrations (version BIGINT PRIMARY KEY, applied_at_ms BIGINT NOT NULL)",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            for (i, sql) in MIGRATIONS[..crate::schema::previous::VERSION]
+                .iter()
+                .enumerate()
+            {
+                c.batch_execute(sql).await.unwrap_or_else(|e| panic!("{e}"));
+                c.execute(
+                    "INSERT INTO botfleet_migrations (version, applied_at_ms) VALUES ($1, 0)",
+                    &[&(i as i64 + 1)],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            }
+            c.batch_execute(crate::schema::previous::ROWS)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let s = PostgresStore::open(&schema.url())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        crate::schema::previous::check_upgraded(&s).await;
+        let c = s.client().await.unwrap_or_else(|e| panic!("{e}"));
+        let version: i64 = c
+            .query_one("SELECT MAX(version) FROM botfleet_migrations", &[])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .get(0);
+        assert_eq!(version as usize, MIGRATIONS.len());
+        let gone: i64 = c
+            .query_one(
+                "SELECT COUNT(*) FROM information_schema.tables \
+                 WHERE table_name = 'sent_replies' AND table_schema = current_schema()",
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .get(0);
+        assert_eq!(gone, 0, "the sent marks' table is dropped");
     }
 }

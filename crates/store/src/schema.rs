@@ -85,6 +85,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         updated_at_ms BIGINT NOT NULL,
         PRIMARY KEY (bot_id, kind, key)
     );",
+    // 10: every bot's turns record their replies in the outbox (migration 7); the per-bot
+    // sent marks of migration 3 were never read by a turn and go.
+    "DROP TABLE IF EXISTS sent_replies;",
 ];
 
 /// The `hook` column's document.
@@ -103,15 +106,27 @@ struct HookDoc {
 }
 
 /// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
-/// revision the state was computed from, `$4` fence, `$5` state, `$6` now. Writes only when
-/// the stored row is at `$3` with a fence not above `$4` (or there is none and `$3` is 0).
-pub(crate) const STATE_CAS: &str = "INSERT INTO chat_state (bot_id, chat, revision, fence, state, updated_at_ms) \
-     SELECT CAST($1 AS TEXT), CAST($2 AS TEXT), CAST($3 AS BIGINT) + 1, CAST($4 AS BIGINT), \
-     CAST($5 AS TEXT), CAST($6 AS BIGINT) \
-     WHERE CAST($3 AS BIGINT) = 0 OR EXISTS (SELECT 1 FROM chat_state WHERE bot_id = $1 AND chat = $2) \
-     ON CONFLICT (bot_id, chat) DO UPDATE SET revision = excluded.revision, \
-     fence = excluded.fence, state = excluded.state, updated_at_ms = excluded.updated_at_ms \
-     WHERE chat_state.revision = CAST($3 AS BIGINT) AND chat_state.fence <= CAST($4 AS BIGINT)";
+/// revision the state was computed from, `$4` fence, `$5` state, `$6` now; `claim` names the
+/// parameter that says the turn is held by the bot's claim ([`crate::TurnFence::Claim`]), and
+/// `guard` is one more condition of the write. Writes only when the stored row is at `$3`
+/// (or there is none and `$3` is 0) and, for a chat's turn, with a fence not above `$4`. A
+/// claim's turn leaves the chat's fence as it was (0 for a new row): claims and chat turns
+/// count fences apart, and a bot moved between modes must not be held up by the other count.
+pub(crate) fn state_cas(claim: &str, guard: &str) -> String {
+    format!(
+        "INSERT INTO chat_state (bot_id, chat, revision, fence, state, updated_at_ms) \
+         SELECT CAST($1 AS TEXT), CAST($2 AS TEXT), CAST($3 AS BIGINT) + 1, \
+         CASE WHEN CAST({claim} AS BOOLEAN) THEN 0 ELSE CAST($4 AS BIGINT) END, \
+         CAST($5 AS TEXT), CAST($6 AS BIGINT) \
+         WHERE (CAST($3 AS BIGINT) = 0 OR EXISTS (SELECT 1 FROM chat_state WHERE bot_id = $1 AND chat = $2)) \
+         AND {guard} \
+         ON CONFLICT (bot_id, chat) DO UPDATE SET revision = excluded.revision, \
+         fence = CASE WHEN CAST({claim} AS BOOLEAN) THEN chat_state.fence ELSE excluded.fence END, \
+         state = excluded.state, updated_at_ms = excluded.updated_at_ms \
+         WHERE chat_state.revision = CAST($3 AS BIGINT) \
+         AND (CAST({claim} AS BOOLEAN) OR chat_state.fence <= CAST($4 AS BIGINT))"
+    )
+}
 
 /// Records a turn of a chat under a fence (`$1` bot, `$2` chat, `$3` fence, `$4` now); no row
 /// changes when a higher fence was recorded.
@@ -358,4 +373,58 @@ pub(crate) fn stats_from_rows(
         }
     }
     Ok(out)
+}
+
+/// A database made by the schema before this one (migrations 1–9): its rows, as a store of
+/// that release left them, and what upgrading it in place must keep.
+#[cfg(test)]
+pub(crate) mod previous {
+    /// The last version of the previous schema.
+    pub(crate) const VERSION: usize = 9;
+
+    /// Rows the previous release wrote (`$`-numbered parameters are not used): a bot's fence
+    /// and cursor, a pending and a done entry, sent marks, and a chat's state.
+    pub(crate) const ROWS: &str =
+        "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES ('old', 7, '41');
+        INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) VALUES
+            ('old', 'u1', 1, 'c1', '{}', 'done', 1),
+            ('old', 'u2', 2, 'c1', '{}', 'pending', 2);
+        INSERT INTO sent_replies (bot_id, key) VALUES ('old', 'c1:1:reply');
+        INSERT INTO chat_state (bot_id, chat, revision, fence, state, updated_at_ms)
+            VALUES ('old', 'c1', 3, 0, '{\"n\":3}', 1);";
+
+    /// Checks, through the store, that the upgraded database kept what the previous schema
+    /// held and that every bot's turn now writes through it.
+    pub(crate) async fn check_upgraded(s: &dyn crate::Store) {
+        use botfleet_core::{BotId, Fence};
+        let bot = BotId::new("old").unwrap_or_else(|e| panic!("{e}"));
+        let (cursor, pending) = s
+            .resume_point(&bot, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let cursor = cursor.unwrap_or_else(|| panic!("the cursor survives"));
+        assert_eq!((cursor.value.as_str(), cursor.fence), ("41", Fence(7)));
+        let keys: Vec<&str> = pending.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["u2"]);
+        let rec = crate::TurnRecord {
+            key: "u2".into(),
+            chat: "c1".into(),
+            fence: crate::TurnFence::Claim(Fence(7)),
+            outcome: crate::InboxOutcome::Done,
+            sent: true,
+            state: Some((3, "{\"n\":4}".into())),
+        };
+        assert_eq!(
+            s.turn_record(&bot, &rec)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            crate::StateWrite::Written(4)
+        );
+        let v = s
+            .turn_view(&bot, "u2", "c1")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(v.sent);
+        assert_eq!(v.state.as_deref(), Some("{\"n\":4}"));
+    }
 }

@@ -19,8 +19,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::{
     schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
-    BotFilter, Cursor, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Keyring,
-    Result, StateWrite, StatusReport, Store, StoreError, TurnRecord, TurnView,
+    BotFilter, Cursor, InboxEntry, InboxItem, InboxStats, Keyring, Result, StateWrite,
+    StatusReport, Store, StoreError, TurnFence, TurnRecord, TurnView,
 };
 
 /// A [`Store`] in a SQLite file.
@@ -469,12 +469,7 @@ impl Store for SqliteStore {
         let value = value.to_owned();
         self.with("write cursor", move |c| {
             let fail = |e| StoreError::backend("write cursor", e);
-            // IMMEDIATE: take the write lock first. A deferred transaction that reads and then
-            // writes fails at once (no busy wait) when another process wrote in between.
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(fail)?;
-            let n = tx
+            let n = c
                 .execute(
                     "INSERT INTO bot_fences (bot_id, fence, cursor) VALUES (?1, ?2, ?3) \
                      ON CONFLICT (bot_id) DO UPDATE SET fence = excluded.fence, \
@@ -482,40 +477,7 @@ impl Store for SqliteStore {
                     params![bot.as_str(), fence_i64(fence), value],
                 )
                 .map_err(fail)?;
-            if n > 0 {
-                tx.execute("DELETE FROM sent_replies WHERE bot_id = ?1", [bot.as_str()])
-                    .map_err(fail)?;
-            }
-            tx.commit().map_err(fail)?;
             stale_unless_written(c, n, bot, fence)
-        })
-        .await
-    }
-
-    async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()> {
-        let (bot, key) = (id.as_str().to_owned(), key.to_owned());
-        self.with("mark sent", move |c| {
-            c.execute(
-                "INSERT INTO sent_replies (bot_id, key) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-                params![bot, key],
-            )
-            .map(|_| ())
-            .map_err(|e| StoreError::backend("mark sent", e))
-        })
-        .await
-    }
-
-    async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool> {
-        let (bot, key) = (id.as_str().to_owned(), key.to_owned());
-        self.read("read sent", move |c| {
-            c.query_row(
-                "SELECT 1 FROM sent_replies WHERE bot_id = ?1 AND key = ?2",
-                params![bot, key],
-                |_| Ok(()),
-            )
-            .optional()
-            .map(|r| r.is_some())
-            .map_err(|e| StoreError::backend("read sent", e))
         })
         .await
     }
@@ -609,26 +571,6 @@ impl Store for SqliteStore {
                     });
                 }
             }
-            tx.commit().map_err(fail)?;
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>> {
-        let (bot, items) = (bot.clone(), items.to_vec());
-        self.with("record inbox", move |c| {
-            let fail = |e| StoreError::backend("record inbox", e);
-            let tx = fenced_tx(c, &bot, fence, "record inbox")?;
-            let last: i64 = tx
-                .query_row(
-                    "SELECT COALESCE(MAX(seq), 0) FROM inbox WHERE bot_id = ?1",
-                    [bot.as_str()],
-                    |r| r.get(0),
-                )
-                .map_err(fail)?;
-            // Numbered on from the bot's last entry, without gaps for redeliveries.
-            let out = insert_inbox(&tx, &bot, &items, last + 1, false, "record inbox")?;
             tx.commit().map_err(fail)?;
             Ok(out)
         })
@@ -778,66 +720,63 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
+    async fn journal_put(
+        &self,
+        bot: &BotId,
+        items: &[InboxItem],
+        fence: Option<Fence>,
+        view: Option<usize>,
+    ) -> Result<(Vec<bool>, Option<TurnView>)> {
         let (bot, items) = (bot.clone(), items.to_vec());
         self.with("journal", move |c| {
             let fail = |e| StoreError::backend("journal", e);
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(fail)?;
-            // Numbered by arrival time: many workers journal one bot at once.
-            let out = insert_inbox(
-                &tx,
-                &bot,
-                &items,
-                crate::turns::arrival_seq(),
-                true,
-                "journal",
-            )?;
-            tx.commit().map_err(fail)?;
-            Ok(out)
+            let out = match fence {
+                Some(fence) => {
+                    let tx = fenced_tx(c, &bot, fence, "journal")?;
+                    let last: i64 = tx
+                        .query_row(
+                            "SELECT COALESCE(MAX(seq), 0) FROM inbox WHERE bot_id = ?1",
+                            [bot.as_str()],
+                            |r| r.get(0),
+                        )
+                        .map_err(fail)?;
+                    // One writer: numbered on from the bot's last entry, without gaps for
+                    // redeliveries.
+                    let out = insert_inbox(&tx, &bot, &items, last + 1, false, "journal")?;
+                    tx.commit().map_err(fail)?;
+                    out
+                }
+                None => {
+                    let tx = c
+                        .transaction_with_behavior(TransactionBehavior::Immediate)
+                        .map_err(fail)?;
+                    // Numbered by arrival time: many workers journal one bot at once.
+                    let out = insert_inbox(
+                        &tx,
+                        &bot,
+                        &items,
+                        crate::turns::arrival_seq(),
+                        true,
+                        "journal",
+                    )?;
+                    tx.commit().map_err(fail)?;
+                    out
+                }
+            };
+            // Read on the writing connection, right after: no second trip to a thread.
+            let view = match view.and_then(|i| items.get(i)) {
+                Some(it) => Some(turn_view_on(c, &bot, &it.key, &it.chat)?),
+                None => None,
+            };
+            Ok((out, view))
         })
         .await
     }
 
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
         let (bot, key, chat) = (bot.clone(), key.to_owned(), chat.to_owned());
-        self.read("read a turn", move |c| {
-            let fail = |e| StoreError::backend("read a turn", e);
-            let reply = crate::reply_key(&key);
-            let mut st = c
-                .prepare_cached(&crate::schema::TURN_VIEW.replace('$', "?"))
-                .map_err(fail)?;
-            let (row, revision, state, sent) = st
-                .query_row(params![bot.as_str(), key, chat, reply], |r| {
-                    let row = match r.get::<_, Option<i64>>(0)? {
-                        Some(seq) => Some(InboxRow {
-                            key: key.clone(),
-                            seq,
-                            chat: r.get(1)?,
-                            message: r.get(2)?,
-                            state: r.get(3)?,
-                            error: r.get(4)?,
-                            received_at_ms: r.get(5)?,
-                        }),
-                        None => None,
-                    };
-                    Ok((
-                        row,
-                        r.get::<_, Option<i64>>(6)?,
-                        r.get::<_, Option<String>>(7)?,
-                        r.get::<_, bool>(8)?,
-                    ))
-                })
-                .map_err(fail)?;
-            Ok(TurnView {
-                entry: row.map(|r| r.into_entry(&bot)).transpose()?,
-                state,
-                revision: revision.unwrap_or(0).max(0).unsigned_abs(),
-                sent,
-            })
-        })
-        .await
+        self.read("read a turn", move |c| turn_view_on(c, &bot, &key, &chat))
+            .await
     }
 
     async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()> {
@@ -878,9 +817,16 @@ impl Store for SqliteStore {
         let (bot, rec) = (bot.clone(), rec.clone());
         self.with("record a turn", move |c| {
             let fail = |e| StoreError::backend("record a turn", e);
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(fail)?;
+            let (fence, claim) = match rec.fence {
+                TurnFence::Claim(f) => (f, true),
+                TurnFence::Chat(f) => (f, false),
+            };
+            let tx = if claim {
+                fenced_tx(c, &bot, fence, "record a turn")?
+            } else {
+                c.transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(fail)?
+            };
             let now = botfleet_core::unix_ms();
             if rec.sent {
                 tx.execute(
@@ -889,7 +835,7 @@ impl Store for SqliteStore {
                     params![
                         bot.as_str(),
                         crate::reply_key(&rec.key),
-                        fence_i64(rec.fence),
+                        fence_i64(fence),
                         now
                     ],
                 )
@@ -900,14 +846,15 @@ impl Store for SqliteStore {
                 let expected = i64::try_from(*expected).unwrap_or(i64::MAX);
                 let n = tx
                     .execute(
-                        &crate::schema::STATE_CAS.replace('$', "?"),
+                        &crate::schema::state_cas("$7", "1").replace('$', "?"),
                         params![
                             bot.as_str(),
                             rec.chat,
                             expected,
-                            fence_i64(rec.fence),
+                            fence_i64(fence),
                             state,
-                            now
+                            now,
+                            claim
                         ],
                     )
                     .map_err(fail)?;
@@ -918,13 +865,13 @@ impl Store for SqliteStore {
                 };
             }
             let (state, error) = crate::turns::outcome_parts(&rec.outcome);
-            // A turn superseded by a newer one (a higher fence on the chat) leaves the entry
-            // to that one: it ends it with its own result.
+            // A chat turn superseded by a newer one (a higher fence on the chat) leaves the
+            // entry to that one: it ends it with its own result.
             tx.execute(
                 "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
                  WHERE bot_id = ?1 AND key = ?2 AND state = 'pending' \
-                 AND NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = ?1 \
-                 AND c.chat = ?6 AND c.fence > ?7)",
+                 AND (?8 OR NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = ?1 \
+                 AND c.chat = ?6 AND c.fence > ?7))",
                 params![
                     bot.as_str(),
                     rec.key,
@@ -932,7 +879,8 @@ impl Store for SqliteStore {
                     error,
                     now,
                     rec.chat,
-                    fence_i64(rec.fence)
+                    fence_i64(fence),
+                    claim
                 ],
             )
             .map_err(fail)?;
@@ -944,43 +892,6 @@ impl Store for SqliteStore {
 
     async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
         inbox_query(self, bot, "undeliverable", "seq DESC", limit).await
-    }
-
-    async fn inbox_finish(
-        &self,
-        bot: &BotId,
-        key: &str,
-        outcome: &InboxOutcome,
-        fence: Fence,
-    ) -> Result<()> {
-        let (bot, key) = (bot.clone(), key.to_owned());
-        let (state, error) = match outcome {
-            InboxOutcome::Done => (InboxState::Done, None),
-            InboxOutcome::Undeliverable(why) => (InboxState::Undeliverable, Some(why.clone())),
-        };
-        self.with("finish inbox entry", move |c| {
-            let fail = |e| StoreError::backend("finish inbox entry", e);
-            let tx = fenced_tx(c, &bot, fence, "finish inbox entry")?;
-            let n = tx
-                .execute(
-                    "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
-                     WHERE bot_id = ?1 AND key = ?2",
-                    params![
-                        bot.as_str(),
-                        key,
-                        state.as_str(),
-                        error,
-                        botfleet_core::unix_ms()
-                    ],
-                )
-                .map_err(fail)?;
-            tx.commit().map_err(fail)?;
-            if n == 0 {
-                return Err(StoreError::NotFound(bot));
-            }
-            Ok(())
-        })
-        .await
     }
 
     async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
@@ -1089,6 +1000,43 @@ fn inbox_rows(
     Ok(rows)
 }
 
+/// What a turn on the entry `key` of `chat` starts from, read on `c`.
+fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
+    let fail = |e| StoreError::backend("read a turn", e);
+    let reply = crate::reply_key(key);
+    let mut st = c
+        .prepare_cached(&crate::schema::TURN_VIEW.replace('$', "?"))
+        .map_err(fail)?;
+    let (row, revision, state, sent) = st
+        .query_row(params![bot.as_str(), key, chat, reply], |r| {
+            let row = match r.get::<_, Option<i64>>(0)? {
+                Some(seq) => Some(InboxRow {
+                    key: key.to_owned(),
+                    seq,
+                    chat: r.get(1)?,
+                    message: r.get(2)?,
+                    state: r.get(3)?,
+                    error: r.get(4)?,
+                    received_at_ms: r.get(5)?,
+                }),
+                None => None,
+            };
+            Ok((
+                row,
+                r.get::<_, Option<i64>>(6)?,
+                r.get::<_, Option<String>>(7)?,
+                r.get::<_, bool>(8)?,
+            ))
+        })
+        .map_err(fail)?;
+    Ok(TurnView {
+        entry: row.map(|r| r.into_entry(bot)).transpose()?,
+        state,
+        revision: revision.unwrap_or(0).max(0).unsigned_abs(),
+        sent,
+    })
+}
+
 /// Inserts the items not recorded before, the first at `seq`, the next one up (for every
 /// item when `step_always`, else only after a new one); answers which were new.
 fn insert_inbox(
@@ -1162,4 +1110,58 @@ fn stale_unless_written(c: &Connection, changed: usize, bot: BotId, offered: Fen
         offered,
         current,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_database_of_the_previous_schema_upgrades_in_place() {
+        let dir =
+            std::env::temp_dir().join(format!("botfleet-upgrade-{}", botfleet_testkit::nonce()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("old.db");
+        {
+            let c = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+            c.execute_batch(
+                "CREATE TABLE botfleet_migrations (version INTEGER PRIMARY KEY, applied_at_ms INTEGER NOT NULL)",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            for (i, sql) in MIGRATIONS[..crate::schema::previous::VERSION]
+                .iter()
+                .enumerate()
+            {
+                c.execute_batch(sql).unwrap_or_else(|e| panic!("{e}"));
+                c.execute(
+                    "INSERT INTO botfleet_migrations (version, applied_at_ms) VALUES (?1, 0)",
+                    [i as i64 + 1],
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+            }
+            c.execute_batch(crate::schema::previous::ROWS)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let s = SqliteStore::open(&path)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        crate::schema::previous::check_upgraded(&s).await;
+        let c = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        let version: i64 = c
+            .query_row("SELECT MAX(version) FROM botfleet_migrations", [], |r| {
+                r.get(0)
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(version as usize, MIGRATIONS.len());
+        let gone: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'sent_replies'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(gone, 0, "the sent marks' table is dropped");
+        drop((c, s));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -4,8 +4,7 @@ use async_trait::async_trait;
 use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence, Platform};
 
 use crate::{
-    InboxEntry, InboxItem, InboxOutcome, InboxStats, Result, SessionWrite, StateWrite, TurnRecord,
-    TurnView,
+    InboxEntry, InboxItem, InboxStats, Result, SessionWrite, StateWrite, TurnRecord, TurnView,
 };
 
 /// Which bots [`Store::list_bots`] returns.
@@ -100,25 +99,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>>;
 
-    /// Writes the bot's cursor under `fence`, and forgets the bot's sent-reply marks (every
-    /// message below the new cursor is done and will not be replayed).
+    /// Writes the bot's cursor under `fence`.
     ///
     /// # Errors
     /// `StaleFence` when a higher fence was accepted before; backend failures.
     async fn put_cursor(&self, id: &BotId, value: &str, fence: Fence) -> Result<()>;
-
-    /// Records that the reply with idempotency key `key` was sent. Not fenced: it states a
-    /// fact, whoever sent it, so a successor replaying the same messages skips it.
-    ///
-    /// # Errors
-    /// Backend failures.
-    async fn mark_sent(&self, id: &BotId, key: &str) -> Result<()>;
-
-    /// Whether the reply with idempotency key `key` was sent since the cursor last moved.
-    ///
-    /// # Errors
-    /// Backend failures.
-    async fn is_sent(&self, id: &BotId, key: &str) -> Result<bool>;
 
     /// Records that `fence` was granted for the bot, so every lower fence is refused from now
     /// on. Call it right after a claim, before acting.
@@ -181,32 +166,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         Ok(out)
     }
 
-    /// Records `items` for `bot` under `fence`, each once, in order: answers per item whether
-    /// it is new (a key recorded before is a redelivery and is left as it is).
-    ///
-    /// # Errors
-    /// `StaleFence` when a higher fence was accepted for the bot; backend failures (then none
-    /// of the items may be assumed recorded).
-    async fn inbox_put(&self, bot: &BotId, items: &[InboxItem], fence: Fence) -> Result<Vec<bool>>;
-
     /// The bot's pending entries, oldest first, at most `limit`.
     ///
     /// # Errors
     /// Backend failures.
     async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>>;
-
-    /// Ends the entry `key` of `bot` under `fence`: answered, or undeliverable with why.
-    ///
-    /// # Errors
-    /// `StaleFence` when a higher fence was accepted for the bot; `NotFound` when there is no
-    /// such entry (pruned, or never recorded); backend failures.
-    async fn inbox_finish(
-        &self,
-        bot: &BotId,
-        key: &str,
-        outcome: &InboxOutcome,
-        fence: Fence,
-    ) -> Result<()>;
 
     /// Pending and undeliverable counts of every bot that has any.
     ///
@@ -248,32 +212,26 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         Ok(0)
     }
 
-    /// Journals webhook deliveries of `bot`, each once (a key recorded before is a
-    /// redelivery, answered `false`). Not fenced: every worker journals what it receives.
+    /// Journals what `bot` received, each item once, in order: answers per item whether it
+    /// is new (a key recorded before is a redelivery and is left as it is) and, when `view`
+    /// names one of the items, the [`TurnView`] of that item — what a worker that already
+    /// holds its chat's turn starts from — in the same call (one round trip where the backend
+    /// can).
+    ///
+    /// `fence` is the claim of a unit's holder (polling, socket, gateway, linked-device bots:
+    /// one writer, entries numbered on from the bot's last); `None` is any worker journaling
+    /// a webhook delivery (many at once, entries numbered by arrival time).
     ///
     /// # Errors
-    /// Backend failures (then none of the items may be assumed recorded).
-    async fn journal_put(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>>;
-
-    /// [`Store::journal_put`], and in the same call the [`TurnView`] of `items[view]` (when
-    /// given): what a worker that already holds that entry's turn starts from. One round trip
-    /// where the backend can (Postgres); the default makes two calls.
-    ///
-    /// # Errors
-    /// As [`Store::journal_put`] (then nothing may be assumed recorded).
-    async fn journal_put_view(
+    /// `StaleFence` when `fence` is below the bot's accepted fence; backend failures (then
+    /// none of the items may be assumed recorded).
+    async fn journal_put(
         &self,
         bot: &BotId,
         items: &[InboxItem],
+        fence: Option<Fence>,
         view: Option<usize>,
-    ) -> Result<(Vec<bool>, Option<TurnView>)> {
-        let new = self.journal_put(bot, items).await?;
-        let v = match view.and_then(|i| items.get(i)) {
-            Some(it) => Some(self.turn_view(bot, &it.key, &it.chat).await?),
-            None => None,
-        };
-        Ok((new, v))
-    }
+    ) -> Result<(Vec<bool>, Option<TurnView>)>;
 
     /// What a turn on the entry `key` of `chat` starts from (see [`TurnView`]), in one call.
     ///
@@ -288,12 +246,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// `StaleFence` when a higher fence was accepted for the chat; backend failures.
     async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()>;
 
-    /// Writes what a turn leaves, in one transaction: the outbox record of its reply (if
-    /// sent; a record made before stays), the chat's state by compare-and-set on the
-    /// revision and the fence, and the entry's end (if still pending).
+    /// Ends a turn: the one way an entry ends, for every bot. In one transaction: the outbox
+    /// record of its reply (if sent; a record made before stays), the chat's state by
+    /// compare-and-set on the revision (and, for [`TurnFence::Chat`](crate::TurnFence::Chat), the chat's fence), and
+    /// the entry's end (if still pending).
     ///
     /// # Errors
-    /// Backend failures (then nothing of it may be assumed written).
+    /// `StaleFence` for a [`TurnFence::Claim`](crate::TurnFence::Claim) below the bot's accepted fence (nothing is
+    /// written); backend failures (then nothing of it may be assumed written).
     async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite>;
 
     /// Applies `writes` to the bot's linked-device session records, all or none, under
@@ -325,7 +285,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// What a bot starting here resumes from: its checkpoint and up to `limit` inbox entries
     /// recorded but not answered, oldest first — in one call (a worker taking thousands of
-    /// bots over makes one per bot).
+    /// bots over makes one per bot). Each entry is then answered by a turn that reads its
+    /// [`TurnView`] (state, outbox) like any other.
     ///
     /// # Errors
     /// Backend failures.

@@ -1,10 +1,7 @@
 //! What a chat's turn reads and writes: the journal entry it handles, the chat's
-//! conversation state (compare-and-set on a revision, fenced by the turn), and the outbox
-//! record of the reply it sent.
-//!
-//! Webhook deliveries are journaled by whichever worker received them, so these writes are
-//! not fenced per bot (many workers journal one bot's messages at once) but per chat: the
-//! turn's fence from the coordinator.
+//! conversation state (compare-and-set on a revision, fenced by whoever holds the turn), and
+//! the outbox record of the reply it sent. Every bot's turns read and write these, whatever
+//! its transport; only what fences the writes differs (see [`TurnFence`]).
 
 use crate::{InboxEntry, InboxOutcome};
 use botfleet_core::Fence;
@@ -25,6 +22,29 @@ pub struct TurnView {
     pub sent: bool,
 }
 
+/// Who holds a chat's turn, and so what fences the turn's writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TurnFence {
+    /// The bot's claim (a unit with an exclusive transport: polling, socket, gateway, linked
+    /// device): the unit's holder is the only one answering the bot's chats. A write under a
+    /// claim lower than the bot's accepted fence is refused with
+    /// [`StoreError::StaleFence`](crate::StoreError::StaleFence); the chat's own fence is
+    /// neither checked nor changed.
+    Claim(Fence),
+    /// The chat's turn from the coordinator (webhook bots, answered by any worker): a turn
+    /// superseded by a higher fence of the chat leaves the entry and the state to that one.
+    Chat(Fence),
+}
+
+impl TurnFence {
+    /// The fence itself, whichever kind.
+    pub fn fence(self) -> Fence {
+        match self {
+            TurnFence::Claim(f) | TurnFence::Chat(f) => f,
+        }
+    }
+}
+
 /// What a turn leaves, written in one transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TurnRecord {
@@ -32,8 +52,8 @@ pub struct TurnRecord {
     pub key: String,
     /// Its chat.
     pub chat: String,
-    /// The turn's fence.
-    pub fence: Fence,
+    /// Who held the turn.
+    pub fence: TurnFence,
     /// How the entry ends.
     pub outcome: InboxOutcome,
     /// A reply was sent: record it in the outbox under the entry's idempotency key.

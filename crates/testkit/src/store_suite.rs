@@ -3,7 +3,7 @@
 
 use std::{future::Future, sync::Arc};
 
-use botfleet_core::{BotSpec, BotStatus, Fence, HandlerSpec, Platform, Secret};
+use botfleet_core::{BotId, BotSpec, BotStatus, Fence, HandlerSpec, Platform, Secret};
 use botfleet_store::{
     BotFilter, InboxItem, InboxOutcome, InboxState, InboxStats, StatusReport, Store, StoreError,
 };
@@ -247,24 +247,74 @@ pub async fn concurrent_fenced_writes(s: Arc<dyn Store>) {
     assert_eq!((c.value.as_str(), c.fence), ("v20", Fence(20)));
 }
 
-/// Sent marks answer "was this reply sent?" until the cursor moves past the batch.
-pub async fn sent_marks_last_until_the_cursor_moves(s: Arc<dyn Store>) {
-    let (a, b) = (bid("a"), bid("b"));
-    assert!(!s.is_sent(&a, "chat:1:reply").await.unwrap());
-    s.mark_sent(&a, "chat:1:reply").await.unwrap();
-    s.mark_sent(&a, "chat:1:reply").await.unwrap(); // idempotent
-    s.mark_sent(&b, "chat:1:reply").await.unwrap();
-    assert!(s.is_sent(&a, "chat:1:reply").await.unwrap());
-    assert!(!s.is_sent(&a, "chat:2:reply").await.unwrap());
-    // A stale cursor write changes nothing, marks included.
-    s.accept_fence(&a, Fence(5)).await.unwrap();
-    assert!(s.put_cursor(&a, "2", Fence(4)).await.is_err());
-    assert!(s.is_sent(&a, "chat:1:reply").await.unwrap());
-    s.put_cursor(&a, "2", Fence(5)).await.unwrap();
-    assert!(!s.is_sent(&a, "chat:1:reply").await.unwrap());
-    assert!(
-        s.is_sent(&b, "chat:1:reply").await.unwrap(),
-        "other bots keep theirs"
+/// Turns held by a unit's claim (polling, socket, gateway, linked-device bots) write the
+/// outbox, the state and the entry's end at once like webhook turns, fenced by the bot's
+/// claim instead of the chat's fence: a stale holder writes nothing, and a chat's own fence
+/// (from webhook turns before a mode change) neither holds a claim's turn up nor is moved.
+pub async fn claim_turns_are_fenced_by_the_bot(s: Arc<dyn Store>) {
+    use botfleet_store::{StateWrite, TurnFence, TurnRecord};
+    let bot = bid("poll1");
+    s.accept_fence(&bot, Fence(3)).await.unwrap();
+    put(&s, &bot, &[item("p1", "c1"), item("p2", "c1")], 3).await;
+    let rec = |key: &str, fence: u64, state: Option<(u64, &str)>| TurnRecord {
+        key: key.to_owned(),
+        chat: "c1".to_owned(),
+        fence: TurnFence::Claim(Fence(fence)),
+        outcome: InboxOutcome::Done,
+        sent: true,
+        state: state.map(|(r, s)| (r, s.to_owned())),
+    };
+    // The chat had webhook turns up to fence 50 before the bot went back to polling.
+    s.turn_accept(&bot, "c1", Fence(50)).await.unwrap();
+    assert_eq!(
+        s.turn_record(&bot, &rec("p1", 3, Some((0, r#"{"n":1}"#))))
+            .await
+            .unwrap(),
+        StateWrite::Written(1)
+    );
+    let v = s.turn_view(&bot, "p1", "c1").await.unwrap();
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Done));
+    assert_eq!(
+        (v.revision, v.state.as_deref(), v.sent),
+        (1, Some(r#"{"n":1}"#), true)
+    );
+    // The chat's fence did not move: a webhook turn under 50 still writes.
+    assert!(s.turn_accept(&bot, "c1", Fence(50)).await.is_ok());
+    // The bot moved on to fence 4: the old holder writes nothing at all.
+    s.accept_fence(&bot, Fence(4)).await.unwrap();
+    assert!(matches!(
+        s.turn_record(&bot, &rec("p2", 3, Some((1, r#"{"n":2}"#)))).await,
+        Err(StoreError::StaleFence { current, .. }) if current == Fence(4)
+    ));
+    let v = s.turn_view(&bot, "p2", "c1").await.unwrap();
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
+    assert_eq!(
+        (v.revision, v.sent),
+        (1, false),
+        "no state, no outbox record"
+    );
+    // The new holder replays it: it sees what its predecessor left and writes on.
+    assert_eq!(
+        s.turn_record(&bot, &rec("p2", 4, Some((1, r#"{"n":2}"#))))
+            .await
+            .unwrap(),
+        StateWrite::Written(2)
+    );
+    // A claim's state write is still a compare-and-set on the revision.
+    put(&s, &bot, &[item("p3", "c1")], 4).await;
+    assert_eq!(
+        s.turn_record(&bot, &rec("p3", 4, Some((1, r#"{"n":9}"#))))
+            .await
+            .unwrap(),
+        StateWrite::Stale
+    );
+    assert_eq!(
+        s.turn_view(&bot, "p3", "c1")
+            .await
+            .unwrap()
+            .state
+            .as_deref(),
+        Some(r#"{"n":2}"#)
     );
 }
 
@@ -358,6 +408,41 @@ pub async fn batch_calls_answer_like_single_calls(s: Arc<dyn Store>) {
     assert!(s.accept_fences(&[]).await.unwrap().is_empty());
 }
 
+/// Journals `items` under a unit's claim `fence`; answers which were new.
+async fn put(s: &Arc<dyn Store>, bot: &BotId, items: &[InboxItem], fence: u64) -> Vec<bool> {
+    s.journal_put(bot, items, Some(Fence(fence)), None)
+        .await
+        .unwrap()
+        .0
+}
+
+/// Journals `items` as a webhook delivery (unfenced); answers which were new.
+async fn hook_put(s: &Arc<dyn Store>, bot: &BotId, items: &[InboxItem]) -> Vec<bool> {
+    s.journal_put(bot, items, None, None).await.unwrap().0
+}
+
+/// Ends the entry `key` under the unit's claim `fence`.
+async fn end(
+    s: &Arc<dyn Store>,
+    bot: &BotId,
+    key: &str,
+    outcome: InboxOutcome,
+    fence: u64,
+) -> botfleet_store::Result<botfleet_store::StateWrite> {
+    s.turn_record(
+        bot,
+        &botfleet_store::TurnRecord {
+            key: key.to_owned(),
+            chat: String::new(),
+            fence: botfleet_store::TurnFence::Claim(Fence(fence)),
+            outcome,
+            sent: false,
+            state: None,
+        },
+    )
+    .await
+}
+
 fn item(key: &str, chat: &str) -> InboxItem {
     InboxItem {
         key: key.into(),
@@ -371,23 +456,21 @@ fn item(key: &str, chat: &str) -> InboxItem {
 pub async fn inbox_records_once_in_order(s: Arc<dyn Store>) {
     let bot = bid("b1");
     s.accept_fence(&bot, Fence(3)).await.unwrap();
-    let new = s
-        .inbox_put(
-            &bot,
-            &[item("u1", "c1"), item("u2", "c2"), item("u3", "c1")],
-            Fence(3),
-        )
-        .await
-        .unwrap();
+    let new = put(
+        &s,
+        &bot,
+        &[item("u1", "c1"), item("u2", "c2"), item("u3", "c1")],
+        3,
+    )
+    .await;
     assert_eq!(new, [true, true, true]);
-    let new = s
-        .inbox_put(
-            &bot,
-            &[item("u2", "c2"), item("u4", "c1"), item("u4", "c1")],
-            Fence(3),
-        )
-        .await
-        .unwrap();
+    let new = put(
+        &s,
+        &bot,
+        &[item("u2", "c2"), item("u4", "c1"), item("u4", "c1")],
+        3,
+    )
+    .await;
     assert_eq!(
         new,
         [false, true, false],
@@ -409,14 +492,13 @@ pub async fn inbox_records_once_in_order(s: Arc<dyn Store>) {
     assert_eq!(pending[0].state, InboxState::Pending);
     assert!(pending[0].received_at_ms > 0);
     assert_eq!(s.inbox_pending(&bot, 2).await.unwrap().len(), 2);
-    s.inbox_finish(&bot, "u2", &InboxOutcome::Done, Fence(3))
-        .await
-        .unwrap();
-    s.inbox_finish(
+    end(&s, &bot, "u2", InboxOutcome::Done, 3).await.unwrap();
+    end(
+        &s,
         &bot,
         "u3",
-        &InboxOutcome::Undeliverable("handler answered 400".into()),
-        Fence(3),
+        InboxOutcome::Undeliverable("handler answered 400".into()),
+        3,
     )
     .await
     .unwrap();
@@ -443,72 +525,58 @@ pub async fn inbox_records_once_in_order(s: Arc<dyn Store>) {
         ("u3", Some("handler answered 400"))
     );
     // A finished key is still known: its redelivery is not recorded again.
-    assert_eq!(
-        s.inbox_put(&bot, &[item("u2", "c2")], Fence(3))
-            .await
-            .unwrap(),
-        [false]
-    );
+    assert_eq!(put(&s, &bot, &[item("u2", "c2")], 3).await, [false]);
     // Another bot's inbox is its own.
     assert!(s.inbox_pending(&bid("b2"), 10).await.unwrap().is_empty());
-    assert_eq!(
-        s.inbox_put(&bid("b2"), &[item("u1", "c1")], Fence(1))
-            .await
-            .unwrap(),
-        [true]
-    );
+    assert_eq!(put(&s, &bid("b2"), &[item("u1", "c1")], 1).await, [true]);
 }
 
-/// A worker that lost the bot can neither record nor finish entries.
+/// A worker that lost the bot can neither record nor end entries.
 pub async fn inbox_writes_are_fenced(s: Arc<dyn Store>) {
     let bot = bid("b1");
     s.accept_fence(&bot, Fence(5)).await.unwrap();
     assert!(matches!(
-        s.inbox_put(&bot, &[item("u1", "c")], Fence(4)).await,
+        s.journal_put(&bot, &[item("u1", "c")], Some(Fence(4)), None).await,
         Err(StoreError::StaleFence { current, .. }) if current == Fence(5)
     ));
     assert!(s.inbox_pending(&bot, 10).await.unwrap().is_empty());
-    s.inbox_put(&bot, &[item("u1", "c")], Fence(5))
-        .await
-        .unwrap();
+    put(&s, &bot, &[item("u1", "c")], 5).await;
     assert!(matches!(
-        s.inbox_finish(&bot, "u1", &InboxOutcome::Done, Fence(4))
-            .await,
+        end(&s, &bot, "u1", InboxOutcome::Done, 4).await,
         Err(StoreError::StaleFence { .. })
     ));
     assert_eq!(s.inbox_pending(&bot, 10).await.unwrap().len(), 1);
-    assert!(matches!(
-        s.inbox_finish(&bot, "nope", &InboxOutcome::Done, Fence(5))
-            .await,
-        Err(StoreError::NotFound(_))
-    ));
-    s.inbox_finish(&bot, "u1", &InboxOutcome::Done, Fence(6))
-        .await
-        .unwrap();
+    // An entry that is not there (pruned, never recorded) ends as nothing.
+    end(&s, &bot, "nope", InboxOutcome::Done, 5).await.unwrap();
+    end(&s, &bot, "u1", InboxOutcome::Done, 6).await.unwrap();
     assert!(s.inbox_pending(&bot, 10).await.unwrap().is_empty());
+    // An ended entry stays as it ended.
+    end(
+        &s,
+        &bot,
+        "u1",
+        InboxOutcome::Undeliverable("late".into()),
+        6,
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.inbox_stats().await.unwrap().get(&bot), None);
 }
 
 /// Pruning forgets finished entries by age, never pending ones.
 pub async fn inbox_prune_forgets_finished_entries(s: Arc<dyn Store>) {
     let bot = bid("b1");
-    s.inbox_put(
+    put(
+        &s,
         &bot,
         &[item("a", "c"), item("b", "c"), item("c", "c")],
-        Fence(1),
+        1,
     )
-    .await
-    .unwrap();
-    s.inbox_finish(&bot, "a", &InboxOutcome::Done, Fence(1))
+    .await;
+    end(&s, &bot, "a", InboxOutcome::Done, 1).await.unwrap();
+    end(&s, &bot, "b", InboxOutcome::Undeliverable("x".into()), 1)
         .await
         .unwrap();
-    s.inbox_finish(
-        &bot,
-        "b",
-        &InboxOutcome::Undeliverable("x".into()),
-        Fence(1),
-    )
-    .await
-    .unwrap();
     let future = botfleet_core::unix_ms() + 60_000;
     assert_eq!(s.inbox_prune(0, 0).await.unwrap(), 0, "nothing that old");
     assert_eq!(s.inbox_prune(future, 0).await.unwrap(), 1, "the done one");
@@ -524,12 +592,7 @@ pub async fn inbox_prune_forgets_finished_entries(s: Arc<dyn Store>) {
     assert_eq!(s.inbox_pending(&bot, 10).await.unwrap().len(), 1);
     // A pruned key is forgotten: it would be recorded again (the platform's cursor, not the
     // inbox, guards old deliveries by then).
-    assert_eq!(
-        s.inbox_put(&bot, &[item("a", "c")], Fence(1))
-            .await
-            .unwrap(),
-        [true]
-    );
+    assert_eq!(put(&s, &bot, &[item("a", "c")], 1).await, [true]);
 }
 
 /// A second credential (Slack's app token) is stored, read back and never shown.
@@ -568,7 +631,7 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
     use botfleet_store::{StateWrite, TurnRecord};
     let bot = bid("hook3");
     let (new, v) = s
-        .journal_put_view(&bot, &[item("a1", "c1")], Some(0))
+        .journal_put(&bot, &[item("a1", "c1")], None, Some(0))
         .await
         .unwrap();
     assert_eq!(new, [true]);
@@ -583,7 +646,7 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
     let rec = TurnRecord {
         key: "a1".into(),
         chat: "c1".into(),
-        fence: Fence(5),
+        fence: botfleet_store::TurnFence::Chat(Fence(5)),
         outcome: InboxOutcome::Done,
         sent: true,
         state: Some((0, "{\"n\":1}".into())),
@@ -594,7 +657,7 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
     );
     // A redelivery: not new, the entry as it is now.
     let (new, v) = s
-        .journal_put_view(&bot, &[item("a1", "c1")], Some(0))
+        .journal_put(&bot, &[item("a1", "c1")], None, Some(0))
         .await
         .unwrap();
     assert_eq!(new, [false]);
@@ -606,19 +669,27 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
     );
     // A new entry of the same chat sees the chat's state.
     let (new, v) = s
-        .journal_put_view(&bot, &[item("a2", "c1"), item("a3", "c2")], Some(0))
+        .journal_put(&bot, &[item("a2", "c1"), item("a3", "c2")], None, Some(0))
         .await
         .unwrap();
     assert_eq!(new, [true, true]);
     let v = v.unwrap();
     assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
     assert_eq!((v.revision, v.sent), (1, false));
-    // Without a view it is journal_put.
+    // Without a view, no view; under a claim, the view as well.
     let (new, v) = s
-        .journal_put_view(&bot, &[item("a4", "c1")], None)
+        .journal_put(&bot, &[item("a4", "c1")], None, None)
         .await
         .unwrap();
     assert_eq!((new, v), (vec![true], None));
+    let (new, v) = s
+        .journal_put(&bot, &[item("a5", "c1")], Some(Fence(1)), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(new, [true]);
+    let v = v.unwrap();
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
+    assert_eq!(v.revision, 1);
     let keys: Vec<String> = s
         .inbox_pending(&bot, 10)
         .await
@@ -626,7 +697,7 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
         .into_iter()
         .map(|e| e.key)
         .collect();
-    assert_eq!(keys, ["a2", "a3", "a4"]);
+    assert_eq!(keys, ["a2", "a3", "a4", "a5"]);
 }
 
 /// A linked-device session's records round-trip by kind, change all or none under the
@@ -808,9 +879,7 @@ pub async fn journal_takes_each_delivery_once(s: Arc<dyn Store>) {
     // A unit holder's high fence does not keep other workers from journaling.
     s.accept_fence(&bot, Fence(1_000)).await.unwrap();
     assert_eq!(
-        s.journal_put(&bot, &[item("u1", "c1"), item("u2", "c2")])
-            .await
-            .unwrap(),
+        hook_put(&s, &bot, &[item("u1", "c1"), item("u2", "c2")]).await,
         [true, true]
     );
     let mut racers = Vec::new();
@@ -818,7 +887,7 @@ pub async fn journal_takes_each_delivery_once(s: Arc<dyn Store>) {
         let s = s.clone();
         let bot = bot.clone();
         racers.push(tokio::spawn(async move {
-            s.journal_put(&bot, &[item("u3", "c1")]).await.unwrap()[0]
+            hook_put(&s, &bot, &[item("u3", "c1")]).await[0]
         }));
     }
     let mut firsts = 0;
@@ -826,10 +895,7 @@ pub async fn journal_takes_each_delivery_once(s: Arc<dyn Store>) {
         firsts += usize::from(r.await.unwrap());
     }
     assert_eq!(firsts, 1, "one of four concurrent deliveries is new");
-    assert_eq!(
-        s.journal_put(&bot, &[item("u1", "c1")]).await.unwrap(),
-        [false]
-    );
+    assert_eq!(hook_put(&s, &bot, &[item("u1", "c1")]).await, [false]);
     let pending = s.inbox_pending(&bot, 10).await.unwrap();
     let keys: Vec<&str> = pending.iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys, ["u1", "u2", "u3"], "in arrival order");
@@ -840,12 +906,12 @@ pub async fn journal_takes_each_delivery_once(s: Arc<dyn Store>) {
 pub async fn turns_read_and_write_state_outbox_and_entry(s: Arc<dyn Store>) {
     use botfleet_store::{StateWrite, TurnRecord};
     let bot = bid("hook2");
-    s.journal_put(
+    hook_put(
+        &s,
         &bot,
         &[item("m1", "c1"), item("m2", "c1"), item("m3", "c1")],
     )
-    .await
-    .unwrap();
+    .await;
     let v = s.turn_view(&bot, "m1", "c1").await.unwrap();
     assert_eq!(v.entry.as_ref().map(|e| e.state), Some(InboxState::Pending));
     assert_eq!((v.revision, v.state.as_deref(), v.sent), (0, None, false));
@@ -858,7 +924,7 @@ pub async fn turns_read_and_write_state_outbox_and_entry(s: Arc<dyn Store>) {
     let rec = |key: &str, fence: u64, state: Option<(u64, &str)>| TurnRecord {
         key: key.to_owned(),
         chat: "c1".to_owned(),
-        fence: Fence(fence),
+        fence: botfleet_store::TurnFence::Chat(Fence(fence)),
         outcome: InboxOutcome::Done,
         sent: true,
         state: state.map(|(r, s)| (r, s.to_owned())),
@@ -946,7 +1012,7 @@ macro_rules! store_conformance {
             fences_survive_removal,
             concurrent_fenced_writes,
             registry_stamp_tracks_spec_changes,
-            sent_marks_last_until_the_cursor_moves,
+            claim_turns_are_fenced_by_the_bot,
             batch_calls_answer_like_single_calls,
             inbox_records_once_in_order,
             inbox_writes_are_fenced,

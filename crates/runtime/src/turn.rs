@@ -1,0 +1,345 @@
+//! One turn: how every bot's message is answered, whatever its transport.
+//!
+//! ```text
+//! view (the entry, the chat's state, whether the outbox has the reply) → decode → handler
+//!   with the chat's state (transient failures retried) → lease check → send, unless the
+//!   outbox has it (retried; refused credentials fail the bot) → one record: outbox, new
+//!   state, entry end, under the turn's fence
+//! ```
+//!
+//! Transports differ only in how a chat's turn is held ([`Hold`], and the [`TurnFence`] its
+//! writes carry): the unit's claim for polling, socket, gateway and linked-device bots (the
+//! chat queues of [`crate::chats`]), a ticket queue across workers for webhook bots
+//! ([`crate::hooks`]).
+//!
+//! Exactly once: a reply goes out under an idempotency key derived from its message and is
+//! recorded in the outbox in the same write that ends the entry. A replay (a successor, a
+//! taken-over turn, a redelivery) that finds the record sends nothing. What is left is the
+//! window between the platform accepting a reply and that write: a crash inside it sends the
+//! reply again, except where the platform drops repeats of the key (Discord's `nonce` with
+//! `enforce_nonce`, WhatsApp Web's message id). The window is measured on every platform
+//! (`botfleet_outbox_window_seconds`).
+
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use botfleet_core::{BotId, BotStatus, Inbound, Outbound, Platform};
+use botfleet_platform::{ErrorKind, PlatformError, Sender};
+use botfleet_store::{
+    InboxOutcome, InboxState, StateWrite, Store, StoreError, TurnFence, TurnRecord, TurnView,
+    MAX_STATE_BYTES,
+};
+use tracing::{debug, warn};
+
+use crate::{
+    handler::{Handler, Reply},
+    metrics::{Metrics, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL, STATE_TOO_LARGE_TOTAL},
+    reporter::Reporter,
+    retry::{backoff, wait_after},
+};
+
+/// Why a turn stopped before its entry ended. The entry stays pending in every case, for
+/// whoever answers the chat next.
+#[derive(Debug)]
+pub(crate) enum Halt {
+    /// Asked to stop (a hand-over, a shutdown).
+    Stopped,
+    /// This worker may not act for the turn: its lease is not safe, or a newer fence holds
+    /// the bot.
+    Fenced(String),
+    /// The platform refused the bot's credentials while sending: the bot was reported
+    /// failed, and its messages wait until an operator restarts it.
+    Failed(PlatformError),
+}
+
+/// How a chat's turn is held: what the pipeline asks before every act the platform or
+/// another worker can observe, and how it waits between tries.
+pub(crate) trait Hold: Sync {
+    /// `Ok` while this worker may act for the turn.
+    ///
+    /// # Errors
+    /// Why not: stopping, or fenced.
+    fn check(&self) -> Result<(), Halt>;
+
+    /// Waits `d`, ending at once when a stop is asked for.
+    ///
+    /// # Errors
+    /// [`Halt::Stopped`] when it was.
+    fn pause(&self, d: Duration) -> impl Future<Output = Result<(), Halt>> + Send;
+}
+
+/// What the turns of one bot share.
+pub(crate) struct TurnCtx {
+    pub(crate) bot: BotId,
+    pub(crate) platform: Platform,
+    pub(crate) store: Arc<dyn Store>,
+    /// How replies go out, or why none can (shown as the entry's reason).
+    pub(crate) sender: Result<Arc<dyn Sender>, String>,
+    pub(crate) handler: Handler,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) reporter: Reporter,
+    /// This worker's id, for status reports.
+    pub(crate) worker: Arc<str>,
+    /// How long transient failures of one message are retried.
+    pub(crate) retry_for: Duration,
+}
+
+/// One entry to answer.
+pub(crate) struct Job<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) chat: &'a str,
+    pub(crate) fence: TurnFence,
+    /// What the turn starts from, when the caller read it already (in the same store call as
+    /// the journal write); read here otherwise.
+    pub(crate) view: Option<TurnView>,
+    /// When the platform's request arrived (webhook bots: the reply latency counts from it).
+    pub(crate) arrived: Option<Instant>,
+}
+
+/// Answers one journaled entry and ends it: `Ok` once it is ended (answered, found
+/// undeliverable, or done before), or when there was nothing to answer.
+///
+/// # Errors
+/// Why the entry was left pending ([`Halt`]).
+pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result<(), Halt> {
+    let view = match job.view {
+        Some(v) => v,
+        None => read_view(ctx, hold, job.key, job.chat).await?,
+    };
+    let Some(entry) = view.entry.as_ref() else {
+        return Ok(()); // never journaled (the delivery was refused)
+    };
+    if entry.state != InboxState::Pending {
+        return Ok(()); // ended already (a redelivery's ticket, a replay)
+    }
+    debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, fence = job.fence.fence().get(), revision = view.revision, has_state = view.state.is_some(), sent = view.sent, "answering a message");
+    let end = End {
+        key: job.key,
+        chat: job.chat,
+        fence: job.fence,
+    };
+    let started = Instant::now();
+    let msg: Inbound = match serde_json::from_str(&entry.message) {
+        Ok(m) => m,
+        Err(e) => {
+            let why = format!("recorded message unreadable: {e}");
+            return end.undeliverable(ctx, hold, why).await;
+        }
+    };
+    let reply = match answer(ctx, hold, &msg, view.state.as_deref(), started).await? {
+        Ok(r) => r,
+        Err(why) => return end.undeliverable(ctx, hold, why).await,
+    };
+    let mut sent = None;
+    if let Some(text) = reply.text {
+        if view.sent {
+            // Sent before a crash, and recorded: not again.
+            ctx.metrics.count(OUTBOX_SKIPPED_TOTAL, ctx.platform, 1);
+        } else {
+            match send(ctx, hold, &Outbound::reply_to(&msg, text), started).await? {
+                Ok(at) => {
+                    match job.arrived {
+                        Some(a) => ctx.metrics.hook_reply_latency(ctx.platform, a.elapsed()),
+                        None => ctx.metrics.reply_latency(ctx.platform, started.elapsed()),
+                    }
+                    sent = Some(at);
+                }
+                Err(why) => return end.undeliverable(ctx, hold, why).await,
+            }
+        }
+    }
+    let state = checked_state(ctx, job.chat, reply.state).map(|s| (view.revision, s));
+    end.record(ctx, hold, InboxOutcome::Done, sent, state).await
+}
+
+/// The turn's view, through store failures while the worker may act.
+async fn read_view(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    key: &str,
+    chat: &str,
+) -> Result<TurnView, Halt> {
+    let mut attempt = 0;
+    loop {
+        hold.check()?;
+        match ctx.store.turn_view(&ctx.bot, key, chat).await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                warn!(bot = %ctx.bot, error = %e, "cannot read a message's turn; retrying");
+                hold.pause(backoff(attempt).min(Duration::from_secs(5)))
+                    .await?;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// The handler's answer (`Err` inside: why the message is undeliverable), transient failures
+/// retried for `retry_for` while the other chats go on.
+async fn answer(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    msg: &Inbound,
+    state: Option<&str>,
+    started: Instant,
+) -> Result<Result<Reply, String>, Halt> {
+    let mut attempt = 0;
+    loop {
+        hold.check()?;
+        match ctx.handler.answer_with_state(msg, state).await {
+            Ok(r) => return Ok(Ok(r)),
+            Err(e) if e.is_transient() && started.elapsed() < ctx.retry_for => {
+                ctx.metrics.handler_retry(ctx.platform);
+                let wait = backoff(attempt);
+                warn!(bot = %ctx.bot, chat = %msg.chat.chat, error = %e, wait_ms = wait.as_millis() as u64, "handler failed; retrying this chat's message");
+                hold.pause(wait).await?;
+                attempt += 1;
+            }
+            Err(e) => {
+                ctx.metrics.platform_error(ctx.platform, "handler");
+                return Ok(Err(format!("handler: {e}")));
+            }
+        }
+    }
+}
+
+/// Sends `out`: `Ok(Ok(when the platform accepted it))`, `Ok(Err(why))` when it cannot go
+/// (refused as it is, or failing past `retry_for`). Anything but a refusal is retried, an
+/// unreadable answer included (it may hide a sent message: at least once, not at most).
+async fn send(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    out: &Outbound,
+    started: Instant,
+) -> Result<Result<Instant, String>, Halt> {
+    let sender = match &ctx.sender {
+        Ok(s) => s,
+        Err(why) => return Ok(Err(format!("send: {why}"))),
+    };
+    let mut attempt = 0;
+    loop {
+        // Checked before every send: a frozen or fenced worker sends nothing.
+        hold.check()?;
+        match sender.send(out).await {
+            Ok(()) => {
+                ctx.metrics.sent();
+                return Ok(Ok(Instant::now()));
+            }
+            Err(e) if e.kind() == ErrorKind::Credentials => {
+                ctx.metrics.platform_error(ctx.platform, e.reason());
+                warn!(bot = %ctx.bot, reason = e.reason(), error = %e, "credentials refused while sending; the bot fails until restarted");
+                ctx.reporter.report(
+                    &ctx.bot,
+                    BotStatus::Failed,
+                    Some(&e.to_string()),
+                    &ctx.worker,
+                );
+                return Err(Halt::Failed(e));
+            }
+            Err(e) => {
+                ctx.metrics.platform_error(ctx.platform, e.reason());
+                if e.kind() == ErrorKind::Rejected || started.elapsed() >= ctx.retry_for {
+                    return Ok(Err(format!("send: {e}")));
+                }
+                debug!(bot = %ctx.bot, error = %e, "send failed; retrying");
+                hold.pause(wait_after(&e, attempt)).await?;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// The handler's new state, unless it is over [`MAX_STATE_BYTES`] (then reported to the
+/// bot's owner and dropped: the chat keeps its last state).
+fn checked_state(ctx: &TurnCtx, chat: &str, state: Option<String>) -> Option<String> {
+    let s = state?;
+    if s.len() <= MAX_STATE_BYTES {
+        return Some(s);
+    }
+    ctx.metrics.count(STATE_TOO_LARGE_TOTAL, ctx.platform, 1);
+    let why = format!(
+        "the handler's conversation state is {} bytes, over the {MAX_STATE_BYTES}-byte bound: not stored (the chat keeps its last state)",
+        s.len()
+    );
+    warn!(bot = %ctx.bot, chat = %chat, "{why}");
+    // Shown in `bots list`; the bot keeps running.
+    ctx.reporter
+        .report(&ctx.bot, BotStatus::Running, Some(&why), &ctx.worker);
+    None
+}
+
+/// The entry a turn ends.
+struct End<'a> {
+    key: &'a str,
+    chat: &'a str,
+    fence: TurnFence,
+}
+
+impl End<'_> {
+    /// Ends the entry as undeliverable (nothing was sent).
+    async fn undeliverable(self, ctx: &TurnCtx, hold: &impl Hold, why: String) -> Result<(), Halt> {
+        warn!(bot = %ctx.bot, key = %self.key, reason = %why, "message undeliverable");
+        ctx.metrics.undeliverable(ctx.platform);
+        self.record(ctx, hold, InboxOutcome::Undeliverable(why), None, None)
+            .await
+    }
+
+    /// Writes what the turn leaves in one record, retrying through store failures: once a
+    /// reply is out, recording it is what keeps a replay from sending it again, so a stop
+    /// does not cut this short (a fenced worker gives up: its successor replays).
+    async fn record(
+        self,
+        ctx: &TurnCtx,
+        hold: &impl Hold,
+        outcome: InboxOutcome,
+        sent: Option<Instant>,
+        state: Option<(u64, String)>,
+    ) -> Result<(), Halt> {
+        let rec = TurnRecord {
+            key: self.key.to_owned(),
+            chat: self.chat.to_owned(),
+            fence: self.fence,
+            outcome,
+            sent: sent.is_some(),
+            state,
+        };
+        let mut attempt = 0;
+        loop {
+            let r = ctx.store.turn_record(&ctx.bot, &rec).await;
+            if let (Ok(_), Some(at)) = (&r, sent) {
+                // What is left of the duplicate window: a crash before this write sends the
+                // reply again on replay.
+                ctx.metrics.outbox_window(ctx.platform, at.elapsed());
+            }
+            match r {
+                Ok(StateWrite::Stale) => {
+                    ctx.metrics.count(STATE_REFUSED_TOTAL, ctx.platform, 1);
+                    warn!(bot = %ctx.bot, chat = %self.chat, "conversation state refused: a newer turn wrote first; this result is dropped");
+                    return Ok(());
+                }
+                Ok(_) => return Ok(()),
+                Err(StoreError::StaleFence { current, .. }) => {
+                    return Err(Halt::Fenced(format!(
+                        "a newer fence {current} owns this bot"
+                    )));
+                }
+                Err(e) => {
+                    match hold.check() {
+                        Err(Halt::Stopped) if attempt < 6 => {}
+                        Err(halt) => {
+                            warn!(bot = %ctx.bot, error = %e, "cannot record an answered message; whoever answers next may send it again");
+                            return Err(halt);
+                        }
+                        Ok(()) => {}
+                    }
+                    warn!(bot = %ctx.bot, error = %e, "cannot record an answered message; retrying");
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+}
