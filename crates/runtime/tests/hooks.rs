@@ -744,7 +744,7 @@ impl WebhookFixture for WhatsappFixture {
 /// their message; a token Graph refuses (190) fails the bot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
-    use botfleet_testkit::{FakeGraph, SendFault};
+    use botfleet_testkit::FakeGraph;
     let f = WhatsappFixture {
         graph: FakeGraph::start().await.unwrap(),
     };
@@ -791,10 +791,8 @@ async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
         dups >= total,
         "every second delivery was a duplicate ({dups})"
     );
-    // Graph refuses the token: the bot fails, visibly.
-    graph
-        .state()
-        .inject_send(WA_NUMBER, SendFault::TokenExpired);
+    // Graph stops taking the token: the bot fails, visibly.
+    graph.state().revoke(WA_NUMBER);
     graph.state().user_writes(WA_NUMBER, "491709", "after");
     let id = BotId::new("wa").unwrap();
     let mut failed = false;
@@ -808,6 +806,33 @@ async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(failed, "a refused token fails the bot");
+    // Nothing is lost: the message waits while the bot is failed (every copy's turn is
+    // refused too), and is answered once, after an operator gives the bot a working token
+    // and restarts it: the sweeper replays what a failed bot left pending.
+    let answered_after = || {
+        f.replies()
+            .iter()
+            .filter(|(to, text)| to == "491709" && text.ends_with(":after"))
+            .count()
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(answered_after(), 0, "not answered while the bot is failed");
+    graph
+        .state()
+        .add_number(WA_NUMBER, "EAAG-rotated", WA_SECRET);
+    let mut spec = run.store.get_bot(&id).await.unwrap().unwrap().spec;
+    spec.token = Secret::new("EAAG-rotated");
+    run.store.update_bot(&spec).await.unwrap();
+    run.store
+        .set_status(&id, botfleet_core::BotStatus::Pending, None, None)
+        .await
+        .unwrap();
+    until("the waiting message answered after the restart", 30, || {
+        answered_after() > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(answered_after(), 1, "answered once");
     run.shutdown().await;
 }
 
