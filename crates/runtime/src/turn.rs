@@ -13,8 +13,9 @@
 //! ([`crate::hooks`]).
 //!
 //! Exactly once: a reply goes out under an idempotency key derived from its message and is
-//! recorded in the outbox in the same write that ends the entry. A replay (a successor, a
-//! taken-over turn, a redelivery) that finds the record sends nothing. What is left is the
+//! recorded in the same write that ends the entry. A replay (a successor, a taken-over turn,
+//! a redelivery) finds the entry ended, or (for a webhook turn that was superseded after it
+//! sent, so ended no entry) the reply's outbox row, and sends nothing. What is left is the
 //! window between the platform accepting a reply and that write: a crash inside it sends the
 //! reply again, except where the platform drops repeats of the key (Discord's `nonce` with
 //! `enforce_nonce`, WhatsApp Web's message id). The window is measured on every platform

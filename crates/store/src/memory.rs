@@ -389,7 +389,9 @@ impl Store for MemoryStore {
             }
             TurnFence::Chat(f) => (f, false),
         };
-        if rec.sent {
+        // A claim's turn ends its entry in this same write: the entry's end is its outbox
+        // record (see the SQL backends).
+        if rec.sent && !claim {
             st.outbox
                 .entry(bot.clone())
                 .or_default()

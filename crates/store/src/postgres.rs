@@ -43,13 +43,14 @@ const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq
 /// revision the state came from, `$4` fence, `$5` state, `$6` now, `$7` reply key, `$8` sent,
 /// `$9` entry state, `$10` error, `$11` entry key, `$12` whether the bot's claim holds the
 /// turn (then nothing is written unless `$4` is not below the bot's accepted fence, and the
-/// last column says whether it was not).
+/// last column says whether it was not; and no outbox row: the entry's end, in the same
+/// statement, is its record).
 fn turn_record_sql(cas: &str) -> String {
     format!(
         "WITH ok AS (SELECT (NOT $12 OR COALESCE((SELECT fence FROM bot_fences \
            WHERE bot_id = $1), 0) <= $4) AS go), \
          ob AS (INSERT INTO outbox (bot_id, key, fence, sent_at_ms) \
-           SELECT $1, $7, $4, $6 WHERE $8 AND (SELECT go FROM ok) ON CONFLICT DO NOTHING RETURNING 1), \
+           SELECT $1, $7, $4, $6 WHERE $8 AND NOT $12 AND (SELECT go FROM ok) ON CONFLICT DO NOTHING RETURNING 1), \
          fin AS (UPDATE inbox SET state = $9, error = $10, finished_at_ms = $6 \
            WHERE bot_id = $1 AND key = $11 AND state = 'pending' AND (SELECT go FROM ok) \
            AND ($12 OR NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = $1 AND c.chat = $2 \

@@ -828,7 +828,10 @@ impl Store for SqliteStore {
                     .map_err(fail)?
             };
             let now = botfleet_core::unix_ms();
-            if rec.sent {
+            // A claim's turn ends its entry in this same all-or-nothing write: the entry's end
+            // is its outbox record. Only a chat's turn can send and leave its entry pending
+            // (superseded), so only it needs the row.
+            if rec.sent && !claim {
                 tx.execute(
                     "INSERT INTO outbox (bot_id, key, fence, sent_at_ms) VALUES (?1, ?2, ?3, ?4) \
                      ON CONFLICT DO NOTHING",

@@ -56,7 +56,10 @@ pub struct TurnRecord {
     pub fence: TurnFence,
     /// How the entry ends.
     pub outcome: InboxOutcome,
-    /// A reply was sent: record it in the outbox under the entry's idempotency key.
+    /// A reply was sent: record it in the outbox under the entry's idempotency key. A
+    /// [`TurnFence::Claim`] turn's write is all or nothing, so its entry's end is the record
+    /// and no outbox row is kept; a [`TurnFence::Chat`] turn superseded after it sent ends no
+    /// entry, and its row is what keeps the newer turn from sending again.
     pub sent: bool,
     /// The new state (JSON) and the revision it was computed from, if the handler gave one.
     pub state: Option<(u64, String)>,
