@@ -97,7 +97,10 @@ impl DiscordClient {
             .timeout(config.request_timeout)
             .user_agent("DiscordBot (https://github.com/botfleet, 0.1) botfleet")
             .build()
-            .map_err(|e| DiscordError::Network(e.without_url().to_string()))?;
+            .map_err(|e| {
+                let e = e.without_url();
+                DiscordError::network_from(e.to_string(), e)
+            })?;
         Ok(Self {
             calls: Arc::new(tokio::sync::Semaphore::new(
                 config.max_concurrent_calls.max(1),
@@ -123,17 +126,20 @@ impl DiscordClient {
             .header("authorization", format!("Bot {}", api.token.expose()))
             .send()
             .await
-            .map_err(|e| DiscordError::Network(format!("{what}: {}", e.without_url())))?;
+            .map_err(|e| {
+                let e = e.without_url();
+                DiscordError::network_from(format!("{what}: {e}"), e)
+            })?;
         let status = resp.status();
         let retry_header = resp
             .headers()
             .get("retry-after")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<f64>().ok());
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| DiscordError::Network(format!("{what}: {}", e.without_url())))?;
+        let body = resp.bytes().await.map_err(|e| {
+            let e = e.without_url();
+            DiscordError::network_from(format!("{what}: {e}"), e)
+        })?;
         match status.as_u16() {
             200..=299 => {
                 if body.is_empty() {

@@ -39,14 +39,32 @@ pub enum DiscordError {
         status: u16,
     },
     /// The connection failed, timed out or dropped.
-    #[error("network error: {0}")]
-    Network(String),
+    #[error("network error: {what}")]
+    Network {
+        /// What was being done, and what went wrong.
+        what: String,
+        /// The failure underneath, where there is one that names no secret.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// Discord answered something that is not its JSON.
     #[error("malformed reply: {0}")]
     Malformed(String),
 }
 
 impl DiscordError {
+    /// A network failure caused by `source`, kept as the error's source. `what` says what
+    /// was being done (its text may repeat the source's, so `Display` alone tells all).
+    pub(crate) fn network_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        DiscordError::Network {
+            what: what.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
     /// A short label for metrics.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -55,7 +73,7 @@ impl DiscordError {
             DiscordError::RateLimited(_) => "rate_limited",
             DiscordError::Server { .. } => "server_error",
             DiscordError::Rejected { .. } => "rejected",
-            DiscordError::Network(_) => "network",
+            DiscordError::Network { .. } => "network",
             DiscordError::Malformed(_) => "malformed",
         }
     }
@@ -100,7 +118,7 @@ impl From<DiscordError> for PlatformError {
         let kind = match &e {
             DiscordError::Unauthorized | DiscordError::Refused { .. } => ErrorKind::Credentials,
             DiscordError::RateLimited(d) => ErrorKind::RateLimited(*d),
-            DiscordError::Server { .. } | DiscordError::Network(_) => ErrorKind::Transient,
+            DiscordError::Server { .. } | DiscordError::Network { .. } => ErrorKind::Transient,
             DiscordError::Rejected { .. } => ErrorKind::Rejected,
             DiscordError::Malformed(_) => ErrorKind::Malformed,
         };
@@ -111,6 +129,28 @@ impl From<DiscordError> for PlatformError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_network_error_keeps_its_source_through_the_platform_error() {
+        use std::error::Error as _;
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = DiscordError::network_from("send message: reset by peer", io);
+        assert_eq!(e.to_string(), "network error: send message: reset by peer");
+        assert!(e
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some());
+        let p: PlatformError = e.into();
+        assert_eq!((p.kind(), p.reason()), (ErrorKind::Transient, "network"));
+        let discord = p.source().and_then(|s| s.downcast_ref::<DiscordError>());
+        let io = discord
+            .and_then(|d| d.source())
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::ConnectionReset)
+        );
+    }
 
     #[test]
     fn close_codes_map_to_what_the_docs_say() {

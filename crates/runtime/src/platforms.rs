@@ -39,7 +39,7 @@ pub(crate) fn connectors(
     #[cfg(feature = "slack")]
     list.push(Arc::new(
         botfleet_slack::SlackConnector::new(cfg.slack.clone())
-            .map_err(|e| WorkerError::Platform(e.to_string()))?,
+            .map_err(|e| WorkerError::Platform(Box::new(e)))?,
     ));
     #[cfg(feature = "discord")]
     list.push(Arc::new(
@@ -49,12 +49,12 @@ pub(crate) fn connectors(
                 coord: coord.clone(),
             }),
         )
-        .map_err(|e| WorkerError::Platform(e.to_string()))?,
+        .map_err(|e| WorkerError::Platform(Box::new(e)))?,
     ));
     #[cfg(feature = "whatsapp")]
     list.push(Arc::new({
         let c = botfleet_whatsapp::WhatsappConnector::new()
-            .map_err(|e| WorkerError::Platform(e.to_string()))?;
+            .map_err(|e| WorkerError::Platform(Box::new(e)))?;
         #[cfg(feature = "whatsapp-web")]
         let c = {
             if botfleet_whatsapp::device::skips_server_certificate() {
@@ -63,7 +63,8 @@ pub(crate) fn connectors(
             let mut web = botfleet_whatsapp::device::WebConfig::default();
             if let Some(v) = &cfg.whatsapp_web_version {
                 web.version = Some(
-                    botfleet_whatsapp::device::parse_version(v).map_err(WorkerError::Platform)?,
+                    botfleet_whatsapp::device::parse_version(v)
+                        .map_err(|e| WorkerError::Platform(e.into()))?,
                 );
             }
             c.with_web(web)

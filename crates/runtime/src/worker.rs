@@ -51,9 +51,12 @@ pub enum WorkerError {
     /// The Telegram client could not be built.
     #[error(transparent)]
     Telegram(#[from] botfleet_telegram::TelegramError),
-    /// A platform's client could not be built.
+    /// A platform's client could not be built (the platform's error is the source).
     #[error("platform client: {0}")]
-    Platform(String),
+    Platform(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The worker's own HTTP client (handlers' webhooks) could not be built.
+    #[error("HTTP client: {0}")]
+    Http(#[source] reqwest::Error),
 }
 
 /// How often finished inbox entries are pruned.
@@ -126,7 +129,7 @@ impl Worker {
         let connectors = crate::platforms::connectors(&cfg, &coord)?;
         let http = reqwest::Client::builder()
             .build()
-            .map_err(|e| botfleet_telegram::TelegramError::Network(e.without_url()))?;
+            .map_err(|e| WorkerError::Http(e.without_url()))?;
         let metrics = Arc::new(Metrics::default());
         metrics.set_capacity(cfg.capacity);
         let journal = Journal::new(JOURNAL_CAPACITY);

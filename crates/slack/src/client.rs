@@ -107,7 +107,10 @@ impl SlackClient {
             .connect_timeout(config.request_timeout)
             .pool_max_idle_per_host(config.max_concurrent_calls.max(1))
             .build()
-            .map_err(|e| SlackError::Network(e.without_url().to_string()))?;
+            .map_err(|e| {
+                let e = e.without_url();
+                SlackError::network_from(e.to_string(), e)
+            })?;
         let calls = std::sync::Arc::new(tokio::sync::Semaphore::new(
             config.max_concurrent_calls.max(1),
         ));
@@ -146,16 +149,19 @@ impl SlackClient {
             .timeout(self.config.request_timeout)
             .send()
             .await
-            .map_err(|e| SlackError::Network(format!("{method}: {}", e.without_url())))?;
+            .map_err(|e| {
+                let e = e.without_url();
+                SlackError::network_from(format!("{method}: {e}"), e)
+            })?;
         let status = resp.status().as_u16();
         if status == 429 {
             return Err(SlackError::RateLimited(retry_after(resp.headers())));
         }
         let wait = retry_after(resp.headers());
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| SlackError::Network(format!("{method}: {}", e.without_url())))?;
+        let bytes = resp.bytes().await.map_err(|e| {
+            let e = e.without_url();
+            SlackError::network_from(format!("{method}: {e}"), e)
+        })?;
         if status >= 500 {
             return Err(SlackError::Server {
                 method,

@@ -100,9 +100,11 @@ impl SocketReceiver {
             connect_async_with_config(url.as_str(), Some(self.ws_config()), true),
         )
         .await
-        .map_err(|_| SlackError::Network(format!("WebSocket connect: no answer within {limit:?}")))?
+        .map_err(|_| SlackError::network(format!("WebSocket connect: no answer within {limit:?}")))?
+        // Not kept as the source: the handshake's error names the socket URL, whose ticket
+        // opens the app's socket.
         .map_err(|e| {
-            SlackError::Network(format!("WebSocket connect: {}", strip(&e.to_string())))
+            SlackError::network(format!("WebSocket connect: {}", strip(&e.to_string())))
         })?;
         self.open.fetch_add(1, Ordering::Relaxed);
         let mut socket = Socket {
@@ -118,7 +120,7 @@ impl SocketReceiver {
                             return Err(SlackError::LinkDisabled)
                         }
                         Ok(Frame::Disconnect(r)) => {
-                            return Err(SlackError::Network(format!(
+                            return Err(SlackError::network(format!(
                                 "disconnected before hello ({r})"
                             )))
                         }
@@ -126,13 +128,15 @@ impl SocketReceiver {
                         _ => {}
                     },
                     Ok(_) => {}
-                    Err(e) => return Err(SlackError::Network(format!("before hello: {e}"))),
+                    Err(e) => {
+                        return Err(SlackError::network_from(format!("before hello: {e}"), e))
+                    }
                 }
             }
-            Err(SlackError::Network("closed before hello".into()))
+            Err(SlackError::network("closed before hello"))
         })
         .await
-        .map_err(|_| SlackError::Network(format!("no hello within {limit:?}")))?;
+        .map_err(|_| SlackError::network(format!("no hello within {limit:?}")))?;
         hello.map(|()| socket)
     }
 
@@ -186,11 +190,11 @@ impl Receiver for SocketReceiver {
                 }
                 Ok(None) => {
                     self.socket = None;
-                    return Err(SlackError::Network("socket closed".into()).into());
+                    return Err(SlackError::network("socket closed").into());
                 }
                 Ok(Some(Err(e))) => {
                     self.socket = None;
-                    return Err(SlackError::Network(format!("socket: {e}")).into());
+                    return Err(SlackError::network_from(format!("socket: {e}"), e).into());
                 }
                 Ok(Some(Ok(m))) => m,
             };
@@ -198,7 +202,7 @@ impl Receiver for SocketReceiver {
                 Message::Text(t) => t,
                 Message::Close(_) => {
                     self.socket = None;
-                    return Err(SlackError::Network("socket closed by Slack".into()).into());
+                    return Err(SlackError::network("socket closed by Slack").into());
                 }
                 // Pings are answered by the WebSocket layer.
                 _ => continue,
