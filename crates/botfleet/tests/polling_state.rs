@@ -102,8 +102,16 @@ async fn a_polling_bots_conversation_state_survives_kill_9_of_its_worker() {
         "state after kill -9: answered on from n=3 {:?} after the kill (lease {LEASE_MS} ms)",
         killed_at.elapsed()
     );
-    // Let a late duplicate show up before judging.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every entry ended: no turn is left that could send again, so the replies are final.
+    wait_for(
+        "every message's entry ended",
+        Duration::from_secs(20),
+        || async {
+            let stats = store.inbox_stats().await.ok()?;
+            stats.get(&bot).is_none_or(|s| s.pending == 0).then_some(())
+        },
+    )
+    .await;
     assert_eq!(replies(), want(6), "the count goes on, once a message");
     let owner = coord.owner(&bot).await.unwrap().unwrap();
     assert_eq!(owner.worker.as_str(), format!("s{}", 1 - holder));

@@ -13,13 +13,13 @@ use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
-    chats::{ChatExit, Chats, ChatsCtx},
+    chats::{Chats, ChatsCtx},
     handler::Handler,
     metrics::Metrics,
     reporter::Reporter,
     retry::{backoff, sleep_or_stop, stopped, wait_after},
     starter::Starter,
-    turn::TurnCtx,
+    turn::{Halt, TurnCtx},
 };
 
 /// Why a bot task ended.
@@ -102,12 +102,13 @@ impl BotCtx {
         BotExit::Failed(detail)
     }
 
-    /// A chat queue stopped the bot.
-    fn chat_exit(&self, exit: ChatExit) -> BotExit {
-        match exit {
-            ChatExit::Fenced(why) => BotExit::Fenced(why),
+    /// The bot's exit when its chats halted it, or a stop was asked for.
+    fn chat_exit(&self, halt: Halt) -> BotExit {
+        match halt {
+            Halt::Stopped => BotExit::Stopped,
+            Halt::Fenced(why) => BotExit::Fenced(why),
             // Reported failed by the turn that met the refusal.
-            ChatExit::Failed(e) => {
+            Halt::Failed(e) => {
                 self.metrics.start_failure(self.spec.platform, e.reason());
                 BotExit::Failed(e.to_string())
             }
@@ -347,8 +348,8 @@ impl BotCtx {
             // Bounded: past the limit, wait for the chats to catch up before receiving more.
             if chats.in_flight() >= self.settings.max_in_flight {
                 tokio::select! {
-                    exit = chats.progress() => {
-                        if let Some(exit) = exit { break self.chat_exit(exit); }
+                    halt = chats.progress() => {
+                        if let Some(halt) = halt { break self.chat_exit(halt); }
                         continue;
                     }
                     () = stopped(self.stop.clone()) => break BotExit::Stopped,
@@ -362,15 +363,14 @@ impl BotCtx {
                 loop {
                     tokio::select! {
                         r = &mut next => break Ok(r),
-                        exit = chats.progress() => if let Some(exit) = exit { break Err(exit.into()) },
-                        () = stopped(self.stop.clone()) => break Err(ChatExitOr::Stopped),
+                        halt = chats.progress() => if let Some(halt) = halt { break Err(halt) },
+                        () = stopped(self.stop.clone()) => break Err(Halt::Stopped),
                     }
                 }
             };
             let r = match r {
                 Ok(r) => r,
-                Err(ChatExitOr::Stopped) => break BotExit::Stopped,
-                Err(ChatExitOr::Exit(exit)) => break self.chat_exit(exit),
+                Err(halt) => break self.chat_exit(halt),
             };
             let received_at = tokio::time::Instant::now();
             let batch = match r {
@@ -483,18 +483,6 @@ impl BotCtx {
         }
         receiver.close().await;
         exit
-    }
-}
-
-/// Why the wait for a batch ended without one.
-enum ChatExitOr {
-    Stopped,
-    Exit(ChatExit),
-}
-
-impl From<ChatExit> for ChatExitOr {
-    fn from(e: ChatExit) -> Self {
-        ChatExitOr::Exit(e)
     }
 }
 

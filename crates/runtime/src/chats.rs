@@ -15,14 +15,10 @@ use std::{
 
 use botfleet_coord::LeaseHandle;
 use botfleet_core::Fence;
-use botfleet_platform::PlatformError;
 use botfleet_store::{InboxEntry, InboxItem, InboxState, TurnFence, TurnView};
 use tokio::{sync::watch, task::JoinSet};
 
-use crate::{
-    retry::sleep_or_stop,
-    turn::{self, Halt, Hold, TurnCtx},
-};
+use crate::turn::{self, Halt, Hold, TurnCtx};
 
 /// What the queues of one bot share.
 pub(crate) struct ChatsCtx {
@@ -31,15 +27,6 @@ pub(crate) struct ChatsCtx {
     pub(crate) fence: Fence,
     pub(crate) lease: LeaseHandle,
     pub(crate) stop: watch::Receiver<bool>,
-}
-
-/// Why a queue stopped the whole bot.
-#[derive(Debug)]
-pub(crate) enum ChatExit {
-    /// The worker may no longer act for the bot.
-    Fenced(String),
-    /// The platform refused the credentials while sending (the bot was reported failed).
-    Failed(PlatformError),
 }
 
 /// A recorded message waiting in its chat's queue.
@@ -122,8 +109,9 @@ impl Chats {
     }
 
     /// Waits for a chat's message to be done, and starts that chat's next. Answers `Some`
-    /// when a queue stopped the bot; pends while nothing is being answered.
-    pub(crate) async fn progress(&mut self) -> Option<ChatExit> {
+    /// when a queue stopped the bot (fenced, or its credentials refused; a queue asked to stop
+    /// just ends); pends while nothing is being answered.
+    pub(crate) async fn progress(&mut self) -> Option<Halt> {
         loop {
             let Some(done) = self.answering.join_next().await else {
                 return std::future::pending().await;
@@ -141,8 +129,7 @@ impl Chats {
                     return None;
                 }
                 Err(Halt::Stopped) => {}
-                Err(Halt::Fenced(why)) => return Some(ChatExit::Fenced(why)),
-                Err(Halt::Failed(e)) => return Some(ChatExit::Failed(e)),
+                Err(halt) => return Some(halt),
             }
         }
     }
@@ -173,12 +160,8 @@ impl Hold for ChatsCtx {
         self.lease.check().map_err(|e| Halt::Fenced(e.to_string()))
     }
 
-    async fn pause(&self, d: Duration) -> Result<(), Halt> {
-        let mut stop = self.stop.clone();
-        if sleep_or_stop(d, &mut stop).await {
-            return Err(Halt::Stopped);
-        }
-        Ok(())
+    fn stop(&self) -> watch::Receiver<bool> {
+        self.stop.clone()
     }
 }
 

@@ -43,7 +43,7 @@ use crate::{
         HOOKS_UNAVAILABLE_TOTAL, TURN_TAKEOVERS_TOTAL, TURN_WAITS_EXCEEDED_TOTAL,
     },
     reporter::Reporter,
-    retry::{backoff, sleep_or_stop},
+    retry::backoff,
     turn::{self, Halt, Hold, TurnCtx},
 };
 
@@ -93,8 +93,6 @@ struct Inner {
     http: reqwest::Client,
     settings: HookSettings,
     reporter: Reporter,
-    /// Set once the worker is leaving (with `closed`): waits between tries end at once.
-    closing: watch::Sender<bool>,
     // std Mutexes: each held for one map operation, never across .await.
     specs: Mutex<HashMap<BotId, CachedSpec>>,
     senders: Mutex<HashMap<BotId, CachedSender>>,
@@ -105,8 +103,9 @@ struct Inner {
     /// Shutting down: new deliveries are answered 503, waiting tickets are left to others.
     draining: std::sync::atomic::AtomicBool,
     /// Leaving for good: no turn starts being handled any more (set just before the worker
-    /// unregisters, so none is handled here after others may take it over).
-    closed: std::sync::atomic::AtomicBool,
+    /// unregisters, so none is handled here after others may take it over), and the waits
+    /// between a turn's tries end at once.
+    closed: watch::Sender<bool>,
     /// Turns being handled here now, and a signal when that falls to zero.
     handling: std::sync::atomic::AtomicUsize,
     idle: Notify,
@@ -162,13 +161,12 @@ impl Hooks {
                 http,
                 settings,
                 reporter,
-                closing: watch::Sender::new(false),
                 specs: Mutex::default(),
                 senders: Mutex::default(),
                 waiters: Mutex::default(),
                 active: Mutex::default(),
                 draining: std::sync::atomic::AtomicBool::new(false),
-                closed: std::sync::atomic::AtomicBool::new(false),
+                closed: watch::Sender::new(false),
                 handling: std::sync::atomic::AtomicUsize::new(0),
                 idle: Notify::new(),
             }),
@@ -202,10 +200,7 @@ impl Hooks {
     /// Waits (up to `limit`) until no turn is being handled here: a worker leaves only once
     /// its turns are done, so none is handled twice at once.
     pub(crate) async fn wait_idle(&self, limit: Duration) {
-        self.inner
-            .closed
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.inner.closing.send_replace(true);
+        self.inner.closed.send_replace(true);
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let idle = self.inner.idle.notified();
@@ -229,7 +224,7 @@ impl Hooks {
     }
 
     fn closed(&self) -> bool {
-        self.inner.closed.load(std::sync::atomic::Ordering::SeqCst)
+        *self.inner.closed.borrow()
     }
 
     fn draining(&self) -> bool {
@@ -934,12 +929,8 @@ impl Hold for Hooks {
         }
     }
 
-    async fn pause(&self, d: Duration) -> Result<(), Halt> {
-        let mut closing = self.inner.closing.subscribe();
-        if sleep_or_stop(d, &mut closing).await {
-            return Err(Halt::Stopped);
-        }
-        Ok(())
+    fn stop(&self) -> watch::Receiver<bool> {
+        self.inner.closed.subscribe()
     }
 }
 

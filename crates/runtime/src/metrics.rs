@@ -74,8 +74,8 @@ pub const OUTBOX_SKIPPED_TOTAL: &str = "botfleet_outbox_skipped_total";
 pub const STATE_REFUSED_TOTAL: &str = "botfleet_state_refused_total";
 /// Conversation states over the size bound (not stored; reported), by platform.
 pub const STATE_TOO_LARGE_TOTAL: &str = "botfleet_state_too_large_total";
-/// Time from the platform accepting a webhook bot's reply to its outbox record written: the
-/// window in which a crash makes a replay send the reply again, by platform.
+/// Time from the platform accepting a reply (any bot's) to its record written: the window in
+/// which a crash makes a replay send the reply again, by platform.
 pub const OUTBOX_WINDOW_SECONDS: &str = "botfleet_outbox_window_seconds";
 /// Time from a webhook request's arrival to its reply sent, by platform.
 pub const HOOK_REPLY_SECONDS: &str = "botfleet_hook_reply_seconds";
@@ -230,7 +230,8 @@ impl Metrics {
             *lock(&self.per_platform).entry((name, p)).or_default() += n;
         }
     }
-    /// A webhook reply's outbox record was written `d` after the platform accepted it.
+    /// A reply's record (its entry's end, and for a webhook turn its outbox row) was written
+    /// `d` after the platform accepted it.
     pub fn outbox_window(&self, p: Platform, d: std::time::Duration) {
         self.outbox_window.observe(p, d);
     }
@@ -424,7 +425,7 @@ impl Metrics {
         self.outbox_window.render(
             &mut out,
             OUTBOX_WINDOW_SECONDS,
-            "Seconds from the platform accepting a webhook reply to its outbox record (a crash in between sends it again on replay).",
+            "Seconds from the platform accepting a reply to its record in the store (a crash in between sends it again on replay), for every bot.",
             &w,
         );
         self.ack.render(

@@ -33,13 +33,14 @@ use botfleet_store::{
     InboxOutcome, InboxState, StateWrite, Store, StoreError, TurnFence, TurnRecord, TurnView,
     MAX_STATE_BYTES,
 };
+use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::{
     handler::{Handler, Reply},
     metrics::{Metrics, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL, STATE_TOO_LARGE_TOTAL},
     reporter::Reporter,
-    retry::{backoff, wait_after},
+    retry::{backoff, sleep_or_stop, wait_after},
 };
 
 /// Why a turn stopped before its entry ended. The entry stays pending in every case, for
@@ -65,11 +66,23 @@ pub(crate) trait Hold: Sync {
     /// Why not: stopping, or fenced.
     fn check(&self) -> Result<(), Halt>;
 
+    /// What says a stop is asked for (a hand-over, a shutdown).
+    fn stop(&self) -> watch::Receiver<bool>;
+
     /// Waits `d`, ending at once when a stop is asked for.
     ///
     /// # Errors
     /// [`Halt::Stopped`] when it was.
-    fn pause(&self, d: Duration) -> impl Future<Output = Result<(), Halt>> + Send;
+    fn pause(&self, d: Duration) -> impl Future<Output = Result<(), Halt>> + Send {
+        let mut stop = self.stop();
+        async move {
+            if sleep_or_stop(d, &mut stop).await {
+                Err(Halt::Stopped)
+            } else {
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What the turns of one bot share.

@@ -221,13 +221,11 @@ impl Worker {
         if let Some(reports) = self.reports.take() {
             tokio::spawn(reports.write(self.store.clone()));
         }
-        let reporter = self.reporter.clone();
         let hooks_task = self.hooks.clone().map(|h| tokio::spawn(h.background()));
         let state = State {
             w: self,
             tx,
             starter,
-            reporter,
             running: HashMap::new(),
             claiming: HashSet::new(),
             stopping: HashSet::new(),
@@ -268,7 +266,6 @@ struct State {
     /// Where background jobs and bot tasks report.
     tx: mpsc::UnboundedSender<Signal>,
     starter: Starter,
-    reporter: Reporter,
     running: HashMap<BotId, Running>,
     /// Bots with a claim in flight.
     claiming: HashSet<BotId>,

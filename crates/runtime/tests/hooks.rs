@@ -807,22 +807,35 @@ async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
     }
     assert!(failed, "a refused token fails the bot");
     // Nothing is lost: the message waits while the bot is failed (every copy's turn is
-    // refused too), and is answered once, after an operator gives the bot a working token
-    // and restarts it: the sweeper replays what a failed bot left pending.
+    // refused too), and is answered once after the token works again and the bot is
+    // restarted: the sweeper replays what a failed bot left pending.
     let answered_after = || {
         f.replies()
             .iter()
             .filter(|(to, text)| to == "491709" && text.ends_with(":after"))
             .count()
     };
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Both copies delivered and acknowledged, and the entry kept pending (not given up as
+    // undeliverable) while the bot is failed.
+    let pending = || async {
+        let stats = run.store.inbox_stats().await.ok()?;
+        Some(stats.get(&id).copied().unwrap_or_default())
+    };
+    let kept = wait_for(
+        "the refused message kept pending",
+        Duration::from_secs(20),
+        || async {
+            let s = pending().await?;
+            (graph.state().undelivered() == 0 && s.pending >= 1).then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(kept.undeliverable, 0, "nothing given up");
     assert_eq!(answered_after(), 0, "not answered while the bot is failed");
-    graph
-        .state()
-        .add_number(WA_NUMBER, "EAAG-rotated", WA_SECRET);
-    let mut spec = run.store.get_bot(&id).await.unwrap().unwrap().spec;
-    spec.token = Secret::new("EAAG-rotated");
-    run.store.update_bot(&spec).await.unwrap();
+    // Graph takes the token again (the operator had it reinstated), and the bot is
+    // restarted. (The same token: a turn still in flight with the bot's cached spec cannot
+    // then be refused and report the bot failed again after the restart.)
+    graph.state().add_number(WA_NUMBER, WA_ACCESS, WA_SECRET);
     run.store
         .set_status(&id, botfleet_core::BotStatus::Pending, None, None)
         .await
@@ -831,7 +844,11 @@ async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
         answered_after() > 0
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once the entry has ended no turn sends it again: the count is final then.
+    wait_for("the entry ended", Duration::from_secs(20), || async {
+        (pending().await?.pending == 0).then_some(())
+    })
+    .await;
     assert_eq!(answered_after(), 1, "answered once");
     run.shutdown().await;
 }

@@ -10,7 +10,7 @@ use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
 
 use crate::{
     reply_key, BotFilter, Cursor, InboxEntry, InboxItem, InboxState, InboxStats, Result,
-    StateWrite, Store, StoreError, TurnFence, TurnRecord, TurnView,
+    StateWrite, Store, StoreError, TurnRecord, TurnView,
 };
 
 #[derive(Debug, Default)]
@@ -382,13 +382,10 @@ impl Store for MemoryStore {
     async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite> {
         let mut st = self.st();
         let now = botfleet_core::unix_ms();
-        let (fence, claim) = match rec.fence {
-            TurnFence::Claim(f) => {
-                st.check_fence(bot, f)?;
-                (f, true)
-            }
-            TurnFence::Chat(f) => (f, false),
-        };
+        let (fence, claim) = (rec.fence.fence(), rec.fence.claim().is_some());
+        if let Some(f) = rec.fence.claim() {
+            st.check_fence(bot, f)?;
+        }
         // A claim's turn ends its entry in this same write: the entry's end is its outbox
         // record (see the SQL backends).
         if rec.sent && !claim {

@@ -11,7 +11,7 @@ use tracing::warn;
 use crate::{
     schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
     BotFilter, Cursor, InboxEntry, InboxItem, InboxState, InboxStats, Keyring, Result, StateWrite,
-    Store, StoreError, TurnFence, TurnRecord, TurnView,
+    Store, StoreError, TurnRecord, TurnView,
 };
 
 /// Connections each store keeps: statements of concurrent turns run side by side, and their
@@ -294,6 +294,15 @@ fn row_params(r: &BotRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 14] {
     ]
 }
 
+/// The items' keys, chats and messages, as the arrays the journal statements take.
+fn columns(items: &[InboxItem]) -> (Vec<&str>, Vec<&str>, Vec<&str>) {
+    (
+        items.iter().map(|i| i.key.as_str()).collect(),
+        items.iter().map(|i| i.chat.as_str()).collect(),
+        items.iter().map(|i| i.message.as_str()).collect(),
+    )
+}
+
 fn fence_i64(f: Fence) -> i64 {
     i64::try_from(f.0).unwrap_or(i64::MAX)
 }
@@ -362,9 +371,7 @@ impl PostgresStore {
         if self.current_fence(&c, bot.as_str()).await? > fence {
             return Err(self.stale(&c, bot, fence).await);
         }
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
-        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        let (keys, chats, messages) = columns(items);
         // One statement: the fence is checked again where the rows are written, and seq grows
         // in the items' order (gaps where an item was a redelivery).
         let rows = c
@@ -406,9 +413,7 @@ impl PostgresStore {
     /// Journals a webhook delivery (any worker, numbered by arrival time).
     async fn journal_plain(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
         let c = self.client().await?;
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
-        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        let (keys, chats, messages) = columns(items);
         let st = c.statement(JOURNAL_PUT, "journal").await?;
         let rows = c
             .query(
@@ -443,9 +448,7 @@ impl PostgresStore {
             return Ok((self.journal_plain(bot, items).await?, None));
         };
         let c = self.client().await?;
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        let chats: Vec<&str> = items.iter().map(|i| i.chat.as_str()).collect();
-        let messages: Vec<&str> = items.iter().map(|i| i.message.as_str()).collect();
+        let (keys, chats, messages) = columns(items);
         let (seq, now) = (crate::turns::arrival_seq(), botfleet_core::unix_ms());
         let reply = crate::reply_key(&item.key);
         let st = c.statement(JOURNAL_PUT_VIEW, "journal").await?;
@@ -972,10 +975,7 @@ impl Store for PostgresStore {
             Some((r, s)) => (i64::try_from(*r).unwrap_or(i64::MAX), Some(s.as_str())),
             None => (0, None),
         };
-        let (fence, claim) = match rec.fence {
-            TurnFence::Claim(f) => (f, true),
-            TurnFence::Chat(f) => (f, false),
-        };
+        let (fence, claim) = (rec.fence.fence(), rec.fence.claim().is_some());
         // One statement, so one transaction: outbox, state and the entry's end together.
         let sql = if rec.state.is_some() {
             &*TURN_RECORD_STATE

@@ -20,7 +20,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use crate::{
     schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
     BotFilter, Cursor, InboxEntry, InboxItem, InboxStats, Keyring, Result, StateWrite,
-    StatusReport, Store, StoreError, TurnFence, TurnRecord, TurnView,
+    StatusReport, Store, StoreError, TurnRecord, TurnView,
 };
 
 /// A [`Store`] in a SQLite file.
@@ -639,7 +639,7 @@ impl Store for SqliteStore {
         let bot = bot.clone();
         self.with("write a session", move |c| {
             let fail = |e| StoreError::backend("write a session", e);
-            let tx = fenced_tx(c, &bot, fence, "write a session")?;
+            let tx = write_tx(c, &bot, Some(fence), "write a session")?;
             let now = botfleet_core::unix_ms();
             for (kind, key, value) in &sealed {
                 match value {
@@ -709,7 +709,7 @@ impl Store for SqliteStore {
         let bot = bot.clone();
         self.with("clear a session", move |c| {
             let fail = |e| StoreError::backend("clear a session", e);
-            let tx = fenced_tx(c, &bot, fence, "clear a session")?;
+            let tx = write_tx(c, &bot, Some(fence), "clear a session")?;
             tx.execute(
                 "DELETE FROM session_records WHERE bot_id = ?1",
                 [bot.as_str()],
@@ -730,9 +730,11 @@ impl Store for SqliteStore {
         let (bot, items) = (bot.clone(), items.to_vec());
         self.with("journal", move |c| {
             let fail = |e| StoreError::backend("journal", e);
-            let out = match fence {
-                Some(fence) => {
-                    let tx = fenced_tx(c, &bot, fence, "journal")?;
+            let tx = write_tx(c, &bot, fence, "journal")?;
+            let (first, step_always) = match fence {
+                // One writer: numbered on from the bot's last entry, without gaps for
+                // redeliveries.
+                Some(_) => {
                     let last: i64 = tx
                         .query_row(
                             "SELECT COALESCE(MAX(seq), 0) FROM inbox WHERE bot_id = ?1",
@@ -740,29 +742,13 @@ impl Store for SqliteStore {
                             |r| r.get(0),
                         )
                         .map_err(fail)?;
-                    // One writer: numbered on from the bot's last entry, without gaps for
-                    // redeliveries.
-                    let out = insert_inbox(&tx, &bot, &items, last + 1, false, "journal")?;
-                    tx.commit().map_err(fail)?;
-                    out
+                    (last + 1, false)
                 }
-                None => {
-                    let tx = c
-                        .transaction_with_behavior(TransactionBehavior::Immediate)
-                        .map_err(fail)?;
-                    // Numbered by arrival time: many workers journal one bot at once.
-                    let out = insert_inbox(
-                        &tx,
-                        &bot,
-                        &items,
-                        crate::turns::arrival_seq(),
-                        true,
-                        "journal",
-                    )?;
-                    tx.commit().map_err(fail)?;
-                    out
-                }
+                // Numbered by arrival time: many workers journal one bot at once.
+                None => (crate::turns::arrival_seq(), true),
             };
+            let out = insert_inbox(&tx, &bot, &items, first, step_always, "journal")?;
+            tx.commit().map_err(fail)?;
             // Read on the writing connection, right after: no second trip to a thread.
             let view = match view.and_then(|i| items.get(i)) {
                 Some(it) => Some(turn_view_on(c, &bot, &it.key, &it.chat)?),
@@ -817,16 +803,8 @@ impl Store for SqliteStore {
         let (bot, rec) = (bot.clone(), rec.clone());
         self.with("record a turn", move |c| {
             let fail = |e| StoreError::backend("record a turn", e);
-            let (fence, claim) = match rec.fence {
-                TurnFence::Claim(f) => (f, true),
-                TurnFence::Chat(f) => (f, false),
-            };
-            let tx = if claim {
-                fenced_tx(c, &bot, fence, "record a turn")?
-            } else {
-                c.transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(fail)?
-            };
+            let (fence, claim) = (rec.fence.fence(), rec.fence.claim().is_some());
+            let tx = write_tx(c, &bot, rec.fence.claim(), "record a turn")?;
             let now = botfleet_core::unix_ms();
             // A claim's turn ends its entry in this same all-or-nothing write: the entry's end
             // is its outbox record. Only a chat's turn can send and leave its entry pending
@@ -1080,17 +1058,20 @@ fn insert_inbox(
 }
 
 /// An IMMEDIATE transaction (the write lock first: a deferred one that reads and then writes
-/// fails at once, with no busy wait, when another process wrote in between) in which `bot`'s
-/// accepted fence is not above `fence`; a stale writer is refused.
-fn fenced_tx<'c>(
+/// fails at once, with no busy wait, when another process wrote in between); with a `fence`,
+/// one in which `bot`'s accepted fence is not above it (a stale writer is refused).
+fn write_tx<'c>(
     c: &'c mut Connection,
     bot: &BotId,
-    fence: Fence,
+    fence: Option<Fence>,
     op: &'static str,
 ) -> Result<rusqlite::Transaction<'c>> {
     let tx = c
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| StoreError::backend(op, e))?;
+    let Some(fence) = fence else {
+        return Ok(tx);
+    };
     let current = current_fence(&tx, bot.as_str()).map_err(|e| StoreError::backend(op, e))?;
     if current > fence {
         return Err(StoreError::StaleFence {

@@ -43,6 +43,14 @@ impl TurnFence {
             TurnFence::Claim(f) | TurnFence::Chat(f) => f,
         }
     }
+
+    /// The claim, for a turn the bot's claim holds: what its writes are checked against.
+    pub fn claim(self) -> Option<Fence> {
+        match self {
+            TurnFence::Claim(f) => Some(f),
+            TurnFence::Chat(_) => None,
+        }
+    }
 }
 
 /// What a turn leaves, written in one transaction.

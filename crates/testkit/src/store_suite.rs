@@ -252,17 +252,12 @@ pub async fn concurrent_fenced_writes(s: Arc<dyn Store>) {
 /// claim instead of the chat's fence: a stale holder writes nothing, and a chat's own fence
 /// (from webhook turns before a mode change) neither holds a claim's turn up nor is moved.
 pub async fn claim_turns_are_fenced_by_the_bot(s: Arc<dyn Store>) {
-    use botfleet_store::{StateWrite, TurnFence, TurnRecord};
+    use botfleet_store::{StateWrite, TurnFence};
     let bot = bid("poll1");
     s.accept_fence(&bot, Fence(3)).await.unwrap();
     put(&s, &bot, &[item("p1", "c1"), item("p2", "c1")], 3).await;
-    let rec = |key: &str, fence: u64, state: Option<(u64, &str)>| TurnRecord {
-        key: key.to_owned(),
-        chat: "c1".to_owned(),
-        fence: TurnFence::Claim(Fence(fence)),
-        outcome: InboxOutcome::Done,
-        sent: true,
-        state: state.map(|(r, s)| (r, s.to_owned())),
+    let rec = |key: &str, fence: u64, state: Option<(u64, &str)>| {
+        replied(key, TurnFence::Claim(Fence(fence)), state)
     };
     // The chat had webhook turns up to fence 50 before the bot went back to polling.
     s.turn_accept(&bot, "c1", Fence(50)).await.unwrap();
@@ -438,6 +433,23 @@ async fn end(
         },
     )
     .await
+}
+
+/// A turn of chat `c1` on the entry `key` that sent its reply, with the new `state` (and the
+/// revision it came from), if any.
+fn replied(
+    key: &str,
+    fence: botfleet_store::TurnFence,
+    state: Option<(u64, &str)>,
+) -> botfleet_store::TurnRecord {
+    botfleet_store::TurnRecord {
+        key: key.to_owned(),
+        chat: "c1".to_owned(),
+        fence,
+        outcome: InboxOutcome::Done,
+        sent: true,
+        state: state.map(|(r, s)| (r, s.to_owned())),
+    }
 }
 
 fn item(key: &str, chat: &str) -> InboxItem {
@@ -625,7 +637,7 @@ pub async fn app_tokens_round_trip_and_stay_secret(s: Arc<dyn Store>) {
 /// Journaling with the view of one item: a new entry shows pending with its message, a
 /// redelivery shows the entry as it is, and the chat's state and outbox are read too.
 pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
-    use botfleet_store::{StateWrite, TurnRecord};
+    use botfleet_store::StateWrite;
     let bot = bid("hook3");
     let (new, v) = s
         .journal_put(&bot, &[item("a1", "c1")], None, Some(0))
@@ -640,14 +652,11 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
     );
     assert_eq!(e.message, item("a1", "c1").message);
     assert_eq!((v.revision, v.state, v.sent), (0, None, false));
-    let rec = TurnRecord {
-        key: "a1".into(),
-        chat: "c1".into(),
-        fence: botfleet_store::TurnFence::Chat(Fence(5)),
-        outcome: InboxOutcome::Done,
-        sent: true,
-        state: Some((0, "{\"n\":1}".into())),
-    };
+    let rec = replied(
+        "a1",
+        botfleet_store::TurnFence::Chat(Fence(5)),
+        Some((0, "{\"n\":1}")),
+    );
     assert_eq!(
         s.turn_record(&bot, &rec).await.unwrap(),
         StateWrite::Written(1)
@@ -901,7 +910,7 @@ pub async fn journal_takes_each_delivery_once(s: Arc<dyn Store>) {
 /// A turn reads its entry, the chat's state and whether the reply went out; it writes the
 /// outbox record, the state (compare-and-set on revision and fence) and the entry's end at once.
 pub async fn turns_read_and_write_state_outbox_and_entry(s: Arc<dyn Store>) {
-    use botfleet_store::{StateWrite, TurnRecord};
+    use botfleet_store::StateWrite;
     let bot = bid("hook2");
     hook_put(
         &s,
@@ -918,13 +927,8 @@ pub async fn turns_read_and_write_state_outbox_and_entry(s: Arc<dyn Store>) {
         .unwrap()
         .entry
         .is_none());
-    let rec = |key: &str, fence: u64, state: Option<(u64, &str)>| TurnRecord {
-        key: key.to_owned(),
-        chat: "c1".to_owned(),
-        fence: botfleet_store::TurnFence::Chat(Fence(fence)),
-        outcome: InboxOutcome::Done,
-        sent: true,
-        state: state.map(|(r, s)| (r, s.to_owned())),
+    let rec = |key: &str, fence: u64, state: Option<(u64, &str)>| {
+        replied(key, botfleet_store::TurnFence::Chat(Fence(fence)), state)
     };
     assert_eq!(
         s.turn_record(&bot, &rec("m1", 10, Some((0, r#"{"n":1}"#))))

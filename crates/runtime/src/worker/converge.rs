@@ -552,7 +552,7 @@ impl State {
                     lease: lease.clone(),
                     metrics: self.w.metrics.clone(),
                     starter: self.starter.clone(),
-                    reporter: self.reporter.clone(),
+                    reporter: self.w.reporter.clone(),
                     settings: BotSettings {
                         retry_for: self.w.cfg.handler_retry_for,
                         max_in_flight: self.w.cfg.max_in_flight,
@@ -572,7 +572,8 @@ impl State {
                 // A registry written by a newer build, or a build without the platform: the
                 // claim is kept (so no other worker of this build loops on it) and reported.
                 let why = format!("platform {platform} is not supported by this worker");
-                self.reporter
+                self.w
+                    .reporter
                     .report(&bot, BotStatus::Failed, Some(&why), self.me().as_str());
                 tokio::spawn(async move {
                     let _ = tx.send(Signal::Exited(b, fence, BotExit::Failed(why)));
