@@ -168,81 +168,6 @@ async fn guard(
     next.run(req).await
 }
 
-/// A bot as `POST /bots` and each line of `POST /bots/import` take it (the fields of a
-/// `bots import` line).
-#[derive(Debug, Deserialize, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct NewBot {
-    /// Letters, digits, `- _ . @`; at most 128.
-    id: String,
-    /// `telegram` or `slack`.
-    platform: String,
-    /// The platform token (Telegram bot token, Slack `xoxb-…`). Never returned.
-    token: String,
-    /// Slack's app-level token (`xapp-…`). Never returned.
-    app_token: Option<String>,
-    /// The platform API's base URL.
-    api_url: Option<String>,
-    /// `echo` (default) or `webhook`.
-    handler: Option<String>,
-    /// Where the webhook handler POSTs.
-    webhook_url: Option<String>,
-    /// The webhook's HMAC-SHA256 key. Never returned.
-    webhook_secret: Option<String>,
-    /// Default true.
-    enabled: Option<bool>,
-    /// Discord: `"auto"` (default: what Discord recommends) or a count from 1 to 4096.
-    #[schema(value_type = Option<String>)]
-    shards: Option<Value>,
-    /// Discord: split the shards into slices of this many, placed apart (needs a fixed
-    /// `shards`).
-    shards_per_slice: Option<u32>,
-    /// Webhook settings.
-    #[serde(flatten)]
-    hook: HookDoc,
-}
-
-/// How a bot receives and what verifies its webhook deliveries (fields of a bot and of a
-/// change).
-#[derive(Debug, Deserialize, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct HookDoc {
-    /// How the bot receives: telegram `poll` (default) or `webhook`; slack `socket` (default)
-    /// or `events`; whatsapp `cloud` (default) or `web`.
-    mode: Option<String>,
-    /// Telegram webhook mode: the secret every delivery carries. Never returned.
-    secret_token: Option<String>,
-    /// Slack Events API: the signing secret. Never returned.
-    signing_secret: Option<String>,
-    /// WhatsApp Cloud API: the app secret. Never returned.
-    app_secret: Option<String>,
-    /// WhatsApp Cloud API: the subscription's verify token. Never returned.
-    verify_token: Option<String>,
-    /// WhatsApp Cloud API: the sending phone number's id.
-    phone_number_id: Option<String>,
-    /// Telegram webhook mode: deliveries in flight at once (1-100).
-    max_connections: Option<u32>,
-}
-
-/// What `PATCH /bots/{id}` changes: a field left out is kept, `null` clears an optional one.
-#[derive(Debug, Deserialize, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct BotChange {
-    token: Option<String>,
-    app_token: Option<String>,
-    api_url: Option<String>,
-    handler: Option<String>,
-    webhook_url: Option<String>,
-    webhook_secret: Option<String>,
-    enabled: Option<bool>,
-    #[schema(value_type = Option<String>)]
-    shards: Option<Value>,
-    shards_per_slice: Option<u32>,
-    /// Webhook settings.
-    #[serde(flatten)]
-    hook: HookDoc,
-}
-
 /// A bot and what the request did to it.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct BotChanged {
@@ -317,7 +242,7 @@ async fn list_bots(
     Ok(Json(BotList { bots }))
 }
 
-#[utoipa::path(post, path = "/api/v1/bots", request_body = NewBot,
+#[utoipa::path(post, path = "/api/v1/bots", request_body = BotLine,
     responses((status = 201, body = BotChanged), (status = 400, body = ApiError),
               (status = 409, body = ApiError)))]
 async fn add_bot(
@@ -343,7 +268,7 @@ async fn get_bot(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResult
 }
 
 #[utoipa::path(patch, path = "/api/v1/bots/{id}", params(("id" = String, Path)),
-    request_body = BotChange,
+    request_body = BotPatch,
     responses((status = 200, body = BotChanged), (status = 400, body = ApiError),
               (status = 404, body = ApiError)))]
 async fn patch_bot(
@@ -639,8 +564,8 @@ async fn page() -> Response {
     ),
     components(schemas(
         ApiError,
-        NewBot,
-        BotChange,
+        BotLine,
+        BotPatch,
         BotChanged,
         BotList,
         BotView,
@@ -743,13 +668,13 @@ mod tests {
             v.sort();
             v
         };
-        let mut fields: Vec<String> = crate::registry::BOT_FIELDS
+        let mut fields: Vec<String> = crate::lines::BOT_FIELDS
             .iter()
             .map(|s| (*s).to_owned())
             .collect();
         fields.sort();
         assert_eq!(props("NewBot"), fields);
-        let mut fields: Vec<String> = crate::registry::PATCH_FIELDS
+        let mut fields: Vec<String> = crate::lines::PATCH_FIELDS
             .iter()
             .map(|s| (*s).to_owned())
             .collect();

@@ -85,7 +85,7 @@ impl UpdateArgs {
             }
         };
         let clear = |v: Option<String>| v.map(|s| Some(s).filter(|s| !s.is_empty()));
-        let patch = BotPatch {
+        let mut patch = BotPatch {
             token: read(self.token, "token")?,
             app_token: read(self.app_token, "app token")?.map(Some),
             api_url: clear(self.api_url),
@@ -95,18 +95,10 @@ impl UpdateArgs {
             enabled: None,
             shards: self.shards.map(|s| s.0),
             shards_per_slice: self.shards_per_slice.map(|k| Some(k).filter(|k| *k > 0)),
-            hook: self.hook.into_fields(),
+            ..BotPatch::default()
         };
-        if patch.token.is_none()
-            && patch.app_token.is_none()
-            && patch.api_url.is_none()
-            && patch.handler.is_none()
-            && patch.webhook_url.is_none()
-            && patch.webhook_secret.is_none()
-            && patch.shards.is_none()
-            && patch.shards_per_slice.is_none()
-            && !patch.hook.any()
-        {
+        self.hook.fill_patch(&mut patch);
+        if patch.is_empty() {
             bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections");
         }
         Ok(patch)
@@ -190,16 +182,26 @@ pub(crate) struct HookArgs {
 }
 
 impl HookArgs {
-    fn into_fields(self) -> crate::registry::HookFields {
-        crate::registry::HookFields {
-            mode: self.mode,
-            secret_token: self.secret_token,
-            signing_secret: self.signing_secret,
-            app_secret: self.app_secret,
-            verify_token: self.verify_token,
-            phone_number_id: self.phone_number_id,
-            max_connections: self.max_connections,
-        }
+    /// The flags as a new bot's fields.
+    fn fill_line(self, line: &mut BotLine) {
+        line.mode = self.mode;
+        line.secret_token = self.secret_token;
+        line.signing_secret = self.signing_secret;
+        line.app_secret = self.app_secret;
+        line.verify_token = self.verify_token;
+        line.phone_number_id = self.phone_number_id;
+        line.max_connections = self.max_connections;
+    }
+
+    /// The flags as a change's fields (an empty text clears).
+    fn fill_patch(self, patch: &mut BotPatch) {
+        patch.mode = self.mode;
+        patch.secret_token = self.secret_token;
+        patch.signing_secret = self.signing_secret;
+        patch.app_secret = self.app_secret;
+        patch.verify_token = self.verify_token;
+        patch.phone_number_id = self.phone_number_id;
+        patch.max_connections = self.max_connections;
     }
 }
 
@@ -331,7 +333,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
             remote,
             bot,
         } => {
-            let line = BotLine {
+            let mut line = BotLine {
                 id: bot.id,
                 platform: bot.platform,
                 token: bot.token.unwrap_or_default(),
@@ -343,8 +345,9 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 enabled: Some(!bot.disabled),
                 shards: bot.shards.and_then(|s| s.0),
                 shards_per_slice: bot.shards_per_slice,
-                hook: bot.hook.into_fields(),
+                ..BotLine::default()
             };
+            bot.hook.fill_line(&mut line);
             let id = line.id.clone();
             match remote.client()? {
                 Some(api) => {
@@ -628,13 +631,12 @@ async fn link(
     timeout: u64,
     force: bool,
 ) -> anyhow::Result<ExitCode> {
-    use botfleet_core::Platform;
     use botfleet_platform::SessionKv;
     use botfleet_whatsapp::device::{self, LinkPrompt, WebConfig};
 
     let reg = registry(backends).await?;
     let rec = reg.get(id).await?;
-    if rec.spec.platform != Platform::Whatsapp || rec.spec.mode() != "web" {
+    if !botfleet_whatsapp::is_device_link(&rec.spec) {
         anyhow::bail!(
             "{id} is not a WhatsApp device-link bot: only `--platform whatsapp --mode web` bots are linked"
         );

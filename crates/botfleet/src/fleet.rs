@@ -210,10 +210,14 @@ pub(crate) async fn status_doc(
     // A bot its live worker reports running is owned; only the others are asked about (one
     // coordinator call each), so a page refreshing every second costs little at 10,000 bots.
     let live_ids: std::collections::HashSet<&str> = live.iter().map(|w| w.id.as_str()).collect();
-    // Discord shards each worker holds.
+    // Shards each worker holds, for the platforms whose bots have shards (Discord).
     let mut shards: HashMap<String, u64> = HashMap::new();
     for b in &units {
-        let discord = b.spec.platform == botfleet_core::Platform::Discord;
+        let discord = botfleet_runtime::descriptor(b.spec.platform).is_some_and(|d| {
+            d.modes
+                .iter()
+                .any(|m| m.setting(botfleet_core::Setting::Shards).taken())
+        });
         if let Some(w) = crate::registry::reported_owner(b, |w| live_ids.contains(w)) {
             running += 1;
             if discord {

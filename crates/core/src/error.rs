@@ -85,6 +85,27 @@ pub enum InvalidSpec {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The platform has no such receive mode, or this build does not run it.
+    #[error("invalid mode: {0}")]
+    Mode(String),
+    /// A credential or setting that the bot's platform, in its mode, does not take.
+    #[error("invalid {field}: not a setting of {platform} bots in mode {mode}")]
+    NotASetting {
+        /// The field given.
+        field: &'static str,
+        /// The bot's platform.
+        platform: crate::Platform,
+        /// Its mode.
+        mode: &'static str,
+    },
+    /// A setting no mode of the bot's platform takes, which other platforms do.
+    #[error("invalid {field}: only {owners} bots have {field}")]
+    OtherPlatforms {
+        /// The field given.
+        field: &'static str,
+        /// The platforms that take it (`Discord`, `Telegram or WhatsApp`).
+        owners: String,
+    },
     /// The handler kind is not one botfleet knows.
     #[error("unknown handler {0:?} (expected echo or webhook)")]
     UnknownHandler(String),

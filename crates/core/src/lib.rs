@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod clock;
+mod descriptor;
 mod error;
 mod ids;
 mod message;
@@ -9,6 +10,7 @@ mod secret;
 mod spec;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use descriptor::{Descriptor, Endpoint, ModeSpec, Need, Setting};
 pub use error::{InvalidId, InvalidSpec, UnknownPlatform};
 pub use ids::{BotId, ChatKey, Fence, Incarnation, WorkerId, MAX_ID_LEN};
 pub use message::{Inbound, Outbound};

@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::UnknownPlatform;
 
-/// A chat platform.
+/// A chat platform's name: what flags, the store, keys and metric labels say. What the
+/// platform *is* (modes, credentials, rules, defaults) is its crate's
+/// [`Descriptor`](crate::Descriptor).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Platform {
@@ -37,14 +39,6 @@ impl Platform {
             Platform::Discord => "discord",
             Platform::Whatsapp => "whatsapp",
         }
-    }
-
-    /// Whether the platform tolerates only one live connection per token.
-    ///
-    /// Telegram answers a second long poller with 409; a second WhatsApp Web session kicks the
-    /// first; Discord shards are exclusive per session. Slack Socket Mode allows several.
-    pub fn exclusive_session(self) -> bool {
-        !matches!(self, Platform::Slack)
     }
 }
 

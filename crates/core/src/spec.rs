@@ -120,14 +120,11 @@ pub struct BotSpec {
 }
 
 impl BotSpec {
-    /// What the fleet places and claims for this bot: the bot itself, or for a Discord bot
-    /// split into slices one spec per slice (id `{bot}#{k}`, `options.slice = Some(k)`).
+    /// What the fleet places and claims for this bot: the bot itself, or for a bot split
+    /// into slices one spec per slice (id `{bot}#{k}`, `options.slice = Some(k)`).
     pub fn units(&self) -> Vec<BotSpec> {
-        if !self.is_sliced() {
-            return vec![self.clone()];
-        }
         match (self.options.shards, self.options.shards_per_slice) {
-            (Some(s), Some(k)) if k > 0 && self.platform == Platform::Discord => (0..s.div_ceil(k))
+            (Some(s), Some(k)) if k > 0 => (0..s.div_ceil(k))
                 .map(|i| {
                     let mut u = self.clone();
                     u.id = self.id.slice(i);
@@ -139,33 +136,10 @@ impl BotSpec {
         }
     }
 
-    /// How the bot receives (see [`BotOptions::mode`]), its platform's default when unset.
-    pub fn mode(&self) -> &str {
-        match (&self.options.mode, self.platform) {
-            (Some(m), _) => m,
-            (None, Platform::Telegram) => "poll",
-            (None, Platform::Slack) => "socket",
-            (None, Platform::Discord) => "gateway",
-            (None, Platform::Whatsapp) => "cloud",
-        }
-    }
-
-    /// Whether the platform POSTs the bot's updates to the fleet's hooks address (Telegram
-    /// `webhook`, Slack `events`, WhatsApp `cloud`): every worker takes them.
-    pub fn is_webhook(&self) -> bool {
-        matches!(
-            (self.platform, self.mode()),
-            (Platform::Telegram, "webhook")
-                | (Platform::Slack, "events")
-                | (Platform::Whatsapp, "cloud")
-        )
-    }
-
-    /// Whether the bot is split into slices (more than one unit).
+    /// Whether the bot is split into slices (more than one unit). Only platforms whose
+    /// descriptor takes `shards_per_slice` (Discord) get that far.
     pub fn is_sliced(&self) -> bool {
-        self.platform == Platform::Discord
-            && self.options.shards.is_some()
-            && self.options.shards_per_slice.is_some_and(|k| k > 0)
+        self.options.shards.is_some() && self.options.shards_per_slice.is_some_and(|k| k > 0)
     }
 
     /// The shards this spec runs out of `total`: its slice's, or all of them.
@@ -179,15 +153,15 @@ impl BotSpec {
         }
     }
 
-    /// Connections it holds, as capacity counts them: a slice's shards, a whole Discord
+    /// Connections it holds, as capacity counts them: a slice's shards, a whole sharded
     /// bot's shards (1 while its count is `auto`), 1 for every other bot.
     pub fn weight(&self) -> u32 {
         match self.options.shards {
-            Some(s) if self.platform == Platform::Discord => {
+            Some(s) => {
                 let r = self.shard_range(s);
                 (r.end - r.start).max(1)
             }
-            _ => 1,
+            None => 1,
         }
     }
 
@@ -205,100 +179,14 @@ impl BotSpec {
         }
     }
 
-    /// Checks the receive mode and the webhook settings it needs.
-    fn validate_hook(&self) -> Result<(), InvalidSpec> {
-        let bad = |field, reason| Err(InvalidSpec::Hook { field, reason });
-        let modes: &[&str] = match self.platform {
-            Platform::Telegram => &["poll", "webhook"],
-            Platform::Slack => &["socket", "events"],
-            Platform::Discord => &["gateway"],
-            Platform::Whatsapp => &["cloud", "web"],
-        };
-        if !modes.contains(&self.mode()) {
-            return bad(
-                "mode",
-                match self.platform {
-                    Platform::Telegram => "must be poll or webhook",
-                    Platform::Slack => "must be socket or events",
-                    Platform::Discord => "must be gateway",
-                    Platform::Whatsapp => "must be cloud or web",
-                },
-            );
-        }
-        let secret = self.hook.secret.as_ref().map(Secret::expose);
-        if let Some(s) = secret {
-            if s.is_empty()
-                || s.len() > 256
-                || s.chars().any(|c| c.is_whitespace() || c.is_control())
-            {
-                return bad("secret", "must be 1-256 bytes without white space");
-            }
-        }
-        if let Some(v) = self.hook.verify_token.as_ref().map(Secret::expose) {
-            if v.is_empty()
-                || v.len() > 256
-                || v.chars().any(|c| c.is_whitespace() || c.is_control())
-            {
-                return bad("verify_token", "must be 1-256 bytes without white space");
-            }
-        }
-        if let Some(n) = self.options.max_connections {
-            if !(1..=100).contains(&n) {
-                return bad("max_connections", "must be between 1 and 100");
-            }
-        }
-        if self.is_webhook() && secret.is_none() {
-            return bad(
-                match self.platform {
-                    Platform::Telegram => "secret_token",
-                    Platform::Slack => "signing_secret",
-                    _ => "app_secret",
-                },
-                "is required: every delivery is verified with it",
-            );
-        }
-        if self.platform == Platform::Telegram && self.is_webhook() {
-            let ok = secret.is_some_and(|s| {
-                s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            });
-            if !ok {
-                return bad(
-                    "secret_token",
-                    "may hold only A-Z, a-z, 0-9, _ and - (Telegram's rule)",
-                );
-            }
-        }
-        if self.platform == Platform::Whatsapp && self.mode() == "cloud" {
-            if self.hook.verify_token.is_none() {
-                return bad("verify_token", "is required for the WhatsApp Cloud API");
-            }
-            match &self.options.phone_number_id {
-                Some(p)
-                    if !p.is_empty() && p.len() <= 64 && p.chars().all(|c| c.is_ascii_digit()) => {}
-                _ => {
-                    return bad(
-                        "phone_number_id",
-                        "is required: the digits of the sending number's id",
-                    )
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks what can be checked without the network: token shape, URL shapes, handler
-    /// settings.
+    /// The checks every platform shares: credential shapes, URL shapes, shard counts, the
+    /// handler's settings. [`Descriptor::validate`](crate::Descriptor::validate) runs them
+    /// together with what the bot's platform and mode take; that is the one entry point.
     ///
     /// # Errors
     /// [`InvalidSpec`] says which field is wrong and why, without echoing the token.
-    pub fn validate(&self) -> Result<(), InvalidSpec> {
+    pub fn validate_shared(&self) -> Result<(), InvalidSpec> {
         let token = self.token.expose();
-        // A WhatsApp device-link bot has no token: its linked session stands for it.
-        let device_link = self.platform == Platform::Whatsapp && self.mode() == "web";
-        if token.is_empty() && !device_link {
-            return Err(InvalidSpec::Token("is empty"));
-        }
         if token.len() > 4096 {
             return Err(InvalidSpec::Token("is longer than 4096 bytes"));
         }
@@ -306,10 +194,6 @@ impl BotSpec {
             return Err(InvalidSpec::Token(
                 "contains white space or control characters",
             ));
-        }
-        if self.platform == Platform::Telegram && token.contains('/') {
-            // The token becomes a path segment: `/bot{token}/getMe`.
-            return Err(InvalidSpec::Token("contains '/'"));
         }
         if let Some(app) = &self.app_token {
             let app = app.expose();
@@ -322,38 +206,7 @@ impl BotSpec {
                 ));
             }
         }
-        self.validate_hook()?;
-        if self.platform == Platform::Slack {
-            if !token.starts_with("xoxb-") {
-                return Err(InvalidSpec::Token("must be a Slack bot token (xoxb-…)"));
-            }
-            match &self.app_token {
-                None if self.mode() == "events" => {}
-                None => {
-                    return Err(InvalidSpec::AppToken(
-                        "is required for Slack Socket Mode (xapp-…)",
-                    ))
-                }
-                Some(a) if !a.expose().starts_with("xapp-") => {
-                    return Err(InvalidSpec::AppToken(
-                        "must be a Slack app-level token (xapp-…)",
-                    ))
-                }
-                Some(_) => {}
-            }
-        }
-        if let Some(url) = &self.options.api_url {
-            if self.platform == Platform::Whatsapp && self.mode() == "web" {
-                // WhatsApp Web's socket (default wss://web.whatsapp.com/ws/chat).
-                check_ws_url("api_url", url)?;
-            } else {
-                check_http_url("api_url", url)?;
-            }
-        }
         if let Some(n) = self.options.shards {
-            if self.platform != Platform::Discord {
-                return Err(InvalidSpec::Shards("only Discord bots have shards"));
-            }
             if !(1..=MAX_SHARDS).contains(&n) {
                 return Err(InvalidSpec::Shards("must be between 1 and 4096"));
             }
@@ -385,7 +238,7 @@ impl BotSpec {
 /// The most shards a Discord bot may have here.
 pub(crate) const MAX_SHARDS: u32 = 4096;
 
-fn check_ws_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
+pub(crate) fn check_ws_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
     let rest = url
         .strip_prefix("ws://")
         .or_else(|| url.strip_prefix("wss://"))
@@ -397,7 +250,7 @@ fn check_ws_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
     check_http_url(field, &format!("http://{rest}"))
 }
 
-fn check_http_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
+pub(crate) fn check_http_url(field: &'static str, url: &str) -> Result<(), InvalidSpec> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))
@@ -512,14 +365,14 @@ mod tests {
     }
 
     #[test]
-    fn a_sliced_discord_bot_is_one_unit_per_fixed_slice() {
+    fn a_sliced_bot_is_one_unit_per_fixed_slice() {
         let mut d = BotSpec::new(BotId::new("big").unwrap(), Platform::Discord, "t");
         assert_eq!(d.units().len(), 1, "unsliced: one unit");
         assert_eq!(d.weight(), 1, "auto: weight 1 until the count is known");
         d.options.shards = Some(14);
         assert_eq!(d.weight(), 14);
         d.options.shards_per_slice = Some(4);
-        d.validate().unwrap();
+        d.validate_shared().unwrap();
         let units = d.units();
         let ids: Vec<&str> = units.iter().map(|u| u.id.as_str()).collect();
         assert_eq!(ids, ["big#0", "big#1", "big#2", "big#3"]);
@@ -534,65 +387,44 @@ mod tests {
         assert!(BotId::new("big#x").is_err() && BotId::new("#3").is_err());
         // A slice needs a fixed count; operators cannot register unit ids.
         d.options.shards = None;
-        assert!(d.validate().is_err());
-        let mut u = BotSpec::new(BotId::new("a#1").unwrap(), Platform::Telegram, "1:x");
-        assert!(u.validate().is_err());
-        u.id = BotId::new("a").unwrap();
-        u.options.shards_per_slice = Some(1);
-        assert!(u.validate().is_err());
-    }
-
-    #[test]
-    fn validates_tokens_without_echoing_them() {
-        assert!(spec("123:abc").validate().is_ok());
-        let e = spec("").validate().unwrap_err();
-        assert_eq!(e.to_string(), "invalid token: is empty");
-        let e = spec("12 3:secret-part").validate().unwrap_err();
-        assert!(!e.to_string().contains("secret-part"));
-        assert!(spec("12/3").validate().is_err());
-    }
-
-    #[test]
-    fn device_link_bots_need_no_token_and_take_a_socket_url() {
-        let mut s = BotSpec::new(BotId::new("wa").unwrap(), Platform::Whatsapp, "");
-        s.options.mode = Some("web".into());
-        assert!(s.validate().is_ok(), "no token needed");
-        s.options.api_url = Some("ws://127.0.0.1:9/ws/chat".into());
-        assert!(s.validate().is_ok());
-        s.options.api_url = Some("https://web.whatsapp.com".into());
-        assert_eq!(
-            s.validate().unwrap_err().to_string(),
-            "invalid api_url: must start with ws:// or wss://"
+        assert!(d.validate_shared().is_err());
+        d.options.shards = Some(2);
+        assert!(
+            d.validate_shared().is_err(),
+            "more shards per slice than shards"
         );
-        s.options.api_url = Some("wss:///ws".into());
-        assert!(s.validate().is_err(), "no host");
-        // Every other bot still needs its token.
-        s.options.mode = Some("cloud".into());
-        s.options.api_url = None;
-        assert!(s.validate().is_err());
+        let u = BotSpec::new(BotId::new("a#1").unwrap(), Platform::Telegram, "1:x");
+        assert!(u.validate_shared().is_err());
     }
 
     #[test]
-    fn validates_urls() {
+    fn checks_tokens_without_echoing_them() {
+        assert!(spec("123:abc").validate_shared().is_ok());
+        let e = spec("12 3:secret-part").validate_shared().unwrap_err();
+        assert!(!e.to_string().contains("secret-part"), "{e}");
         let mut s = spec("1:a");
-        s.options.api_url = Some("ftp://x".into());
-        assert_eq!(
-            s.validate().unwrap_err().to_string(),
-            "invalid api_url: must start with http:// or https://"
-        );
-        s.options.api_url = Some("http:///path".into());
-        assert!(s.validate().is_err());
-        s.options.api_url = Some("http://127.0.0.1:8081".into());
-        assert!(s.validate().is_ok());
+        s.app_token = Some(Secret::new("x y-secret"));
+        let e = s.validate_shared().unwrap_err().to_string();
+        assert!(e.contains("app_token") && !e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn checks_the_webhook_url() {
+        let mut s = spec("1:a");
         s.handler = HandlerSpec::Webhook {
             url: "nope".into(),
             secret: None,
         };
-        assert!(s
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("webhook_url"));
+        assert_eq!(
+            s.validate_shared().unwrap_err().to_string(),
+            "invalid webhook_url: must start with http:// or https://"
+        );
+        for bad in ["http:///path", "http://h/a b"] {
+            assert!(check_http_url("api_url", bad).is_err(), "{bad}");
+        }
+        assert!(check_ws_url("api_url", "https://h").is_err());
+        assert!(check_ws_url("api_url", "wss:///ws").is_err(), "no host");
+        assert!(check_ws_url("api_url", "ws://127.0.0.1:9/ws/chat").is_ok());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use botfleet_core::{BotSpec, Outbound, Platform};
+use botfleet_core::{BotSpec, Outbound};
 use botfleet_platform::{
     Ack, Batch, Connection, Connector, ErrorKind, Identity, MayAct, PlatformError, Receiver,
     Sender, Stat,
@@ -106,8 +106,8 @@ impl DiscordConnector {
 
 #[async_trait]
 impl Connector for DiscordConnector {
-    fn platform(&self) -> Platform {
-        Platform::Discord
+    fn descriptor(&self) -> &'static botfleet_core::Descriptor {
+        &crate::DESCRIPTOR
     }
 
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {

@@ -10,6 +10,7 @@
 mod client;
 mod config;
 mod connector;
+mod descriptor;
 mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
@@ -20,5 +21,6 @@ mod outbound;
 pub use client::{DiscordApi, DiscordClient, GatewayInfo, DEFAULT_API_URL};
 pub use config::DiscordConfig;
 pub use connector::{DiscordConnector, IdentifyGate, LocalGate};
+pub use descriptor::DESCRIPTOR;
 pub use error::DiscordError;
 pub use gateway::{Checkpoint, ShardSession, INTENTS};

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use botfleet_core::{BotSpec, Inbound, Outbound, Platform};
+use botfleet_core::{BotSpec, Descriptor, Inbound, Outbound, Platform};
 
 use crate::PlatformError;
 
@@ -63,8 +63,14 @@ impl std::fmt::Debug for Connection {
 /// A platform, as the runtime sees it: one per process, shared by all its bots.
 #[async_trait]
 pub trait Connector: Send + Sync + std::fmt::Debug {
+    /// What the platform is: its modes, credentials, rules and defaults (the platform
+    /// crate's `DESCRIPTOR`).
+    fn descriptor(&self) -> &'static Descriptor;
+
     /// Which platform this is.
-    fn platform(&self) -> Platform;
+    fn platform(&self) -> Platform {
+        self.descriptor().platform
+    }
 
     /// Checks the bot's credentials with the platform.
     ///

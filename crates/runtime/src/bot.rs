@@ -251,7 +251,11 @@ impl BotCtx {
         let (store, bot) = (self.store.clone(), self.spec.id.clone());
         // A webhook bot's journal belongs to the chats' turns on every worker (and their
         // sweeper), not to the unit: replaying it here would answer outside the turns.
-        let limit = if self.spec.is_webhook() { 0 } else { 100_000 };
+        let limit = if self.connector.descriptor().is_webhook(&self.spec) {
+            0
+        } else {
+            100_000
+        };
         let (checkpoint, pending) = match self
             .store_retry("read the resume point", || store.resume_point(&bot, limit))
             .await

@@ -21,11 +21,10 @@ pub struct WorkerConfig {
     /// Fleet-wide bot starts per second, for a platform without its own rate in
     /// `connect_rates`. Default 1,000; above 0.
     pub connect_rate: f64,
-    /// Fleet-wide bot starts per second, per platform. Defaults follow each platform's real
-    /// limits, which are per bot, not per fleet: Telegram 10,000 (limits are per token; the
-    /// fleet's limiter must not be what makes a failover slow), Slack 1,000 (connections are
-    /// limited per app). The limiter's job is to keep a cold start of a whole fleet from
-    /// stampeding the store and the network.
+    /// Fleet-wide bot starts per second, per platform. Defaults are each platform's
+    /// descriptor's `connect_rate` (Telegram 10,000, the others 1,000): the platforms' limits
+    /// are per bot, not per fleet, and the limiter's job is to keep a cold start of a whole
+    /// fleet from stampeding the store and the network.
     pub connect_rates: std::collections::BTreeMap<botfleet_core::Platform, f64>,
     /// Telegram client settings (poll timeout, batch). Default poll timeout 45 s: an idle bot
     /// costs one request per timeout, and the Bot API ends an older pending poll when a newer
@@ -81,13 +80,10 @@ impl WorkerConfig {
             capacity: 10_000,
             lease: Duration::from_secs(15),
             connect_rate: 1_000.0,
-            connect_rates: [
-                (botfleet_core::Platform::Telegram, 10_000.0),
-                (botfleet_core::Platform::Slack, 1_000.0),
-                (botfleet_core::Platform::Discord, 1_000.0),
-            ]
-            .into_iter()
-            .collect(),
+            connect_rates: crate::DESCRIPTORS
+                .iter()
+                .map(|d| (d.platform, d.connect_rate))
+                .collect(),
             telegram: TelegramConfig {
                 poll_timeout: Duration::from_secs(45),
                 ..TelegramConfig::default()

@@ -305,7 +305,8 @@ impl Hooks {
             let Ok(Some(rec)) = self.inner.store.get_bot(&bot).await else {
                 continue;
             };
-            if !rec.spec.is_webhook() || !rec.spec.enabled || rec.status == BotStatus::Failed {
+            if !crate::is_webhook(&rec.spec) || !rec.spec.enabled || rec.status == BotStatus::Failed
+            {
                 continue;
             }
             let spec = Arc::new(rec.spec);
@@ -354,7 +355,7 @@ impl Hooks {
         let mut specs = lock(&self.inner.specs);
         // Only webhook bots' specs are kept: the sweeper also looks up polling and socket
         // bots with pending entries, and holding those would cost every such bot memory.
-        if spec.as_ref().is_some_and(|s| s.is_webhook()) {
+        if spec.as_ref().is_some_and(|s| crate::is_webhook(s)) {
             if specs.len() >= 10_000 {
                 specs.retain(|_, (at, _)| at.elapsed() < SPEC_TTL);
             }
@@ -975,7 +976,7 @@ async fn hook(
         return not_found("no such bot");
     };
     let spec = match h.spec_of(&id).await {
-        Ok(Some(s)) if s.platform == p && s.is_webhook() => s,
+        Ok(Some(s)) if s.platform == p && crate::is_webhook(&s) => s,
         Ok(_) => return not_found("no webhook bot of this platform with this id"),
         Err(e) => {
             warn!(error = %e, "cannot read the registry for a webhook; answering 503");

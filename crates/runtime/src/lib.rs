@@ -23,5 +23,8 @@ pub use hooks::{Hooks, MAX_HOOK_BODY};
 pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};
 pub use lock::InstanceLock;
 pub use metrics::Metrics;
-pub use platforms::supported as supported_platforms;
+pub use platforms::{
+    descriptor, is_webhook, supported as supported_platforms, validate as validate_spec, SpecError,
+    DESCRIPTORS,
+};
 pub use worker::{Worker, WorkerError};

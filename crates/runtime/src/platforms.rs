@@ -4,24 +4,87 @@
 use std::{collections::HashMap, sync::Arc};
 
 use botfleet_coord::Coordinator;
-use botfleet_core::Platform;
+use botfleet_core::{BotSpec, Descriptor, InvalidSpec, Platform};
 use botfleet_platform::Connector;
 
 use crate::{WorkerConfig, WorkerError};
 
+/// What every platform this build runs is, in a fixed order: the one list. A platform is
+/// its crate's `DESCRIPTOR` here and its connector in [`connectors`].
+pub const DESCRIPTORS: &[&Descriptor] = &[
+    &botfleet_telegram::DESCRIPTOR,
+    #[cfg(feature = "slack")]
+    &botfleet_slack::DESCRIPTOR,
+    #[cfg(feature = "discord")]
+    &botfleet_discord::DESCRIPTOR,
+    #[cfg(feature = "whatsapp")]
+    &botfleet_whatsapp::DESCRIPTOR,
+];
+
 /// The platforms this build runs, in a fixed order.
 pub fn supported() -> Vec<Platform> {
-    let mut out = vec![Platform::Telegram];
-    if cfg!(feature = "slack") {
-        out.push(Platform::Slack);
+    DESCRIPTORS.iter().map(|d| d.platform).collect()
+}
+
+/// What `p` is, when this build runs it.
+pub fn descriptor(p: Platform) -> Option<&'static Descriptor> {
+    DESCRIPTORS.iter().find(|d| d.platform == p).copied()
+}
+
+/// Checks `spec` against its platform's descriptor.
+///
+/// # Errors
+/// [`SpecError::NotBuilt`] when this build does not run the platform; the descriptor's
+/// [`SpecError::Invalid`] otherwise. Neither names a value.
+pub fn validate(spec: &BotSpec) -> Result<&'static Descriptor, SpecError> {
+    let d = descriptor(spec.platform).ok_or(SpecError::NotBuilt(spec.platform))?;
+    match d.validate(spec) {
+        Ok(()) => Ok(d),
+        Err(e) => Err(owned_elsewhere(d, &e).unwrap_or(e).into()),
     }
-    if cfg!(feature = "discord") {
-        out.push(Platform::Discord);
+}
+
+/// For a setting no mode of `d`'s platform takes, the error that says which platforms do.
+fn owned_elsewhere(d: &Descriptor, e: &InvalidSpec) -> Option<InvalidSpec> {
+    let InvalidSpec::NotASetting { field, .. } = e else {
+        return None;
+    };
+    if d.fields().contains(field) {
+        return None;
     }
-    if cfg!(feature = "whatsapp") {
-        out.push(Platform::Whatsapp);
-    }
-    out
+    let owners: Vec<&str> = DESCRIPTORS
+        .iter()
+        .filter(|o| o.fields().contains(field))
+        .map(|o| o.title)
+        .collect();
+    (!owners.is_empty()).then(|| InvalidSpec::OtherPlatforms {
+        field,
+        owners: owners.join(" or "),
+    })
+}
+
+/// Whether `spec`'s platform POSTs its updates to the fleet's hooks address.
+pub fn is_webhook(spec: &BotSpec) -> bool {
+    descriptor(spec.platform).is_some_and(|d| d.is_webhook(spec))
+}
+
+/// Why a spec cannot run in this build.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The platform is not in this build.
+    #[error("platform {0} does not run in this build yet (it runs: {runs})", runs = names())]
+    NotBuilt(Platform),
+    /// The spec breaks its platform's rules.
+    #[error(transparent)]
+    Invalid(#[from] InvalidSpec),
+}
+
+fn names() -> String {
+    DESCRIPTORS
+        .iter()
+        .map(|d| d.platform.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One connector per platform this build runs.
@@ -129,5 +192,50 @@ mod discord {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use botfleet_core::BotId;
+
+    use super::*;
+
+    #[test]
+    fn every_platform_is_described_once_and_checks_name_the_owner_of_a_setting() {
+        let names = supported();
+        let mut sorted = names.clone();
+        sorted.dedup();
+        assert_eq!(names, sorted, "one descriptor per platform");
+        assert_eq!(names[0], Platform::Telegram);
+        for d in DESCRIPTORS {
+            assert!(
+                !d.modes.is_empty() && d.connect_rate > 0.0,
+                "{}",
+                d.platform
+            );
+        }
+        let mut s = BotSpec::new(BotId::new("t").unwrap(), Platform::Telegram, "1:a");
+        assert!(validate(&s).is_ok());
+        s.options.shards = Some(2);
+        let e = validate(&s).unwrap_err().to_string();
+        if cfg!(feature = "discord") {
+            assert_eq!(e, "invalid shards: only Discord bots have shards");
+        } else {
+            assert_eq!(
+                e,
+                "invalid shards: not a setting of telegram bots in mode poll"
+            );
+        }
+        s.options.shards = None;
+        s.options.max_connections = Some(3);
+        let e = validate(&s).unwrap_err().to_string();
+        assert_eq!(
+            e, "invalid max_connections: not a setting of telegram bots in mode poll",
+            "a setting of another mode of the same platform"
+        );
+        s.options.mode = Some("webhook".into());
+        s.hook.secret = Some(botfleet_core::Secret::new("tok"));
+        assert!(is_webhook(&s) && validate(&s).is_ok());
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{
 };
 
 use async_trait::async_trait;
-use botfleet_core::{BotSpec, Outbound, Platform};
+use botfleet_core::{BotSpec, Outbound};
 use botfleet_platform::{Connection, Connector, ErrorKind, Identity, PlatformError, Sender};
 
 use crate::{
@@ -35,7 +35,7 @@ impl SlackConnector {
     }
 
     pub(crate) fn api(spec: &BotSpec) -> Result<SlackApi, PlatformError> {
-        if spec.mode() == "events" {
+        if crate::DESCRIPTOR.is_webhook(spec) {
             // No socket to open: the app token is never used (the bot token stands in).
             let app = spec.app_token.as_ref().unwrap_or(&spec.token);
             return Ok(SlackApi::new(
@@ -61,8 +61,8 @@ impl SlackConnector {
 
 #[async_trait]
 impl Connector for SlackConnector {
-    fn platform(&self) -> Platform {
-        Platform::Slack
+    fn descriptor(&self) -> &'static botfleet_core::Descriptor {
+        &crate::DESCRIPTOR
     }
 
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
@@ -80,7 +80,7 @@ impl Connector for SlackConnector {
     ) -> Result<Connection, PlatformError> {
         let api = Self::api(spec)?;
         let info = self.client.auth_test(&api).await?;
-        if spec.mode() == "events" {
+        if crate::DESCRIPTOR.is_webhook(spec) {
             return Ok(Connection {
                 receiver: Box::new(botfleet_platform::NoDeliveries),
                 sender: Arc::new(SlackSender {

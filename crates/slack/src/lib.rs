@@ -3,6 +3,7 @@
 mod client;
 mod config;
 mod connector;
+mod descriptor;
 mod error;
 mod events;
 #[cfg(feature = "fake")]
@@ -14,6 +15,7 @@ mod socket;
 pub use client::{AuthInfo, SlackApi, SlackClient};
 pub use config::{SlackConfig, DEFAULT_API_URL};
 pub use connector::SlackConnector;
+pub use descriptor::DESCRIPTOR;
 pub use error::SlackError;
 pub use events::{sign, SlackEvents, MAX_SKEW_S};
 pub use inbound::{parse_event, parse_frame, Event, Frame, Me};

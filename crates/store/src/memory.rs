@@ -125,7 +125,7 @@ impl MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate()?;
+        spec.validate_shared()?;
         let mut st = self.st();
         if st.bots.contains_key(&spec.id) {
             return Err(StoreError::AlreadyExists(spec.id.clone()));
@@ -159,7 +159,7 @@ impl Store for MemoryStore {
     }
 
     async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate()?;
+        spec.validate_shared()?;
         let mut st = self.st();
         let rec = st
             .bots

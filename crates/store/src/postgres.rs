@@ -532,7 +532,7 @@ impl PostgresStore {
 #[async_trait]
 impl Store for PostgresStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate()?;
+        spec.validate_shared()?;
         let r = BotRow::from_spec(spec, &self.keys)?;
         let c = self.client().await?;
         let n = c
@@ -581,7 +581,7 @@ impl Store for PostgresStore {
     }
 
     async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate()?;
+        spec.validate_shared()?;
         let r = BotRow::from_spec(spec, &self.keys)?;
         let c = self.client().await?;
         let n = c

@@ -265,7 +265,7 @@ fn current_fence(c: &Connection, bot: &str) -> rusqlite::Result<Fence> {
 #[async_trait]
 impl Store for SqliteStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate()?;
+        spec.validate_shared()?;
         let row = BotRow::from_spec(spec, &self.keys)?;
         let id = spec.id.clone();
         self.with("add bot", move |c| {
@@ -324,7 +324,7 @@ impl Store for SqliteStore {
     }
 
     async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate()?;
+        spec.validate_shared()?;
         let row = BotRow::from_spec(spec, &self.keys)?;
         let id = spec.id.clone();
         self.with("update bot", move |c| {

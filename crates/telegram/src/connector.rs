@@ -61,8 +61,8 @@ impl TelegramConnector {
 
 #[async_trait]
 impl Connector for TelegramConnector {
-    fn platform(&self) -> Platform {
-        Platform::Telegram
+    fn descriptor(&self) -> &'static botfleet_core::Descriptor {
+        &crate::DESCRIPTOR
     }
 
     fn webhooks(&self) -> Option<Arc<dyn Webhooks>> {
@@ -70,7 +70,7 @@ impl Connector for TelegramConnector {
     }
 
     async fn removed(&self, spec: &BotSpec) -> Result<(), PlatformError> {
-        if spec.is_webhook() {
+        if crate::DESCRIPTOR.is_webhook(spec) {
             // Telegram would go on delivering to the fleet for a bot nobody answers.
             self.client.delete_webhook(&Self::api(spec)?).await?;
         }
@@ -92,7 +92,7 @@ impl Connector for TelegramConnector {
         checkpoint: Option<&str>,
     ) -> Result<Connection, PlatformError> {
         let api = Arc::new(Self::api(spec)?);
-        if spec.is_webhook() {
+        if crate::DESCRIPTOR.is_webhook(spec) {
             // The unit's one exclusive act: tell Telegram where to deliver. Updates then come
             // to every worker's hooks address; this connection only holds the registration.
             let Some(base) = self.client.config().public_url.as_deref() else {

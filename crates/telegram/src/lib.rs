@@ -3,6 +3,7 @@
 mod client;
 mod config;
 mod connector;
+mod descriptor;
 mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
@@ -13,6 +14,7 @@ mod poll;
 pub use client::{BotApi, BotUser, LongPoll, TelegramClient};
 pub use config::{TelegramConfig, DEFAULT_API_URL};
 pub use connector::{TelegramConnector, TelegramHooks};
+pub use descriptor::DESCRIPTOR;
 pub use error::TelegramError;
 pub use inbound::{parse_update, split_updates, RawUpdate, Update};
 pub use outbound::{send, MAX_TEXT_CHARS};

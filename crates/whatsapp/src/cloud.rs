@@ -152,8 +152,8 @@ fn number(spec: &BotSpec) -> Result<Number, PlatformError> {
 
 #[async_trait]
 impl Connector for WhatsappConnector {
-    fn platform(&self) -> Platform {
-        Platform::Whatsapp
+    fn descriptor(&self) -> &'static botfleet_core::Descriptor {
+        &crate::DESCRIPTOR
     }
 
     fn webhooks(&self) -> Option<Arc<dyn Webhooks>> {
@@ -198,7 +198,7 @@ impl Connector for WhatsappConnector {
     }
 
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
-        if spec.mode() == "web" {
+        if crate::DESCRIPTOR.mode_name(spec) == "web" {
             // A linked device has no token to check: its session is checked on connecting.
             web_in_build()?;
             return Ok(Identity {
@@ -221,7 +221,7 @@ impl Connector for WhatsappConnector {
         may_act: botfleet_platform::MayAct,
         session: Arc<dyn botfleet_platform::SessionKv>,
     ) -> Result<Connection, PlatformError> {
-        if spec.mode() == "web" {
+        if crate::DESCRIPTOR.mode_name(spec) == "web" {
             web_in_build()?;
             #[cfg(feature = "web")]
             return crate::device::connect(&self.web, &self.web_stats, spec, may_act, session)
@@ -236,7 +236,7 @@ impl Connector for WhatsappConnector {
         spec: &BotSpec,
         _checkpoint: Option<&str>,
     ) -> Result<Connection, PlatformError> {
-        if spec.mode() == "web" {
+        if crate::DESCRIPTOR.mode_name(spec) == "web" {
             return Err(PlatformError::new(
                 ErrorKind::Rejected,
                 "no_session",

@@ -2,6 +2,7 @@
 
 mod client;
 mod cloud;
+mod descriptor;
 #[cfg(feature = "web")]
 pub mod device;
 #[cfg(feature = "fake")]
@@ -13,3 +14,4 @@ pub mod web;
 
 pub use client::{GraphClient, Number, WhatsappError, DEFAULT_API_URL, MAX_TEXT_CHARS};
 pub use cloud::{parse_delivery, sign, CloudHooks, WhatsappConnector};
+pub use descriptor::{is_device_link, DESCRIPTOR};
