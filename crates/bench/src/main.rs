@@ -2,7 +2,7 @@
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
 //! (`--quick` for 1,000 bots only;
-//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks`
+//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks|whatsapp-idle`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
@@ -19,6 +19,7 @@ mod hooks;
 mod moves;
 mod shards;
 mod slack;
+mod whatsapp;
 
 use std::{
     path::{Path, PathBuf},
@@ -342,6 +343,10 @@ async fn reclaim(bots: usize, lease_ms: u64) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     // A child serving part of the fake Bot API for the move benchmark (see shards.rs).
     let args: Vec<String> = std::env::args().collect();
+    // The stand-in WhatsApp Web server of the device-link benchmark (see whatsapp.rs).
+    if args.iter().any(|a| a == whatsapp::CHILD_FLAG) {
+        return whatsapp::standin_child().await;
+    }
     if let Some(pos) = args.iter().position(|a| a == "--fake-shard") {
         let first = args
             .get(pos + 1)
@@ -443,6 +448,14 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref().is_none_or(|o| o == "hooks") {
         hooks::throughput().await?;
+    }
+    // Asked for by name only: it holds each phase 30 s.
+    if only.as_deref() == Some("whatsapp-idle") {
+        whatsapp::idle(
+            arg("--size").unwrap_or(200),
+            arg("--contacts").unwrap_or(10),
+        )
+        .await?;
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use std::{
 use botfleet_core::{BotId, BotStatus};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{fleet_worker, wait_for, Proc, RedisServer, TempDir};
-use botfleet_whatsapp::standin::StandIn;
+use botfleet_whatsapp_standin::StandIn;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LEASE_MS: u64 = 3_000;

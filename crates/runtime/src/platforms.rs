@@ -10,7 +10,7 @@ use botfleet_platform::Connector;
 use crate::{WorkerConfig, WorkerError};
 
 /// What every platform this build runs is, in a fixed order: the one list. A platform is
-/// its crate's `DESCRIPTOR` here and its connector in [`connectors`].
+/// its crate's `DESCRIPTOR` here and its connector in `connectors()` below.
 pub const DESCRIPTORS: &[&Descriptor] = &[
     &botfleet_telegram::DESCRIPTOR,
     #[cfg(feature = "slack")]
@@ -121,7 +121,7 @@ pub(crate) fn connectors(
         #[cfg(feature = "whatsapp-web")]
         let c = {
             if botfleet_whatsapp::device::skips_server_certificate() {
-                tracing::warn!("this is a test build: it does not check WhatsApp's server certificate (feature standin); never run it against WhatsApp");
+                tracing::warn!("this is a test build: it links the WhatsApp Web stand-in and does not check WhatsApp's server certificate; device-link bots dial loopback addresses only");
             }
             let mut web = botfleet_whatsapp::device::WebConfig::default();
             if let Some(v) = &cfg.whatsapp_web_version {

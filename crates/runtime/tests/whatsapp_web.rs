@@ -13,10 +13,8 @@ use botfleet_core::{BotId, BotSpec, BotStatus, Platform, WorkerId};
 use botfleet_runtime::{StoreSession, Worker, WorkerConfig};
 use botfleet_store::Store;
 use botfleet_testkit::{temp_sqlite, wait_for, TempDir};
-use botfleet_whatsapp::{
-    device::{self, LinkPrompt, WebConfig},
-    standin::StandIn,
-};
+use botfleet_whatsapp::device::{self, LinkPrompt, WebConfig};
+use botfleet_whatsapp_standin::StandIn;
 use tokio::{sync::oneshot, task::JoinHandle};
 
 const VERSION: (u32, u32, u32) = (2, 3000, 1);
@@ -428,5 +426,34 @@ async fn a_temporary_ban_is_waited_out() {
     assert_eq!(standin.replies_to(user, contact), ["before", "during"]);
     assert_eq!(status(&store, "wa-6").await.0, BotStatus::Running);
     assert_eq!(standin.max_concurrent(user), 1);
+    w.shutdown().await;
+}
+
+/// This test binary links the stand-in, so its WhatsApp client does not check the server's
+/// certificate: the connector finds that out and dials nothing but this machine. A linked bot
+/// pointed at another address fails with the reason, and nothing is dialed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_without_certificate_checks_dials_only_loopback() {
+    assert!(botfleet_whatsapp::device::skips_server_certificate());
+    let (standin, _dir, store) = linked_bot("wa-far", "15550000009").await;
+    let mut rec = store
+        .get_bot(&BotId::new("wa-far").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    // TEST-NET-1: never routed; refused before any dial.
+    rec.spec.options.api_url = Some("wss://192.0.2.1/ws/chat".into());
+    store.update_bot(&rec.spec).await.unwrap();
+    let dials = standin.dials();
+    let hub = MemoryHub::new();
+    let w = start("solo", Arc::new(hub.coordinator()), store.clone());
+    let (st, err, _) = wait_for("failed", Duration::from_secs(30), || async {
+        let s = status(&store, "wa-far").await;
+        (s.0 == BotStatus::Failed).then_some(s)
+    })
+    .await;
+    assert_eq!(st, BotStatus::Failed);
+    assert!(err.contains("dials loopback addresses only"), "{err}");
+    assert_eq!(standin.dials(), dials, "the stand-in was not dialed either");
     w.shutdown().await;
 }

@@ -105,10 +105,66 @@ pub struct WebStats {
     pub replaced: AtomicU64,
 }
 
-/// Whether this build skips the check of WhatsApp's server certificate (test builds that
-/// talk to the stand-in): said loudly at start-up.
+/// Whether this build skips the check of WhatsApp's server certificate: a build that links
+/// the test stand-in (`botfleet-whatsapp-standin` turns on `wacore`'s
+/// `danger-skip-cert-chain-verify`). Found out, not assumed: the client's own check is asked
+/// to pass a chain whose signatures are zeros, which only such a build accepts. Said loudly
+/// at start-up; such a build dials loopback addresses only.
 pub fn skips_server_certificate() -> bool {
-    cfg!(feature = "standin")
+    static SKIPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SKIPS.get_or_init(|| {
+        use waproto::{
+            buffa::{Message as _, MessageField},
+            whatsapp as wa,
+        };
+        let key = [9u8; 32];
+        let details = |serial: u32, issuer: u32| {
+            wa::cert_chain::noise_certificate::Details {
+                serial: Some(serial),
+                issuer_serial: Some(issuer),
+                key: Some(key.to_vec()),
+                not_before: None,
+                not_after: None,
+            }
+            .encode_to_vec()
+        };
+        let unsigned = |d: Vec<u8>| wa::cert_chain::NoiseCertificate {
+            details: Some(d),
+            signature: Some(vec![0; 64]),
+        };
+        let chain = wa::CertChain {
+            intermediate: MessageField::some(unsigned(details(1, 0))),
+            leaf: MessageField::some(unsigned(details(2, 1))),
+        }
+        .encode_to_vec();
+        wacore::noise::HandshakeUtils::verify_server_cert(&chain, &key).is_ok()
+    })
+}
+
+/// Whether `url` (`ws://host:port/…`) names this machine.
+fn is_loopback(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A build that does not check the server's certificate dials nothing but this machine.
+fn refuse_unverified(url: &str) -> Result<(), PlatformError> {
+    if skips_server_certificate() && !is_loopback(url) {
+        return Err(PlatformError::new(
+            ErrorKind::Rejected,
+            "unverified_build",
+            "this build does not check WhatsApp's server certificate (it links the test stand-in): it dials loopback addresses only; run a build of `cargo build --release -p botfleet`",
+        ));
+    }
+    Ok(())
 }
 
 fn url(spec: &BotSpec) -> String {
@@ -341,6 +397,7 @@ async fn start(
     linking: bool,
     phone: Option<String>,
 ) -> Result<Running, PlatformError> {
+    refuse_unverified(&url)?;
     let (etx, events) = mpsc::unbounded_channel();
     let socket: Socket = Arc::default();
     let (dtx, deliveries) = mpsc::channel(64);
@@ -955,6 +1012,41 @@ mod tests {
         assert_ne!(a, message_id("wa:1555@s.whatsapp.net:3EB0AB:reply"));
         assert!(a.starts_with("3EB0") && a.len() == 36);
         assert!(a[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    /// Whether the check is off depends on what else this build links (`cargo test
+    /// --workspace` unifies the stand-in's feature into every crate; `cargo test -p
+    /// botfleet-whatsapp --features web` does not): either way a loopback stand-in is dialed,
+    /// and WhatsApp only while the check is on. The release tree is checked in
+    /// `crates/botfleet/tests/release_tree.rs`.
+    #[test]
+    fn an_unchecked_build_dials_loopback_only() {
+        assert!(refuse_unverified("ws://127.0.0.1:9/ws/chat").is_ok());
+        let far = refuse_unverified(DEFAULT_WEB_URL);
+        assert_eq!(far.is_err(), skips_server_certificate());
+        if let Err(e) = far {
+            assert_eq!(e.kind(), ErrorKind::Rejected);
+        }
+    }
+
+    #[test]
+    fn loopback_addresses_are_told_apart() {
+        for url in [
+            "ws://127.0.0.1:9/ws/chat",
+            "ws://localhost:9",
+            "ws://[::1]:9/x",
+            "ws://127.3.2.1",
+        ] {
+            assert!(is_loopback(url), "{url}");
+        }
+        for url in [
+            "wss://web.whatsapp.com/ws/chat",
+            "ws://192.0.2.1:9",
+            "ws://127.0.0.1.evil.example/x",
+            "ws://[2001:db8::1]:9",
+        ] {
+            assert!(!is_loopback(url), "{url}");
+        }
     }
 
     #[test]

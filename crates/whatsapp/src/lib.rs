@@ -7,8 +7,6 @@ mod descriptor;
 pub mod device;
 #[cfg(feature = "fake")]
 pub mod fake;
-#[cfg(feature = "standin")]
-pub mod standin;
 #[cfg(feature = "web")]
 pub mod web;
 

@@ -33,7 +33,7 @@ async fn a_linked_number_connects_sends_and_answers() {
     };
     assert!(
         !device::skips_server_certificate(),
-        "this build does not check WhatsApp's server certificate (feature standin): run \
+        "this build does not check WhatsApp's server certificate (it links the stand-in): run \
          `cargo test -p botfleet-whatsapp --features web --test live`"
     );
     let keys = match std::env::var("BOTFLEET_SECRET_KEY") {

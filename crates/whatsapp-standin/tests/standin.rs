@@ -1,7 +1,6 @@
 //! The real `whatsapp-rust` client against the stand-in WhatsApp Web server: linking by QR
 //! code, logging in again, being replaced, being logged out, asking for a pairing code, and
 //! texts both ways with a contact (live, from the offline queue, redelivered when unacked).
-#![cfg(feature = "standin")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::{
@@ -12,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use botfleet_whatsapp::standin::{Reply, StandIn};
+use botfleet_whatsapp_standin::{Reply, StandIn};
 use tokio::sync::mpsc;
 use wacore::{proto_helpers::MessageExt as _, store::InMemoryBackend};
 use whatsapp_rust::{

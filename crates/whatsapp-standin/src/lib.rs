@@ -1,4 +1,4 @@
-//! A stand-in WhatsApp Web server for tests (feature `standin`): it speaks the real wire
+//! A stand-in WhatsApp Web server for tests: it speaks the real wire
 //! protocol — WebSocket, Noise as responder, binary nodes — so the real `whatsapp-rust` client
 //! can link a device to it, log in, stay idle, and be kicked out the ways WhatsApp kicks.
 //!
@@ -9,7 +9,7 @@
 //! let transport = TokioWebSocketTransportFactory::new().with_url(server.url()).without_origin();
 //! ```
 //!
-//! The client must be built with `wacore`'s `danger-skip-cert-chain-verify` (this feature turns
+//! The client must be built with `wacore`'s `danger-skip-cert-chain-verify` (this crate turns
 //! it on): the stand-in's Noise certificate cannot carry WhatsApp's signature.
 //!
 //! What it does per connection: a login (`username` + `device` in the client payload) of a

@@ -84,7 +84,7 @@ async fn run(hub: &Hub, tcp: TcpStream) -> Result<(), wire::Fault> {
     }
 }
 
-/// A connection not admitted nor refused yet (see [`crate::standin::StandIn::dials_in_flight`]),
+/// A connection not admitted nor refused yet (see [`crate::StandIn::dials_in_flight`]),
 /// however its handshake ends.
 struct Dialing<'h>(&'h Hub);
 
