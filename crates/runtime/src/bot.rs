@@ -56,6 +56,8 @@ pub(crate) struct BotSettings {
 /// Everything a bot task needs; owned by the task.
 pub(crate) struct BotCtx {
     pub(crate) spec: BotSpec,
+    /// The `updated_at_ms` of the registered spec it runs.
+    pub(crate) spec_at_ms: i64,
     pub(crate) fence: Fence,
     pub(crate) worker: String,
     pub(crate) store: Arc<dyn Store>,
@@ -98,7 +100,14 @@ impl BotCtx {
         warn!(bot = %self.spec.id, reason = e.reason(), error = %e, "bot failed; not retrying until restarted");
         self.metrics.start_failure(self.spec.platform, e.reason());
         let detail = e.to_string();
-        self.report(BotStatus::Failed, Some(&detail));
+        // Under its spec: a refusal of a token replaced meanwhile does not fail the new one.
+        self.reporter.report_under(
+            &self.spec.id,
+            BotStatus::Failed,
+            Some(&detail),
+            &self.worker,
+            Some(self.spec_at_ms),
+        );
         BotExit::Failed(detail)
     }
 
@@ -319,6 +328,7 @@ impl BotCtx {
                 reporter: self.reporter.clone(),
                 worker: Arc::from(self.worker.as_str()),
                 retry_for: self.settings.retry_for,
+                spec_at_ms: Some(self.spec_at_ms),
             },
             fence: self.fence,
             lease: self.lease.clone(),

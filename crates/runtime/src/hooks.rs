@@ -79,8 +79,8 @@ impl std::fmt::Debug for Hooks {
     }
 }
 
-/// A spec as read at an instant (`None`: no such bot).
-type CachedSpec = (Instant, Option<Arc<BotSpec>>);
+/// A spec as read at an instant (`None`: no such bot), with its `updated_at_ms`.
+type CachedSpec = (Instant, Option<Arc<BotSpec>>, i64);
 /// A sender and the spec it was made for.
 type CachedSender = (Arc<BotSpec>, Arc<dyn Sender>);
 
@@ -309,7 +309,9 @@ impl Hooks {
             {
                 continue;
             }
-            let spec = Arc::new(rec.spec);
+            let Some(spec) = self.cache_spec(&bot, Some((rec.spec, rec.updated_at_ms))) else {
+                continue;
+            };
             for e in self.inner.store.inbox_pending(&bot, SWEEP_BATCH).await? {
                 if e.received_at_ms > cutoff || !self.claim_local(&bot, &e.key) {
                     continue;
@@ -341,29 +343,40 @@ impl Hooks {
         &self,
         id: &BotId,
     ) -> Result<Option<Arc<BotSpec>>, botfleet_store::StoreError> {
-        if let Some((at, spec)) = lock(&self.inner.specs).get(id) {
+        if let Some((at, spec, _)) = lock(&self.inner.specs).get(id) {
             if at.elapsed() < SPEC_TTL {
                 return Ok(spec.clone());
             }
         }
-        let spec = self
-            .inner
-            .store
-            .get_bot(id)
-            .await?
-            .map(|r| Arc::new(r.spec));
+        let rec = self.inner.store.get_bot(id).await?;
+        Ok(self.cache_spec(id, rec.map(|r| (r.spec, r.updated_at_ms))))
+    }
+
+    /// Keeps a spec just read (with its `updated_at_ms`) for [`SPEC_TTL`].
+    fn cache_spec(&self, id: &BotId, read: Option<(BotSpec, i64)>) -> Option<Arc<BotSpec>> {
+        let at_ms = read.as_ref().map_or(0, |(_, at)| *at);
+        let spec = read.map(|(s, _)| Arc::new(s));
         let mut specs = lock(&self.inner.specs);
         // Only webhook bots' specs are kept: the sweeper also looks up polling and socket
         // bots with pending entries, and holding those would cost every such bot memory.
         if spec.as_ref().is_some_and(|s| crate::is_webhook(s)) {
             if specs.len() >= 10_000 {
-                specs.retain(|_, (at, _)| at.elapsed() < SPEC_TTL);
+                specs.retain(|_, (at, _, _)| at.elapsed() < SPEC_TTL);
             }
-            specs.insert(id.clone(), (Instant::now(), spec.clone()));
+            specs.insert(id.clone(), (Instant::now(), spec.clone(), at_ms));
         } else {
             specs.remove(id);
         }
-        Ok(spec)
+        spec
+    }
+
+    /// The `updated_at_ms` of `spec`, when it is the one cached (the turn's reports are then
+    /// made under it).
+    fn spec_at(&self, spec: &Arc<BotSpec>) -> Option<i64> {
+        match lock(&self.inner.specs).get(&spec.id) {
+            Some((_, Some(cached), at)) if Arc::ptr_eq(cached, spec) => Some(*at),
+            _ => None,
+        }
     }
 
     fn sender_of(
@@ -900,6 +913,7 @@ impl Hooks {
                 .lease()
                 .map_or_else(|| Arc::from(""), |l| Arc::from(l.worker().to_string())),
             retry_for: self.inner.settings.retry_for,
+            spec_at_ms: self.spec_at(spec),
         };
         let job = turn::Job {
             key,

@@ -42,6 +42,20 @@ impl Reporter {
 
     /// Records what `bot` is doing, as `worker` sees it; `error` `None` clears the last error.
     pub(crate) fn report(&self, bot: &BotId, status: BotStatus, error: Option<&str>, worker: &str) {
+        self.report_under(bot, status, error, worker, None);
+    }
+
+    /// [`Reporter::report`], made under the spec registered at `spec_at_ms` (its
+    /// `updated_at_ms`): the store drops it when the spec has changed since (a turn refused
+    /// with the token an operator has just replaced does not fail the bot again).
+    pub(crate) fn report_under(
+        &self,
+        bot: &BotId,
+        status: BotStatus,
+        error: Option<&str>,
+        worker: &str,
+        spec_at_ms: Option<i64>,
+    ) {
         // A slice reports on its bot: any slice running makes the bot running, a refusal
         // (the same token for every slice) makes it failed; a slice stopping says nothing
         // of the others.
@@ -63,6 +77,7 @@ impl Reporter {
             status,
             last_error: error.map(str::to_owned),
             reported_by: Some(worker.to_owned()),
+            spec_at_ms,
         });
     }
 }

@@ -99,6 +99,9 @@ pub(crate) struct TurnCtx {
     pub(crate) worker: Arc<str>,
     /// How long transient failures of one message are retried.
     pub(crate) retry_for: Duration,
+    /// The `updated_at_ms` of the spec the turns run under, when known: a refusal of its
+    /// credentials fails the bot only while that spec is still the registered one.
+    pub(crate) spec_at_ms: Option<i64>,
 }
 
 /// One entry to answer.
@@ -245,11 +248,12 @@ async fn send(
             Err(e) if e.kind() == ErrorKind::Credentials => {
                 ctx.metrics.platform_error(ctx.platform, e.reason());
                 warn!(bot = %ctx.bot, reason = e.reason(), error = %e, "credentials refused while sending; the bot fails until restarted");
-                ctx.reporter.report(
+                ctx.reporter.report_under(
                     &ctx.bot,
                     BotStatus::Failed,
                     Some(&e.to_string()),
                     &ctx.worker,
+                    ctx.spec_at_ms,
                 );
                 return Err(Halt::Failed(e));
             }

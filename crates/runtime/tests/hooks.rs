@@ -832,23 +832,49 @@ async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
     .await;
     assert_eq!(kept.undeliverable, 0, "nothing given up");
     assert_eq!(answered_after(), 0, "not answered while the bot is failed");
-    // Graph takes the token again (the operator had it reinstated), and the bot is
-    // restarted. (The same token: a turn still in flight with the bot's cached spec cannot
-    // then be refused and report the bot failed again after the restart.)
-    graph.state().add_number(WA_NUMBER, WA_ACCESS, WA_SECRET);
+    // The operator rotates the token and restarts the bot. Right before, a message is
+    // refused with the old token, so the workers' cached spec (kept 2 s) is the old one and
+    // the refusal's "failed" report may still be on its way to the store; right after, a
+    // message whose turn may still use the cached spec is refused with the old token too.
+    // Neither may fail the bot again: each was made under the spec the rotation replaced.
+    graph.state().user_writes(WA_NUMBER, "491709", "warm");
+    until("the warm-up delivered", 20, || graph.state().undelivered() == 0).await;
+    graph.state().add_number(WA_NUMBER, "EAAG-rotated", WA_SECRET);
+    graph.state().duplicate_deliveries(true);
+    graph.state().subscribe(WA_NUMBER, &run.hook);
+    let mut spec = run.store.get_bot(&id).await.unwrap().unwrap().spec;
+    spec.token = botfleet_core::Secret::new("EAAG-rotated");
+    run.store.update_bot(&spec).await.unwrap();
     run.store
         .set_status(&id, botfleet_core::BotStatus::Pending, None, None)
         .await
         .unwrap();
-    until("the waiting message answered after the restart", 30, || {
-        answered_after() > 0
+    graph.state().user_writes(WA_NUMBER, "491709", "rotated");
+    let answered = |text: &str| {
+        f.replies()
+            .iter()
+            .filter(|(to, t)| to == "491709" && t.ends_with(text))
+            .count()
+    };
+    until("every waiting message answered after the rotation", 40, || {
+        answered(":after") > 0 && answered(":warm") > 0 && answered(":rotated") > 0
     })
     .await;
-    // Once the entry has ended no turn sends it again: the count is final then.
-    wait_for("the entry ended", Duration::from_secs(20), || async {
+    // Once the entries have ended no turn sends them again: the counts are final then.
+    wait_for("the entries ended", Duration::from_secs(20), || async {
         (pending().await?.pending == 0).then_some(())
     })
     .await;
+    for text in [":warm", ":rotated"] {
+        assert_eq!(answered(text), 1, "{text} answered once");
+    }
+    let rec = run.store.get_bot(&id).await.unwrap().unwrap();
+    assert_ne!(
+        rec.status,
+        botfleet_core::BotStatus::Failed,
+        "a refusal of the replaced token did not fail the bot: {:?}",
+        rec.last_error
+    );
     assert_eq!(answered_after(), 1, "answered once");
     run.shutdown().await;
 }

@@ -10,7 +10,7 @@ use botfleet_core::{BotId, BotRecord, BotSpec, BotStatus, Fence};
 
 use crate::{
     reply_key, BotFilter, Cursor, InboxEntry, InboxItem, InboxState, InboxStats, Result,
-    StateWrite, Store, StoreError, TurnRecord, TurnView,
+    StateWrite, StatusReport, Store, StoreError, TurnRecord, TurnView,
 };
 
 #[derive(Debug, Default)]
@@ -192,6 +192,26 @@ impl Store for MemoryStore {
         rec.last_error = last_error.map(str::to_owned);
         rec.reported_by = reported_by.map(str::to_owned);
         Ok(())
+    }
+
+    async fn set_statuses(&self, reports: &[StatusReport]) -> Result<Vec<Result<()>>> {
+        let mut st = self.st();
+        Ok(reports
+            .iter()
+            .map(|r| {
+                let rec = st
+                    .bots
+                    .get_mut(&r.id)
+                    .ok_or_else(|| StoreError::NotFound(r.id.clone()))?;
+                // A report made under an older spec than the registered one is stale.
+                if r.spec_at_ms.is_none_or(|at| rec.updated_at_ms <= at) {
+                    rec.status = r.status;
+                    rec.last_error.clone_from(&r.last_error);
+                    rec.reported_by.clone_from(&r.reported_by);
+                }
+                Ok(())
+            })
+            .collect())
     }
 
     async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>> {

@@ -11,7 +11,7 @@ use tracing::warn;
 use crate::{
     schema::{resealed, stats_from_rows, BotRow, InboxRow, Sealed, MIGRATIONS},
     BotFilter, Cursor, InboxEntry, InboxItem, InboxState, InboxStats, Keyring, Result, StateWrite,
-    Store, StoreError, TurnRecord, TurnView,
+    StatusReport, Store, StoreError, TurnRecord, TurnView,
 };
 
 /// Connections each store keeps: statements of concurrent turns run side by side, and their
@@ -682,6 +682,41 @@ impl Store for PostgresStore {
             return Err(StoreError::NotFound(id.clone()));
         }
         Ok(())
+    }
+
+    async fn set_statuses(&self, reports: &[StatusReport]) -> Result<Vec<Result<()>>> {
+        let c = self.client().await?;
+        let mut out = Vec::with_capacity(reports.len());
+        for r in reports {
+            // One conditional update: a report made under an older spec than the registered
+            // one (`spec_at_ms` below `updated_at_ms`) changes nothing.
+            let n = c
+                .execute(
+                    "UPDATE bots SET status = $2, last_error = $3, reported_by = $4 \
+                     WHERE id = $1 AND ($5::BIGINT IS NULL OR updated_at_ms <= $5)",
+                    &[
+                        &r.id.as_str(),
+                        &r.status.as_str(),
+                        &r.last_error,
+                        &r.reported_by,
+                        &r.spec_at_ms,
+                    ],
+                )
+                .await
+                .map_err(db("set statuses"))?;
+            let gone = n == 0
+                && (r.spec_at_ms.is_none()
+                    || c.query_opt("SELECT 1 FROM bots WHERE id = $1", &[&r.id.as_str()])
+                        .await
+                        .map_err(db("set statuses"))?
+                        .is_none());
+            out.push(if gone {
+                Err(StoreError::NotFound(r.id.clone()))
+            } else {
+                Ok(())
+            });
+        }
+        Ok(out)
     }
 
     async fn cursor(&self, id: &BotId) -> Result<Option<Cursor>> {

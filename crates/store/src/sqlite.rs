@@ -552,8 +552,12 @@ impl Store for SqliteStore {
             {
                 let mut st = tx
                     .prepare_cached(
-                        "UPDATE bots SET status = ?2, last_error = ?3, reported_by = ?4 WHERE id = ?1",
+                        "UPDATE bots SET status = ?2, last_error = ?3, reported_by = ?4 \
+                         WHERE id = ?1 AND (?5 IS NULL OR updated_at_ms <= ?5)",
                     )
+                    .map_err(fail)?;
+                let mut exists = tx
+                    .prepare_cached("SELECT 1 FROM bots WHERE id = ?1")
                     .map_err(fail)?;
                 for r in reports {
                     let n = st
@@ -561,10 +565,15 @@ impl Store for SqliteStore {
                             r.id.as_str(),
                             r.status.as_str(),
                             r.last_error,
-                            r.reported_by
+                            r.reported_by,
+                            r.spec_at_ms
                         ])
                         .map_err(fail)?;
-                    out.push(if n == 0 {
+                    // Nothing changed: a removed bot, or a report made under an older spec.
+                    let gone = n == 0
+                        && (r.spec_at_ms.is_none()
+                            || !exists.exists(params![r.id.as_str()]).map_err(fail)?);
+                    out.push(if gone {
                         Err(StoreError::NotFound(r.id))
                     } else {
                         Ok(())

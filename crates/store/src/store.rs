@@ -36,6 +36,10 @@ pub struct StatusReport {
     pub last_error: Option<String>,
     /// Which worker says so.
     pub reported_by: Option<String>,
+    /// The `updated_at_ms` of the spec the report was made under, when the reporter knows it.
+    /// A report made under a spec older than the registered one (a turn that used a token an
+    /// operator has since replaced) is stale: it is not applied, and answers `Ok`.
+    pub spec_at_ms: Option<i64>,
 }
 
 /// Persistence of the bot registry and of per-bot fenced state.
@@ -153,6 +157,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn set_statuses(&self, reports: &[StatusReport]) -> Result<Vec<Result<()>>> {
         let mut out = Vec::with_capacity(reports.len());
         for r in reports {
+            // Not atomic with the write below: backends override this with one conditional
+            // update.
+            if let Some(at) = r.spec_at_ms {
+                match self.get_bot(&r.id).await {
+                    Ok(Some(b)) if b.updated_at_ms > at => {
+                        out.push(Ok(()));
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        out.push(Err(e));
+                        continue;
+                    }
+                }
+            }
             out.push(
                 self.set_status(
                     &r.id,

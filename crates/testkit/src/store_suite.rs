@@ -378,6 +378,7 @@ pub async fn batch_calls_answer_like_single_calls(s: Arc<dyn Store>) {
         status,
         last_error: err.map(str::to_owned),
         reported_by: Some("w-1".into()),
+        spec_at_ms: None,
     };
     let answers = s
         .set_statuses(&[
@@ -401,6 +402,38 @@ pub async fn batch_calls_answer_like_single_calls(s: Arc<dyn Store>) {
     // Applied in order: the last report of b3 wins.
     let b3 = s.get_bot(&bid("b3")).await.unwrap().unwrap();
     assert_eq!((b3.status, b3.last_error), (BotStatus::Running, None));
+    // A report made under an older spec (a turn that used the token an operator has since
+    // replaced) changes nothing; one made under the current spec applies.
+    let at = b3.updated_at_ms;
+    let under = |at: i64, status, err: Option<&str>| StatusReport {
+        spec_at_ms: Some(at),
+        ..report("b3", status, err)
+    };
+    let answers = s
+        .set_statuses(&[
+            under(at - 1, BotStatus::Failed, Some("401 with the old token")),
+            StatusReport {
+                spec_at_ms: Some(at),
+                ..report("gone", BotStatus::Failed, None)
+            },
+        ])
+        .await
+        .unwrap();
+    assert!(answers[0].is_ok(), "stale is not an error: {answers:?}");
+    assert!(
+        matches!(answers[1], Err(StoreError::NotFound(_))),
+        "{answers:?}"
+    );
+    let b3 = s.get_bot(&bid("b3")).await.unwrap().unwrap();
+    assert_eq!((b3.status, b3.last_error), (BotStatus::Running, None));
+    s.set_statuses(&[under(at, BotStatus::Failed, Some("401"))])
+        .await
+        .unwrap();
+    let b3 = s.get_bot(&bid("b3")).await.unwrap().unwrap();
+    assert_eq!(
+        (b3.status, b3.last_error.as_deref()),
+        (BotStatus::Failed, Some("401"))
+    );
     assert!(s.highest_fences(&[]).await.unwrap().is_empty());
     assert!(s.accept_fences(&[]).await.unwrap().is_empty());
 }

@@ -540,6 +540,7 @@ impl State {
             Some(connector) => {
                 let ctx = Box::new(BotCtx {
                     spec: rec.spec.clone(),
+                    spec_at_ms: rec.updated_at_ms,
                     fence,
                     worker: self.me().to_string(),
                     store: self.w.store.clone(),
