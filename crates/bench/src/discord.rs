@@ -27,7 +27,7 @@ async fn registry(
     for i in 0..bots {
         fake.state().add_bot(&token(i), shards, concurrency);
         let mut spec = BotSpec::new(BotId::new(format!("d{i}"))?, Platform::Discord, token(i));
-        spec.options.api_url = Some(fake.api_url());
+        spec.options.api_url = Some(fake.url());
         store.add_bot(&spec).await?;
     }
     Ok(format!("sqlite://{}", path.display()))
@@ -72,7 +72,9 @@ pub(crate) async fn idle(shards: usize, rounds: usize, base_kib: u64) -> anyhow:
             }
             let want = (r + 1) * n;
             wait_count("messages answered", want, Duration::from_secs(120), || {
-                (0..bots).map(|i| fake.state().posts(&token(i)).len()).sum()
+                (0..bots)
+                    .map(|i| fake.state().sent_by(&token(i)).len())
+                    .sum()
             })
             .await?;
         }

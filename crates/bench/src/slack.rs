@@ -27,7 +27,7 @@ async fn registry(dir: &Path, fake: &FakeSlack, bots: usize) -> anyhow::Result<S
         fake.state().add_app(&bot, &app);
         let mut spec = BotSpec::new(BotId::new(format!("s{i}"))?, Platform::Slack, bot);
         spec.app_token = Some(Secret::new(app));
-        spec.options.api_url = Some(fake.api_url());
+        spec.options.api_url = Some(fake.url());
         store.add_bot(&spec).await?;
     }
     Ok(format!("sqlite://{}", path.display()))
@@ -43,7 +43,7 @@ async fn wait_connected(fake: &FakeSlack, n: usize, limit: Duration) -> anyhow::
 /// Waits until `want` posts arrived.
 async fn wait_posts(fake: &FakeSlack, want: usize, limit: Duration) -> anyhow::Result<()> {
     wait_count("messages answered", want, limit, || {
-        fake.state().posts_count()
+        fake.state().sent_count()
     })
     .await
     .map(|_| ())
@@ -135,7 +135,7 @@ pub(crate) async fn refresh_drill(bots: usize, spread: Duration) -> anyhow::Resu
     refresher.await?;
     wait_posts(&fake, rounds * bots, Duration::from_secs(120)).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let posts = state.posts();
+    let posts = state.sent();
     let mut last: HashMap<&str, usize> = HashMap::new();
     let (mut dup, mut disorder) = (0, 0);
     let (mut before, mut during) = (Vec::new(), Vec::new());

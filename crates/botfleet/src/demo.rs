@@ -206,8 +206,8 @@ fn view(t: Duration, ws: &[DemoWorker], fakes: &Fakes, written: u64) -> String {
         fakes.discord.state().connected_total(),
         written,
         fakes.telegram.state().sent_count()
-            + fakes.slack.state().posts().len()
-            + fakes.discord.state().all_posts().len()
+            + fakes.slack.state().sent().len()
+            + fakes.discord.state().sent().len()
     ));
     line
 }
@@ -228,11 +228,11 @@ impl Fakes {
             tg.entry((s.token, s.chat_id)).or_default().push(s.text);
         }
         let mut sl: Chats = HashMap::new();
-        for p in self.slack.state().posts() {
+        for p in self.slack.state().sent() {
             sl.entry((p.token, p.channel)).or_default().push(p.text);
         }
         let mut dc: Chats = HashMap::new();
-        for p in self.discord.state().all_posts() {
+        for p in self.discord.state().sent() {
             dc.entry((p.token, p.channel)).or_default().push(p.content);
         }
         [
@@ -316,7 +316,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             fakes.slack.state().add_app(&token, &app);
             let mut spec = BotSpec::new(id.clone(), Platform::Slack, token.clone());
             spec.app_token = Some(Secret::new(app));
-            spec.options.api_url = Some(fakes.slack.api_url());
+            spec.options.api_url = Some(fakes.slack.url());
             store.add_bot(&spec).await?;
             DemoBot {
                 id,
@@ -328,7 +328,7 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             let token = format!("DISCORD.demo.{i}");
             fakes.discord.state().add_bot(&token, 2, 2);
             let mut spec = BotSpec::new(id.clone(), Platform::Discord, token.clone());
-            spec.options.api_url = Some(fakes.discord.api_url());
+            spec.options.api_url = Some(fakes.discord.url());
             store.add_bot(&spec).await?;
             DemoBot {
                 id,

@@ -83,7 +83,7 @@ async fn setup_mixed(bots: usize, slack_bots: usize) -> Setup {
             slack_token(j),
         );
         spec.app_token = Some(botfleet_core::Secret::new(slack_app_token(j)));
-        spec.options.api_url = Some(slack.api_url());
+        spec.options.api_url = Some(slack.url());
         store.add_bot(&spec).await.unwrap();
     }
     Setup {
@@ -366,7 +366,7 @@ impl Traffic {
                 for s in fake.state().sent() {
                     got.entry((s.token, s.chat_id)).or_default().push(s.text);
                 }
-                for p in slack.map(|s| s.state().posts()).unwrap_or_default() {
+                for p in slack.map(|s| s.state().sent()).unwrap_or_default() {
                     got.entry((p.token, p.channel)).or_default().push(p.text);
                 }
                 want.iter()
@@ -850,13 +850,13 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
             Platform::Discord,
             dtoken(k),
         );
-        spec.options.api_url = Some(fake.api_url());
+        spec.options.api_url = Some(fake.url());
         store.add_bot(&spec).await.unwrap();
     }
     const BIG: &str = "DISCORD.fleet.big";
     fake.state().add_bot(BIG, 16, 16);
     let mut big = BotSpec::new(BotId::new("disc-big").unwrap(), Platform::Discord, BIG);
-    big.options.api_url = Some(fake.api_url());
+    big.options.api_url = Some(fake.url());
     big.options.shards = Some(16);
     big.options.shards_per_slice = Some(4);
     store.add_bot(&big).await.unwrap();
@@ -1035,7 +1035,7 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
     let got = wait_for("every message answered", limit, || async {
         let mut got: Chats = HashMap::new();
         for t in &tokens {
-            for p in fake.state().posts(t) {
+            for p in fake.state().sent_by(t) {
                 got.entry((t.clone(), p.channel))
                     .or_default()
                     .push(p.content);

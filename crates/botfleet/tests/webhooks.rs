@@ -78,7 +78,7 @@ fn replies(tg: &FakeTelegram, wa: &FakeGraph, sl: &FakeSlack) -> Replies {
             .or_default()
             .push(s.text);
     }
-    for p in sl.state().posts() {
+    for p in sl.state().sent() {
         out.entry(format!("sl/{}/{}", p.token, p.channel))
             .or_default()
             .push(p.text);
@@ -144,7 +144,7 @@ async fn webhook_bots_survive_kill_and_sigterm_behind_a_load_balancer() {
             Platform::Slack,
             t.as_str(),
         );
-        s.options.api_url = Some(sl.api_url());
+        s.options.api_url = Some(sl.url());
         s.options.mode = Some("events".into());
         s.hook.secret = Some(Secret::new(SIGNING));
         store

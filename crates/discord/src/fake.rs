@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 
 /// A message the fake received through `POST /channels/{id}/messages`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Post {
+pub struct Sent {
     /// The bot token it was sent with.
     pub token: String,
     /// The channel.
@@ -96,7 +96,7 @@ struct BotState {
     zombies: HashSet<u32>,
     /// Shard → when a session last started or resumed on it.
     served: HashMap<u32, Instant>,
-    posts: Vec<Post>,
+    posts: Vec<Sent>,
     nonces: HashSet<String>,
     duplicates: u64,
     faults: VecDeque<SendFault>,
@@ -277,7 +277,7 @@ impl FakeDiscordState {
     }
 
     /// The next message create of the bot fails with `fault`.
-    pub fn fail_next_send(&self, token: &str, fault: SendFault) {
+    pub fn inject_send(&self, token: &str, fault: SendFault) {
         if let Some(b) = lock(&self.inner.bots).get_mut(token) {
             b.faults.push_back(fault);
         }
@@ -344,8 +344,8 @@ impl FakeDiscordState {
     }
 
     /// Every message the fake received, of every bot, in order.
-    pub fn all_posts(&self) -> Vec<Post> {
-        let mut all: Vec<Post> = lock(&self.inner.bots)
+    pub fn sent(&self) -> Vec<Sent> {
+        let mut all: Vec<Sent> = lock(&self.inner.bots)
             .values()
             .flat_map(|b| b.posts.iter().cloned())
             .collect();
@@ -359,7 +359,7 @@ impl FakeDiscordState {
     }
 
     /// What the bot sent, in order.
-    pub fn posts(&self, token: &str) -> Vec<Post> {
+    pub fn sent_by(&self, token: &str) -> Vec<Sent> {
         self.read(token, |b| b.posts.clone()).unwrap_or_default()
     }
 
@@ -478,7 +478,7 @@ async fn create_message(
                 .into_response();
         }
     }
-    b.posts.push(Post {
+    b.posts.push(Sent {
         token: token.clone(),
         channel: channel.clone(),
         content: content.to_owned(),
@@ -747,7 +747,7 @@ impl FakeDiscord {
     }
 
     /// The REST base to give bots as their `api_url` (`http://…/api/v10`).
-    pub fn api_url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://{}/api/v10", self.addr)
     }
 

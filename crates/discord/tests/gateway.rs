@@ -15,7 +15,7 @@ use botfleet_platform::{Batch, Connection, Connector, ErrorKind};
 
 fn spec(fake: &FakeDiscord, token: &str) -> BotSpec {
     let mut s = BotSpec::new(BotId::new("dbot").unwrap(), Platform::Discord, token);
-    s.options.api_url = Some(fake.api_url());
+    s.options.api_url = Some(fake.url());
     s
 }
 
@@ -217,7 +217,7 @@ async fn sends_reply_in_the_channel_once_and_honour_rate_limits() {
     conn.sender.send(&out).await.unwrap();
     // The same reply again (a retry after a lost answer) is dropped by its nonce.
     conn.sender.send(&out).await.unwrap();
-    let posts = fake.state().posts(token);
+    let posts = fake.state().sent_by(token);
     assert_eq!(posts.len(), 1);
     assert_eq!(
         (posts[0].channel.as_str(), posts[0].content.as_str()),
@@ -226,7 +226,7 @@ async fn sends_reply_in_the_channel_once_and_honour_rate_limits() {
     assert_eq!(posts[0].reply_to.as_deref(), Some(msg.message_id.as_str()));
     assert_eq!(fake.state().duplicate_sends(token), 1);
     fake.state()
-        .fail_next_send(token, SendFault::TooManyRequests(1.5));
+        .inject_send(token, SendFault::TooManyRequests(1.5));
     let e = conn
         .sender
         .send(&Outbound::reply_to(msg, "again"))
@@ -236,7 +236,7 @@ async fn sends_reply_in_the_channel_once_and_honour_rate_limits() {
         e.kind(),
         ErrorKind::RateLimited(Duration::from_millis(1500))
     );
-    fake.state().fail_next_send(token, SendFault::ServerError);
+    fake.state().inject_send(token, SendFault::ServerError);
     let e = conn
         .sender
         .send(&Outbound::reply_to(msg, "x"))

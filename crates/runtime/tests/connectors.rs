@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use botfleet_core::{BotId, BotSpec, Platform, Secret};
 use botfleet_platform::Connector;
-use botfleet_testkit::{FakeSlack, FakeTelegram, Fault, PlatformFixture, PostFault};
+use botfleet_testkit::{FakeSlack, FakeTelegram, Fault, PlatformFixture, SlackSendFault};
 
 struct Telegram {
     fake: FakeTelegram,
@@ -111,7 +111,7 @@ impl PlatformFixture for Slack {
             Self::bot_token(i),
         );
         spec.app_token = Some(Secret::new(Self::app_token(i)));
-        spec.options.api_url = Some(self.fake.api_url());
+        spec.options.api_url = Some(self.fake.url());
         spec
     }
     fn user_writes(&self, i: usize, chat: u32, text: &str) {
@@ -122,7 +122,7 @@ impl PlatformFixture for Slack {
     fn sent(&self, i: usize) -> Vec<(u32, String)> {
         self.fake
             .state()
-            .posts()
+            .sent()
             .into_iter()
             .filter(|p| p.token == Self::bot_token(i))
             .map(|p| (p.channel.trim_start_matches('C').parse().unwrap(), p.text))
@@ -134,12 +134,12 @@ impl PlatformFixture for Slack {
     fn rate_limit_next_send(&self, i: usize, secs: u64) {
         self.fake
             .state()
-            .inject_post(&Self::bot_token(i), PostFault::TooManyRequests(secs));
+            .inject_send(&Self::bot_token(i), SlackSendFault::TooManyRequests(secs));
     }
     fn fail_next_send(&self, i: usize) {
         self.fake
             .state()
-            .inject_post(&Self::bot_token(i), PostFault::ServerError);
+            .inject_send(&Self::bot_token(i), SlackSendFault::ServerError);
     }
     fn requests(&self, i: usize) -> u64 {
         self.fake.state().requests_of(&Self::bot_token(i))
@@ -182,7 +182,7 @@ impl PlatformFixture for Discord {
             Platform::Discord,
             Self::token(i),
         );
-        spec.options.api_url = Some(self.fake.api_url());
+        spec.options.api_url = Some(self.fake.url());
         spec
     }
     fn user_writes(&self, i: usize, chat: u32, text: &str) {
@@ -193,7 +193,7 @@ impl PlatformFixture for Discord {
     fn sent(&self, i: usize) -> Vec<(u32, String)> {
         self.fake
             .state()
-            .posts(&Self::token(i))
+            .sent_by(&Self::token(i))
             .into_iter()
             .map(|p| (p.channel.parse().unwrap(), p.content))
             .collect()
@@ -202,13 +202,13 @@ impl PlatformFixture for Discord {
         self.fake.state().revoke(&Self::token(i));
     }
     fn rate_limit_next_send(&self, i: usize, secs: u64) {
-        self.fake.state().fail_next_send(
+        self.fake.state().inject_send(
             &Self::token(i),
             botfleet_discord::fake::SendFault::TooManyRequests(secs as f64),
         );
     }
     fn fail_next_send(&self, i: usize) {
-        self.fake.state().fail_next_send(
+        self.fake.state().inject_send(
             &Self::token(i),
             botfleet_discord::fake::SendFault::ServerError,
         );

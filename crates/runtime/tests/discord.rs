@@ -18,7 +18,7 @@ async fn answered(fake: &FakeDiscord, texts: &[String]) {
         "every message answered",
         Duration::from_secs(30),
         || async {
-            let posts = fake.state().posts(TOKEN);
+            let posts = fake.state().sent_by(TOKEN);
             texts
                 .iter()
                 .all(|t| posts.iter().any(|p| &p.content == t))
@@ -57,7 +57,7 @@ async fn a_sharded_bot_resumes_on_every_move() {
     let fake = FakeDiscord::start().await.unwrap();
     fake.state().add_bot(TOKEN, SHARDS, SHARDS);
     let mut spec = BotSpec::new(BotId::new("big").unwrap(), Platform::Discord, TOKEN);
-    spec.options.api_url = Some(fake.api_url());
+    spec.options.api_url = Some(fake.url());
     let h = Harness::new(std::slice::from_ref(&spec)).await;
     let a = h.start("a");
     wait_for("all shards up", Duration::from_secs(30), || async {
@@ -114,7 +114,7 @@ async fn a_sharded_bot_resumes_on_every_move() {
     assert_eq!(fake.state().identify_violations(TOKEN), 0);
     assert_eq!(fake.state().dropped(TOKEN), 0);
     let mut seen: HashMap<String, usize> = HashMap::new();
-    for p in fake.state().posts(TOKEN) {
+    for p in fake.state().sent_by(TOKEN) {
         *seen.entry(p.content).or_default() += 1;
     }
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
@@ -143,7 +143,7 @@ async fn slices_of_one_bot_run_on_different_workers_and_resume_when_one_dies() {
     let fake = FakeDiscord::start().await.unwrap();
     fake.state().add_bot(T, 8, 8);
     let mut spec = BotSpec::new(BotId::new("sliced").unwrap(), Platform::Discord, T);
-    spec.options.api_url = Some(fake.api_url());
+    spec.options.api_url = Some(fake.url());
     spec.options.shards = Some(8);
     spec.options.shards_per_slice = Some(2);
     let h = Harness::new(std::slice::from_ref(&spec)).await;
@@ -170,7 +170,7 @@ async fn slices_of_one_bot_run_on_different_workers_and_resume_when_one_dies() {
         })
         .collect();
     wait_for("answered", Duration::from_secs(30), || async {
-        let posts = fake.state().posts(T);
+        let posts = fake.state().sent_by(T);
         texts
             .iter()
             .all(|t| posts.iter().any(|p| &p.content == t))
@@ -195,7 +195,7 @@ async fn slices_of_one_bot_run_on_different_workers_and_resume_when_one_dies() {
         })
         .collect();
     wait_for("answered after", Duration::from_secs(30), || async {
-        let posts = fake.state().posts(T);
+        let posts = fake.state().sent_by(T);
         after
             .iter()
             .all(|t| posts.iter().any(|p| &p.content == t))
@@ -207,7 +207,7 @@ async fn slices_of_one_bot_run_on_different_workers_and_resume_when_one_dies() {
     assert_eq!(fake.state().max_sessions_per_shard(T), 1);
     assert_eq!(fake.state().identify_violations(T), 0);
     // Every shard answered exactly once per message.
-    let posts = fake.state().posts(T);
+    let posts = fake.state().sent_by(T);
     for t in texts.iter().chain(&after) {
         assert_eq!(posts.iter().filter(|p| &p.content == t).count(), 1, "{t}");
     }
@@ -223,7 +223,7 @@ async fn a_spent_identify_budget_is_shown_not_burned() {
     fake.state().add_bot(T, 2, 2);
     fake.state().set_remaining(T, 4);
     let mut spec = BotSpec::new(BotId::new("thrifty").unwrap(), Platform::Discord, T);
-    spec.options.api_url = Some(fake.api_url());
+    spec.options.api_url = Some(fake.url());
     let h = Harness::new(std::slice::from_ref(&spec)).await;
     let w = h.start("w");
     let why = wait_for(

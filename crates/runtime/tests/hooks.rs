@@ -838,8 +838,13 @@ async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
     // message whose turn may still use the cached spec is refused with the old token too.
     // Neither may fail the bot again: each was made under the spec the rotation replaced.
     graph.state().user_writes(WA_NUMBER, "491709", "warm");
-    until("the warm-up delivered", 20, || graph.state().undelivered() == 0).await;
-    graph.state().add_number(WA_NUMBER, "EAAG-rotated", WA_SECRET);
+    until("the warm-up delivered", 20, || {
+        graph.state().undelivered() == 0
+    })
+    .await;
+    graph
+        .state()
+        .add_number(WA_NUMBER, "EAAG-rotated", WA_SECRET);
     graph.state().duplicate_deliveries(true);
     graph.state().subscribe(WA_NUMBER, &run.hook);
     let mut spec = run.store.get_bot(&id).await.unwrap().unwrap().spec;
@@ -856,9 +861,11 @@ async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
             .filter(|(to, t)| to == "491709" && t.ends_with(text))
             .count()
     };
-    until("every waiting message answered after the rotation", 40, || {
-        answered(":after") > 0 && answered(":warm") > 0 && answered(":rotated") > 0
-    })
+    until(
+        "every waiting message answered after the rotation",
+        40,
+        || answered(":after") > 0 && answered(":warm") > 0 && answered(":rotated") > 0,
+    )
     .await;
     // Once the entries have ended no turn sends them again: the counts are final then.
     wait_for("the entries ended", Duration::from_secs(20), || async {
@@ -894,7 +901,7 @@ impl WebhookFixture for SlackEventsFixture {
     fn bot(&self, handler: &str) -> BotSpec {
         self.slack.state().add_app(SL_TOKEN, "xapp-unused");
         let mut spec = BotSpec::new(BotId::new("sl").unwrap(), Platform::Slack, SL_TOKEN);
-        spec.options.api_url = Some(self.slack.api_url());
+        spec.options.api_url = Some(self.slack.url());
         spec.options.mode = Some("events".into());
         spec.hook.secret = Some(Secret::new(SL_SIGNING));
         spec.handler = HandlerSpec::Webhook {
@@ -916,7 +923,7 @@ impl WebhookFixture for SlackEventsFixture {
     fn replies(&self) -> Vec<(String, String)> {
         self.slack
             .state()
-            .posts()
+            .sent()
             .into_iter()
             .map(|p| (p.channel, p.text))
             .collect()

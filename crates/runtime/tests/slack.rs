@@ -41,7 +41,7 @@ async fn fleet(
         fake.state().add_app(&bot, &app);
         let mut spec = BotSpec::new(BotId::new(format!("sl-{j}")).unwrap(), Platform::Slack, bot);
         spec.app_token = Some(Secret::new(app));
-        spec.options.api_url = Some(fake.api_url());
+        spec.options.api_url = Some(fake.url());
         store.add_bot(&spec).await.unwrap();
     }
     let mut c = WorkerConfig::new(WorkerId::new("solo").unwrap());
@@ -86,11 +86,11 @@ async fn the_refresh_drill_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     wait_for("every event answered", Duration::from_secs(30), || async {
-        (fake.state().posts().len() >= expected.len()).then_some(())
+        (fake.state().sent().len() >= expected.len()).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let posts = fake.state().posts();
+    let posts = fake.state().sent();
     assert_eq!(posts.len(), expected.len(), "nothing twice");
     for j in 0..n {
         let got: Vec<&str> = posts
@@ -126,7 +126,7 @@ async fn redeliveries_are_answered_once_and_threads_are_kept() {
     .await;
     fake.state().set_ack_deadline(Duration::from_secs(3));
     wait_for("answered", Duration::from_secs(10), || async {
-        (!fake.state().posts().is_empty()).then_some(())
+        (!fake.state().sent().is_empty()).then_some(())
     })
     .await;
     wait_for("all acknowledged", Duration::from_secs(10), || async {
@@ -134,7 +134,7 @@ async fn redeliveries_are_answered_once_and_threads_are_kept() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let posts = fake.state().posts();
+    let posts = fake.state().sent();
     assert_eq!(posts.len(), 1, "answered once: {posts:?}");
     assert_eq!(posts[0].channel, "C7");
     assert_eq!(posts[0].thread_ts.as_deref(), Some("1700000000.000001"));

@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, Notify};
 
 /// A message the fake received through `chat.postMessage`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Post {
+pub struct Sent {
     /// The bot token it was sent with.
     pub token: String,
     /// The channel.
@@ -51,7 +51,7 @@ pub struct Post {
 
 /// A fault to answer the next `chat.postMessage` of a bot with.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PostFault {
+pub enum SendFault {
     /// HTTP 429 with `Retry-After` seconds.
     TooManyRequests(u64),
     /// HTTP 500.
@@ -93,7 +93,7 @@ struct App {
     /// When its last socket said `hello`.
     last_hello: Option<Instant>,
     link_disabled: bool,
-    post_faults: VecDeque<PostFault>,
+    post_faults: VecDeque<SendFault>,
 }
 
 #[derive(Default)]
@@ -101,7 +101,7 @@ struct Inner {
     apps: HashMap<String, App>,
     sockets: HashMap<u64, SocketRec>,
     in_flight: HashMap<String, InFlight>,
-    posts: Vec<Post>,
+    posts: Vec<Sent>,
     ack_latencies: Vec<Duration>,
     tickets: HashMap<String, String>,
     revoked: std::collections::HashSet<String>,
@@ -333,21 +333,21 @@ impl FakeSlackState {
     }
 
     /// How many messages `chat.postMessage` received.
-    pub fn posts_count(&self) -> usize {
+    pub fn sent_count(&self) -> usize {
         self.lock().posts.len()
     }
 
     /// What `chat.postMessage` received from the `from`-th message on, in arrival order.
-    pub fn posts_from(&self, from: usize) -> Vec<Post> {
+    pub fn sent_from(&self, from: usize) -> Vec<Sent> {
         self.lock()
             .posts
             .get(from..)
-            .map(<[Post]>::to_vec)
+            .map(<[Sent]>::to_vec)
             .unwrap_or_default()
     }
 
     /// Everything received through `chat.postMessage`, in arrival order.
-    pub fn posts(&self) -> Vec<Post> {
+    pub fn sent(&self) -> Vec<Sent> {
         self.lock().posts.clone()
     }
 
@@ -430,7 +430,7 @@ impl FakeSlackState {
     }
 
     /// Answers the next `chat.postMessage` of `bot_token` with `fault`.
-    pub fn inject_post(&self, bot_token: &str, fault: PostFault) {
+    pub fn inject_send(&self, bot_token: &str, fault: SendFault) {
         if let Some(a) = self.lock().apps.get_mut(bot_token) {
             a.post_faults.push_back(fault);
         }
@@ -690,16 +690,16 @@ async fn web_api(
             };
             if let Some(f) = app.post_faults.pop_front() {
                 return match f {
-                    PostFault::TooManyRequests(s) => (
+                    SendFault::TooManyRequests(s) => (
                         StatusCode::TOO_MANY_REQUESTS,
                         [("retry-after", s.to_string())],
                         Json(json!({"ok": false, "error": "ratelimited"})),
                     )
                         .into_response(),
-                    PostFault::ServerError => {
+                    SendFault::ServerError => {
                         (StatusCode::INTERNAL_SERVER_ERROR, "upstream failure").into_response()
                     }
-                    PostFault::Error(code) => slack_error(&code),
+                    SendFault::Error(code) => slack_error(&code),
                 };
             }
             let (Some(channel), Some(text)) = (args["channel"].as_str(), args["text"].as_str())
@@ -711,7 +711,7 @@ async fn web_api(
             }
             g.next_id += 1;
             let ts = format!("1700000001.{:06}", g.next_id);
-            g.posts.push(Post {
+            g.posts.push(Sent {
                 token,
                 channel: channel.to_owned(),
                 thread_ts: args["thread_ts"].as_str().map(str::to_owned),
@@ -1028,7 +1028,7 @@ impl FakeSlack {
     }
 
     /// `http://127.0.0.1:<port>/api/`: pass as the bots' API URL.
-    pub fn api_url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://{}/api/", self.addr)
     }
 

@@ -12,12 +12,18 @@ mod rng;
 pub mod store_suite;
 mod wait;
 
-pub use botfleet_discord::fake::{FakeDiscord, FakeDiscordState};
-pub use botfleet_slack::fake::{FakeSlack, FakeSlackState, Post, PostFault};
+pub use botfleet_discord::fake::{
+    FakeDiscord, FakeDiscordState, SendFault as DiscordSendFault, Sent as DiscordSent,
+};
+pub use botfleet_slack::fake::{
+    FakeSlack, FakeSlackState, SendFault as SlackSendFault, Sent as SlackSent,
+};
 pub use botfleet_telegram::fake::{
     app as fake_telegram_app, DeliveryStats, FakeState, FakeTelegram, Fault, Sent,
 };
-pub use botfleet_whatsapp::fake::{FakeGraph, FakeGraphState, SendFault, Sent as WhatsappSent};
+pub use botfleet_whatsapp::fake::{
+    FakeGraph, FakeGraphState, SendFault as WhatsappSendFault, Sent as WhatsappSent,
+};
 pub use connector_suite::PlatformFixture;
 pub use coord_suite::CoordFixture;
 pub use hooks::{RoundRobinProxy, StateHandler};
