@@ -397,6 +397,58 @@ pub async fn a_hand_over_resumes_with_nothing_lost<F: PlatformFixture>(f: &F) {
     b.shutdown().await;
 }
 
+/// The chat's conversation state moves with the bot: a handler that counts in `state` goes on
+/// counting after a clean hand-over and after the next owner is killed, every count once.
+pub async fn state_follows_the_chat_through_a_hand_over_and_a_crash<F: PlatformFixture>(f: &F) {
+    let mut bot = f.bot(0);
+    let handler = crate::StateHandler::start(Duration::ZERO).await;
+    bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let mut expected = Vec::new();
+    let mut n = 0;
+    let mut write = |f: &F, count: usize| {
+        for _ in 0..count {
+            n += 1;
+            let text = format!("m{n}");
+            f.user_writes(0, 1, &text);
+            expected.push(format!("{n}:{text}"));
+        }
+        expected.len()
+    };
+    let answered = |want: usize| {
+        wait_for("the chat answered", Duration::from_secs(30), move || async move {
+            (f.sent(0).len() >= want).then_some(())
+        })
+    };
+    let a = h.start("a");
+    wait_for("connected", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    answered(write(f, 4)).await;
+    let b = h.start("b");
+    a.shutdown().await;
+    wait_for("connected again", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    answered(write(f, 3)).await;
+    h.crash(b);
+    let c = h.start("c");
+    answered(write(f, 2)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(got, expected, "the count goes on through both moves, once each");
+    assert!(
+        c.metrics.sent_total() > 0,
+        "the last owner answered the last messages"
+    );
+    c.shutdown().await;
+}
+
 /// Tokens show nowhere: not in the recorded error, not in metrics, not in errors or `Debug`
 /// of what the connector answers.
 pub async fn secrets_never_show<F: PlatformFixture>(f: &F) {
@@ -439,6 +491,7 @@ macro_rules! connector_conformance {
             chats_keep_order_and_do_not_wait_for_each_other,
             a_crash_mid_batch_replays_without_a_second_reply,
             a_hand_over_resumes_with_nothing_lost,
+            state_follows_the_chat_through_a_hand_over_and_a_crash,
             secrets_never_show,
         );
     };
