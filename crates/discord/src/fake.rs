@@ -57,6 +57,9 @@ pub enum SendFault {
     TooManyRequests(f64),
     /// HTTP 500.
     ServerError,
+    /// The message is taken (and shows in `sent`), but its answer is held back for a minute,
+    /// as if the connection hung after Discord accepted it: the sender cannot tell it went out.
+    AnswerLost,
 }
 
 /// What goes to a connected socket.
@@ -436,37 +439,63 @@ async fn create_message(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let Some(token) = s.auth(&headers) else {
-        return unauthorized();
+    let (answer, lost) = take_message(&s, channel, &headers, &body);
+    if lost {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    answer
+}
+
+/// The message create itself; `true` when its answer is to be held back
+/// ([`SendFault::AnswerLost`]).
+fn take_message(
+    s: &FakeDiscordState,
+    channel: String,
+    headers: &HeaderMap,
+    body: &Value,
+) -> (Response, bool) {
+    let answer = |r: Response| (r, false);
+    let Some(token) = s.auth(headers) else {
+        return answer(unauthorized());
     };
     let mut bots = lock(&s.inner.bots);
     let Some(b) = bots.get_mut(&token) else {
-        return StatusCode::UNAUTHORIZED.into_response();
+        return answer(StatusCode::UNAUTHORIZED.into_response());
     };
+    let mut lost = false;
     match b.faults.pop_front() {
         Some(SendFault::TooManyRequests(secs)) => {
-            return (
-                StatusCode::TOO_MANY_REQUESTS,
-                Json(json!({"message": "You are being rate limited.", "retry_after": secs, "global": false})),
+            return answer(
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    Json(json!({"message": "You are being rate limited.", "retry_after": secs, "global": false})),
+                )
+                    .into_response(),
             )
-                .into_response()
         }
-        Some(SendFault::ServerError) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Some(SendFault::ServerError) => {
+            return answer(StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        }
+        Some(SendFault::AnswerLost) => lost = true,
         None => {}
     }
     let Some(content) = body["content"].as_str() else {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"message": "Cannot send an empty message", "code": 50006})),
-        )
-            .into_response();
+        return answer(
+            (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"message": "Cannot send an empty message", "code": 50006})),
+            )
+                .into_response(),
+        );
     };
     if content.chars().count() > 2000 {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"message": "Invalid Form Body", "code": 50035})),
-        )
-            .into_response();
+        return answer(
+            (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"message": "Invalid Form Body", "code": 50035})),
+            )
+                .into_response(),
+        );
     }
     if let Some(n) = body["nonce"]
         .as_str()
@@ -474,8 +503,9 @@ async fn create_message(
     {
         if !b.nonces.insert(format!("{channel}/{n}")) {
             b.duplicates += 1;
-            return Json(json!({"id": "0", "channel_id": channel, "content": content}))
-                .into_response();
+            return answer(
+                Json(json!({"id": "0", "channel_id": channel, "content": content})).into_response(),
+            );
         }
     }
     b.posts.push(Sent {
@@ -489,7 +519,10 @@ async fn create_message(
     });
     drop(bots);
     let id = s.id().to_string();
-    Json(json!({"id": id, "channel_id": channel, "content": content})).into_response()
+    (
+        Json(json!({"id": id, "channel_id": channel, "content": content})).into_response(),
+        lost,
+    )
 }
 
 async fn gateway(State(s): State<FakeDiscordState>, ws: WebSocketUpgrade) -> Response {

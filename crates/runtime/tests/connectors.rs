@@ -243,7 +243,28 @@ mod slack {
     botfleet_testkit::connector_conformance!(Slack::new());
 }
 
+impl botfleet_testkit::connector_suite::DedupingFixture for Discord {
+    fn lose_next_send_answer(&self, i: usize) {
+        self.fake.state().inject_send(
+            &Self::token(i),
+            botfleet_discord::fake::SendFault::AnswerLost,
+        );
+    }
+    fn resends_told(&self, i: usize) -> u64 {
+        self.fake.state().duplicate_sends(&Self::token(i))
+    }
+}
+
 mod discord {
     use super::*;
     botfleet_testkit::connector_conformance!(Discord::new());
+
+    /// Discord tells a resend by its nonce: a reply taken before a crash is shown once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reply_taken_before_a_crash_is_not_shown_twice() {
+        botfleet_testkit::connector_suite::a_reply_taken_before_a_crash_is_not_shown_twice(
+            &Discord::new().await,
+        )
+        .await;
+    }
 }

@@ -41,6 +41,15 @@ pub trait PlatformFixture: Send + Sync {
     fn secrets(&self, i: usize) -> Vec<String>;
 }
 
+/// A platform that tells a resend by its key, so a reply it took is never shown twice
+/// (Discord's `nonce` with `enforce_nonce`; WhatsApp Web's message id).
+pub trait DedupingFixture: PlatformFixture {
+    /// The platform takes bot `i`'s next send but its answer never reaches the sender.
+    fn lose_next_send_answer(&self, i: usize);
+    /// Sends of bot `i` the platform recognised as repeats and did not show again.
+    fn resends_told(&self, i: usize) -> u64;
+}
+
 /// One test's registry, coordinator and workers.
 pub struct Harness {
     store: Arc<dyn Store>,
@@ -419,9 +428,11 @@ pub async fn state_follows_the_chat_through_a_hand_over_and_a_crash<F: PlatformF
         expected.len()
     };
     let answered = |want: usize| {
-        wait_for("the chat answered", Duration::from_secs(30), move || async move {
-            (f.sent(0).len() >= want).then_some(())
-        })
+        wait_for(
+            "the chat answered",
+            Duration::from_secs(30),
+            move || async move { (f.sent(0).len() >= want).then_some(()) },
+        )
     };
     let a = h.start("a");
     wait_for("connected", Duration::from_secs(15), || async {
@@ -441,12 +452,61 @@ pub async fn state_follows_the_chat_through_a_hand_over_and_a_crash<F: PlatformF
     answered(write(f, 2)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let got: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
-    assert_eq!(got, expected, "the count goes on through both moves, once each");
+    assert_eq!(
+        got, expected,
+        "the count goes on through both moves, once each"
+    );
     assert!(
         c.metrics.sent_total() > 0,
         "the last owner answered the last messages"
     );
     c.shutdown().await;
+}
+
+/// Where the platform tells a resend by its key: a reply the platform took just before its
+/// sender was killed (the answer never came back, so no record says it was sent) is sent again
+/// by the next owner under the same key, and the user sees it once.
+pub async fn a_reply_taken_before_a_crash_is_not_shown_twice<F: DedupingFixture>(f: &F) {
+    let bot = f.bot(0);
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let a = h.start("a");
+    wait_for("connected", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+    let sent = |n: usize| {
+        wait_for("sent", Duration::from_secs(30), move || async move {
+            (f.sent(0).len() >= n).then_some(())
+        })
+    };
+    f.user_writes(0, 1, "m1");
+    sent(1).await;
+    f.lose_next_send_answer(0);
+    f.user_writes(0, 1, "m2");
+    // The platform has m2; its sender waits for an answer that does not come.
+    sent(2).await;
+    h.crash(a);
+    let b = h.start("b");
+    f.user_writes(0, 1, "m3");
+    sent(3).await;
+    wait_for(
+        "the next owner sent m2 again and the platform told it",
+        Duration::from_secs(30),
+        || async { (f.resends_told(0) >= 1).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let texts: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(texts, ["m1", "m2", "m3"], "shown once each, in order");
+    assert!(
+        h.store()
+            .inbox_pending(&bot.id, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing left pending"
+    );
+    b.shutdown().await;
 }
 
 /// Tokens show nowhere: not in the recorded error, not in metrics, not in errors or `Debug`
