@@ -178,6 +178,26 @@ async fn slow_hook() -> (String, JoinHandle<()>) {
     (url, task)
 }
 
+/// Waits until bot 0 is connected.
+async fn connected<F: PlatformFixture>(f: &F) {
+    wait_for("connected", Duration::from_secs(15), || async {
+        f.connected(0).then_some(())
+    })
+    .await;
+}
+
+/// Every entry of `bot` has ended.
+async fn nothing_pending(h: &Harness, bot: &BotSpec) {
+    assert!(
+        h.store()
+            .inbox_pending(&bot.id, 10)
+            .await
+            .expect("inbox")
+            .is_empty(),
+        "nothing left pending"
+    );
+}
+
 /// Texts per chat, in the order sent.
 fn by_chat(sent: &[(u32, String)]) -> HashMap<u32, Vec<String>> {
     let mut m: HashMap<u32, Vec<String>> = HashMap::new();
@@ -219,10 +239,7 @@ pub async fn retry_after_is_honoured<F: PlatformFixture>(f: &F) {
     let bot = f.bot(0);
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let w = h.start("w");
-    wait_for("connected", Duration::from_secs(15), || async {
-        f.connected(0).then_some(())
-    })
-    .await;
+    connected(f).await;
     f.rate_limit_next_send(0, 2);
     let t = tokio::time::Instant::now();
     f.user_writes(0, 1, "hello");
@@ -245,10 +262,7 @@ pub async fn transient_send_faults_back_off<F: PlatformFixture>(f: &F) {
     let bot = f.bot(0);
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let w = h.start("w");
-    wait_for("connected", Duration::from_secs(15), || async {
-        f.connected(0).then_some(())
-    })
-    .await;
+    connected(f).await;
     f.fail_next_send(0);
     f.fail_next_send(0);
     f.user_writes(0, 1, "hello");
@@ -278,10 +292,7 @@ pub async fn chats_keep_order_and_do_not_wait_for_each_other<F: PlatformFixture>
     };
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let w = h.start("w");
-    wait_for("connected", Duration::from_secs(15), || async {
-        f.connected(0).then_some(())
-    })
-    .await;
+    connected(f).await;
     f.user_writes(0, 1, "slow-a");
     f.user_writes(0, 1, "slow-b");
     let t = tokio::time::Instant::now();
@@ -328,10 +339,7 @@ pub async fn a_crash_mid_batch_replays_without_a_second_reply<F: PlatformFixture
     };
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let a = h.start("a");
-    wait_for("connected", Duration::from_secs(15), || async {
-        f.connected(0).then_some(())
-    })
-    .await;
+    connected(f).await;
     for i in 1..=4 {
         f.user_writes(0, 1, &format!("slow-{i}"));
     }
@@ -352,14 +360,7 @@ pub async fn a_crash_mid_batch_replays_without_a_second_reply<F: PlatformFixture
         ["slow-1", "slow-2", "slow-3", "slow-4"],
         "once each, in order"
     );
-    assert!(
-        h.store()
-            .inbox_pending(&bot.id, 10)
-            .await
-            .unwrap()
-            .is_empty(),
-        "nothing left pending"
-    );
+    nothing_pending(&h, &bot).await;
     b.shutdown().await;
     server.abort();
 }
@@ -370,10 +371,7 @@ pub async fn a_hand_over_resumes_with_nothing_lost<F: PlatformFixture>(f: &F) {
     let bot = f.bot(0);
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let a = h.start("a");
-    wait_for("connected", Duration::from_secs(15), || async {
-        f.connected(0).then_some(())
-    })
-    .await;
+    connected(f).await;
     let b = h.start("b");
     let mut expected: HashMap<u32, Vec<String>> = HashMap::new();
     let mut a = Some(a);
@@ -435,10 +433,7 @@ pub async fn state_follows_the_chat_through_a_hand_over_and_a_crash<F: PlatformF
         )
     };
     let a = h.start("a");
-    wait_for("connected", Duration::from_secs(15), || async {
-        f.connected(0).then_some(())
-    })
-    .await;
+    connected(f).await;
     answered(write(f, 4)).await;
     let b = h.start("b");
     a.shutdown().await;
@@ -470,10 +465,7 @@ pub async fn a_reply_taken_before_a_crash_is_not_shown_twice<F: DedupingFixture>
     let bot = f.bot(0);
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let a = h.start("a");
-    wait_for("connected", Duration::from_secs(15), || async {
-        f.connected(0).then_some(())
-    })
-    .await;
+    connected(f).await;
     let sent = |n: usize| {
         wait_for("sent", Duration::from_secs(30), move || async move {
             (f.sent(0).len() >= n).then_some(())
@@ -498,14 +490,7 @@ pub async fn a_reply_taken_before_a_crash_is_not_shown_twice<F: DedupingFixture>
     tokio::time::sleep(Duration::from_millis(300)).await;
     let texts: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
     assert_eq!(texts, ["m1", "m2", "m3"], "shown once each, in order");
-    assert!(
-        h.store()
-            .inbox_pending(&bot.id, 10)
-            .await
-            .unwrap()
-            .is_empty(),
-        "nothing left pending"
-    );
+    nothing_pending(&h, &bot).await;
     b.shutdown().await;
 }
 
