@@ -145,7 +145,9 @@ pub(crate) struct AddArgs {
     #[arg(long, value_parser = shard_count, value_name = "auto|N")]
     shards: Option<ShardCount>,
     /// Discord: split the shards into slices of this many (1-4096), each placed on a worker
-    /// of its own choosing (needs a fixed --shards N). Without it the bot is one unit.
+    /// of its own choosing. With --shards auto the slices are cut from the count Discord
+    /// recommends, read when the bot starts; when Discord recommends another, the bot restarts
+    /// as a whole on it. Without it the bot is one unit.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096), value_name = "K")]
     shards_per_slice: Option<u32>,
     #[command(flatten)]
@@ -202,6 +204,24 @@ impl HookArgs {
         patch.verify_token = self.verify_token;
         patch.phone_number_id = self.phone_number_id;
         patch.max_connections = self.max_connections;
+    }
+}
+
+/// A bot's shards as `bots list` shows them: `-` for bots without, `N`, `auto`, or for a bot
+/// on the recommended count sliced in K `auto 6/6 K=2` (in use / recommended; `?` while it is
+/// counted again).
+fn shards_cell(r: &serde_json::Value) -> String {
+    let n = |k: &str| r[k].as_u64().map_or("?".to_owned(), |v| v.to_string());
+    match (r["shards"].as_u64(), r["shards_per_slice"].as_u64()) {
+        (Some(s), None) => s.to_string(),
+        (Some(s), Some(k)) => format!("{s} K={k}"),
+        (None, Some(k)) => format!(
+            "auto {}/{} K={k}",
+            n("shards_in_use"),
+            n("shards_recommended")
+        ),
+        (None, None) if r["platform"] == "discord" => "auto".to_owned(),
+        (None, None) => "-".to_owned(),
     }
 }
 
@@ -420,8 +440,15 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} LAST ERROR",
-                    "ID", "PLATFORM", "ENABLED", "STATUS", "OWNER", "PENDING", "UNDELIVERABLE"
+                    "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {:<14} LAST ERROR",
+                    "ID",
+                    "PLATFORM",
+                    "ENABLED",
+                    "STATUS",
+                    "OWNER",
+                    "PENDING",
+                    "UNDELIVERABLE",
+                    "SHARDS"
                 );
                 for r in rows {
                     // A device-link bot no phone has linked yet is shown as such: no worker
@@ -432,7 +459,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                         r["status"].as_str().unwrap_or_default()
                     };
                     println!(
-                        "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {}",
+                        "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {:<14} {}",
                         r["id"].as_str().unwrap_or_default(),
                         r["platform"].as_str().unwrap_or_default(),
                         r["enabled"].to_string(),
@@ -440,6 +467,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                         r["owner"].as_str().unwrap_or("-"),
                         r["pending"],
                         r["undeliverable"],
+                        shards_cell(&r),
                         r["last_error"].as_str().unwrap_or(""),
                     );
                 }

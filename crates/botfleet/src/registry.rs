@@ -99,6 +99,13 @@ pub(crate) struct BotView {
     pub(crate) shards: Option<u32>,
     /// Discord: shards per slice, when the bot is split into slices.
     pub(crate) shards_per_slice: Option<u32>,
+    /// Discord, `shards` auto and split into slices: the count its slices run on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) shards_in_use: Option<u32>,
+    /// Discord, `shards` auto and split into slices: Discord's recommendation as last read
+    /// (none while the bot is being counted again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) shards_recommended: Option<u32>,
     /// Discord, split into slices: each slice's shards and who runs it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) slices: Vec<SliceView>,
@@ -236,10 +243,15 @@ impl Registry {
 
     /// Writes `next` over `old` and tells the owner: a changed bot restarts on its owner
     /// (stopped first, then started with the new spec: never both at once).
-    async fn write(&self, old: &BotSpec, next: BotSpec) -> Result<Change, RegistryError> {
+    async fn write(&self, old: &BotSpec, mut next: BotSpec) -> Result<Change, RegistryError> {
+        // What the fleet counted is not the operator's to set: kept, and compared as kept.
+        next.options.shards_in_use = old.options.shards_in_use;
+        next.options.shards_recommended = old.options.shards_recommended;
         if *old == next {
             return Ok(Change::Unchanged);
         }
+        // The bot restarts: one on the recommended count reads it again, as a whole.
+        next.options.shards_recommended = None;
         self.store
             .update_bot(&next)
             .await
@@ -285,7 +297,9 @@ impl Registry {
 
     /// Restarts bot `id` on its owner and clears a `failed` status.
     pub(crate) async fn restart(&self, id: &str) -> Result<(), RegistryError> {
-        let rec = self.get(id).await?;
+        let mut rec = self.get(id).await?;
+        // A bot on Discord's recommended count reads it again, as a whole.
+        rec.spec.options.shards_recommended = None;
         // Re-writing the spec bumps its change time: embedded workers restart it too.
         self.store
             .update_bot(&rec.spec)
@@ -386,7 +400,7 @@ impl Registry {
         };
         let mut out = Vec::with_capacity(bots.len());
         for b in bots {
-            if b.spec.options.shards_per_slice.is_some() {
+            if b.spec.is_sliced() {
                 let v = self.sliced(b, &inbox).await?;
                 out.push(v);
                 continue;
@@ -411,7 +425,7 @@ impl Registry {
             .inbox_stats()
             .await
             .map_err(RegistryError::store)?;
-        if rec.spec.options.shards_per_slice.is_some() {
+        if rec.spec.is_sliced() {
             return self.sliced(rec, &inbox).await;
         }
         let owner = self.owner_of(&rec).await?;
@@ -431,7 +445,7 @@ impl Registry {
         let mut slices = Vec::new();
         let mut owners: Vec<String> = Vec::new();
         let (mut pending, mut undeliverable) = (0, 0);
-        let total = b.spec.options.shards.unwrap_or(1);
+        let total = b.spec.shard_total().unwrap_or(1);
         for u in b.spec.units() {
             let owner = match &self.fleet {
                 Some(c) => c
@@ -531,6 +545,8 @@ fn view(
         has_hook_secret: b.spec.hook.secret.is_some(),
         shards: b.spec.options.shards,
         shards_per_slice: b.spec.options.shards_per_slice,
+        shards_in_use: b.spec.options.shards_in_use,
+        shards_recommended: b.spec.options.shards_recommended,
         slices: Vec::new(),
         updated_at_ms: b.updated_at_ms,
         linked: None,

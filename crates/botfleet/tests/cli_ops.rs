@@ -809,16 +809,41 @@ fn discord_bots_take_a_shard_count() {
         "{:?}",
         text(&o)
     );
-    // Slices need a fixed count; the listing shows each slice's shards.
+    // Slices of the recommended count: registered, counted by the fleet when it starts (no
+    // slices until then).
+    let o = bots_add(
+        &db,
+        "auto",
+        "discord",
+        "DISCORD.cli.SECRET",
+        &["--shards", "auto", "--shards-per-slice", "4"],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let (list, _) = list_json(&db);
+    let row: serde_json::Value = list
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["id"] == "auto")
+        .unwrap();
+    assert_eq!(row["shards"], serde_json::Value::Null);
+    assert_eq!(row["shards_per_slice"], 4);
+    assert!(
+        row.get("shards_in_use").is_none() && row.get("slices").is_none(),
+        "{row}"
+    );
+    let o = botfleet(&["bots", "list", "--database-url", &db]);
+    assert!(text(&o).0.contains("auto ?/? K=4"), "{:?}", text(&o));
+    // More shards per slice than a fixed count has is refused; the listing shows each slice's
+    // shards.
     let o = bots_add(
         &db,
         "s",
         "discord",
         "DISCORD.cli.SECRET",
-        &["--shards-per-slice", "4"],
+        &["--shards", "2", "--shards-per-slice", "4"],
     );
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).1.contains("fixed shard count"), "{:?}", text(&o));
+    assert!(text(&o).1.contains("shards_per_slice"), "{:?}", text(&o));
     let o = bots_add(
         &db,
         "s",

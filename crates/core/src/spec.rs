@@ -75,6 +75,16 @@ pub struct BotOptions {
     /// Set on a unit's spec only (never stored): which slice it runs.
     #[serde(skip)]
     pub slice: Option<u32>,
+    /// Discord, `shards` auto and split into slices: the count the slices are derived from,
+    /// Discord's recommendation as the fleet read it when the bot last started. Written by the
+    /// fleet, never by operators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards_in_use: Option<u32>,
+    /// Discord, `shards` auto and split into slices: the recommendation as last read. While it
+    /// is not `shards_in_use` (a new recommendation, a restart, a change of the slicing) the
+    /// bot is counted again as a whole: every slice stops before any runs on the new count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards_recommended: Option<u32>,
     /// How the bot receives: Telegram `poll` (default) or `webhook`; Slack `socket` (default)
     /// or `events`; WhatsApp `cloud` (default) or `web`; Discord `gateway`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -120,10 +130,27 @@ pub struct BotSpec {
 }
 
 impl BotSpec {
+    /// The shard count its slices are cut from: the fixed `shards`, or for `shards` auto the
+    /// count in use while it is the recommendation last read.
+    pub fn shard_total(&self) -> Option<u32> {
+        let o = &self.options;
+        o.shards.or(match (o.shards_in_use, o.shards_recommended) {
+            (Some(n), Some(r)) if n == r => Some(n),
+            _ => None,
+        })
+    }
+
+    /// Whether this is a bot of `shards` auto split into slices whose count is not settled:
+    /// it runs as one unit (the bot's own id) that waits for every old slice to stop, reads
+    /// the recommendation and records it; then the slices run.
+    pub fn is_counting(&self) -> bool {
+        self.options.shards_per_slice.is_some_and(|k| k > 0) && self.shard_total().is_none()
+    }
+
     /// What the fleet places and claims for this bot: the bot itself, or for a bot split
     /// into slices one spec per slice (id `{bot}#{k}`, `options.slice = Some(k)`).
     pub fn units(&self) -> Vec<BotSpec> {
-        match (self.options.shards, self.options.shards_per_slice) {
+        match (self.shard_total(), self.options.shards_per_slice) {
             (Some(s), Some(k)) if k > 0 => (0..s.div_ceil(k))
                 .map(|i| {
                     let mut u = self.clone();
@@ -139,7 +166,7 @@ impl BotSpec {
     /// Whether the bot is split into slices (more than one unit). Only platforms whose
     /// descriptor takes `shards_per_slice` (Discord) get that far.
     pub fn is_sliced(&self) -> bool {
-        self.options.shards.is_some() && self.options.shards_per_slice.is_some_and(|k| k > 0)
+        self.shard_total().is_some() && self.options.shards_per_slice.is_some_and(|k| k > 0)
     }
 
     /// The shards this spec runs out of `total`: its slice's, or all of them.
@@ -156,7 +183,7 @@ impl BotSpec {
     /// Connections it holds, as capacity counts them: a slice's shards, a whole sharded
     /// bot's shards (1 while its count is `auto`), 1 for every other bot.
     pub fn weight(&self) -> u32 {
-        match self.options.shards {
+        match self.shard_total() {
             Some(s) => {
                 let r = self.shard_range(s);
                 (r.end - r.start).max(1)
@@ -212,15 +239,21 @@ impl BotSpec {
             }
         }
         if let Some(k) = self.options.shards_per_slice {
-            let Some(n) = self.options.shards else {
-                return Err(InvalidSpec::Shards(
-                    "shards_per_slice needs a fixed shard count (shards N, not auto): a slice must mean the same shards for the bot's life",
-                ));
-            };
-            if !(1..=n).contains(&k) {
+            // With `shards` auto the count is Discord's recommendation, read when the bot
+            // starts; a slice then means the same shards for as long as that count stands.
+            let most = self.options.shards.unwrap_or(MAX_SHARDS);
+            if !(1..=most).contains(&k) {
                 return Err(InvalidSpec::Shards(
                     "shards_per_slice must be between 1 and the shard count",
                 ));
+            }
+        }
+        for n in [self.options.shards_in_use, self.options.shards_recommended]
+            .into_iter()
+            .flatten()
+        {
+            if !(1..=MAX_SHARDS).contains(&n) {
+                return Err(InvalidSpec::Shards("must be between 1 and 4096"));
             }
         }
         if self.id.as_str().contains('#') {
@@ -385,16 +418,38 @@ mod tests {
         assert_eq!(units[3].id.base(), "big");
         assert_eq!(units[3].id.slice_index(), Some(3));
         assert!(BotId::new("big#x").is_err() && BotId::new("#3").is_err());
-        // A slice needs a fixed count; operators cannot register unit ids.
-        d.options.shards = None;
-        assert!(d.validate_shared().is_err());
         d.options.shards = Some(2);
         assert!(
             d.validate_shared().is_err(),
             "more shards per slice than shards"
         );
+        // Operators cannot register unit ids.
         let u = BotSpec::new(BotId::new("a#1").unwrap(), Platform::Telegram, "1:x");
         assert!(u.validate_shared().is_err());
+    }
+
+    #[test]
+    fn an_auto_sliced_bot_is_counted_as_a_whole_then_sliced_on_the_count() {
+        let mut d = BotSpec::new(BotId::new("big").unwrap(), Platform::Discord, "t");
+        d.options.shards_per_slice = Some(4);
+        d.validate_shared().unwrap();
+        assert!(d.is_counting() && !d.is_sliced());
+        let ids: Vec<String> = d.units().iter().map(|u| u.id.to_string()).collect();
+        assert_eq!(ids, ["big"], "one unit, the bot itself, while uncounted");
+        assert_eq!(d.weight(), 1);
+        d.options.shards_in_use = Some(10);
+        d.options.shards_recommended = Some(10);
+        assert!(!d.is_counting() && d.is_sliced());
+        let units = d.units();
+        let ranges: Vec<_> = units.iter().map(|u| u.shard_range(10)).collect();
+        assert_eq!(ranges, [0..4, 4..8, 8..10]);
+        assert_eq!(units[2].weight(), 2);
+        // A new recommendation: counted again as a whole, before any slice runs on it.
+        d.options.shards_recommended = Some(12);
+        assert!(d.is_counting());
+        assert_eq!(d.units().len(), 1);
+        d.options.shards_in_use = Some(5000);
+        assert!(d.validate_shared().is_err());
     }
 
     #[test]

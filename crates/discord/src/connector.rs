@@ -118,6 +118,11 @@ impl Connector for DiscordConnector {
         })
     }
 
+    async fn recommended_shards(&self, spec: &BotSpec) -> Result<Option<u32>, PlatformError> {
+        let info = self.client.gateway_bot(&Self::api(spec)).await?;
+        Ok(Some(info.shards.max(1)))
+    }
+
     async fn connect(
         &self,
         spec: &BotSpec,
@@ -136,7 +141,8 @@ impl Connector for DiscordConnector {
         let api = Self::api(spec);
         let me = self.client.me(&api).await?;
         let info = self.client.gateway_bot(&api).await?;
-        let total = spec.options.shards.unwrap_or(info.shards).max(1);
+        // A slice's count is the one its bot was cut on, never a fresher recommendation.
+        let total = spec.shard_total().unwrap_or(info.shards).max(1);
         // A slice runs its own shards only: [k·K, min((k+1)·K, total)).
         let mine = spec.shard_range(total);
         // Sessions of another shard count cannot be resumed.

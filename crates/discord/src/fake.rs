@@ -154,6 +154,15 @@ impl FakeDiscordState {
         );
     }
 
+    /// Discord now recommends `shards` for the bot (`GET /gateway/bot`), and routes its
+    /// users' messages over that many; like Discord for a bot that outgrew its count, an
+    /// IDENTIFY with fewer is refused (4011).
+    pub fn set_shards(&self, token: &str, shards: u32) {
+        if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+            b.shards = shards.max(1);
+        }
+    }
+
     /// The token is refused from now on (REST 401; its sockets closed with 4004).
     pub fn revoke(&self, token: &str) {
         if let Some(b) = lock(&self.inner.bots).get_mut(token) {

@@ -72,6 +72,17 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         self.descriptor().platform
     }
 
+    /// The shard count the platform recommends for the bot now (Discord's `GET /gateway/bot`
+    /// `shards`), for a bot that leaves its count to the platform; `None` for a platform
+    /// without shards.
+    ///
+    /// # Errors
+    /// As [`Connector::verify`].
+    async fn recommended_shards(&self, spec: &BotSpec) -> Result<Option<u32>, PlatformError> {
+        let _ = spec;
+        Ok(None)
+    }
+
     /// Checks the bot's credentials with the platform.
     ///
     /// # Errors

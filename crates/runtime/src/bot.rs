@@ -5,8 +5,8 @@
 
 use std::{sync::Arc, time::Duration};
 
-use botfleet_coord::LeaseHandle;
-use botfleet_core::{BotSpec, BotStatus, Fence};
+use botfleet_coord::{Coordinator, LeaseHandle, LifecycleEvent};
+use botfleet_core::{BotId, BotSpec, BotStatus, Fence};
 use botfleet_platform::{Connection, Connector, ErrorKind, PlatformError};
 use botfleet_store::{InboxItem, Store, StoreError};
 use tokio::sync::{oneshot, watch};
@@ -21,6 +21,15 @@ use crate::{
     starter::Starter,
     turn::{Halt, TurnCtx},
 };
+
+/// Aborts a side task when the bot's run ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Why a bot task ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +60,8 @@ pub(crate) struct BotSettings {
     pub(crate) verify: bool,
     /// See [`crate::WorkerConfig::transport_down`].
     pub(crate) transport_down: Duration,
+    /// See [`crate::WorkerConfig::shard_recount_every`].
+    pub(crate) shard_recount: Duration,
 }
 
 /// Everything a bot task needs; owned by the task.
@@ -61,6 +72,7 @@ pub(crate) struct BotCtx {
     pub(crate) fence: Fence,
     pub(crate) worker: String,
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) coord: Arc<dyn Coordinator>,
     pub(crate) connector: Arc<dyn Connector>,
     pub(crate) handler: Handler,
     pub(crate) lease: LeaseHandle,
@@ -247,6 +259,9 @@ impl BotCtx {
         if !self.wait_for_slot().await {
             return BotExit::Stopped;
         }
+        if self.spec.is_counting() {
+            return self.count_shards().await;
+        }
         let (connector, spec) = (self.connector.clone(), self.spec.clone());
         if self.settings.verify {
             let identity = match self.until_ok("verify", || connector.verify(&spec)).await {
@@ -334,9 +349,134 @@ impl BotCtx {
             lease: self.lease.clone(),
             stop: self.stop.clone(),
         });
+        // Slice 0 of a bot on the recommended count watches the recommendation.
+        let _watch = self.watch_recommendation().map(AbortOnDrop);
         let exit = self.receive(receiver, &mut chats, pending).await;
         chats.finish(Duration::from_secs(4)).await;
         exit
+    }
+
+    /// A bot of `shards` auto split into slices whose count is not settled: waits until no
+    /// slice of the count in use runs anywhere (so no moment has two slices covering one
+    /// shard), reads the recommendation and records it over the version this unit runs (an
+    /// operator's change made meanwhile wins, and is counted again). The worker stops this
+    /// unit once the registry names the slices.
+    async fn count_shards(&mut self) -> BotExit {
+        let (connector, spec) = (self.connector.clone(), self.spec.clone());
+        let old = spec.options.shards_in_use.unwrap_or(0);
+        // A bot has at most as many slices as shards.
+        for k in 0..old {
+            let unit = spec.id.slice(k);
+            loop {
+                if let Err(e) = self.lease.check() {
+                    return BotExit::Fenced(e.to_string());
+                }
+                match self.coord.owner(&unit).await {
+                    Ok(o) if o.as_ref().is_none_or(|o| !o.live || o.handed_over) => break,
+                    Ok(_) => debug!(bot = %spec.id, %unit, "waiting for the old slice to stop"),
+                    Err(e) => debug!(bot = %spec.id, error = %e, "cannot read a slice's owner"),
+                }
+                if sleep_or_stop(Duration::from_millis(250), &mut self.stop).await {
+                    return BotExit::Stopped;
+                }
+            }
+        }
+        let n = match self
+            .until_ok("read the recommended shard count", || {
+                connector.recommended_shards(&spec)
+            })
+            .await
+        {
+            Ok(Some(n)) => n.clamp(1, 4096),
+            Ok(None) => {
+                return self.fail(&PlatformError::new(
+                    ErrorKind::Rejected,
+                    "no_shards",
+                    "this platform recommends no shard count: give shards N",
+                ))
+            }
+            Err(exit) => return exit,
+        };
+        let mut next = spec.clone();
+        next.options.shards_in_use = Some(n);
+        next.options.shards_recommended = Some(n);
+        let (store, at) = (self.store.clone(), self.spec_at_ms);
+        match self
+            .store_retry("record the shard count", || store.update_bot_if(&next, at))
+            .await
+        {
+            Ok(true) => {
+                info!(bot = %spec.id, shards = n, was = old, "shard count recorded: the slices start on it");
+                if let Err(e) = self
+                    .coord
+                    .publish(&LifecycleEvent::Restart(spec.id.clone()))
+                    .await
+                {
+                    debug!(bot = %spec.id, error = %e, "could not tell the fleet; workers see it at their next registry read");
+                }
+            }
+            Ok(false) => {
+                info!(bot = %spec.id, "the bot changed while its shards were counted; counted again")
+            }
+            Err(exit) => return exit,
+        }
+        stopped(self.stop.clone()).await;
+        BotExit::Stopped
+    }
+
+    /// For slice 0 of a bot on Discord's recommended count: a task that reads the
+    /// recommendation every [`BotSettings::shard_recount`] and, when it changed, marks the
+    /// bot to be counted again as a whole (every slice stops first).
+    fn watch_recommendation(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let spec = &self.spec;
+        if spec.options.shards.is_some() || spec.options.slice != Some(0) {
+            return None;
+        }
+        let in_use = spec.options.shards_in_use?;
+        let mut base = spec.clone();
+        base.id = BotId::new(spec.id.base()).ok()?;
+        base.options.slice = None;
+        let (connector, store, coord) = (
+            self.connector.clone(),
+            self.store.clone(),
+            self.coord.clone(),
+        );
+        let (at, every, mut stop) = (
+            self.spec_at_ms,
+            self.settings.shard_recount,
+            self.stop.clone(),
+        );
+        Some(tokio::spawn(async move {
+            loop {
+                if sleep_or_stop(every, &mut stop).await {
+                    return;
+                }
+                let n = match connector.recommended_shards(&base).await {
+                    Ok(Some(n)) if n != in_use => n.clamp(1, 4096),
+                    Ok(_) => continue,
+                    Err(e) => {
+                        debug!(bot = %base.id, error = %e, "cannot read the recommended shard count");
+                        continue;
+                    }
+                };
+                let mut next = base.clone();
+                next.options.shards_recommended = Some(n);
+                match store.update_bot_if(&next, at).await {
+                    Ok(true) => {
+                        info!(bot = %base.id, shards = n, was = in_use, "Discord recommends another shard count: the bot restarts as a whole on it");
+                        let _ = coord
+                            .publish(&LifecycleEvent::Restart(base.id.clone()))
+                            .await;
+                        return;
+                    }
+                    // Changed meanwhile: the bot restarts (and is counted) anyway.
+                    Ok(false) | Err(StoreError::NotFound(_)) => return,
+                    Err(e) => {
+                        warn!(bot = %base.id, error = %e, "cannot record the new shard count; trying again")
+                    }
+                }
+            }
+        }))
     }
 
     /// Replays what a predecessor recorded but did not answer, then receives until told to

@@ -58,6 +58,10 @@ pub struct WorkerConfig {
     /// How Discord bots reach Discord.
     #[cfg(feature = "discord")]
     pub discord: botfleet_discord::DiscordConfig,
+    /// How often slice 0 of a Discord bot on the recommended shard count (`shards` auto, split
+    /// into slices) reads the recommendation again; when it changed, the bot restarts as a
+    /// whole on the new count. Default 1 h (Discord changes it a few times a year).
+    pub shard_recount_every: Duration,
     /// The WhatsApp Web version device-link bots announce (`2.3000.1017`); `None` asks
     /// web.whatsapp.com for the current one, once a day per session.
     pub whatsapp_web_version: Option<String>,
@@ -96,6 +100,7 @@ impl WorkerConfig {
             transport_down: Duration::from_secs(120),
             avoid_for: Duration::from_secs(600),
             turn_wait: Duration::from_secs(10),
+            shard_recount_every: Duration::from_secs(3600),
             whatsapp_web_version: None,
             #[cfg(feature = "slack")]
             slack: botfleet_slack::SlackConfig::default(),

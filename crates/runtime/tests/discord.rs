@@ -251,3 +251,161 @@ async fn a_spent_identify_budget_is_shown_not_burned() {
     .await;
     w.shutdown().await;
 }
+
+/// `--shards auto --shards-per-slice 2`: the bot is counted on Discord's recommendation (4)
+/// and runs as slices of it on two workers; when Discord recommends 6, the bot restarts as a
+/// whole — every old slice stopped before any shard of the new count identifies — and comes
+/// back as 3 slices of 6. Messages before and after are answered once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_sliced_bots_follow_the_recommended_count_as_a_whole() {
+    const T: &str = "DISCORD.auto.SECRET";
+    let fake = FakeDiscord::start().await.unwrap();
+    fake.state().add_bot(T, 4, 16);
+    let mut spec = BotSpec::new(BotId::new("auto").unwrap(), Platform::Discord, T);
+    spec.options.api_url = Some(fake.url());
+    spec.options.shards_per_slice = Some(2);
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    let tune = |c: &mut botfleet_runtime::WorkerConfig| {
+        c.shard_recount_every = Duration::from_millis(300);
+    };
+    let a = h.start_with("a", tune);
+    let b = h.start_with("b", tune);
+    let counted = |n: u32| {
+        let (h, fake, id) = (&h, &fake, spec.id.clone());
+        async move {
+            wait_for(
+                &format!("sliced on {n} shards, all up"),
+                Duration::from_secs(60),
+                || async {
+                    let rec = h.store().get_bot(&id).await.ok()??;
+                    let o = &rec.spec.options;
+                    (o.shards_in_use == Some(n)
+                        && o.shards_recommended == Some(n)
+                        && fake.state().connected_shards(T) == n)
+                        .then_some(rec)
+                },
+            )
+            .await
+        }
+    };
+    let rec = counted(4).await;
+    assert_eq!(rec.into_units().len(), 2, "two slices of 2");
+    let say = |texts: &[(u64, &str)]| {
+        for (c, t) in texts {
+            fake.state().user_writes(T, *c, t);
+        }
+    };
+    let answered = |want: Vec<&'static str>| {
+        let fake = &fake;
+        async move {
+            wait_for("answered", Duration::from_secs(30), || async {
+                let got: Vec<String> = fake
+                    .state()
+                    .sent_by(T)
+                    .into_iter()
+                    .map(|p| p.content)
+                    .collect();
+                want.iter()
+                    .all(|w| got.iter().any(|g| g == w))
+                    .then_some(())
+            })
+            .await
+        }
+    };
+    say(&[(0, "before-0"), (3, "before-3")]);
+    answered(vec!["before-0", "before-3"]).await;
+
+    // Discord recommends 6 now: slice 0's owner notices, the bot is counted again as a whole.
+    fake.state().set_shards(T, 6);
+    let rec = counted(6).await;
+    assert_eq!(rec.into_units().len(), 3, "three slices of 2");
+    say(&[(4, "after-4"), (5, "after-5"), (11, "after-11")]);
+    answered(vec!["after-4", "after-5", "after-11"]).await;
+
+    assert_eq!(
+        fake.state().max_sessions_per_shard(T),
+        1,
+        "a shard had two sessions at once: old and new slices overlapped"
+    );
+    assert_eq!(fake.state().identify_violations(T), 0);
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for p in fake.state().sent_by(T) {
+        *seen.entry(p.content).or_default() += 1;
+    }
+    assert!(seen.values().all(|n| *n == 1), "answered twice: {seen:?}");
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// The count is recorded only once no slice of the count in use is held anywhere: a slice
+/// still held by a worker slow to let it go holds the new count (and every new slice) back
+/// until it is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_sliced_bot_is_not_counted_again_while_an_old_slice_is_held() {
+    use botfleet_coord::{ClaimOutcome, Coordinator, WorkerMeta};
+    use botfleet_core::{Fence, WorkerId};
+    const T: &str = "DISCORD.drain.SECRET";
+    let fake = FakeDiscord::start().await.unwrap();
+    fake.state().add_bot(T, 4, 16);
+    // As after a new recommendation: 4 in use, to be counted again.
+    let mut spec = BotSpec::new(BotId::new("drain").unwrap(), Platform::Discord, T);
+    spec.options.api_url = Some(fake.url());
+    spec.options.shards_per_slice = Some(2);
+    spec.options.shards_in_use = Some(4);
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    // Another process still holds slice 1 (it takes no units of its own: capacity 0).
+    let slow = h.coordinator();
+    slow.register(
+        &WorkerId::new("slow").unwrap(),
+        &WorkerMeta {
+            host: "elsewhere".into(),
+            capacity: 0,
+            started_at_ms: 0,
+            bots_held: 1,
+            rss_bytes: 0,
+        },
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let slice = BotId::new("drain#1").unwrap();
+    let ClaimOutcome::Granted(fence) = slow.claim(&slice, Fence(0)).await.unwrap() else {
+        panic!("the slice could not be claimed");
+    };
+    let a = h.start("a");
+    // The counting unit runs on a (its claim is live) and waits.
+    wait_for(
+        "the counting unit claimed",
+        Duration::from_secs(15),
+        || async {
+            let c = h.coordinator();
+            c.owner(&spec.id)
+                .await
+                .ok()
+                .flatten()
+                .filter(|o| o.live && o.worker.as_str() == "a")
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rec = h.store().get_bot(&spec.id).await.unwrap().unwrap();
+    assert_eq!(
+        rec.spec.options.shards_recommended, None,
+        "counted while an old slice is held"
+    );
+    assert_eq!(
+        fake.state().connected_shards(T),
+        0,
+        "no shard runs meanwhile"
+    );
+    // Let go: the count is recorded and the slices run on it.
+    assert!(slow.release(&slice, fence).await.unwrap());
+    wait_for("counted and running", Duration::from_secs(30), || async {
+        let rec = h.store().get_bot(&spec.id).await.ok()??;
+        (rec.spec.options.shards_recommended == Some(4) && fake.state().connected_shards(T) == 4)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(fake.state().max_sessions_per_shard(T), 1);
+    a.shutdown().await;
+}

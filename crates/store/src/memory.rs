@@ -122,6 +122,25 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// Replaces a bot's spec, only over version `expected` when given. The change time is
+    /// the spec's version: strictly later than the one replaced, even within a millisecond.
+    fn replace_spec(&self, spec: &BotSpec, expected: Option<i64>) -> Result<bool> {
+        spec.validate_shared()?;
+        let mut st = self.st();
+        let rec = st
+            .bots
+            .get_mut(&spec.id)
+            .ok_or_else(|| StoreError::NotFound(spec.id.clone()))?;
+        if expected.is_some_and(|at| rec.updated_at_ms != at) {
+            return Ok(false);
+        }
+        rec.spec = spec.clone();
+        rec.updated_at_ms = botfleet_core::unix_ms().max(rec.updated_at_ms + 1);
+        Ok(true)
+    }
+}
+
 #[async_trait]
 impl Store for MemoryStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
@@ -159,15 +178,11 @@ impl Store for MemoryStore {
     }
 
     async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate_shared()?;
-        let mut st = self.st();
-        let rec = st
-            .bots
-            .get_mut(&spec.id)
-            .ok_or_else(|| StoreError::NotFound(spec.id.clone()))?;
-        rec.spec = spec.clone();
-        rec.updated_at_ms = botfleet_core::unix_ms();
-        Ok(())
+        self.replace_spec(spec, None).map(|_| ())
+    }
+
+    async fn update_bot_if(&self, spec: &BotSpec, expected_at_ms: i64) -> Result<bool> {
+        self.replace_spec(spec, Some(expected_at_ms))
     }
 
     async fn remove_bot(&self, id: &BotId) -> Result<bool> {

@@ -586,9 +586,12 @@ impl Store for PostgresStore {
         let c = self.client().await?;
         let n = c
             .execute(
+                // The change time is the spec's version: strictly later, even within one
+                // millisecond.
                 "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
-                 webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9, \
-                     app_token = $10, shards = $11, shards_per_slice = $12, hook = $13 \
+                 webhook_url = $6, webhook_secret = $7, enabled = $8, \
+                 updated_at_ms = GREATEST($9, bots.updated_at_ms + 1), \
+                 app_token = $10, shards = $11, shards_per_slice = $12, hook = $13 \
                  WHERE id = $1",
                 // Everything but the status (the last parameter): updates keep it.
                 &row_params(&r)[..13],
@@ -599,6 +602,39 @@ impl Store for PostgresStore {
             return Err(StoreError::NotFound(spec.id.clone()));
         }
         Ok(())
+    }
+
+    async fn update_bot_if(&self, spec: &BotSpec, expected_at_ms: i64) -> Result<bool> {
+        spec.validate_shared()?;
+        let mut r = BotRow::from_spec(spec, &self.keys)?;
+        // Strictly later, so a reader of the old time sees the change.
+        r.updated_at_ms = r.updated_at_ms.max(expected_at_ms + 1);
+        let c = self.client().await?;
+        let mut params = row_params(&r)[..13].to_vec();
+        params.push(&expected_at_ms);
+        let n = c
+            .execute(
+                "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
+                 webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9, \
+                 app_token = $10, shards = $11, shards_per_slice = $12, hook = $13 \
+                 WHERE id = $1 AND updated_at_ms = $14",
+                &params[..],
+            )
+            .await
+            .map_err(db("update bot"))?;
+        if n == 1 {
+            return Ok(true);
+        }
+        let exists = c
+            .query_opt("SELECT 1 FROM bots WHERE id = $1", &[&spec.id.as_str()])
+            .await
+            .map_err(db("update bot"))?
+            .is_some();
+        if exists {
+            Ok(false)
+        } else {
+            Err(StoreError::NotFound(spec.id.clone()))
+        }
     }
 
     async fn reseal_secrets(&self) -> Result<u64> {

@@ -90,8 +90,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     "DROP TABLE IF EXISTS sent_replies;",
 ];
 
-/// The `hook` column's document.
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+/// The `hook` column's document: the receive settings and secrets, and a Discord bot's counted
+/// shards (sealed as one).
+#[derive(serde::Serialize, serde::Deserialize, Default, PartialEq)]
 struct HookDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mode: Option<String>,
@@ -103,6 +104,11 @@ struct HookDoc {
     secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     verify_token: Option<String>,
+    /// Discord auto-sliced bots: the count in use and the recommendation last read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shards_in_use: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shards_recommended: Option<u32>,
 }
 
 /// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
@@ -193,13 +199,10 @@ impl BotRow {
                 .verify_token
                 .as_ref()
                 .map(|s| s.expose().to_owned()),
+            shards_in_use: spec.options.shards_in_use,
+            shards_recommended: spec.options.shards_recommended,
         };
-        let hook = if doc.mode.is_none()
-            && doc.max_connections.is_none()
-            && doc.phone_number_id.is_none()
-            && doc.secret.is_none()
-            && doc.verify_token.is_none()
-        {
+        let hook = if doc == HookDoc::default() {
             None
         } else {
             let json = serde_json::to_string(&doc)
@@ -280,6 +283,8 @@ impl BotRow {
                     mode: doc.mode,
                     max_connections: doc.max_connections,
                     phone_number_id: doc.phone_number_id,
+                    shards_in_use: doc.shards_in_use,
+                    shards_recommended: doc.shards_recommended,
                 },
                 hook: botfleet_core::HookSecrets {
                     secret: doc.secret.map(Secret::new),

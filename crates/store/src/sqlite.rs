@@ -330,8 +330,11 @@ impl Store for SqliteStore {
         self.with("update bot", move |c| {
             let n = c
                 .execute(
+                    // The change time is the spec's version: strictly later, even within
+                    // one millisecond.
                     "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
-                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9, \
+                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, \
+                     updated_at_ms = MAX(?9, updated_at_ms + 1), \
                      app_token = ?10, shards = ?11, shards_per_slice = ?12, hook = ?13 \
                      WHERE id = ?1",
                     // Everything but the status (the last parameter): updates keep it.
@@ -342,6 +345,40 @@ impl Store for SqliteStore {
                 return Err(StoreError::NotFound(id));
             }
             Ok(())
+        })
+        .await
+    }
+
+    async fn update_bot_if(&self, spec: &BotSpec, expected_at_ms: i64) -> Result<bool> {
+        spec.validate_shared()?;
+        let mut row = BotRow::from_spec(spec, &self.keys)?;
+        // Strictly later, so a reader of the old time sees the change.
+        row.updated_at_ms = row.updated_at_ms.max(expected_at_ms + 1);
+        let id = spec.id.clone();
+        self.with("update bot", move |c| {
+            let mut params = row_params(&row)[..13].to_vec();
+            params.push(&expected_at_ms);
+            let n = c
+                .execute(
+                    "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
+                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9, \
+                     app_token = ?10, shards = ?11, shards_per_slice = ?12, hook = ?13 \
+                     WHERE id = ?1 AND updated_at_ms = ?14",
+                    &params[..],
+                )
+                .map_err(|e| StoreError::backend("update bot", e))?;
+            if n == 1 {
+                return Ok(true);
+            }
+            let exists = c
+                .prepare_cached("SELECT 1 FROM bots WHERE id = ?1")
+                .and_then(|mut st| st.exists(params![id.as_str()]))
+                .map_err(|e| StoreError::backend("update bot", e))?;
+            if exists {
+                Ok(false)
+            } else {
+                Err(StoreError::NotFound(id))
+            }
         })
         .await
     }

@@ -72,11 +72,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures; `Corrupt` for an unreadable row.
     async fn list_bots(&self, filter: &BotFilter) -> Result<Vec<BotRecord>>;
 
-    /// Replaces a registered bot's spec (status and last error are kept).
+    /// Replaces a registered bot's spec (status and last error are kept). Its `updated_at_ms` becomes
+    /// strictly later than before (now, or one past the old value): the version of the spec.
     ///
     /// # Errors
     /// `NotFound`, `InvalidSpec`, backend failures.
     async fn update_bot(&self, spec: &BotSpec) -> Result<()>;
+
+    /// [`Store::update_bot`], only while the registered spec is the one changed at
+    /// `expected_at_ms` (its `updated_at_ms`): `Ok(false)`, nothing written, when it changed
+    /// since. What the fleet writes into a spec (a Discord bot's counted shards) then never
+    /// overwrites an operator's change made in between.
+    ///
+    /// # Errors
+    /// `NotFound`, `InvalidSpec`, backend failures.
+    async fn update_bot_if(&self, spec: &BotSpec, expected_at_ms: i64) -> Result<bool>;
 
     /// Unregisters a bot. Answers whether it existed.
     ///

@@ -107,6 +107,11 @@ impl Harness {
         &self.store
     }
 
+    /// A coordinator handle of its own on the hub (a stand-in for another process).
+    pub fn coordinator(&self) -> MemoryCoordinator {
+        self.hub.coordinator()
+    }
+
     /// Starts worker `name` on the hub.
     pub fn start(&self, name: &str) -> RunningWorker {
         self.start_with(name, |_| {})

@@ -869,6 +869,53 @@ pub async fn session_records_are_fenced_and_move_whole(s: Arc<dyn Store>) {
 }
 
 /// A webhook bot's mode and secrets round trip, stay out of `Debug`, and are checked.
+/// `update_bot_if` writes only over the version it read (what the fleet writes into a spec
+/// never overwrites an operator's change), and a Discord bot's counted shards round-trip.
+pub async fn conditional_updates_never_overwrite_a_change(s: Arc<dyn Store>) {
+    let mut b = BotSpec::new(bid("dc"), Platform::Discord, "DISCORD-SECRET");
+    b.options.shards_per_slice = Some(2);
+    s.add_bot(&b).await.unwrap();
+    let read = s.get_bot(&bid("dc")).await.unwrap().unwrap();
+    assert!(read.spec.is_counting());
+    // The fleet counts the shards while an operator rotates the token.
+    let mut counted = read.spec.clone();
+    counted.options.shards_in_use = Some(6);
+    counted.options.shards_recommended = Some(6);
+    let mut rotated = read.spec.clone();
+    rotated.token = Secret::new("DISCORD-ROTATED");
+    s.update_bot(&rotated).await.unwrap();
+    assert!(
+        !s.update_bot_if(&counted, read.updated_at_ms).await.unwrap(),
+        "written over a version that changed"
+    );
+    let now = s.get_bot(&bid("dc")).await.unwrap().unwrap();
+    assert_eq!(
+        now.spec.token.expose(),
+        "DISCORD-ROTATED",
+        "the rotation stands"
+    );
+    assert!(now.spec.is_counting());
+    // Over the version it read, it is written, and the counted shards come back.
+    let mut counted = now.spec.clone();
+    counted.options.shards_in_use = Some(6);
+    counted.options.shards_recommended = Some(6);
+    assert!(s.update_bot_if(&counted, now.updated_at_ms).await.unwrap());
+    let after = s.get_bot(&bid("dc")).await.unwrap().unwrap();
+    assert_eq!(after.spec, counted);
+    assert!(after.updated_at_ms > now.updated_at_ms, "a later version");
+    assert_eq!(after.spec.units().len(), 3);
+    let debug = format!("{after:?}");
+    assert!(
+        !debug.contains("SECRET") && !debug.contains("ROTATED"),
+        "{debug}"
+    );
+    assert!(matches!(
+        s.update_bot_if(&BotSpec::new(bid("nope"), Platform::Discord, "t"), 0)
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
 pub async fn webhook_settings_round_trip_and_stay_secret(s: Arc<dyn Store>) {
     let mut b = BotSpec::new(bid("tgw"), Platform::Telegram, "1:tok-SECRET1");
     b.options.mode = Some("webhook".into());
@@ -894,9 +941,9 @@ pub async fn webhook_settings_round_trip_and_stay_secret(s: Arc<dyn Store>) {
     let r = s.get_bot(&bid("tgw")).await.unwrap().unwrap();
     assert_eq!(r.spec.options.mode, None);
     assert_eq!(r.spec, b);
-    // A slice without a fixed shard count is refused by the store too.
+    // A slice larger than any bot's shard count is refused by the store too.
     let mut bad = BotSpec::new(bid("dx"), Platform::Discord, "d");
-    bad.options.shards_per_slice = Some(2);
+    bad.options.shards_per_slice = Some(5000);
     assert!(matches!(
         s.add_bot(&bad).await,
         Err(StoreError::InvalidSpec(_))
@@ -1048,6 +1095,7 @@ macro_rules! store_conformance {
             journal_and_view_in_one_call,
             session_records_are_fenced_and_move_whole,
             webhook_settings_round_trip_and_stay_secret,
+            conditional_updates_never_overwrite_a_change,
             turns_read_and_write_state_outbox_and_entry,
         );
     };

@@ -544,6 +544,7 @@ impl State {
                     fence,
                     worker: self.me().to_string(),
                     store: self.w.store.clone(),
+                    coord: self.w.coord.clone(),
                     connector,
                     handler: Handler::new(
                         rec.spec.handler.clone(),
@@ -559,6 +560,7 @@ impl State {
                         max_in_flight: self.w.cfg.max_in_flight,
                         verify: !handed,
                         transport_down: self.w.cfg.transport_down,
+                        shard_recount: self.w.cfg.shard_recount_every,
                     },
                     stop: stop_rx,
                     down_since: None,
