@@ -4,98 +4,24 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
-use botfleet_coord::{Coordinator, MemoryHub};
-use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret, WorkerId};
-use botfleet_runtime::{metrics, Worker, WorkerConfig};
+use botfleet_coord::MemoryHub;
+use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret};
+use botfleet_runtime::metrics;
 use botfleet_store::Store;
-use botfleet_telegram::TelegramConfig;
-use botfleet_testkit::{wait_for, FakeTelegram, RoundRobinProxy, StateHandler};
-use tokio::{sync::oneshot, task::JoinHandle};
+use botfleet_testkit::{
+    wait_for,
+    webhook_suite::{
+        config, fleet, start, until, webhook_suite, HookWorker as Running, WebhookFixture,
+    },
+    FakeTelegram, RoundRobinProxy, StateHandler,
+};
 
 const SECRET: &str = "s3cret-token_1";
 
 async fn store() -> (botfleet_testkit::TempDir, Arc<dyn Store>) {
     botfleet_testkit::temp_sqlite("botfleet-hooks").await
-}
-
-fn config(name: &str, public_url: &str) -> WorkerConfig {
-    let mut c = WorkerConfig::new(WorkerId::new(name).unwrap());
-    c.lease = Duration::from_millis(1500);
-    c.reconcile_every = Duration::from_millis(200);
-    c.registry_refresh = Duration::from_millis(300);
-    c.telegram = TelegramConfig {
-        poll_timeout: Duration::from_secs(2),
-        request_slack: Duration::from_secs(3),
-        public_url: Some(public_url.to_owned()),
-        ..TelegramConfig::default()
-    };
-    c
-}
-
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
-    http: JoinHandle<()>,
-    hooks_url: String,
-    metrics: Arc<botfleet_runtime::Metrics>,
-}
-
-impl Running {
-    async fn shutdown(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(10), &mut self.task)
-            .await
-            .expect("drains in time")
-            .unwrap();
-        self.http.abort();
-    }
-}
-
-async fn start(cfg: WorkerConfig, coord: Arc<dyn Coordinator>, store: Arc<dyn Store>) -> Running {
-    let mut w = Worker::new(cfg, coord, store).unwrap();
-    let metrics = w.metrics();
-    let router = w.hooks().router();
-    let (addr, http) = botfleet_runtime::http::serve_router("127.0.0.1:0".parse().unwrap(), router)
-        .await
-        .unwrap();
-    let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn(async move {
-        w.run(async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
-    Running {
-        stop: Some(tx),
-        task,
-        http,
-        hooks_url: format!("http://{addr}"),
-        metrics,
-    }
-}
-
-/// Workers `names` on one in-memory hub and `store`, registering webhooks under `public`.
-async fn fleet(
-    names: &[&str],
-    hub: &MemoryHub,
-    store: &Arc<dyn Store>,
-    public: &str,
-) -> Vec<Running> {
-    let mut out = Vec::new();
-    for name in names {
-        out.push(
-            start(
-                config(name, public),
-                Arc::new(hub.coordinator()),
-                store.clone(),
-            )
-            .await,
-        );
-    }
-    out
 }
 
 /// An echo webhook bot `id` on a fresh fake Bot API and store, and workers `names` on one hub
@@ -132,114 +58,6 @@ fn webhook_bot(id: &str, token: &str, fake: &FakeTelegram, handler: &str) -> Bot
         secret: None,
     };
     spec
-}
-
-/// Waits (10 ms steps) until `f` holds, or fails naming `what`.
-async fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    wait_for(what, Duration::from_secs(secs), || {
-        let ok = f();
-        async move { ok.then_some(()) }
-    })
-    .await;
-}
-
-/// A webhook platform's fake, as the shared suite drives it.
-#[async_trait::async_trait]
-trait WebhookFixture: Send + Sync {
-    /// The platform's path segment and the bot's id: deliveries go to `/hooks/{0}/{1}`.
-    fn path(&self) -> (&'static str, &'static str);
-    /// The bot, registered on the fake, answering through `handler`.
-    fn bot(&self, handler: &str) -> BotSpec;
-    /// Points the platform's deliveries at `hook` (Telegram: waits for the unit's setWebhook).
-    async fn subscribe(&self, hook: &str);
-    /// A user writes `text` in chat `chat`.
-    fn user_writes(&self, chat: usize, text: &str);
-    /// The replies, as (chat, text), in the order the platform received them.
-    fn replies(&self) -> Vec<(String, String)>;
-    /// Whether every delivery got its 2xx.
-    fn settled(&self) -> bool;
-    /// A delivery signed with the wrong secret.
-    fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder;
-}
-
-/// What the suite leaves for a platform's own checks.
-struct SuiteRun {
-    store: Arc<dyn Store>,
-    workers: Vec<Running>,
-    hook: String,
-    _dir: botfleet_testkit::TempDir,
-    _proxy: RoundRobinProxy,
-    _handler: StateHandler,
-}
-
-/// The suite every webhook platform passes: three workers behind a round-robin proxy; a
-/// forged delivery is refused and never handled; each chat's messages are answered once, in
-/// order, the conversation state moving with the chat from worker to worker, one turn at a
-/// time; every worker takes deliveries.
-async fn webhook_suite(f: &impl WebhookFixture, chats: usize, each: usize) -> SuiteRun {
-    let (dir, store) = store().await;
-    let handler = StateHandler::start(Duration::from_millis(5)).await;
-    let proxy = RoundRobinProxy::start(Vec::new()).await;
-    store.add_bot(&f.bot(&handler.url())).await.unwrap();
-    let hub = MemoryHub::new();
-    let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
-    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
-    let (platform, bot) = f.path();
-    let hook = format!("{}/hooks/{platform}/{bot}", proxy.url());
-    let forged = f
-        .forged(&reqwest::Client::new(), &hook)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(forged.status(), 401, "a forged delivery is refused");
-    f.subscribe(&hook).await;
-    for round in 0..each {
-        for chat in 0..chats {
-            f.user_writes(chat, &format!("m{round}"));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let total = chats * each;
-    until("every message answered", 30, || {
-        f.replies().len() >= total && f.settled()
-    })
-    .await;
-    // No late duplicates.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let replies = f.replies();
-    assert_eq!(replies.len(), total, "each message answered once");
-    let mut per_chat: HashMap<String, Vec<String>> = HashMap::new();
-    for (chat, text) in replies {
-        assert!(!text.contains("forged"), "a forged delivery was handled");
-        per_chat.entry(chat).or_default().push(text);
-    }
-    assert_eq!(per_chat.len(), chats);
-    for (chat, texts) in per_chat {
-        let want: Vec<String> = (0..each).map(|i| format!("{}:m{i}", i + 1)).collect();
-        assert_eq!(
-            texts, want,
-            "chat {chat}: in order, the count carried across workers"
-        );
-    }
-    assert_eq!(handler.max_concurrency_per_chat(), 1, "one turn at a time");
-    let served = proxy.served();
-    assert_eq!(served.len(), 3, "every worker took deliveries: {served:?}");
-    SuiteRun {
-        store,
-        workers,
-        hook,
-        _dir: dir,
-        _proxy: proxy,
-        _handler: handler,
-    }
-}
-
-impl SuiteRun {
-    async fn shutdown(self) {
-        for w in self.workers {
-            w.shutdown().await;
-        }
-    }
 }
 
 struct TelegramHooksFixture {
@@ -574,8 +392,7 @@ async fn a_frozen_workers_turn_is_taken_over_and_it_acts_on_nothing() {
         !v.state.unwrap_or_default().contains("late"),
         "the frozen worker's state was not written"
     );
-    a.task.abort();
-    a.http.abort();
+    a.abort();
     b.shutdown().await;
 }
 

@@ -11,6 +11,7 @@ mod redis_server;
 mod rng;
 pub mod store_suite;
 mod wait;
+pub mod webhook_suite;
 
 pub use botfleet_discord::fake::{
     FakeDiscord, FakeDiscordState, SendFault as DiscordSendFault, Sent as DiscordSent,
