@@ -100,6 +100,11 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_TRANSPORT_DOWN_MS", default_value_t = 120_000,
           value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     transport_down_ms: u64,
+    /// How often (s) a Discord bot on the recommended shard count (`--shards auto` with
+    /// slices) reads the recommendation again; another count restarts the bot as a whole.
+    #[arg(long, env = "BOTFLEET_DISCORD_SHARD_RECOUNT_S", default_value_t = 3_600,
+          value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    discord_shard_recount_s: u64,
     /// The WhatsApp Web version device-link bots announce (e.g. 2.3000.1017); unset, each
     /// session asks web.whatsapp.com for the current one once a day.
     #[arg(long, env = "BOTFLEET_WHATSAPP_WEB_VERSION", value_parser = web_version)]
@@ -200,6 +205,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
     cfg.transport_down = Duration::from_millis(a.transport_down_ms);
+    cfg.shard_recount_every = Duration::from_secs(a.discord_shard_recount_s);
     cfg.whatsapp_web_version = a.whatsapp_web_version.clone();
     cfg.turn_wait = Duration::from_millis(a.turn_wait_ms);
     cfg.telegram.public_url = a.public_url.clone();
