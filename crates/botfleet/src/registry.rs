@@ -622,6 +622,46 @@ mod tests {
         assert_eq!(e.code, "not_found");
     }
 
+    /// What the fleet counted for a Discord bot on the recommended count is not the
+    /// operator's: an unchanged line keeps it (and changes nothing); a change or a restart
+    /// has the bot counted again (the count in use kept, so old slices are waited for).
+    #[tokio::test]
+    async fn a_counted_bot_is_counted_again_on_a_change_or_a_restart() {
+        let r = registry();
+        let text =
+            r#"{"id":"d","platform":"discord","token":"t1","shards":"auto","shards_per_slice":2}"#;
+        let line = || BotLine::from_json(text).unwrap();
+        assert_eq!(r.upsert(line()).await.unwrap(), Change::Added);
+        // The fleet counts it.
+        let mut spec = r.get("d").await.unwrap().spec;
+        assert!(spec.is_counting());
+        spec.options.shards_in_use = Some(6);
+        spec.options.shards_recommended = Some(6);
+        r.store.update_bot(&spec).await.unwrap();
+        assert_eq!(r.upsert(line()).await.unwrap(), Change::Unchanged);
+        let now = r.get("d").await.unwrap().spec;
+        assert_eq!(now.units().len(), 3, "the count stands");
+        let view = r.show("d").await.unwrap();
+        assert_eq!(
+            (view.shards_in_use, view.shards_recommended),
+            (Some(6), Some(6))
+        );
+        // A change of the token restarts it: counted again, old count kept for the wait.
+        let c = r
+            .update("d", BotPatch::from_json(r#"{"token":"t2"}"#).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(c, Change::Updated);
+        let after = r.get("d").await.unwrap().spec;
+        assert!(after.is_counting());
+        assert_eq!(after.options.shards_in_use, Some(6));
+        // So does a restart.
+        r.store.update_bot(&now).await.unwrap();
+        r.restart("d").await.unwrap();
+        let after = r.get("d").await.unwrap().spec;
+        assert!(after.is_counting() && after.options.shards_in_use == Some(6));
+    }
+
     #[tokio::test]
     async fn upsert_adds_updates_and_keeps_the_enabled_setting() {
         let r = registry();
