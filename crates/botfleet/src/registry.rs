@@ -250,8 +250,12 @@ impl Registry {
         if *old == next {
             return Ok(Change::Unchanged);
         }
-        // The bot restarts: one on the recommended count reads it again, as a whole.
+        // The bot restarts: one on the recommended count reads it again, as a whole; any other
+        // bot has no count of the fleet's.
         next.options.shards_recommended = None;
+        if next.options.shards.is_some() || next.options.shards_per_slice.is_none() {
+            next.options.shards_in_use = None;
+        }
         self.store
             .update_bot(&next)
             .await
@@ -660,6 +664,13 @@ mod tests {
         r.restart("d").await.unwrap();
         let after = r.get("d").await.unwrap().spec;
         assert!(after.is_counting() && after.options.shards_in_use == Some(6));
+        // A fixed count: no count of the fleet's is kept.
+        r.update("d", BotPatch::from_json(r#"{"shards":8}"#).unwrap())
+            .await
+            .unwrap();
+        let fixed = r.get("d").await.unwrap().spec;
+        assert_eq!(fixed.options.shards_in_use, None);
+        assert_eq!(fixed.units().len(), 4);
     }
 
     #[tokio::test]
