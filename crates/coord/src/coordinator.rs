@@ -71,7 +71,8 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn live_workers(&self) -> Result<Vec<LiveWorker>>;
 
-    /// A signal that fires (best effort, coalesced) when a worker registers or unregisters.
+    /// A signal that fires (best effort, coalesced) when a worker registers or unregisters,
+    /// in place when this returns (a listing made after it misses no signalled change).
     /// Expiries are not signalled: [`MemberWatch`](crate::MemberWatch) also polls.
     ///
     /// # Errors

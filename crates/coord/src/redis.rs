@@ -472,6 +472,10 @@ impl Coordinator for RedisCoordinator {
         let (tx, rx) = mpsc::channel(1);
         let client = self.client.clone();
         let channel = self.ks.members_channel();
+        // Said once the first subscription is in place: a caller that lists the members after
+        // this returns misses no join signalled in between.
+        let (ready_tx, ready) = tokio::sync::oneshot::channel::<()>();
+        let mut ready_tx = Some(ready_tx);
         // Owned by the receiver: the task ends once the receiver is dropped.
         tokio::spawn(async move {
             use futures_util::StreamExt;
@@ -483,6 +487,16 @@ impl Coordinator for RedisCoordinator {
                 };
                 match tokio::time::timeout(Duration::from_secs(2), sub).await {
                     Ok(Ok(ps)) => {
+                        match ready_tx.take() {
+                            Some(r) => {
+                                let _ = r.send(());
+                            }
+                            // Subscribed again after a break: what changed meanwhile went
+                            // unsignalled, so say "look again" now that signals flow.
+                            None => {
+                                let _ = tx.try_send(());
+                            }
+                        }
                         let mut stream = ps.into_on_message();
                         loop {
                             tokio::select! {
@@ -505,6 +519,8 @@ impl Coordinator for RedisCoordinator {
                 }
             }
         });
+        // Not forever: without Redis the caller's poll still sees joins, later.
+        let _ = tokio::time::timeout(Duration::from_secs(3), ready).await;
         Ok(rx)
     }
 
