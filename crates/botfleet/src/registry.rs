@@ -60,6 +60,16 @@ impl std::error::Error for RegistryError {}
 
 pub(crate) use crate::lines::{BotLine, BotPatch};
 
+/// A bot about to restart: one on Discord's recommended count reads it again, as a whole
+/// (the count in use is kept, so its old slices are waited for); any other bot keeps no count
+/// of the fleet's.
+fn recount_on_restart(spec: &mut BotSpec) {
+    spec.options.shards_recommended = None;
+    if spec.options.shards.is_some() || spec.options.shards_per_slice.is_none() {
+        spec.options.shards_in_use = None;
+    }
+}
+
 /// What a write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -250,12 +260,7 @@ impl Registry {
         if *old == next {
             return Ok(Change::Unchanged);
         }
-        // The bot restarts: one on the recommended count reads it again, as a whole; any other
-        // bot has no count of the fleet's.
-        next.options.shards_recommended = None;
-        if next.options.shards.is_some() || next.options.shards_per_slice.is_none() {
-            next.options.shards_in_use = None;
-        }
+        recount_on_restart(&mut next);
         self.store
             .update_bot(&next)
             .await
@@ -302,8 +307,7 @@ impl Registry {
     /// Restarts bot `id` on its owner and clears a `failed` status.
     pub(crate) async fn restart(&self, id: &str) -> Result<(), RegistryError> {
         let mut rec = self.get(id).await?;
-        // A bot on Discord's recommended count reads it again, as a whole.
-        rec.spec.options.shards_recommended = None;
+        recount_on_restart(&mut rec.spec);
         // Re-writing the spec bumps its change time: embedded workers restart it too.
         self.store
             .update_bot(&rec.spec)

@@ -22,6 +22,27 @@ use crate::{
     turn::{Halt, TurnCtx},
 };
 
+/// Writes `next` over the registered version `at` (`Ok(false)`: changed since, nothing
+/// written) and, when written, tells the fleet to restart the bot; a fleet that cannot be
+/// told sees the change at its next registry read.
+async fn rewrite_and_restart(
+    store: &dyn Store,
+    coord: &dyn Coordinator,
+    next: &BotSpec,
+    at: i64,
+) -> Result<bool, StoreError> {
+    if !store.update_bot_if(next, at).await? {
+        return Ok(false);
+    }
+    if let Err(e) = coord
+        .publish(&LifecycleEvent::Restart(next.id.clone()))
+        .await
+    {
+        debug!(bot = %next.id, error = %e, "could not tell the fleet; workers see it at their next registry read");
+    }
+    Ok(true)
+}
+
 /// Aborts a side task when the bot's run ends.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -400,20 +421,15 @@ impl BotCtx {
         let mut next = spec.clone();
         next.options.shards_in_use = Some(n);
         next.options.shards_recommended = Some(n);
-        let (store, at) = (self.store.clone(), self.spec_at_ms);
+        let (store, coord, at) = (self.store.clone(), self.coord.clone(), self.spec_at_ms);
         match self
-            .store_retry("record the shard count", || store.update_bot_if(&next, at))
+            .store_retry("record the shard count", || {
+                rewrite_and_restart(&*store, &*coord, &next, at)
+            })
             .await
         {
             Ok(true) => {
                 info!(bot = %spec.id, shards = n, was = old, "shard count recorded: the slices start on it");
-                if let Err(e) = self
-                    .coord
-                    .publish(&LifecycleEvent::Restart(spec.id.clone()))
-                    .await
-                {
-                    debug!(bot = %spec.id, error = %e, "could not tell the fleet; workers see it at their next registry read");
-                }
             }
             Ok(false) => {
                 info!(bot = %spec.id, "the bot changed while its shards were counted; counted again")
@@ -461,12 +477,9 @@ impl BotCtx {
                 };
                 let mut next = base.clone();
                 next.options.shards_recommended = Some(n);
-                match store.update_bot_if(&next, at).await {
+                match rewrite_and_restart(&*store, &*coord, &next, at).await {
                     Ok(true) => {
                         info!(bot = %base.id, shards = n, was = in_use, "Discord recommends another shard count: the bot restarts as a whole on it");
-                        let _ = coord
-                            .publish(&LifecycleEvent::Restart(base.id.clone()))
-                            .await;
                         return;
                     }
                     // Changed meanwhile: the bot restarts (and is counted) anyway.

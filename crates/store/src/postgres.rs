@@ -529,6 +529,44 @@ impl PostgresStore {
     }
 }
 
+impl PostgresStore {
+    /// Replaces a bot's spec (status kept), only over version `expected` when given
+    /// (`Ok(false)` when it changed since). The change time is the spec's version: strictly
+    /// later than the one replaced, even within one millisecond.
+    async fn replace_spec(&self, spec: &BotSpec, expected: Option<i64>) -> Result<bool> {
+        spec.validate_shared()?;
+        let r = BotRow::from_spec(spec, &self.keys)?;
+        let c = self.client().await?;
+        let mut params = row_params(&r)[..13].to_vec();
+        params.push(&expected);
+        let n = c
+            .execute(
+                "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
+                 webhook_url = $6, webhook_secret = $7, enabled = $8, \
+                 updated_at_ms = GREATEST($9, bots.updated_at_ms + 1), \
+                 app_token = $10, shards = $11, shards_per_slice = $12, hook = $13 \
+                 WHERE id = $1 AND ($14::BIGINT IS NULL OR updated_at_ms = $14)",
+                // Everything but the status (the last of the row): updates keep it.
+                &params[..],
+            )
+            .await
+            .map_err(db("update bot"))?;
+        if n == 1 {
+            return Ok(true);
+        }
+        let exists = expected.is_some()
+            && c.query_opt("SELECT 1 FROM bots WHERE id = $1", &[&spec.id.as_str()])
+                .await
+                .map_err(db("update bot"))?
+                .is_some();
+        if exists {
+            Ok(false)
+        } else {
+            Err(StoreError::NotFound(spec.id.clone()))
+        }
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
@@ -581,60 +619,11 @@ impl Store for PostgresStore {
     }
 
     async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate_shared()?;
-        let r = BotRow::from_spec(spec, &self.keys)?;
-        let c = self.client().await?;
-        let n = c
-            .execute(
-                // The change time is the spec's version: strictly later, even within one
-                // millisecond.
-                "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
-                 webhook_url = $6, webhook_secret = $7, enabled = $8, \
-                 updated_at_ms = GREATEST($9, bots.updated_at_ms + 1), \
-                 app_token = $10, shards = $11, shards_per_slice = $12, hook = $13 \
-                 WHERE id = $1",
-                // Everything but the status (the last parameter): updates keep it.
-                &row_params(&r)[..13],
-            )
-            .await
-            .map_err(db("update bot"))?;
-        if n == 0 {
-            return Err(StoreError::NotFound(spec.id.clone()));
-        }
-        Ok(())
+        self.replace_spec(spec, None).await.map(|_| ())
     }
 
     async fn update_bot_if(&self, spec: &BotSpec, expected_at_ms: i64) -> Result<bool> {
-        spec.validate_shared()?;
-        let mut r = BotRow::from_spec(spec, &self.keys)?;
-        // Strictly later, so a reader of the old time sees the change.
-        r.updated_at_ms = r.updated_at_ms.max(expected_at_ms + 1);
-        let c = self.client().await?;
-        let mut params = row_params(&r)[..13].to_vec();
-        params.push(&expected_at_ms);
-        let n = c
-            .execute(
-                "UPDATE bots SET platform = $2, token = $3, api_url = $4, handler = $5, \
-                 webhook_url = $6, webhook_secret = $7, enabled = $8, updated_at_ms = $9, \
-                 app_token = $10, shards = $11, shards_per_slice = $12, hook = $13 \
-                 WHERE id = $1 AND updated_at_ms = $14",
-                &params[..],
-            )
-            .await
-            .map_err(db("update bot"))?;
-        if n == 1 {
-            return Ok(true);
-        }
-        let exists = c
-            .query_opt("SELECT 1 FROM bots WHERE id = $1", &[&spec.id.as_str()])
-            .await
-            .map_err(db("update bot"))?
-            .is_some();
-        if exists {
-            Ok(false)
-        } else {
-            Err(StoreError::NotFound(spec.id.clone()))
-        }
+        self.replace_spec(spec, Some(expected_at_ms)).await
     }
 
     async fn reseal_secrets(&self) -> Result<u64> {

@@ -262,6 +262,45 @@ fn current_fence(c: &Connection, bot: &str) -> rusqlite::Result<Fence> {
     Ok(Fence(f.unwrap_or(0).max(0).unsigned_abs()))
 }
 
+impl SqliteStore {
+    /// Replaces a bot's spec (status kept), only over version `expected` when given
+    /// (`Ok(false)` when it changed since). The change time is the spec's version: strictly
+    /// later than the one replaced, even within one millisecond.
+    async fn replace_spec(&self, spec: &BotSpec, expected: Option<i64>) -> Result<bool> {
+        spec.validate_shared()?;
+        let row = BotRow::from_spec(spec, &self.keys)?;
+        let id = spec.id.clone();
+        self.with("update bot", move |c| {
+            let mut params = row_params(&row)[..13].to_vec();
+            params.push(&expected);
+            let n = c
+                .execute(
+                    "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
+                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, \
+                     updated_at_ms = MAX(?9, updated_at_ms + 1), \
+                     app_token = ?10, shards = ?11, shards_per_slice = ?12, hook = ?13 \
+                     WHERE id = ?1 AND (?14 IS NULL OR updated_at_ms = ?14)",
+                    // Everything but the status (the last of the row): updates keep it.
+                    &params[..],
+                )
+                .map_err(|e| StoreError::backend("update bot", e))?;
+            if n == 1 {
+                return Ok(true);
+            }
+            let exists = expected.is_some()
+                && c.prepare_cached("SELECT 1 FROM bots WHERE id = ?1")
+                    .and_then(|mut st| st.exists(params![id.as_str()]))
+                    .map_err(|e| StoreError::backend("update bot", e))?;
+            if exists {
+                Ok(false)
+            } else {
+                Err(StoreError::NotFound(id))
+            }
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn add_bot(&self, spec: &BotSpec) -> Result<()> {
@@ -324,63 +363,11 @@ impl Store for SqliteStore {
     }
 
     async fn update_bot(&self, spec: &BotSpec) -> Result<()> {
-        spec.validate_shared()?;
-        let row = BotRow::from_spec(spec, &self.keys)?;
-        let id = spec.id.clone();
-        self.with("update bot", move |c| {
-            let n = c
-                .execute(
-                    // The change time is the spec's version: strictly later, even within
-                    // one millisecond.
-                    "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
-                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, \
-                     updated_at_ms = MAX(?9, updated_at_ms + 1), \
-                     app_token = ?10, shards = ?11, shards_per_slice = ?12, hook = ?13 \
-                     WHERE id = ?1",
-                    // Everything but the status (the last parameter): updates keep it.
-                    &row_params(&row)[..13],
-                )
-                .map_err(|e| StoreError::backend("update bot", e))?;
-            if n == 0 {
-                return Err(StoreError::NotFound(id));
-            }
-            Ok(())
-        })
-        .await
+        self.replace_spec(spec, None).await.map(|_| ())
     }
 
     async fn update_bot_if(&self, spec: &BotSpec, expected_at_ms: i64) -> Result<bool> {
-        spec.validate_shared()?;
-        let mut row = BotRow::from_spec(spec, &self.keys)?;
-        // Strictly later, so a reader of the old time sees the change.
-        row.updated_at_ms = row.updated_at_ms.max(expected_at_ms + 1);
-        let id = spec.id.clone();
-        self.with("update bot", move |c| {
-            let mut params = row_params(&row)[..13].to_vec();
-            params.push(&expected_at_ms);
-            let n = c
-                .execute(
-                    "UPDATE bots SET platform = ?2, token = ?3, api_url = ?4, handler = ?5, \
-                     webhook_url = ?6, webhook_secret = ?7, enabled = ?8, updated_at_ms = ?9, \
-                     app_token = ?10, shards = ?11, shards_per_slice = ?12, hook = ?13 \
-                     WHERE id = ?1 AND updated_at_ms = ?14",
-                    &params[..],
-                )
-                .map_err(|e| StoreError::backend("update bot", e))?;
-            if n == 1 {
-                return Ok(true);
-            }
-            let exists = c
-                .prepare_cached("SELECT 1 FROM bots WHERE id = ?1")
-                .and_then(|mut st| st.exists(params![id.as_str()]))
-                .map_err(|e| StoreError::backend("update bot", e))?;
-            if exists {
-                Ok(false)
-            } else {
-                Err(StoreError::NotFound(id))
-            }
-        })
-        .await
+        self.replace_spec(spec, Some(expected_at_ms)).await
     }
 
     async fn reseal_secrets(&self) -> Result<u64> {
