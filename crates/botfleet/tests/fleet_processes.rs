@@ -479,7 +479,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     // 4. SIGSTOP w0 past its lease, then SIGCONT.
     let victims = held_by(&coord, "w0").await;
     let stopped_at = Instant::now();
-    procs[0].signal("-STOP");
+    procs[0].freeze_between_writes(&dir.0.join("bots.db"));
     wait_for("w0's liveness ends", slack, || async {
         let live = coord.live_workers().await.ok()?;
         (!live.iter().any(|w| w.id.as_str() == "w0")).then_some(())
@@ -1012,7 +1012,7 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
     let victims = held(&coord, "w0").await;
     let before = resumes_of(&victims);
     let t = Instant::now();
-    procs[0].signal("-STOP");
+    procs[0].freeze_between_writes(&path);
     resumed(victims.clone(), before).await;
     println!(
         "SIGSTOP: w0's {} Discord bots resumed every shard {:?} after the freeze",

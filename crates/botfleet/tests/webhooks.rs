@@ -218,7 +218,7 @@ async fn webhook_bots_survive_kill_and_sigterm_behind_a_load_balancer() {
         }
         if round == 16 {
             // Frozen past its lease (3 s) while holding turns and tickets, then thawed.
-            workers[2].signal("-STOP");
+            workers[2].freeze_between_writes(&db_path);
         }
         if round == 28 {
             workers[2].signal("-CONT");

@@ -427,7 +427,7 @@ async fn a_frozen_worker_woken_after_its_successor_took_the_session_does_not_fig
         })
     };
 
-    workers[frozen].signal("-STOP");
+    workers[frozen].freeze_between_writes(&db_path);
     let second = wait_for(
         "the bot taken over by the other worker",
         Duration::from_secs(60),

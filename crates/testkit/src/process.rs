@@ -37,6 +37,16 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether a write transaction on the SQLite file `db` can begin now (none is held), without
+/// waiting for one.
+fn sqlite_write_free(db: &std::path::Path) -> bool {
+    let Ok(conn) = rusqlite::Connection::open(db) else {
+        return false;
+    };
+    conn.busy_timeout(std::time::Duration::ZERO).is_ok()
+        && conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;").is_ok()
+}
+
 /// A child process, killed (after a SIGCONT, in case the test stopped it) when dropped.
 #[derive(Debug)]
 pub struct Proc {
@@ -78,6 +88,34 @@ impl Proc {
             .expect("run kill")
             .success();
         assert!(ok, "kill {sig} {}", self.name);
+    }
+
+    /// Freezes it (SIGSTOP) at a moment it holds no write lock on the SQLite registry `db`.
+    ///
+    /// Workers on one SQLite file share its one write lock, an OS file lock that a frozen
+    /// process keeps: frozen inside a write, it would stall every other worker's writes (and
+    /// so their claims) until it runs again, which no fleet logic can fence (see the README's
+    /// note on SQLite fleets). A test of what the *fleet* does about a frozen worker freezes
+    /// it between writes: stopped, the file is probed with a write transaction that does not
+    /// wait; if the lock is taken, it runs on for a millisecond and is stopped again.
+    ///
+    /// # Panics
+    /// When no such moment comes within 10 s, or `kill` fails.
+    pub fn freeze_between_writes(&self, db: &std::path::Path) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            self.signal("-STOP");
+            if sqlite_write_free(db) {
+                return;
+            }
+            self.signal("-CONT");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: the SQLite write lock never free while it was stopped",
+                self.name
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// The last 30 lines of its log.
