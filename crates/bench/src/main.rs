@@ -211,7 +211,8 @@ async fn baseline_rss() -> anyhow::Result<u64> {
 }
 
 /// Flags of the idle measurement: `--poll-s S` (long-poll timeout, default 45), `--rounds R`
-/// (messages per bot before measuring again, aged connections; default 35).
+/// (messages per bot before measuring again, aged connections; default 35), `--wave N` (Slack:
+/// bots written to at once in each round, default all of them).
 fn arg<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::args()
         .skip_while(|a| a != name)
@@ -385,7 +386,8 @@ async fn main() -> anyhow::Result<()> {
         let base = baseline_rss().await?;
         let rounds = arg("--rounds").unwrap_or(35);
         let n = arg("--size").unwrap_or(if quick { 1_000 } else { 2_000 });
-        slack::idle(n, rounds, base).await?;
+        let wave = arg("--wave").unwrap_or(n).max(1);
+        slack::idle(n, rounds, wave, base).await?;
     }
     if only
         .as_deref()

@@ -50,8 +50,16 @@ async fn wait_posts(fake: &FakeSlack, want: usize, limit: Duration) -> anyhow::R
 }
 
 /// RSS and CPU of one worker with `bots` idle Slack bots: right after all connect, and again
-/// after `rounds` messages per bot.
-pub(crate) async fn idle(bots: usize, rounds: usize, base_kib: u64) -> anyhow::Result<()> {
+/// after `rounds` messages per bot. Each round writes to `wave` bots at once and waits for
+/// their answers before the next wave (`wave` = `bots`: every bot at once, the figure the
+/// README's goal is on): what a worker keeps per bot after traffic, apart from the heap that
+/// a burst of `wave` simultaneous turns leaves allocated.
+pub(crate) async fn idle(
+    bots: usize,
+    rounds: usize,
+    wave: usize,
+    base_kib: u64,
+) -> anyhow::Result<()> {
     let fake = FakeSlack::start().await?;
     let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-{}", nonce())));
     std::fs::create_dir_all(&dir.0)?;
@@ -72,14 +80,21 @@ pub(crate) async fn idle(bots: usize, rounds: usize, base_kib: u64) -> anyhow::R
             for i in 0..bots {
                 fake.state()
                     .user_writes(&tokens(i).0, "C1", None, &format!("r{r}"));
+                if (i + 1) % wave == 0 || i + 1 == bots {
+                    wait_posts(&fake, r * bots + i + 1, Duration::from_secs(120)).await?;
+                }
             }
-            wait_posts(&fake, (r + 1) * bots, Duration::from_secs(120)).await?;
         }
+        let waves = if wave >= bots {
+            String::new()
+        } else {
+            format!(" (written to {wave} bots at a time)")
+        };
         measure(
             pid,
             bots,
             base_kib,
-            format!("Slack sockets, after {rounds} messages per bot"),
+            format!("Slack sockets, after {rounds} messages per bot{waves}"),
         )
         .await;
     }
