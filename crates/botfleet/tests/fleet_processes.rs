@@ -21,7 +21,9 @@ use std::{
 use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator};
 use botfleet_core::{BotId, BotSpec, Platform};
 use botfleet_store::{SqliteStore, Store};
-use botfleet_testkit::{fleet_worker, nonce, wait_for, FakeSlack, FakeTelegram, Proc, RedisServer};
+use botfleet_testkit::{
+    fleet_worker, nonce, wait_for, wait_for_or, FakeSlack, FakeTelegram, Proc, RedisServer,
+};
 
 const BOTS: usize = 300;
 /// Slack bots beside the Telegram ones in the mixed pool.
@@ -940,12 +942,12 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
         }
     };
     // Every shard of `victims` RESUMEd at least `after` more times than before, all connected.
-    let resumed =
-        |victims: Vec<usize>, before: Vec<u64>| {
-            let fake = &fake;
-            let dtoken = &dtoken;
-            async move {
-                wait_for(
+    let resumed = |victims: Vec<usize>, before: Vec<u64>| {
+        let fake = &fake;
+        let dtoken = &dtoken;
+        let logs = &dir.0;
+        async move {
+            wait_for_or(
                     "the moved bots resumed",
                     Duration::from_secs(30),
                     || async {
@@ -954,10 +956,30 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
                         }) && all_up(fake))
                         .then_some(())
                     },
+                    || {
+                        let bots: Vec<String> = victims
+                            .iter()
+                            .zip(&before)
+                            .map(|(k, b)| {
+                                let t = dtoken(*k);
+                                format!(
+                                    "disc-{k}: RESUMEs {b} before, {} now; {} of {SHARDS} shards connected",
+                                    fake.state().resumes(&t),
+                                    fake.state().connected_shards(&t)
+                                )
+                            })
+                            .collect();
+                        format!(
+                            "{}\nthe big bot: {} of 16 shards connected\n{}",
+                            bots.join("\n"),
+                            fake.state().connected_shards(BIG),
+                            botfleet_testkit::log_tails(logs)
+                        )
+                    },
                 )
                 .await;
-            }
-        };
+        }
+    };
     let resumes_of = |ks: &[usize]| -> Vec<u64> {
         ks.iter()
             .map(|k| fake.state().resumes(&dtoken(*k)))

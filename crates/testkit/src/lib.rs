@@ -30,11 +30,11 @@ pub use coord_suite::CoordFixture;
 pub use hooks::{RoundRobinProxy, StateHandler};
 pub use partition::Partition;
 pub use pg::PgSchema;
-pub use process::{fleet_worker, rss_kib, Proc};
+pub use process::{fleet_worker, log_tails, rss_kib, Proc};
 pub use redis_server::{free_port, RedisServer};
 pub use rng::SeededRng;
 pub use store_suite::StoreFixture;
-pub use wait::wait_for;
+pub use wait::{wait_for, wait_for_or};
 
 /// A fresh random nonce, 16 hex characters (unique names for temp files, schemas, prefixes).
 pub fn nonce() -> String {

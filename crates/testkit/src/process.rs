@@ -37,6 +37,31 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The last 30 lines of every `*.log` file in `dir` (the logs of the workers a test started
+/// there), each under its file's name: what a test prints when a wait for the fleet fails.
+pub fn log_tails(dir: &std::path::Path) -> String {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                .collect()
+        })
+        .unwrap_or_default();
+    logs.sort();
+    let mut out = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        out.push_str(&format!("--- {}\n{}\n", log.display(), tail(&text, 30)));
+    }
+    out
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<_> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// Whether a write transaction on the SQLite file `db` can begin now (none is held), without
 /// waiting for one.
 fn sqlite_write_free(db: &std::path::Path) -> bool {
@@ -120,9 +145,7 @@ impl Proc {
 
     /// The last 30 lines of its log.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<_> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        tail(&std::fs::read_to_string(&self.log).unwrap_or_default(), 30)
     }
 
     /// The lines of its log that mention `what`.

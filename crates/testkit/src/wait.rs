@@ -6,7 +6,25 @@ use std::{future::Future, time::Duration};
 ///
 /// # Panics
 /// When the deadline passes: the test fails with a message naming the condition.
-pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut cond: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_for_or(what, limit, cond, String::new).await
+}
+
+/// [`wait_for`], and when the deadline passes the panic message carries `context()` too (what
+/// the fakes saw, the workers' logs): a failure on a CI machine says why, not only what.
+///
+/// # Panics
+/// When the deadline passes.
+pub async fn wait_for_or<T, F, Fut>(
+    what: &str,
+    limit: Duration,
+    mut cond: F,
+    context: impl FnOnce() -> String,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -17,7 +35,11 @@ where
             return v;
         }
         if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {limit:?} waiting for: {what}");
+            let context = context();
+            if context.is_empty() {
+                panic!("timed out after {limit:?} waiting for: {what}");
+            }
+            panic!("timed out after {limit:?} waiting for: {what}\n{context}");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
