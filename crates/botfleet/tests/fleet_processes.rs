@@ -22,7 +22,8 @@ use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator};
 use botfleet_core::{BotId, BotSpec, Platform};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
-    fleet_worker, nonce, wait_for, wait_for_or, FakeSlack, FakeTelegram, Proc, RedisServer,
+    fleet_worker, log_tails, nonce, wait_for, wait_for_or, FakeSlack, FakeTelegram, Proc,
+    RedisServer,
 };
 
 const BOTS: usize = 300;
@@ -947,37 +948,36 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
         let dtoken = &dtoken;
         let logs = &dir.0;
         async move {
-            wait_for_or(
-                    "the moved bots resumed",
-                    Duration::from_secs(30),
-                    || async {
-                        (victims.iter().zip(&before).all(|(k, b)| {
-                            fake.state().resumes(&dtoken(*k)) >= b + u64::from(SHARDS)
-                        }) && all_up(fake))
-                        .then_some(())
-                    },
-                    || {
-                        let bots: Vec<String> = victims
-                            .iter()
-                            .zip(&before)
-                            .map(|(k, b)| {
-                                let t = dtoken(*k);
-                                format!(
-                                    "disc-{k}: RESUMEs {b} before, {} now; {} of {SHARDS} shards connected",
-                                    fake.state().resumes(&t),
-                                    fake.state().connected_shards(&t)
-                                )
-                            })
-                            .collect();
-                        format!(
-                            "{}\nthe big bot: {} of 16 shards connected\n{}",
-                            bots.join("\n"),
-                            fake.state().connected_shards(BIG),
-                            botfleet_testkit::log_tails(logs)
-                        )
-                    },
+            // What the fake saw of each moved bot, and the workers' logs, if the wait fails.
+            let context = || {
+                let mut out = String::new();
+                for (k, b) in victims.iter().zip(&before) {
+                    let t = dtoken(*k);
+                    let (now, up) = (fake.state().resumes(&t), fake.state().connected_shards(&t));
+                    out.push_str(&format!(
+                        "disc-{k}: RESUMEs {b} before, {now} now; {up} of {SHARDS} shards up\n"
+                    ));
+                }
+                let big = fake.state().connected_shards(BIG);
+                format!(
+                    "{out}the big bot: {big} of 16 shards up\n{}",
+                    log_tails(logs)
                 )
-                .await;
+            };
+            wait_for_or(
+                "the moved bots resumed",
+                Duration::from_secs(30),
+                || async {
+                    (victims
+                        .iter()
+                        .zip(&before)
+                        .all(|(k, b)| fake.state().resumes(&dtoken(*k)) >= b + u64::from(SHARDS))
+                        && all_up(fake))
+                    .then_some(())
+                },
+                context,
+            )
+            .await;
         }
     };
     let resumes_of = |ks: &[usize]| -> Vec<u64> {

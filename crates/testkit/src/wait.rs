@@ -36,10 +36,8 @@ where
         }
         if tokio::time::Instant::now() >= deadline {
             let context = context();
-            if context.is_empty() {
-                panic!("timed out after {limit:?} waiting for: {what}");
-            }
-            panic!("timed out after {limit:?} waiting for: {what}\n{context}");
+            let sep = if context.is_empty() { "" } else { "\n" };
+            panic!("timed out after {limit:?} waiting for: {what}{sep}{context}");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
