@@ -161,6 +161,15 @@ pub(crate) async fn measure(pid: u32, bots: usize, base_kib: u64, what: String) 
     tokio::time::sleep(window).await;
     let (c1, dt) = (cpu_ticks(pid), t0.elapsed());
     let cpu = (c1 - c0) as f64 / 100.0 / dt.as_secs_f64() * 100.0;
+    // A look inside the worker at the moment it is measured (a debugger dumping the
+    // allocator's statistics, say): `BOTFLEET_BENCH_PROBE="script"` runs `script PID LABEL`.
+    if let Ok(probe) = std::env::var("BOTFLEET_BENCH_PROBE") {
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{probe} {pid} \"$0\""))
+            .arg(&what)
+            .status();
+    }
     let rss = rss_kib(pid);
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
     println!(

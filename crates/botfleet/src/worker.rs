@@ -70,6 +70,13 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_HANDLER_RETRY_S", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     handler_retry_s: u64,
+    /// Turns at work at once over every bot of this worker (1-65536): reading a message,
+    /// a quick handler, sending, recording. More wait for a slot in order; a handler still
+    /// working after 250 ms gives its slot back until it answers, so slow handlers hold none.
+    /// Bounds what a burst over every bot costs in memory, which the allocator keeps after.
+    #[arg(long, env = "BOTFLEET_TURN_SLOTS", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    turn_slots: u32,
     /// Telegram long-poll timeout in seconds (0-50). Longer polls cost less: an idle bot
     /// polls once per timeout (measured: 45 s polls ~0.03 % of a core per 1,000 idle bots,
     /// 9 s polls ~1.2 %); HTTP intermediaries often cut requests idle for 60 s.
@@ -204,6 +211,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         }
     }
     cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
+    cfg.turn_slots = a.turn_slots as usize;
     cfg.transport_down = Duration::from_millis(a.transport_down_ms);
     cfg.shard_recount_every = Duration::from_secs(a.discord_shard_recount_s);
     cfg.whatsapp_web_version = a.whatsapp_web_version.clone();

@@ -83,6 +83,8 @@ pub(crate) struct BotSettings {
     pub(crate) transport_down: Duration,
     /// See [`crate::WorkerConfig::shard_recount_every`].
     pub(crate) shard_recount: Duration,
+    /// The worker's turn slots.
+    pub(crate) slots: crate::turn::Slots,
 }
 
 /// Everything a bot task needs; owned by the task.
@@ -365,6 +367,7 @@ impl BotCtx {
                 worker: Arc::from(self.worker.as_str()),
                 retry_for: self.settings.retry_for,
                 spec_at_ms: Some(self.spec_at_ms),
+                slots: self.settings.slots.clone(),
             },
             fence: self.fence,
             lease: self.lease.clone(),
@@ -572,6 +575,17 @@ impl BotCtx {
             if let Err(e) = self.lease.check() {
                 break BotExit::Fenced(e.to_string());
             }
+            // Recording what arrived is turn work too: it takes one of the worker's slots,
+            // so a burst over every bot records a bounded number of batches at a time.
+            let _slot = if batch.messages.is_empty() {
+                None
+            } else {
+                let slots = self.settings.slots.clone();
+                tokio::select! {
+                    s = slots.next() => s,
+                    () = stopped(self.stop.clone()) => break BotExit::Stopped,
+                }
+            };
             self.metrics
                 .delivery_redelivered(self.spec.platform, batch.redelivered);
             for _ in 0..batch.malformed {

@@ -16,7 +16,10 @@ use std::{
 use botfleet_coord::LeaseHandle;
 use botfleet_core::Fence;
 use botfleet_store::{InboxEntry, InboxItem, InboxState, TurnFence, TurnView};
-use tokio::{sync::watch, task::JoinSet};
+use tokio::{
+    sync::{watch, OwnedSemaphorePermit},
+    task::JoinSet,
+};
 
 use crate::turn::{self, Halt, Hold, TurnCtx};
 
@@ -52,6 +55,9 @@ pub(crate) struct Chats {
     waiting: HashMap<String, Queue>,
     /// One task per chat whose message is being answered; each answers with its chat.
     answering: JoinSet<(String, Result<(), Halt>)>,
+    /// Chats whose next message waits for one of the worker's turn slots (in order): no
+    /// task is made for a turn before it has one, so a burst costs `slots` turns at a time.
+    ready: VecDeque<String>,
     in_flight: usize,
 }
 
@@ -61,6 +67,7 @@ impl Chats {
             ctx: Arc::new(ctx),
             waiting: HashMap::new(),
             answering: JoinSet::new(),
+            ready: VecDeque::new(),
             in_flight: 0,
         }
     }
@@ -90,20 +97,36 @@ impl Chats {
         }
     }
 
-    /// Starts answering the chat's oldest waiting message (it leaves the queue; the chat is
-    /// busy until its task is done), or forgets the chat when nothing waits.
+    /// Starts answering the chat's oldest waiting message when a turn slot is free (else the
+    /// chat waits for one in `ready`; busy either way until its task is done), or forgets the
+    /// chat when nothing waits.
     fn start_next(&mut self, chat: String) {
         let Some(q) = self.waiting.get_mut(&chat) else {
             return;
         };
-        let Some(job) = q.jobs.pop_front() else {
+        if q.jobs.is_empty() {
             self.waiting.remove(&chat);
+            if self.waiting.is_empty() {
+                // An idle bot keeps no table: what a burst grew is given back.
+                self.waiting = HashMap::new();
+            }
             return;
-        };
+        }
         q.busy = true;
+        match self.ctx.turn.slots.try_take() {
+            Some(slot) => self.spawn(chat, slot),
+            None => self.ready.push_back(chat),
+        }
+    }
+
+    /// Starts the task answering the chat's oldest message, with the turn slot it got.
+    fn spawn(&mut self, chat: String, slot: OwnedSemaphorePermit) {
+        let Some(job) = self.waiting.get_mut(&chat).and_then(|q| q.jobs.pop_front()) else {
+            return; // the queues were ended meanwhile
+        };
         let ctx = self.ctx.clone();
         self.answering.spawn(async move {
-            let r = answer(&ctx, &chat, job).await;
+            let r = answer(&ctx, &chat, job, slot).await;
             (chat, r)
         });
     }
@@ -112,9 +135,17 @@ impl Chats {
     /// when a queue stopped the bot (fenced, or its credentials refused; a queue asked to stop
     /// just ends); pends while nothing is being answered.
     pub(crate) async fn progress(&mut self) -> Option<Halt> {
+        let ctx = self.ctx.clone();
         loop {
-            let Some(done) = self.answering.join_next().await else {
-                return std::future::pending().await;
+            let done = tokio::select! {
+                Some(done) = self.answering.join_next() => done,
+                slot = ctx.turn.slots.next(), if !self.ready.is_empty() => {
+                    if let (Some(slot), Some(chat)) = (slot, self.ready.pop_front()) {
+                        self.spawn(chat, slot);
+                    }
+                    continue;
+                }
+                else => return std::future::pending().await,
             };
             let Ok((chat, result)) = done else {
                 continue; // aborted (shutting down)
@@ -138,6 +169,7 @@ impl Chats {
     /// stays pending in the inbox for the next owner.
     pub(crate) async fn finish(mut self, limit: Duration) {
         self.waiting.clear();
+        self.ready.clear();
         let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
         loop {
@@ -166,7 +198,12 @@ impl Hold for ChatsCtx {
 }
 
 /// Answers one message through the turn pipeline, under the unit's claim.
-async fn answer(ctx: &ChatsCtx, chat: &str, job: Job) -> Result<(), Halt> {
+async fn answer(
+    ctx: &ChatsCtx,
+    chat: &str,
+    job: Job,
+    slot: OwnedSemaphorePermit,
+) -> Result<(), Halt> {
     // A message just received, for a handler that keeps no state: nothing to read first (it
     // is pending, its reply cannot be in the outbox yet, and no state is sent). Otherwise the
     // turn reads the chat's state and the outbox.
@@ -192,6 +229,7 @@ async fn answer(ctx: &ChatsCtx, chat: &str, job: Job) -> Result<(), Halt> {
         fence: TurnFence::Claim(ctx.fence),
         view,
         arrived: None,
+        slot: Some(slot),
     };
     turn::run(&ctx.turn, ctx, j).await
 }

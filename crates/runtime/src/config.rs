@@ -43,6 +43,11 @@ pub struct WorkerConfig {
     /// Messages a bot holds received but not answered before it stops receiving until its
     /// chats catch up (what is received is recorded and acknowledged first). Default 1,000.
     pub max_in_flight: usize,
+    /// Turns in their own work at once over every bot of the worker (reading and decoding a
+    /// message, sending, recording); more wait for a slot. The handler's time is not counted,
+    /// so slow handlers never hold a slot. Bounds what a burst (every bot written to at
+    /// once) costs in memory, which the allocator keeps afterwards. Default 128.
+    pub turn_slots: usize,
     /// A bot whose platform stays unreachable from this worker this long (transient failures
     /// only: refused, reset, timeout, 5xx) is handed to another worker, which its placement
     /// then prefers for `avoid_for`. Zero never moves it.
@@ -97,6 +102,7 @@ impl WorkerConfig {
             webhook_timeout: Duration::from_secs(10),
             handler_retry_for: Duration::from_secs(300),
             max_in_flight: 1_000,
+            turn_slots: 128,
             transport_down: Duration::from_secs(120),
             avoid_for: Duration::from_secs(600),
             turn_wait: Duration::from_secs(10),

@@ -65,6 +65,8 @@ pub(crate) struct HookSettings {
     pub(crate) turn_wait: Duration,
     pub(crate) handler_timeout: Duration,
     pub(crate) retry_for: Duration,
+    /// The worker's turn slots.
+    pub(crate) slots: crate::turn::Slots,
 }
 
 /// The webhook side of one worker: serve its [`Hooks::router`] on the hooks address.
@@ -914,6 +916,7 @@ impl Hooks {
                 .map_or_else(|| Arc::from(""), |l| Arc::from(l.worker().to_string())),
             retry_for: self.inner.settings.retry_for,
             spec_at_ms: self.spec_at(spec),
+            slots: self.inner.settings.slots.clone(),
         };
         let job = turn::Job {
             key,
@@ -921,6 +924,7 @@ impl Hooks {
             fence: TurnFence::Chat(fence),
             view: preload,
             arrived,
+            slot: None,
         };
         match turn::run(&ctx, self, job).await {
             Ok(()) => Handled::Done,

@@ -33,7 +33,7 @@ use botfleet_store::{
     InboxOutcome, InboxState, StateWrite, Store, StoreError, TurnFence, TurnRecord, TurnView,
     MAX_STATE_BYTES,
 };
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 
 use crate::{
@@ -85,6 +85,59 @@ pub(crate) trait Hold: Sync {
     }
 }
 
+/// The turn slots of one worker: how many turns may be at work at once over every bot and
+/// transport (reading and decoding the entry, a quick handler, sending, recording), and how
+/// many bots may be recording what they received. More wait for a slot, in order.
+///
+/// A handler still working after [`QUICK_HANDLER`] gives its turn's slot back until it
+/// answers: a handler that takes minutes (an AI agent) holds none, and the other bots' turns
+/// go on. So do the waits between tries (a 429 may ask for minutes).
+///
+/// A burst (every bot written to at once) then costs what `n` turns at a time cost, not what
+/// all of them would at once: the allocator keeps the high-water of a burst for good.
+#[derive(Clone, Debug)]
+pub(crate) struct Slots(Arc<Semaphore>);
+
+/// How long a handler may run before its turn gives its slot back.
+pub(crate) const QUICK_HANDLER: Duration = Duration::from_millis(250);
+
+/// A turn's slot, when it holds one.
+pub(crate) type Slot = Option<OwnedSemaphorePermit>;
+
+impl Slots {
+    /// `n` slots (at least one).
+    pub(crate) fn new(n: usize) -> Self {
+        Self(Arc::new(Semaphore::new(n.max(1))))
+    }
+
+    /// A slot if one is free now (and nobody is waiting for one).
+    pub(crate) fn try_take(&self) -> Option<OwnedSemaphorePermit> {
+        self.0.clone().try_acquire_owned().ok()
+    }
+
+    /// Waits for a slot (cancel-safe: dropped while waiting, it takes none).
+    pub(crate) async fn next(&self) -> Option<OwnedSemaphorePermit> {
+        self.0.clone().acquire_owned().await.ok()
+    }
+
+    /// Makes sure `slot` holds one, waiting for it unless a stop is asked for.
+    ///
+    /// # Errors
+    /// [`Halt::Stopped`] when it was.
+    async fn ensure(&self, slot: &mut Slot, hold: &impl Hold) -> Result<(), Halt> {
+        if slot.is_none() {
+            *slot = match self.try_take() {
+                Some(p) => Some(p),
+                None => tokio::select! {
+                    p = self.next() => p,
+                    () = crate::retry::stopped(hold.stop()) => return Err(Halt::Stopped),
+                },
+            };
+        }
+        Ok(())
+    }
+}
+
 /// What the turns of one bot share.
 pub(crate) struct TurnCtx {
     pub(crate) bot: BotId,
@@ -102,6 +155,8 @@ pub(crate) struct TurnCtx {
     /// The `updated_at_ms` of the spec the turns run under, when known: a refusal of its
     /// credentials fails the bot only while that spec is still the registered one.
     pub(crate) spec_at_ms: Option<i64>,
+    /// The worker's turn slots.
+    pub(crate) slots: Slots,
 }
 
 /// One entry to answer.
@@ -114,6 +169,9 @@ pub(crate) struct Job<'a> {
     pub(crate) view: Option<TurnView>,
     /// When the platform's request arrived (webhook bots: the reply latency counts from it).
     pub(crate) arrived: Option<Instant>,
+    /// The turn's slot, when its caller waited for it already (the chat queues do, before
+    /// they start a turn); taken here otherwise.
+    pub(crate) slot: Slot,
 }
 
 /// Answers one journaled entry and ends it: `Ok` once it is ended (answered, found
@@ -122,6 +180,8 @@ pub(crate) struct Job<'a> {
 /// # Errors
 /// Why the entry was left pending ([`Halt`]).
 pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result<(), Halt> {
+    let mut slot = job.slot;
+    ctx.slots.ensure(&mut slot, hold).await?;
     let view = match job.view {
         Some(v) => v,
         None => read_view(ctx, hold, job.key, job.chat).await?,
@@ -143,12 +203,12 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         Ok(m) => m,
         Err(e) => {
             let why = format!("recorded message unreadable: {e}");
-            return end.undeliverable(ctx, hold, why).await;
+            return end.undeliverable(ctx, hold, slot, why).await;
         }
     };
-    let reply = match answer(ctx, hold, &msg, view.state.as_deref(), started).await? {
+    let reply = match answer(ctx, hold, &mut slot, &msg, view.state.as_deref(), started).await? {
         Ok(r) => r,
-        Err(why) => return end.undeliverable(ctx, hold, why).await,
+        Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
     };
     let mut sent = None;
     if let Some(text) = reply.text {
@@ -156,7 +216,15 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
             // Sent before a crash, and recorded: not again.
             ctx.metrics.count(OUTBOX_SKIPPED_TOTAL, ctx.platform, 1);
         } else {
-            match send(ctx, hold, &Outbound::reply_to(&msg, text), started).await? {
+            match send(
+                ctx,
+                hold,
+                &mut slot,
+                &Outbound::reply_to(&msg, text),
+                started,
+            )
+            .await?
+            {
                 Ok(at) => {
                     match job.arrived {
                         Some(a) => ctx.metrics.hook_reply_latency(ctx.platform, a.elapsed()),
@@ -164,12 +232,13 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
                     }
                     sent = Some(at);
                 }
-                Err(why) => return end.undeliverable(ctx, hold, why).await,
+                Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
             }
         }
     }
     let state = checked_state(ctx, job.chat, reply.state).map(|s| (view.revision, s));
-    end.record(ctx, hold, InboxOutcome::Done, sent, state).await
+    end.record(ctx, hold, slot, InboxOutcome::Done, sent, state)
+        .await
 }
 
 /// The turn's view, through store failures while the worker may act.
@@ -199,6 +268,7 @@ async fn read_view(
 async fn answer(
     ctx: &TurnCtx,
     hold: &impl Hold,
+    slot: &mut Slot,
     msg: &Inbound,
     state: Option<&str>,
     started: Instant,
@@ -206,12 +276,27 @@ async fn answer(
     let mut attempt = 0;
     loop {
         hold.check()?;
-        match ctx.handler.answer_with_state(msg, state).await {
+        // Boxed: a webhook call's future is kilobytes, which a waiting turn need not carry.
+        let mut call = Box::pin(ctx.handler.answer_with_state(msg, state));
+        let r = if slot.is_some() {
+            match tokio::time::timeout(QUICK_HANDLER, &mut call).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // A slow handler: the slot goes to others until it answers.
+                    *slot = None;
+                    call.await
+                }
+            }
+        } else {
+            call.await
+        };
+        match r {
             Ok(r) => return Ok(Ok(r)),
             Err(e) if e.is_transient() && started.elapsed() < ctx.retry_for => {
                 ctx.metrics.handler_retry(ctx.platform);
                 let wait = backoff(attempt);
                 warn!(bot = %ctx.bot, chat = %msg.chat.chat, error = %e, wait_ms = wait.as_millis() as u64, "handler failed; retrying this chat's message");
+                *slot = None;
                 hold.pause(wait).await?;
                 attempt += 1;
             }
@@ -229,6 +314,7 @@ async fn answer(
 async fn send(
     ctx: &TurnCtx,
     hold: &impl Hold,
+    slot: &mut Slot,
     out: &Outbound,
     started: Instant,
 ) -> Result<Result<Instant, String>, Halt> {
@@ -238,6 +324,7 @@ async fn send(
     };
     let mut attempt = 0;
     loop {
+        ctx.slots.ensure(slot, hold).await?;
         // Checked before every send: a frozen or fenced worker sends nothing.
         hold.check()?;
         match sender.send(out).await {
@@ -263,6 +350,8 @@ async fn send(
                     return Ok(Err(format!("send: {e}")));
                 }
                 debug!(bot = %ctx.bot, error = %e, "send failed; retrying");
+                // No slot across the wait (a 429 may ask for minutes).
+                *slot = None;
                 hold.pause(wait_after(&e, attempt)).await?;
                 attempt += 1;
             }
@@ -298,11 +387,24 @@ struct End<'a> {
 
 impl End<'_> {
     /// Ends the entry as undeliverable (nothing was sent).
-    async fn undeliverable(self, ctx: &TurnCtx, hold: &impl Hold, why: String) -> Result<(), Halt> {
+    async fn undeliverable(
+        self,
+        ctx: &TurnCtx,
+        hold: &impl Hold,
+        slot: Slot,
+        why: String,
+    ) -> Result<(), Halt> {
         warn!(bot = %ctx.bot, key = %self.key, reason = %why, "message undeliverable");
         ctx.metrics.undeliverable(ctx.platform);
-        self.record(ctx, hold, InboxOutcome::Undeliverable(why), None, None)
-            .await
+        self.record(
+            ctx,
+            hold,
+            slot,
+            InboxOutcome::Undeliverable(why),
+            None,
+            None,
+        )
+        .await
     }
 
     /// Writes what the turn leaves in one record, retrying through store failures: once a
@@ -312,6 +414,7 @@ impl End<'_> {
         self,
         ctx: &TurnCtx,
         hold: &impl Hold,
+        slot: Slot,
         outcome: InboxOutcome,
         sent: Option<Instant>,
         state: Option<(u64, String)>,
@@ -323,6 +426,12 @@ impl End<'_> {
             outcome,
             sent: sent.is_some(),
             state,
+        };
+        // Waited for whether or not a stop is asked for: once a reply is out, this write
+        // must be made either way.
+        let _slot = match slot {
+            Some(p) => Some(p),
+            None => ctx.slots.next().await,
         };
         let mut attempt = 0;
         loop {

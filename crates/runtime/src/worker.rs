@@ -106,6 +106,8 @@ pub struct Worker {
     reporter: Reporter,
     /// The reports' queue, written to the store from [`Worker::run`] on.
     reports: Option<crate::reporter::Reports>,
+    /// The turn slots every bot's turns share, whatever their transport.
+    slots: crate::turn::Slots,
 }
 
 impl std::fmt::Debug for Worker {
@@ -134,6 +136,7 @@ impl Worker {
         metrics.set_capacity(cfg.capacity);
         let journal = Journal::new(JOURNAL_CAPACITY);
         let (reporter, reports) = Reporter::new();
+        let slots = crate::turn::Slots::new(cfg.turn_slots);
         Ok(Self {
             cfg,
             coord,
@@ -148,6 +151,7 @@ impl Worker {
             hooks: None,
             reporter,
             reports: Some(reports),
+            slots,
         })
     }
 
@@ -175,6 +179,7 @@ impl Worker {
                 turn_wait: self.cfg.turn_wait,
                 handler_timeout: self.cfg.webhook_timeout,
                 retry_for: self.cfg.handler_retry_for,
+                slots: self.slots.clone(),
             },
             self.reporter.clone(),
         );

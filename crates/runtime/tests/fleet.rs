@@ -813,3 +813,103 @@ async fn handler_outages_are_retried_and_refusals_are_recorded_as_undeliverable(
     w.shutdown().await;
     server.abort();
 }
+
+/// The worker's turn slots bound how many turns are in their own work at once over every bot
+/// (here the sends, which the fake makes slow), and a handler that takes its time holds none:
+/// three chats whose handler is still thinking, on a worker of two slots, hold up no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turn_slots_bound_the_sends_and_a_slow_handler_holds_none() {
+    use axum::{routing::post, Json, Router};
+    use botfleet_core::HandlerSpec;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let (release, released) = tokio::sync::watch::channel(false);
+    let holding = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let holding = holding.clone();
+        Router::new().route(
+            "/hook",
+            post(move |Json(m): Json<serde_json::Value>| {
+                let (holding, mut released) = (holding.clone(), released.clone());
+                async move {
+                    let text = m["text"].as_str().unwrap_or_default().to_owned();
+                    if text == "hold" {
+                        holding.fetch_add(1, Ordering::SeqCst);
+                        let _ = released.wait_for(|r| *r).await;
+                    }
+                    Json(serde_json::json!({ "text": text }))
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().set_send_delay(Duration::from_millis(150));
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 6).await;
+    for b in &bots {
+        let mut spec = store.get_bot(b).await.unwrap().unwrap().spec;
+        spec.handler = HandlerSpec::Webhook {
+            url: hook.clone(),
+            secret: None,
+        };
+        store.update_bot(&spec).await.unwrap();
+    }
+    let hub = MemoryHub::new();
+    let mut cfg = config("solo");
+    cfg.turn_slots = 2;
+    cfg.webhook_timeout = Duration::from_secs(60);
+    let w = start(cfg, Arc::new(hub.coordinator()), store.clone());
+    wait_for("all bots polling", Duration::from_secs(20), || async {
+        (fake.state().polling_tokens() == bots.len()).then_some(())
+    })
+    .await;
+    for chat in 1..=3 {
+        fake.state().user_writes(&token(0), chat, "hold");
+    }
+    wait_for(
+        "three handlers thinking",
+        Duration::from_secs(10),
+        || async { (holding.load(Ordering::SeqCst) == 3).then_some(()) },
+    )
+    .await;
+    for i in 1..bots.len() {
+        for m in 0..2 {
+            fake.state().user_writes(&token(i), 10, &format!("go{m}"));
+        }
+    }
+    wait_for(
+        "the other bots answered while the three think",
+        Duration::from_secs(30),
+        || async { (fake.state().sent_count() == 10).then_some(()) },
+    )
+    .await;
+    assert!(
+        fake.state().sent().iter().all(|s| s.text.starts_with("go")),
+        "nothing of the thinking chats is sent yet"
+    );
+    release.send(true).unwrap();
+    wait_for(
+        "the thinking chats answered",
+        Duration::from_secs(30),
+        || async { (fake.state().sent_count() == 13).then_some(()) },
+    )
+    .await;
+    let most = fake.state().most_sends_in_flight();
+    assert!(
+        most <= 2,
+        "{most} sends at once on a worker of two turn slots"
+    );
+    for ((tok, chat), texts) in by_chat(&fake.state().sent()) {
+        if tok == token(0) {
+            assert_eq!(texts, ["hold"], "chat {chat}");
+        } else {
+            assert_eq!(texts, ["go0", "go1"], "{tok}");
+        }
+    }
+    w.shutdown().await;
+    server.abort();
+}

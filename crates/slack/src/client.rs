@@ -105,7 +105,7 @@ impl SlackClient {
     pub fn new(config: SlackConfig) -> Result<Self, SlackError> {
         let http = reqwest::Client::builder()
             .connect_timeout(config.request_timeout)
-            .pool_max_idle_per_host(config.max_concurrent_calls.max(1))
+            .pool_max_idle_per_host(config.idle_connections())
             .build()
             .map_err(|e| {
                 let e = e.without_url();

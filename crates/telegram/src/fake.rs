@@ -122,6 +122,11 @@ pub struct FakeState {
     conflicts: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
     accepted: Arc<AtomicU64>,
+    /// How long every `sendMessage` takes to be answered, ms.
+    send_delay_ms: Arc<AtomicU64>,
+    /// `sendMessage` calls being answered now, and the most at once so far.
+    sends_in_flight: Arc<AtomicU64>,
+    most_sends_in_flight: Arc<AtomicU64>,
 }
 
 impl FakeState {
@@ -241,6 +246,18 @@ impl FakeState {
         if let Some(w) = wake {
             w.notify_waiters();
         }
+    }
+
+    /// Every `sendMessage` takes `d` to be answered (a distant server), so callers' sends
+    /// overlap.
+    pub fn set_send_delay(&self, d: std::time::Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.send_delay_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The most `sendMessage` calls that were being answered at once.
+    pub fn most_sends_in_flight(&self) -> u64 {
+        self.most_sends_in_flight.load(Ordering::Relaxed)
     }
 
     /// Everything received through `sendMessage`, in arrival order.
@@ -574,6 +591,13 @@ async fn handle(
                     None,
                 );
             };
+            let now = state.sends_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            state.most_sends_in_flight.fetch_max(now, Ordering::SeqCst);
+            let delay = state.send_delay_ms.load(Ordering::Relaxed);
+            if delay > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
+            state.sends_in_flight.fetch_sub(1, Ordering::SeqCst);
             state.lock().sent.push(Sent {
                 token,
                 chat_id: chat_id.clone(),

@@ -561,6 +561,7 @@ impl State {
                         verify: !handed,
                         transport_down: self.w.cfg.transport_down,
                         shard_recount: self.w.cfg.shard_recount_every,
+                        slots: self.w.slots.clone(),
                     },
                     stop: stop_rx,
                     down_since: None,
