@@ -42,6 +42,12 @@ impl Drop for Dir {
 pub(crate) struct Worker(pub(crate) Child);
 impl Drop for Worker {
     fn drop(&mut self) {
+        // The worker's own process group (see `spawn`): a wrapper's child (heaptrack runs the
+        // worker as its child) ends with it instead of running on, unseen, after the bench.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0.id())])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -94,7 +100,9 @@ pub(crate) async fn registry_at(
 /// Starts `botfleet worker ARGS` (on a free HTTP port unless `args` names one). Its log goes
 /// nowhere, or to `$BOTFLEET_BENCH_LOGS/worker-<pid>.log` when that is set, at level
 /// `$BOTFLEET_BENCH_LOG_LEVEL` (default info).
-/// `$BOTFLEET_BENCH_WRAP` (e.g. `heaptrack -o /tmp/worker`) runs the worker under a profiler.
+/// `$BOTFLEET_BENCH_WRAP` (e.g. `heaptrack -o /tmp/worker`) runs the worker under a profiler
+/// (the worker's process group ends with the bench); `$BOTFLEET_BENCH_PROBE` is run at every
+/// idle measurement (see [`measure`]).
 pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
     let wrap = std::env::var("BOTFLEET_BENCH_WRAP").unwrap_or_default();
     let mut wrap = wrap.split_whitespace();
@@ -135,6 +143,8 @@ pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
             .stderr(f),
         None => cmd.env("RUST_LOG", "error").stderr(Stdio::null()),
     };
+    // A process group of its own, ended as a whole on drop.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let child = cmd.spawn().context("starting botfleet worker")?;
     Ok(Worker(child))
 }
