@@ -88,6 +88,10 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // 10: every bot's turns record their replies in the outbox (migration 7); the per-bot
     // sent marks of migration 3 were never read by a turn and go.
     "DROP TABLE IF EXISTS sent_replies;",
+    // 11: a journal write numbers on from the bot's last entry (`MAX(seq)`), which no index
+    // answered: it read every entry the bot keeps (answered ones an hour, undeliverable ones a
+    // week), 11 ms per write at 100,000 entries on SQLite, inside the one writer.
+    "CREATE INDEX inbox_by_seq ON inbox (bot_id, seq);",
 ];
 
 /// The `hook` column's document: the receive settings and secrets, and a Discord bot's counted
