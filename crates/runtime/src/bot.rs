@@ -580,10 +580,9 @@ impl BotCtx {
             let _slot = if batch.messages.is_empty() {
                 None
             } else {
-                let slots = self.settings.slots.clone();
-                tokio::select! {
-                    s = slots.next() => s,
-                    () = stopped(self.stop.clone()) => break BotExit::Stopped,
+                match self.settings.slots.take(self.stop.clone()).await {
+                    Some(s) => Some(s),
+                    None => break BotExit::Stopped,
                 }
             };
             self.metrics
