@@ -580,9 +580,10 @@ impl BotCtx {
             let _slot = if batch.messages.is_empty() {
                 None
             } else {
-                match self.settings.slots.take(self.stop.clone()).await {
-                    Some(s) => Some(s),
-                    None => break BotExit::Stopped,
+                let slots = self.settings.slots.clone();
+                tokio::select! {
+                    s = slots.next() => s,
+                    () = stopped(self.stop.clone()) => break BotExit::Stopped,
                 }
             };
             self.metrics

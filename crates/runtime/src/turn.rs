@@ -120,24 +120,19 @@ impl Slots {
         self.0.clone().acquire_owned().await.ok()
     }
 
-    /// Waits for a slot, unless a stop is asked for first (then `None`).
-    pub(crate) async fn take(&self, stop: watch::Receiver<bool>) -> Option<OwnedSemaphorePermit> {
-        if let Some(p) = self.try_take() {
-            return Some(p);
-        }
-        tokio::select! {
-            p = self.next() => p,
-            () = crate::retry::stopped(stop) => None,
-        }
-    }
-
     /// Makes sure `slot` holds one, waiting for it unless a stop is asked for.
     ///
     /// # Errors
     /// [`Halt::Stopped`] when it was.
     async fn ensure(&self, slot: &mut Slot, hold: &impl Hold) -> Result<(), Halt> {
         if slot.is_none() {
-            *slot = Some(self.take(hold.stop()).await.ok_or(Halt::Stopped)?);
+            *slot = match self.try_take() {
+                Some(p) => Some(p),
+                None => tokio::select! {
+                    p = self.next() => p,
+                    () = crate::retry::stopped(hold.stop()) => return Err(Halt::Stopped),
+                },
+            };
         }
         Ok(())
     }
