@@ -439,12 +439,17 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     // 2. w3 joins and takes its share.
     let joined_at = Instant::now();
     procs.push(spawn_worker("w3", &db, &redis.url(), &dir.0));
-    wait_for("w3 holds bots", slack, || async {
-        let live = coord.live_workers().await.ok()?;
-        live.iter()
-            .find(|w| w.id.as_str() == "w3" && w.meta.bots_held > 50)
-            .map(|_| ())
-    })
+    wait_for_or(
+        "w3 holds bots",
+        slack,
+        || async {
+            let live = coord.live_workers().await.ok()?;
+            live.iter()
+                .find(|w| w.id.as_str() == "w3" && w.meta.bots_held > 50)
+                .map(|_| ())
+        },
+        || log_tails(&dir.0),
+    )
     .await;
     all_polling(&fake, "bots polling after the join", joined_at, slack).await;
     println!(
@@ -782,10 +787,15 @@ async fn five_thousand_bots_move_on_a_join_and_a_sigterm() {
                 .map(|w| w.meta.bots_held as usize)
         }
     };
-    let share = wait_for("b takes its share", Duration::from_secs(120), || async {
-        let (ha, hb) = (held("a").await?, held("b").await?);
-        (hb > n / 3 && ha + hb == n).then_some(hb)
-    })
+    let share = wait_for_or(
+        "b takes its share",
+        Duration::from_secs(120),
+        || async {
+            let (ha, hb) = (held("a").await?, held("b").await?);
+            (hb > n / 3 && ha + hb == n).then_some(hb)
+        },
+        || log_tails(&dir.0),
+    )
     .await;
     let joined = t.elapsed();
     n_polling(
