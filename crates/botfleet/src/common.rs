@@ -19,9 +19,22 @@ pub(crate) struct Backends {
         hide_env_values = true
     )]
     pub(crate) database_url: String,
-    /// Redis of the fleet. Absent: embedded mode (one worker, in-memory coordination).
+    /// Redis of the fleet. Absent: embedded mode (one worker, in-memory coordination). In
+    /// sentinel mode, the Sentinels' URLs, comma-separated.
     #[arg(long, env = "BOTFLEET_REDIS_URL", hide_env_values = true)]
     pub(crate) redis_url: Option<String>,
+    /// How --redis-url is read: `standalone` (one Redis) or `sentinel` (Redis Sentinels that
+    /// name the primary; a failover is followed within seconds).
+    #[arg(
+        long,
+        env = "BOTFLEET_REDIS_MODE",
+        value_enum,
+        default_value = "standalone"
+    )]
+    pub(crate) redis_mode: RedisModeArg,
+    /// The name the Sentinels monitor the fleet's primary under (sentinel mode).
+    #[arg(long, env = "BOTFLEET_REDIS_SENTINEL_MASTER", value_name = "NAME")]
+    pub(crate) redis_sentinel_master: Option<String>,
     /// Prefix of every Redis key of this fleet.
     #[arg(long, env = "BOTFLEET_PREFIX", default_value = "botfleet")]
     pub(crate) prefix: String,
@@ -38,6 +51,8 @@ impl std::fmt::Debug for Backends {
         f.debug_struct("Backends")
             .field("database_url", &"<redacted>")
             .field("redis_url", &self.redis_url.as_ref().map(|_| "<redacted>"))
+            .field("redis_mode", &self.redis_mode)
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
             .field("prefix", &self.prefix)
             .field("secret_key_file", &self.secret_key_file)
             .finish()
@@ -64,14 +79,42 @@ impl Backends {
 
     /// The fleet's coordinator, when `--redis-url` is given.
     pub(crate) async fn redis(&self) -> anyhow::Result<Option<Arc<dyn Coordinator>>> {
-        let Some(url) = &self.redis_url else {
+        let Some(config) = self.redis_config()? else {
             return Ok(None);
         };
-        let c =
-            RedisCoordinator::connect(RedisConfig::new(url.clone()).prefix(self.prefix.clone()))
-                .await
-                .context("connecting to Redis (--redis-url)")?;
+        let what = match self.redis_mode {
+            RedisModeArg::Standalone => "connecting to Redis (--redis-url)",
+            RedisModeArg::Sentinel => "connecting to Redis through its Sentinels (--redis-url)",
+        };
+        let c = RedisCoordinator::connect(config).await.context(what)?;
         Ok(Some(Arc::new(c)))
+    }
+
+    /// The coordinator's settings from the flags, when `--redis-url` is given; the mode's
+    /// flags are checked to fit together.
+    pub(crate) fn redis_config(&self) -> anyhow::Result<Option<RedisConfig>> {
+        let master = self
+            .redis_sentinel_master
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty());
+        let Some(url) = &self.redis_url else {
+            if self.redis_mode != RedisModeArg::Standalone || master.is_some() {
+                anyhow::bail!("--redis-mode sentinel and --redis-sentinel-master need --redis-url (the Sentinels)");
+            }
+            return Ok(None);
+        };
+        let config = RedisConfig::new(url.clone()).prefix(self.prefix.clone());
+        match (self.redis_mode, master) {
+            (RedisModeArg::Standalone, None) => Ok(Some(config)),
+            (RedisModeArg::Standalone, Some(_)) => anyhow::bail!(
+                "--redis-sentinel-master is for --redis-mode sentinel (the mode is standalone)"
+            ),
+            (RedisModeArg::Sentinel, Some(m)) => Ok(Some(config.sentinel(m))),
+            (RedisModeArg::Sentinel, None) => anyhow::bail!(
+                "--redis-mode sentinel needs --redis-sentinel-master NAME (the name the Sentinels monitor the primary under)"
+            ),
+        }
     }
 
     /// The SQLite file path, when the registry is one.
@@ -253,6 +296,15 @@ pub(crate) fn api_token(file: Option<&std::path::Path>) -> anyhow::Result<Option
         );
     }
     Ok(Some(token.to_owned()))
+}
+
+/// `--redis-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum RedisModeArg {
+    /// One Redis at --redis-url.
+    Standalone,
+    /// --redis-url lists Redis Sentinels; the keys live on the primary they name.
+    Sentinel,
 }
 
 /// How logs are written.

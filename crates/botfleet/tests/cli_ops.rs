@@ -170,6 +170,51 @@ fn bad_flags_are_clear_errors() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).1.contains("invalid Redis URL"), "{:?}", text(&o));
+    // The Redis mode's flags must fit together; a mode that is not built is a usage error.
+    let database = db(&dir);
+    let worker = |extra: &[&str]| {
+        let mut args = vec![
+            "worker",
+            "--database-url",
+            &database,
+            "--http-addr",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        botfleet(&args)
+    };
+    for (extra, says) in [
+        (
+            &[
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--redis-mode",
+                "sentinel",
+            ][..],
+            "needs --redis-sentinel-master",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--redis-sentinel-master",
+                "m",
+            ][..],
+            "is for --redis-mode sentinel",
+        ),
+        (&["--redis-mode", "sentinel"][..], "need --redis-url"),
+        (
+            &["--redis-url", "redis://127.0.0.1:1,redis://127.0.0.1:2"][..],
+            "needs the sentinel mode",
+        ),
+    ] {
+        let o = worker(extra);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {:?}", text(&o));
+        assert!(text(&o).1.contains(says), "{extra:?}: {:?}", text(&o));
+    }
+    let o = worker(&["--redis-mode", "clustered"]);
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+    assert!(text(&o).1.contains("--redis-mode"), "{:?}", text(&o));
     let o = botfleet(&[
         "worker",
         "--database-url",

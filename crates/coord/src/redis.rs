@@ -5,15 +5,15 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use redis::{
-    aio::{ConnectionManager, ConnectionManagerConfig},
     streams::{StreamRangeReply, StreamReadReply},
     Script,
 };
-use tokio::sync::{mpsc, Mutex, OnceCell};
+use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::{
     coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
+    link::{Blocking, Link, RedisMode},
     ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, KeySpace, LifecycleEvent,
     LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn, WorkerCommand,
     WorkerMeta,
@@ -22,8 +22,10 @@ use crate::{
 /// Settings of a [`RedisCoordinator`]. `Debug` hides the URL (it may hold a password).
 #[derive(Clone)]
 pub struct RedisConfig {
-    url: String,
+    pub(crate) url: String,
     prefix: String,
+    /// How the URL is read: one Redis (default), or Sentinels naming the primary.
+    pub mode: RedisMode,
     /// How long one call may wait for Redis. Default 2 s.
     pub response_timeout: Duration,
     /// How long connecting may take. Default 2 s.
@@ -39,6 +41,7 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("url", &"<redacted>")
             .field("prefix", &self.prefix)
+            .field("mode", &self.mode)
             .field("response_timeout", &self.response_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("max_events", &self.max_events)
@@ -54,6 +57,7 @@ impl RedisConfig {
         Self {
             url: url.into(),
             prefix: "botfleet".into(),
+            mode: RedisMode::Standalone,
             response_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             max_events: 10_000,
@@ -65,6 +69,18 @@ impl RedisConfig {
     #[must_use]
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// Sentinel mode: the URL is a comma-separated list of Redis Sentinels
+    /// (`redis://[:password@]host:port`, the password serving the primary too, and the first
+    /// URL's database), and the keys live on the primary they name `master`. A failover is
+    /// followed within seconds.
+    #[must_use]
+    pub fn sentinel(mut self, master: impl Into<String>) -> Self {
+        self.mode = RedisMode::Sentinel {
+            master: master.into(),
+        };
         self
     }
 }
@@ -122,13 +138,8 @@ struct Registration {
 /// [`CoordError::Unreachable`] within the response timeout.
 #[derive(Clone)]
 pub struct RedisCoordinator {
-    client: redis::Client,
-    conn: ConnectionManager,
-    /// Connections for blocking reads, one per kind (events: XREAD BLOCK; commands: BLPOP), so
-    /// a blocked read never holds up the shared connection or the other kind; made on first
-    /// use.
-    blocking_events: Arc<OnceCell<Mutex<ConnectionManager>>>,
-    blocking_commands: Arc<OnceCell<Mutex<ConnectionManager>>>,
+    /// The server (in sentinel mode: the primary now) and the connections to it.
+    link: Arc<Link>,
     ks: KeySpace,
     config: Arc<RedisConfig>,
     reg: Arc<std::sync::Mutex<Option<Registration>>>,
@@ -145,49 +156,20 @@ impl std::fmt::Debug for RedisCoordinator {
     }
 }
 
-/// Checks the URL's shape and returns a client, with errors that never echo a password.
-fn open_client(url: &str) -> Result<redis::Client> {
-    let scheme = url.split_once("://").map(|(s, _)| s);
-    match scheme {
-        Some("redis" | "redis+unix" | "unix") => {}
-        Some("rediss") => {
-            return Err(CoordError::InvalidUrl {
-                reason: "TLS (rediss://) is not built into this binary".into(),
-            })
-        }
-        Some(other) => {
-            return Err(CoordError::InvalidUrl {
-                reason: format!("unsupported scheme {other:?} (expected redis://)"),
-            })
-        }
-        None => {
-            return Err(CoordError::InvalidUrl {
-                reason: "expected redis://host:port[/db]".into(),
-            })
-        }
-    }
-    redis::Client::open(url).map_err(|e| CoordError::InvalidUrl {
-        reason: format!("does not parse ({:?})", e.kind()),
-    })
-}
-
 impl RedisCoordinator {
-    /// Connects to Redis.
+    /// Connects to Redis (in sentinel mode: asks the Sentinels for the primary first).
     ///
     /// # Errors
     /// [`CoordError::InvalidUrl`] for a malformed URL or prefix, [`CoordError::Unreachable`]
-    /// when Redis does not answer within the connect timeout.
+    /// when Redis (or every Sentinel) does not answer within the connect timeout.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let ks = KeySpace::new(&config.prefix)?;
-        let client = open_client(&config.url)?;
-        let conn = connect_manager(&client, &config, Some(config.response_timeout)).await?;
+        let config = Arc::new(config);
+        let link = Link::connect(config.clone()).await?;
         Ok(Self {
-            client,
-            conn,
-            blocking_events: Arc::new(OnceCell::new()),
-            blocking_commands: Arc::new(OnceCell::new()),
+            link,
             ks,
-            config: Arc::new(config),
+            config,
             reg: Arc::new(std::sync::Mutex::new(None)),
             known: Arc::new(Knowledge::default()),
             lead_token: nonce(),
@@ -207,16 +189,26 @@ impl RedisCoordinator {
             .ok_or(CoordError::NotRegistered)
     }
 
-    async fn blocking_conn<'a>(
+    /// The outcome of a call made on `node`: a failure that says the server may no longer be
+    /// the primary makes the link look for it (sentinel mode).
+    fn checked<T>(
         &self,
-        cell: &'a OnceCell<Mutex<ConnectionManager>>,
-    ) -> Result<&'a Mutex<ConnectionManager>> {
-        cell.get_or_try_init(|| async {
-            connect_manager(&self.client, &self.config, None)
-                .await
-                .map(Mutex::new)
-        })
-        .await
+        node: &Arc<crate::link::Node>,
+        what: &'static str,
+        deadline: Duration,
+        r: std::result::Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+    ) -> Result<T> {
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.link.failed(node, Some(&e));
+                Err(CoordError::redis(what, e))
+            }
+            Err(_) => {
+                self.link.failed(node, None);
+                Err(CoordError::Timeout(deadline))
+            }
+        }
     }
 
     /// Runs a script with a deadline (the response timeout covers a script load + retry).
@@ -225,12 +217,11 @@ impl RedisCoordinator {
         what: &'static str,
         inv: redis::ScriptInvocation<'_>,
     ) -> Result<T> {
-        let mut conn = self.conn.clone();
+        let node = self.link.node();
+        let mut conn = node.conn.clone();
         let deadline = self.config.response_timeout * 2;
-        match tokio::time::timeout(deadline, inv.invoke_async(&mut conn)).await {
-            Ok(r) => r.map_err(|e| CoordError::redis(what, e)),
-            Err(_) => Err(CoordError::Timeout(deadline)),
-        }
+        let r = tokio::time::timeout(deadline, inv.invoke_async(&mut conn)).await;
+        self.checked(&node, what, deadline, r)
     }
 
     async fn query<T: redis::FromRedisValue>(
@@ -238,12 +229,11 @@ impl RedisCoordinator {
         what: &'static str,
         cmd: &redis::Cmd,
     ) -> Result<T> {
-        let mut conn = self.conn.clone();
+        let node = self.link.node();
+        let mut conn = node.conn.clone();
         let deadline = self.config.response_timeout * 2;
-        match tokio::time::timeout(deadline, cmd.query_async(&mut conn)).await {
-            Ok(r) => r.map_err(|e| CoordError::redis(what, e)),
-            Err(_) => Err(CoordError::Timeout(deadline)),
-        }
+        let r = tokio::time::timeout(deadline, cmd.query_async(&mut conn)).await;
+        self.checked(&node, what, deadline, r)
     }
 
     /// Runs `lua/turn.lua`.
@@ -279,37 +269,6 @@ impl RedisCoordinator {
             .key(self.ks.deadlines())
             .key(self.ks.meta())
             .key(self.ks.beats())
-    }
-}
-
-async fn connect_manager(
-    client: &redis::Client,
-    config: &RedisConfig,
-    response_timeout: Option<Duration>,
-) -> Result<ConnectionManager> {
-    let cfg = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(response_timeout)
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(500));
-    match tokio::time::timeout(
-        config.connect_timeout * 2,
-        ConnectionManager::new_with_config(client.clone(), cfg),
-    )
-    .await
-    {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(CoordError::Unreachable {
-            what: "connect".into(),
-            source: Some(e),
-        }),
-        Err(_) => Err(CoordError::Unreachable {
-            what: format!(
-                "connect (no answer within {:?})",
-                config.connect_timeout * 2
-            ),
-            source: None,
-        }),
     }
 }
 
@@ -470,7 +429,7 @@ impl Coordinator for RedisCoordinator {
 
     async fn member_signal(&self) -> Result<mpsc::Receiver<()>> {
         let (tx, rx) = mpsc::channel(1);
-        let client = self.client.clone();
+        let link = self.link.clone();
         let channel = self.ks.members_channel();
         // Said once the first subscription is in place: a caller that lists the members after
         // this returns misses no join signalled in between.
@@ -479,7 +438,10 @@ impl Coordinator for RedisCoordinator {
         // Owned by the receiver: the task ends once the receiver is dropped.
         tokio::spawn(async move {
             use futures_util::StreamExt;
+            let mut moved = link.changes();
             while !tx.is_closed() {
+                moved.borrow_and_update();
+                let client = link.node().client.clone();
                 let sub = async {
                     let mut ps = client.get_async_pubsub().await?;
                     ps.subscribe(&channel).await?;
@@ -504,10 +466,13 @@ impl Coordinator for RedisCoordinator {
                                     Some(_) => { let _ = tx.try_send(()); }
                                     None => break,
                                 },
+                                // A new primary: subscribe there.
+                                _ = moved.changed() => break,
                                 () = tx.closed() => return,
                             }
                         }
-                        // The subscription broke (Redis restarted): membership may have changed.
+                        // The subscription broke (Redis restarted, or a failover): membership
+                        // may have changed.
                         let _ = tx.try_send(());
                     }
                     Ok(Err(e)) => debug!(error = %e, "member signal: subscribe failed; retrying"),
@@ -688,13 +653,13 @@ impl Coordinator for RedisCoordinator {
                 .arg(self.ks.events())
                 .arg(after.to_string());
             let reply: Option<StreamReadReply> = if block_ms > 0 {
-                let conn = self.blocking_conn(&self.blocking_events).await?;
+                let node = self.link.node();
+                let conn = node.blocking(Blocking::Events, &self.config).await?;
                 let mut conn = conn.lock().await;
                 let limit = left + self.config.response_timeout;
-                match tokio::time::timeout(limit, cmd.query_async(&mut *conn)).await {
-                    Ok(r) => r.map_err(|e| CoordError::redis("read events", e))?,
-                    Err(_) => return Err(CoordError::Timeout(limit)),
-                }
+                let r = tokio::time::timeout(limit, cmd.query_async(&mut *conn)).await;
+                drop(conn);
+                self.checked(&node, "read events", limit, r)?
             } else {
                 self.query("read events", &cmd).await?
             };
@@ -740,12 +705,11 @@ impl Coordinator for RedisCoordinator {
             .arg(&key)
             .arg(ttl)
             .ignore();
-        let mut conn = self.conn.clone();
+        let node = self.link.node();
+        let mut conn = node.conn.clone();
         let deadline = self.config.response_timeout * 2;
-        match tokio::time::timeout(deadline, pipe.query_async::<()>(&mut conn)).await {
-            Ok(r) => r.map_err(|e| CoordError::redis("send command", e)),
-            Err(_) => Err(CoordError::Timeout(deadline)),
-        }
+        let r = tokio::time::timeout(deadline, pipe.query_async::<()>(&mut conn)).await;
+        self.checked(&node, "send command", deadline, r)
     }
 
     async fn journal_append(&self, entries: &[String]) -> Result<()> {
@@ -890,7 +854,7 @@ impl Coordinator for RedisCoordinator {
         use futures_util::StreamExt;
         let reg = self.reg()?;
         let (tx, rx) = mpsc::channel(1024);
-        let client = self.client.clone();
+        let link = self.link.clone();
         let channel = self.ks.turn_wake(&reg.worker);
         let subscribe = |client: redis::Client, channel: String| async move {
             let sub = async {
@@ -904,12 +868,16 @@ impl Coordinator for RedisCoordinator {
             }
         };
         // Subscribed before answering: a release after this call wakes the caller.
-        let mut ps = Some(subscribe(client.clone(), channel.clone()).await?);
+        let mut moved = link.changes();
+        let mut ps = Some(subscribe(link.node().client.clone(), channel.clone()).await?);
         tokio::spawn(async move {
             while !tx.is_closed() {
                 let current = match ps.take() {
                     Some(p) => Ok(p),
-                    None => subscribe(client.clone(), channel.clone()).await,
+                    None => {
+                        moved.borrow_and_update();
+                        subscribe(link.node().client.clone(), channel.clone()).await
+                    }
                 };
                 if let Ok(p) = current {
                     let mut stream = p.into_on_message();
@@ -923,6 +891,8 @@ impl Coordinator for RedisCoordinator {
                                 }
                                 None => break,
                             },
+                            // A new primary: subscribe there.
+                            _ = moved.changed() => break,
                             () = tx.closed() => return,
                         }
                     }
@@ -947,22 +917,21 @@ impl Coordinator for RedisCoordinator {
             .await
             .map(|v: Option<Vec<String>>| v.unwrap_or_default())?;
         if raw.is_empty() && !wait.is_zero() {
-            let conn = self.blocking_conn(&self.blocking_commands).await?;
+            let node = self.link.node();
+            let conn = node.blocking(Blocking::Commands, &self.config).await?;
             let mut conn = conn.lock().await;
             let limit = wait + self.config.response_timeout;
-            let got: Option<(String, String)> = match tokio::time::timeout(
+            let r = tokio::time::timeout(
                 limit,
                 redis::cmd("BLPOP")
                     .arg(&key)
                     .arg(wait.as_secs_f64())
                     .query_async(&mut *conn),
             )
-            .await
-            {
-                Ok(r) => r.map_err(|e| CoordError::redis("receive commands", e))?,
-                Err(_) => return Err(CoordError::Timeout(limit)),
-            };
+            .await;
             drop(conn);
+            let got: Option<(String, String)> =
+                self.checked(&node, "receive commands", limit, r)?;
             if let Some((_, v)) = got {
                 raw.push(v);
                 // A burst (a worker handing thousands of bots over) woke us: take what else

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use botfleet_coord::{Coordinator, MemoryHub, MemorySnapshot, RedisConfig, RedisCoordinator};
-use botfleet_testkit::{CoordFixture, RedisServer};
+use botfleet_testkit::{CoordFixture, RedisServer, SentinelSetup, SENTINEL_MASTER};
 
 /// Handles on one in-memory hub (on the system clock, like the embedded mode).
 struct Memory {
@@ -58,40 +58,40 @@ impl CoordFixture for Redis {
         self.server.flushall().unwrap();
     }
     async fn snapshot(&self) -> Dump {
-        let mut c = self.raw().await;
-        let keys: Vec<String> = ::redis::cmd("KEYS")
-            .arg("{conf}:*")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        for k in keys {
-            let ttl: i64 = ::redis::cmd("PTTL")
-                .arg(&k)
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            let dump: Vec<u8> = ::redis::cmd("DUMP")
-                .arg(&k)
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            out.push((k, ttl.max(0), dump));
-        }
-        out
+        dump(&mut self.raw().await).await
     }
     async fn roll_back(&self, snapshot: &Dump) {
-        let mut c = self.raw().await;
-        let _: () = ::redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
-        for (k, ttl, dump) in snapshot {
-            let _: () = ::redis::cmd("RESTORE")
-                .arg(k)
-                .arg(*ttl)
-                .arg(dump.as_slice())
-                .query_async(&mut c)
-                .await
-                .unwrap();
-        }
+        restore(&mut self.raw().await, snapshot).await;
+    }
+}
+
+/// Every key of the fleet, with its TTL and its `DUMP`.
+async fn dump(c: &mut ::redis::aio::MultiplexedConnection) -> Dump {
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("{conf}:*")
+        .query_async(c)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for k in keys {
+        let ttl: i64 = ::redis::cmd("PTTL").arg(&k).query_async(c).await.unwrap();
+        let dump: Vec<u8> = ::redis::cmd("DUMP").arg(&k).query_async(c).await.unwrap();
+        out.push((k, ttl.max(0), dump));
+    }
+    out
+}
+
+/// Replaces every key with `snapshot`'s.
+async fn restore(c: &mut ::redis::aio::MultiplexedConnection, snapshot: &Dump) {
+    let _: () = ::redis::cmd("FLUSHALL").query_async(c).await.unwrap();
+    for (k, ttl, dump) in snapshot {
+        let _: () = ::redis::cmd("RESTORE")
+            .arg(k)
+            .arg(*ttl)
+            .arg(dump.as_slice())
+            .query_async(c)
+            .await
+            .unwrap();
     }
 }
 
@@ -106,5 +106,51 @@ mod redis {
     use super::*;
     botfleet_testkit::coordinator_conformance!(Redis {
         server: RedisServer::start().unwrap()
+    });
+}
+
+/// Handles through Redis Sentinel (a primary, a replica, three Sentinels), killed when the
+/// fixture drops: the suite's data losses and snapshots act on the primary.
+struct Sentinel {
+    setup: SentinelSetup,
+}
+
+impl Sentinel {
+    async fn raw(&self) -> ::redis::aio::MultiplexedConnection {
+        ::redis::Client::open(self.setup.primary_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
+
+impl CoordFixture for Sentinel {
+    type Snapshot = Dump;
+    async fn handle(&self) -> Arc<dyn Coordinator> {
+        let c = RedisCoordinator::connect(
+            RedisConfig::new(self.setup.urls())
+                .prefix("conf")
+                .sentinel(SENTINEL_MASTER),
+        )
+        .await
+        .unwrap();
+        Arc::new(c)
+    }
+    async fn lose_everything(&self) {
+        self.setup.primary().flushall().unwrap();
+    }
+    async fn snapshot(&self) -> Dump {
+        dump(&mut self.raw().await).await
+    }
+    async fn roll_back(&self, snapshot: &Dump) {
+        restore(&mut self.raw().await, snapshot).await;
+    }
+}
+
+mod sentinel {
+    use super::*;
+    botfleet_testkit::coordinator_conformance!(Sentinel {
+        setup: SentinelSetup::start().unwrap()
     });
 }

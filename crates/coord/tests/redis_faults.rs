@@ -8,13 +8,13 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use botfleet_coord::{
     placement::{Ring, RingConfig, DEFAULT_BALANCE},
     ClaimOutcome, CoordError, Coordinator, LeaseKeeper, LifecycleEvent, MemberWatch, RedisConfig,
-    RedisCoordinator,
+    RedisCoordinator, Renewal, WorkerCommand,
 };
 use botfleet_core::{BotId, Fence, SystemClock};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
     coord_suite::{bid, meta, wid},
-    free_port, nonce, wait_for, RedisServer,
+    free_port, nonce, wait_for, RedisServer, SentinelSetup, SENTINEL_MASTER,
 };
 
 async fn connect(server: &RedisServer) -> Arc<dyn Coordinator> {
@@ -262,6 +262,36 @@ async fn malformed_redis_urls_are_refused_without_echoing_secrets() {
             other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
         }
     }
+    // A list is for the sentinel mode; the sentinel mode needs the primary's name, and a
+    // list with one bad URL is refused as a whole.
+    for (url, master) in [
+        ("redis://127.0.0.1:1,redis://127.0.0.1:2", None),
+        ("redis://127.0.0.1:1", Some(" ")),
+        (",", Some("fleet")),
+        ("redis://:pw-secret@127.0.0.1:1,http://x:1", Some("fleet")),
+    ] {
+        let cfg = RedisConfig::new(url);
+        let cfg = match master {
+            Some(m) => cfg.sentinel(m),
+            None => cfg,
+        };
+        match RedisCoordinator::connect(cfg).await {
+            Err(e @ CoordError::InvalidUrl { .. }) => {
+                assert!(!e.to_string().contains("pw-secret"), "{e}");
+            }
+            other => panic!("{url:?} {master:?}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+    // Sentinels that do not answer: a clear error naming the mode's step, no password.
+    let port = free_port().unwrap();
+    let e = RedisCoordinator::connect(
+        RedisConfig::new(format!("redis://:pw-secret@127.0.0.1:{port}")).sentinel("fleet"),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, CoordError::Unreachable { .. }), "{e:?}");
+    assert!(e.to_string().contains("through Sentinel"), "{e}");
+    assert!(!format!("{e} {e:?}").contains("pw-secret"), "{e:?}");
     let cfg = RedisConfig::new("redis://:pw-secret@127.0.0.1:1");
     assert!(!format!("{cfg:?}").contains("pw-secret"));
     let e = RedisCoordinator::connect(RedisConfig::new("redis://127.0.0.1:1").prefix("a b"))
@@ -357,4 +387,109 @@ async fn an_idle_worker_costs_the_same_few_calls_whatever_it_holds() {
         (many - none).abs() < 1.0,
         "cost grew with bots: {none} -> {many}"
     );
+}
+
+/// Renews `c` (as worker `w`, saying it holds `marker` bots) until the renewal lands on the
+/// server `direct` talks to, registering again when one says the failover lost what the
+/// registration wrote. (A write accepted by the old primary in the moment before it is
+/// demoted never reaches the new one.)
+async fn renews_on(c: &RedisCoordinator, direct: &RedisCoordinator, marker: u32, what: &str) {
+    wait_for(what, Duration::from_secs(30), || async {
+        match c.renew(marker).await {
+            Ok(Renewal::Renewed) => {}
+            Ok(Renewal::Lost) => {
+                let _ = c
+                    .register(&wid("w"), &meta(), Duration::from_secs(30))
+                    .await;
+                return None;
+            }
+            Err(_) => return None,
+        }
+        let live = direct.live_workers().await.ok()?;
+        live.iter()
+            .any(|l| l.id == wid("w") && l.meta.bots_held == marker)
+            .then_some(())
+    })
+    .await;
+}
+
+/// Sentinel mode follows the primary through both kinds of failover, with no restart: a
+/// manual one (`SENTINEL FAILOVER`: the old primary stays up as a replica and answers writes
+/// with READONLY) and a kill -9 of the primary. After each, calls (scripts), subscriptions
+/// (member signals) and blocking reads (worker commands) work on the promoted server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_mode_follows_failovers() {
+    let mut setup = SentinelSetup::start().unwrap();
+    let urls = setup.urls();
+    let config = || {
+        RedisConfig::new(urls.clone())
+            .prefix("faults")
+            .sentinel(SENTINEL_MASTER)
+    };
+    let c = RedisCoordinator::connect(config()).await.unwrap();
+    c.register(&wid("w"), &meta(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut signals = c.member_signal().await.unwrap();
+    for (round, kind) in ["a manual failover", "a kill -9 of the primary"]
+        .into_iter()
+        .enumerate()
+    {
+        let took = if round == 0 {
+            setup.fail_over().unwrap()
+        } else {
+            setup.kill_primary_and_fail_over().unwrap()
+        };
+        let t = std::time::Instant::now();
+        // The registration's renewals land on the promoted server.
+        let direct =
+            RedisCoordinator::connect(RedisConfig::new(setup.primary_url()).prefix("faults"))
+                .await
+                .unwrap();
+        let marker = 100 + round as u32;
+        renews_on(
+            &c,
+            &direct,
+            marker,
+            &format!("renewals on the promoted server after {kind}"),
+        )
+        .await;
+        println!(
+            "{kind}: promoted {took:?} after it began; renewals land there {:?} later",
+            t.elapsed()
+        );
+        // Subscriptions followed: a join on the promoted server is signalled.
+        while signals.try_recv().is_ok() {}
+        let other = RedisCoordinator::connect(config()).await.unwrap();
+        other
+            .register(&wid(&format!("x{round}")), &meta(), Duration::from_secs(30))
+            .await
+            .unwrap();
+        wait_for(
+            &format!("a member signal after {kind}"),
+            Duration::from_secs(15),
+            || {
+                let got = signals.try_recv().ok();
+                async move { got }
+            },
+        )
+        .await;
+        // Blocking reads followed: a command sent there reaches the worker.
+        let cmd = WorkerCommand::Stop {
+            bot: bid(&format!("b{round}")),
+        };
+        other.send_command(&wid("w"), &cmd).await.unwrap();
+        let got = wait_for(
+            &format!("a worker command after {kind}"),
+            Duration::from_secs(15),
+            || async {
+                c.recv_commands(10, Duration::from_millis(500))
+                    .await
+                    .ok()
+                    .filter(|v| !v.is_empty())
+            },
+        )
+        .await;
+        assert_eq!(got, vec![cmd], "{kind}");
+    }
 }

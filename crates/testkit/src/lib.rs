@@ -9,6 +9,7 @@ mod pg;
 mod process;
 mod redis_server;
 mod rng;
+mod sentinel;
 pub mod store_suite;
 mod wait;
 pub mod webhook_suite;
@@ -33,6 +34,7 @@ pub use pg::PgSchema;
 pub use process::{fleet_worker, log_tails, rss_kib, Proc};
 pub use redis_server::{free_port, RedisServer};
 pub use rng::SeededRng;
+pub use sentinel::{SentinelSetup, SENTINEL_MASTER};
 pub use store_suite::StoreFixture;
 pub use wait::{wait_for, wait_for_or};
 

@@ -15,6 +15,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// Arguments after the defaults (`--replicaof HOST PORT`, say).
+    extra: Vec<String>,
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released; a race with another process is
@@ -29,6 +31,14 @@ impl RedisServer {
     /// # Errors
     /// When `redis-server` is not installed or does not come up within 10 s.
     pub fn start() -> std::io::Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// [`RedisServer::start`] with `args` after the defaults (e.g. `--replicaof 127.0.0.1 P`).
+    ///
+    /// # Errors
+    /// As [`RedisServer::start`].
+    pub fn start_with(args: &[&str]) -> std::io::Result<Self> {
         let port = free_port()?;
         let dir = std::env::temp_dir().join(format!(
             "botfleet-redis-{}-{}",
@@ -40,6 +50,7 @@ impl RedisServer {
             port,
             dir,
             child: None,
+            extra: args.iter().map(|a| (*a).to_owned()).collect(),
         };
         s.spawn()?;
         Ok(s)
@@ -52,6 +63,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -1,0 +1,279 @@
+//! A Redis Sentinel setup on loopback: a primary, a replica and three Sentinels, each a private
+//! `redis-server` on a free port (`redis-server FILE --sentinel` for the Sentinels). Every
+//! process is killed by its pid, and every directory removed, on drop.
+//!
+//! The Sentinels declare a primary down after 1 s without an answer, so a failover after a
+//! kill -9 takes a few seconds.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::RedisServer;
+
+/// The name the Sentinels monitor the primary under.
+pub const SENTINEL_MASTER: &str = "fleet";
+
+/// A primary, a replica and three Sentinels watching them.
+#[derive(Debug)]
+pub struct SentinelSetup {
+    /// The data servers: the primary first, the replica second (until a failover swaps them).
+    servers: Vec<RedisServer>,
+    sentinels: Vec<SentinelProc>,
+}
+
+#[derive(Debug)]
+struct SentinelProc {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Drop for SentinelProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `redis-cli -p PORT ARGS...`, its output's lines (empty when it cannot run).
+fn cli(port: u16, args: &[&str]) -> Vec<String> {
+    Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls `cond` every 50 ms for up to `limit`.
+fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> std::io::Result<()> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if cond() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("Sentinel setup: {what} within {limit:?}"),
+    ))
+}
+
+impl SentinelSetup {
+    /// Starts the five servers and waits until the replica is in sync and every Sentinel
+    /// names the primary ([`SentinelSetup::wait_ready_for_failover`] waits for more).
+    ///
+    /// # Errors
+    /// When `redis-server` or `redis-cli` is missing, or the setup does not come up in 30 s.
+    pub fn start() -> std::io::Result<Self> {
+        // A replica's first sync starts at once (the default waits 5 s for more replicas).
+        let fast_sync = ["--repl-diskless-sync-delay", "0"];
+        let primary = RedisServer::start_with(&fast_sync)?;
+        let replica = RedisServer::start_with(&[
+            "--replicaof",
+            "127.0.0.1",
+            &primary.port().to_string(),
+            fast_sync[0],
+            fast_sync[1],
+        ])?;
+        wait_until("the replica in sync", Duration::from_secs(30), || {
+            cli(replica.port(), &["INFO", "replication"])
+                .iter()
+                .any(|l| l.trim() == "master_link_status:up")
+        })?;
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            sentinels.push(Self::spawn_sentinel(primary.port())?);
+        }
+        let setup = Self {
+            servers: vec![primary, replica],
+            sentinels,
+        };
+        Ok(setup)
+    }
+
+    /// Waits until every Sentinel knows the replica and the other two (they find each other
+    /// through hello messages every 2 s), so a failover can happen at once.
+    ///
+    /// # Errors
+    /// When that takes more than 30 s.
+    pub fn wait_ready_for_failover(&self) -> std::io::Result<()> {
+        for s in &self.sentinels {
+            let port = s.port;
+            wait_until(
+                "each Sentinel knows the replica and a quorum",
+                Duration::from_secs(30),
+                || {
+                    let master = cli(port, &["SENTINEL", "MASTER", SENTINEL_MASTER]);
+                    let field = |name: &str| {
+                        master
+                            .iter()
+                            .position(|l| l == name)
+                            .and_then(|i| master.get(i + 1))
+                            .cloned()
+                    };
+                    field("num-slaves").as_deref() == Some("1")
+                        && field("num-other-sentinels").as_deref() == Some("2")
+                        && cli(port, &["SENTINEL", "CKQUORUM", SENTINEL_MASTER])
+                            .first()
+                            .is_some_and(|l| l.starts_with("OK"))
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    fn spawn_sentinel(primary: u16) -> std::io::Result<SentinelProc> {
+        let port = crate::free_port()?;
+        let dir = std::env::temp_dir().join(format!(
+            "botfleet-sentinel-{}-{}",
+            std::process::id(),
+            crate::nonce()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("sentinel.conf");
+        std::fs::write(
+            &file,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 3000\n\
+                 sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+                dir.display()
+            ),
+        )?;
+        let child = Command::new("redis-server")
+            .arg(&file)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot start redis-server --sentinel (is it installed?): {e}"),
+                )
+            })?;
+        let s = SentinelProc {
+            port,
+            dir,
+            child: Some(child),
+        };
+        wait_until(
+            "a Sentinel naming the primary",
+            Duration::from_secs(10),
+            || {
+                cli(
+                    port,
+                    &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+                )
+                .get(1)
+                    == Some(&primary.to_string())
+            },
+        )?;
+        Ok(s)
+    }
+
+    /// The Sentinels' URLs, comma-separated (what `--redis-url` takes in sentinel mode).
+    pub fn urls(&self) -> String {
+        self.sentinels
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The port of the server the Sentinels name as the primary now.
+    pub fn primary_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            cli(
+                s.port,
+                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+            )
+            .get(1)
+            .and_then(|p| p.trim().parse().ok())
+        })
+    }
+
+    /// The primary: the data server the Sentinels name (and that still runs).
+    ///
+    /// # Panics
+    /// When no running server is the primary.
+    pub fn primary(&self) -> &RedisServer {
+        let port = self.primary_port();
+        self.servers
+            .iter()
+            .find(|s| Some(s.port()) == port && s.pid().is_some())
+            .expect("no running primary")
+    }
+
+    /// `redis://127.0.0.1:<port>` of the primary now.
+    pub fn primary_url(&self) -> String {
+        self.primary().url()
+    }
+
+    /// Kills the primary (SIGKILL) and waits until the Sentinels have promoted the replica and
+    /// it answers as a primary; answers how long that took. What the replica had not received
+    /// yet is lost, as in a real failover.
+    ///
+    /// # Errors
+    /// When no failover happens within 30 s.
+    pub fn kill_primary_and_fail_over(&mut self) -> std::io::Result<Duration> {
+        self.wait_ready_for_failover()?;
+        let old = self.primary_port();
+        let t = Instant::now();
+        if let Some(s) = self.servers.iter_mut().find(|s| Some(s.port()) == old) {
+            s.stop();
+        }
+        wait_until("a failover", Duration::from_secs(30), || {
+            let now = self.primary_port();
+            now.is_some()
+                && now != old
+                && now.is_some_and(|p| cli(p, &["ROLE"]).first().is_some_and(|l| l == "master"))
+        })?;
+        Ok(t.elapsed())
+    }
+
+    /// A manual failover (`SENTINEL FAILOVER`): the replica is promoted and the old primary,
+    /// still running, becomes its replica (a client still talking to it gets `READONLY` on
+    /// writes). Waits until the promoted server answers as the primary; answers how long that
+    /// took.
+    ///
+    /// # Errors
+    /// When no failover happens within 30 s.
+    pub fn fail_over(&mut self) -> std::io::Result<Duration> {
+        self.wait_ready_for_failover()?;
+        let old = self.primary_port();
+        let t = Instant::now();
+        let asked = cli(
+            self.sentinels[0].port,
+            &["SENTINEL", "FAILOVER", SENTINEL_MASTER],
+        );
+        if asked.first().is_none_or(|l| l != "OK") {
+            return Err(std::io::Error::other(format!(
+                "SENTINEL FAILOVER answered {asked:?}"
+            )));
+        }
+        wait_until("a manual failover", Duration::from_secs(30), || {
+            let now = self.primary_port();
+            now.is_some()
+                && now != old
+                && now.is_some_and(|p| cli(p, &["ROLE"]).first().is_some_and(|l| l == "master"))
+        })?;
+        Ok(t.elapsed())
+    }
+}
