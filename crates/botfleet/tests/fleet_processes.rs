@@ -254,6 +254,15 @@ async fn n_polling(
     since.elapsed()
 }
 
+/// Waits (30 s at most) until `n` bots poll, then starts users writing to them and lets
+/// that run for 2 s.
+async fn polling_then_traffic(fake: &FakeTelegram, n: usize, what: &str) -> Traffic {
+    n_polling(fake, n, what, Instant::now(), Duration::from_secs(30)).await;
+    let traffic = Traffic::start(fake, n);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    traffic
+}
+
 /// Checks every chat of `want` was answered in order (the first answer to each message
 /// follows the order of the messages) and answers how many answers were repeats.
 fn duplicates_in_order(want: &Chats, got: &Chats) -> usize {
@@ -700,16 +709,7 @@ async fn redis_losing_its_data_under_traffic_doubles_nothing() {
     let _procs: Vec<Proc> = (0..3)
         .map(|i| spawn_worker(&format!("w{i}"), &db, &redis.url(), &dir.0))
         .collect();
-    n_polling(
-        &fake,
-        n,
-        "all bots polling",
-        Instant::now(),
-        Duration::from_secs(30),
-    )
-    .await;
-    let traffic = Traffic::start(&fake, n);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let traffic = polling_then_traffic(&fake, n, "all bots polling").await;
 
     let before = fences(&store, n).await;
     let lost_at = Instant::now();
@@ -1139,16 +1139,7 @@ async fn a_sentinel_failover_under_traffic_doubles_nothing() {
         .iter()
         .map(|w| spawn_worker_with(w, &db, &urls, &dir.0, &flags))
         .collect();
-    n_polling(
-        &fake,
-        n,
-        "all bots polling through Sentinel",
-        Instant::now(),
-        Duration::from_secs(30),
-    )
-    .await;
-    let traffic = Traffic::start(&fake, n);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let traffic = polling_then_traffic(&fake, n, "all bots polling through Sentinel").await;
 
     let old = sentinel.primary_url();
     let failover = sentinel.kill_primary_and_fail_over().unwrap();

@@ -25,6 +25,20 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Spawns `cmd` (a `redis-server`) with its output discarded; a missing binary is an error
+/// that says so.
+pub(crate) fn spawn_quiet(cmd: &mut Command) -> std::io::Result<Child> {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot start redis-server (is it installed?): {e}"),
+            )
+        })
+}
+
 impl RedisServer {
     /// Starts a server with no persistence on a free port and waits until it answers PING.
     ///
@@ -57,22 +71,15 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> std::io::Result<()> {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("cannot start redis-server (is it installed?): {e}"),
-                )
-            })?;
+        let child = spawn_quiet(
+            Command::new("redis-server")
+                .args(["--port", &self.port.to_string()])
+                .args(["--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&self.dir)
+                .args(&self.extra),
+        )?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {

@@ -156,18 +156,9 @@ impl SentinelSetup {
                 dir.display()
             ),
         )?;
-        let child = Command::new("redis-server")
-            .arg(&file)
-            .arg("--sentinel")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("cannot start redis-server --sentinel (is it installed?): {e}"),
-                )
-            })?;
+        let child = crate::redis_server::spawn_quiet(
+            Command::new("redis-server").arg(&file).arg("--sentinel"),
+        )?;
         let s = SentinelProc {
             port,
             dir,
@@ -239,12 +230,7 @@ impl SentinelSetup {
         if let Some(s) = self.servers.iter_mut().find(|s| Some(s.port()) == old) {
             s.stop();
         }
-        wait_until("a failover", Duration::from_secs(30), || {
-            let now = self.primary_port();
-            now.is_some()
-                && now != old
-                && now.is_some_and(|p| cli(p, &["ROLE"]).first().is_some_and(|l| l == "master"))
-        })?;
+        self.wait_promoted(old, "a failover")?;
         Ok(t.elapsed())
     }
 
@@ -268,12 +254,18 @@ impl SentinelSetup {
                 "SENTINEL FAILOVER answered {asked:?}"
             )));
         }
-        wait_until("a manual failover", Duration::from_secs(30), || {
+        self.wait_promoted(old, "a manual failover")?;
+        Ok(t.elapsed())
+    }
+
+    /// Waits (30 s at most) until the Sentinels name a primary other than `old` and it answers
+    /// `ROLE` as one.
+    fn wait_promoted(&self, old: Option<u16>, what: &str) -> std::io::Result<()> {
+        wait_until(what, Duration::from_secs(30), || {
             let now = self.primary_port();
             now.is_some()
                 && now != old
                 && now.is_some_and(|p| cli(p, &["ROLE"]).first().is_some_and(|l| l == "master"))
-        })?;
-        Ok(t.elapsed())
+        })
     }
 }
