@@ -273,11 +273,32 @@ async fn watch_sentinels(link: Weak<Link>, sentinels: Sentinels) {
     }
 }
 
+/// One Sentinel. Sentinels often have no password while the primary has one, so a Sentinel
+/// is asked without credentials first, and with its URL's when it answers `NOAUTH`.
+#[derive(Clone)]
+struct SentinelNode {
+    plain: redis::Client,
+    authed: Option<redis::Client>,
+}
+
+impl SentinelNode {
+    /// `ask` on a connection without credentials, then (on `NOAUTH`) with the URL's.
+    async fn with<T, F, Fut>(&self, ask: F) -> redis::RedisResult<T>
+    where
+        F: Fn(redis::Client) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        match (ask(self.plain.clone()).await, &self.authed) {
+            (Err(e), Some(authed)) if e.code() == Some("NOAUTH") => ask(authed.clone()).await,
+            (r, _) => r,
+        }
+    }
+}
+
 /// The Sentinels of one monitored primary.
 #[derive(Clone)]
 struct Sentinels {
-    /// One client per Sentinel (database 0: a Sentinel has no databases).
-    nodes: Vec<redis::Client>,
+    nodes: Vec<SentinelNode>,
     master: String,
     /// Credentials and database for the primary: those of the first URL.
     template: redis::ConnectionInfo,
@@ -299,13 +320,22 @@ impl Sentinels {
             if template.is_none() {
                 template = Some(info.clone());
             }
-            let settings = info.redis_settings().clone().set_db(0);
-            let info = info.set_redis_settings(settings);
-            nodes.push(
-                redis::Client::open(info).map_err(|e| CoordError::InvalidUrl {
+            // A Sentinel has no databases: database 0, and credentials only if it asks.
+            let open = |i: redis::ConnectionInfo| {
+                redis::Client::open(i).map_err(|e| CoordError::InvalidUrl {
                     reason: format!("does not parse ({:?})", e.kind()),
-                })?,
-            );
+                })
+            };
+            let has_credentials = info.redis_settings().password().is_some()
+                || info.redis_settings().username().is_some();
+            let authed = if has_credentials {
+                let settings = info.redis_settings().clone().set_db(0);
+                Some(open(info.clone().set_redis_settings(settings))?)
+            } else {
+                None
+            };
+            let plain = open(info.set_redis_settings(redis::RedisConnectionInfo::default()))?;
+            nodes.push(SentinelNode { plain, authed });
         }
         let Some(template) = template else {
             return Err(CoordError::InvalidUrl {
@@ -324,15 +354,15 @@ impl Sentinels {
         let limit = config.connect_timeout;
         let mut last = String::from("no Sentinel answered");
         for s in &self.nodes {
-            let addr = addr_of(s);
-            let asked = async {
-                let mut c = s.get_multiplexed_async_connection().await?;
+            let addr = addr_of(&s.plain);
+            let asked = s.with(|client| async move {
+                let mut c = client.get_multiplexed_async_connection().await?;
                 redis::cmd("SENTINEL")
                     .arg("GET-MASTER-ADDR-BY-NAME")
                     .arg(&self.master)
                     .query_async::<Option<(String, String)>>(&mut c)
                     .await
-            };
+            });
             let (host, port) = match tokio::time::timeout(limit, asked).await {
                 Ok(Ok(Some(hp))) => hp,
                 Ok(Ok(None)) => {
@@ -389,11 +419,11 @@ impl Sentinels {
     /// A subscription to `+switch-master` on the first Sentinel that takes it.
     async fn subscribe_switches(&self) -> Option<redis::aio::PubSub> {
         for s in &self.nodes {
-            let sub = async {
-                let mut ps = s.get_async_pubsub().await?;
+            let sub = s.with(|client| async move {
+                let mut ps = client.get_async_pubsub().await?;
                 ps.subscribe("+switch-master").await?;
                 Ok::<_, redis::RedisError>(ps)
-            };
+            });
             if let Ok(Ok(ps)) = tokio::time::timeout(Duration::from_secs(2), sub).await {
                 return Some(ps);
             }

@@ -73,9 +73,10 @@ impl RedisConfig {
     }
 
     /// Sentinel mode: the URL is a comma-separated list of Redis Sentinels
-    /// (`redis://[:password@]host:port`, the password serving the primary too, and the first
-    /// URL's database), and the keys live on the primary they name `master`. A failover is
-    /// followed within seconds.
+    /// (`redis://[:password@]host:port`), and the keys live on the primary they name `master`.
+    /// The URLs' password (and the first one's database) serve the primary; a Sentinel is
+    /// asked without a password unless it answers `NOAUTH`. A failover is followed within
+    /// seconds.
     #[must_use]
     pub fn sentinel(mut self, master: impl Into<String>) -> Self {
         self.mode = RedisMode::Sentinel {

@@ -493,3 +493,45 @@ async fn sentinel_mode_follows_failovers() {
         assert_eq!(got, vec![cmd], "{kind}");
     }
 }
+
+/// Passwords in sentinel mode. Data servers with a password behind Sentinels without one (the
+/// usual setup): the URLs' password serves the primary and the Sentinels are asked without
+/// it. Sentinels with the same password: asked again with it when they answer NOAUTH. A
+/// wrong password is an error that does not echo it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_mode_with_passwords() {
+    const PW: &str = "pw-secret-1";
+    for sentinels_too in [false, true] {
+        let setup =
+            SentinelSetup::start_with_passwords(Some(PW), sentinels_too.then_some(PW)).unwrap();
+        let c = RedisCoordinator::connect(
+            RedisConfig::new(setup.urls())
+                .prefix("faults")
+                .sentinel(SENTINEL_MASTER),
+        )
+        .await
+        .unwrap();
+        c.register(&wid("w"), &meta(), Duration::from_secs(30))
+            .await
+            .unwrap();
+        let direct =
+            RedisCoordinator::connect(RedisConfig::new(setup.primary_url()).prefix("faults"))
+                .await
+                .unwrap();
+        let live = direct.live_workers().await.unwrap();
+        assert!(live.iter().any(|l| l.id == wid("w")), "{live:?}");
+
+        let wrong = setup.urls().replace(PW, "pw-wrong-2");
+        let e = RedisCoordinator::connect(
+            RedisConfig::new(wrong)
+                .prefix("faults")
+                .sentinel(SENTINEL_MASTER),
+        )
+        .await
+        .unwrap_err();
+        let shown = format!("{e} {e:?}");
+        println!("sentinels with a password: {sentinels_too}; a wrong one: {e}");
+        assert!(!shown.contains("pw-wrong-2"), "{shown}");
+        assert!(shown.contains("authentication failed"), "{shown}");
+    }
+}

@@ -102,8 +102,9 @@ impl RedisServer {
         if s.write_all(b"PING\r\n").is_err() {
             return false;
         }
+        // A server with a password answers NOAUTH: it is up all the same.
         let mut buf = [0u8; 7];
-        s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+        s.read_exact(&mut buf).is_ok() && (&buf == b"+PONG\r\n" || &buf == b"-NOAUTH")
     }
 
     /// `FLUSHALL`: every key is lost while the server and its connections stay up, as after

@@ -22,6 +22,10 @@ pub struct SentinelSetup {
     /// The data servers: the primary first, the replica second (until a failover swaps them).
     servers: Vec<RedisServer>,
     sentinels: Vec<SentinelProc>,
+    /// The data servers' password, if they have one.
+    password: Option<String>,
+    /// The Sentinels' own password, if they have one.
+    sentinel_password: Option<String>,
 }
 
 #[derive(Debug)]
@@ -41,11 +45,14 @@ impl Drop for SentinelProc {
     }
 }
 
-/// `redis-cli -p PORT ARGS...`, its output's lines (empty when it cannot run).
-fn cli(port: u16, args: &[&str]) -> Vec<String> {
-    Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
+/// `redis-cli -p PORT [-a PASSWORD] ARGS...`, its output's lines (empty when it cannot run).
+fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> Vec<String> {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["-p", &port.to_string()]);
+    if let Some(pw) = password {
+        cmd.args(["-a", pw, "--no-auth-warning"]);
+    }
+    cmd.args(args)
         .stderr(Stdio::null())
         .output()
         .map(|o| {
@@ -79,28 +86,55 @@ impl SentinelSetup {
     /// # Errors
     /// When `redis-server` or `redis-cli` is missing, or the setup does not come up in 30 s.
     pub fn start() -> std::io::Result<Self> {
+        Self::start_with_password(None)
+    }
+
+    /// [`SentinelSetup::start`] with `password` on the primary and the replica (`requirepass`,
+    /// `masterauth`; the Sentinels get it as `auth-pass` and have none of their own).
+    ///
+    /// # Errors
+    /// As [`SentinelSetup::start`].
+    pub fn start_with_password(password: Option<&str>) -> std::io::Result<Self> {
+        Self::start_with_passwords(password, None)
+    }
+
+    /// [`SentinelSetup::start_with_password`], the Sentinels requiring `sentinel_password`
+    /// (`requirepass` in their configuration) as well.
+    ///
+    /// # Errors
+    /// As [`SentinelSetup::start`].
+    pub fn start_with_passwords(
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+    ) -> std::io::Result<Self> {
         // A replica's first sync starts at once (the default waits 5 s for more replicas).
-        let fast_sync = ["--repl-diskless-sync-delay", "0"];
-        let primary = RedisServer::start_with(&fast_sync)?;
-        let replica = RedisServer::start_with(&[
-            "--replicaof",
-            "127.0.0.1",
-            &primary.port().to_string(),
-            fast_sync[0],
-            fast_sync[1],
-        ])?;
+        let mut data_args = vec!["--repl-diskless-sync-delay", "0"];
+        if let Some(pw) = password {
+            data_args.extend(["--requirepass", pw, "--masterauth", pw]);
+        }
+        let primary = RedisServer::start_with(&data_args)?;
+        let primary_port = primary.port().to_string();
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &primary_port];
+        replica_args.extend(&data_args);
+        let replica = RedisServer::start_with(&replica_args)?;
         wait_until("the replica in sync", Duration::from_secs(30), || {
-            cli(replica.port(), &["INFO", "replication"])
+            cli_as(replica.port(), password, &["INFO", "replication"])
                 .iter()
                 .any(|l| l.trim() == "master_link_status:up")
         })?;
         let mut sentinels = Vec::new();
         for _ in 0..3 {
-            sentinels.push(Self::spawn_sentinel(primary.port())?);
+            sentinels.push(Self::spawn_sentinel(
+                primary.port(),
+                password,
+                sentinel_password,
+            )?);
         }
         let setup = Self {
             servers: vec![primary, replica],
             sentinels,
+            password: password.map(str::to_owned),
+            sentinel_password: sentinel_password.map(str::to_owned),
         };
         Ok(setup)
     }
@@ -117,7 +151,7 @@ impl SentinelSetup {
                 "each Sentinel knows the replica and a quorum",
                 Duration::from_secs(30),
                 || {
-                    let master = cli(port, &["SENTINEL", "MASTER", SENTINEL_MASTER]);
+                    let master = self.ask(port, &["SENTINEL", "MASTER", SENTINEL_MASTER]);
                     let field = |name: &str| {
                         master
                             .iter()
@@ -127,7 +161,8 @@ impl SentinelSetup {
                     };
                     field("num-slaves").as_deref() == Some("1")
                         && field("num-other-sentinels").as_deref() == Some("2")
-                        && cli(port, &["SENTINEL", "CKQUORUM", SENTINEL_MASTER])
+                        && self
+                            .ask(port, &["SENTINEL", "CKQUORUM", SENTINEL_MASTER])
                             .first()
                             .is_some_and(|l| l.starts_with("OK"))
                 },
@@ -136,7 +171,11 @@ impl SentinelSetup {
         Ok(())
     }
 
-    fn spawn_sentinel(primary: u16) -> std::io::Result<SentinelProc> {
+    fn spawn_sentinel(
+        primary: u16,
+        password: Option<&str>,
+        own_password: Option<&str>,
+    ) -> std::io::Result<SentinelProc> {
         let port = crate::free_port()?;
         let dir = std::env::temp_dir().join(format!(
             "botfleet-sentinel-{}-{}",
@@ -152,8 +191,12 @@ impl SentinelSetup {
                  sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
                  sentinel failover-timeout {SENTINEL_MASTER} 3000\n\
-                 sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
-                dir.display()
+                 sentinel parallel-syncs {SENTINEL_MASTER} 1\n{}{}",
+                dir.display(),
+                password.map_or(String::new(), |pw| format!(
+                    "sentinel auth-pass {SENTINEL_MASTER} {pw}\n"
+                )),
+                own_password.map_or(String::new(), |pw| format!("requirepass {pw}\n"))
             ),
         )?;
         let child = crate::redis_server::spawn_quiet(
@@ -168,8 +211,9 @@ impl SentinelSetup {
             "a Sentinel naming the primary",
             Duration::from_secs(10),
             || {
-                cli(
+                cli_as(
                     port,
+                    own_password,
                     &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
                 )
                 .get(1)
@@ -179,11 +223,24 @@ impl SentinelSetup {
         Ok(s)
     }
 
-    /// The Sentinels' URLs, comma-separated (what `--redis-url` takes in sentinel mode).
+    /// `redis-cli` on the Sentinel at `port`.
+    fn ask(&self, port: u16, args: &[&str]) -> Vec<String> {
+        cli_as(port, self.sentinel_password.as_deref(), args)
+    }
+
+    /// `:password@` for URLs, or nothing.
+    fn credentials(&self) -> String {
+        self.password
+            .as_ref()
+            .map_or(String::new(), |pw| format!(":{pw}@"))
+    }
+
+    /// The Sentinels' URLs, comma-separated (what `--redis-url` takes in sentinel mode), with
+    /// the data servers' password if they have one.
     pub fn urls(&self) -> String {
         self.sentinels
             .iter()
-            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .map(|s| format!("redis://{}127.0.0.1:{}", self.credentials(), s.port))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -191,7 +248,7 @@ impl SentinelSetup {
     /// The port of the server the Sentinels name as the primary now.
     pub fn primary_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|s| {
-            cli(
+            self.ask(
                 s.port,
                 &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
             )
@@ -212,9 +269,13 @@ impl SentinelSetup {
             .expect("no running primary")
     }
 
-    /// `redis://127.0.0.1:<port>` of the primary now.
+    /// `redis://[:password@]127.0.0.1:<port>` of the primary now.
     pub fn primary_url(&self) -> String {
-        self.primary().url()
+        format!(
+            "redis://{}127.0.0.1:{}",
+            self.credentials(),
+            self.primary().port()
+        )
     }
 
     /// Kills the primary (SIGKILL) and waits until the Sentinels have promoted the replica and
@@ -245,7 +306,7 @@ impl SentinelSetup {
         self.wait_ready_for_failover()?;
         let old = self.primary_port();
         let t = Instant::now();
-        let asked = cli(
+        let asked = self.ask(
             self.sentinels[0].port,
             &["SENTINEL", "FAILOVER", SENTINEL_MASTER],
         );
@@ -265,7 +326,11 @@ impl SentinelSetup {
             let now = self.primary_port();
             now.is_some()
                 && now != old
-                && now.is_some_and(|p| cli(p, &["ROLE"]).first().is_some_and(|l| l == "master"))
+                && now.is_some_and(|p| {
+                    cli_as(p, self.password.as_deref(), &["ROLE"])
+                        .first()
+                        .is_some_and(|l| l == "master")
+                })
         })
     }
 }
