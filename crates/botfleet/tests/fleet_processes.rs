@@ -1107,13 +1107,15 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
     }
 }
 
-/// The fleet behind Redis Sentinel (a primary, a replica, three Sentinels): the primary is
-/// killed (SIGKILL) while users write to 100 bots on two workers. The Sentinels promote the
-/// replica; the workers must follow it (no restart, no flag change), keep or take back every
-/// bot, and — although the writes the replica had not received are lost with the primary —
-/// never run a bot twice, lose a message or answer one twice.
+/// The fleet behind Redis Sentinel (a primary, two replicas, three Sentinels), users writing
+/// to 100 bots on two workers all along. First the primary is killed (SIGKILL) and a replica
+/// promoted; then the remaining replica loses everything it had (an empty node) and the new
+/// primary is killed, so the empty node is promoted. The workers must follow each time (no
+/// restart, no flag change) and run every bot again — after the second, through the data-loss
+/// rule (renewals answered `Lost`, a grace window of one lease) — and never run a bot twice,
+/// lose a message or answer one twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sentinel_failover_under_traffic_doubles_nothing() {
+async fn sentinel_failovers_under_traffic_double_nothing() {
     let n = 100;
     let Setup {
         redis: _unused,
@@ -1123,7 +1125,7 @@ async fn a_sentinel_failover_under_traffic_doubles_nothing() {
         db,
         store: _store,
     } = setup(n).await;
-    let mut sentinel = botfleet_testkit::SentinelSetup::start().unwrap();
+    let mut sentinel = botfleet_testkit::SentinelSetup::start_with_replicas(2).unwrap();
     let urls = sentinel.urls();
     let flags = [
         "--lease-ms",
@@ -1141,45 +1143,60 @@ async fn a_sentinel_failover_under_traffic_doubles_nothing() {
         .collect();
     let traffic = polling_then_traffic(&fake, n, "all bots polling through Sentinel").await;
 
-    let old = sentinel.primary_url();
-    let failover = sentinel.kill_primary_and_fail_over().unwrap();
-    let promoted = sentinel.primary_url();
-    assert_ne!(old, promoted);
-    let t = Instant::now();
-    // The workers renew on the promoted primary and hold every bot between them.
-    let coord = RedisCoordinator::connect(RedisConfig::new(promoted).prefix("itest"))
-        .await
-        .unwrap();
-    // (The replica had their registrations already: only a renewal since the promotion shows
-    // that a worker followed.)
-    wait_for_or(
-        "both workers renewing on the promoted primary, holding every bot",
-        Duration::from_secs(60),
-        || async {
-            let live = coord.live_workers().await.ok()?;
-            let held: u32 = live.iter().map(|w| w.meta.bots_held).sum();
-            let since = t.elapsed();
-            let followed = live
-                .iter()
-                .all(|w| Duration::from_millis(w.heartbeat_age_ms) < since);
-            (live.len() == 2 && followed && held as usize == n).then_some(())
-        },
-        || log_tails(&dir.0),
-    )
-    .await;
-    let followed = t.elapsed();
-    n_polling(
-        &fake,
-        n,
-        "every bot polling after the failover",
-        Instant::now(),
-        Duration::from_secs(30),
-    )
-    .await;
+    for kind in ["a replica promoted", "an empty node promoted"] {
+        if kind == "an empty node promoted" {
+            sentinel.empty_a_replica().unwrap();
+        }
+        let old = sentinel.primary_url();
+        let failover = sentinel.kill_primary_and_fail_over().unwrap();
+        let promoted = sentinel.primary_url();
+        assert_ne!(old, promoted);
+        let t = Instant::now();
+        let coord = RedisCoordinator::connect(RedisConfig::new(promoted).prefix("itest"))
+            .await
+            .unwrap();
+        // The workers renew on the promoted primary and hold every bot between them. (A
+        // replica has their registrations already: only a renewal since the promotion shows
+        // that a worker followed.)
+        wait_for_or(
+            &format!("{kind}: both workers renewing there, holding every bot"),
+            Duration::from_secs(60),
+            || async {
+                let live = coord.live_workers().await.ok()?;
+                let held: u32 = live.iter().map(|w| w.meta.bots_held).sum();
+                let since = t.elapsed();
+                let followed = live
+                    .iter()
+                    .all(|w| Duration::from_millis(w.heartbeat_age_ms) < since);
+                (live.len() == 2 && followed && held as usize == n).then_some(())
+            },
+            || log_tails(&dir.0),
+        )
+        .await;
+        let followed = t.elapsed();
+        let since = Instant::now();
+        n_polling(
+            &fake,
+            n,
+            &format!("{kind}: every bot polling again"),
+            since,
+            Duration::from_secs(30),
+        )
+        .await;
+        println!(
+            "Sentinel, {kind}: promoted {failover:?} after the kill; both workers renewing there with every bot {followed:?} later (lease {LEASE_MS} ms); second pollers (409) so far {}",
+            fake.state().conflicts()
+        );
+        assert_eq!(
+            fake.state().conflicts(),
+            0,
+            "{kind}: two pollers on one token"
+        );
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (total, dups) = traffic.finish(&fake).await;
     println!(
-        "Sentinel failover: promoted {failover:?} after the kill; both workers renewing there with every bot {followed:?} later; messages {total} written, lost 0, duplicated {dups}, second pollers (409) {}",
+        "Sentinel failovers: messages {total} written, lost 0, duplicated {dups}, second pollers (409) {}",
         fake.state().conflicts()
     );
     assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");

@@ -107,6 +107,23 @@ impl SentinelSetup {
         password: Option<&str>,
         sentinel_password: Option<&str>,
     ) -> std::io::Result<Self> {
+        Self::launch(1, password, sentinel_password)
+    }
+
+    /// [`SentinelSetup::start`] with `replicas` replicas (at least 1): room for two failovers
+    /// in a row.
+    ///
+    /// # Errors
+    /// As [`SentinelSetup::start`].
+    pub fn start_with_replicas(replicas: usize) -> std::io::Result<Self> {
+        Self::launch(replicas.max(1), None, None)
+    }
+
+    fn launch(
+        replicas: usize,
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+    ) -> std::io::Result<Self> {
         // A replica's first sync starts at once (the default waits 5 s for more replicas).
         let mut data_args = vec!["--repl-diskless-sync-delay", "0"];
         if let Some(pw) = password {
@@ -116,12 +133,17 @@ impl SentinelSetup {
         let primary_port = primary.port().to_string();
         let mut replica_args = vec!["--replicaof", "127.0.0.1", &primary_port];
         replica_args.extend(&data_args);
-        let replica = RedisServer::start_with(&replica_args)?;
-        wait_until("the replica in sync", Duration::from_secs(30), || {
-            cli_as(replica.port(), password, &["INFO", "replication"])
-                .iter()
-                .any(|l| l.trim() == "master_link_status:up")
-        })?;
+        let mut servers = vec![primary];
+        for _ in 0..replicas {
+            let replica = RedisServer::start_with(&replica_args)?;
+            wait_until("a replica in sync", Duration::from_secs(30), || {
+                cli_as(replica.port(), password, &["INFO", "replication"])
+                    .iter()
+                    .any(|l| l.trim() == "master_link_status:up")
+            })?;
+            servers.push(replica);
+        }
+        let primary = &servers[0];
         let mut sentinels = Vec::new();
         for _ in 0..3 {
             sentinels.push(Self::spawn_sentinel(
@@ -131,7 +153,7 @@ impl SentinelSetup {
             )?);
         }
         let setup = Self {
-            servers: vec![primary, replica],
+            servers,
             sentinels,
             password: password.map(str::to_owned),
             sentinel_password: sentinel_password.map(str::to_owned),
@@ -139,8 +161,8 @@ impl SentinelSetup {
         Ok(setup)
     }
 
-    /// Waits until every Sentinel knows the replica and the other two (they find each other
-    /// through hello messages every 2 s), so a failover can happen at once.
+    /// Waits until every Sentinel knows a replica in sync and the other two (they find each
+    /// other through hello messages every 2 s), so a failover can happen at once.
     ///
     /// # Errors
     /// When that takes more than 30 s.
@@ -148,7 +170,7 @@ impl SentinelSetup {
         for s in &self.sentinels {
             let port = s.port;
             wait_until(
-                "each Sentinel knows the replica and a quorum",
+                "each Sentinel knows a replica in sync and a quorum",
                 Duration::from_secs(30),
                 || {
                     let master = self.ask(port, &["SENTINEL", "MASTER", SENTINEL_MASTER]);
@@ -159,7 +181,18 @@ impl SentinelSetup {
                             .and_then(|i| master.get(i + 1))
                             .cloned()
                     };
-                    field("num-slaves").as_deref() == Some("1")
+                    // `SENTINEL REPLICAS`: key and value lines, each replica from `name` on.
+                    let listed = self.ask(port, &["SENTINEL", "REPLICAS", SENTINEL_MASTER]);
+                    let healthy = listed
+                        .split(|l| l == "name")
+                        .filter(|r| {
+                            let get =
+                                |k: &str| r.iter().position(|l| l == k).and_then(|i| r.get(i + 1));
+                            get("flags").is_some_and(|f| f == "slave")
+                                && get("master-link-status").is_some_and(|m| m == "ok")
+                        })
+                        .count();
+                    healthy >= 1
                         && field("num-other-sentinels").as_deref() == Some("2")
                         && self
                             .ask(port, &["SENTINEL", "CKQUORUM", SENTINEL_MASTER])
@@ -332,5 +365,31 @@ impl SentinelSetup {
                         .is_some_and(|l| l == "master")
                 })
         })
+    }
+
+    /// Empties a running replica (`FLUSHALL` on it, made writable for that): it goes on
+    /// receiving new writes but lost everything before, as a replica that missed writes. The
+    /// next failover promotes it if it is the only replica in sync.
+    ///
+    /// # Errors
+    /// When there is no running replica or it refuses.
+    pub fn empty_a_replica(&self) -> std::io::Result<()> {
+        let primary = self.primary_port();
+        let replica = self
+            .servers
+            .iter()
+            .find(|s| s.pid().is_some() && Some(s.port()) != primary)
+            .ok_or_else(|| std::io::Error::other("no running replica"))?;
+        let pw = self.password.as_deref();
+        for args in [
+            &["CONFIG", "SET", "replica-read-only", "no"][..],
+            &["FLUSHALL"][..],
+        ] {
+            let out = cli_as(replica.port(), pw, args);
+            if out.first().is_none_or(|l| l != "OK") {
+                return Err(std::io::Error::other(format!("{args:?} answered {out:?}")));
+            }
+        }
+        Ok(())
     }
 }
