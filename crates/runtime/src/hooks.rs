@@ -102,6 +102,9 @@ struct Inner {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// (bot, entry key) being worked on here: the sweeper leaves them alone.
     active: Mutex<HashSet<(BotId, String)>>,
+    /// The part of `active` whose ticket is being asked for again after a take failed (the
+    /// coordinator was away): not journaled by that delivery, which was answered 503.
+    retaking: Mutex<HashSet<(BotId, String)>>,
     /// Shutting down: new deliveries are answered 503, waiting tickets are left to others.
     draining: std::sync::atomic::AtomicBool,
     /// Leaving for good: no turn starts being handled any more (set just before the worker
@@ -167,6 +170,7 @@ impl Hooks {
                 senders: Mutex::default(),
                 waiters: Mutex::default(),
                 active: Mutex::default(),
+                retaking: Mutex::default(),
                 draining: std::sync::atomic::AtomicBool::new(false),
                 closed: watch::Sender::new(false),
                 handling: std::sync::atomic::AtomicUsize::new(0),
@@ -442,6 +446,13 @@ impl Hooks {
         for (idx, m) in messages.iter().enumerate() {
             // Served here already (a redelivery reaching the same worker): its task has it.
             if !self.claim_local(&spec.id, &m.key) {
+                // Unless that task only asks for the ticket of a delivery that failed: its
+                // turn may come and go before this journals the entry, leaving the entry to
+                // the sweeper, after later messages of its chat. Refused until it is done.
+                if lock(&self.inner.retaking).contains(&(spec.id.clone(), m.key.clone())) {
+                    failed = true;
+                    break;
+                }
                 continue;
             }
             let ck = chat_key(&spec.id, &m.message.chat.chat);
@@ -458,6 +469,8 @@ impl Hooks {
                     // ticket comes back) until known, then served (empty: it is released).
                     let (h, spec, key) = (self.clone(), spec.clone(), m.key.clone());
                     let (chat, inc) = (m.message.chat.chat.clone(), inc.clone());
+                    let mark = (spec.id.clone(), key.clone());
+                    lock(&self.inner.retaking).insert(mark.clone());
                     tokio::spawn(async move {
                         match h.take(&ck, &key, &inc).await {
                             Some((ticket, turn)) => {
@@ -475,6 +488,7 @@ impl Hooks {
                             }
                             None => h.unclaim_local(&spec.id, &key),
                         }
+                        lock(&h.inner.retaking).remove(&mark);
                     });
                     failed = true;
                     break;
