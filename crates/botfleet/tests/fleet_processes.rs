@@ -263,6 +263,19 @@ async fn polling_then_traffic(fake: &FakeTelegram, n: usize, what: &str) -> Traf
     traffic
 }
 
+/// Stops the users after a second more of writing, waits until every message is answered in
+/// order, and checks that none was answered twice and no token had two pollers.
+async fn finish_doubling_nothing(traffic: Traffic, fake: &FakeTelegram, what: &str) {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (total, dups) = traffic.finish(fake).await;
+    println!(
+        "{what}: {total} written, lost 0, duplicated {dups}, second pollers (409) {}",
+        fake.state().conflicts()
+    );
+    assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");
+    assert_eq!(dups, 0, "answered twice");
+}
+
 /// Checks every chat of `want` was answered in order (the first answer to each message
 /// follows the order of the messages) and answers how many answers were repeats.
 fn duplicates_in_order(want: &Chats, got: &Chats) -> usize {
@@ -731,14 +744,7 @@ async fn redis_losing_its_data_under_traffic_doubles_nothing() {
     println!(
         "Redis restarted empty: every bot polled by its new owner {after_restart:?} after the loss"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (total, dups) = traffic.finish(&fake).await;
-    println!(
-        "messages: {total} written, lost 0, duplicated {dups}, second pollers (409) {}",
-        fake.state().conflicts()
-    );
-    assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");
-    assert_eq!(dups, 0, "answered twice");
+    finish_doubling_nothing(traffic, &fake, "messages").await;
     // Not a tight bound (the machine is shared): the grace window is one lease.
     for (what, d) in [("FLUSHALL", after_flush), ("restart", after_restart)] {
         assert!(
@@ -1196,12 +1202,5 @@ async fn sentinel_failovers_under_traffic_double_nothing() {
             "{kind}: two pollers on one token"
         );
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (total, dups) = traffic.finish(&fake).await;
-    println!(
-        "Sentinel failovers: messages {total} written, lost 0, duplicated {dups}, second pollers (409) {}",
-        fake.state().conflicts()
-    );
-    assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");
-    assert_eq!(dups, 0, "answered twice");
+    finish_doubling_nothing(traffic, &fake, "Sentinel failovers: messages").await;
 }

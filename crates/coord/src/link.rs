@@ -14,10 +14,7 @@
 //! after a Redis restart.
 
 use std::{
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, RwLock, Weak,
-    },
+    sync::{Arc, RwLock, Weak},
     time::Duration,
 };
 
@@ -117,9 +114,8 @@ pub(crate) struct Link {
     generation: watch::Sender<u64>,
     /// One lookup at a time.
     looking: Mutex<()>,
-    /// When the last lookup after an error started (ms since the link was made).
-    last_error_lookup_ms: AtomicU64,
-    born: std::time::Instant,
+    /// When the last lookup after an error started.
+    last_error_lookup: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Link {
@@ -137,7 +133,14 @@ impl Link {
             }
             RedisMode::Sentinel { master } => {
                 let s = Sentinels::parse(&config.url, master)?;
-                let client = s.primary(&config).await?;
+                // With no primary in use, a lookup names one or fails.
+                let client = s
+                    .primary(&config, None)
+                    .await?
+                    .ok_or(CoordError::Unreachable {
+                        what: "find the primary through Sentinel".into(),
+                        source: None,
+                    })?;
                 (Some(s), client)
             }
         };
@@ -151,8 +154,7 @@ impl Link {
             node: RwLock::new(node),
             generation: watch::channel(0).0,
             looking: Mutex::new(()),
-            last_error_lookup_ms: AtomicU64::new(0),
-            born: std::time::Instant::now(),
+            last_error_lookup: std::sync::Mutex::new(None),
         });
         if let Some(s) = &link.sentinels {
             tokio::spawn(watch_sentinels(Arc::downgrade(&link), s.clone()));
@@ -187,16 +189,15 @@ impl Link {
         if !moved {
             return;
         }
-        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let last = self.last_error_lookup_ms.load(Ordering::Relaxed);
-        let gap = u64::try_from(ERROR_LOOKUP_GAP.as_millis()).unwrap_or(250);
-        if now.saturating_sub(last) < gap
-            || self
-                .last_error_lookup_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
         {
-            return;
+            let mut last = self
+                .last_error_lookup
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|at| at.elapsed() < ERROR_LOOKUP_GAP) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
         }
         let (link, node) = (self.clone(), node.clone());
         tokio::spawn(async move {
@@ -217,11 +218,9 @@ impl Link {
         if after.is_some_and(|a| !Arc::ptr_eq(a, &current)) {
             return Ok(());
         }
-        let client = s.primary(&self.config).await?;
-        let addr = addr_of(&client);
-        if addr == current.addr {
+        let Some(client) = s.primary(&self.config, Some(&current.addr)).await? else {
             return Ok(());
-        }
+        };
         let node = Node::connect(client, &self.config).await?;
         warn!(from = %current.addr, to = %node.addr, "Redis primary moved (Sentinel failover); following it");
         *self.node.write().unwrap_or_else(|e| e.into_inner()) = node;
@@ -349,8 +348,13 @@ impl Sentinels {
         })
     }
 
-    /// The primary: the first address a Sentinel names whose server says it is a primary.
-    async fn primary(&self, config: &RedisConfig) -> Result<redis::Client> {
+    /// The primary: the first address a Sentinel names whose server says it is a primary;
+    /// `None` when that is `current` (`host:port`), which is not asked again.
+    async fn primary(
+        &self,
+        config: &RedisConfig,
+        current: Option<&str>,
+    ) -> Result<Option<redis::Client>> {
         let limit = config.connect_timeout;
         let mut last = String::from("no Sentinel answered");
         for s in &self.nodes {
@@ -382,6 +386,9 @@ impl Sentinels {
                 last = format!("Sentinel {addr} named a primary with port {port:?}");
                 continue;
             };
+            if current == Some(format!("{host}:{port}").as_str()) {
+                return Ok(None);
+            }
             let info = self
                 .template
                 .clone()
@@ -394,7 +401,7 @@ impl Sentinels {
                 redis::cmd("ROLE").query_async::<Value>(&mut c).await
             };
             match tokio::time::timeout(limit, role).await {
-                Ok(Ok(v)) if is_primary(&v) => return Ok(client),
+                Ok(Ok(v)) if is_primary(&v) => return Ok(Some(client)),
                 Ok(Ok(_)) => {
                     last =
                         format!("{host}:{port}, named by Sentinel {addr}, is not a primary (yet)")

@@ -36,32 +36,37 @@ struct Redis {
 /// Every key of the fleet with its remaining TTL (ms, 0 for none) and its `DUMP`.
 type Dump = Vec<(String, i64, Vec<u8>)>;
 
-impl Redis {
-    async fn raw(&self) -> ::redis::aio::MultiplexedConnection {
-        ::redis::Client::open(self.server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
+/// A plain connection to the Redis at `url`, for the fixture's own reads and writes.
+async fn raw(url: String) -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// A coordinator on `config`, keys under `conf`.
+async fn coordinator(config: RedisConfig) -> Arc<dyn Coordinator> {
+    Arc::new(
+        RedisCoordinator::connect(config.prefix("conf"))
             .await
-            .unwrap()
-    }
+            .unwrap(),
+    )
 }
 
 impl CoordFixture for Redis {
     type Snapshot = Dump;
     async fn handle(&self) -> Arc<dyn Coordinator> {
-        let c = RedisCoordinator::connect(RedisConfig::new(self.server.url()).prefix("conf"))
-            .await
-            .unwrap();
-        Arc::new(c)
+        coordinator(RedisConfig::new(self.server.url())).await
     }
     async fn lose_everything(&self) {
         self.server.flushall().unwrap();
     }
     async fn snapshot(&self) -> Dump {
-        dump(&mut self.raw().await).await
+        dump(&mut raw(self.server.url()).await).await
     }
     async fn roll_back(&self, snapshot: &Dump) {
-        restore(&mut self.raw().await, snapshot).await;
+        restore(&mut raw(self.server.url()).await, snapshot).await;
     }
 }
 
@@ -115,36 +120,19 @@ struct Sentinel {
     setup: SentinelSetup,
 }
 
-impl Sentinel {
-    async fn raw(&self) -> ::redis::aio::MultiplexedConnection {
-        ::redis::Client::open(self.setup.primary_url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
-    }
-}
-
 impl CoordFixture for Sentinel {
     type Snapshot = Dump;
     async fn handle(&self) -> Arc<dyn Coordinator> {
-        let c = RedisCoordinator::connect(
-            RedisConfig::new(self.setup.urls())
-                .prefix("conf")
-                .sentinel(SENTINEL_MASTER),
-        )
-        .await
-        .unwrap();
-        Arc::new(c)
+        coordinator(RedisConfig::new(self.setup.urls()).sentinel(SENTINEL_MASTER)).await
     }
     async fn lose_everything(&self) {
         self.setup.primary().flushall().unwrap();
     }
     async fn snapshot(&self) -> Dump {
-        dump(&mut self.raw().await).await
+        dump(&mut raw(self.setup.primary_url()).await).await
     }
     async fn roll_back(&self, snapshot: &Dump) {
-        restore(&mut self.raw().await, snapshot).await;
+        restore(&mut raw(self.setup.primary_url()).await, snapshot).await;
     }
 }
 

@@ -1154,10 +1154,8 @@ mod tests {
     /// with, and the hot path's query uses its index rather than reading a bot's every entry.
     #[tokio::test]
     async fn page_caches_are_bounded_and_the_journal_reads_by_index() {
-        let dir =
-            std::env::temp_dir().join(format!("botfleet-cache-{}", botfleet_testkit::nonce()));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-        let store = SqliteStore::open(dir.join("s.db"))
+        let dir = botfleet_testkit::TempDir::new("botfleet-cache");
+        let store = SqliteStore::open(dir.0.join("s.db"))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let cache = |c: &Arc<Mutex<Connection>>| -> i64 {
@@ -1177,8 +1175,6 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
         };
         assert!(plan.contains("inbox_by_seq"), "{plan}");
-        drop(store);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

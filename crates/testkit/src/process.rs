@@ -7,7 +7,8 @@ use std::{
 
 /// `botfleet worker` (the binary `bin`) as a member of a test fleet: named `name`, on the
 /// registry `db`, Redis `redis` and key prefix `prefix`, its HTTP and hooks addresses on ports
-/// the OS picks, logging warnings (and the worker loop's progress); add the test's own flags (and `RUST_LOG`) to it.
+/// the OS picks, logging warnings and the worker loop's progress; add the test's own flags
+/// (and `RUST_LOG`) to it.
 pub fn fleet_worker(bin: &str, name: &str, db: &str, redis: &str, prefix: &str) -> Command {
     let mut cmd = Command::new(bin);
     cmd.args(["worker", "--worker-id", name])
