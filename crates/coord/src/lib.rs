@@ -15,6 +15,11 @@ pub use coordinator::Coordinator;
 
 /// Journal entries the fleet keeps (the newest).
 pub const JOURNAL_KEEP: usize = 5_000;
+/// How long after a data loss's grace window turns still report
+/// [`Turn::after_loss`] (at least; ten grace windows if longer): long enough for every entry
+/// whose ticket was lost to be found again (the webhook sweeper replays entries older than two
+/// leases, every lease).
+pub const AFTER_LOSS_SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
 pub use error::{CoordError, Result};
 pub use keyspace::KeySpace;
 pub use lease::{LeaseHandle, LeaseKeeper, LeaseLost};

@@ -132,8 +132,11 @@ impl State {
         ticket: u64,
         me: &(WorkerId, Incarnation),
         now: u64,
-        abandoned_after: u64,
+        known: &Knowledge,
+        grace_rule: bool,
     ) -> Turn {
+        let grace = known.grace_ms();
+        let abandoned_after = crate::redis::abandoned_after_ms(grace);
         if !self.is_live(&me.0, &me.1, now) {
             return Turn::NotLive;
         }
@@ -160,6 +163,15 @@ impl State {
                 _ => true,
             },
         };
+        // As turn.lua: nothing is granted inside a grace window after a loss (a holder from
+        // before it may still be acting), and grants say when a loss was recent.
+        let after_loss = match self.epoch(now, &known.epoch(), grace) {
+            Some(e) if grace_rule && e.grace_left(now) > 0 => return Turn::Wait,
+            Some(e) => {
+                e.lost && now < e.till.max(e.hold) + crate::redis::after_loss_settle_ms(grace)
+            }
+            None => false,
+        };
         let f = (self.turn_fence + 1).max(now.saturating_mul(1000));
         self.turn_fence = f;
         let Some(q) = self.turns.get_mut(chat) else {
@@ -178,9 +190,14 @@ impl State {
                 ticket: serving,
                 entry,
                 fence,
+                after_loss,
             }
         } else {
-            Turn::Granted { ticket, fence }
+            Turn::Granted {
+                ticket,
+                fence,
+                after_loss,
+            }
         }
     }
 
@@ -386,6 +403,13 @@ impl MemoryCoordinator {
 
     fn now(&self) -> u64 {
         self.hub.clock.now_ms()
+    }
+
+    /// Whether grants wait out a loss's grace window (off only in tests proving the rule).
+    fn grace_rule(&self) -> bool {
+        self.hub
+            .grace_rule
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn me(&self) -> Result<(WorkerId, Incarnation)> {
@@ -850,7 +874,7 @@ impl Coordinator for MemoryCoordinator {
         check_key_len("chat key", chat, 300)?;
         let me = self.me()?;
         let now = self.now();
-        let abandoned = crate::redis::abandoned_after_ms(self.known.grace_ms());
+        let rule = self.grace_rule();
         let mut st = self.state()?;
         if !st.is_live(&me.0, &me.1, now) {
             return Ok((0, Turn::NotLive));
@@ -860,7 +884,7 @@ impl Coordinator for MemoryCoordinator {
             .get(chat)
             .and_then(|q| q.by_entry.get(entry).copied())
         {
-            let turn = st.turn_try(chat, have, &me, now, abandoned);
+            let turn = st.turn_try(chat, have, &me, now, &self.known, rule);
             return Ok((have, turn));
         }
         // Numbers start above every ticket given before: never reused for a chat.
@@ -880,7 +904,7 @@ impl Coordinator for MemoryCoordinator {
             .insert(ticket, (me.0.clone(), me.1.clone(), entry.to_owned()));
         q.by_entry.insert(entry.to_owned(), ticket);
         st.turn_fence = st.turn_fence.max(ticket);
-        let turn = st.turn_try(chat, ticket, &me, now, abandoned);
+        let turn = st.turn_try(chat, ticket, &me, now, &self.known, rule);
         Ok((ticket, turn))
     }
 
@@ -888,8 +912,10 @@ impl Coordinator for MemoryCoordinator {
         check_key_len("chat key", chat, 300)?;
         let me = self.me()?;
         let now = self.now();
-        let abandoned = crate::redis::abandoned_after_ms(self.known.grace_ms());
-        Ok(self.state()?.turn_try(chat, ticket, &me, now, abandoned))
+        let rule = self.grace_rule();
+        Ok(self
+            .state()?
+            .turn_try(chat, ticket, &me, now, &self.known, rule))
     }
 
     async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {

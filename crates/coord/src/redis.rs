@@ -118,7 +118,7 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scrip
     hand_over: Script::new(include_str!("lua/hand_over.lua")),
     owner: Script::new(include_str!("lua/owner.lua")),
     rate: Script::new(include_str!("lua/rate.lua")),
-    turn: Script::new(include_str!("lua/turn.lua")),
+    turn: with_epoch(include_str!("lua/turn.lua")),
     lock_acquire: with_epoch(include_str!("lua/lock_acquire.lua")),
     lock_renew: Script::new(include_str!("lua/lock_renew.lua")),
     lock_release: Script::new(include_str!("lua/lock_release.lua")),
@@ -248,9 +248,11 @@ impl RedisCoordinator {
         check_key_len("chat key", chat, 300)?;
         let reg = self.reg()?;
         let mut inv = SCRIPTS.turn.prepare_invoke();
+        let grace = self.known.grace_ms();
         inv.key(self.ks.workers())
             .key(self.ks.deadlines())
             .key(self.ks.turn(chat))
+            .key(self.ks.epoch())
             .arg(op)
             .arg(reg.worker.as_str())
             .arg(reg.incarnation.as_str())
@@ -258,7 +260,11 @@ impl RedisCoordinator {
             .arg(fence.0)
             .arg(self.ks.turn_wake_prefix())
             .arg(chat)
-            .arg(abandoned_after_ms(self.known.grace_ms()));
+            .arg(abandoned_after_ms(grace))
+            .arg(self.known.epoch())
+            .arg(grace)
+            .arg(nonce())
+            .arg(after_loss_settle_ms(grace));
         self.run("turn", inv).await
     }
 
@@ -1065,6 +1071,12 @@ pub(crate) fn abandoned_after_ms(lease_ms: u64) -> u64 {
     lease_ms.max(5_000)
 }
 
+/// How long after a loss's grace window (`grace_ms`) turns report `after_loss`.
+pub(crate) fn after_loss_settle_ms(grace_ms: u64) -> u64 {
+    let floor = u64::try_from(crate::AFTER_LOSS_SETTLE.as_millis()).unwrap_or(u64::MAX);
+    grace_ms.saturating_mul(10).max(floor)
+}
+
 /// Reads a turn answer (see `lua/turn.lua`).
 fn parse_turn(r: &[String]) -> Result<Turn> {
     let bad = || CoordError::Protocol {
@@ -1073,14 +1085,16 @@ fn parse_turn(r: &[String]) -> Result<Turn> {
     };
     let num = |s: &String| s.parse::<u64>().map_err(|_| bad());
     match r.first().map(String::as_str) {
-        Some("granted") if r.len() == 3 => Ok(Turn::Granted {
+        Some("granted") if r.len() == 4 => Ok(Turn::Granted {
             ticket: num(&r[1])?,
             fence: Fence(num(&r[2])?),
+            after_loss: r[3] == "1",
         }),
-        Some("takeover") if r.len() == 4 => Ok(Turn::TakeOver {
+        Some("takeover") if r.len() == 5 => Ok(Turn::TakeOver {
             ticket: num(&r[1])?,
             entry: r[2].clone(),
             fence: Fence(num(&r[3])?),
+            after_loss: r[4] == "1",
         }),
         Some("wait") => Ok(Turn::Wait),
         Some("passed") => Ok(Turn::Passed),

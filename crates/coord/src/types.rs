@@ -253,6 +253,8 @@ pub enum Turn {
         ticket: u64,
         /// The turn's fence: conversation state and outbox records carry it.
         fence: Fence,
+        /// The coordinator lost data recently (see [`Turn::after_loss`]).
+        after_loss: bool,
     },
     /// An earlier ticket has the turn (or its live taker is about to): wait for a wake-up
     /// (see [`Coordinator::turn_wakeups`](crate::Coordinator::turn_wakeups)) and ask again.
@@ -267,9 +269,28 @@ pub enum Turn {
         entry: String,
         /// The turn's fence.
         fence: Fence,
+        /// The coordinator lost data recently (see [`Turn::after_loss`]).
+        after_loss: bool,
     },
     /// The ticket was served already (taken over while its taker was thought dead).
     Passed,
     /// The caller's own liveness is missing or foreign: it may act on nothing.
     NotLive,
+}
+
+impl Turn {
+    /// Whether this grant comes soon after the coordinator lost data (a restart without
+    /// persistence, a failover to a replica that missed writes): within
+    /// [`AFTER_LOSS_SETTLE`](crate::AFTER_LOSS_SETTLE) (or ten grace windows, if longer)
+    /// after the loss's grace window. Entries of the chat journaled before the loss may then
+    /// be pending with no ticket (their queue was forgotten) until someone takes one for
+    /// them: the holder serves the chat's older pending entries before its own, so the chat
+    /// keeps its order. No turn is granted inside the grace window itself (a holder from
+    /// before the loss may still be acting by its own clock).
+    pub fn after_loss(&self) -> bool {
+        match self {
+            Turn::Granted { after_loss, .. } | Turn::TakeOver { after_loss, .. } => *after_loss,
+            Turn::Wait | Turn::Passed | Turn::NotLive => false,
+        }
+    }
 }

@@ -40,7 +40,8 @@ use crate::{
     handler::Handler,
     metrics::{
         Metrics, HOOKS_DUPLICATES_TOTAL, HOOKS_JOURNALED_TOTAL, HOOKS_REFUSED_TOTAL,
-        HOOKS_UNAVAILABLE_TOTAL, TURN_TAKEOVERS_TOTAL, TURN_WAITS_EXCEEDED_TOTAL,
+        HOOKS_UNAVAILABLE_TOTAL, TURN_OLDER_FIRST_TOTAL, TURN_TAKEOVERS_TOTAL,
+        TURN_WAITS_EXCEEDED_TOTAL,
     },
     reporter::Reporter,
     retry::backoff,
@@ -590,7 +591,9 @@ impl Hooks {
         let recheck = (self.inner.settings.lease / 2).max(Duration::from_millis(100));
         loop {
             let next = match turn {
-                Turn::Granted { fence, .. } => {
+                Turn::Granted {
+                    fence, after_loss, ..
+                } => {
                     let pre = preload.take();
                     match self
                         .serve(
@@ -599,7 +602,7 @@ impl Hooks {
                             &chat,
                             &key,
                             ticket,
-                            fence,
+                            (fence, after_loss),
                             Some(arrived),
                             pre,
                             &inc,
@@ -615,12 +618,22 @@ impl Hooks {
                     ticket: dead,
                     entry,
                     fence,
+                    after_loss,
                 } => {
                     self.inner.metrics.count(TURN_TAKEOVERS_TOTAL, p, 1);
                     info!(bot = %spec.id, chat = %chat, ticket = dead, "taking over a turn its worker left");
                     match self
                         .serve(
-                            &spec, &ck, &chat, &entry, dead, fence, None, None, &inc, true,
+                            &spec,
+                            &ck,
+                            &chat,
+                            &entry,
+                            dead,
+                            (fence, after_loss),
+                            None,
+                            None,
+                            &inc,
+                            true,
                         )
                         .await
                     {
@@ -699,10 +712,12 @@ impl Hooks {
         lock(&self.inner.active).remove(&mark);
     }
 
-    /// Handles `entry` under the held turn of `ticket` and releases it. A worker whose lease
-    /// became unsafe in between waits for it to be safe again and asks for the turn again (it
-    /// is still its own unless it was taken over meanwhile); one whose registration ended, or
-    /// that is leaving, stops and leaves the turn to be taken over.
+    /// Handles `entry` under the held turn of `ticket` (its fence, and whether the grant came
+    /// soon after a loss of coordination data: then the chat's older pending entries go
+    /// first) and releases it. A worker whose lease became unsafe in between waits for it to
+    /// be safe again and asks for the turn again (it is still its own unless it was taken over
+    /// meanwhile); one whose registration ended, or that is leaving, stops and leaves the turn
+    /// to be taken over.
     #[allow(clippy::too_many_arguments)]
     async fn serve(
         &self,
@@ -711,14 +726,23 @@ impl Hooks {
         chat: &str,
         entry: &str,
         ticket: u64,
-        mut fence: Fence,
+        (mut fence, mut after_loss): (Fence, bool),
         arrived: Option<Instant>,
         mut preload: Option<TurnView>,
         inc: &Option<Incarnation>,
         takeover: bool,
     ) -> Served {
         loop {
-            let done = if takeover {
+            let older = if after_loss {
+                // Read before older entries may change the chat's state: read again.
+                preload = None;
+                self.serve_older(spec, chat, entry, fence).await
+            } else {
+                Handled::Done
+            };
+            let done = if !matches!(older, Handled::Done) {
+                older
+            } else if takeover {
                 // Its holder may still be frozen somewhere: its late state write is refused.
                 match self.accept(spec, chat, fence).await {
                     Accepted::Yes => {
@@ -744,11 +768,64 @@ impl Hooks {
                 return Served::Stop;
             }
             match self.try_again(ck, ticket, inc).await {
-                Some(Turn::Granted { fence: f, .. }) => fence = f,
+                Some(Turn::Granted {
+                    fence: f,
+                    after_loss: recent,
+                    ..
+                }) => (fence, after_loss) = (f, recent),
                 Some(other) => return Served::Again(other),
                 None => return Served::Stop,
             }
         }
+    }
+
+    /// After a loss of coordination data (see [`Turn::after_loss`]): handles the chat's
+    /// entries journaled before `entry` and still pending, oldest first, under the turn held
+    /// for `entry`. Their tickets may have gone with the forgotten queue; served here, the chat
+    /// keeps its order (a ticket taken for one of them later finds it done). Store failures
+    /// are retried while this worker may act.
+    async fn serve_older(
+        &self,
+        spec: &Arc<BotSpec>,
+        chat: &str,
+        entry: &str,
+        fence: Fence,
+    ) -> Handled {
+        let mut attempt = 0;
+        let pending = loop {
+            if !self.may_act() {
+                return Handled::Fenced;
+            }
+            match self.inner.store.inbox_pending(&spec.id, SWEEP_BATCH).await {
+                Ok(p) => break p,
+                Err(e) => {
+                    warn!(bot = %spec.id, error = %e, "cannot read a chat's older entries after a loss; retrying");
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                    attempt += 1;
+                }
+            }
+        };
+        // Oldest first. An entry not among them is done (nothing to keep in order before it),
+        // unless the list was cut short: then every listed one is older.
+        let own = pending.iter().position(|e| e.key == entry);
+        let upto = match own {
+            Some(i) => i,
+            None if pending.len() >= SWEEP_BATCH => pending.len(),
+            None => 0,
+        };
+        for e in pending[..upto].iter().filter(|e| e.chat == chat) {
+            info!(bot = %spec.id, chat = %chat, key = %e.key, "after a coordinator data loss: serving an older entry of the chat first");
+            self.inner
+                .metrics
+                .count(TURN_OLDER_FIRST_TOTAL, spec.platform, 1);
+            let done = self
+                .handle_entry(spec, chat, &e.key, fence, None, None)
+                .await;
+            if !matches!(done, Handled::Done) {
+                return done;
+            }
+        }
+        Handled::Done
     }
 
     /// `handle`, or nothing for an empty entry (a ticket whose journal write failed).

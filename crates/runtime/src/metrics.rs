@@ -67,6 +67,9 @@ pub const HOOKS_UNAVAILABLE_TOTAL: &str = "botfleet_hooks_unavailable_total";
 pub const TURN_WAITS_EXCEEDED_TOTAL: &str = "botfleet_turn_waits_exceeded_total";
 /// Turns taken over from a worker that died holding them (its entries replayed), by platform.
 pub const TURN_TAKEOVERS_TOTAL: &str = "botfleet_turn_takeovers_total";
+/// Entries served before a newer one of their chat because their tickets went with a
+/// coordinator data loss, by platform.
+pub const TURN_OLDER_FIRST_TOTAL: &str = "botfleet_turn_older_first_total";
 /// Replies not sent because the outbox had them (a replay), by platform.
 pub const OUTBOX_SKIPPED_TOTAL: &str = "botfleet_outbox_skipped_total";
 /// Conversation-state writes refused (a newer turn wrote first; the result is dropped), by
@@ -389,6 +392,10 @@ impl Metrics {
             (
                 TURN_TAKEOVERS_TOTAL,
                 "Turns taken over from a worker that died holding them.",
+            ),
+            (
+                TURN_OLDER_FIRST_TOTAL,
+                "Entries whose tickets a coordinator data loss took, served first.",
             ),
             (
                 OUTBOX_SKIPPED_TOTAL,

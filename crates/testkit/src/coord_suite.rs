@@ -961,11 +961,71 @@ pub async fn avoidances_are_shared_and_expire<F: CoordFixture>(f: &F) {
         .is_err());
 }
 
+/// The fence of a grant made with no loss in sight.
 fn granted_turn(t: Turn) -> Fence {
     match t {
-        Turn::Granted { fence, .. } => fence,
+        Turn::Granted {
+            fence,
+            after_loss: false,
+            ..
+        } => fence,
         other => panic!("expected the turn, got {other:?}"),
     }
+}
+
+/// The backend loses everything while a chat's turn is held and a ticket waits behind it: the
+/// holder may still be acting by its own clock, so no turn of any chat is granted until the
+/// grace window has passed (a forgotten queue grants nothing early); then grants say the loss
+/// was recent (the holder serves the chat's older pending entries first), under fences above
+/// the ones granted before, and the old holder's late release is refused.
+pub async fn a_forgotten_turn_queue_grants_nothing_during_the_grace_window<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    let (t0, first) = a.turn_take("bot/c", "k0").await.unwrap();
+    let f0 = granted_turn(first);
+    assert_eq!(b.turn_take("bot/c", "k1").await.unwrap().1, Turn::Wait);
+
+    f.lose_everything().await;
+    let lost_at = tokio::time::Instant::now();
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Lost);
+    assert_eq!(
+        b.turn_try("bot/c", t0 + 1).await.unwrap(),
+        Turn::NotLive,
+        "b's registration went with the data"
+    );
+    a.register(&wid("w-a"), &meta(), LEASE).await.unwrap();
+    b.register(&wid("w-b"), &meta(), LEASE).await.unwrap();
+    let (t1, again) = b.turn_take("bot/c", "k1").await.unwrap();
+    assert_eq!(again, Turn::Wait, "the forgotten chat waits out the window");
+    assert_eq!(
+        a.turn_take("bot/other", "x0").await.unwrap().1,
+        Turn::Wait,
+        "so does every chat: nothing says which ones had a holder"
+    );
+    let (fence, recent) = wait_for("the grace window ends", LEASE * 3, || async {
+        assert_eq!(b.renew(0).await.unwrap(), Renewal::Renewed);
+        assert_eq!(a.renew(0).await.unwrap(), Renewal::Renewed);
+        match b.turn_try("bot/c", t1).await.unwrap() {
+            Turn::Granted {
+                fence, after_loss, ..
+            } => Some((fence, after_loss)),
+            Turn::Wait => None,
+            other => panic!("{other:?}"),
+        }
+    })
+    .await;
+    let waited = lost_at.elapsed();
+    assert!(waited >= LEASE / 2, "granted after only {waited:?}");
+    assert!(recent, "the grant says the loss was recent");
+    assert!(
+        fence > f0,
+        "fences grow past the loss: {f0:?} then {fence:?}"
+    );
+    assert!(
+        !a.turn_release("bot/c", t0, f0).await.unwrap(),
+        "the old holder's late release is refused"
+    );
+    assert!(b.turn_release("bot/c", t1, fence).await.unwrap());
 }
 
 /// A chat's tickets are served in order, one holder at a time; a release wakes the next
@@ -1036,6 +1096,7 @@ pub async fn dead_holders_tickets_are_taken_over<F: CoordFixture>(f: &F) {
                 ticket,
                 entry,
                 fence,
+                ..
             } => {
                 assert!(fence > last);
                 last = fence;
@@ -1133,6 +1194,7 @@ macro_rules! coordinator_conformance {
             turns_are_served_in_ticket_order,
             dead_holders_tickets_are_taken_over,
             abandoned_tickets_of_live_takers_are_taken_over,
+            a_forgotten_turn_queue_grants_nothing_during_the_grace_window,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -1,9 +1,10 @@
 -- A chat's turn queue: tickets served in the order they were taken, one holder at a time,
--- a holder's turn valid while its worker's liveness holds.
+-- a holder's turn valid while its worker's liveness holds. (Prefixed with epoch.lua.)
 -- KEYS[1] workers   hash  worker -> incarnation
 -- KEYS[2] deadlines zset  worker -> liveness deadline (server ms)
 -- KEYS[3] turn      hash  of the chat: next, serving, hw/hi (holder), f (last fence),
 --                   t<n> = "worker|incarnation|entry" per ticket not yet served
+-- KEYS[4] epoch     hash  (see epoch.lua)
 -- ARGV[1] op: 'take' | 'try' | 'release'
 -- ARGV[2] caller worker id, ARGV[3] caller incarnation
 -- ARGV[4] take: the journal entry key; try/release: the ticket
@@ -12,22 +13,31 @@
 -- ARGV[7] the chat key (the wake-up's message)
 -- ARGV[8] ms after which a ticket whose turn came and that nobody holds counts as abandoned
 --         even if its taker is live (a taker that lost track of it)
+-- ARGV[9] the epoch id the caller knows ('' if none), ARGV[10] grace ms (the longest lease
+--         the caller knows), ARGV[11] id for a new epoch
+-- ARGV[12] ms after a loss's grace window during which grants say 'after loss'
 -- Returns take: {ticket, answer...}; try: {answer...}; release: {'1'|'0'} where answer is
--- 'granted', ticket, fence | 'wait' | 'takeover', ticket, entry, fence | 'passed' | 'notlive'.
+-- 'granted', ticket, fence, after_loss | 'wait' | 'takeover', ticket, entry, fence,
+-- after_loss | 'passed' | 'notlive'.
 --
 -- Fences are max(last + 1, server time in µs): a chat forgotten when its queue empties (or
 -- by a data loss) still gets fences above the ones granted before. Ticket numbers start at
 -- the server time in µs when a queue is made, so a number is never reused for a chat.
 -- Taking is idempotent per entry (`e<entry>` names its ticket while it waits): a take whose
 -- answer was lost is asked again and answers the same ticket.
+--
+-- After a data loss no turn is granted inside the epoch's grace window: a holder granted
+-- before the loss (its queue forgotten) may still be acting by its own clock. For a while
+-- after the window, grants say 'after loss' ('1'): entries of the chat whose tickets were
+-- lost may still be pending, and the holder serves them first.
 local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local ms_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local us_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function live(w, inc)
   if redis.call('HGET', KEYS[1], w) ~= inc then
     return false
   end
-  return tonumber(redis.call('ZSCORE', KEYS[2], w) or '0') > now_ms
+  return tonumber(redis.call('ZSCORE', KEYS[2], w) or '0') > ms_now
 end
 local me, inc = ARGV[2], ARGV[3]
 local function taker(field)
@@ -39,14 +49,30 @@ local function taker(field)
   local b = string.find(v, '|', a + 1, true)
   return string.sub(v, 1, a - 1), string.sub(v, a + 1, b - 1), string.sub(v, b + 1)
 end
+-- The epoch's word on granting now: nil inside a grace window, else '1' while a loss is
+-- recent, '0' otherwise.
+local function after_loss()
+  local e = fleet_epoch(KEYS[4], ms_now, ARGV[9], tonumber(ARGV[10]), ARGV[11])
+  if grace_left(e, ms_now) > 0 then
+    return nil
+  end
+  if e.lost and ms_now < math.max(e.till, e.hold) + tonumber(ARGV[12]) then
+    return '1'
+  end
+  return '0'
+end
 local function grant(kind, ticket, entry)
-  local f = math.max(tonumber(redis.call('HGET', KEYS[3], 'f') or '0') + 1, now_us)
+  local recent = after_loss()
+  if not recent then
+    return { 'wait' }
+  end
+  local f = math.max(tonumber(redis.call('HGET', KEYS[3], 'f') or '0') + 1, us_now)
   local fs = string.format('%d', f)
   redis.call('HSET', KEYS[3], 'hw', me, 'hi', inc, 'f', fs)
   if kind == 'granted' then
-    return { 'granted', ticket, fs }
+    return { 'granted', ticket, fs, recent }
   end
-  return { 'takeover', ticket, entry or '', fs }
+  return { 'takeover', ticket, entry or '', fs, recent }
 end
 local function try(ticket)
   local h = redis.call('HMGET', KEYS[3], 'next', 'serving', 'hw', 'hi')
@@ -71,7 +97,7 @@ local function try(ticket)
   else
     local w, i = taker('t' .. s)
     local since = tonumber(redis.call('HGET', KEYS[3], 'ss') or '0')
-    if w and live(w, i) and now_ms - since < tonumber(ARGV[8]) then
+    if w and live(w, i) and ms_now - since < tonumber(ARGV[8]) then
       return { 'wait' }
     end
   end
@@ -93,8 +119,8 @@ if ARGV[1] == 'take' then
     return r
   end
   if redis.call('HEXISTS', KEYS[3], 'next') == 0 then
-    local base = string.format('%d', now_us)
-    redis.call('HSET', KEYS[3], 'next', base, 'serving', base, 'ss', string.format('%d', now_ms))
+    local base = string.format('%d', us_now)
+    redis.call('HSET', KEYS[3], 'next', base, 'serving', base, 'ss', string.format('%d', ms_now))
   end
   local n = redis.call('HINCRBY', KEYS[3], 'next', 1) - 1
   local s = string.format('%d', n)
@@ -124,7 +150,7 @@ if serving >= tonumber(h[1]) then
   return { '1' }
 end
 local s = string.format('%d', serving)
-redis.call('HSET', KEYS[3], 'serving', s, 'ss', string.format('%d', now_ms))
+redis.call('HSET', KEYS[3], 'serving', s, 'ss', string.format('%d', ms_now))
 local w = taker('t' .. s)
 if w then
   redis.call('PUBLISH', ARGV[6] .. w, ARGV[7])
