@@ -573,7 +573,12 @@ async fn page() -> Response {
         Change,
         ImportReport,
         LineResult,
-        Events
+        Events,
+        crate::handler_schema::HandlerEvent,
+        crate::handler_schema::HandlerEventKind,
+        crate::handler_schema::HandlerChat,
+        crate::handler_schema::HandlerCommand,
+        crate::handler_schema::HandlerAnswer
     ))
 )]
 pub(crate) struct ApiDoc;
@@ -645,6 +650,60 @@ pub(crate) fn routes(state: ApiState) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The handler contract's schema names every field a worker sends, and every field it
+    /// requires is sent, for each kind of event.
+    #[test]
+    fn the_handler_schema_is_what_workers_send() {
+        use botfleet_core::{BotId, ChatKey, Command, EventKind, Inbound, Platform};
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let schema = &doc["components"]["schemas"]["HandlerEvent"];
+        let props = schema["properties"].as_object().expect("properties");
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let chat = ChatKey::new(BotId::new("b").unwrap(), "7");
+        let mut plain = Inbound::message(Platform::Telegram, chat, "12", None, "hi", Some(1));
+        plain.event_id = "b:12".into();
+        let mut command = plain.clone();
+        command.kind = EventKind::Command;
+        command.command = Some(Box::new(Command::new("start", "x")));
+        let mut edited = plain.clone();
+        edited.kind = EventKind::Edited;
+        edited.edited_message_id = Some("3".into());
+        let kinds: Vec<&str> = doc["components"]["schemas"]["HandlerEventKind"]["enum"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        for ev in [plain, command, edited] {
+            let body = botfleet_runtime::handler_request(&ev, Some(r#"{"n":1}"#)).unwrap();
+            let sent = body.as_object().unwrap();
+            for key in sent.keys() {
+                assert!(props.contains_key(key), "{key} is sent but not documented");
+            }
+            for key in &required {
+                assert!(sent.contains_key(*key), "{key} is required but not sent");
+            }
+            assert!(kinds.contains(&ev.kind.as_str()));
+            let c = &doc["components"]["schemas"]["HandlerCommand"]["properties"];
+            for key in body["command"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k)
+            {
+                assert!(c.get(key).is_some(), "command.{key} is not documented");
+            }
+        }
+        let answer = &doc["components"]["schemas"]["HandlerAnswer"]["properties"];
+        assert!(answer.get("text").is_some() && answer.get("state").is_some());
+        assert!(schema["example"]["event_id"].is_string(), "with an example");
+    }
 
     #[test]
     fn the_documented_bodies_are_the_parsed_ones() {

@@ -13,6 +13,7 @@ mod common;
 mod config;
 mod demo;
 mod fleet;
+mod handler_schema;
 mod lines;
 mod registry;
 mod secrets;

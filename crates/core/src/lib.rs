@@ -13,7 +13,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use descriptor::{Descriptor, Endpoint, ModeSpec, Need, Setting};
 pub use error::{InvalidId, InvalidSpec, UnknownPlatform};
 pub use ids::{BotId, ChatKey, Fence, Incarnation, WorkerId, MAX_ID_LEN};
-pub use message::{Inbound, Outbound};
+pub use message::{Command, EventKind, Inbound, Outbound};
 pub use platform::Platform;
 pub use secret::Secret;
 pub use spec::{BotOptions, BotRecord, BotSpec, BotStatus, HandlerSpec, HookSecrets};

@@ -198,20 +198,38 @@ impl FakeDiscordState {
     /// on Discord, when the shard never had a session). Answers the message id.
     pub fn user_writes(&self, token: &str, channel: u64, text: &str) -> String {
         let id = self.id().to_string();
-        let (shard, session) = {
-            let bots = lock(&self.inner.bots);
-            let Some(b) = bots.get(token) else {
-                return id;
-            };
-            let shard = u32::try_from(channel % u64::from(b.shards)).unwrap_or(0);
-            (shard, b.current.get(&shard).cloned())
-        };
         let d = json!({
             "id": id, "channel_id": channel.to_string(), "guild_id": channel.to_string(),
             "author": {"id": "4242", "username": "user"}, "content": text,
         });
+        self.user_dispatch(token, channel, "MESSAGE_CREATE", d);
+        id
+    }
+
+    /// The user edits their message `id` in `channel` to `text`: a `MESSAGE_UPDATE` with the
+    /// whole message and its new `edited_timestamp`, in the shard's current session.
+    pub fn user_edits(&self, token: &str, channel: u64, id: &str, text: &str) {
+        let at = self.id(); // grows with every call: each edit has its own time
+        let d = json!({
+            "id": id, "channel_id": channel.to_string(), "guild_id": channel.to_string(),
+            "author": {"id": "4242", "username": "user"}, "content": text,
+            "edited_timestamp": format!("2026-12-02T10:00:00.{at}+00:00"),
+        });
+        self.user_dispatch(token, channel, "MESSAGE_UPDATE", d);
+    }
+
+    /// A user's dispatch `t` in `channel`, on shard `channel % shards`.
+    fn user_dispatch(&self, token: &str, channel: u64, t: &str, d: Value) {
+        let (shard, session) = {
+            let bots = lock(&self.inner.bots);
+            let Some(b) = bots.get(token) else {
+                return;
+            };
+            let shard = u32::try_from(channel % u64::from(b.shards)).unwrap_or(0);
+            (shard, b.current.get(&shard).cloned())
+        };
         match session {
-            Some(sid) => self.dispatch(&sid, "MESSAGE_CREATE", d),
+            Some(sid) => self.dispatch(&sid, t, d),
             None => {
                 if let Some(b) = lock(&self.inner.bots).get_mut(token) {
                     b.dropped += 1;
@@ -219,7 +237,6 @@ impl FakeDiscordState {
             }
         }
         let _ = shard;
-        id
     }
 
     /// Sends a dispatch in session `sid` (recorded for RESUME; to its socket if attached).

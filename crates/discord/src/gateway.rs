@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 use crate::{
     connector::IdentifyGate,
     error::{close_action, CloseAction},
-    inbound::parse_message,
+    inbound::{parse_edit, parse_message},
     DiscordApi, DiscordConfig, DiscordError,
 };
 
@@ -362,8 +362,9 @@ impl Shard {
                                     let _ = self.tx.send(ShardEvent::Session { shard: self.id, session: Some(new) });
                                 }
                                 Some("RESUMED") => debug!(bot = %self.bot, shard = self.id, "resumed"),
-                                Some("MESSAGE_CREATE") => {
-                                    let ev = match parse_message(&self.bot, &v["d"], &self.me) {
+                                Some(t @ ("MESSAGE_CREATE" | "MESSAGE_UPDATE")) => {
+                                    let parse = if t == "MESSAGE_CREATE" { parse_message } else { parse_edit };
+                                    let ev = match parse(&self.bot, &v["d"], &self.me) {
                                         Ok(Some(received)) => ShardEvent::Message { shard: self.id, seq: s, received },
                                         Ok(None) => continue,
                                         Err(why) => {

@@ -24,3 +24,4 @@ pub use connector::{DiscordConnector, IdentifyGate, LocalGate};
 pub use descriptor::DESCRIPTOR;
 pub use error::DiscordError;
 pub use gateway::{Checkpoint, ShardSession, INTENTS};
+pub use inbound::{parse_edit, parse_message};

@@ -318,14 +318,14 @@ async fn sends_wait_for_the_rest_gate() {
     let gate = Arc::new(Counting::default());
     let c = DiscordConnector::new(DiscordConfig::default(), gate.clone()).unwrap();
     let mut conn = c.connect(&spec(&fake, token), None).await.unwrap();
-    let msg = botfleet_core::Inbound {
-        platform: Platform::Discord,
-        chat: botfleet_core::ChatKey::new(BotId::new("dbot").unwrap(), "5"),
-        message_id: "1".into(),
-        sender: None,
-        text: "x".into(),
-        sent_at_ms: None,
-    };
+    let msg = botfleet_core::Inbound::message(
+        Platform::Discord,
+        botfleet_core::ChatKey::new(BotId::new("dbot").unwrap(), "5"),
+        "1",
+        None,
+        "x",
+        None,
+    );
     conn.sender
         .send(&Outbound::reply_to(&msg, "a"))
         .await

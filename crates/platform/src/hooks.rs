@@ -39,6 +39,23 @@ impl HookRequest<'_> {
     }
 }
 
+/// The pairs of an `application/x-www-form-urlencoded` body, decoded (a body that is not
+/// UTF-8 has none; a name given twice keeps its first value).
+pub fn form_pairs(body: &[u8]) -> Vec<(String, String)> {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, String)> = Vec::new();
+    for pair in text.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = decode(k);
+        if !out.iter().any(|(have, _)| *have == k) {
+            out.push((k, decode(v)));
+        }
+    }
+    out
+}
+
 /// `application/x-www-form-urlencoded` decoding of one component.
 fn decode(s: &str) -> String {
     let bytes = s.as_bytes();
@@ -158,6 +175,22 @@ mod tests {
         assert_eq!(r.query_param("hub.verify_token").as_deref(), Some("a b c"));
         assert_eq!(r.query_param("hub.challenge").as_deref(), Some("12%"));
         assert_eq!(r.query_param("nope"), None);
+    }
+
+    #[test]
+    fn form_bodies_decode() {
+        let pairs = form_pairs(b"command=%2Fweather&text=94070+caf%C3%A9&text=again&empty=&flag");
+        assert_eq!(
+            pairs,
+            [
+                ("command".into(), "/weather".into()),
+                ("text".into(), "94070 café".into()),
+                ("empty".into(), String::new()),
+                ("flag".into(), String::new()),
+            ]
+        );
+        assert!(form_pairs(b"\xff\xfe=1").is_empty());
+        assert!(form_pairs(b"").is_empty());
     }
 
     #[test]

@@ -9,5 +9,7 @@ pub use connector::{
     Ack, Batch, Connection, Connector, Identity, MayAct, Received, Receiver, Sender, Stat,
 };
 pub use error::{ErrorKind, PlatformError};
-pub use hooks::{secrets_match, HookAnswer, HookRefusal, HookRequest, NoDeliveries, Webhooks};
+pub use hooks::{
+    form_pairs, secrets_match, HookAnswer, HookRefusal, HookRequest, NoDeliveries, Webhooks,
+};
 pub use session::{KvWrite, SessionError, SessionKv};

@@ -61,6 +61,22 @@ pub fn sign(secret: &Secret, body: &[u8]) -> String {
     hex
 }
 
+/// The JSON a `webhook` handler is POSTed for `msg` in a chat whose state is `state`: the
+/// event's fields and the state as `state` (see the `HandlerEvent` schema in the OpenAPI
+/// document).
+///
+/// # Errors
+/// A stored state that is not JSON.
+pub fn request(msg: &Inbound, state: Option<&str>) -> Result<serde_json::Value, HandlerError> {
+    let mut doc = serde_json::to_value(msg).map_err(|e| HandlerError::BadReply(e.to_string()))?;
+    if let (Some(st), Some(obj)) = (state, doc.as_object_mut()) {
+        let v: serde_json::Value = serde_json::from_str(st)
+            .map_err(|e| HandlerError::BadReply(format!("stored state: {e}")))?;
+        obj.insert("state".into(), v);
+    }
+    Ok(doc)
+}
+
 /// A handler's answer, and the chat's new conversation state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reply {
@@ -102,13 +118,7 @@ impl Handler {
                 state: None,
             }),
             HandlerSpec::Webhook { url, secret } => {
-                let mut doc =
-                    serde_json::to_value(msg).map_err(|e| HandlerError::BadReply(e.to_string()))?;
-                if let (Some(st), Some(obj)) = (state, doc.as_object_mut()) {
-                    let v: serde_json::Value = serde_json::from_str(st)
-                        .map_err(|e| HandlerError::BadReply(format!("stored state: {e}")))?;
-                    obj.insert("state".into(), v);
-                }
+                let doc = request(msg, state)?;
                 let body =
                     serde_json::to_vec(&doc).map_err(|e| HandlerError::BadReply(e.to_string()))?;
                 let mut req = self

@@ -18,7 +18,9 @@ mod worker;
 
 pub use botfleet_store::StoreSession;
 pub use config::{hostname, WorkerConfig};
-pub use handler::{sign, Handler, HandlerError, Reply, SIGNATURE_HEADER};
+pub use handler::{
+    request as handler_request, sign, Handler, HandlerError, Reply, SIGNATURE_HEADER,
+};
 pub use hooks::{Hooks, MAX_HOOK_BODY};
 pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};
 pub use lock::InstanceLock;

@@ -199,8 +199,12 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         fence: job.fence,
     };
     let started = Instant::now();
-    let msg: Inbound = match serde_json::from_str(&entry.message) {
-        Ok(m) => m,
+    let msg: Inbound = match serde_json::from_str::<Inbound>(&entry.message) {
+        Ok(mut m) => {
+            // Stable across redeliveries and replays: the entry's key is.
+            m.event_id = format!("{}:{}", ctx.bot, end.key);
+            m
+        }
         Err(e) => {
             let why = format!("recorded message unreadable: {e}");
             return end.undeliverable(ctx, hold, slot, why).await;

@@ -43,6 +43,17 @@ impl PlatformFixture for Telegram {
             .state()
             .user_writes(&Self::token(i), i64::from(chat), text);
     }
+    fn user_commands(&self, i: usize, chat: u32, name: &str, args: &str) -> bool {
+        // As a client sends it in a group: addressed to the bot by name.
+        self.user_writes(i, chat, &format!("/{name}@fleet_bot {args}"));
+        true
+    }
+    fn user_writes_then_edits(&self, i: usize, chat: u32, text: &str, edited: &str) -> bool {
+        let (fake, token) = (self.fake.state(), Self::token(i));
+        let id = fake.user_writes(&token, i64::from(chat), text);
+        fake.user_edits(&token, i64::from(chat), id, edited);
+        true
+    }
     fn sent(&self, i: usize) -> Vec<(u32, String)> {
         self.fake
             .state()
@@ -119,6 +130,21 @@ impl PlatformFixture for Slack {
             .state()
             .user_writes(&Self::bot_token(i), &format!("C{chat}"), None, text);
     }
+    fn user_commands(&self, i: usize, chat: u32, name: &str, args: &str) -> bool {
+        self.fake.state().user_runs_command(
+            &Self::bot_token(i),
+            &format!("C{chat}"),
+            &format!("/{name}"),
+            args,
+        );
+        true
+    }
+    fn user_writes_then_edits(&self, i: usize, chat: u32, text: &str, edited: &str) -> bool {
+        let (fake, token, channel) = (self.fake.state(), Self::bot_token(i), format!("C{chat}"));
+        let ts = fake.user_writes(&token, &channel, None, text);
+        fake.user_edits(&token, &channel, &ts, text, edited);
+        true
+    }
     fn sent(&self, i: usize) -> Vec<(u32, String)> {
         self.fake
             .state()
@@ -189,6 +215,12 @@ impl PlatformFixture for Discord {
         self.fake
             .state()
             .user_writes(&Self::token(i), u64::from(chat), text);
+    }
+    fn user_writes_then_edits(&self, i: usize, chat: u32, text: &str, edited: &str) -> bool {
+        let (fake, token) = (self.fake.state(), Self::token(i));
+        let id = fake.user_writes(&token, u64::from(chat), text);
+        fake.user_edits(&token, u64::from(chat), &id, edited);
+        true
     }
     fn sent(&self, i: usize) -> Vec<(u32, String)> {
         self.fake

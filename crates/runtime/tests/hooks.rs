@@ -13,7 +13,8 @@ use botfleet_store::Store;
 use botfleet_testkit::{
     wait_for,
     webhook_suite::{
-        config, fleet, start, until, webhook_suite, HookWorker as Running, WebhookFixture,
+        commands_and_edits_by_webhook, config, fleet, start, until, webhook_suite,
+        HookWorker as Running, WebhookFixture,
     },
     FakeTelegram, RoundRobinProxy, StateHandler,
 };
@@ -85,6 +86,16 @@ impl WebhookFixture for TelegramHooksFixture {
         self.fake
             .state()
             .user_writes(TG_TOKEN, 500 + chat as i64, text);
+    }
+    fn user_commands(&self, chat: usize, name: &str, args: &str) -> bool {
+        self.user_writes(chat, &format!("/{name} {args}"));
+        true
+    }
+    fn user_writes_then_edits(&self, chat: usize, text: &str, edited: &str) -> bool {
+        let fake = self.fake.state();
+        let id = fake.user_writes(TG_TOKEN, 500 + chat as i64, text);
+        fake.user_edits(TG_TOKEN, 500 + chat as i64, id, edited);
+        true
     }
     fn replies(&self) -> Vec<(String, String)> {
         self.fake
@@ -737,6 +748,21 @@ impl WebhookFixture for SlackEventsFixture {
             .state()
             .user_writes(SL_TOKEN, &format!("C00{chat}"), None, text);
     }
+    fn user_commands(&self, chat: usize, name: &str, args: &str) -> bool {
+        self.slack.state().user_runs_command(
+            SL_TOKEN,
+            &format!("C00{chat}"),
+            &format!("/{name}"),
+            args,
+        );
+        true
+    }
+    fn user_writes_then_edits(&self, chat: usize, text: &str, edited: &str) -> bool {
+        let (fake, channel) = (self.slack.state(), format!("C00{chat}"));
+        let ts = fake.user_writes(SL_TOKEN, &channel, None, text);
+        fake.user_edits(SL_TOKEN, &channel, &ts, text, edited);
+        true
+    }
     fn replies(&self) -> Vec<(String, String)> {
         self.slack
             .state()
@@ -793,6 +819,32 @@ async fn slack_events_bots_pass_the_webhook_suite() {
         "events mode opens no socket"
     );
     run.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_commands_and_edits_by_webhook() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    commands_and_edits_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_commands_and_edits_by_webhook() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
+    };
+    commands_and_edits_by_webhook(&f).await;
+}
+
+/// WhatsApp has neither commands nor edits: its messages still come as `message` events
+/// with ids of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_cloud_messages_are_message_events() {
+    let f = WhatsappFixture {
+        graph: botfleet_testkit::FakeGraph::start().await.unwrap(),
+    };
+    commands_and_edits_by_webhook(&f).await;
 }
 
 /// Where the fleet in [`data_loss_under_a_held_turn`] coordinates, and how it loses it all.

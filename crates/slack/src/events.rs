@@ -11,7 +11,7 @@ use hmac::{Hmac, Mac};
 use serde_json::Value;
 use sha2::Sha256;
 
-use crate::{parse_event, Event, Me, SlackClient};
+use crate::{parse_command, parse_event, Event, Me, SlackClient};
 
 /// How old a request's timestamp may be (either way), as Slack advises: older ones are
 /// refused as possible replays.
@@ -70,6 +70,29 @@ impl Webhooks for SlackEvents {
             return Err(HookRefusal {
                 status: 401,
                 reason: "bad_signature",
+            });
+        }
+        // Slash commands come as a form (`command=/name&text=…`), signed the same way. An
+        // empty 200 acknowledges one without a visible answer; the reply follows in the
+        // channel.
+        if req
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"))
+        {
+            let form = Value::Object(
+                botfleet_platform::form_pairs(req.body)
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect(),
+            );
+            let (messages, malformed) = match parse_command(&spec.id, &form) {
+                Event::Message(key, message) => (vec![Received { key, message }], 0),
+                Event::Ignored | Event::Malformed(_) => (Vec::new(), 1),
+            };
+            return Ok(HookAnswer::Deliver {
+                messages,
+                ignored: 0,
+                malformed,
             });
         }
         let Ok(doc) = serde_json::from_slice::<Value>(req.body) else {

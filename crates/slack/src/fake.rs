@@ -63,6 +63,8 @@ pub enum SendFault {
 struct Event {
     payload: Value,
     attempts: u64,
+    /// The envelope's `type`: `events_api` or `slash_commands`.
+    kind: &'static str,
 }
 
 struct InFlight {
@@ -138,6 +140,9 @@ struct EventDelivery {
     id: String,
     channel: String,
     payload: Value,
+    /// A slash command's form body (posted as `application/x-www-form-urlencoded`), instead
+    /// of `payload` as JSON.
+    form: Option<String>,
     attempts: u32,
     retry_at: Option<Instant>,
     in_flight: bool,
@@ -217,6 +222,108 @@ impl FakeSlackState {
         }
         self.push_event(bot_token, event);
         ts
+    }
+
+    /// A user edits the message `ts` they wrote in `channel` to `text`: a `message_changed`
+    /// event, as Slack sends it (the new message and the previous one). Answers the event's
+    /// own `ts`.
+    pub fn user_edits(
+        &self,
+        bot_token: &str,
+        channel: &str,
+        ts: &str,
+        before: &str,
+        text: &str,
+    ) -> String {
+        let event_ts = {
+            let mut g = self.lock();
+            g.next_id += 1;
+            format!("1700000000.{:06}", g.next_id)
+        };
+        self.push_event(
+            bot_token,
+            json!({
+                "type": "message", "subtype": "message_changed", "hidden": true,
+                "channel": channel, "ts": event_ts, "event_ts": event_ts,
+                "channel_type": "channel",
+                "message": {"type": "message", "user": "U000USER", "text": text, "ts": ts,
+                    "edited": {"user": "U000USER", "ts": event_ts}},
+                "previous_message": {"type": "message", "user": "U000USER", "text": before,
+                    "ts": ts},
+            }),
+        );
+        event_ts
+    }
+
+    /// A user runs the slash command `command` (`/name`) with `text` in `channel`: a
+    /// `slash_commands` envelope for the app's sockets, or, for an app on the Events API, a
+    /// signed form POST to its URL (as Slack posts to a command's Request URL). Answers the
+    /// command's `trigger_id`.
+    pub fn user_runs_command(
+        &self,
+        bot_token: &str,
+        channel: &str,
+        command: &str,
+        text: &str,
+    ) -> String {
+        let mut g = self.lock();
+        g.next_id += 1;
+        let trigger = format!(
+            "{}.{}.fake{:08}",
+            1_000_000 + g.next_id,
+            g.next_id,
+            g.next_id
+        );
+        let app_id = g
+            .apps
+            .get(bot_token)
+            .map(|a| a.id.clone())
+            .unwrap_or_default();
+        let fields = [
+            ("token", "verification-token"),
+            ("team_id", "T0001"),
+            ("api_app_id", app_id.as_str()),
+            ("channel_id", channel),
+            ("user_id", "U000USER"),
+            ("command", command),
+            ("text", text),
+            (
+                "response_url",
+                "https://hooks.slack.invalid/commands/T0001/1/x",
+            ),
+            ("trigger_id", trigger.as_str()),
+        ];
+        let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sub) = ev.get_mut(bot_token) {
+            let form = fields
+                .iter()
+                .map(|(k, v)| format!("{}={}", form_escape(k), form_escape(v)))
+                .collect::<Vec<_>>()
+                .join("&");
+            sub.queue.push(EventDelivery {
+                id: trigger.clone(),
+                channel: channel.to_owned(),
+                payload: Value::Null,
+                form: Some(form),
+                attempts: 0,
+                retry_at: None,
+                in_flight: false,
+            });
+        } else if let Some(app) = g.apps.get_mut(bot_token) {
+            let payload: serde_json::Map<String, Value> = fields
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), json!(v)))
+                .collect();
+            app.pending.push_back(Event {
+                payload: Value::Object(payload),
+                attempts: 0,
+                kind: "slash_commands",
+            });
+        }
+        drop(ev);
+        drop(g);
+        self.wake.notify_waiters();
+        trigger
     }
 
     /// Subscribes the app of `bot_token` to the Events API: its events are POSTed to `url`
@@ -307,6 +414,7 @@ impl FakeSlackState {
                     id: event_id,
                     channel,
                     payload,
+                    form: None,
                     attempts: 0,
                     retry_at: None,
                     in_flight: false,
@@ -326,6 +434,7 @@ impl FakeSlackState {
                 app.pending.push_back(Event {
                     payload,
                     attempts: 0,
+                    kind: "events_api",
                 });
             }
         }
@@ -593,7 +702,7 @@ impl FakeSlackState {
                 g.next_id += 1;
                 let envelope_id = format!("env-{:08}", g.next_id);
                 let frame = json!({
-                    "envelope_id": envelope_id, "type": "events_api",
+                    "envelope_id": envelope_id, "type": ev.kind,
                     "accepts_response_payload": false, "retry_attempt": ev.attempts,
                     "retry_reason": if ev.attempts > 0 { "timeout" } else { "" },
                     "payload": ev.payload,
@@ -894,6 +1003,21 @@ pub fn app(state: FakeSlackState) -> Router {
         .with_state(state)
 }
 
+/// `application/x-www-form-urlencoded` escaping of one component.
+fn form_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => {
+                out.push(char::from(b));
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
 /// Delivers an Events API subscriber's queue (see [`FakeSlackState::subscribe_events`]).
 async fn deliver_events(state: FakeSlackState, bot_token: String) {
     let http = reqwest::Client::builder()
@@ -921,9 +1045,14 @@ async fn deliver_events(state: FakeSlackState, bot_token: String) {
                     continue;
                 }
                 d.in_flight = true;
+                let (body, content_type) = match &d.form {
+                    Some(f) => (f.clone(), "application/x-www-form-urlencoded"),
+                    None => (d.payload.to_string(), "application/json"),
+                };
                 picks.push((
                     d.id.clone(),
-                    d.payload.to_string(),
+                    body,
+                    content_type,
                     d.attempts,
                     url.clone(),
                     secret.clone(),
@@ -931,13 +1060,13 @@ async fn deliver_events(state: FakeSlackState, bot_token: String) {
             }
             picks
         };
-        for (id, body, attempts, url, secret) in picks {
+        for (id, body, content_type, attempts, url, secret) in picks {
             let (state, http, bot_token) = (state.clone(), http.clone(), bot_token.clone());
             tokio::spawn(async move {
                 let ts = (botfleet_core::unix_ms() / 1000).to_string();
                 let mut req = http
                     .post(&url)
-                    .header("content-type", "application/json")
+                    .header("content-type", content_type)
                     .header("x-slack-request-timestamp", &ts)
                     .header(
                         "x-slack-signature",

@@ -1,6 +1,6 @@
 //! Socket Mode frames (wire JSON) → what they mean, and Slack events → [`Inbound`] messages.
 
-use botfleet_core::{BotId, ChatKey, Inbound, Platform};
+use botfleet_core::{BotId, ChatKey, Command, EventKind, Inbound, Platform};
 use serde_json::Value;
 
 /// One text frame of a Socket Mode connection.
@@ -93,48 +93,133 @@ pub fn parse_event(bot: &BotId, me: &Me, payload: &Value) -> Event {
     if kind != "message" && kind != "app_mention" {
         return Event::Ignored;
     }
-    // Edits, deletions, joins, bot messages: not a person writing to the bot.
-    if ev.get("subtype").is_some() || ev.get("bot_id").is_some_and(|b| !b.is_null()) {
+    let subtype = ev.get("subtype").and_then(Value::as_str);
+    if subtype == Some("message_changed") {
+        return parse_edit(bot, me, ev);
+    }
+    // Deletions, joins, bot messages: not a person writing to the bot.
+    if subtype.is_some() || ev.get("bot_id").is_some_and(|b| !b.is_null()) {
         return Event::Ignored;
     }
     let user = ev.get("user").and_then(Value::as_str);
     if user.is_some_and(|u| u == me.user_id) {
         return Event::Ignored;
     }
-    let (Some(channel), Some(ts)) = (
-        ev.get("channel").and_then(Value::as_str),
-        ev.get("ts").and_then(Value::as_str),
-    ) else {
-        return Event::Malformed(format!("{kind} event without channel or ts"));
+    let Some((channel, ts)) = channel_and_ts(ev.get("channel"), ev.get("ts")) else {
+        return Event::Malformed(format!("{kind} event without a usable channel or ts"));
     };
-    if channel.is_empty() || channel.contains('/') || ts.is_empty() {
-        return Event::Malformed(format!("{kind} event with an unusable channel or ts"));
-    }
-    // One queue per thread where threaded: replies stay in it, in order.
-    let chat = match ev.get("thread_ts").and_then(Value::as_str) {
-        Some(t) if !t.is_empty() => format!("{channel}/{t}"),
-        _ => channel.to_owned(),
-    };
-    let sent_at_ms = ts
-        .split('.')
-        .next()
-        .and_then(|s| s.parse::<i64>().ok())
-        .map(|s| s.saturating_mul(1000));
+    let text = ev.get("text").and_then(Value::as_str).unwrap_or("");
     Event::Message(
         format!("{channel}:{ts}"),
-        Inbound {
-            platform: Platform::Slack,
-            chat: ChatKey::new(bot.clone(), chat),
-            message_id: ts.to_owned(),
-            sender: user.map(str::to_owned),
-            text: ev
-                .get("text")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-            sent_at_ms,
-        },
+        Inbound::message(
+            Platform::Slack,
+            ChatKey::new(bot.clone(), chat_of(channel, ev.get("thread_ts"))),
+            ts,
+            user.map(str::to_owned),
+            text,
+            ms_of_ts(ts),
+        ),
     )
+}
+
+/// A `message_changed` event: a person edited what they wrote. Its own `ts` keys it (each
+/// edit is an event); an edit that leaves the text as it was (Slack sends one when a link
+/// preview is added) and edits of the bot's or other bots' messages are ignored.
+fn parse_edit(bot: &BotId, me: &Me, ev: &serde_json::Map<String, Value>) -> Event {
+    let Some(m) = ev.get("message").and_then(Value::as_object) else {
+        return Event::Malformed("message_changed without message".into());
+    };
+    let user = m.get("user").and_then(Value::as_str);
+    if m.get("bot_id").is_some_and(|b| !b.is_null()) || user.is_none_or(|u| u == me.user_id) {
+        return Event::Ignored;
+    }
+    let text = m.get("text").and_then(Value::as_str).unwrap_or("");
+    let before = ev
+        .get("previous_message")
+        .and_then(|p| p.get("text"))
+        .and_then(Value::as_str);
+    if before == Some(text) {
+        return Event::Ignored;
+    }
+    let Some((channel, ts)) = channel_and_ts(ev.get("channel"), ev.get("ts")) else {
+        return Event::Malformed("message_changed without a usable channel or ts".into());
+    };
+    let Some(edited) = m
+        .get("ts")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+    else {
+        return Event::Malformed("message_changed without the message's ts".into());
+    };
+    let mut inbound = Inbound::message(
+        Platform::Slack,
+        ChatKey::new(bot.clone(), chat_of(channel, m.get("thread_ts"))),
+        ts,
+        user.map(str::to_owned),
+        text,
+        ms_of_ts(ts),
+    );
+    inbound.kind = EventKind::Edited;
+    inbound.edited_message_id = Some(edited.to_owned());
+    Event::Message(format!("{channel}:{ts}"), inbound)
+}
+
+/// A slash command (a `slash_commands` envelope's payload, or the fields of the Events mode's
+/// form request): keyed by its `trigger_id`, which each use of a command has its own of.
+pub fn parse_command(bot: &BotId, payload: &Value) -> Event {
+    let field = |k: &str| payload.get(k).and_then(Value::as_str);
+    let Some(name) = field("command").and_then(|c| c.strip_prefix('/')) else {
+        return Event::Malformed("slash command without a /command".into());
+    };
+    let (Some(channel), Some(trigger)) = (field("channel_id"), field("trigger_id")) else {
+        return Event::Malformed("slash command without channel_id or trigger_id".into());
+    };
+    // Slack's command names are short, lowercase, without spaces.
+    let odd = |c: char| c.is_whitespace() || c.is_control() || c == '/' || c == '@';
+    if name.is_empty() || name.chars().count() > 32 || name.contains(odd) {
+        return Event::Malformed("slash command with an unusable name".into());
+    }
+    if channel.is_empty() || channel.contains('/') || trigger.is_empty() {
+        return Event::Malformed("slash command with an unusable channel or trigger".into());
+    }
+    let args = field("text").unwrap_or("").trim();
+    let mut inbound = Inbound::message(
+        Platform::Slack,
+        ChatKey::new(bot.clone(), channel),
+        trigger,
+        field("user_id").map(str::to_owned),
+        format!("/{name} {args}").trim_end(),
+        Some(botfleet_core::unix_ms()),
+    );
+    inbound.kind = EventKind::Command;
+    inbound.command = Some(Box::new(Command::new(name, args)));
+    Event::Message(format!("cmd:{trigger}"), inbound)
+}
+
+/// The channel and ts of an event, if both are there and usable in keys.
+fn channel_and_ts<'a>(
+    channel: Option<&'a Value>,
+    ts: Option<&'a Value>,
+) -> Option<(&'a str, &'a str)> {
+    let channel = channel.and_then(Value::as_str)?;
+    let ts = ts.and_then(Value::as_str)?;
+    (!channel.is_empty() && !channel.contains('/') && !ts.is_empty()).then_some((channel, ts))
+}
+
+/// One queue per thread where threaded: replies stay in it, in order.
+fn chat_of(channel: &str, thread_ts: Option<&Value>) -> String {
+    match thread_ts.and_then(Value::as_str) {
+        Some(t) if !t.is_empty() => format!("{channel}/{t}"),
+        _ => channel.to_owned(),
+    }
+}
+
+/// Unix ms of a Slack `ts` (`seconds.micros`).
+fn ms_of_ts(ts: &str) -> Option<i64> {
+    ts.split('.')
+        .next()
+        .and_then(|s| s.parse::<i64>().ok())
+        .map(|s| s.saturating_mul(1000))
 }
 
 #[cfg(test)]
@@ -201,7 +286,7 @@ mod tests {
     #[test]
     fn edits_bots_and_self_are_ignored_and_garbage_is_malformed() {
         for ev in [
-            json!({"type": "message", "subtype": "message_changed", "channel": "C1", "ts": "1.2"}),
+            json!({"type": "message", "subtype": "message_deleted", "channel": "C1", "ts": "1.2"}),
             json!({"type": "message", "bot_id": "B2", "channel": "C1", "ts": "1.2", "user": "U9"}),
             json!({"type": "message", "user": "UBOT", "channel": "C1", "ts": "1.2"}),
             json!({"type": "reaction_added", "user": "U1"}),
@@ -223,5 +308,78 @@ mod tests {
             parse_event(&bot(), &me(), &json!(42)),
             Event::Malformed(_)
         ));
+        assert!(matches!(
+            parse_event(
+                &bot(),
+                &me(),
+                &json!({"event": {"type": "message", "subtype": "message_changed", "channel": "C1", "ts": "1.2"}})
+            ),
+            Event::Malformed(_)
+        ));
+    }
+
+    #[test]
+    fn a_persons_edit_is_an_event_of_its_own() {
+        let edit = |user: &str, before: &str, after: &str| {
+            json!({"event": {"type": "message", "subtype": "message_changed", "channel": "C1",
+                "ts": "1700000100.000200", "hidden": true,
+                "message": {"type": "message", "user": user, "text": after,
+                    "ts": "1700000000.000100", "thread_ts": "1699999999.000001",
+                    "edited": {"user": user, "ts": "1700000100.000000"}},
+                "previous_message": {"type": "message", "user": user, "text": before,
+                    "ts": "1700000000.000100"}}})
+        };
+        let Event::Message(key, m) = parse_event(&bot(), &me(), &edit("U1", "teh", "the")) else {
+            panic!("an edit")
+        };
+        assert_eq!(key, "C1:1700000100.000200", "not the edited message's key");
+        assert_eq!(m.kind, EventKind::Edited);
+        assert_eq!(m.edited_message_id.as_deref(), Some("1700000000.000100"));
+        assert_eq!(
+            (m.chat.chat.as_str(), m.text.as_str()),
+            ("C1/1699999999.000001", "the")
+        );
+        assert_eq!(
+            parse_event(&bot(), &me(), &edit("U1", "same", "same")),
+            Event::Ignored,
+            "a link preview added: the text did not change"
+        );
+        assert_eq!(
+            parse_event(&bot(), &me(), &edit("UBOT", "a", "b")),
+            Event::Ignored,
+            "the bot's own edit"
+        );
+    }
+
+    #[test]
+    fn slash_commands_are_commands_keyed_by_trigger() {
+        let p = json!({"command": "/weather", "text": " 94070 ", "channel_id": "C7",
+            "user_id": "U1", "trigger_id": "13345224609.738474920.8088930838d88f008e0",
+            "response_url": "https://hooks.slack.com/commands/1234/5678"});
+        let Event::Message(key, m) = parse_command(&bot(), &p) else {
+            panic!("a command")
+        };
+        assert_eq!(key, "cmd:13345224609.738474920.8088930838d88f008e0");
+        assert_eq!(m.kind, EventKind::Command);
+        let c = m.command.unwrap();
+        assert_eq!((c.name.as_str(), c.args.as_str()), ("weather", "94070"));
+        assert_eq!(
+            (m.chat.chat.as_str(), m.text.as_str()),
+            ("C7", "/weather 94070")
+        );
+        for bad in [
+            json!({"text": "x", "channel_id": "C7", "trigger_id": "t"}),
+            json!({"command": "/", "channel_id": "C7", "trigger_id": "t"}),
+            json!({"command": "/a", "channel_id": "C/7", "trigger_id": "t"}),
+            json!({"command": "/a", "channel_id": "C7"}),
+            json!({"command": "/a b", "channel_id": "C7", "trigger_id": "t"}),
+            json!({"command": "/a@b", "channel_id": "C7", "trigger_id": "t"}),
+            json!(null),
+        ] {
+            assert!(
+                matches!(parse_command(&bot(), &bad), Event::Malformed(_)),
+                "{bad}"
+            );
+        }
     }
 }

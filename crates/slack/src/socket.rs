@@ -24,7 +24,7 @@ use tokio_tungstenite::{
 use tracing::{debug, info, warn};
 
 use crate::{
-    inbound::{parse_event, parse_frame, Event, Frame, Me},
+    inbound::{parse_command, parse_event, parse_frame, Event, Frame, Me},
     SlackApi, SlackClient, SlackError,
 };
 
@@ -239,8 +239,14 @@ impl Receiver for SocketReceiver {
                         redelivered: usize::from(retry_attempt > 0),
                         ..Batch::default()
                     };
-                    if kind == "events_api" {
-                        match parse_event(&self.bot, &self.me, &payload) {
+                    let event = match kind.as_str() {
+                        "events_api" => Some(parse_event(&self.bot, &self.me, &payload)),
+                        "slash_commands" => Some(parse_command(&self.bot, &payload)),
+                        // `interactive` (buttons, shortcuts): acknowledged, not answered yet.
+                        _ => None,
+                    };
+                    if let Some(event) = event {
+                        match event {
                             Event::Message(key, message) => {
                                 batch.messages.push(Received { key, message });
                             }

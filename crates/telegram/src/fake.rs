@@ -233,6 +233,27 @@ impl FakeState {
         id
     }
 
+    /// The user of chat `chat_id` edits their message `message_id` to `text`: an
+    /// `edited_message` update. Answers its `update_id`.
+    pub fn user_edits(&self, token: &str, chat_id: i64, message_id: i64, text: &str) -> i64 {
+        let id = self.lock().tokens.get(token).map_or(1, |t| t.next_update);
+        self.push_raw(
+            token,
+            json!({
+                "update_id": id,
+                "edited_message": {
+                    "message_id": message_id,
+                    "date": 1_700_000_000,
+                    "edit_date": 1_700_000_100,
+                    "chat": {"id": chat_id, "type": "private"},
+                    "from": {"id": chat_id, "is_bot": false, "first_name": "user"},
+                    "text": text,
+                }
+            }),
+        );
+        id
+    }
+
     /// Queues a raw update (any JSON) for `token`, e.g. a malformed one. An integer
     /// `update_id` in it also moves the fake's numbering past it.
     pub fn push_raw(&self, token: &str, update: Value) {

@@ -1,6 +1,6 @@
 //! Telegram updates (wire JSON) → [`Inbound`] messages.
 
-use botfleet_core::{BotId, ChatKey, Inbound, Platform};
+use botfleet_core::{BotId, ChatKey, Command, EventKind, Inbound, Platform};
 use serde::Deserialize;
 use tracing::warn;
 
@@ -15,9 +15,8 @@ pub struct RawUpdate {
 
 #[derive(Deserialize)]
 struct WireMessage {
-    // Required: a message without an id is malformed, though only its presence is used.
-    #[serde(rename = "message_id")]
-    _message_id: i64,
+    // Required: a message without an id is malformed.
+    message_id: i64,
     chat: WireChat,
     #[serde(default)]
     from: Option<WireUser>,
@@ -57,21 +56,37 @@ pub fn parse_update(bot: &BotId, raw: &RawUpdate) -> Update {
     let Some(obj) = raw.json.as_object() else {
         return Update::Malformed("update is not an object".into());
     };
-    let msg = ["message", "edited_message", "channel_post"]
-        .iter()
-        .find_map(|k| obj.get(*k));
-    let Some(msg) = msg else {
+    let msg = [
+        ("message", false),
+        ("edited_message", true),
+        ("channel_post", false),
+        ("edited_channel_post", true),
+    ]
+    .iter()
+    .find_map(|(k, edited)| obj.get(*k).map(|m| (m, *edited)));
+    let Some((msg, edited)) = msg else {
         return Update::Ignored;
     };
     match WireMessage::deserialize(msg) {
-        Ok(m) => Update::Message(Inbound {
-            platform: Platform::Telegram,
-            chat: ChatKey::new(bot.clone(), m.chat.id.to_string()),
-            message_id: id.to_string(),
-            sender: m.from.map(|u| u.id.to_string()),
-            text: m.text.unwrap_or_default(),
-            sent_at_ms: m.date.map(|d| d.saturating_mul(1000)),
-        }),
+        Ok(m) => {
+            let text = m.text.unwrap_or_default();
+            let mut ev = Inbound::message(
+                Platform::Telegram,
+                ChatKey::new(bot.clone(), m.chat.id.to_string()),
+                id.to_string(),
+                m.from.map(|u| u.id.to_string()),
+                text,
+                m.date.map(|d| d.saturating_mul(1000)),
+            );
+            if edited {
+                ev.kind = EventKind::Edited;
+                ev.edited_message_id = Some(m.message_id.to_string());
+            } else if let Some(c) = Command::from_slash_text(&ev.text) {
+                ev.kind = EventKind::Command;
+                ev.command = Some(Box::new(c));
+            }
+            Update::Message(ev)
+        }
         Err(e) => {
             let detail = format!("update {id}: {e}");
             warn!(%bot, update_id = id, error = %e, "skipping a malformed update");
@@ -122,6 +137,45 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn commands_and_edits_are_told_apart() {
+        let raw = split_updates(json!([
+            {"update_id": 11, "message": {"message_id": 4, "chat": {"id": 5, "type": "private"},
+                "from": {"id": 7}, "text": "/start@fleet_bot  deep-link",
+                "entities": [{"type": "bot_command", "offset": 0, "length": 16}]}},
+            {"update_id": 12, "edited_message": {"message_id": 3, "chat": {"id": 5},
+                "date": 1, "edit_date": 2, "text": "fixed"}},
+            {"update_id": 13, "message": {"message_id": 5, "chat": {"id": 5}, "text": "/ no"}},
+            {"update_id": 14, "edited_channel_post": {"message_id": 9, "chat": {"id": -100}, "text": "/x"}}
+        ]))
+        .unwrap();
+        let evs: Vec<Inbound> = raw
+            .iter()
+            .map(|r| match parse_update(&bot(), r) {
+                Update::Message(m) => m,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(evs[0].kind, EventKind::Command);
+        let c = evs[0].command.as_ref().unwrap();
+        assert_eq!((c.name.as_str(), c.args.as_str()), ("start", "deep-link"));
+        assert_eq!(
+            evs[0].text, "/start@fleet_bot  deep-link",
+            "the text as written"
+        );
+        assert_eq!(evs[1].kind, EventKind::Edited);
+        assert_eq!(evs[1].edited_message_id.as_deref(), Some("3"));
+        assert_eq!(
+            (evs[1].message_id.as_str(), evs[1].text.as_str()),
+            ("12", "fixed")
+        );
+        assert_eq!(
+            (evs[2].kind, evs[2].command.is_none()),
+            (EventKind::Message, true)
+        );
+        assert_eq!(evs[3].kind, EventKind::Edited, "an edit is not a command");
     }
 
     #[test]

@@ -3,7 +3,11 @@
 //! drives the real worker (embedded: the in-memory coordinator, a SQLite registry), so what it
 //! proves is what an operator gets.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use botfleet_coord::{Coordinator, MemoryCoordinator, MemoryHub};
 use botfleet_core::{BotSpec, BotStatus, HandlerSpec, Platform, WorkerId};
@@ -39,6 +43,16 @@ pub trait PlatformFixture: Send + Sync {
     fn connector(&self) -> Arc<dyn Connector>;
     /// Every secret of bot `i` (tokens): none may show anywhere.
     fn secrets(&self, i: usize) -> Vec<String>;
+    /// A user of bot `i` uses its command `/name args` in chat `chat`; false where the
+    /// platform (or its fake) has no commands to give this way.
+    fn user_commands(&self, _i: usize, _chat: u32, _name: &str, _args: &str) -> bool {
+        false
+    }
+    /// A user of bot `i` writes `text` in chat `chat`, then edits it to `edited`; false where
+    /// the platform tells no edits.
+    fn user_writes_then_edits(&self, _i: usize, _chat: u32, _text: &str, _edited: &str) -> bool {
+        false
+    }
 }
 
 /// A platform that tells a resend by its key, so a reply it took is never shown twice
@@ -463,6 +477,69 @@ pub async fn state_follows_the_chat_through_a_hand_over_and_a_crash<F: PlatformF
     c.shutdown().await;
 }
 
+/// Commands and edits reach the handler as such, on every platform that has them: `kind`
+/// (`command`, `edited`, `message`), the command's name and arguments, the edited message's
+/// id, and an `event_id` of their own (an edit is answered, not taken for its message's
+/// repeat); today's fields stay as they were.
+pub async fn commands_and_edits_reach_the_handler_as_such<F: PlatformFixture>(f: &F) {
+    let mut bot = f.bot(0);
+    let handler = crate::RecordingHandler::start().await;
+    bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start("a");
+    connected(f).await;
+    f.user_writes(0, 1, "hello");
+    let mut want = vec!["message:hello".to_owned()];
+    if f.user_commands(0, 1, "start", "deep-link") {
+        want.push("command:start deep-link".into());
+    }
+    if f.user_writes_then_edits(0, 1, "teh typo", "the typo") {
+        want.push("message:teh typo".into());
+        want.push("edited:the typo".into());
+    }
+    let n = want.len();
+    wait_for("every event answered", Duration::from_secs(20), || async {
+        (f.sent(0).len() >= n).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(got, want, "each event once, in order, as what it is");
+    let seen = handler.seen();
+    assert_eq!(seen.len(), n);
+    let ids: HashSet<&str> = seen
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap_or(""))
+        .collect();
+    assert!(!ids.contains(""), "every event has an id: {seen:?}");
+    assert_eq!(ids.len(), n, "ids of their own: {seen:?}");
+    for e in &seen {
+        assert!(e["event_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with(&format!("{}:", bot.id))));
+        assert!(e["chat"]["chat"].is_string() && e["message_id"].is_string());
+        match e["kind"].as_str() {
+            Some("command") => {
+                assert_eq!(e["command"]["name"], "start");
+                assert_eq!(e["command"]["args"], "deep-link");
+                assert!(e["command"]["options"].is_object());
+            }
+            Some("edited") => {
+                assert!(e["edited_message_id"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty()));
+                assert_eq!(e["text"], "the typo");
+            }
+            Some("message") => assert!(e.get("command").is_none()),
+            other => panic!("kind {other:?} in {e}"),
+        }
+    }
+    w.shutdown().await;
+}
+
 /// Where the platform tells a resend by its key: a reply the platform took just before its
 /// sender was killed (the answer never came back, so no record says it was sent) is sent again
 /// by the next owner under the same key, and the user sees it once.
@@ -543,6 +620,7 @@ macro_rules! connector_conformance {
             a_hand_over_resumes_with_nothing_lost,
             state_follows_the_chat_through_a_hand_over_and_a_crash,
             secrets_never_show,
+            commands_and_edits_reach_the_handler_as_such,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -218,3 +218,58 @@ async fn handle(State(s): State<HandlerState>, Json(msg): Json<Value>) -> Respon
     }
     Json(json!({ "text": format!("{n}:{text}"), "state": state })).into_response()
 }
+
+/// A webhook handler that records every request it gets and answers what the event was:
+/// `command:<name> <args>` for a command, `edited:<text>` for an edit, `message:<text>`
+/// otherwise.
+pub struct RecordingHandler {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RecordingHandler {
+    /// Serves on `127.0.0.1:0`.
+    pub async fn start() -> Self {
+        let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new()
+            .route("/", post(record))
+            .with_state(seen.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, seen, task }
+    }
+
+    /// Where to POST.
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// The requests so far, in the order they came.
+    pub fn seen(&self) -> Vec<Value> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RecordingHandler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn record(State(seen): State<Arc<Mutex<Vec<Value>>>>, Json(ev): Json<Value>) -> Response {
+    let kind = ev["kind"].as_str().unwrap_or("none").to_owned();
+    let text = match kind.as_str() {
+        "command" => format!(
+            "{} {}",
+            ev["command"]["name"].as_str().unwrap_or(""),
+            ev["command"]["args"].as_str().unwrap_or("")
+        ),
+        _ => ev["text"].as_str().unwrap_or("").to_owned(),
+    };
+    seen.lock().unwrap().push(ev);
+    Json(json!({ "text": format!("{kind}:{}", text.trim_end()) })).into_response()
+}

@@ -4,6 +4,7 @@
 pub mod connector_suite;
 pub mod coord_suite;
 mod hooks;
+pub mod mutate;
 mod partition;
 mod pg;
 mod process;
@@ -28,7 +29,7 @@ pub use botfleet_whatsapp::fake::{
 };
 pub use connector_suite::PlatformFixture;
 pub use coord_suite::CoordFixture;
-pub use hooks::{RoundRobinProxy, StateHandler};
+pub use hooks::{RecordingHandler, RoundRobinProxy, StateHandler};
 pub use partition::Partition;
 pub use pg::PgSchema;
 pub use process::{fleet_worker, log_tails, rss_kib, Proc};

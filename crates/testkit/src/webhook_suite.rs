@@ -138,6 +138,78 @@ pub trait WebhookFixture: Send + Sync {
     fn settled(&self) -> bool;
     /// A delivery signed with the wrong secret.
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder;
+    /// A user uses the bot's command `/name args` in chat `chat`; false where the platform
+    /// (or its fake) has no commands to give this way.
+    fn user_commands(&self, _chat: usize, _name: &str, _args: &str) -> bool {
+        false
+    }
+    /// A user writes `text` in chat `chat`, then edits it to `edited`; false where the
+    /// platform tells no edits.
+    fn user_writes_then_edits(&self, _chat: usize, _text: &str, _edited: &str) -> bool {
+        false
+    }
+}
+
+/// A fresh registry with the fixture's bot answering through `handler`, and workers `names`
+/// on one hub behind a round-robin proxy (the balancer).
+async fn behind_proxy(
+    f: &impl WebhookFixture,
+    handler: &str,
+    names: &[&str],
+) -> (TempDir, Arc<dyn Store>, RoundRobinProxy, Vec<HookWorker>) {
+    let (dir, store) = crate::temp_sqlite("botfleet-hooks").await;
+    let proxy = RoundRobinProxy::start(Vec::new()).await;
+    store.add_bot(&f.bot(handler)).await.expect("the suite");
+    let hub = MemoryHub::new();
+    let workers = fleet(names, &hub, &store, &proxy.url()).await;
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    (dir, store, proxy, workers)
+}
+
+/// Commands and edits delivered by webhook reach the handler as such (see the connector
+/// suite's case of the same name): two workers behind the proxy, a recording handler; each
+/// event answered once, in order, as what it is, each with an `event_id` of its own.
+pub async fn commands_and_edits_by_webhook(f: &impl WebhookFixture) {
+    let handler = crate::RecordingHandler::start().await;
+    let (_dir, _store, proxy, workers) = behind_proxy(f, &handler.url(), &["a", "b"]).await;
+    let (platform, bot) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{bot}", proxy.url()))
+        .await;
+    f.user_writes(1, "hello");
+    let mut want = vec!["message:hello".to_owned()];
+    if f.user_commands(1, "start", "deep-link") {
+        want.push("command:start deep-link".into());
+    }
+    if f.user_writes_then_edits(1, "teh typo", "the typo") {
+        want.push("message:teh typo".into());
+        want.push("edited:the typo".into());
+    }
+    let n = want.len();
+    until("every event answered", 20, || {
+        f.replies().len() >= n && f.settled()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(got, want, "each event once, in order, as what it is");
+    let seen = handler.seen();
+    let ids: std::collections::HashSet<&str> = seen
+        .iter()
+        .filter_map(|e| e["event_id"].as_str())
+        .filter(|id| id.starts_with(&format!("{bot}:")))
+        .collect();
+    assert_eq!(ids.len(), n, "an id of its own for every event: {seen:?}");
+    for e in &seen {
+        match e["kind"].as_str() {
+            Some("command") => assert_eq!(e["command"]["name"], "start"),
+            Some("edited") => assert!(e["edited_message_id"].is_string()),
+            Some("message") => {}
+            other => panic!("kind {other:?} in {e}"),
+        }
+    }
+    for w in workers {
+        w.shutdown().await;
+    }
 }
 
 /// What the suite leaves for a platform's own checks.
@@ -158,16 +230,8 @@ pub struct SuiteRun {
 /// order, the conversation state moving with the chat from worker to worker, one turn at a
 /// time; every worker takes deliveries.
 pub async fn webhook_suite(f: &impl WebhookFixture, chats: usize, each: usize) -> SuiteRun {
-    let (dir, store) = crate::temp_sqlite("botfleet-hooks").await;
     let handler = StateHandler::start(Duration::from_millis(5)).await;
-    let proxy = RoundRobinProxy::start(Vec::new()).await;
-    store
-        .add_bot(&f.bot(&handler.url()))
-        .await
-        .expect("the suite");
-    let hub = MemoryHub::new();
-    let workers = fleet(&["a", "b", "c"], &hub, &store, &proxy.url()).await;
-    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    let (dir, store, proxy, workers) = behind_proxy(f, &handler.url(), &["a", "b", "c"]).await;
     let (platform, bot) = f.path();
     let hook = format!("{}/hooks/{platform}/{bot}", proxy.url());
     let forged = f

@@ -352,14 +352,14 @@ impl InboundDurabilityHook for Hand {
                 let chat = src.chat.to_string();
                 Some(Received {
                     key: format!("{chat}|{}|{}", src.sender, m.info.id),
-                    message: Inbound {
-                        platform: Platform::Whatsapp,
-                        chat: ChatKey::new(self.bot.clone(), chat),
-                        message_id: m.info.id.to_string(),
-                        sender: Some(src.sender.to_string()),
+                    message: Inbound::message(
+                        Platform::Whatsapp,
+                        ChatKey::new(self.bot.clone(), chat),
+                        m.info.id.to_string(),
+                        Some(src.sender.to_string()),
                         text,
-                        sent_at_ms: Some(m.info.timestamp.timestamp_millis()),
-                    },
+                        Some(m.info.timestamp.timestamp_millis()),
+                    ),
                 })
             })
             .collect();

@@ -71,14 +71,14 @@ pub fn parse_delivery(
                     .map(|s| s.saturating_mul(1000));
                 out.push(Received {
                     key: id.to_owned(),
-                    message: Inbound {
-                        platform: Platform::Whatsapp,
-                        chat: ChatKey::new(bot.clone(), from.to_owned()),
-                        message_id: id.to_owned(),
-                        sender: Some(from.to_owned()),
-                        text: text.to_owned(),
+                    message: Inbound::message(
+                        Platform::Whatsapp,
+                        ChatKey::new(bot.clone(), from.to_owned()),
+                        id,
+                        Some(from.to_owned()),
+                        text,
                         sent_at_ms,
-                    },
+                    ),
                 });
             }
         }

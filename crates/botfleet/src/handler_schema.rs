@@ -1,0 +1,104 @@
+//! The webhook handler contract as JSON Schema, in the OpenAPI document: what a bot's
+//! `webhook` handler is POSTed ([`HandlerEvent`]) and what it may answer ([`HandlerAnswer`]).
+//! The handler is the bot owner's service, not a route of this API; its contract is documented
+//! beside the API. A test checks the schema against the body a worker really sends.
+
+// These types exist for their schema; nothing reads their fields.
+#![allow(dead_code)]
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// What an event is. New kinds may be added: a handler answers one it does not know with an
+/// empty 200.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum HandlerEventKind {
+    /// Someone wrote in the chat.
+    Message,
+    /// Someone used one of the bot's commands (see `command`).
+    Command,
+    /// Someone edited what they wrote (see `edited_message_id`).
+    Edited,
+}
+
+/// The conversation an event belongs to.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct HandlerChat {
+    /// The bot's id in the registry.
+    bot: String,
+    /// The platform's id of the chat: a Telegram chat id, a Slack channel (`C…`, or
+    /// `C…/thread_ts` inside a thread), a Discord channel id, a WhatsApp number or JID.
+    chat: String,
+}
+
+/// A command a user gave the bot.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct HandlerCommand {
+    /// The name, without `/` or `@bot`.
+    #[schema(example = "start")]
+    name: String,
+    /// The text after the name, trimmed; empty if none.
+    #[schema(example = "deep-link")]
+    args: String,
+    /// Named options where the platform has them (Discord); `{}` otherwise.
+    #[schema(value_type = Object)]
+    options: serde_json::Value,
+}
+
+/// One event, POSTed to a bot's `webhook` handler as JSON. With a webhook secret the request
+/// carries `x-botfleet-signature: sha256=<hex of HMAC-SHA256(secret, body)>`. A chat's events
+/// come one at a time, in order; an event is sent again (same `event_id`) when the handler
+/// failed transiently (unreachable, 429, 5xx) or the worker that called it died before the
+/// reply was recorded.
+#[derive(Serialize, ToSchema)]
+#[schema(example = json!({
+    "kind": "command", "event_id": "support-bot:1042", "platform": "telegram",
+    "chat": {"bot": "support-bot", "chat": "7701"}, "message_id": "1042", "sender": "7701",
+    "text": "/start@support_bot deep-link", "sent_at_ms": 1_764_669_600_000_i64,
+    "command": {"name": "start", "args": "deep-link", "options": {}},
+    "state": {"n": 3}
+}))]
+pub(crate) struct HandlerEvent {
+    /// What the event is.
+    kind: HandlerEventKind,
+    /// Stable across redeliveries and replays (`{bot}:{journal key}`): a repeat has the same
+    /// id.
+    event_id: String,
+    /// `telegram`, `slack`, `discord` or `whatsapp`.
+    #[schema(example = "telegram")]
+    platform: String,
+    /// The conversation.
+    chat: HandlerChat,
+    /// The platform's id of the message (Telegram: the update id; Slack: the `ts`, a slash
+    /// command's `trigger_id`).
+    message_id: String,
+    /// Who wrote it (the platform's user id), when known.
+    sender: Option<String>,
+    /// The text as written (a command's too); empty for messages without text.
+    text: String,
+    /// Unix ms when the platform says it was sent, when known.
+    sent_at_ms: Option<i64>,
+    /// For `kind: command`.
+    command: Option<HandlerCommand>,
+    /// For `kind: edited`: the platform's id of the message that was edited.
+    edited_message_id: Option<String>,
+    /// The chat's state as the handler last answered it (absent until it answers one).
+    #[schema(value_type = Option<Object>)]
+    state: Option<serde_json::Value>,
+}
+
+/// What a handler answers: `200` with this JSON (or an empty body: nothing to send). Any other
+/// 2xx is taken the same way; 429 and 5xx are retried with backoff; other statuses and
+/// unreadable answers end the event as undeliverable.
+#[derive(Serialize, ToSchema)]
+#[schema(example = json!({"text": "Welcome! You are user 3.", "state": {"n": 4}}))]
+pub(crate) struct HandlerAnswer {
+    /// Sent back to the chat (in its thread, where there is one). Absent, null or empty:
+    /// nothing is sent.
+    text: Option<String>,
+    /// The chat's new state (any JSON up to 64 KiB), given to the chat's next event.
+    /// Absent: the state stays as it was.
+    #[schema(value_type = Option<Object>)]
+    state: Option<serde_json::Value>,
+}
