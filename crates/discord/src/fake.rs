@@ -114,6 +114,8 @@ struct Inner {
     requests: Mutex<HashMap<String, u64>>,
     heartbeat_ms: AtomicU64,
     next_id: AtomicU64,
+    /// The last `edited_timestamp` given, in unix ms.
+    last_edit_ms: Mutex<i64>,
 }
 
 /// The fake's state, shared with the test. Cloning shares it.
@@ -209,11 +211,16 @@ impl FakeDiscordState {
     /// The user edits their message `id` in `channel` to `text`: a `MESSAGE_UPDATE` with the
     /// whole message and its new `edited_timestamp`, in the shard's current session.
     pub fn user_edits(&self, token: &str, channel: u64, id: &str, text: &str) {
-        let at = self.id(); // grows with every call: each edit has its own time
+        // Now, a millisecond apart from the fake's last edit: each edit has its own time.
+        let at = {
+            let mut last = lock(&self.inner.last_edit_ms);
+            *last = botfleet_core::unix_ms().max(*last + 1);
+            *last
+        };
         let d = json!({
             "id": id, "channel_id": channel.to_string(), "guild_id": channel.to_string(),
             "author": {"id": "4242", "username": "user"}, "content": text,
-            "edited_timestamp": format!("2026-12-02T10:00:00.{at}+00:00"),
+            "edited_timestamp": crate::inbound::iso_of_unix_ms(at),
         });
         self.user_dispatch(token, channel, "MESSAGE_UPDATE", d);
     }

@@ -37,6 +37,60 @@ pub fn parse_message(bot: &BotId, d: &Value, me: &str) -> Result<Option<Received
     }))
 }
 
+/// An edit older than this (by its `edited_timestamp`) is not taken for a new one.
+const EDIT_MAX_AGE_S: i64 = 300;
+
+/// Unix seconds of an ISO 8601 UTC time as Discord writes them
+/// (`2026-12-02T10:00:00.123456+00:00`); `None` when unreadable.
+fn unix_s(ts: &str) -> Option<i64> {
+    let b = ts.as_bytes();
+    let seps = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+    if b.len() < 19 || seps.iter().any(|(i, c)| b[*i] != *c) {
+        return None;
+    }
+    let num = |from: usize, to: usize| -> Option<i64> {
+        let part = ts.get(from..to)?;
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    let (y, mo, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (h, mi, s) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    // Days since 1970-01-01 of a proleptic Gregorian date (eras of 400 years).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((mo + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h * 3_600 + mi * 60 + s)
+}
+
+/// The ISO 8601 UTC time Discord writes for unix `ms` (the fake's `edited_timestamp`).
+#[cfg(any(test, feature = "fake"))]
+pub fn iso_of_unix_ms(ms: i64) -> String {
+    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (h, mi, s, us) = (
+        rest / 3_600_000,
+        rest / 60_000 % 60,
+        rest / 1_000 % 60,
+        rest % 1_000 * 1_000,
+    );
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{us:06}+00:00")
+}
+
 /// An edit from a `MESSAGE_UPDATE` dispatch: `Ok(None)` for updates that are not a person
 /// changing the text (an embed resolved, a pin: no new `edited_timestamp` or no content; the
 /// bot's own, other bots' and webhooks' messages). Each edit is an event of its own, keyed by
@@ -46,6 +100,12 @@ pub fn parse_edit(bot: &BotId, d: &Value, me: &str) -> Result<Option<Received>, 
     let (Some(edited_at), Some(_)) = (d["edited_timestamp"].as_str(), d["content"].as_str()) else {
         return Ok(None);
     };
+    // A pin or a thread made on a message edited long ago carries that old edit's time: not
+    // an edit now (its event left the journal long ago; it would be answered again).
+    let now_s = botfleet_core::unix_ms() / 1000;
+    if unix_s(edited_at).is_none_or(|t| now_s - t > EDIT_MAX_AGE_S) {
+        return Ok(None);
+    }
     if d["author"].is_null() {
         return Ok(None);
     }
@@ -90,13 +150,50 @@ mod tests {
     }
 
     #[test]
+    fn discords_times_read_and_write() {
+        assert_eq!(
+            unix_s("2026-12-02T10:00:00.000000+00:00"),
+            Some(1_796_205_600)
+        );
+        assert_eq!(unix_s("2000-02-29T23:59:59+00:00"), Some(951_868_799));
+        assert_eq!(unix_s("1970-01-01T00:00:00"), Some(0));
+        for bad in [
+            "",
+            "2026-13-02T10:00:00",
+            "2026-12-02 10:00:00",
+            "20x6-12-02T10:00:00",
+            "2026-12-02T10:00:0",
+        ] {
+            assert_eq!(unix_s(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            iso_of_unix_ms(1_796_205_600_123),
+            "2026-12-02T10:00:00.123000+00:00"
+        );
+        assert_eq!(
+            iso_of_unix_ms(951_868_799_000),
+            "2000-02-29T23:59:59.000000+00:00"
+        );
+        for ms in [
+            0,
+            86_399_999,
+            951_782_400_000,
+            1_796_205_600_000,
+            4_102_444_800_000,
+        ] {
+            assert_eq!(unix_s(&iso_of_unix_ms(ms)), Some(ms / 1000), "{ms}");
+        }
+    }
+
+    #[test]
     fn edits_are_events_of_their_own() {
         let bot = BotId::new("d").unwrap();
         let edit = |at: &str| {
             json!({"id": "1100000000000000000", "channel_id": "42", "author": {"id": "9"},
                    "content": "fixed", "edited_timestamp": at})
         };
-        let r = parse_edit(&bot, &edit("2026-12-02T10:00:00.000000+00:00"), "1")
+        let now = botfleet_core::unix_ms();
+        let r = parse_edit(&bot, &edit(&iso_of_unix_ms(now)), "1")
             .unwrap()
             .unwrap();
         assert_eq!(r.message.kind, EventKind::Edited);
@@ -106,7 +203,7 @@ mod tests {
             Some("1100000000000000000")
         );
         assert_eq!(r.message.text, "fixed");
-        let again = parse_edit(&bot, &edit("2026-12-02T10:01:00.000000+00:00"), "1")
+        let again = parse_edit(&bot, &edit(&iso_of_unix_ms(now + 1)), "1")
             .unwrap()
             .unwrap();
         assert_ne!(r.key, again.key, "a second edit is a second event");
@@ -114,11 +211,15 @@ mod tests {
         // An embed resolved: no edit time, or no content; the bot's own edit.
         let embed = json!({"id": "5", "channel_id": "42", "embeds": []});
         assert!(parse_edit(&bot, &embed, "1").unwrap().is_none());
-        let mut own = edit("2026-12-02T10:00:00Z");
+        let mut own = edit(&iso_of_unix_ms(now));
         own["author"]["id"] = json!("1");
         assert!(parse_edit(&bot, &own, "1").unwrap().is_none());
-        let no_channel =
-            json!({"id": "6", "author": {"id": "9"}, "content": "x", "edited_timestamp": "t"});
+        // A message pinned an hour after its edit: the update carries the old edit's time.
+        let pinned = edit(&iso_of_unix_ms(now - 3_600_000));
+        assert!(parse_edit(&bot, &pinned, "1").unwrap().is_none());
+        assert!(parse_edit(&bot, &edit("yesterday"), "1").unwrap().is_none());
+        let no_channel = json!({"id": "6", "author": {"id": "9"}, "content": "x",
+            "edited_timestamp": iso_of_unix_ms(now)});
         assert!(parse_edit(&bot, &no_channel, "1").is_err());
     }
 }

@@ -24,4 +24,6 @@ pub use connector::{DiscordConnector, IdentifyGate, LocalGate};
 pub use descriptor::DESCRIPTOR;
 pub use error::DiscordError;
 pub use gateway::{Checkpoint, ShardSession, INTENTS};
+#[cfg(feature = "fake")]
+pub use inbound::iso_of_unix_ms;
 pub use inbound::{parse_edit, parse_message};

@@ -733,29 +733,32 @@ impl Hooks {
         takeover: bool,
     ) -> Served {
         loop {
-            let older = if after_loss {
-                // Read before older entries may change the chat's state: read again.
-                preload = None;
-                self.serve_older(spec, chat, entry, fence).await
-            } else {
-                Handled::Done
-            };
-            let done = if !matches!(older, Handled::Done) {
-                older
-            } else if takeover {
-                // Its holder may still be frozen somewhere: its late state write is refused.
+            // A taken-over turn's holder may still be frozen somewhere: the fence is recorded
+            // first, so its late state write (for this entry or an older one) is refused.
+            let accepted = if takeover {
                 match self.accept(spec, chat, fence).await {
-                    Accepted::Yes => {
-                        self.handle_entry(spec, chat, entry, fence, arrived, None)
-                            .await
-                    }
+                    Accepted::Yes => Handled::Done,
                     // A newer turn of the chat was granted: this one is void.
                     Accepted::Superseded => return Served::Done,
                     Accepted::Fenced => Handled::Fenced,
                 }
             } else {
-                self.handle_entry(spec, chat, entry, fence, arrived, preload.take())
-                    .await
+                Handled::Done
+            };
+            let older = match accepted {
+                Handled::Done if after_loss => {
+                    // Read before older entries may change the chat's state: read again.
+                    preload = None;
+                    self.serve_older(spec, chat, entry, fence).await
+                }
+                other => other,
+            };
+            let done = match older {
+                Handled::Done => {
+                    self.handle_entry(spec, chat, entry, fence, arrived, preload.take())
+                        .await
+                }
+                other => other,
             };
             if matches!(done, Handled::Done) {
                 return if self.release(ck, ticket, fence, inc).await {

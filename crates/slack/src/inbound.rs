@@ -113,7 +113,7 @@ pub fn parse_event(bot: &BotId, me: &Me, payload: &Value) -> Event {
         format!("{channel}:{ts}"),
         Inbound::message(
             Platform::Slack,
-            ChatKey::new(bot.clone(), chat_of(channel, ev.get("thread_ts"))),
+            ChatKey::new(bot.clone(), chat_of(channel, ev.get("thread_ts"), ts)),
             ts,
             user.map(str::to_owned),
             text,
@@ -153,7 +153,7 @@ fn parse_edit(bot: &BotId, me: &Me, ev: &serde_json::Map<String, Value>) -> Even
     };
     let mut inbound = Inbound::message(
         Platform::Slack,
-        ChatKey::new(bot.clone(), chat_of(channel, m.get("thread_ts"))),
+        ChatKey::new(bot.clone(), chat_of(channel, m.get("thread_ts"), edited)),
         ts,
         user.map(str::to_owned),
         text,
@@ -206,10 +206,12 @@ fn channel_and_ts<'a>(
     (!channel.is_empty() && !channel.contains('/') && !ts.is_empty()).then_some((channel, ts))
 }
 
-/// One queue per thread where threaded: replies stay in it, in order.
-fn chat_of(channel: &str, thread_ts: Option<&Value>) -> String {
+/// One queue per thread where threaded: replies stay in it, in order. A thread's parent
+/// (its `thread_ts` is its own `ts`, once it has replies) belongs to the channel, where it was
+/// first answered.
+fn chat_of(channel: &str, thread_ts: Option<&Value>, ts: &str) -> String {
     match thread_ts.and_then(Value::as_str) {
-        Some(t) if !t.is_empty() => format!("{channel}/{t}"),
+        Some(t) if !t.is_empty() && t != ts => format!("{channel}/{t}"),
         _ => channel.to_owned(),
     }
 }
@@ -349,6 +351,14 @@ mod tests {
             Event::Ignored,
             "the bot's own edit"
         );
+        // A thread's parent (thread_ts = its own ts) was answered in the channel: so is its
+        // edit.
+        let mut parent = edit("U1", "a", "b");
+        parent["event"]["message"]["thread_ts"] = json!("1700000000.000100");
+        let Event::Message(_, m) = parse_event(&bot(), &me(), &parent) else {
+            panic!("an edit")
+        };
+        assert_eq!(m.chat.chat, "C1");
     }
 
     #[test]

@@ -116,9 +116,10 @@ fn discord_dispatches() {
     let create = json!({"id": "1100000000000000000", "channel_id": "42", "guild_id": "7",
         "author": {"id": "9", "username": "u"}, "content": "hi"});
     let mut update = create.clone();
-    update["edited_timestamp"] = json!("2026-12-02T10:00:00.000000+00:00");
+    update["edited_timestamp"] = json!(botfleet_discord::iso_of_unix_ms(botfleet_core::unix_ms()));
     let (mut read, mut other) = (0, 0);
     for (k, (base, edit)) in [(create, false), (update, true)].into_iter().enumerate() {
+        let before = read;
         for v in mutations(&base, 400 + k as u64, CASES) {
             let r = if edit {
                 botfleet_discord::parse_edit(&bot(), &v, "1")
@@ -134,6 +135,11 @@ fn discord_dispatches() {
                 Ok(None) | Err(_) => other += 1,
             }
         }
+        assert!(
+            read - before >= 100,
+            "kind {k}: only {} read",
+            read - before
+        );
     }
     assert!(read >= 100 && other >= 100, "read {read}, other {other}");
 }
