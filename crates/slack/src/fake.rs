@@ -208,11 +208,7 @@ impl FakeSlackState {
         thread_ts: Option<&str>,
         text: &str,
     ) -> String {
-        let ts = {
-            let mut g = self.lock();
-            g.next_id += 1;
-            format!("1700000000.{:06}", g.next_id)
-        };
+        let ts = self.next_ts();
         let mut event = json!({
             "type": "message", "channel": channel, "user": "U000USER", "text": text,
             "ts": ts, "event_ts": ts, "channel_type": "channel",
@@ -222,6 +218,13 @@ impl FakeSlackState {
         }
         self.push_event(bot_token, event);
         ts
+    }
+
+    /// A new message `ts`, above every one given before.
+    fn next_ts(&self) -> String {
+        let mut g = self.lock();
+        g.next_id += 1;
+        format!("1700000000.{:06}", g.next_id)
     }
 
     /// A user edits the message `ts` they wrote in `channel` to `text`: a `message_changed`
@@ -235,11 +238,7 @@ impl FakeSlackState {
         before: &str,
         text: &str,
     ) -> String {
-        let event_ts = {
-            let mut g = self.lock();
-            g.next_id += 1;
-            format!("1700000000.{:06}", g.next_id)
-        };
+        let event_ts = self.next_ts();
         self.push_event(
             bot_token,
             json!({

@@ -155,14 +155,12 @@ impl StateHandler {
             big: 100 * 1024,
             ..HandlerState::default()
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = Router::new()
-            .route("/", post(handle))
-            .with_state(state.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, task) = serve_loopback(
+            Router::new()
+                .route("/", post(handle))
+                .with_state(state.clone()),
+        )
+        .await;
         Self { addr, state, task }
     }
 
@@ -232,14 +230,12 @@ impl RecordingHandler {
     /// Serves on `127.0.0.1:0`.
     pub async fn start() -> Self {
         let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = Router::new()
-            .route("/", post(record))
-            .with_state(seen.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, task) = serve_loopback(
+            Router::new()
+                .route("/", post(record))
+                .with_state(seen.clone()),
+        )
+        .await;
         Self { addr, seen, task }
     }
 
@@ -272,4 +268,14 @@ async fn record(State(seen): State<Arc<Mutex<Vec<Value>>>>, Json(ev): Json<Value
     };
     seen.lock().unwrap().push(ev);
     Json(json!({ "text": format!("{kind}:{}", text.trim_end()) })).into_response()
+}
+
+/// Serves `app` on a free loopback port until the task is aborted.
+async fn serve_loopback(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, task)
 }
