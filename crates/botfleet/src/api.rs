@@ -578,6 +578,11 @@ async fn page() -> Response {
         crate::handler_schema::HandlerEventKind,
         crate::handler_schema::HandlerChat,
         crate::handler_schema::HandlerCommand,
+        crate::handler_schema::HandlerActionEvent,
+        crate::handler_schema::HandlerCaps,
+        crate::handler_schema::HandlerButton,
+        crate::handler_schema::HandlerActionType,
+        crate::handler_schema::HandlerAction,
         crate::handler_schema::HandlerAnswer
     ))
 )]
@@ -674,14 +679,37 @@ mod tests {
         let mut edited = plain.clone();
         edited.kind = EventKind::Edited;
         edited.edited_message_id = Some("3".into());
+        let mut pressed = plain.clone();
+        pressed.kind = EventKind::Action;
+        pressed.action = Some(Box::new(botfleet_core::ActionEvent {
+            id: "x".into(),
+            value: "x".into(),
+            message_ref: Some("menu".into()),
+            message_id: Some("9".into()),
+        }));
+        pressed.answer_handle = Some("query-secret".into());
         let kinds: Vec<&str> = doc["components"]["schemas"]["HandlerEventKind"]["enum"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(Value::as_str)
             .collect();
-        for ev in [plain, command, edited] {
-            let body = botfleet_runtime::handler_request(&ev, Some(r#"{"n":1}"#)).unwrap();
+        for ev in [plain, command, edited, pressed] {
+            let caps = botfleet_telegram::CAPS;
+            let body = botfleet_runtime::handler_request(&ev, Some(r#"{"n":1}"#), &caps).unwrap();
+            assert!(
+                !body.to_string().contains("query-secret"),
+                "what answers an event is not shown to the handler"
+            );
+            for (name, schema) in [("action", "HandlerActionEvent"), ("caps", "HandlerCaps")] {
+                let documented = &doc["components"]["schemas"][schema]["properties"];
+                for key in body[name].as_object().into_iter().flatten().map(|(k, _)| k) {
+                    assert!(
+                        documented.get(key).is_some(),
+                        "{name}.{key} is not documented"
+                    );
+                }
+            }
             let sent = body.as_object().unwrap();
             for key in sent.keys() {
                 assert!(props.contains_key(key), "{key} is sent but not documented");
@@ -702,6 +730,37 @@ mod tests {
         }
         let answer = &doc["components"]["schemas"]["HandlerAnswer"]["properties"];
         assert!(answer.get("text").is_some() && answer.get("state").is_some());
+        assert!(answer.get("actions").is_some());
+        // Every action type the fleet reads is documented, with the fields it reads.
+        let types: Vec<&str> = doc["components"]["schemas"]["HandlerActionType"]["enum"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let fields = &doc["components"]["schemas"]["HandlerAction"]["properties"];
+        for a in [
+            serde_json::json!({"type": "send", "text": "x", "ref": "r", "thread": true,
+                "buttons": [[{"text": "a", "value": "v"}]]}),
+            serde_json::json!({"type": "edit", "ref": "r", "text": "y"}),
+            serde_json::json!({"type": "delete", "message_id": "9"}),
+            serde_json::json!({"type": "typing"}),
+            serde_json::json!({"type": "answer", "text": "ok", "alert": true, "ephemeral": false}),
+        ] {
+            let parsed = botfleet_core::Action::from_json(0, &a).unwrap();
+            assert!(types.contains(&parsed.kind()));
+            for key in serde_json::to_value(&parsed)
+                .unwrap()
+                .as_object()
+                .unwrap()
+                .keys()
+            {
+                assert!(
+                    fields.get(key).is_some(),
+                    "action field {key} is not documented"
+                );
+            }
+        }
         assert!(schema["example"]["event_id"].is_string(), "with an example");
     }
 

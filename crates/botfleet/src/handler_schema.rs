@@ -20,6 +20,110 @@ pub(crate) enum HandlerEventKind {
     Command,
     /// Someone edited what they wrote (see `edited_message_id`).
     Edited,
+    /// Someone pressed one of the bot's buttons (see `action`). Answer it (an `answer`
+    /// action) so the user's client stops waiting.
+    Action,
+}
+
+/// For `kind: action`: the button that was pressed.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct HandlerActionEvent {
+    /// The control's id where the platform has one (Slack's `action_id`, Discord's
+    /// `custom_id`); the wire value otherwise.
+    id: String,
+    /// The button's `value`, exactly as the handler gave it (however long).
+    #[schema(example = "buy:3")]
+    value: String,
+    /// The `ref` the handler gave the message carrying the button, when it gave one.
+    #[schema(example = "menu")]
+    message_ref: Option<String>,
+    /// The platform's id of the message carrying the button.
+    message_id: Option<String>,
+}
+
+/// What the bot's platform and mode can do, in every request: an action beyond it is refused
+/// with a reason.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct HandlerCaps {
+    /// Buttons under sent messages.
+    buttons: bool,
+    /// The most buttons in one message.
+    max_buttons: u16,
+    /// The longest button value the platform carries (longer ones are kept by the fleet).
+    max_button_value: u16,
+    /// `edit` of a message the bot sent.
+    edit: bool,
+    /// `delete` of a message the bot sent.
+    delete: bool,
+    /// `typing`.
+    typing: bool,
+    /// `answer` to a button press or command.
+    answer: bool,
+    /// `answer` with `ephemeral: true`.
+    ephemeral: bool,
+    /// Replies in a message's thread.
+    threads: bool,
+    /// Attachments.
+    files: bool,
+    /// The longest text of one message, in characters.
+    max_text: u32,
+}
+
+/// A button: `value` (a press sends the bot an `action` event with it) or `url` (opens a link).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct HandlerButton {
+    /// The label.
+    text: String,
+    /// Handed back on a press; any length.
+    value: Option<String>,
+    /// A link to open instead.
+    url: Option<String>,
+}
+
+/// The type of an action.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum HandlerActionType {
+    /// Send a message (`text`, `buttons`, `thread`, `ref`).
+    Send,
+    /// Replace a sent message's text (kept when absent) and buttons (none when absent), by
+    /// `ref` or `message_id`.
+    Edit,
+    /// Delete a sent message, by `ref` or `message_id`.
+    Delete,
+    /// Show that the bot is typing.
+    Typing,
+    /// Answer the event itself (`text`, `alert`, `ephemeral`): a button press's toast, a
+    /// command's reply.
+    Answer,
+}
+
+/// One action of an answer, done in order. An action that cannot be done (an unknown type, an
+/// unknown ref, beyond `caps`) is refused with a reason recorded on the event, and the next
+/// one still runs.
+#[derive(Serialize, ToSchema)]
+#[schema(example = json!({"type": "send", "text": "Pick one", "ref": "menu",
+    "buttons": [[{"text": "Yes", "value": "yes"}, {"text": "Docs", "url": "https://example.com"}]]}))]
+pub(crate) struct HandlerAction {
+    /// What to do.
+    #[serde(rename = "type")]
+    kind: HandlerActionType,
+    /// `send`: the text; `edit`: the new text; `answer`: what to show.
+    text: Option<String>,
+    /// `send`, `edit`: rows of buttons.
+    buttons: Option<Vec<Vec<HandlerButton>>>,
+    /// `send`: reply in the event's thread, where the platform has threads.
+    thread: Option<bool>,
+    /// `send`: a name for the sent message (per chat, kept 48 h, on every worker); `edit`,
+    /// `delete`: the message to change.
+    #[serde(rename = "ref")]
+    ref_name: Option<String>,
+    /// `edit`, `delete`: the platform's id of the message, instead of a `ref`.
+    message_id: Option<String>,
+    /// `answer`: as a dialog rather than a toast (Telegram).
+    alert: Option<bool>,
+    /// `answer`: seen only by the user who acted (Slack, Discord).
+    ephemeral: Option<bool>,
 }
 
 /// The conversation an event belongs to.
@@ -83,6 +187,10 @@ pub(crate) struct HandlerEvent {
     command: Option<HandlerCommand>,
     /// For `kind: edited`: the platform's id of the message that was edited.
     edited_message_id: Option<String>,
+    /// For `kind: action`.
+    action: Option<HandlerActionEvent>,
+    /// What the platform and mode can do.
+    caps: HandlerCaps,
     /// The chat's state as the handler last answered it (absent until it answers one).
     #[schema(value_type = Option<Object>)]
     state: Option<serde_json::Value>,
@@ -92,11 +200,15 @@ pub(crate) struct HandlerEvent {
 /// 2xx is taken the same way; 429 and 5xx are retried with backoff; other statuses and
 /// unreadable answers end the event as undeliverable.
 #[derive(Serialize, ToSchema)]
-#[schema(example = json!({"text": "Welcome! You are user 3.", "state": {"n": 4}}))]
+#[schema(example = json!({"text": "Welcome! You are user 3.", "state": {"n": 4},
+    "actions": [{"type": "send", "text": "Menu", "ref": "menu", "buttons": [[{"text": "Help", "value": "help"}]]},
+                {"type": "typing"}]}))]
 pub(crate) struct HandlerAnswer {
-    /// Sent back to the chat (in its thread, where there is one). Absent, null or empty:
-    /// nothing is sent.
+    /// Sent back to the chat (in its thread, where there is one), before `actions`. Absent,
+    /// null or empty: nothing is sent.
     text: Option<String>,
+    /// What to do, in order, after `text`.
+    actions: Option<Vec<HandlerAction>>,
     /// The chat's new state (any JSON up to 64 KiB), given to the chat's next event.
     /// Absent: the state stays as it was.
     #[schema(value_type = Option<Object>)]

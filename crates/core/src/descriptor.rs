@@ -108,6 +108,8 @@ pub struct ModeSpec {
     pub settings: &'static [(Setting, Need)],
     /// `None` when this build runs the mode; otherwise why not (which cargo feature adds it).
     pub missing: Option<&'static str>,
+    /// What a handler's actions can do in this mode.
+    pub caps: crate::Caps,
 }
 
 impl ModeSpec {
@@ -321,6 +323,7 @@ mod tests {
             endpoint: Endpoint::Http,
             settings: &[],
             missing: None,
+            caps: crate::Caps::TEXT_ONLY,
         },
         ModeSpec {
             name: "push",
@@ -331,6 +334,7 @@ mod tests {
             endpoint: Endpoint::Http,
             settings: &[(Setting::MaxConnections, Need::Optional)],
             missing: None,
+            caps: crate::Caps::TEXT_ONLY,
         },
         ModeSpec {
             name: "later",
@@ -341,6 +345,7 @@ mod tests {
             endpoint: Endpoint::WebSocket,
             settings: &[],
             missing: Some("cargo feature later"),
+            caps: crate::Caps::TEXT_ONLY,
         },
     ];
 

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod action;
 mod clock;
 mod descriptor;
 mod error;
@@ -9,6 +10,7 @@ mod platform;
 mod secret;
 mod spec;
 
+pub use action::{Act, Action, ActionEvent, Button, Caps, Target};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use descriptor::{Descriptor, Endpoint, ModeSpec, Need, Setting};
 pub use error::{InvalidId, InvalidSpec, UnknownPlatform};

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ChatKey, Platform};
+use crate::{ActionEvent, ChatKey, Platform};
 
 /// What an event is: the `kind` field a handler gets.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
@@ -16,15 +16,18 @@ pub enum EventKind {
     /// Someone edited a message they wrote (`edited_message_id` says which; `text` is the new
     /// text).
     Edited,
+    /// Someone pressed one of the bot's buttons (`action` says which).
+    Action,
 }
 
 impl EventKind {
-    /// Its name on the wire (`message`, `command`, `edited`).
+    /// Its name on the wire (`message`, `command`, `edited`, `action`).
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::Message => "message",
             EventKind::Command => "command",
             EventKind::Edited => "edited",
+            EventKind::Action => "action",
         }
     }
 }
@@ -103,6 +106,13 @@ pub struct Inbound {
     /// `message_id`, Slack's `ts`, Discord's message id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edited_message_id: Option<String>,
+    /// For `kind: action`: the button that was pressed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<Box<ActionEvent>>,
+    /// What the platform needs to answer this event (Telegram's callback query id, Slack's
+    /// `response_url`): journaled with the event, never shown to a handler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_handle: Option<Box<str>>,
 }
 
 impl Inbound {
@@ -126,6 +136,8 @@ impl Inbound {
             sent_at_ms,
             command: None,
             edited_message_id: None,
+            action: None,
+            answer_handle: None,
         }
     }
 }

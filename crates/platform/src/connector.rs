@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use botfleet_core::{BotSpec, Descriptor, Inbound, Outbound, Platform};
+use botfleet_core::{Act, BotSpec, ChatKey, Descriptor, Inbound, Outbound, Platform};
 
 use crate::PlatformError;
 
@@ -218,4 +218,53 @@ pub trait Sender: Send + Sync {
     /// # Errors
     /// The platform's failures, classified: `RateLimited` carries the platform's wait.
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError>;
+
+    /// Does one action of a handler's reply in `chat`; `key` is the action's idempotency key
+    /// (for platforms that drop repeats of one). Answers the platform's id of the message a
+    /// `send` made, when the platform gives one (what a `ref` then names).
+    ///
+    /// The default sends a plain text through [`Sender::send`] and refuses everything else
+    /// (a platform whose [`Caps`](botfleet_core::Caps) promise more overrides it).
+    ///
+    /// # Errors
+    /// As [`Sender::send`]; `Rejected` for an action the platform cannot do.
+    async fn act(
+        &self,
+        chat: &ChatKey,
+        act: &Act<'_>,
+        key: &str,
+    ) -> Result<Option<String>, PlatformError> {
+        match act {
+            Act::Send {
+                text,
+                buttons: [],
+                thread_of,
+            } => {
+                let out = Outbound {
+                    chat: chat.clone(),
+                    text: (*text).to_owned(),
+                    reply_to: thread_of.map(|m| m.message_id.clone()),
+                    idempotency_key: key.to_owned(),
+                };
+                self.send(&out).await.map(|()| None)
+            }
+            other => Err(unsupported(other)),
+        }
+    }
+}
+
+/// The refusal of an action a platform cannot do.
+pub fn unsupported(act: &Act<'_>) -> PlatformError {
+    let what = match act {
+        Act::Send { .. } => "buttons",
+        Act::Edit { .. } => "edit",
+        Act::Delete { .. } => "delete",
+        Act::Typing => "typing",
+        Act::Answer { .. } => "answer",
+    };
+    PlatformError::new(
+        crate::ErrorKind::Rejected,
+        "unsupported",
+        format!("this platform's mode cannot do {what}"),
+    )
 }

@@ -6,7 +6,8 @@ mod hooks;
 mod session;
 
 pub use connector::{
-    Ack, Batch, Connection, Connector, Identity, MayAct, Received, Receiver, Sender, Stat,
+    unsupported, Ack, Batch, Connection, Connector, Identity, MayAct, Received, Receiver, Sender,
+    Stat,
 };
 pub use error::{ErrorKind, PlatformError};
 pub use hooks::{

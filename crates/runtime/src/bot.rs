@@ -368,6 +368,11 @@ impl BotCtx {
                 retry_for: self.settings.retry_for,
                 spec_at_ms: Some(self.spec_at_ms),
                 slots: self.settings.slots.clone(),
+                caps: self
+                    .connector
+                    .descriptor()
+                    .mode_of(&self.spec)
+                    .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps),
             },
             fence: self.fence,
             lease: self.lease.clone(),

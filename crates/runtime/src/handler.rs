@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use botfleet_core::{HandlerSpec, Inbound, Secret};
+use botfleet_core::{Action, Caps, HandlerSpec, Inbound, Secret};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -61,18 +61,28 @@ pub fn sign(secret: &Secret, body: &[u8]) -> String {
     hex
 }
 
-/// The JSON a `webhook` handler is POSTed for `msg` in a chat whose state is `state`: the
-/// event's fields and the state as `state` (see the `HandlerEvent` schema in the OpenAPI
-/// document).
+/// The JSON a `webhook` handler is POSTed for `msg` in a chat whose state is `state`, on a
+/// platform mode that can do `caps`: the event's fields, the state as `state` and the
+/// capabilities as `caps` (see the `HandlerEvent` schema in the OpenAPI document). What the
+/// platform needs to answer the event (`answer_handle`) is not shown.
 ///
 /// # Errors
 /// A stored state that is not JSON.
-pub fn request(msg: &Inbound, state: Option<&str>) -> Result<serde_json::Value, HandlerError> {
+pub fn request(
+    msg: &Inbound,
+    state: Option<&str>,
+    caps: &Caps,
+) -> Result<serde_json::Value, HandlerError> {
     let mut doc = serde_json::to_value(msg).map_err(|e| HandlerError::BadReply(e.to_string()))?;
-    if let (Some(st), Some(obj)) = (state, doc.as_object_mut()) {
-        let v: serde_json::Value = serde_json::from_str(st)
-            .map_err(|e| HandlerError::BadReply(format!("stored state: {e}")))?;
-        obj.insert("state".into(), v);
+    if let Some(obj) = doc.as_object_mut() {
+        obj.remove("answer_handle");
+        if let Some(st) = state {
+            let v: serde_json::Value = serde_json::from_str(st)
+                .map_err(|e| HandlerError::BadReply(format!("stored state: {e}")))?;
+            obj.insert("state".into(), v);
+        }
+        let caps = serde_json::to_value(caps).map_err(|e| HandlerError::BadReply(e.to_string()))?;
+        obj.insert("caps".into(), caps);
     }
     Ok(doc)
 }
@@ -80,10 +90,52 @@ pub fn request(msg: &Inbound, state: Option<&str>) -> Result<serde_json::Value, 
 /// A handler's answer, and the chat's new conversation state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reply {
-    /// The text to send back, if any.
+    /// The text to send back, if any (one `send`, before `actions`).
     pub text: Option<String>,
     /// The chat's new state (JSON), if the handler gave one: sent with the chat's next message.
     pub state: Option<String>,
+    /// What to do, in order, after `text`.
+    pub actions: Vec<Action>,
+    /// Entries of `actions` that could not be read, each with its reason (the others run).
+    pub refused: Vec<String>,
+}
+
+impl Reply {
+    /// Reads a handler's JSON answer `{text?, state?, actions?}`.
+    ///
+    /// # Errors
+    /// `text` that is not a string, `actions` that is not a list.
+    pub fn from_json(v: &serde_json::Value) -> Result<Self, HandlerError> {
+        let text = match v.get("text") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) if s.is_empty() => None,
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(HandlerError::BadReply("`text` is not a string".into())),
+        };
+        let state = match v.get("state") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(s) => Some(s.to_string()),
+        };
+        let (mut actions, mut refused) = (Vec::new(), Vec::new());
+        match v.get("actions") {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::Array(items)) => {
+                for (i, a) in items.iter().enumerate() {
+                    match Action::from_json(i, a) {
+                        Ok(a) => actions.push(a),
+                        Err(why) => refused.push(why),
+                    }
+                }
+            }
+            Some(_) => return Err(HandlerError::BadReply("`actions` is not a list".into())),
+        }
+        Ok(Reply {
+            text,
+            state,
+            actions,
+            refused,
+        })
+    }
 }
 
 impl Handler {
@@ -102,8 +154,9 @@ impl Handler {
         matches!(self.spec, HandlerSpec::Webhook { .. })
     }
 
-    /// The answer to `msg` in a chat whose state is `state` (JSON): the webhook gets it as the
-    /// request's `state` field and may answer `{"text": …, "state": {…}}`.
+    /// The answer to `msg` in a chat whose state is `state` (JSON), on a platform mode that
+    /// can do `caps`: the webhook gets them as the request's `state` and `caps` fields and may
+    /// answer `{"text": …, "state": {…}, "actions": […]}`.
     ///
     /// # Errors
     /// Webhook failures; echo never fails.
@@ -111,14 +164,15 @@ impl Handler {
         &self,
         msg: &Inbound,
         state: Option<&str>,
+        caps: &Caps,
     ) -> Result<Reply, HandlerError> {
         match &self.spec {
             HandlerSpec::Echo => Ok(Reply {
                 text: (!msg.text.is_empty()).then(|| msg.text.clone()),
-                state: None,
+                ..Reply::default()
             }),
             HandlerSpec::Webhook { url, secret } => {
-                let doc = request(msg, state)?;
+                let doc = request(msg, state, caps)?;
                 let body =
                     serde_json::to_vec(&doc).map_err(|e| HandlerError::BadReply(e.to_string()))?;
                 let mut req = self
@@ -147,17 +201,7 @@ impl Handler {
                 }
                 let v: serde_json::Value = serde_json::from_slice(&bytes)
                     .map_err(|e| HandlerError::BadReply(e.to_string()))?;
-                let text = match v.get("text") {
-                    None | Some(serde_json::Value::Null) => None,
-                    Some(serde_json::Value::String(s)) if s.is_empty() => None,
-                    Some(serde_json::Value::String(s)) => Some(s.clone()),
-                    Some(_) => return Err(HandlerError::BadReply("`text` is not a string".into())),
-                };
-                let state = match v.get("state") {
-                    None | Some(serde_json::Value::Null) => None,
-                    Some(s) => Some(s.to_string()),
-                };
-                Ok(Reply { text, state })
+                Reply::from_json(&v)
             }
         }
     }
@@ -166,6 +210,27 @@ impl Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replies_keep_text_and_read_actions_one_by_one() {
+        let r = Reply::from_json(&serde_json::json!({
+            "text": "hi",
+            "state": {"n": 1},
+            "actions": [{"type": "typing"}, {"type": "teleport"}, {"type": "send", "text": "b"}],
+        }))
+        .unwrap();
+        assert_eq!(r.text.as_deref(), Some("hi"));
+        assert_eq!(r.state.as_deref(), Some(r#"{"n":1}"#));
+        assert_eq!(r.actions, [Action::Typing {}, Action::send("b")]);
+        assert_eq!(r.refused.len(), 1);
+        assert!(r.refused[0].contains("action 1"), "{:?}", r.refused);
+        assert!(Reply::from_json(&serde_json::json!({"actions": {"type": "typing"}})).is_err());
+        assert!(Reply::from_json(&serde_json::json!({"text": 3})).is_err());
+        assert_eq!(
+            Reply::from_json(&serde_json::json!({})).unwrap(),
+            Reply::default()
+        );
+    }
 
     #[test]
     fn signature_matches_a_known_vector() {

@@ -1011,6 +1011,7 @@ impl Hooks {
             retry_for: self.inner.settings.retry_for,
             spec_at_ms: self.spec_at(spec),
             slots: self.inner.settings.slots.clone(),
+            caps: crate::platforms::caps(spec),
         };
         let job = turn::Job {
             key,

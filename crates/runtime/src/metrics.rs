@@ -77,6 +77,9 @@ pub const OUTBOX_SKIPPED_TOTAL: &str = "botfleet_outbox_skipped_total";
 pub const STATE_REFUSED_TOTAL: &str = "botfleet_state_refused_total";
 /// Conversation states over the size bound (not stored; reported), by platform.
 pub const STATE_TOO_LARGE_TOTAL: &str = "botfleet_state_too_large_total";
+/// Actions of handlers' replies refused (unknown, beyond the platform's caps, naming an
+/// unknown ref, or failing at the platform), by platform.
+pub const ACTION_REFUSED_TOTAL: &str = "botfleet_action_refused_total";
 /// Time from the platform accepting a reply (any bot's) to its record written: the window in
 /// which a crash makes a replay send the reply again, by platform.
 pub const OUTBOX_WINDOW_SECONDS: &str = "botfleet_outbox_window_seconds";
@@ -227,7 +230,7 @@ impl Metrics {
             .or_default() += 1;
     }
     /// Adds `n` to the per-platform counter `name` (one of the webhook counters:
-    /// [`HOOKS_REFUSED_TOTAL`] ... [`STATE_TOO_LARGE_TOTAL`]).
+    /// [`HOOKS_REFUSED_TOTAL`] ... [`ACTION_REFUSED_TOTAL`]).
     pub fn count(&self, name: &'static str, p: Platform, n: u64) {
         if n > 0 {
             *lock(&self.per_platform).entry((name, p)).or_default() += n;
@@ -408,6 +411,10 @@ impl Metrics {
             (
                 STATE_TOO_LARGE_TOTAL,
                 "Conversation states over the size bound (not stored).",
+            ),
+            (
+                ACTION_REFUSED_TOTAL,
+                "Actions of handlers' replies refused, each with a reason on its event.",
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

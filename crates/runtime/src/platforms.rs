@@ -63,6 +63,13 @@ fn owned_elsewhere(d: &Descriptor, e: &InvalidSpec) -> Option<InvalidSpec> {
     })
 }
 
+/// What `spec`'s platform mode can do (text only for a platform or mode this build lacks).
+pub(crate) fn caps(spec: &BotSpec) -> botfleet_core::Caps {
+    descriptor(spec.platform)
+        .and_then(|d| d.mode_of(spec))
+        .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps)
+}
+
 /// Whether `spec`'s platform POSTs its updates to the fleet's hooks address.
 pub fn is_webhook(spec: &BotSpec) -> bool {
     descriptor(spec.platform).is_some_and(|d| d.is_webhook(spec))

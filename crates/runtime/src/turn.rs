@@ -21,13 +21,15 @@
 //! `enforce_nonce`, WhatsApp Web's message id). The window is measured on every platform
 //! (`botfleet_outbox_window_seconds`).
 
+mod actions;
+
 use std::{
     future::Future,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use botfleet_core::{BotId, BotStatus, Inbound, Outbound, Platform};
+use botfleet_core::{BotId, BotStatus, Caps, Inbound, Outbound, Platform};
 use botfleet_platform::{ErrorKind, PlatformError, Sender};
 use botfleet_store::{
     InboxOutcome, InboxState, StateWrite, Store, StoreError, TurnFence, TurnRecord, TurnView,
@@ -157,6 +159,9 @@ pub(crate) struct TurnCtx {
     pub(crate) spec_at_ms: Option<i64>,
     /// The worker's turn slots.
     pub(crate) slots: Slots,
+    /// What the bot's platform mode can do (given to the handler; actions beyond it are
+    /// refused).
+    pub(crate) caps: Caps,
 }
 
 /// One entry to answer.
@@ -197,9 +202,11 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         key: job.key,
         chat: job.chat,
         fence: job.fence,
+        refs: Vec::new(),
+        notes: None,
     };
     let started = Instant::now();
-    let msg: Inbound = match serde_json::from_str::<Inbound>(&entry.message) {
+    let mut msg: Inbound = match serde_json::from_str::<Inbound>(&entry.message) {
         Ok(mut m) => {
             // Stable across redeliveries and replays: the entry's key is.
             m.event_id = format!("{}:{}", ctx.bot, end.key);
@@ -210,10 +217,25 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
             return end.undeliverable(ctx, hold, slot, why).await;
         }
     };
+    actions::resolve_event(ctx, hold, &mut msg).await?;
     let reply = match answer(ctx, hold, &mut slot, &msg, view.state.as_deref(), started).await? {
         Ok(r) => r,
         Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
     };
+    if !actions::is_plain(&reply) {
+        return actions::run(
+            ctx,
+            hold,
+            slot,
+            &msg,
+            reply,
+            view.revision,
+            view.sent,
+            end,
+            started,
+        )
+        .await;
+    }
     let mut sent = None;
     if let Some(text) = reply.text {
         if view.sent {
@@ -281,7 +303,7 @@ async fn answer(
     loop {
         hold.check()?;
         // Boxed: a webhook call's future is kilobytes, which a waiting turn need not carry.
-        let mut call = Box::pin(ctx.handler.answer_with_state(msg, state));
+        let mut call = Box::pin(ctx.handler.answer_with_state(msg, state, &ctx.caps));
         let r = if slot.is_some() {
             match tokio::time::timeout(QUICK_HANDLER, &mut call).await {
                 Ok(r) => r,
@@ -313,8 +335,7 @@ async fn answer(
 }
 
 /// Sends `out`: `Ok(Ok(when the platform accepted it))`, `Ok(Err(why))` when it cannot go
-/// (refused as it is, or failing past `retry_for`). Anything but a refusal is retried, an
-/// unreadable answer included (it may hide a sent message: at least once, not at most).
+/// (refused as it is, or failing past `retry_for`).
 async fn send(
     ctx: &TurnCtx,
     hold: &impl Hold,
@@ -322,6 +343,32 @@ async fn send(
     out: &Outbound,
     started: Instant,
 ) -> Result<Result<Instant, String>, Halt> {
+    let r = attempt(
+        ctx,
+        hold,
+        slot,
+        started,
+        |s| async move { s.send(out).await },
+    )
+    .await?;
+    Ok(r.map(|()| Instant::now()))
+}
+
+/// Makes one platform call through the bot's sender (`call`): `Ok(Ok(its answer))`,
+/// `Ok(Err(why))` when it cannot succeed (refused as it is, or failing past `retry_for`).
+/// Anything but a refusal is retried, an unreadable answer included (it may hide a sent
+/// message: at least once, not at most).
+async fn attempt<T, F, Fut>(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    slot: &mut Slot,
+    started: Instant,
+    mut call: F,
+) -> Result<Result<T, String>, Halt>
+where
+    F: FnMut(Arc<dyn Sender>) -> Fut,
+    Fut: Future<Output = Result<T, PlatformError>>,
+{
     let sender = match &ctx.sender {
         Ok(s) => s,
         Err(why) => return Ok(Err(format!("send: {why}"))),
@@ -329,12 +376,12 @@ async fn send(
     let mut attempt = 0;
     loop {
         ctx.slots.ensure(slot, hold).await?;
-        // Checked before every send: a frozen or fenced worker sends nothing.
+        // Checked before every call: a frozen or fenced worker does nothing.
         hold.check()?;
-        match sender.send(out).await {
-            Ok(()) => {
+        match call(sender.clone()).await {
+            Ok(v) => {
                 ctx.metrics.sent();
-                return Ok(Ok(Instant::now()));
+                return Ok(Ok(v));
             }
             Err(e) if e.kind() == ErrorKind::Credentials => {
                 ctx.metrics.platform_error(ctx.platform, e.reason());
@@ -387,6 +434,10 @@ struct End<'a> {
     key: &'a str,
     chat: &'a str,
     fence: TurnFence,
+    /// Names the turn gave in its chat (refs, long button values), recorded with the end.
+    refs: Vec<(String, String)>,
+    /// What the turn refused, with reasons, kept on the entry.
+    notes: Option<String>,
 }
 
 impl End<'_> {
@@ -411,9 +462,10 @@ impl End<'_> {
         .await
     }
 
-    /// Writes what the turn leaves in one record, retrying through store failures: once a
-    /// reply is out, recording it is what keeps a replay from sending it again, so a stop
-    /// does not cut this short (a fenced worker gives up: its successor replays).
+    /// Writes what the turn leaves in one record (with the refs and notes it gathered),
+    /// retrying through store failures: once a reply is out, recording it is what keeps a
+    /// replay from sending it again, so a stop does not cut this short (a fenced worker gives
+    /// up: its successor replays).
     async fn record(
         self,
         ctx: &TurnCtx,
@@ -423,14 +475,16 @@ impl End<'_> {
         sent: Option<Instant>,
         state: Option<(u64, String)>,
     ) -> Result<(), Halt> {
-        let rec = TurnRecord {
-            key: self.key.to_owned(),
-            chat: self.chat.to_owned(),
-            fence: self.fence,
+        let mut rec = TurnRecord::new(
+            self.key,
+            self.chat,
+            self.fence,
             outcome,
-            sent: sent.is_some(),
+            sent.is_some(),
             state,
-        };
+        );
+        rec.refs = self.refs;
+        rec.notes = self.notes;
         // Waited for whether or not a stop is asked for: once a reply is out, this write
         // must be made either way.
         let _slot = match slot {

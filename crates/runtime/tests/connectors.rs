@@ -7,16 +7,19 @@ use std::sync::Arc;
 
 use botfleet_core::{BotId, BotSpec, Platform, Secret};
 use botfleet_platform::Connector;
-use botfleet_testkit::{FakeSlack, FakeTelegram, Fault, PlatformFixture, SlackSendFault};
+use botfleet_testkit::{FakeSlack, FakeTelegram, Fault, PlatformFixture, Shown, SlackSendFault};
 
 struct Telegram {
     fake: FakeTelegram,
+    /// Callback query ids of the presses made.
+    presses: std::sync::Mutex<Vec<String>>,
 }
 
 impl Telegram {
     async fn new() -> Self {
         Self {
             fake: FakeTelegram::start().await.unwrap(),
+            presses: Default::default(),
         }
     }
     fn token(i: usize) -> String {
@@ -87,6 +90,65 @@ impl PlatformFixture for Telegram {
     }
     fn secrets(&self, i: usize) -> Vec<String> {
         vec![Self::token(i)]
+    }
+    fn shown(&self, i: usize) -> Vec<Shown> {
+        let (fake, token) = (self.fake.state(), Self::token(i));
+        fake.sent()
+            .into_iter()
+            .filter(|s| s.token == token)
+            .filter_map(|s| {
+                let m = fake.bot_message(&token, &s.chat_id, s.message_id)?;
+                let buttons = m
+                    .reply_markup
+                    .iter()
+                    .flat_map(|k| k["inline_keyboard"].as_array().cloned().unwrap_or_default())
+                    .flat_map(|row| row.as_array().cloned().unwrap_or_default())
+                    .filter_map(|b| b["callback_data"].as_str().map(str::to_owned))
+                    .collect();
+                Some(Shown {
+                    chat: s.chat_id.parse().ok()?,
+                    id: s.message_id.to_string(),
+                    text: m.text,
+                    buttons,
+                    deleted: m.deleted,
+                })
+            })
+            .collect()
+    }
+    fn user_presses(&self, i: usize, chat: u32, message_id: &str, value: &str) -> bool {
+        let Ok(id) = message_id.parse() else {
+            return false;
+        };
+        let pressed = self
+            .fake
+            .state()
+            .user_presses(&Self::token(i), i64::from(chat), id, value);
+        if let Some((_, query)) = &pressed {
+            self.presses.lock().unwrap().push(query.clone());
+        }
+        pressed.is_some()
+    }
+    fn typing_shown(&self, i: usize) -> usize {
+        self.fake
+            .state()
+            .calls(&Self::token(i), "sendChatAction")
+            .len()
+    }
+    fn press_answers(&self, _i: usize) -> Vec<(String, std::time::Duration)> {
+        let fake = self.fake.state();
+        self.presses
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|q| {
+                let p = fake.press(q)?;
+                let (args, at) = p.answer?;
+                Some((
+                    args["text"].as_str().unwrap_or_default().to_owned(),
+                    at.duration_since(p.at),
+                ))
+            })
+            .collect()
     }
 }
 

@@ -432,6 +432,8 @@ async fn a_replayed_message_whose_reply_was_sent_is_not_answered_again() {
                 outcome: botfleet_store::InboxOutcome::Done,
                 sent: true,
                 state: None,
+                refs: Vec::new(),
+                notes: None,
             },
         )
         .await

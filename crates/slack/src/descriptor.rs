@@ -17,6 +17,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[],
             missing: None,
+            caps: botfleet_core::Caps::TEXT_ONLY,
         },
         ModeSpec {
             name: "events",
@@ -27,6 +28,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[],
             missing: None,
+            caps: botfleet_core::Caps::TEXT_ONLY,
         },
     ],
     secret_field: Some("signing_secret"),

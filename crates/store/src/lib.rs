@@ -25,7 +25,10 @@ pub use session::SessionWrite;
 pub use session_kv::StoreSession;
 pub use sqlite::SqliteStore;
 pub use store::{BotFilter, Cursor, StatusReport, Store};
-pub use turns::{reply_key, StateWrite, TurnFence, TurnRecord, TurnView, MAX_STATE_BYTES};
+pub use turns::{
+    progress_key, reply_key, StateWrite, TurnFence, TurnRecord, TurnStep, TurnView,
+    MAX_STATE_BYTES, REFS_TTL_MS,
+};
 
 /// Opens the store a URL names:
 ///

@@ -23,6 +23,10 @@ struct State {
     outbox: BTreeMap<BotId, BTreeMap<String, (Fence, i64)>>,
     /// Per (bot, chat): (revision, fence, state).
     chats: BTreeMap<(BotId, String), (u64, Fence, Option<String>)>,
+    /// (bot, entry key) → (progress, unix ms written): the outbox's progress rows.
+    progress: BTreeMap<(BotId, String), (String, i64)>,
+    /// (bot, chat, name) → (value, unix ms it expires).
+    refs: BTreeMap<(BotId, String, String), (String, i64)>,
     /// Per bot: (kind, key) → value of its linked-device session.
     sessions: BTreeMap<BotId, BTreeMap<(String, String), Vec<u8>>>,
 }
@@ -458,13 +462,72 @@ impl Store for MemoryStore {
             .filter(|_| !superseded)
         {
             if entry.state == InboxState::Pending {
-                let (state, error) = crate::turns::outcome_parts(&rec.outcome);
+                let (state, _) = crate::turns::outcome_parts(&rec.outcome);
                 entry.state = state.parse().unwrap_or(InboxState::Done);
-                entry.error = error;
+                entry.error = rec.error();
                 *finished = Some(now);
             }
         }
+        if !superseded {
+            for (name, value) in &rec.refs {
+                st.refs.insert(
+                    (bot.clone(), rec.chat.clone(), name.clone()),
+                    (value.clone(), now + crate::REFS_TTL_MS),
+                );
+            }
+        }
         Ok(written)
+    }
+
+    async fn turn_step(&self, bot: &BotId, step: &crate::TurnStep) -> Result<()> {
+        let mut st = self.st();
+        let fence = step.fence.fence();
+        match step.fence.claim() {
+            Some(f) => st.check_fence(bot, f)?,
+            None => {
+                if let Some((_, current, _)) = st.chats.get(&(bot.clone(), step.chat.clone())) {
+                    if *current > fence {
+                        return Err(StoreError::StaleFence {
+                            bot: bot.clone(),
+                            offered: fence,
+                            current: *current,
+                        });
+                    }
+                }
+            }
+        }
+        st.progress.insert(
+            (bot.clone(), step.key.clone()),
+            (step.progress.clone(), botfleet_core::unix_ms()),
+        );
+        Ok(())
+    }
+
+    async fn turn_progress(&self, bot: &BotId, key: &str) -> Result<Option<String>> {
+        Ok(self
+            .st()
+            .progress
+            .get(&(bot.clone(), key.to_owned()))
+            .map(|(p, _)| p.clone()))
+    }
+
+    async fn refs_get(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        names: &[String],
+    ) -> Result<Vec<Option<String>>> {
+        let st = self.st();
+        let now = botfleet_core::unix_ms();
+        Ok(names
+            .iter()
+            .map(|n| {
+                st.refs
+                    .get(&(bot.clone(), chat.to_owned(), n.clone()))
+                    .filter(|(_, exp)| *exp > now)
+                    .map(|(v, _)| v.clone())
+            })
+            .collect())
     }
 
     async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
@@ -486,6 +549,9 @@ impl Store for MemoryStore {
         for sent in st.outbox.values_mut() {
             sent.retain(|_, (_, at)| *at >= done_before_ms);
         }
+        st.progress.retain(|_, (_, at)| *at >= done_before_ms);
+        let now = botfleet_core::unix_ms();
+        st.refs.retain(|_, (_, exp)| *exp > now);
         Ok(gone)
     }
 }

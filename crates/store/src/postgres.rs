@@ -41,7 +41,8 @@ const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq
 
 /// What a turn leaves, in one statement (so one transaction): `$1` bot, `$2` chat, `$3`
 /// revision the state came from, `$4` fence, `$5` state, `$6` now, `$7` reply key, `$8` sent,
-/// `$9` entry state, `$10` error, `$11` entry key, `$12` whether the bot's claim holds the
+/// `$9` entry state, `$10` error, `$11` entry key, `$13`/`$14` the refs' names and values and
+/// `$15` how long they are kept (ms), `$12` whether the bot's claim holds the
 /// turn (then nothing is written unless `$4` is not below the bot's accepted fence, and the
 /// last column says whether it was not; and no outbox row: the entry's end, in the same
 /// statement, is its record).
@@ -55,6 +56,12 @@ fn turn_record_sql(cas: &str) -> String {
            WHERE bot_id = $1 AND key = $11 AND state = 'pending' AND (SELECT go FROM ok) \
            AND ($12 OR NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = $1 AND c.chat = $2 \
            AND c.fence > $4)) RETURNING 1), \
+         rf AS (INSERT INTO refs (bot_id, chat, name, value, expires_at_ms) \
+           SELECT $1, $2, n, v, $6 + $15 FROM UNNEST($13::TEXT[], $14::TEXT[]) AS t(n, v) \
+           WHERE (SELECT go FROM ok) AND ($12 OR NOT EXISTS (SELECT 1 FROM chat_state c \
+           WHERE c.bot_id = $1 AND c.chat = $2 AND c.fence > $4)) \
+           ON CONFLICT (bot_id, chat, name) DO UPDATE SET value = excluded.value, \
+           expires_at_ms = excluded.expires_at_ms RETURNING 1), \
          st AS ({cas}) \
          SELECT (SELECT revision FROM st), (SELECT COUNT(*) FROM ob), (SELECT COUNT(*) FROM fin), \
            CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT), (SELECT go FROM ok)"
@@ -844,10 +851,15 @@ impl Store for PostgresStore {
     async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
         let c = self.client().await?;
         c.execute(
-            "WITH sent AS (DELETE FROM outbox WHERE sent_at_ms < $1) \
+            "WITH sent AS (DELETE FROM outbox WHERE sent_at_ms < $1), \
+             old_refs AS (DELETE FROM refs WHERE expires_at_ms <= $3) \
              DELETE FROM inbox WHERE (state = 'done' AND finished_at_ms < $1) \
              OR (state = 'undeliverable' AND finished_at_ms < $2)",
-            &[&done_before_ms, &undeliverable_before_ms],
+            &[
+                &done_before_ms,
+                &undeliverable_before_ms,
+                &botfleet_core::unix_ms(),
+            ],
         )
         .await
         .map_err(db("prune inbox"))
@@ -1028,9 +1040,19 @@ impl Store for PostgresStore {
 
     async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite> {
         let c = self.client().await?;
-        let (state, error) = crate::turns::outcome_parts(&rec.outcome);
+        let (state, _) = crate::turns::outcome_parts(&rec.outcome);
+        let error = rec.error();
         let now = botfleet_core::unix_ms();
         let reply = crate::reply_key(&rec.key);
+        // One row per name (the last given wins): an upsert may not touch a row twice.
+        let mut refs: Vec<&(String, String)> = Vec::with_capacity(rec.refs.len());
+        for r in rec.refs.iter().rev() {
+            if !refs.iter().any(|x| x.0 == r.0) {
+                refs.push(r);
+            }
+        }
+        let ref_names: Vec<&str> = refs.iter().map(|r| r.0.as_str()).collect();
+        let ref_values: Vec<&str> = refs.iter().map(|r| r.1.as_str()).collect();
         let (expected, new_state) = match &rec.state {
             Some((r, s)) => (i64::try_from(*r).unwrap_or(i64::MAX), Some(s.as_str())),
             None => (0, None),
@@ -1059,6 +1081,9 @@ impl Store for PostgresStore {
                     &error,
                     &rec.key,
                     &claim,
+                    &ref_names,
+                    &ref_values,
+                    &crate::REFS_TTL_MS,
                 ],
             )
             .await
@@ -1071,6 +1096,86 @@ impl Store for PostgresStore {
             (true, Some(rev)) => StateWrite::Written(rev.max(0).unsigned_abs()),
             (true, None) => StateWrite::Stale,
         })
+    }
+
+    async fn turn_step(&self, bot: &BotId, step: &crate::TurnStep) -> Result<()> {
+        let c = self.client().await?;
+        let fence = step.fence.fence();
+        let claim = step.fence.claim().is_some();
+        // Written only while the turn's fence holds: the bot's accepted fence for a claim's
+        // turn, the chat's for a chat's turn.
+        let n = c
+            .execute(
+                "INSERT INTO outbox (bot_id, key, fence, sent_at_ms, result) \
+                 SELECT $1, $2, $3, $4, $5 WHERE \
+                 CASE WHEN $6 THEN COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $3 \
+                 ELSE NOT EXISTS (SELECT 1 FROM chat_state WHERE bot_id = $1 AND chat = $7 AND fence > $3) END \
+                 ON CONFLICT (bot_id, key) DO UPDATE SET fence = excluded.fence, \
+                 sent_at_ms = excluded.sent_at_ms, result = excluded.result",
+                &[
+                    &bot.as_str(),
+                    &crate::progress_key(&step.key),
+                    &fence_i64(fence),
+                    &botfleet_core::unix_ms(),
+                    &step.progress,
+                    &claim,
+                    &step.chat,
+                ],
+            )
+            .await
+            .map_err(db("record a turn's step"))?;
+        if n > 0 {
+            return Ok(());
+        }
+        if claim {
+            return Err(self.stale(&c, bot, fence).await);
+        }
+        let current: i64 = c
+            .query_opt(
+                "SELECT fence FROM chat_state WHERE bot_id = $1 AND chat = $2",
+                &[&bot.as_str(), &step.chat],
+            )
+            .await
+            .map_err(db("record a turn's step"))?
+            .map_or(0, |r| r.get(0));
+        Err(StoreError::StaleFence {
+            bot: bot.clone(),
+            offered: fence,
+            current: Fence(current.max(0).unsigned_abs()),
+        })
+    }
+
+    async fn turn_progress(&self, bot: &BotId, key: &str) -> Result<Option<String>> {
+        let c = self.client().await?;
+        Ok(c.query_opt(
+            "SELECT result FROM outbox WHERE bot_id = $1 AND key = $2",
+            &[&bot.as_str(), &crate::progress_key(key)],
+        )
+        .await
+        .map_err(db("read a turn's progress"))?
+        .and_then(|r| r.get::<_, Option<String>>(0)))
+    }
+
+    async fn refs_get(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        names: &[String],
+    ) -> Result<Vec<Option<String>>> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT name, value FROM refs WHERE bot_id = $1 AND chat = $2 \
+                 AND name = ANY($3) AND expires_at_ms > $4",
+                &[&bot.as_str(), &chat, &names, &botfleet_core::unix_ms()],
+            )
+            .await
+            .map_err(db("read refs"))?;
+        let found: HashMap<String, String> = rows
+            .into_iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect();
+        Ok(names.iter().map(|n| found.get(n).cloned()).collect())
     }
 
     async fn registry_stamp(&self) -> Result<(u64, i64)> {

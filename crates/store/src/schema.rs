@@ -92,7 +92,33 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // answered: it read every entry the bot keeps (answered ones an hour, undeliverable ones a
     // week), 11 ms per write at 100,000 entries on SQLite, inside the one writer.
     "CREATE INDEX inbox_by_seq ON inbox (bot_id, seq);",
+    // 12: handlers' actions: how far a turn of several actions got (an outbox row per entry
+    // with its progress), and the names turns give in a chat (a sent message's ref → its id,
+    // a long button value's key → the value), kept 48 h.
+    "ALTER TABLE outbox ADD COLUMN result TEXT;
+    CREATE TABLE refs (
+        bot_id TEXT NOT NULL,
+        chat TEXT NOT NULL,
+        name TEXT NOT NULL,
+        value TEXT NOT NULL,
+        expires_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (bot_id, chat, name)
+    );
+    CREATE INDEX refs_by_expiry ON refs (expires_at_ms);",
 ];
+
+/// Writes a turn's progress row (`$1` bot, `$2` progress key, `$3` fence, `$4` now, `$5` the
+/// progress).
+pub(crate) const PROGRESS_PUT: &str =
+    "INSERT INTO outbox (bot_id, key, fence, sent_at_ms, result) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (bot_id, key) DO UPDATE SET fence = excluded.fence, \
+     sent_at_ms = excluded.sent_at_ms, result = excluded.result";
+
+/// Upserts a ref (`$1` bot, `$2` chat, `$3` name, `$4` value, `$5` expiry).
+pub(crate) const REF_PUT: &str =
+    "INSERT INTO refs (bot_id, chat, name, value, expires_at_ms) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (bot_id, chat, name) DO UPDATE SET value = excluded.value, \
+     expires_at_ms = excluded.expires_at_ms";
 
 /// The `hook` column's document: the receive settings and secrets, and a Discord bot's counted
 /// shards (sealed as one).
@@ -422,6 +448,8 @@ pub(crate) mod previous {
             outcome: crate::InboxOutcome::Done,
             sent: true,
             state: Some((3, "{\"n\":4}".into())),
+            refs: Vec::new(),
+            notes: None,
         };
         assert_eq!(
             s.turn_record(&bot, &rec)

@@ -895,9 +895,34 @@ impl Store for SqliteStore {
                     StateWrite::Stale
                 };
             }
-            let (state, error) = crate::turns::outcome_parts(&rec.outcome);
+            let (state, _) = crate::turns::outcome_parts(&rec.outcome);
+            let error = rec.error();
             // A chat turn superseded by a newer one (a higher fence on the chat) leaves the
             // entry to that one: it ends it with its own result.
+            let superseded = !claim
+                && !rec.refs.is_empty()
+                && tx
+                    .query_row(
+                        "SELECT EXISTS (SELECT 1 FROM chat_state WHERE bot_id = ?1 AND chat = ?2 AND fence > ?3)",
+                        params![bot.as_str(), rec.chat, fence_i64(fence)],
+                        |r| r.get::<_, bool>(0),
+                    )
+                    .map_err(fail)?;
+            if !superseded && !rec.refs.is_empty() {
+                let mut put = tx
+                    .prepare_cached(&crate::schema::REF_PUT.replace('$', "?"))
+                    .map_err(fail)?;
+                for (name, value) in &rec.refs {
+                    put.execute(params![
+                        bot.as_str(),
+                        rec.chat,
+                        name,
+                        value,
+                        now + crate::REFS_TTL_MS
+                    ])
+                    .map_err(fail)?;
+                }
+            }
             tx.execute(
                 "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
                  WHERE bot_id = ?1 AND key = ?2 AND state = 'pending' \
@@ -917,6 +942,89 @@ impl Store for SqliteStore {
             .map_err(fail)?;
             tx.commit().map_err(fail)?;
             Ok(written)
+        })
+        .await
+    }
+
+    async fn turn_step(&self, bot: &BotId, step: &crate::TurnStep) -> Result<()> {
+        let (bot, step) = (bot.clone(), step.clone());
+        self.with("record a turn's step", move |c| {
+            let fail = |e| StoreError::backend("record a turn's step", e);
+            let fence = step.fence.fence();
+            let tx = write_tx(c, &bot, step.fence.claim(), "record a turn's step")?;
+            if step.fence.claim().is_none() {
+                let current: Option<i64> = tx
+                    .query_row(
+                        "SELECT fence FROM chat_state WHERE bot_id = ?1 AND chat = ?2",
+                        params![bot.as_str(), step.chat],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(fail)?;
+                if let Some(cur) = current.filter(|c| *c > fence_i64(fence)) {
+                    return Err(StoreError::StaleFence {
+                        bot,
+                        offered: fence,
+                        current: Fence(cur.max(0).unsigned_abs()),
+                    });
+                }
+            }
+            tx.execute(
+                &crate::schema::PROGRESS_PUT.replace('$', "?"),
+                params![
+                    bot.as_str(),
+                    crate::progress_key(&step.key),
+                    fence_i64(fence),
+                    botfleet_core::unix_ms(),
+                    step.progress
+                ],
+            )
+            .map_err(fail)?;
+            tx.commit().map_err(fail)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn turn_progress(&self, bot: &BotId, key: &str) -> Result<Option<String>> {
+        let (bot, key) = (bot.as_str().to_owned(), crate::progress_key(key));
+        self.read("read a turn's progress", move |c| {
+            c.query_row(
+                "SELECT result FROM outbox WHERE bot_id = ?1 AND key = ?2",
+                params![bot, key],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .optional()
+            .map(Option::flatten)
+            .map_err(|e| StoreError::backend("read a turn's progress", e))
+        })
+        .await
+    }
+
+    async fn refs_get(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        names: &[String],
+    ) -> Result<Vec<Option<String>>> {
+        let (bot, chat, names) = (bot.as_str().to_owned(), chat.to_owned(), names.to_vec());
+        self.read("read refs", move |c| {
+            let fail = |e| StoreError::backend("read refs", e);
+            let now = botfleet_core::unix_ms();
+            let mut st = c
+                .prepare_cached(
+                    "SELECT value FROM refs WHERE bot_id = ?1 AND chat = ?2 AND name = ?3 \
+                     AND expires_at_ms > ?4",
+                )
+                .map_err(fail)?;
+            names
+                .iter()
+                .map(|n| {
+                    st.query_row(params![bot, chat, n, now], |r| r.get::<_, String>(0))
+                        .optional()
+                        .map_err(fail)
+                })
+                .collect()
         })
         .await
     }
@@ -954,6 +1062,10 @@ impl Store for SqliteStore {
             )
             .and_then(|n| {
                 c.execute("DELETE FROM outbox WHERE sent_at_ms < ?1", [done_before_ms])?;
+                c.execute(
+                    "DELETE FROM refs WHERE expires_at_ms <= ?1",
+                    [botfleet_core::unix_ms()],
+                )?;
                 Ok(n as u64)
             })
             .map_err(|e| StoreError::backend("prune inbox", e))

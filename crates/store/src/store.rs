@@ -285,6 +285,33 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// written); backend failures (then nothing of it may be assumed written).
     async fn turn_record(&self, bot: &BotId, rec: &TurnRecord) -> Result<StateWrite>;
 
+    /// Records how far a turn of several actions got ([`TurnStep`](crate::TurnStep)), under its
+    /// fence, replacing what an earlier step of the entry wrote.
+    ///
+    /// # Errors
+    /// `StaleFence` when the turn is superseded: a claim below the bot's accepted fence, or a
+    /// chat turn whose chat accepted a higher fence (nothing is written); backend failures.
+    async fn turn_step(&self, bot: &BotId, step: &crate::TurnStep) -> Result<()>;
+
+    /// The progress the last [`Store::turn_step`] of the entry `key` wrote, if any.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn turn_progress(&self, bot: &BotId, key: &str) -> Result<Option<String>>;
+
+    /// The values of `names` in the bot's chat, as turns recorded them
+    /// ([`TurnRecord::refs`](crate::TurnRecord::refs)); `None` for a name never given or
+    /// expired.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn refs_get(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        names: &[String],
+    ) -> Result<Vec<Option<String>>>;
+
     /// Applies `writes` to the bot's linked-device session records, all or none, under
     /// `fence` (the claim's).
     ///

@@ -71,6 +71,66 @@ pub struct TurnRecord {
     pub sent: bool,
     /// The new state (JSON) and the revision it was computed from, if the handler gave one.
     pub state: Option<(u64, String)>,
+    /// Names this turn gives in its chat (a `send`'s `ref` → the platform's message id; a long
+    /// button value's key → the value), kept [`REFS_TTL_MS`]; a name given again is replaced.
+    pub refs: Vec<(String, String)>,
+    /// What the handler asked for that could not be done (a refused action, with its reason),
+    /// kept as the entry's error though it ends `done`.
+    pub notes: Option<String>,
+}
+
+impl TurnRecord {
+    /// A record with no refs and no notes.
+    pub fn new(
+        key: impl Into<String>,
+        chat: impl Into<String>,
+        fence: TurnFence,
+        outcome: InboxOutcome,
+        sent: bool,
+        state: Option<(u64, String)>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            chat: chat.into(),
+            fence,
+            outcome,
+            sent,
+            state,
+            refs: Vec::new(),
+            notes: None,
+        }
+    }
+
+    /// The entry's error column: the outcome's reason, or the notes of a done entry.
+    pub(crate) fn error(&self) -> Option<String> {
+        match &self.outcome {
+            InboxOutcome::Done => self.notes.clone(),
+            InboxOutcome::Undeliverable(why) => Some(why.clone()),
+        }
+    }
+}
+
+/// How long a chat's refs are kept: 48 h.
+pub const REFS_TTL_MS: i64 = 48 * 3600 * 1000;
+
+/// A step of a turn that does several actions: what it has done so far, written under the
+/// turn's fence before its next action, so a replay of the entry goes on from there instead of
+/// doing them again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnStep {
+    /// The journal entry.
+    pub key: String,
+    /// Its chat.
+    pub chat: String,
+    /// Who holds the turn.
+    pub fence: TurnFence,
+    /// The progress document (opaque to the store; the turn pipeline's JSON).
+    pub progress: String,
+}
+
+/// The outbox key of the progress of the entry `key`'s actions.
+pub fn progress_key(key: &str) -> String {
+    format!("{key}:progress")
 }
 
 /// What became of a [`TurnRecord`]'s state.

@@ -204,7 +204,38 @@ impl TelegramClient {
             body["reply_parameters"] =
                 json!({ "message_id": id, "allow_sending_without_reply": true });
         }
-        let _: serde_json::Value = self
+        self.send_message_body(api, body).await.map(|_| ())
+    }
+
+    /// Any Bot API `method` of the bot with a JSON `body`: its `result`. The URL is derived
+    /// from one the bot keeps parsed, so no more are kept per bot.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn call_method(
+        &self,
+        api: &BotApi,
+        method: &str,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, TelegramError> {
+        let mut target = api.delete_webhook.clone();
+        if let Ok(mut segs) = target.path_segments_mut() {
+            segs.pop().push(method);
+        }
+        self.call(&target, method, body, self.config.request_slack)
+            .await
+    }
+
+    /// `sendMessage` of `body` (`chat_id`, `text`, `reply_markup`, …): the sent message's id.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn send_message_body(
+        &self,
+        api: &BotApi,
+        body: serde_json::Value,
+    ) -> Result<Option<i64>, TelegramError> {
+        let sent: serde_json::Value = self
             .call(
                 &api.send_message,
                 "sendMessage",
@@ -212,7 +243,7 @@ impl TelegramClient {
                 self.config.request_slack,
             )
             .await?;
-        Ok(())
+        Ok(sent.get("message_id").and_then(serde_json::Value::as_i64))
     }
 
     /// `setWebhook`: Telegram POSTs the bot's updates to `url`, each with `secret_token` in
@@ -237,7 +268,7 @@ impl TelegramClient {
             "url": url,
             "secret_token": secret_token.expose(),
             "max_connections": max_connections,
-            "allowed_updates": ["message", "edited_message", "channel_post"],
+            "allowed_updates": ["message", "edited_message", "channel_post", "edited_channel_post", "callback_query"],
         });
         let _: serde_json::Value = self
             .call(&target, "setWebhook", body, self.config.request_slack)

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use botfleet_core::{BotId, BotSpec, Outbound, Platform};
+use botfleet_core::{Act, BotId, BotSpec, ChatKey, Outbound, Platform};
 use botfleet_platform::{
     secrets_match, Ack, Batch, Connection, Connector, ErrorKind, HookAnswer, HookRefusal,
     HookRequest, Identity, PlatformError, Received, Receiver, Sender, Webhooks,
@@ -230,6 +230,15 @@ struct TelegramSender {
 impl Sender for TelegramSender {
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         Ok(send(&self.client, &self.api, out).await?)
+    }
+
+    async fn act(
+        &self,
+        chat: &ChatKey,
+        act: &Act<'_>,
+        _key: &str,
+    ) -> Result<Option<String>, PlatformError> {
+        Ok(crate::act(&self.client, &self.api, &chat.chat, act).await?)
     }
 }
 

@@ -19,6 +19,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[],
             missing: None,
+            caps: crate::CAPS,
         },
         ModeSpec {
             name: "webhook",
@@ -29,6 +30,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[(Setting::MaxConnections, Need::Optional)],
             missing: None,
+            caps: crate::CAPS,
         },
     ],
     secret_field: Some("secret_token"),

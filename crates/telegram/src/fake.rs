@@ -52,6 +52,46 @@ pub struct Sent {
     pub text: String,
     /// When the fake received it.
     pub at: std::time::Instant,
+    /// The id the fake gave the message (per token, from 1000 up).
+    pub message_id: i64,
+    /// Its `reply_markup`, if it had one.
+    pub reply_markup: Option<Value>,
+}
+
+/// A message the bot sent, as it stands now (after edits and deletes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BotMessage {
+    /// The text now.
+    pub text: String,
+    /// The `reply_markup` now (`None` without buttons).
+    pub reply_markup: Option<Value>,
+    /// Edits made to it.
+    pub edits: u32,
+    /// Whether it was deleted.
+    pub deleted: bool,
+}
+
+/// A call of a method other than `getUpdates`/`sendMessage` (`sendChatAction`,
+/// `answerCallbackQuery`, `editMessageText`, …), as received.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    /// The token.
+    pub token: String,
+    /// The method.
+    pub method: String,
+    /// Its JSON arguments.
+    pub args: Value,
+    /// When it arrived.
+    pub at: std::time::Instant,
+}
+
+/// A button press the fake delivered as a `callback_query`, and how it was answered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Press {
+    /// When the user pressed.
+    pub at: std::time::Instant,
+    /// `answerCallbackQuery`'s arguments and when it came, once answered.
+    pub answer: Option<(Value, std::time::Instant)>,
 }
 
 #[derive(Default)]
@@ -91,12 +131,20 @@ struct TokenState {
     /// Wakes this token's pending poll (one per token: thousands of idle polls are not woken
     /// by every other token's news).
     wake: Arc<Notify>,
+    /// The next id of a message the bot sends (0: not started, 1000 is the first).
+    next_message: i64,
 }
 
 #[derive(Default)]
 struct Inner {
     tokens: HashMap<String, TokenState>,
     sent: Vec<Sent>,
+    /// (token, chat id, message id) → the bot's message as it stands.
+    messages: HashMap<(String, String, i64), BotMessage>,
+    calls: Vec<Call>,
+    /// Callback query id → the press.
+    presses: HashMap<String, Press>,
+    next_press: u64,
 }
 
 /// What the fake's webhook deliveries did.
@@ -252,6 +300,92 @@ impl FakeState {
             }),
         );
         id
+    }
+
+    /// The user of chat `chat_id` presses the button with `callback_data` `data` under the
+    /// bot's message `message_id`: a `callback_query` update. Answers (update id, query id),
+    /// or `None` when that message has no such button (a user cannot press one that is not
+    /// there).
+    pub fn user_presses(
+        &self,
+        token: &str,
+        chat_id: i64,
+        message_id: i64,
+        data: &str,
+    ) -> Option<(i64, String)> {
+        let (id, query) = {
+            let mut g = self.lock();
+            let key = (token.to_owned(), chat_id.to_string(), message_id);
+            let m = g.messages.get(&key).filter(|m| !m.deleted)?;
+            let has = m.reply_markup.as_ref().is_some_and(|k| {
+                k["inline_keyboard"].as_array().is_some_and(|rows| {
+                    rows.iter().any(|r| {
+                        r.as_array()
+                            .is_some_and(|r| r.iter().any(|b| b["callback_data"] == data))
+                    })
+                })
+            });
+            if !has {
+                return None;
+            }
+            g.next_press += 1;
+            let query = format!(
+                "{}{}",
+                4_000_000 + chat_id.unsigned_abs() % 1000,
+                g.next_press
+            );
+            g.presses.insert(
+                query.clone(),
+                Press {
+                    at: std::time::Instant::now(),
+                    answer: None,
+                },
+            );
+            let id = g.tokens.get(token).map_or(1, |t| t.next_update);
+            (id, query)
+        };
+        self.push_raw(
+            token,
+            json!({
+                "update_id": id,
+                "callback_query": {
+                    "id": query,
+                    "from": {"id": chat_id, "is_bot": false, "first_name": "user"},
+                    "chat_instance": "ci",
+                    "data": data,
+                    "message": {
+                        "message_id": message_id,
+                        "date": 1_700_000_000,
+                        "chat": {"id": chat_id, "type": "private"},
+                        "from": {"id": 1, "is_bot": true, "first_name": "fake"},
+                    }
+                }
+            }),
+        );
+        Some((id, query))
+    }
+
+    /// The bot's message `message_id` in `chat_id`, as it stands now.
+    pub fn bot_message(&self, token: &str, chat_id: &str, message_id: i64) -> Option<BotMessage> {
+        self.lock()
+            .messages
+            .get(&(token.to_owned(), chat_id.to_owned(), message_id))
+            .cloned()
+    }
+
+    /// Every call of `method` with `token` so far, in arrival order.
+    pub fn calls(&self, token: &str, method: &str) -> Vec<Call> {
+        self.lock()
+            .calls
+            .iter()
+            .filter(|c| c.token == token && c.method == method)
+            .cloned()
+            .collect()
+    }
+
+    /// The press of callback query `query`, and its answer once made.
+    pub fn press(&self, query: &str) -> Option<Press> {
+        self.lock().presses.get(query).cloned()
     }
 
     /// Queues a raw update (any JSON) for `token`, e.g. a malformed one. An integer
@@ -612,6 +746,12 @@ async fn handle(
                     None,
                 );
             };
+            let markup = args.get("reply_markup").cloned();
+            if let Some(m) = &markup {
+                if let Err(why) = check_markup(m) {
+                    return tg_error(StatusCode::BAD_REQUEST, &why, None);
+                }
+            }
             let now = state.sends_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             state.most_sends_in_flight.fetch_max(now, Ordering::SeqCst);
             let delay = state.send_delay_ms.load(Ordering::Relaxed);
@@ -619,16 +759,40 @@ async fn handle(
                 tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
             }
             state.sends_in_flight.fetch_sub(1, Ordering::SeqCst);
-            state.lock().sent.push(Sent {
+            let mut g = state.lock();
+            let message_id = match g.tokens.get_mut(&token) {
+                Some(t) => {
+                    t.next_message = t.next_message.max(1000) + 1;
+                    t.next_message - 1
+                }
+                None => 1000,
+            };
+            g.messages.insert(
+                (token.clone(), chat_id.clone(), message_id),
+                BotMessage {
+                    text: text.to_owned(),
+                    reply_markup: markup.clone(),
+                    edits: 0,
+                    deleted: false,
+                },
+            );
+            g.sent.push(Sent {
                 token,
                 chat_id: chat_id.clone(),
                 text: text.to_owned(),
                 at: std::time::Instant::now(),
+                message_id,
+                reply_markup: markup,
             });
             ok(
-                json!({"message_id": 1, "date": 1_700_000_000, "chat": {"id": chat_id}, "text": text}),
+                json!({"message_id": message_id, "date": 1_700_000_000, "chat": {"id": chat_id}, "text": text}),
             )
         }
+        "editMessageText"
+        | "editMessageReplyMarkup"
+        | "deleteMessage"
+        | "sendChatAction"
+        | "answerCallbackQuery" => act(&state, &token, &method, args),
         "setWebhook" => {
             let Some(url) = args["url"].as_str().filter(|u| !u.is_empty()) else {
                 return tg_error(
@@ -663,6 +827,109 @@ async fn handle(
         }
         _ => tg_error(StatusCode::NOT_FOUND, "Not Found: method not found", None),
     }
+}
+
+/// Checks an `inline_keyboard` as Telegram does: at most 100 buttons, each with a text and
+/// either a `url` or `callback_data` of 1–64 bytes.
+fn check_markup(m: &Value) -> Result<(), String> {
+    let Some(rows) = m["inline_keyboard"].as_array() else {
+        return Err("Bad Request: can't parse reply keyboard markup JSON object".into());
+    };
+    let mut n = 0;
+    for row in rows {
+        for b in row.as_array().map(Vec::as_slice).unwrap_or_default() {
+            n += 1;
+            if b["text"].as_str().is_none_or(str::is_empty) {
+                return Err(
+                    "Bad Request: text buttons are unallowed in the inline keyboard".into(),
+                );
+            }
+            let data_ok = b["callback_data"]
+                .as_str()
+                .is_some_and(|d| (1..=64).contains(&d.len()));
+            if !data_ok && b["url"].as_str().is_none() {
+                return Err("Bad Request: BUTTON_DATA_INVALID".into());
+            }
+        }
+    }
+    if n > 100 {
+        return Err("Bad Request: reply markup is too long".into());
+    }
+    Ok(())
+}
+
+/// Edits, deletes, typing and callback answers, as Telegram checks and does them.
+fn act(state: &FakeState, token: &str, method: &str, args: Value) -> Response {
+    let bad = |d: &str| tg_error(StatusCode::BAD_REQUEST, &format!("Bad Request: {d}"), None);
+    let mut g = state.lock();
+    g.calls.push(Call {
+        token: token.to_owned(),
+        method: method.to_owned(),
+        args: args.clone(),
+        at: std::time::Instant::now(),
+    });
+    let chat_id = match &args["chat_id"] {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => String::new(),
+    };
+    if method == "answerCallbackQuery" {
+        let q = args["callback_query_id"].as_str().unwrap_or_default();
+        let Some(p) = g.presses.get_mut(q) else {
+            return bad("query is too old and response timeout expired or query ID is invalid");
+        };
+        if p.answer.is_some() || p.at.elapsed() > Duration::from_secs(15) {
+            return bad("query is too old and response timeout expired or query ID is invalid");
+        }
+        p.answer = Some((args.clone(), std::time::Instant::now()));
+        return ok(json!(true));
+    }
+    if chat_id.is_empty() {
+        return bad("chat_id is empty");
+    }
+    if method == "sendChatAction" {
+        return ok(json!(true));
+    }
+    let Some(id) = args["message_id"].as_i64() else {
+        return bad("message identifier is not specified");
+    };
+    let Some(m) = g
+        .messages
+        .get_mut(&(token.to_owned(), chat_id, id))
+        .filter(|m| !m.deleted)
+    else {
+        return bad(if method == "deleteMessage" {
+            "message to delete not found"
+        } else {
+            "message to edit not found"
+        });
+    };
+    if method == "deleteMessage" {
+        m.deleted = true;
+        return ok(json!(true));
+    }
+    let markup = args.get("reply_markup").cloned();
+    if let Some(k) = &markup {
+        if let Err(why) = check_markup(k) {
+            return tg_error(StatusCode::BAD_REQUEST, &why, None);
+        }
+    }
+    let text = if method == "editMessageText" {
+        match args["text"].as_str().filter(|t| !t.is_empty()) {
+            Some(t) => t.to_owned(),
+            None => return bad("message text is empty"),
+        }
+    } else {
+        m.text.clone()
+    };
+    // Telegram drops the keyboard on an edit that gives none.
+    if text == m.text && markup == m.reply_markup {
+        return bad("message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message");
+    }
+    m.text = text.clone();
+    m.reply_markup = markup;
+    m.edits += 1;
+    ok(json!({"message_id": id, "chat": {"id": args["chat_id"]}, "text": text}))
 }
 
 async fn get_updates(state: FakeState, token: String, args: Value) -> Response {

@@ -1,6 +1,6 @@
 //! Telegram updates (wire JSON) → [`Inbound`] messages.
 
-use botfleet_core::{BotId, ChatKey, Command, EventKind, Inbound, Platform};
+use botfleet_core::{ActionEvent, BotId, ChatKey, Command, EventKind, Inbound, Platform};
 use serde::Deserialize;
 use tracing::warn;
 
@@ -65,7 +65,10 @@ pub fn parse_update(bot: &BotId, raw: &RawUpdate) -> Update {
     .iter()
     .find_map(|(k, edited)| obj.get(*k).map(|m| (m, *edited)));
     let Some((msg, edited)) = msg else {
-        return Update::Ignored;
+        return match obj.get("callback_query") {
+            Some(q) => parse_callback(bot, id, q),
+            None => Update::Ignored,
+        };
     };
     match WireMessage::deserialize(msg) {
         Ok(m) => {
@@ -93,6 +96,56 @@ pub fn parse_update(bot: &BotId, raw: &RawUpdate) -> Update {
             Update::Malformed(detail)
         }
     }
+}
+
+#[derive(Deserialize)]
+struct WireCallback {
+    id: String,
+    from: WireUser,
+    // Absent for a button of an inline-mode message, which has no chat to answer in.
+    #[serde(default)]
+    message: Option<WireCallbackMessage>,
+    #[serde(default)]
+    data: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireCallbackMessage {
+    message_id: i64,
+    chat: WireChat,
+}
+
+/// A `callback_query` (a press of an inline keyboard's button) as an `action` event: the
+/// button's `callback_data` as its id and value, the query's id kept to answer it.
+fn parse_callback(bot: &BotId, id: i64, q: &serde_json::Value) -> Update {
+    let q = match WireCallback::deserialize(q) {
+        Ok(q) => q,
+        Err(e) => {
+            warn!(%bot, update_id = id, error = %e, "skipping a malformed callback query");
+            return Update::Malformed(format!("update {id}: callback_query: {e}"));
+        }
+    };
+    let (Some(msg), Some(data)) = (q.message, q.data) else {
+        // An inline-mode message's button or a game: nothing a chat's turn can answer.
+        return Update::Ignored;
+    };
+    let mut ev = Inbound::message(
+        Platform::Telegram,
+        ChatKey::new(bot.clone(), msg.chat.id.to_string()),
+        id.to_string(),
+        Some(q.from.id.to_string()),
+        String::new(),
+        None,
+    );
+    ev.kind = EventKind::Action;
+    ev.action = Some(Box::new(ActionEvent {
+        id: data.clone(),
+        value: data,
+        message_ref: None,
+        message_id: Some(msg.message_id.to_string()),
+    }));
+    ev.answer_handle = Some(q.id.into());
+    Update::Message(ev)
 }
 
 /// Splits a `getUpdates` result into raw updates. Entries without an integer `update_id` are
@@ -137,6 +190,40 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_button_press_is_an_action_with_its_query_kept_for_the_answer() {
+        let raw = split_updates(json!([
+            {"update_id": 20, "callback_query": {"id": "q-1", "from": {"id": 7, "is_bot": false},
+                "chat_instance": "ci", "data": "buy:3",
+                "message": {"message_id": 55, "date": 1, "chat": {"id": -9, "type": "group"}}}},
+            {"update_id": 21, "callback_query": {"id": "q-2", "from": {"id": 7},
+                "inline_message_id": "im", "data": "x", "chat_instance": "ci"}},
+            {"update_id": 22, "callback_query": {"from": {"id": 7}, "data": "x"}},
+        ]))
+        .unwrap();
+        match parse_update(&bot(), &raw[0]) {
+            Update::Message(m) => {
+                assert_eq!(m.kind, EventKind::Action);
+                assert_eq!(m.chat.chat, "-9");
+                assert_eq!(m.sender.as_deref(), Some("7"));
+                let a = m.action.as_deref().unwrap();
+                assert_eq!(
+                    (a.value.as_str(), a.message_id.as_deref()),
+                    ("buy:3", Some("55"))
+                );
+                assert_eq!(m.answer_handle.as_deref(), Some("q-1"));
+                let shown = serde_json::to_value(&m).unwrap();
+                assert_eq!(shown["action"]["value"], "buy:3");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(parse_update(&bot(), &raw[1]), Update::Ignored);
+        assert!(matches!(
+            parse_update(&bot(), &raw[2]),
+            Update::Malformed(_)
+        ));
     }
 
     #[test]
@@ -191,7 +278,8 @@ mod tests {
         let kinds: Vec<_> = raw.iter().map(|r| parse_update(&bot(), r)).collect();
         assert!(matches!(kinds[0], Update::Malformed(_)));
         assert!(matches!(kinds[1], Update::Malformed(_)));
-        assert_eq!(kinds[2], Update::Ignored);
+        // A button press is read now: one without its user cannot be answered.
+        assert!(matches!(kinds[2], Update::Malformed(_)));
         assert!(matches!(kinds[3], Update::Malformed(_)));
         assert!(matches!(&kinds[4], Update::Message(m) if m.text.is_empty()));
         assert!(split_updates(json!({"not": "an array"})).is_err());

@@ -53,6 +53,40 @@ pub trait PlatformFixture: Send + Sync {
     fn user_writes_then_edits(&self, _i: usize, _chat: u32, _text: &str, _edited: &str) -> bool {
         false
     }
+    /// Every message bot `i` sent, as the platform shows it now (after edits and deletes),
+    /// in the order sent; empty where the fake does not keep them.
+    fn shown(&self, _i: usize) -> Vec<Shown> {
+        Vec::new()
+    }
+    /// A user of bot `i` presses the button whose wire value is `value` under the bot's
+    /// message `message_id` in chat `chat`; false where the platform has no such button.
+    fn user_presses(&self, _i: usize, _chat: u32, _message_id: &str, _value: &str) -> bool {
+        false
+    }
+    /// How many times bot `i` showed typing.
+    fn typing_shown(&self, _i: usize) -> usize {
+        0
+    }
+    /// The answers to bot `i`'s button presses: (the text shown, how long after the press
+    /// it came).
+    fn press_answers(&self, _i: usize) -> Vec<(String, Duration)> {
+        Vec::new()
+    }
+}
+
+/// A message as the platform shows it (see [`PlatformFixture::shown`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shown {
+    /// Its chat.
+    pub chat: u32,
+    /// The platform's id of it.
+    pub id: String,
+    /// Its text now.
+    pub text: String,
+    /// Its buttons' wire values (for value buttons), in order.
+    pub buttons: Vec<String>,
+    /// Whether it was deleted.
+    pub deleted: bool,
 }
 
 /// A platform that tells a resend by its key, so a reply it took is never shown twice
@@ -540,6 +574,161 @@ pub async fn commands_and_edits_reach_the_handler_as_such<F: PlatformFixture>(f:
     w.shutdown().await;
 }
 
+/// Buttons out and presses in, through the one handler contract: a send with buttons (one
+/// value too long for the platform) under a `ref`, typing; the press comes to the handler with
+/// its own value and the message's ref, is answered within the platform's deadline, and edits
+/// the message; a later turn edits it again by ref, while an unknown ref and an unknown action
+/// type are refused with reasons shown on the bot and the rest of the reply still runs; a
+/// delete by ref. Runs where the platform's mode has buttons.
+pub async fn buttons_presses_and_refs_across_turns<F: PlatformFixture>(f: &F) {
+    use serde_json::{json, Value};
+    let mut bot = f.bot(0);
+    let caps = f
+        .connector()
+        .descriptor()
+        .mode_of(&bot)
+        .map(|m| m.caps)
+        .unwrap_or(botfleet_core::Caps::TEXT_ONLY);
+    if !caps.buttons || !caps.edit {
+        return;
+    }
+    let long = "L".repeat(usize::from(caps.max_button_value) + 100);
+    let long2 = long.clone();
+    let handler = crate::ScriptedHandler::start(move |ev: &Value| {
+        let presses = ev["state"]["presses"].as_u64().unwrap_or(0);
+        match (ev["kind"].as_str(), ev["text"].as_str()) {
+            (Some("message"), Some("menu")) => json!({
+                "state": {"presses": presses},
+                "actions": [
+                    {"type": "typing"},
+                    {"type": "send", "text": "Pick one", "ref": "menu",
+                     "buttons": [[{"text": "Short", "value": "s"}, {"text": "Long", "value": long2}]]},
+                ],
+            }),
+            (Some("action"), _) => json!({
+                "state": {"presses": presses + 1},
+                "actions": [
+                    {"type": "answer", "text": "noted"},
+                    {"type": "edit", "ref": ev["action"]["message_ref"],
+                     "text": format!("picked {} bytes", ev["action"]["value"].as_str().map_or(0, str::len))},
+                ],
+            }),
+            (Some("message"), Some("later")) => json!({
+                "actions": [
+                    {"type": "edit", "ref": "menu", "text": format!("edited later, after {presses} press")},
+                    {"type": "edit", "ref": "no-such-ref", "text": "x"},
+                    {"type": "teleport"},
+                    {"type": "send", "text": "after the refusals"},
+                ],
+            }),
+            (Some("message"), Some("bye")) => json!({
+                "actions": [{"type": "delete", "ref": "menu"}, {"type": "send", "text": "gone"}],
+            }),
+            _ => json!({}),
+        }
+    })
+    .await;
+    bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start("a");
+    connected(f).await;
+    f.user_writes(0, 1, "menu");
+    let menu = wait_for("the menu shown", Duration::from_secs(20), || async {
+        f.shown(0).into_iter().find(|m| m.text == "Pick one")
+    })
+    .await;
+    assert_eq!(menu.buttons.len(), 2, "{menu:?}");
+    assert_eq!(menu.buttons[0], "s");
+    let wire = menu.buttons[1].clone();
+    assert!(
+        wire.len() <= usize::from(caps.max_button_value) && wire != long,
+        "a long value is stood in for on the wire: {wire:?}"
+    );
+    if caps.typing {
+        assert!(f.typing_shown(0) >= 1, "typing was shown");
+    }
+    assert!(f.user_presses(0, 1, &menu.id, &wire), "the button is there");
+    let edited = format!("picked {} bytes", long.len());
+    wait_for(
+        "the press edits the menu",
+        Duration::from_secs(20),
+        || async {
+            f.shown(0)
+                .into_iter()
+                .find(|m| m.id == menu.id && m.text == edited)
+        },
+    )
+    .await;
+    if caps.answer {
+        let answers = f.press_answers(0);
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0].0, "noted");
+        assert!(answers[0].1 < Duration::from_secs(10), "{answers:?}");
+    }
+    let seen = handler.seen();
+    let press = seen
+        .iter()
+        .find(|e| e["kind"] == "action")
+        .unwrap_or_else(|| panic!("no action event in {seen:?}"));
+    assert_eq!(
+        press["action"]["value"],
+        long.as_str(),
+        "the handler's own value"
+    );
+    assert_eq!(press["action"]["message_ref"], "menu");
+    assert!(press["caps"]["buttons"].as_bool().unwrap_or(false));
+    assert!(press.get("answer_handle").is_none());
+    // A later turn edits by ref; the refusals are reasons, and the reply goes on.
+    f.user_writes(0, 1, "later");
+    wait_for("the later reply", Duration::from_secs(20), || async {
+        f.sent(0)
+            .iter()
+            .any(|(_, t)| t == "after the refusals")
+            .then_some(())
+    })
+    .await;
+    let now = f.shown(0).into_iter().find(|m| m.id == menu.id).unwrap();
+    assert_eq!(now.text, "edited later, after 1 press");
+    assert!(
+        now.buttons.is_empty(),
+        "an edit without buttons leaves none"
+    );
+    let why = wait_for(
+        "the refusals shown on the bot",
+        Duration::from_secs(10),
+        || async {
+            h.store()
+                .get_bot(&bot.id)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.last_error)
+                .filter(|e| e.contains("no-such-ref"))
+        },
+    )
+    .await;
+    assert!(
+        why.contains("unknown ref") && why.contains("teleport"),
+        "{why}"
+    );
+    f.user_writes(0, 1, "bye");
+    wait_for("the menu deleted", Duration::from_secs(20), || async {
+        f.shown(0)
+            .into_iter()
+            .find(|m| m.id == menu.id && m.deleted)
+    })
+    .await;
+    assert_eq!(
+        f.sent(0).iter().filter(|(_, t)| t == "Pick one").count(),
+        1,
+        "each send once"
+    );
+    w.shutdown().await;
+}
+
 /// Where the platform tells a resend by its key: a reply the platform took just before its
 /// sender was killed (the answer never came back, so no record says it was sent) is sent again
 /// by the next owner under the same key, and the user sees it once.
@@ -621,6 +810,7 @@ macro_rules! connector_conformance {
             state_follows_the_chat_through_a_hand_over_and_a_crash,
             secrets_never_show,
             commands_and_edits_reach_the_handler_as_such,
+            buttons_presses_and_refs_across_turns,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

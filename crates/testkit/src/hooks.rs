@@ -220,20 +220,58 @@ async fn handle(State(s): State<HandlerState>, Json(msg): Json<Value>) -> Respon
 /// A webhook handler that records every request it gets and answers what the event was:
 /// `command:<name> <args>` for a command, `edited:<text>` for an edit, `message:<text>`
 /// otherwise.
-pub struct RecordingHandler {
+pub struct RecordingHandler(ScriptedHandler);
+
+impl RecordingHandler {
+    /// Serves on `127.0.0.1:0`.
+    pub async fn start() -> Self {
+        Self(ScriptedHandler::start(echo_kind).await)
+    }
+
+    /// Where to POST.
+    pub fn url(&self) -> String {
+        self.0.url()
+    }
+
+    /// The requests so far, in the order they came.
+    pub fn seen(&self) -> Vec<Value> {
+        self.0.seen()
+    }
+}
+
+/// `{kind}:{text}` (a command's name and args as its text).
+fn echo_kind(ev: &Value) -> Value {
+    let kind = ev["kind"].as_str().unwrap_or("none");
+    let text = match kind {
+        "command" => format!(
+            "{} {}",
+            ev["command"]["name"].as_str().unwrap_or(""),
+            ev["command"]["args"].as_str().unwrap_or("")
+        ),
+        _ => ev["text"].as_str().unwrap_or("").to_owned(),
+    };
+    json!({ "text": format!("{kind}:{}", text.trim_end()) })
+}
+
+/// How a [`ScriptedHandler`] answers an event (the request's JSON → the answer's JSON).
+pub(crate) type Script = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
+
+/// A `webhook` handler that answers each event as its script says, recording the requests.
+pub struct ScriptedHandler {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Value>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl RecordingHandler {
-    /// Serves on `127.0.0.1:0`.
-    pub async fn start() -> Self {
+impl ScriptedHandler {
+    /// Serves on `127.0.0.1:0`, answering with `script`.
+    pub async fn start(script: impl Fn(&Value) -> Value + Send + Sync + 'static) -> Self {
         let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let script: Script = Arc::new(script);
         let (addr, task) = serve_loopback(
             Router::new()
-                .route("/", post(record))
-                .with_state(seen.clone()),
+                .route("/", post(scripted))
+                .with_state((seen.clone(), script)),
         )
         .await;
         Self { addr, seen, task }
@@ -250,24 +288,19 @@ impl RecordingHandler {
     }
 }
 
-impl Drop for RecordingHandler {
+impl Drop for ScriptedHandler {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-async fn record(State(seen): State<Arc<Mutex<Vec<Value>>>>, Json(ev): Json<Value>) -> Response {
-    let kind = ev["kind"].as_str().unwrap_or("none").to_owned();
-    let text = match kind.as_str() {
-        "command" => format!(
-            "{} {}",
-            ev["command"]["name"].as_str().unwrap_or(""),
-            ev["command"]["args"].as_str().unwrap_or("")
-        ),
-        _ => ev["text"].as_str().unwrap_or("").to_owned(),
-    };
+async fn scripted(
+    State((seen, script)): State<(Arc<Mutex<Vec<Value>>>, Script)>,
+    Json(ev): Json<Value>,
+) -> Response {
+    let answer = script(&ev);
     seen.lock().unwrap().push(ev);
-    Json(json!({ "text": format!("{kind}:{}", text.trim_end()) })).into_response()
+    Json(answer).into_response()
 }
 
 /// Serves `app` on a free loopback port until the task is aborted.

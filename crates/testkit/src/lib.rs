@@ -27,9 +27,9 @@ pub use botfleet_telegram::fake::{
 pub use botfleet_whatsapp::fake::{
     FakeGraph, FakeGraphState, SendFault as WhatsappSendFault, Sent as WhatsappSent,
 };
-pub use connector_suite::PlatformFixture;
+pub use connector_suite::{PlatformFixture, Shown};
 pub use coord_suite::CoordFixture;
-pub use hooks::{RecordingHandler, RoundRobinProxy, StateHandler};
+pub use hooks::{RecordingHandler, RoundRobinProxy, ScriptedHandler, StateHandler};
 pub use partition::Partition;
 pub use pg::PgSchema;
 pub use process::{fleet_worker, log_tails, rss_kib, Proc};

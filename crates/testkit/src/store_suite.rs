@@ -468,6 +468,8 @@ async fn end(
             outcome,
             sent: false,
             state: None,
+            refs: Vec::new(),
+            notes: None,
         },
     )
     .await
@@ -487,6 +489,8 @@ fn replied(
         outcome: InboxOutcome::Done,
         sent: true,
         state: state.map(|(r, s)| (r, s.to_owned())),
+        refs: Vec::new(),
+        notes: None,
     }
 }
 
@@ -1067,6 +1071,123 @@ pub async fn turns_read_and_write_state_outbox_and_entry(s: Arc<dyn Store>) {
     assert!(!s.turn_view(&bot, "m1", "c1").await.unwrap().sent);
 }
 
+/// A turn of several actions records its progress under its fence, and the names it gives
+/// in its chat (refs) with its end; a done entry keeps the notes of what was refused.
+pub async fn action_progress_and_refs_are_fenced(s: Arc<dyn Store>) {
+    use botfleet_store::{TurnFence, TurnStep};
+    let bot = bid("b1");
+    s.add_bot(&spec("b1", Platform::Telegram)).await.unwrap();
+    s.accept_fence(&bot, Fence(5)).await.unwrap();
+    put(&s, &bot, &[item("u1", "c1")], 5).await;
+    assert_eq!(s.turn_progress(&bot, "u1").await.unwrap(), None);
+    let step = |fence: TurnFence, p: &str| TurnStep {
+        key: "u1".into(),
+        chat: "c1".into(),
+        fence,
+        progress: p.into(),
+    };
+    s.turn_step(&bot, &step(TurnFence::Claim(Fence(5)), r#"{"done":1}"#))
+        .await
+        .unwrap();
+    s.turn_step(&bot, &step(TurnFence::Claim(Fence(5)), r#"{"done":2}"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.turn_progress(&bot, "u1").await.unwrap().as_deref(),
+        Some(r#"{"done":2}"#)
+    );
+    // A claim below the bot's accepted fence writes nothing.
+    assert!(matches!(
+        s.turn_step(&bot, &step(TurnFence::Claim(Fence(4)), r#"{"done":9}"#))
+            .await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    // A chat's turn superseded by a higher fence of the chat writes nothing either.
+    s.turn_accept(&bot, "c2", Fence(30)).await.unwrap();
+    let mut late = step(TurnFence::Chat(Fence(29)), "x");
+    late.chat = "c2".into();
+    assert!(matches!(
+        s.turn_step(&bot, &late).await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    late.fence = TurnFence::Chat(Fence(30));
+    s.turn_step(&bot, &late).await.unwrap();
+    assert_eq!(
+        s.turn_progress(&bot, "u1").await.unwrap().as_deref(),
+        Some("x")
+    );
+    // The end records the refs and keeps the notes.
+    let mut rec = botfleet_store::TurnRecord::new(
+        "u1",
+        "c1",
+        TurnFence::Claim(Fence(5)),
+        InboxOutcome::Done,
+        true,
+        None,
+    );
+    rec.refs = vec![
+        ("r:menu".into(), "1001".into()),
+        ("r:menu".into(), "1002".into()),
+        ("v:k1".into(), "a long value".into()),
+    ];
+    rec.notes = Some("action 2: typing refused".into());
+    let names = |n: &[&str]| n.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+    // Fenced: a stale claim's end writes no refs.
+    let mut stale = rec.clone();
+    stale.fence = TurnFence::Claim(Fence(4));
+    assert!(s.turn_record(&bot, &stale).await.is_err());
+    assert_eq!(
+        s.refs_get(&bot, "c1", &names(&["r:menu"])).await.unwrap(),
+        [None]
+    );
+    s.turn_record(&bot, &rec).await.unwrap();
+    assert_eq!(
+        s.refs_get(&bot, "c1", &names(&["r:menu", "v:k1", "r:none"]))
+            .await
+            .unwrap(),
+        [
+            Some("1002".to_owned()),
+            Some("a long value".to_owned()),
+            None
+        ],
+        "the last value given for a name wins"
+    );
+    assert_eq!(
+        s.refs_get(&bot, "c2", &names(&["r:menu"])).await.unwrap(),
+        [None],
+        "refs are per chat"
+    );
+    let v = s.turn_view(&bot, "u1", "c1").await.unwrap();
+    let e = v.entry.unwrap();
+    assert_eq!(e.state, InboxState::Done);
+    assert_eq!(e.error.as_deref(), Some("action 2: typing refused"));
+    // A later turn replaces a name.
+    put(&s, &bot, &[item("u2", "c1")], 5).await;
+    let mut rec2 = botfleet_store::TurnRecord::new(
+        "u2",
+        "c1",
+        TurnFence::Claim(Fence(5)),
+        InboxOutcome::Done,
+        true,
+        None,
+    );
+    rec2.refs = vec![("r:menu".into(), "1003".into())];
+    s.turn_record(&bot, &rec2).await.unwrap();
+    assert_eq!(
+        s.refs_get(&bot, "c1", &names(&["r:menu"])).await.unwrap(),
+        [Some("1003".to_owned())]
+    );
+    // Progress goes with pruning, as the outbox does; refs live 48 h.
+    s.inbox_prune(botfleet_core::unix_ms() + 1, 0)
+        .await
+        .unwrap();
+    assert_eq!(s.turn_progress(&bot, "u1").await.unwrap(), None);
+    assert_eq!(
+        s.refs_get(&bot, "c1", &names(&["r:menu"])).await.unwrap(),
+        [Some("1003".to_owned())]
+    );
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -1097,6 +1218,7 @@ macro_rules! store_conformance {
             webhook_settings_round_trip_and_stay_secret,
             conditional_updates_never_overwrite_a_change,
             turns_read_and_write_state_outbox_and_entry,
+            action_progress_and_refs_are_fenced,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

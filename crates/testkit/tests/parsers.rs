@@ -28,6 +28,11 @@ fn sane(m: &Inbound) {
         }
         EventKind::Edited => assert!(m.edited_message_id.is_some(), "{m:?}"),
         EventKind::Message => assert!(m.command.is_none()),
+        EventKind::Action => {
+            let a = m.action.as_ref().expect("an action event has its action");
+            assert!(m.answer_handle.is_some(), "{m:?}");
+            assert!(a.message_id.is_some(), "{a:?}");
+        }
     }
 }
 
@@ -43,7 +48,8 @@ fn telegram_updates() {
         json!({"update_id": 13, "channel_post": {"message_id": 9, "chat": {"id": -100, "type": "channel"}, "text": "post"}}),
         json!({"update_id": 14, "message": {"message_id": 6, "chat": {"id": 5},
             "photo": [{"file_id": "a", "file_unique_id": "b", "width": 90, "height": 90}], "caption": "c"}}),
-        json!({"update_id": 15, "callback_query": {"id": "q", "from": {"id": 7}, "data": "x"}}),
+        json!({"update_id": 15, "callback_query": {"id": "q", "from": {"id": 7}, "data": "x",
+            "chat_instance": "c", "message": {"message_id": 8, "date": 1, "chat": {"id": 5}}}}),
     ];
     let (mut read, mut other) = (0, 0);
     for (k, base) in kinds.iter().enumerate() {

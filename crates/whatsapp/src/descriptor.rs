@@ -21,6 +21,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[(Setting::PhoneNumberId, Need::Required)],
             missing: None,
+            caps: botfleet_core::Caps::TEXT_ONLY,
         },
         ModeSpec {
             name: "web",
@@ -35,6 +36,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             } else {
                 Some("cargo feature whatsapp-web of botfleet, web of botfleet-whatsapp")
             },
+            caps: botfleet_core::Caps::TEXT_ONLY,
         },
     ],
     secret_field: Some("app_secret"),

@@ -1,0 +1,313 @@
+//! What a handler asks the fleet to do (a reply's `actions`), what a platform is asked to do
+//! once the fleet resolved them ([`Act`]), and what each platform and mode can do ([`Caps`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::Inbound;
+
+/// A button under a message the bot sends: a press sends the bot an `action` event carrying
+/// `value` (a callback button), or the button opens `url` (a link button). Exactly one of the
+/// two is given.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Button {
+    /// The label.
+    pub text: String,
+    /// What a press hands back to the handler (any length: values longer than the platform
+    /// allows are kept by the fleet and replaced with a short key on the wire).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// A link the button opens instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// Which message an `edit` or `delete` is about: a `ref` an earlier `send` named, or the
+/// platform's message id.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Target {
+    /// The name a `send` of this chat gave its message (kept 48 h).
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub ref_name: Option<String>,
+    /// The platform's id of the message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+}
+
+/// One action of a handler's reply, done in order. Unknown fields are ignored; an unknown
+/// `type` is refused with a reason (the reply's other actions still run).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Action {
+    /// Sends a message to the event's chat.
+    Send {
+        /// The text.
+        #[serde(default)]
+        text: String,
+        /// Rows of buttons under it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        buttons: Vec<Vec<Button>>,
+        /// Reply in the thread of the event's message, where the platform has threads.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        thread: bool,
+        /// A name for the sent message, so a later `edit` or `delete` (of this turn or a
+        /// later one, on any worker) can find it.
+        #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+        ref_name: Option<String>,
+        /// Files to send with it (not sent by this version of the fleet: refused with a
+        /// reason, and `caps.files` says so).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        attachments: Vec<serde_json::Value>,
+    },
+    /// Replaces the text and buttons of a message the bot sent: the text stays when none is
+    /// given; the buttons are the ones given (none when absent, as every platform's edit
+    /// leaves them).
+    Edit {
+        /// Which message.
+        #[serde(flatten)]
+        target: Target,
+        /// The new text (unchanged when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        /// The buttons it has after the edit.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        buttons: Vec<Vec<Button>>,
+    },
+    /// Deletes a message the bot sent.
+    Delete {
+        /// Which message.
+        #[serde(flatten)]
+        target: Target,
+    },
+    /// Shows that the bot is typing, in the event's chat.
+    Typing {},
+    /// Answers the event itself: a button press (Telegram's `answerCallbackQuery`: a toast,
+    /// or an `alert`), or a command (an ephemeral reply where the platform has one).
+    Answer {
+        /// What to show.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        /// As a dialog the user must close, rather than a toast (Telegram).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        alert: bool,
+        /// Only the user who acted sees it (Slack, Discord).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ephemeral: bool,
+    },
+}
+
+impl Action {
+    /// Its `type` on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::Send { .. } => "send",
+            Action::Edit { .. } => "edit",
+            Action::Delete { .. } => "delete",
+            Action::Typing {} => "typing",
+            Action::Answer { .. } => "answer",
+        }
+    }
+
+    /// A plain `send` of `text`.
+    pub fn send(text: impl Into<String>) -> Self {
+        Action::Send {
+            text: text.into(),
+            buttons: Vec::new(),
+            thread: false,
+            ref_name: None,
+            attachments: Vec::new(),
+        }
+    }
+
+    /// Reads one entry of a reply's `actions`: the action, or why it cannot be done (an
+    /// unknown `type`, a field of the wrong shape).
+    ///
+    /// # Errors
+    /// The reason, naming the action's position.
+    pub fn from_json(i: usize, v: &serde_json::Value) -> Result<Self, String> {
+        match v.get("type").and_then(serde_json::Value::as_str) {
+            None => return Err(format!("action {i}: no \"type\"")),
+            Some(t) if !["send", "edit", "delete", "typing", "answer"].contains(&t) => {
+                return Err(format!(
+                    "action {i}: unknown type {:?} (send, edit, delete, typing or answer)",
+                    t.chars().take(32).collect::<String>()
+                ))
+            }
+            Some(_) => {}
+        }
+        Action::deserialize(v).map_err(|e| format!("action {i}: {e}"))
+    }
+}
+
+/// An action as a platform gets it: refs resolved to message ids, button values already
+/// shortened to what the platform takes.
+#[derive(Clone, Copy, Debug)]
+pub enum Act<'a> {
+    /// Send `text` with `buttons`; in the thread of `thread_of` when given.
+    Send {
+        /// The text (never empty).
+        text: &'a str,
+        /// Rows of buttons.
+        buttons: &'a [Vec<Button>],
+        /// The event whose thread to reply in.
+        thread_of: Option<&'a Inbound>,
+    },
+    /// Edit the bot's message `message_id`.
+    Edit {
+        /// The platform's id of the message.
+        message_id: &'a str,
+        /// The new text, if it changes.
+        text: Option<&'a str>,
+        /// The buttons it has after the edit (none when empty).
+        buttons: &'a [Vec<Button>],
+    },
+    /// Delete the bot's message `message_id`.
+    Delete {
+        /// The platform's id of the message.
+        message_id: &'a str,
+    },
+    /// Show typing in the chat.
+    Typing,
+    /// Answer `event` (a button press, a command).
+    Answer {
+        /// The event answered.
+        event: &'a Inbound,
+        /// What to show.
+        text: Option<&'a str>,
+        /// As an alert.
+        alert: bool,
+        /// Only to the user who acted.
+        ephemeral: bool,
+    },
+}
+
+/// What a platform's mode can do, given to every handler request as `caps` so a handler
+/// never has to guess. An action a mode cannot do is refused with a reason.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Caps {
+    /// Buttons under sent messages (and `action` events when they are pressed).
+    pub buttons: bool,
+    /// The most buttons in one message (0 without buttons).
+    pub max_buttons: u16,
+    /// The longest button value the platform carries, in bytes; longer ones are kept by the
+    /// fleet behind a short key.
+    pub max_button_value: u16,
+    /// `edit` of a message the bot sent.
+    pub edit: bool,
+    /// `delete` of a message the bot sent.
+    pub delete: bool,
+    /// `typing`.
+    pub typing: bool,
+    /// `answer` to a button press or command.
+    pub answer: bool,
+    /// `answer` seen only by the user who acted.
+    pub ephemeral: bool,
+    /// Replies in a message's thread.
+    pub threads: bool,
+    /// Files in and out (attachments).
+    pub files: bool,
+    /// The longest text of one message, in characters (longer ones are cut).
+    pub max_text: u32,
+}
+
+impl Caps {
+    /// A mode that can send text and nothing else.
+    pub const TEXT_ONLY: Caps = Caps {
+        buttons: false,
+        max_buttons: 0,
+        max_button_value: 0,
+        edit: false,
+        delete: false,
+        typing: false,
+        answer: false,
+        ephemeral: false,
+        threads: false,
+        files: false,
+        max_text: 4096,
+    };
+
+    /// The capabilities by name, in a fixed order (for the README's table and for reasons).
+    pub fn flags(&self) -> [(&'static str, bool); 8] {
+        [
+            ("buttons", self.buttons),
+            ("edit", self.edit),
+            ("delete", self.delete),
+            ("typing", self.typing),
+            ("answer", self.answer),
+            ("ephemeral", self.ephemeral),
+            ("threads", self.threads),
+            ("files", self.files),
+        ]
+    }
+}
+
+/// For an `action` event: which control was used.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct ActionEvent {
+    /// The control's id where the platform has one (Slack's `action_id`, Discord's
+    /// `custom_id`, WhatsApp's reply id); the wire value otherwise.
+    pub id: String,
+    /// The button's `value`, as the handler gave it.
+    #[serde(default)]
+    pub value: String,
+    /// The `ref` the handler gave the message carrying the button, when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_ref: Option<String>,
+    /// The platform's id of the message carrying the button.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn actions_read_from_json_with_reasons_for_what_is_not_one() {
+        let a = Action::from_json(
+            0,
+            &json!({"type": "send", "text": "hi", "ref": "menu", "buttons": [[{"text": "A", "value": "a"}]]}),
+        )
+        .unwrap();
+        match &a {
+            Action::Send {
+                text,
+                ref_name,
+                buttons,
+                ..
+            } => {
+                assert_eq!(text, "hi");
+                assert_eq!(ref_name.as_deref(), Some("menu"));
+                assert_eq!(buttons[0][0].value.as_deref(), Some("a"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            serde_json::to_value(&a).unwrap()["ref"],
+            "menu",
+            "the ref keeps its wire name"
+        );
+        let e = Action::from_json(1, &json!({"type": "edit", "ref": "menu", "text": "x"})).unwrap();
+        assert_eq!(
+            e,
+            Action::Edit {
+                target: Target {
+                    ref_name: Some("menu".into()),
+                    message_id: None
+                },
+                text: Some("x".into()),
+                buttons: Vec::new()
+            }
+        );
+        assert_eq!(
+            Action::from_json(2, &json!({"type": "typing"})).unwrap(),
+            Action::Typing {}
+        );
+        let why = Action::from_json(3, &json!({"type": "dance"})).unwrap_err();
+        assert!(why.contains("action 3") && why.contains("dance"), "{why}");
+        assert!(Action::from_json(4, &json!({"text": "x"}))
+            .unwrap_err()
+            .contains("type"));
+        assert!(Action::from_json(5, &json!({"type": "send", "text": 5})).is_err());
+    }
+}

@@ -1,0 +1,564 @@
+//! A reply of several actions (`actions`, or `text` with buttons, edits, typing…): each done
+//! in order under the turn's fence, each refused with a reason when it cannot be done (the
+//! rest go on), and exactly once across replays.
+//!
+//! ```text
+//! progress (an earlier attempt's, if any) → for each action not done: check it against the
+//!   mode's caps, resolve refs → do it (retried like a send) → before the next action that
+//!   changes something, record the progress under the fence → the turn's one record: the
+//!   entry's end, the refs, the notes of what was refused
+//! ```
+//!
+//! The progress holds the reply itself, so a replay goes on with what the first attempt was
+//! answered, not with a new answer. What is left is the window of each action between the
+//! platform doing it and the next progress write, as for a single reply.
+
+use std::{collections::HashMap, time::Instant};
+
+use botfleet_core::{Act, Action, Button, Caps, EventKind, Inbound, Target};
+use botfleet_store::{InboxOutcome, StoreError, TurnStep};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tracing::warn;
+
+use super::{attempt, checked_state, End, Halt, Hold, Slot, TurnCtx};
+use crate::{handler::Reply, metrics::ACTION_REFUSED_TOTAL, retry::backoff};
+
+/// The prefix of a long button value's stand-in on the wire (a value that starts with it is
+/// always stood in for, so a handler's own value is never mistaken for a key).
+const VALUE_KEY_PREFIX: &str = "bf~";
+
+/// Ref names in the store: a handler's ref → the message id; a message id → its ref; a value
+/// key → the value.
+fn ref_name(name: &str) -> String {
+    format!("r:{name}")
+}
+fn message_name(id: &str) -> String {
+    format!("m:{id}")
+}
+fn value_name(key: &str) -> String {
+    format!("v:{key}")
+}
+
+/// What a multi-action turn recorded of itself.
+#[derive(Serialize, Deserialize, Default)]
+struct Progress {
+    /// The actions, as the handler first answered (a `text` as the first `send`).
+    actions: Vec<Action>,
+    /// The state the handler gave with them.
+    #[serde(default)]
+    state: Option<String>,
+    /// How many are done (or refused).
+    done: usize,
+    /// Names given so far (store names → values).
+    #[serde(default)]
+    refs: Vec<(String, String)>,
+    /// What was refused, with reasons.
+    #[serde(default)]
+    notes: Vec<String>,
+    /// Whether a message went out.
+    #[serde(default)]
+    sent: bool,
+}
+
+/// Whether `reply` is a plain text answer (handled by the one-send path).
+pub(super) fn is_plain(reply: &Reply) -> bool {
+    reply.actions.is_empty() && reply.refused.is_empty()
+}
+
+/// For an `action` event: the handler's own value back (for a long one the fleet stood in
+/// for) and the ref of the message that carried the button.
+pub(super) async fn resolve_event(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    msg: &mut Inbound,
+) -> Result<(), Halt> {
+    if msg.kind != EventKind::Action {
+        return Ok(());
+    }
+    let Some(a) = msg.action.as_deref_mut() else {
+        return Ok(());
+    };
+    let mut names = Vec::with_capacity(2);
+    if let Some(id) = &a.message_id {
+        names.push(message_name(id));
+    }
+    let key = a
+        .value
+        .starts_with(VALUE_KEY_PREFIX)
+        .then(|| value_name(&a.value));
+    names.extend(key.clone());
+    if names.is_empty() {
+        return Ok(());
+    }
+    let found = read_refs(ctx, hold, &msg.chat.chat, &names).await?;
+    let mut found = names.into_iter().zip(found).collect::<HashMap<_, _>>();
+    if let Some(id) = &a.message_id {
+        a.message_ref = found.remove(&message_name(id)).flatten();
+    }
+    if let Some(k) = key {
+        match found.remove(&k).flatten() {
+            Some(v) => a.value = v,
+            None => {
+                warn!(bot = %ctx.bot, "a button's long value is no longer known (kept 48 h); the handler gets its key")
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads refs through store failures while the worker may act.
+async fn read_refs(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    chat: &str,
+    names: &[String],
+) -> Result<Vec<Option<String>>, Halt> {
+    let mut n = 0;
+    loop {
+        hold.check()?;
+        match ctx.store.refs_get(&ctx.bot, chat, names).await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                warn!(bot = %ctx.bot, error = %e, "cannot read a chat's refs; retrying");
+                hold.pause(backoff(n).min(std::time::Duration::from_secs(5)))
+                    .await?;
+                n += 1;
+            }
+        }
+    }
+}
+
+/// The turn's state as it goes.
+struct Run<'a> {
+    ctx: &'a TurnCtx,
+    msg: &'a Inbound,
+    p: Progress,
+    /// Whether something changed at the platform since the last progress write.
+    dirty: bool,
+    /// Where the idempotency keys of the actions start.
+    key_base: String,
+}
+
+/// Does `reply`'s actions for `msg` and ends the entry.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    mut slot: Slot,
+    msg: &Inbound,
+    reply: Reply,
+    revision: u64,
+    already_sent: bool,
+    mut end: End<'_>,
+    started: Instant,
+) -> Result<(), Halt> {
+    let key_base = botfleet_core::Outbound::reply_to(msg, String::new()).idempotency_key;
+    let earlier = read_progress(ctx, hold, end.key).await?;
+    let p = match earlier {
+        Some(p) => p,
+        None => {
+            let mut actions = Vec::with_capacity(reply.actions.len() + 1);
+            if let Some(t) = reply.text {
+                actions.push(Action::Send {
+                    text: t,
+                    buttons: Vec::new(),
+                    // As a plain reply goes (quoting or threading where the platform does).
+                    thread: true,
+                    ref_name: None,
+                    attachments: Vec::new(),
+                });
+            }
+            actions.extend(reply.actions);
+            let notes = reply.refused;
+            for _ in &notes {
+                refuse_metric(ctx);
+            }
+            Progress {
+                actions,
+                state: reply.state,
+                notes,
+                ..Progress::default()
+            }
+        }
+    };
+    let mut run = Run {
+        ctx,
+        msg,
+        p,
+        dirty: false,
+        key_base,
+    };
+    if already_sent {
+        // A superseded chat turn did them all and recorded only that: not again.
+        run.p.done = run.p.actions.len();
+    }
+    while run.p.done < run.p.actions.len() {
+        let i = run.p.done;
+        let action = run.p.actions[i].clone();
+        if run.dirty && changes_something(&action) {
+            run.step(hold, &end).await?;
+        }
+        match run.one(hold, &mut slot, i, &action, started).await? {
+            Ok(()) => {}
+            Err(why) => {
+                let note = format!("action {i} ({}): {why}", action.kind());
+                warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %note, "action refused");
+                refuse_metric(ctx);
+                run.p.notes.push(note);
+            }
+        }
+        run.p.done += 1;
+    }
+    let Run { p, .. } = run;
+    let state = checked_state(ctx, end.chat, p.state).map(|s| (revision, s));
+    if !p.notes.is_empty() {
+        // Shown in `bots list`; the bot keeps running.
+        ctx.reporter.report(
+            &ctx.bot,
+            botfleet_core::BotStatus::Running,
+            Some(&p.notes.join("; ")),
+            &ctx.worker,
+        );
+    }
+    end.notes = (!p.notes.is_empty()).then(|| p.notes.join("; "));
+    end.refs = p.refs;
+    let sent = p.sent.then(Instant::now);
+    end.record(ctx, hold, slot, InboxOutcome::Done, sent, state)
+        .await
+}
+
+/// Counts a refused action.
+fn refuse_metric(ctx: &TurnCtx) {
+    ctx.metrics.count(ACTION_REFUSED_TOTAL, ctx.platform, 1);
+}
+
+/// Whether doing `a` twice would show (everything but typing).
+fn changes_something(a: &Action) -> bool {
+    !matches!(a, Action::Typing {})
+}
+
+/// The progress an earlier attempt of the entry recorded, through store failures.
+async fn read_progress(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    key: &str,
+) -> Result<Option<Progress>, Halt> {
+    let mut n = 0;
+    loop {
+        hold.check()?;
+        match ctx.store.turn_progress(&ctx.bot, key).await {
+            Ok(None) => return Ok(None),
+            Ok(Some(doc)) => match serde_json::from_str(&doc) {
+                Ok(p) => return Ok(Some(p)),
+                Err(e) => {
+                    warn!(bot = %ctx.bot, key, error = %e, "a turn's recorded progress is unreadable; starting over");
+                    return Ok(None);
+                }
+            },
+            Err(e) => {
+                warn!(bot = %ctx.bot, error = %e, "cannot read a turn's progress; retrying");
+                hold.pause(backoff(n).min(std::time::Duration::from_secs(5)))
+                    .await?;
+                n += 1;
+            }
+        }
+    }
+}
+
+impl Run<'_> {
+    /// Records the progress under the turn's fence.
+    async fn step(&mut self, hold: &impl Hold, end: &End<'_>) -> Result<(), Halt> {
+        let progress = serde_json::to_string(&self.p).unwrap_or_default();
+        let step = TurnStep {
+            key: end.key.to_owned(),
+            chat: end.chat.to_owned(),
+            fence: end.fence,
+            progress,
+        };
+        let mut n = 0;
+        loop {
+            hold.check()?;
+            match self.ctx.store.turn_step(&self.ctx.bot, &step).await {
+                Ok(()) => {
+                    self.dirty = false;
+                    return Ok(());
+                }
+                Err(StoreError::StaleFence { current, .. }) => {
+                    return Err(Halt::Fenced(format!(
+                        "a newer fence {current} owns this turn"
+                    )))
+                }
+                Err(e) => {
+                    warn!(bot = %self.ctx.bot, error = %e, "cannot record a turn's progress; retrying");
+                    hold.pause(backoff(n).min(std::time::Duration::from_secs(5)))
+                        .await?;
+                    n += 1;
+                }
+            }
+        }
+    }
+
+    /// The message a target names: a ref given earlier (in this turn or a stored one), or a
+    /// message id.
+    async fn target(&self, hold: &impl Hold, t: &Target) -> Result<Result<String, String>, Halt> {
+        match (&t.ref_name, &t.message_id) {
+            (Some(_), Some(_)) => Ok(Err("give `ref` or `message_id`, not both".into())),
+            (None, Some(id)) if !id.is_empty() => Ok(Ok(id.clone())),
+            (None, _) => Ok(Err("names no message (`ref` or `message_id`)".into())),
+            (Some(r), None) => {
+                let name = ref_name(r);
+                if let Some((_, v)) = self.p.refs.iter().rev().find(|(n, _)| *n == name) {
+                    return Ok(Ok(v.clone()));
+                }
+                let found = read_refs(self.ctx, hold, &self.msg.chat.chat, &[name]).await?;
+                Ok(found.into_iter().next().flatten().ok_or_else(|| {
+                    format!(
+                        "unknown ref {:?} (refs name messages this chat's turns sent, for 48 h)",
+                        r.chars().take(64).collect::<String>()
+                    )
+                }))
+            }
+        }
+    }
+
+    /// Buttons as the platform takes them: checked against the caps, long values stood in for
+    /// by keys (remembered with the turn's refs).
+    fn buttons(&mut self, rows: &[Vec<Button>], caps: &Caps) -> Result<Vec<Vec<Button>>, String> {
+        if rows.iter().all(Vec::is_empty) {
+            return Ok(Vec::new());
+        }
+        if !caps.buttons {
+            return Err("this platform's mode shows no buttons (caps.buttons)".into());
+        }
+        let n: usize = rows.iter().map(Vec::len).sum();
+        if n > usize::from(caps.max_buttons) {
+            return Err(format!(
+                "{n} buttons, over the {} this platform shows (caps.max_buttons)",
+                caps.max_buttons
+            ));
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut r = Vec::with_capacity(row.len());
+            for b in row {
+                if b.text.is_empty() {
+                    return Err("a button has no text".into());
+                }
+                match (&b.value, &b.url) {
+                    (Some(_), Some(_)) | (None, None) => {
+                        return Err(format!(
+                            "button {:?} needs a `value` or a `url` (one of them)",
+                            b.text.chars().take(32).collect::<String>()
+                        ))
+                    }
+                    (None, Some(_)) => r.push(b.clone()),
+                    (Some(v), None) => {
+                        let long = v.is_empty()
+                            || v.len() > usize::from(caps.max_button_value)
+                            || v.starts_with(VALUE_KEY_PREFIX);
+                        let value = if long {
+                            let key = value_key(v);
+                            self.p.refs.push((value_name(&key), v.clone()));
+                            key
+                        } else {
+                            v.clone()
+                        };
+                        r.push(Button {
+                            text: b.text.clone(),
+                            value: Some(value),
+                            url: None,
+                        });
+                    }
+                }
+            }
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    /// Does action `i`: `Ok(Err(why))` when it is refused or cannot be done.
+    async fn one(
+        &mut self,
+        hold: &impl Hold,
+        slot: &mut Slot,
+        i: usize,
+        action: &Action,
+        started: Instant,
+    ) -> Result<Result<(), String>, Halt> {
+        let caps = self.ctx.caps;
+        let key = format!("{}:{i}", self.key_base);
+        let msg: &Inbound = self.msg;
+        let chat = &msg.chat;
+        match action {
+            Action::Send {
+                text,
+                buttons,
+                thread,
+                ref_name: name,
+                attachments,
+            } => {
+                if !attachments.is_empty() {
+                    return Ok(Err(
+                        "attachments are not sent by this version of the fleet (caps.files)".into(),
+                    ));
+                }
+                if text.is_empty() {
+                    return Ok(Err("a send needs a text".into()));
+                }
+                let rows = match self.buttons(buttons, &caps) {
+                    Ok(r) => r,
+                    Err(why) => return Ok(Err(why)),
+                };
+                let act = Act::Send {
+                    text,
+                    buttons: &rows,
+                    thread_of: thread.then_some(msg),
+                };
+                let r = attempt(self.ctx, hold, slot, started, |s| {
+                    let (act, key) = (&act, key.as_str());
+                    async move { s.act(chat, act, key).await }
+                })
+                .await?;
+                match r {
+                    Ok(id) => {
+                        self.p.sent = true;
+                        self.dirty = true;
+                        if let (Some(n), Some(id)) = (name, &id) {
+                            self.p.refs.push((ref_name(n), id.clone()));
+                            self.p.refs.push((message_name(id), n.clone()));
+                        } else if name.is_some() {
+                            warn!(bot = %self.ctx.bot, "the platform gave no message id for a send with a ref; the ref names nothing");
+                        }
+                        Ok(Ok(()))
+                    }
+                    Err(why) => Ok(Err(why)),
+                }
+            }
+            Action::Edit {
+                target,
+                text,
+                buttons,
+            } => {
+                if !caps.edit {
+                    return Ok(Err("this platform's mode cannot edit (caps.edit)".into()));
+                }
+                if text.as_deref() == Some("") {
+                    return Ok(Err("an edit's text cannot be empty".into()));
+                }
+                let id = match self.target(hold, target).await? {
+                    Ok(id) => id,
+                    Err(why) => return Ok(Err(why)),
+                };
+                let rows = match self.buttons(buttons, &caps) {
+                    Ok(r) => r,
+                    Err(why) => return Ok(Err(why)),
+                };
+                let act = Act::Edit {
+                    message_id: &id,
+                    text: text.as_deref(),
+                    buttons: &rows,
+                };
+                self.done(hold, slot, &act, &key, started).await
+            }
+            Action::Delete { target } => {
+                if !caps.delete {
+                    return Ok(Err(
+                        "this platform's mode cannot delete (caps.delete)".into()
+                    ));
+                }
+                let id = match self.target(hold, target).await? {
+                    Ok(id) => id,
+                    Err(why) => return Ok(Err(why)),
+                };
+                self.done(hold, slot, &Act::Delete { message_id: &id }, &key, started)
+                    .await
+            }
+            Action::Typing {} => {
+                if !caps.typing {
+                    return Ok(Err(
+                        "this platform's mode shows no typing (caps.typing)".into()
+                    ));
+                }
+                self.done(hold, slot, &Act::Typing, &key, started).await
+            }
+            Action::Answer {
+                text,
+                alert,
+                ephemeral,
+            } => {
+                if !caps.answer {
+                    return Ok(Err(
+                        "this platform's mode cannot answer (caps.answer)".into()
+                    ));
+                }
+                if *ephemeral && !caps.ephemeral {
+                    return Ok(Err(
+                        "this platform has no ephemeral answers (caps.ephemeral)".into(),
+                    ));
+                }
+                if !matches!(self.msg.kind, EventKind::Action | EventKind::Command) {
+                    return Ok(Err(
+                        "`answer` answers an action or a command event; send a message instead"
+                            .into(),
+                    ));
+                }
+                let act = Act::Answer {
+                    event: self.msg,
+                    text: text.as_deref(),
+                    alert: *alert,
+                    ephemeral: *ephemeral,
+                };
+                self.done(hold, slot, &act, &key, started).await
+            }
+        }
+    }
+
+    /// Does `act` (one that makes no new message).
+    async fn done(
+        &mut self,
+        hold: &impl Hold,
+        slot: &mut Slot,
+        act: &Act<'_>,
+        key: &str,
+        started: Instant,
+    ) -> Result<Result<(), String>, Halt> {
+        let msg: &Inbound = self.msg;
+        let chat = &msg.chat;
+        let r = attempt(self.ctx, hold, slot, started, |s| async move {
+            s.act(chat, act, key).await
+        })
+        .await?;
+        if r.is_ok() && !matches!(act, Act::Typing) {
+            self.dirty = true;
+            // An answer to a command may be a message (Telegram's).
+            self.p.sent |= matches!(act, Act::Answer { .. });
+        }
+        Ok(r.map(|_| ()))
+    }
+}
+
+/// The short key that stands in for a long button value on the wire: `bf~` and 18
+/// characters of its hash (21 bytes, within every platform's limit).
+fn value_key(v: &str) -> String {
+    let h = Sha256::digest(v.as_bytes());
+    let mut s = String::with_capacity(VALUE_KEY_PREFIX.len() + 18);
+    s.push_str(VALUE_KEY_PREFIX);
+    for b in &h[..9] {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_keys_are_short_stable_and_marked() {
+        let k = value_key(&"x".repeat(500));
+        assert!(k.starts_with(VALUE_KEY_PREFIX) && k.len() <= 64, "{k}");
+        assert_eq!(k, value_key(&"x".repeat(500)));
+        assert_ne!(k, value_key(&"y".repeat(500)));
+    }
+}
