@@ -205,13 +205,8 @@ impl DiscordClient {
         content: &str,
         reply_to: Option<&str>,
         nonce: &str,
-    ) -> Result<(), DiscordError> {
-        if channel.is_empty() || !channel.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(DiscordError::Rejected {
-                what: "create message",
-                status: 400,
-            });
-        }
+    ) -> Result<Option<String>, DiscordError> {
+        check_snowflakes("create message", &[channel])?;
         let mut body = serde_json::json!({ "content": content });
         // Discord drops a second message with the same nonce sent within a few minutes.
         if nonce.len() <= 25 {
@@ -222,14 +217,96 @@ impl DiscordClient {
             body["message_reference"] =
                 serde_json::json!({ "message_id": id, "fail_if_not_exists": false });
         }
+        let sent = self
+            .call(
+                api,
+                "create message",
+                self.http
+                    .post(format!("{}/channels/{channel}/messages", api.base))
+                    .json(&body),
+            )
+            .await?;
+        Ok(sent["id"].as_str().map(str::to_owned))
+    }
+
+    /// `PATCH /channels/{channel}/messages/{id}`: the new `content` (kept when `None`), and no
+    /// components.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::create_message`].
+    pub async fn edit_message(
+        &self,
+        api: &DiscordApi,
+        channel: &str,
+        id: &str,
+        content: Option<&str>,
+    ) -> Result<(), DiscordError> {
+        check_snowflakes("edit message", &[channel, id])?;
+        let mut body = serde_json::json!({ "components": [] });
+        if let Some(c) = content {
+            body["content"] = Value::from(c);
+        }
         self.call(
             api,
-            "create message",
+            "edit message",
             self.http
-                .post(format!("{}/channels/{channel}/messages", api.base))
+                .patch(format!("{}/channels/{channel}/messages/{id}", api.base))
                 .json(&body),
         )
         .await
         .map(|_| ())
+    }
+
+    /// `DELETE /channels/{channel}/messages/{id}`.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::create_message`].
+    pub async fn delete_message(
+        &self,
+        api: &DiscordApi,
+        channel: &str,
+        id: &str,
+    ) -> Result<(), DiscordError> {
+        check_snowflakes("delete message", &[channel, id])?;
+        self.call(
+            api,
+            "delete message",
+            self.http
+                .delete(format!("{}/channels/{channel}/messages/{id}", api.base)),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `POST /channels/{channel}/typing`: the bot shows as typing for about 10 s.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::create_message`].
+    pub async fn trigger_typing(
+        &self,
+        api: &DiscordApi,
+        channel: &str,
+    ) -> Result<(), DiscordError> {
+        check_snowflakes("typing", &[channel])?;
+        self.call(
+            api,
+            "typing",
+            self.http
+                .post(format!("{}/channels/{channel}/typing", api.base)),
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// Refuses ids that are not Discord snowflakes (digits), before they become path segments.
+fn check_snowflakes(what: &'static str, ids: &[&str]) -> Result<(), DiscordError> {
+    if ids
+        .iter()
+        .all(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+    {
+        Ok(())
+    } else {
+        Err(DiscordError::Rejected { what, status: 400 })
     }
 }

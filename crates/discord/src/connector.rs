@@ -408,6 +408,20 @@ struct DiscordSender {
 impl Sender for DiscordSender {
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         self.gate.rest(&self.bot).await;
-        Ok(send(&self.client, &self.api, out).await?)
+        send(&self.client, &self.api, out).await?;
+        Ok(())
+    }
+
+    async fn act(
+        &self,
+        chat: &botfleet_core::ChatKey,
+        act: &botfleet_core::Act<'_>,
+        key: &str,
+    ) -> Result<Option<String>, PlatformError> {
+        if !crate::outbound::does(act) {
+            return Err(botfleet_platform::unsupported(act));
+        }
+        self.gate.rest(&self.bot).await;
+        Ok(crate::outbound::act(&self.client, &self.api, &chat.chat, act, key).await?)
     }
 }

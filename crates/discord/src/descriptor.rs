@@ -21,7 +21,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             (Setting::ShardsPerSlice, Need::Optional),
         ],
         missing: None,
-        caps: botfleet_core::Caps::TEXT_ONLY,
+        caps: crate::outbound::CAPS,
     }],
     secret_field: None,
     // Each shard's session is its own; two sessions of one shard fight.

@@ -48,6 +48,19 @@ pub struct Sent {
     pub reply_to: Option<String>,
     /// When the fake received it.
     pub at: Instant,
+    /// The id the fake gave it.
+    pub id: String,
+}
+
+/// A message a bot sent, as it stands now (after edits and deletes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shown {
+    /// Its content now.
+    pub content: String,
+    /// Edits made to it.
+    pub edits: u32,
+    /// Whether it was deleted.
+    pub deleted: bool,
 }
 
 /// A fault to answer the next message create of a bot with.
@@ -100,7 +113,12 @@ struct BotState {
     /// Shard → when a session last started or resumed on it.
     served: HashMap<u32, Instant>,
     posts: Vec<Sent>,
-    nonces: HashSet<String>,
+    /// Message id → the message as it stands.
+    shown: HashMap<String, Shown>,
+    /// Channels the bot showed typing in, one entry per call.
+    typing: Vec<String>,
+    /// `{channel}/{nonce}` → the id of the message first sent with it.
+    nonces: HashMap<String, String>,
     duplicates: u64,
     faults: VecDeque<SendFault>,
 }
@@ -379,6 +397,16 @@ impl FakeDiscordState {
             .sum()
     }
 
+    /// The bot's message `id` as it stands now.
+    pub fn message(&self, token: &str, id: &str) -> Option<Shown> {
+        self.read(token, |b| b.shown.get(id).cloned()).flatten()
+    }
+
+    /// Channels the bot showed typing in, one per call.
+    pub fn typing(&self, token: &str) -> Vec<String> {
+        self.read(token, |b| b.typing.clone()).unwrap_or_default()
+    }
+
     /// Every message the fake received, of every bot, in order.
     pub fn sent(&self) -> Vec<Sent> {
         let mut all: Vec<Sent> = lock(&self.inner.bots)
@@ -530,16 +558,20 @@ fn take_message(
                 .into_response(),
         );
     }
+    let id = s.id().to_string();
     if let Some(n) = body["nonce"]
         .as_str()
         .filter(|_| body["enforce_nonce"] == true)
     {
-        if !b.nonces.insert(format!("{channel}/{n}")) {
+        // As Discord does: the repeat answers the message first sent with the nonce.
+        if let Some(first) = b.nonces.get(&format!("{channel}/{n}")) {
             b.duplicates += 1;
             return answer(
-                Json(json!({"id": "0", "channel_id": channel, "content": content})).into_response(),
+                Json(json!({"id": first, "channel_id": channel, "content": content}))
+                    .into_response(),
             );
         }
+        b.nonces.insert(format!("{channel}/{n}"), id.clone());
     }
     b.posts.push(Sent {
         token: token.clone(),
@@ -549,13 +581,78 @@ fn take_message(
             .as_str()
             .map(str::to_owned),
         at: Instant::now(),
+        id: id.clone(),
     });
+    b.shown.insert(
+        id.clone(),
+        Shown {
+            content: content.to_owned(),
+            ..Shown::default()
+        },
+    );
     drop(bots);
-    let id = s.id().to_string();
     (
         Json(json!({"id": id, "channel_id": channel, "content": content})).into_response(),
         lost,
     )
+}
+
+/// `PATCH` and `DELETE` of a bot's message, as Discord checks them: 404 `Unknown Message`
+/// (code 10008) for one it does not have.
+async fn change_message(
+    State(s): State<FakeDiscordState>,
+    Path((_channel, id)): Path<(String, String)>,
+    method: axum::http::Method,
+    headers: HeaderMap,
+    body: Option<Json<Value>>,
+) -> Response {
+    let Some(token) = s.auth(&headers) else {
+        return unauthorized();
+    };
+    let mut bots = lock(&s.inner.bots);
+    let Some(m) = bots
+        .get_mut(&token)
+        .and_then(|b| b.shown.get_mut(&id))
+        .filter(|m| !m.deleted)
+    else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"message": "Unknown Message", "code": 10008})),
+        )
+            .into_response();
+    };
+    if method == axum::http::Method::DELETE {
+        m.deleted = true;
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    if let Some(c) = body["content"].as_str() {
+        if c.is_empty() || c.chars().count() > 2000 {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"message": "Invalid Form Body", "code": 50035})),
+            )
+                .into_response();
+        }
+        m.content = c.to_owned();
+    }
+    m.edits += 1;
+    Json(json!({"id": id, "content": m.content})).into_response()
+}
+
+/// `POST /channels/{id}/typing`.
+async fn typing(
+    State(s): State<FakeDiscordState>,
+    Path(channel): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(token) = s.auth(&headers) else {
+        return unauthorized();
+    };
+    if let Some(b) = lock(&s.inner.bots).get_mut(&token) {
+        b.typing.push(channel);
+    }
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn gateway(State(s): State<FakeDiscordState>, ws: WebSocketUpgrade) -> Response {
@@ -777,6 +874,11 @@ pub fn app(state: FakeDiscordState) -> Router {
         .route("/api/v10/users/@me", get(me))
         .route("/api/v10/gateway/bot", get(gateway_bot))
         .route("/api/v10/channels/{channel}/messages", post(create_message))
+        .route(
+            "/api/v10/channels/{channel}/messages/{id}",
+            axum::routing::patch(change_message).delete(change_message),
+        )
+        .route("/api/v10/channels/{channel}/typing", post(typing))
         .route("/gateway", any(gateway))
         .with_state(state)
 }

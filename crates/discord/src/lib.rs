@@ -27,3 +27,4 @@ pub use gateway::{Checkpoint, ShardSession, INTENTS};
 #[cfg(feature = "fake")]
 pub use inbound::iso_of_unix_ms;
 pub use inbound::{parse_edit, parse_message};
+pub use outbound::CAPS;

@@ -1,20 +1,102 @@
-//! Replies as `POST /channels/{id}/messages`.
+//! Replies as `POST /channels/{id}/messages`; edits, deletes and typing.
 
-use botfleet_core::Outbound;
+use botfleet_core::{Act, Outbound};
 
 use crate::{DiscordApi, DiscordClient, DiscordError};
 
 /// Discord's limit on a message's content, in characters.
 const MAX_CONTENT: usize = 2000;
 
+/// What Discord bots do here: edits, deletes and typing in the channel. Buttons (message
+/// components) and answers come with interactions, which this version does not read yet.
+pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
+    edit: true,
+    delete: true,
+    typing: true,
+    max_text: MAX_CONTENT as u32,
+    ..botfleet_core::Caps::TEXT_ONLY
+};
+
+/// Whether [`act`] does `a` here.
+pub(crate) fn does(a: &Act<'_>) -> bool {
+    matches!(
+        a,
+        Act::Send { buttons: [], .. }
+            | Act::Edit { buttons: [], .. }
+            | Act::Delete { .. }
+            | Act::Typing
+    )
+}
+
+/// Does one resolved action in `channel` (one [`does`]): the id of the (first) message a
+/// `send` made.
+pub(crate) async fn act(
+    client: &DiscordClient,
+    api: &DiscordApi,
+    channel: &str,
+    act: &Act<'_>,
+    key: &str,
+) -> Result<Option<String>, DiscordError> {
+    let r = match act {
+        Act::Send {
+            text, thread_of, ..
+        } => {
+            let reply_to = thread_of.map(|m| m.message_id.as_str());
+            return send_text(client, api, channel, text, reply_to, key).await;
+        }
+        Act::Edit {
+            message_id, text, ..
+        } => {
+            let text = text.map(|t| t.chars().take(MAX_CONTENT).collect::<String>());
+            client
+                .edit_message(api, channel, message_id, text.as_deref())
+                .await
+        }
+        Act::Delete { message_id } => client.delete_message(api, channel, message_id).await,
+        Act::Typing => client.trigger_typing(api, channel).await,
+        Act::Answer { .. } => Err(DiscordError::Rejected {
+            what: "answer",
+            status: 400,
+        }),
+    };
+    match r {
+        // Deleted before (a replayed delete), or the message is gone: nothing left to do.
+        Err(DiscordError::Rejected { status: 404, .. }) if matches!(act, Act::Delete { .. }) => {
+            Ok(None)
+        }
+        r => r.map(|()| None),
+    }
+}
+
 /// Sends `out` to its channel (as a reply to the message it answers). Longer texts go out in
-/// pieces of at most 2,000 characters.
+/// pieces of at most 2,000 characters. Answers the first piece's id.
 pub(crate) async fn send(
     client: &DiscordClient,
     api: &DiscordApi,
     out: &Outbound,
-) -> Result<(), DiscordError> {
-    let chars: Vec<char> = out.text.chars().collect();
+) -> Result<Option<String>, DiscordError> {
+    send_text(
+        client,
+        api,
+        &out.chat.chat,
+        &out.text,
+        out.reply_to.as_deref(),
+        &out.idempotency_key,
+    )
+    .await
+}
+
+/// [`send`] of `text` to `channel`, answering `reply_to`, under the idempotency key `key`.
+async fn send_text(
+    client: &DiscordClient,
+    api: &DiscordApi,
+    channel: &str,
+    text: &str,
+    reply_to: Option<&str>,
+    key: &str,
+) -> Result<Option<String>, DiscordError> {
+    let mut first = None;
+    let chars: Vec<char> = text.chars().collect();
     let pieces: Vec<String> = if chars.is_empty() {
         vec![String::new()]
     } else {
@@ -26,22 +108,21 @@ pub(crate) async fn send(
     for (i, piece) in pieces.iter().enumerate() {
         // The nonce makes a retried send land once: from the idempotency key, at most 25
         // characters.
-        let nonce = nonce_of(&out.idempotency_key, i);
-        client
+        let nonce = nonce_of(key, i);
+        let id = client
             .create_message(
                 api,
-                &out.chat.chat,
+                channel,
                 piece,
-                if i == 0 {
-                    out.reply_to.as_deref()
-                } else {
-                    None
-                },
+                if i == 0 { reply_to } else { None },
                 &nonce,
             )
             .await?;
+        if i == 0 {
+            first = id;
+        }
     }
-    Ok(())
+    Ok(first)
 }
 
 /// A 25-character nonce from a key and a piece number (FNV-1a, hex).

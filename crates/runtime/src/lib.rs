@@ -26,7 +26,7 @@ pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};
 pub use lock::InstanceLock;
 pub use metrics::Metrics;
 pub use platforms::{
-    descriptor, is_webhook, supported as supported_platforms, validate as validate_spec, SpecError,
-    DESCRIPTORS,
+    capability_table, descriptor, is_webhook, supported as supported_platforms,
+    validate as validate_spec, SpecError, DESCRIPTORS,
 };
 pub use worker::{Worker, WorkerError};

@@ -31,6 +31,40 @@ pub fn descriptor(p: Platform) -> Option<&'static Descriptor> {
     DESCRIPTORS.iter().find(|d| d.platform == p).copied()
 }
 
+/// The platform × capability table of the README (Markdown), from the descriptors: what a
+/// handler's actions can do on each platform and mode. A test keeps the README's copy true.
+pub fn capability_table() -> String {
+    let yes = |b: bool| if b { "yes" } else { "—" };
+    let mut out = String::from(
+        "| platform · mode | buttons (most, value bytes) | edit | delete | typing | answer | ephemeral | threads | files | text chars |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for d in DESCRIPTORS {
+        for m in d.modes {
+            let c = m.caps;
+            let buttons = if c.buttons {
+                format!("yes ({}, {})", c.max_buttons, c.max_button_value)
+            } else {
+                "—".to_owned()
+            };
+            out.push_str(&format!(
+                "| {} · `{}` | {buttons} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                d.title,
+                m.name,
+                yes(c.edit),
+                yes(c.delete),
+                yes(c.typing),
+                yes(c.answer),
+                yes(c.ephemeral),
+                yes(c.threads),
+                yes(c.files),
+                c.max_text
+            ));
+        }
+    }
+    out
+}
+
 /// Checks `spec` against its platform's descriptor.
 ///
 /// # Errors
@@ -244,5 +278,25 @@ mod tests {
         s.options.mode = Some("webhook".into());
         s.hook.secret = Some(botfleet_core::Secret::new("tok"));
         assert!(is_webhook(&s) && validate(&s).is_ok());
+    }
+}
+
+#[cfg(all(test, feature = "slack", feature = "discord", feature = "whatsapp"))]
+mod readme {
+    /// The README's capability table is the one the descriptors make.
+    #[test]
+    fn the_readme_capability_table_is_the_descriptors() {
+        let readme = include_str!("../../../README.md");
+        let (begin, end) = ("<!-- caps:begin -->\n", "<!-- caps:end -->");
+        let start = readme
+            .find(begin)
+            .expect("the README has the caps table markers")
+            + begin.len();
+        let stop = readme[start..].find(end).expect("an end marker") + start;
+        assert_eq!(
+            &readme[start..stop],
+            super::capability_table(),
+            "regenerate the README's table from botfleet_runtime::capability_table()"
+        );
     }
 }

@@ -325,6 +325,25 @@ impl PlatformFixture for Discord {
     fn secrets(&self, i: usize) -> Vec<String> {
         vec![Self::token(i)]
     }
+    fn shown(&self, i: usize) -> Vec<Shown> {
+        let (fake, token) = (self.fake.state(), Self::token(i));
+        fake.sent_by(&token)
+            .into_iter()
+            .filter_map(|p| {
+                let m = fake.message(&token, &p.id)?;
+                Some(Shown {
+                    chat: p.channel.parse().ok()?,
+                    id: p.id,
+                    text: m.content,
+                    buttons: Vec::new(),
+                    deleted: m.deleted,
+                })
+            })
+            .collect()
+    }
+    fn typing_shown(&self, i: usize) -> usize {
+        self.fake.state().typing(&Self::token(i)).len()
+    }
 }
 
 mod telegram {

@@ -251,6 +251,14 @@ impl FakeState {
         }
     }
 
+    /// Drops the faults still queued for `token` (any call's and `sendMessage`'s).
+    pub fn clear_faults(&self, token: &str) {
+        if let Some(t) = self.lock().tokens.get_mut(token) {
+            t.faults.clear();
+            t.send_faults.clear();
+        }
+    }
+
     /// A user writes `text` in chat `chat_id` to the bot of `token`; returns the update id.
     pub fn user_writes(&self, token: &str, chat_id: i64, text: &str) -> i64 {
         let id = {

@@ -574,6 +574,86 @@ pub async fn commands_and_edits_reach_the_handler_as_such<F: PlatformFixture>(f:
     w.shutdown().await;
 }
 
+/// Edits, deletes and typing through the one handler contract, where the platform's mode has
+/// them: a send named by a `ref` is edited by a later turn and deleted by the one after, each
+/// once, on the message it named; typing shows. What the mode lacks is refused with a reason
+/// and the rest of the reply goes on.
+pub async fn edits_deletes_and_typing_by_ref<F: PlatformFixture>(f: &F) {
+    use serde_json::{json, Value};
+    let mut bot = f.bot(0);
+    let caps = f
+        .connector()
+        .descriptor()
+        .mode_of(&bot)
+        .map(|m| m.caps)
+        .unwrap_or(botfleet_core::Caps::TEXT_ONLY);
+    let handler = crate::ScriptedHandler::start(|ev: &Value| match ev["text"].as_str() {
+        Some("draft") => json!({"actions": [
+            {"type": "typing"},
+            {"type": "send", "text": "a draft", "ref": "d"},
+        ]}),
+        Some("fix") => json!({"actions": [{"type": "edit", "ref": "d", "text": "the final text"}]}),
+        Some("drop") => json!({"actions": [
+            {"type": "delete", "ref": "d"},
+            {"type": "send", "text": "dropped"},
+        ]}),
+        _ => json!({}),
+    })
+    .await;
+    bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start("a");
+    connected(f).await;
+    f.user_writes(0, 1, "draft");
+    wait_for("the draft", Duration::from_secs(20), || async {
+        f.sent(0).iter().any(|(_, t)| t == "a draft").then_some(())
+    })
+    .await;
+    assert_eq!(
+        f.typing_shown(0) >= 1,
+        caps.typing,
+        "typing shows where the mode has it"
+    );
+    f.user_writes(0, 1, "fix");
+    f.user_writes(0, 1, "drop");
+    wait_for("the last reply", Duration::from_secs(20), || async {
+        f.sent(0).iter().any(|(_, t)| t == "dropped").then_some(())
+    })
+    .await;
+    let sent: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(sent, ["a draft", "dropped"], "each send once: {sent:?}");
+    let shown = f.shown(0);
+    if caps.edit && caps.delete && !shown.is_empty() {
+        let d = &shown[0];
+        assert_eq!(
+            (d.text.as_str(), d.deleted),
+            ("the final text", true),
+            "{d:?}"
+        );
+    }
+    if !(caps.edit && caps.typing) {
+        let why = wait_for(
+            "the refusal shown on the bot",
+            Duration::from_secs(10),
+            || async {
+                h.store()
+                    .get_bot(&bot.id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|r| r.last_error)
+                    .filter(|e| e.contains("caps."))
+            },
+        )
+        .await;
+        assert!(why.contains("cannot") || why.contains("no "), "{why}");
+    }
+    w.shutdown().await;
+}
+
 /// Buttons out and presses in, through the one handler contract: a send with buttons (one
 /// value too long for the platform) under a `ref`, typing; the press comes to the handler with
 /// its own value and the message's ref, is answered within the platform's deadline, and edits
@@ -811,6 +891,7 @@ macro_rules! connector_conformance {
             secrets_never_show,
             commands_and_edits_reach_the_handler_as_such,
             buttons_presses_and_refs_across_turns,
+            edits_deletes_and_typing_by_ref,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

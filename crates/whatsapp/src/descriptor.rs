@@ -21,7 +21,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[(Setting::PhoneNumberId, Need::Required)],
             missing: None,
-            caps: botfleet_core::Caps::TEXT_ONLY,
+            caps: CAPS,
         },
         ModeSpec {
             name: "web",
@@ -36,7 +36,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             } else {
                 Some("cargo feature whatsapp-web of botfleet, web of botfleet-whatsapp")
             },
-            caps: botfleet_core::Caps::TEXT_ONLY,
+            caps: CAPS,
         },
     ],
     secret_field: Some("app_secret"),
@@ -64,6 +64,12 @@ fn check(spec: &BotSpec, _: &ModeSpec) -> Result<(), InvalidSpec> {
         _ => Ok(()),
     }
 }
+
+/// What WhatsApp bots do here: text (interactive buttons and media are to come).
+const CAPS: botfleet_core::Caps = botfleet_core::Caps {
+    max_text: crate::MAX_TEXT_CHARS as u32,
+    ..botfleet_core::Caps::TEXT_ONLY
+};
 
 #[cfg(test)]
 mod tests {
