@@ -239,6 +239,32 @@ async fn connected<F: PlatformFixture>(f: &F) {
     .await;
 }
 
+/// The bot's `last_error` once it mentions `needle` (a refusal reported by a turn).
+async fn shown_on_the_bot(h: &Harness, bot: &BotSpec, needle: &str) -> String {
+    wait_for(
+        "a reason shown on the bot",
+        Duration::from_secs(10),
+        || async {
+            h.store()
+                .get_bot(&bot.id)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.last_error)
+                .filter(|e| e.contains(needle))
+        },
+    )
+    .await
+}
+
+/// What the mode of `bot` can do.
+fn caps_of<F: PlatformFixture>(f: &F, bot: &BotSpec) -> botfleet_core::Caps {
+    f.connector()
+        .descriptor()
+        .mode_of(bot)
+        .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps)
+}
+
 /// Every entry of `bot` has ended.
 async fn nothing_pending(h: &Harness, bot: &BotSpec) {
     assert!(
@@ -581,12 +607,7 @@ pub async fn commands_and_edits_reach_the_handler_as_such<F: PlatformFixture>(f:
 pub async fn edits_deletes_and_typing_by_ref<F: PlatformFixture>(f: &F) {
     use serde_json::{json, Value};
     let mut bot = f.bot(0);
-    let caps = f
-        .connector()
-        .descriptor()
-        .mode_of(&bot)
-        .map(|m| m.caps)
-        .unwrap_or(botfleet_core::Caps::TEXT_ONLY);
+    let caps = caps_of(f, &bot);
     let handler = crate::ScriptedHandler::start(|ev: &Value| match ev["text"].as_str() {
         Some("draft") => json!({"actions": [
             {"type": "typing"},
@@ -635,20 +656,7 @@ pub async fn edits_deletes_and_typing_by_ref<F: PlatformFixture>(f: &F) {
         );
     }
     if !(caps.edit && caps.typing) {
-        let why = wait_for(
-            "the refusal shown on the bot",
-            Duration::from_secs(10),
-            || async {
-                h.store()
-                    .get_bot(&bot.id)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|r| r.last_error)
-                    .filter(|e| e.contains("caps."))
-            },
-        )
-        .await;
+        let why = shown_on_the_bot(&h, &bot, "caps.").await;
         assert!(why.contains("cannot") || why.contains("no "), "{why}");
     }
     w.shutdown().await;
@@ -663,12 +671,7 @@ pub async fn edits_deletes_and_typing_by_ref<F: PlatformFixture>(f: &F) {
 pub async fn buttons_presses_and_refs_across_turns<F: PlatformFixture>(f: &F) {
     use serde_json::{json, Value};
     let mut bot = f.bot(0);
-    let caps = f
-        .connector()
-        .descriptor()
-        .mode_of(&bot)
-        .map(|m| m.caps)
-        .unwrap_or(botfleet_core::Caps::TEXT_ONLY);
+    let caps = caps_of(f, &bot);
     if !caps.buttons || !caps.edit {
         return;
     }
@@ -776,20 +779,7 @@ pub async fn buttons_presses_and_refs_across_turns<F: PlatformFixture>(f: &F) {
         now.buttons.is_empty(),
         "an edit without buttons leaves none"
     );
-    let why = wait_for(
-        "the refusals shown on the bot",
-        Duration::from_secs(10),
-        || async {
-            h.store()
-                .get_bot(&bot.id)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|r| r.last_error)
-                .filter(|e| e.contains("no-such-ref"))
-        },
-    )
-    .await;
+    let why = shown_on_the_bot(&h, &bot, "no-such-ref").await;
     assert!(
         why.contains("unknown ref") && why.contains("teleport"),
         "{why}"
