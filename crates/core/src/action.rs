@@ -240,6 +240,18 @@ impl Caps {
     }
 }
 
+/// `text` cut to `max` characters, the last one an ellipsis, when longer (a platform's
+/// limit on a message or a label).
+pub fn fit_text(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if max > 0 && text.chars().count() > max {
+        let mut t: String = text.chars().take(max - 1).collect();
+        t.push('…');
+        t.into()
+    } else {
+        text.into()
+    }
+}
+
 /// For an `action` event: which control was used.
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct ActionEvent {

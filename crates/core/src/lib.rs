@@ -10,7 +10,7 @@ mod platform;
 mod secret;
 mod spec;
 
-pub use action::{Act, Action, ActionEvent, Button, Caps, Target};
+pub use action::{fit_text, Act, Action, ActionEvent, Button, Caps, Target};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use descriptor::{Descriptor, Endpoint, ModeSpec, Need, Setting};
 pub use error::{InvalidId, InvalidSpec, UnknownPlatform};

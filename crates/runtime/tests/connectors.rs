@@ -92,28 +92,7 @@ impl PlatformFixture for Telegram {
         vec![Self::token(i)]
     }
     fn shown(&self, i: usize) -> Vec<Shown> {
-        let (fake, token) = (self.fake.state(), Self::token(i));
-        fake.sent()
-            .into_iter()
-            .filter(|s| s.token == token)
-            .filter_map(|s| {
-                let m = fake.bot_message(&token, &s.chat_id, s.message_id)?;
-                let buttons = m
-                    .reply_markup
-                    .iter()
-                    .flat_map(|k| k["inline_keyboard"].as_array().cloned().unwrap_or_default())
-                    .flat_map(|row| row.as_array().cloned().unwrap_or_default())
-                    .filter_map(|b| b["callback_data"].as_str().map(str::to_owned))
-                    .collect();
-                Some(Shown {
-                    chat: s.chat_id.parse().ok()?,
-                    id: s.message_id.to_string(),
-                    text: m.text,
-                    buttons,
-                    deleted: m.deleted,
-                })
-            })
-            .collect()
+        botfleet_testkit::connector_suite::telegram_shown(self.fake.state(), &Self::token(i))
     }
     fn user_presses(&self, i: usize, chat: u32, message_id: &str, value: &str) -> bool {
         let Ok(id) = message_id.parse() else {
@@ -241,6 +220,28 @@ impl PlatformFixture for Slack {
     }
     fn secrets(&self, i: usize) -> Vec<String> {
         vec![Self::bot_token(i), Self::app_token(i)]
+    }
+    fn shown(&self, i: usize) -> Vec<Shown> {
+        botfleet_testkit::connector_suite::slack_shown(self.fake.state(), &Self::bot_token(i))
+    }
+    fn user_presses(&self, i: usize, chat: u32, message_id: &str, value: &str) -> bool {
+        self.fake
+            .state()
+            .user_presses(&Self::bot_token(i), &format!("C{chat}"), message_id, value)
+            .is_some()
+    }
+    fn press_answers(&self, i: usize) -> Vec<(String, std::time::Duration)> {
+        self.fake
+            .state()
+            .responses(&Self::bot_token(i))
+            .into_iter()
+            .map(|r| {
+                (
+                    r.body["text"].as_str().unwrap_or_default().to_owned(),
+                    r.at.duration_since(r.pressed_at),
+                )
+            })
+            .collect()
     }
 }
 

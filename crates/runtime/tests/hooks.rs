@@ -108,6 +108,17 @@ impl WebhookFixture for TelegramHooksFixture {
     fn settled(&self) -> bool {
         self.fake.state().pending_updates(TG_TOKEN) == 0
     }
+    fn shown(&self) -> Vec<botfleet_testkit::Shown> {
+        botfleet_testkit::connector_suite::telegram_shown(self.fake.state(), TG_TOKEN)
+    }
+    fn user_presses(&self, chat: usize, message_id: &str, value: &str) -> bool {
+        message_id.parse().ok().is_some_and(|id| {
+            self.fake
+                .state()
+                .user_presses(TG_TOKEN, 500 + chat as i64, id, value)
+                .is_some()
+        })
+    }
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
         http.post(hook)
             .header("X-Telegram-Bot-Api-Secret-Token", "guess")
@@ -774,6 +785,15 @@ impl WebhookFixture for SlackEventsFixture {
     fn settled(&self) -> bool {
         self.slack.state().events_undelivered() == 0
     }
+    fn shown(&self) -> Vec<botfleet_testkit::Shown> {
+        botfleet_testkit::connector_suite::slack_shown(self.slack.state(), SL_TOKEN)
+    }
+    fn user_presses(&self, chat: usize, message_id: &str, value: &str) -> bool {
+        self.slack
+            .state()
+            .user_presses(SL_TOKEN, &format!("C00{chat}"), message_id, value)
+            .is_some()
+    }
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
         let evil = br#"{"type":"event_callback","event":{"type":"message","channel":"C1","user":"U1","text":"forged","ts":"1.000001"}}"#;
         let now = (botfleet_core::unix_ms() / 1000).to_string();
@@ -835,6 +855,22 @@ async fn slack_commands_and_edits_by_webhook() {
         slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
     };
     commands_and_edits_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_buttons_by_webhook() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::buttons_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_buttons_by_webhook() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::buttons_by_webhook(&f).await;
 }
 
 /// WhatsApp has neither commands nor edits: its messages still come as `message` events

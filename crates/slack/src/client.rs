@@ -231,4 +231,101 @@ impl SlackClient {
         let _: Value = self.call(api, "chat.postMessage", false, body).await?;
         Ok(())
     }
+
+    /// A Web API `method` (`chat.postMessage`, `chat.update`, `chat.delete`) with the bot
+    /// token and a JSON `body`: the reply.
+    ///
+    /// # Errors
+    /// See [`SlackError`].
+    pub async fn bot_call(
+        &self,
+        api: &SlackApi,
+        method: &'static str,
+        body: Value,
+    ) -> Result<Value, SlackError> {
+        self.call(api, method, false, body).await
+    }
+
+    /// POSTs `body` to an interaction's `response_url` (no token: the URL is the credential).
+    /// Only a URL on Slack's hooks host or on the bot's own API host is called, so a forged
+    /// event cannot make a worker call anywhere else.
+    ///
+    /// # Errors
+    /// See [`SlackError`]; `Refused` for a URL on another host.
+    pub async fn respond(
+        &self,
+        api: &SlackApi,
+        response_url: &str,
+        body: Value,
+    ) -> Result<(), SlackError> {
+        let refused = || SlackError::Refused {
+            method: "response_url",
+            code: "response_url_not_slack".into(),
+        };
+        let url = reqwest::Url::parse(response_url).map_err(|_| refused())?;
+        let api_host = reqwest::Url::parse(&api.base)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned));
+        let host = url.host_str().unwrap_or("");
+        let slack = url.scheme() == "https" && host == "hooks.slack.com";
+        let web = matches!(url.scheme(), "http" | "https");
+        if !web || (!slack && api_host.as_deref() != Some(host)) {
+            return Err(refused());
+        }
+        let _turn = self.calls.acquire().await;
+        let resp = self
+            .http
+            .post(url)
+            .json(&body)
+            .timeout(self.config.request_timeout)
+            .send()
+            .await
+            .map_err(|e| {
+                let e = e.without_url();
+                SlackError::network_from(format!("response_url: {e}"), e)
+            })?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(()),
+            429 => Err(SlackError::RateLimited(retry_after(resp.headers()))),
+            s if s >= 500 => Err(SlackError::Server {
+                method: "response_url",
+                detail: format!("HTTP {s}"),
+            }),
+            s => Err(SlackError::Refused {
+                method: "response_url",
+                code: format!("http_{s}"),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `response_url` comes inside an event: only Slack's hooks host (or the bot's own API
+    /// host, where a test's fake answers) is called, and only over HTTP(S); anything else is
+    /// refused at once, not retried.
+    #[tokio::test]
+    async fn response_urls_elsewhere_are_refused_without_a_call() {
+        let client = SlackClient::new(crate::SlackConfig::default()).unwrap();
+        let api = SlackApi::new(
+            Some("http://127.0.0.1:9/api/"),
+            &Secret::new("xoxb-1"),
+            &Secret::new("xapp-1"),
+        );
+        for url in [
+            "ws://127.0.0.1:9/response/1",
+            "https://evil.example/response/1",
+            "http://hooks.slack.com/actions/1",
+            "not a url",
+        ] {
+            match client.respond(&api, url, json!({"text": "x"})).await {
+                Err(SlackError::Refused { code, .. }) => {
+                    assert_eq!(code, "response_url_not_slack", "{url}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
 }

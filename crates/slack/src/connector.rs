@@ -131,4 +131,13 @@ impl Sender for SlackSender {
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         Ok(send(&self.client, &self.api, out).await?)
     }
+
+    async fn act(
+        &self,
+        chat: &botfleet_core::ChatKey,
+        act: &botfleet_core::Act<'_>,
+        _key: &str,
+    ) -> Result<Option<String>, PlatformError> {
+        Ok(crate::outbound::act(&self.client, &self.api, &chat.chat, act).await?)
+    }
 }

@@ -17,7 +17,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[],
             missing: None,
-            caps: CAPS,
+            caps: crate::CAPS,
         },
         ModeSpec {
             name: "events",
@@ -28,7 +28,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[],
             missing: None,
-            caps: CAPS,
+            caps: crate::CAPS,
         },
     ],
     secret_field: Some("signing_secret"),
@@ -54,12 +54,6 @@ fn check(spec: &BotSpec, mode: &ModeSpec) -> Result<(), InvalidSpec> {
         _ => Ok(()),
     }
 }
-
-/// What Slack bots do here: text (buttons, edits and ephemeral answers are to come).
-const CAPS: botfleet_core::Caps = botfleet_core::Caps {
-    max_text: crate::MAX_TEXT_CHARS as u32,
-    ..botfleet_core::Caps::TEXT_ONLY
-};
 
 #[cfg(test)]
 mod tests {

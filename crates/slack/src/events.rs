@@ -11,7 +11,7 @@ use hmac::{Hmac, Mac};
 use serde_json::Value;
 use sha2::Sha256;
 
-use crate::{parse_command, parse_event, Event, Me, SlackClient};
+use crate::{parse_command, parse_event, parse_interactive, Event, Me, SlackClient};
 
 /// How old a request's timestamp may be (either way), as Slack advises: older ones are
 /// refused as possible replays.
@@ -85,13 +85,23 @@ impl Webhooks for SlackEvents {
                     .map(|(k, v)| (k, Value::String(v)))
                     .collect(),
             );
-            let (messages, malformed) = match parse_command(&spec.id, &form) {
-                Event::Message(key, message) => (vec![Received { key, message }], 0),
-                Event::Ignored | Event::Malformed(_) => (Vec::new(), 1),
+            // Interactions (a button pressed) come to the app's Interactivity Request URL as
+            // a form with their JSON in `payload`; commands as the form's fields.
+            let event = match form.get("payload").and_then(Value::as_str) {
+                Some(p) => match serde_json::from_str::<Value>(p) {
+                    Ok(p) => parse_interactive(&spec.id, &p),
+                    Err(e) => Event::Malformed(format!("interaction payload: {e}")),
+                },
+                None => parse_command(&spec.id, &form),
+            };
+            let (messages, ignored, malformed) = match event {
+                Event::Message(key, message) => (vec![Received { key, message }], 0, 0),
+                Event::Ignored => (Vec::new(), 1, 0),
+                Event::Malformed(_) => (Vec::new(), 0, 1),
             };
             return Ok(HookAnswer::Deliver {
                 messages,
-                ignored: 0,
+                ignored,
                 malformed,
             });
         }

@@ -47,6 +47,32 @@ pub struct Sent {
     pub text: String,
     /// When the fake received it.
     pub at: Instant,
+    /// The `ts` the fake gave it.
+    pub ts: String,
+}
+
+/// A message a bot posted, as it stands now (after `chat.update` and `chat.delete`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Posted {
+    /// The text now.
+    pub text: String,
+    /// The blocks now (`[]` without).
+    pub blocks: Value,
+    /// Updates made to it.
+    pub edits: u32,
+    /// Whether it was deleted.
+    pub deleted: bool,
+}
+
+/// A POST to an interaction's `response_url`, with when the interaction happened.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Responded {
+    /// The body.
+    pub body: Value,
+    /// When the user acted.
+    pub pressed_at: Instant,
+    /// When the response came.
+    pub at: Instant,
 }
 
 /// A fault to answer the next `chat.postMessage` of a bot with.
@@ -63,7 +89,7 @@ pub enum SendFault {
 struct Event {
     payload: Value,
     attempts: u64,
-    /// The envelope's `type`: `events_api` or `slash_commands`.
+    /// The envelope's `type`: `events_api`, `slash_commands` or `interactive`.
     kind: &'static str,
 }
 
@@ -110,6 +136,10 @@ struct Inner {
     /// Web API calls per token.
     requests: HashMap<String, u64>,
     next_id: u64,
+    /// (bot token, channel, ts) → the message as it stands.
+    messages: HashMap<(String, String, String), Posted>,
+    /// `response_url` id → (bot token, when the user acted, the responses so far).
+    interactions: HashMap<String, (String, Instant, Vec<Responded>)>,
 }
 
 /// Shared state of the fake; cheap to clone.
@@ -323,6 +353,106 @@ impl FakeSlackState {
         drop(g);
         self.wake.notify_waiters();
         trigger
+    }
+
+    /// The message `ts` the bot of `bot_token` posted in `channel`, as it stands now.
+    pub fn posted(&self, bot_token: &str, channel: &str, ts: &str) -> Option<Posted> {
+        self.lock()
+            .messages
+            .get(&(bot_token.to_owned(), channel.to_owned(), ts.to_owned()))
+            .cloned()
+    }
+
+    /// What the bot of `bot_token` POSTed to its interactions' `response_url`s, in order.
+    pub fn responses(&self, bot_token: &str) -> Vec<Responded> {
+        let g = self.lock();
+        let mut all: Vec<Responded> = g
+            .interactions
+            .values()
+            .filter(|(t, _, _)| t == bot_token)
+            .flat_map(|(_, _, r)| r.iter().cloned())
+            .collect();
+        all.sort_by_key(|r| r.at);
+        all
+    }
+
+    /// A user presses the button with `value` under the bot's message `ts` in `channel`: a
+    /// `block_actions` interaction, over the app's sockets (an `interactive` envelope) or, for
+    /// an app on the Events API, as a signed form POST of `payload` to its URL. Answers the
+    /// interaction's `trigger_id`, or `None` when the message has no such button.
+    pub fn user_presses(
+        &self,
+        bot_token: &str,
+        channel: &str,
+        ts: &str,
+        value: &str,
+    ) -> Option<String> {
+        let mut g = self.lock();
+        let m = g
+            .messages
+            .get(&(bot_token.to_owned(), channel.to_owned(), ts.to_owned()))
+            .filter(|m| !m.deleted)?;
+        let (block_id, action_id) =
+            m.blocks.as_array()?.iter().enumerate().find_map(|(i, b)| {
+                b["elements"].as_array()?.iter().find_map(|e| {
+                    (e["value"] == value).then(|| {
+                        (
+                            format!("b{i}"),
+                            e["action_id"].as_str().unwrap_or("").to_owned(),
+                        )
+                    })
+                })
+            })?;
+        let message = json!({"type": "message", "ts": ts, "text": m.text, "blocks": m.blocks});
+        g.next_id += 1;
+        let n = g.next_id;
+        let trigger = format!("{}.{n}.press{n:08}", 2_000_000 + n);
+        let response_id = format!("r{n}");
+        g.interactions.insert(
+            response_id.clone(),
+            (bot_token.to_owned(), Instant::now(), Vec::new()),
+        );
+        let app_id = g
+            .apps
+            .get(bot_token)
+            .map(|a| a.id.clone())
+            .unwrap_or_default();
+        let base = self.base.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let payload = json!({
+            "type": "block_actions",
+            "user": {"id": "U000USER", "username": "user", "team_id": "T0001"},
+            "api_app_id": app_id,
+            "trigger_id": trigger,
+            "team": {"id": "T0001"},
+            "container": {"type": "message", "message_ts": ts, "channel_id": channel, "is_ephemeral": false},
+            "channel": {"id": channel, "name": "general"},
+            "message": message,
+            "response_url": format!("{}/response/{response_id}", base.replacen("ws://", "http://", 1)),
+            "actions": [{"action_id": action_id, "block_id": block_id, "value": value,
+                "type": "button", "action_ts": format!("1700000003.{n:06}")}],
+        });
+        let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sub) = ev.get_mut(bot_token) {
+            sub.queue.push(EventDelivery {
+                id: trigger.clone(),
+                channel: channel.to_owned(),
+                payload: Value::Null,
+                form: Some(format!("payload={}", form_escape(&payload.to_string()))),
+                attempts: 0,
+                retry_at: None,
+                in_flight: false,
+            });
+        } else if let Some(app) = g.apps.get_mut(bot_token) {
+            app.pending.push_back(Event {
+                payload,
+                attempts: 0,
+                kind: "interactive",
+            });
+        }
+        drop(ev);
+        drop(g);
+        self.wake.notify_waiters();
+        Some(trigger)
     }
 
     /// Subscribes the app of `bot_token` to the Events API: its events are POSTed to `url`
@@ -817,21 +947,117 @@ async fn web_api(
             if text.is_empty() {
                 return slack_error("no_text");
             }
+            let blocks = args.get("blocks").cloned().unwrap_or_else(|| json!([]));
+            if let Err(code) = check_blocks(&blocks) {
+                return slack_error(code);
+            }
             g.next_id += 1;
             let ts = format!("1700000001.{:06}", g.next_id);
+            g.messages.insert(
+                (token.clone(), channel.to_owned(), ts.clone()),
+                Posted {
+                    text: text.to_owned(),
+                    blocks,
+                    edits: 0,
+                    deleted: false,
+                },
+            );
             g.posts.push(Sent {
                 token,
                 channel: channel.to_owned(),
                 thread_ts: args["thread_ts"].as_str().map(str::to_owned),
                 text: text.to_owned(),
                 at: Instant::now(),
+                ts: ts.clone(),
             });
             Json(json!({"ok": true, "channel": channel, "ts": ts,
                 "message": {"type": "message", "text": text, "ts": ts}}))
             .into_response()
         }
+        "chat.update" | "chat.delete" => {
+            if !g.apps.contains_key(&token) {
+                return slack_error("invalid_auth");
+            }
+            let (Some(channel), Some(ts)) = (args["channel"].as_str(), args["ts"].as_str()) else {
+                return slack_error("message_not_found");
+            };
+            let key = (token.clone(), channel.to_owned(), ts.to_owned());
+            let Some(m) = g.messages.get_mut(&key).filter(|m| !m.deleted) else {
+                return slack_error("message_not_found");
+            };
+            if method == "chat.delete" {
+                m.deleted = true;
+                return Json(json!({"ok": true, "channel": channel, "ts": ts})).into_response();
+            }
+            let Some(text) = args["text"].as_str().filter(|t| !t.is_empty()) else {
+                return slack_error("no_text");
+            };
+            if let Some(b) = args.get("blocks") {
+                if let Err(code) = check_blocks(b) {
+                    return slack_error(code);
+                }
+                m.blocks = b.clone();
+            }
+            m.text = text.to_owned();
+            m.edits += 1;
+            Json(json!({"ok": true, "channel": channel, "ts": ts, "text": text})).into_response()
+        }
         _ => slack_error("unknown_method"),
     }
+}
+
+/// Checks blocks as Slack does for what the fleet sends: at most 50 blocks, an `actions`
+/// block of 1–25 buttons with a text, a unique `action_id`, and a `value` of at most 2,000
+/// characters or a `url`.
+fn check_blocks(blocks: &Value) -> Result<(), &'static str> {
+    let Some(list) = blocks.as_array() else {
+        return Err("invalid_blocks_format");
+    };
+    if list.len() > 50 {
+        return Err("invalid_blocks");
+    }
+    let mut ids = std::collections::HashSet::new();
+    for b in list {
+        if b["type"] != "actions" {
+            continue;
+        }
+        let elements = b["elements"].as_array().ok_or("invalid_blocks")?;
+        if elements.is_empty() || elements.len() > 25 {
+            return Err("invalid_blocks");
+        }
+        for e in elements {
+            let id = e["action_id"].as_str().ok_or("invalid_blocks")?;
+            let texted = e["text"]["text"].as_str().is_some_and(|t| !t.is_empty());
+            let value_ok = e["value"]
+                .as_str()
+                .is_some_and(|v| v.chars().count() <= 2000);
+            if !ids.insert(id.to_owned()) || !texted || !(value_ok || e["url"].is_string()) {
+                return Err("invalid_blocks");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An interaction's `response_url`: usable five times within 30 minutes, as Slack's.
+async fn respond(
+    State(state): State<FakeSlackState>,
+    Path(id): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    let mut g = state.lock();
+    let Some((_, pressed_at, rs)) = g.interactions.get_mut(&id) else {
+        return (StatusCode::NOT_FOUND, "no_such_response_url").into_response();
+    };
+    if rs.len() >= 5 || pressed_at.elapsed() > Duration::from_secs(1800) {
+        return (StatusCode::NOT_FOUND, "expired_url").into_response();
+    }
+    rs.push(Responded {
+        body,
+        pressed_at: *pressed_at,
+        at: Instant::now(),
+    });
+    (StatusCode::OK, "ok").into_response()
 }
 
 async fn link(
@@ -998,6 +1224,7 @@ async fn session(state: FakeSlackState, app: String, socket: WebSocket) {
 pub fn app(state: FakeSlackState) -> Router {
     Router::new()
         .route("/api/{method}", post(web_api))
+        .route("/response/{id}", post(respond))
         .route("/link/", any(link))
         .with_state(state)
 }

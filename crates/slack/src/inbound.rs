@@ -1,6 +1,6 @@
 //! Socket Mode frames (wire JSON) → what they mean, and Slack events → [`Inbound`] messages.
 
-use botfleet_core::{BotId, ChatKey, Command, EventKind, Inbound, Platform};
+use botfleet_core::{ActionEvent, BotId, ChatKey, Command, EventKind, Inbound, Platform};
 use serde_json::Value;
 
 /// One text frame of a Socket Mode connection.
@@ -199,6 +199,57 @@ pub fn parse_command(bot: &BotId, payload: &Value) -> Event {
     Event::Message(format!("cmd:{trigger}"), inbound)
 }
 
+/// An `interactive` payload (a Socket Mode envelope's, or the Events mode's form `payload`):
+/// a press of one of the bot's buttons (`block_actions`) is an `action` event in the chat of
+/// the message that carried it, keyed by its `trigger_id`, its `response_url` kept to answer
+/// it. Other interactions (shortcuts, modals) are ignored.
+pub fn parse_interactive(bot: &BotId, payload: &Value) -> Event {
+    if payload["type"].as_str() != Some("block_actions") {
+        return Event::Ignored;
+    }
+    let msg = &payload["message"];
+    let channel = payload["channel"]
+        .get("id")
+        .filter(|v| v.is_string())
+        .or_else(|| payload["container"].get("channel_id"));
+    let ts = msg
+        .get("ts")
+        .filter(|v| v.is_string())
+        .or_else(|| payload["container"].get("message_ts"));
+    let Some((channel, ts)) = channel_and_ts(channel, ts) else {
+        return Event::Malformed("block_actions without a usable channel or message".into());
+    };
+    let Some(a) = payload["actions"].as_array().and_then(|a| a.first()) else {
+        return Event::Malformed("block_actions without an action".into());
+    };
+    let (Some(action_id), Some(trigger)) = (
+        a["action_id"].as_str(),
+        payload["trigger_id"].as_str().filter(|t| !t.is_empty()),
+    ) else {
+        return Event::Malformed("block_actions without action_id or trigger_id".into());
+    };
+    let thread = msg
+        .get("thread_ts")
+        .or(payload["container"].get("thread_ts"));
+    let mut inbound = Inbound::message(
+        Platform::Slack,
+        ChatKey::new(bot.clone(), chat_of(channel, thread, ts)),
+        trigger,
+        payload["user"]["id"].as_str().map(str::to_owned),
+        String::new(),
+        a["action_ts"].as_str().and_then(ms_of_ts),
+    );
+    inbound.kind = EventKind::Action;
+    inbound.action = Some(Box::new(ActionEvent {
+        id: action_id.to_owned(),
+        value: a["value"].as_str().unwrap_or_default().to_owned(),
+        message_ref: None,
+        message_id: Some(ts.to_owned()),
+    }));
+    inbound.answer_handle = payload["response_url"].as_str().map(Into::into);
+    Event::Message(format!("act:{trigger}"), inbound)
+}
+
 /// The channel and ts of an event, if both are there and usable in keys.
 fn channel_and_ts<'a>(
     channel: Option<&'a Value>,
@@ -362,6 +413,45 @@ mod tests {
             panic!("an edit")
         };
         assert_eq!(m.chat.chat, "C1");
+    }
+
+    #[test]
+    fn a_button_press_is_an_action_in_the_chat_of_its_message() {
+        let p = json!({"type": "block_actions", "user": {"id": "U7"}, "trigger_id": "13.14.ab",
+            "container": {"type": "message", "message_ts": "1700000001.000002", "channel_id": "C1"},
+            "channel": {"id": "C1"}, "message": {"ts": "1700000001.000002", "thread_ts": "1700000000.000001"},
+            "response_url": "https://hooks.slack.com/actions/T1/2/x",
+            "actions": [{"action_id": "bf0_1", "value": "buy", "type": "button", "action_ts": "1700000002.1"}]});
+        match parse_interactive(&bot(), &p) {
+            Event::Message(key, m) => {
+                assert_eq!(key, "act:13.14.ab");
+                assert_eq!(m.kind, EventKind::Action);
+                assert_eq!(m.chat.chat, "C1/1700000000.000001");
+                let a = m.action.as_deref().unwrap();
+                assert_eq!((a.id.as_str(), a.value.as_str()), ("bf0_1", "buy"));
+                assert_eq!(a.message_id.as_deref(), Some("1700000001.000002"));
+                assert_eq!(
+                    m.answer_handle.as_deref(),
+                    Some("https://hooks.slack.com/actions/T1/2/x")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse_interactive(&bot(), &json!({"type": "shortcut"})),
+            Event::Ignored
+        );
+        for bad in [
+            json!({"type": "block_actions"}),
+            json!({"type": "block_actions", "channel": {"id": "C1"}, "message": {"ts": "1.2"}, "actions": []}),
+            json!({"type": "block_actions", "channel": {"id": "C/1"}, "message": {"ts": "1.2"},
+                   "trigger_id": "t", "actions": [{"action_id": "a"}]}),
+        ] {
+            assert!(
+                matches!(parse_interactive(&bot(), &bad), Event::Malformed(_)),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -25,15 +25,144 @@ pub async fn send(client: &SlackClient, api: &SlackApi, out: &Outbound) -> Resul
     if out.text.is_empty() {
         return Ok(());
     }
-    let text: std::borrow::Cow<'_, str> = if out.text.chars().count() > MAX_TEXT_CHARS {
-        let mut t: String = out.text.chars().take(MAX_TEXT_CHARS - 1).collect();
-        t.push('…');
-        t.into()
-    } else {
-        out.text.as_str().into()
-    };
+    let text = fit(&out.text, MAX_TEXT_CHARS);
     let (channel, thread) = channel_and_thread(&out.chat.chat);
     client.post_message(api, channel, &text, thread).await
+}
+
+/// What Slack bots do: Block Kit buttons (one `actions` block per row, at most 25 buttons,
+/// values of up to 2,000 bytes), `chat.update`, `chat.delete`, and answers to a button press
+/// or a slash command through its `response_url` (ephemeral when asked). No typing: Slack has
+/// none for bots.
+pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
+    buttons: true,
+    max_buttons: 25,
+    max_button_value: 2000,
+    edit: true,
+    delete: true,
+    typing: false,
+    answer: true,
+    ephemeral: true,
+    threads: false,
+    files: false,
+    max_text: MAX_TEXT_CHARS as u32,
+};
+
+/// A section block's longest text.
+const MAX_SECTION_CHARS: usize = 3000;
+
+use botfleet_core::fit_text as fit;
+
+/// The blocks of a message with `text` and rows of `buttons`: the text in a section, each row
+/// an `actions` block; `[]` without buttons (a plain message, or an edit that drops them).
+pub fn blocks(text: &str, rows: &[Vec<botfleet_core::Button>]) -> serde_json::Value {
+    use serde_json::json;
+    if rows.iter().all(Vec::is_empty) {
+        return json!([]);
+    }
+    let mut out = vec![json!({
+        "type": "section",
+        "text": {"type": "mrkdwn", "text": fit(text, MAX_SECTION_CHARS)},
+    })];
+    for (r, row) in rows.iter().enumerate() {
+        let elements: Vec<serde_json::Value> = row
+            .iter()
+            .enumerate()
+            .map(|(c, b)| {
+                let mut e = json!({
+                    "type": "button",
+                    "text": {"type": "plain_text", "text": fit(&b.text, 75)},
+                    "action_id": format!("bf{r}_{c}"),
+                });
+                match (&b.url, &b.value) {
+                    (Some(u), _) => e["url"] = json!(u),
+                    (None, Some(v)) => e["value"] = json!(v),
+                    (None, None) => {}
+                }
+                e
+            })
+            .collect();
+        out.push(json!({"type": "actions", "elements": elements}));
+    }
+    json!(out)
+}
+
+/// Does one resolved action in the chat `chat` (`C…` or `C…/thread`): a `send`'s `ts`.
+///
+/// # Errors
+/// See [`SlackError`].
+pub async fn act(
+    client: &SlackClient,
+    api: &SlackApi,
+    chat: &str,
+    act: &botfleet_core::Act<'_>,
+) -> Result<Option<String>, SlackError> {
+    use botfleet_core::Act;
+    use serde_json::json;
+    let (channel, thread) = channel_and_thread(chat);
+    let refused = |code: &str| SlackError::Refused {
+        method: "action",
+        code: code.to_owned(),
+    };
+    match act {
+        Act::Send { text, buttons, .. } => {
+            let text = fit(text, MAX_TEXT_CHARS);
+            let mut body = json!({ "channel": channel, "text": text });
+            if !buttons.is_empty() {
+                body["blocks"] = blocks(&text, buttons);
+            }
+            if let Some(ts) = thread {
+                body["thread_ts"] = json!(ts);
+            }
+            let sent = client.bot_call(api, "chat.postMessage", body).await?;
+            Ok(sent["ts"].as_str().map(str::to_owned))
+        }
+        Act::Edit {
+            message_id,
+            text,
+            buttons,
+        } => {
+            // Slack's chat.update takes the whole message: the fleet does not keep texts.
+            let Some(text) = text else {
+                return Err(refused("an edit on Slack needs its text"));
+            };
+            let text = fit(text, MAX_TEXT_CHARS);
+            let body = json!({ "channel": channel, "ts": message_id, "text": text,
+                "blocks": blocks(&text, buttons) });
+            client.bot_call(api, "chat.update", body).await?;
+            Ok(None)
+        }
+        Act::Delete { message_id } => {
+            let body = json!({ "channel": channel, "ts": message_id });
+            match client.bot_call(api, "chat.delete", body).await {
+                // Gone before (a replayed delete): done.
+                Err(SlackError::Refused { code, .. }) if code == "message_not_found" => Ok(None),
+                r => r.map(|_| None),
+            }
+        }
+        Act::Typing => Err(refused("Slack shows no typing for bots")),
+        Act::Answer {
+            event,
+            text,
+            ephemeral,
+            ..
+        } => {
+            let Some(url) = event.answer_handle.as_deref() else {
+                return Err(refused("this event has no response_url to answer"));
+            };
+            let body = json!({
+                "text": fit(text.unwrap_or_default(), MAX_TEXT_CHARS),
+                "response_type": if *ephemeral { "ephemeral" } else { "in_channel" },
+                "replace_original": false,
+            });
+            if text.is_none_or(str::is_empty) {
+                // Nothing to show: the press was acknowledged with its envelope already.
+                return Ok(None);
+            }
+            client.respond(api, url, body).await?;
+            Ok(None)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use tokio_tungstenite::{
 use tracing::{debug, info, warn};
 
 use crate::{
-    inbound::{parse_command, parse_event, parse_frame, Event, Frame, Me},
+    inbound::{parse_command, parse_event, parse_frame, parse_interactive, Event, Frame, Me},
     SlackApi, SlackClient, SlackError,
 };
 
@@ -242,7 +242,7 @@ impl Receiver for SocketReceiver {
                     let event = match kind.as_str() {
                         "events_api" => Some(parse_event(&self.bot, &self.me, &payload)),
                         "slash_commands" => Some(parse_command(&self.bot, &payload)),
-                        // `interactive` (buttons, shortcuts): acknowledged, not answered yet.
+                        "interactive" => Some(parse_interactive(&self.bot, &payload)),
                         _ => None,
                     };
                     if let Some(event) = event {

@@ -20,13 +20,7 @@ pub async fn send(
     if out.text.is_empty() {
         return Ok(());
     }
-    let text: std::borrow::Cow<'_, str> = if out.text.chars().count() > MAX_TEXT_CHARS {
-        let mut t: String = out.text.chars().take(MAX_TEXT_CHARS - 1).collect();
-        t.push('…');
-        t.into()
-    } else {
-        out.text.as_str().into()
-    };
+    let text = fit(&out.text);
     // `out.reply_to` is the update id (the idempotency key's source), not Telegram's
     // message id, so replies are sent unthreaded.
     client.send_message(api, &out.chat.chat, &text, None).await
@@ -51,13 +45,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
 
 /// `text` cut to [`MAX_TEXT_CHARS`] (and marked) when longer.
 fn fit(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.chars().count() > MAX_TEXT_CHARS {
-        let mut t: String = text.chars().take(MAX_TEXT_CHARS - 1).collect();
-        t.push('…');
-        t.into()
-    } else {
-        text.into()
-    }
+    botfleet_core::fit_text(text, MAX_TEXT_CHARS)
 }
 
 /// The `inline_keyboard` markup of `rows`: value buttons carry `callback_data`, link buttons

@@ -74,6 +74,57 @@ pub trait PlatformFixture: Send + Sync {
     }
 }
 
+/// What the bot of `token` sent on the Telegram fake, as shown now.
+pub fn telegram_shown(fake: &crate::FakeState, token: &str) -> Vec<Shown> {
+    fake.sent()
+        .into_iter()
+        .filter(|s| s.token == token)
+        .filter_map(|s| {
+            let m = fake.bot_message(token, &s.chat_id, s.message_id)?;
+            let buttons = m
+                .reply_markup
+                .iter()
+                .flat_map(|k| k["inline_keyboard"].as_array().cloned().unwrap_or_default())
+                .flat_map(|row| row.as_array().cloned().unwrap_or_default())
+                .filter_map(|b| b["callback_data"].as_str().map(str::to_owned))
+                .collect();
+            Some(Shown {
+                chat: u32::try_from(s.chat_id.parse::<i64>().ok()?.unsigned_abs()).ok()?,
+                id: s.message_id.to_string(),
+                text: m.text,
+                buttons,
+                deleted: m.deleted,
+            })
+        })
+        .collect()
+}
+
+/// What the bot of `token` posted on the Slack fake, as shown now (channels `C<n>`).
+pub fn slack_shown(fake: &crate::FakeSlackState, token: &str) -> Vec<Shown> {
+    fake.sent()
+        .into_iter()
+        .filter(|p| p.token == token)
+        .filter_map(|p| {
+            let m = fake.posted(token, &p.channel, &p.ts)?;
+            let buttons = m
+                .blocks
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|b| b["elements"].as_array().cloned().unwrap_or_default())
+                .filter_map(|e| e["value"].as_str().map(str::to_owned))
+                .collect();
+            Some(Shown {
+                chat: p.channel.trim_start_matches('C').parse().ok()?,
+                id: p.ts,
+                text: m.text,
+                buttons,
+                deleted: m.deleted,
+            })
+        })
+        .collect()
+}
+
 /// A message as the platform shows it (see [`PlatformFixture::shown`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shown {
@@ -262,6 +313,13 @@ fn caps_of<F: PlatformFixture>(f: &F, bot: &BotSpec) -> botfleet_core::Caps {
     f.connector()
         .descriptor()
         .mode_of(bot)
+        .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps)
+}
+
+/// What the mode of `spec` can do, by its platform's descriptor in this build.
+pub(crate) fn caps_of_spec(spec: &BotSpec) -> botfleet_core::Caps {
+    botfleet_runtime::descriptor(spec.platform)
+        .and_then(|d| d.mode_of(spec))
         .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps)
 }
 
@@ -735,6 +793,7 @@ pub async fn buttons_presses_and_refs_across_turns<F: PlatformFixture>(f: &F) {
     }
     assert!(f.user_presses(0, 1, &menu.id, &wire), "the button is there");
     let edited = format!("picked {} bytes", long.len());
+
     wait_for(
         "the press edits the menu",
         Duration::from_secs(20),

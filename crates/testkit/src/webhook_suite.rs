@@ -148,6 +148,16 @@ pub trait WebhookFixture: Send + Sync {
     fn user_writes_then_edits(&self, _chat: usize, _text: &str, _edited: &str) -> bool {
         false
     }
+    /// Every message the bot sent, as the platform shows it now; empty where the fake does
+    /// not keep them.
+    fn shown(&self) -> Vec<crate::Shown> {
+        Vec::new()
+    }
+    /// A user presses the button with wire value `value` under the bot's message
+    /// `message_id` in chat `chat`; false where there is no such button.
+    fn user_presses(&self, _chat: usize, _message_id: &str, _value: &str) -> bool {
+        false
+    }
 }
 
 /// A fresh registry with the fixture's bot answering through `handler`, and workers `names`
@@ -207,6 +217,76 @@ pub async fn commands_and_edits_by_webhook(f: &impl WebhookFixture) {
             other => panic!("kind {other:?} in {e}"),
         }
     }
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// Buttons by webhook, across workers: a send with buttons under a `ref` (one value longer
+/// than the platform carries) is answered by one worker, the press by whichever the balancer
+/// picks, which finds the handler's own value and the message by its ref in the store and
+/// edits it; a later turn edits it again by ref. Runs where the mode has buttons.
+pub async fn buttons_by_webhook(f: &impl WebhookFixture) {
+    use serde_json::{json, Value};
+    let probe = f.bot("http://127.0.0.1:9/");
+    let caps = crate::connector_suite::caps_of_spec(&probe);
+    if !caps.buttons || !caps.edit {
+        return;
+    }
+    let long = "V".repeat(usize::from(caps.max_button_value) + 1);
+    let long2 = long.clone();
+    let handler = crate::ScriptedHandler::start(move |ev: &Value| {
+        match (ev["kind"].as_str(), ev["text"].as_str()) {
+            (Some("message"), Some("menu")) => json!({"actions": [
+                {"type": "send", "text": "Choose", "ref": "menu",
+                 "buttons": [[{"text": "Long", "value": long2}]]},
+            ]}),
+            (Some("action"), _) => json!({"actions": [
+                {"type": "edit", "ref": ev["action"]["message_ref"],
+                 "text": format!("chose {} bytes", ev["action"]["value"].as_str().map_or(0, str::len))},
+            ]}),
+            (Some("message"), Some("again")) => json!({"actions": [
+                {"type": "edit", "ref": "menu", "text": "edited again"},
+                {"type": "send", "text": "done"},
+            ]}),
+            _ => json!({}),
+        }
+    })
+    .await;
+    let (_dir, _store, proxy, workers) = behind_proxy(f, &handler.url(), &["a", "b"]).await;
+    let (platform, bot) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{bot}", proxy.url()))
+        .await;
+    f.user_writes(1, "menu");
+    until("the menu shown", 20, || {
+        f.shown().iter().any(|m| m.text == "Choose")
+    })
+    .await;
+    let menu = f.shown().into_iter().find(|m| m.text == "Choose").unwrap();
+    assert_eq!(menu.buttons.len(), 1, "{menu:?}");
+    assert_ne!(menu.buttons[0], long, "stood in for on the wire");
+    assert!(f.user_presses(1, &menu.id, &menu.buttons[0]));
+    let chose = format!("chose {} bytes", long.len());
+    until("the press edits the menu", 20, || {
+        f.shown().iter().any(|m| m.id == menu.id && m.text == chose)
+    })
+    .await;
+    f.user_writes(1, "again");
+    until("the later turn", 20, || {
+        f.replies().iter().any(|(_, t)| t == "done") && f.settled()
+    })
+    .await;
+    let now = f.shown().into_iter().find(|m| m.id == menu.id).unwrap();
+    assert_eq!(now.text, "edited again");
+    let sends: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(sends, ["Choose", "done"], "each send once");
+    let press = handler
+        .seen()
+        .into_iter()
+        .find(|e| e["kind"] == "action")
+        .unwrap();
+    assert_eq!(press["action"]["value"], long.as_str());
+    assert_eq!(press["action"]["message_ref"], "menu");
     for w in workers {
         w.shutdown().await;
     }
