@@ -10,7 +10,10 @@
 //!   addresses at R per second (open loop) for S seconds. Each update is journaled, takes its
 //!   turn, is echoed and sent to the fake Bot API; latency is from the POST to the fake's
 //!   receipt of the reply. With `--store sqlite --workers 1 --embedded` the worker runs without
-//!   Redis (the in-memory coordinator).
+//!   Redis (the in-memory coordinator). `--handler text` puts a webhook handler (in this
+//!   process) in place of echo, answering `{text}`; `--handler actions` one answering three
+//!   actions (a send with two buttons under a ref, an edit of that ref, typing): latency is then
+//!   to the fake's receipt of the edit.
 
 use std::{
     collections::HashMap,
@@ -106,6 +109,27 @@ pub(crate) async fn throughput() -> anyhow::Result<()> {
     let seconds: f64 = arg("--seconds").map_or(Ok(10.0), |s| s.parse())?;
     let embedded = std::env::args().any(|a| a == "--embedded");
     let threads = arg("--worker-threads").unwrap_or_else(|| "2".into());
+    let handler_kind = arg("--handler").unwrap_or_else(|| "echo".into());
+    let handler = match handler_kind.as_str() {
+        "echo" => None,
+        "text" => Some(
+            botfleet_testkit::ScriptedHandler::start(|ev| serde_json::json!({"text": ev["text"]}))
+                .await,
+        ),
+        "actions" => Some(
+            botfleet_testkit::ScriptedHandler::start(|ev| {
+                let t = ev["text"].as_str().unwrap_or_default();
+                serde_json::json!({"actions": [
+                    {"type": "send", "text": t, "ref": "m",
+                     "buttons": [[{"text": "Yes", "value": "y"}, {"text": "No", "value": "n"}]]},
+                    {"type": "edit", "ref": "m", "text": format!("{t}!")},
+                    {"type": "typing"},
+                ]})
+            })
+            .await,
+        ),
+        other => bail!("--handler takes echo, text or actions, not {other}"),
+    };
     let bin = botfleet_bin()?;
     let fake = FakeTelegram::start().await?;
     let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-hooks-{}", nonce())));
@@ -127,6 +151,12 @@ pub(crate) async fn throughput() -> anyhow::Result<()> {
         s.options.api_url = Some(fake.url());
         s.options.mode = Some("webhook".into());
         s.hook.secret = Some(Secret::new(SECRET));
+        if let Some(h) = &handler {
+            s.handler = botfleet_core::HandlerSpec::Webhook {
+                url: h.url(),
+                secret: None,
+            };
+        }
         store.add_bot(&s).await?;
     }
     let redis = if embedded {
@@ -214,22 +244,48 @@ pub(crate) async fn throughput() -> anyhow::Result<()> {
     let offered = start.elapsed();
     while tasks.join_next().await.is_some() {}
     let want = warm + total - failures.load(std::sync::atomic::Ordering::Relaxed);
-    let t = Instant::now();
-    while fake.state().sent_count() < want {
-        if t.elapsed() > Duration::from_secs(120) {
-            bail!("only {} of {want} answered", fake.state().sent_count());
+    let actions = handler_kind == "actions";
+    // What marks an update answered: its reply, or (actions) the edit of its reply.
+    let answers = || -> Vec<(String, Instant)> {
+        if actions {
+            (0..BOTS)
+                .flat_map(|i| {
+                    fake.state()
+                        .calls(&format!("{}:hooks-{i}", 20_000 + i), "editMessageText")
+                })
+                .map(|c| {
+                    let t = c.args["text"].as_str().unwrap_or_default();
+                    (t.trim_end_matches('!').to_owned(), c.at)
+                })
+                .collect()
+        } else {
+            fake.state()
+                .sent()
+                .into_iter()
+                .map(|s| (s.text, s.at))
+                .collect()
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let t = Instant::now();
+    loop {
+        let n = answers().len();
+        if n >= want {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            bail!("only {n} of {want} answered");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cpu_s = (pids.iter().map(|p| crate::cpu_ticks(*p)).sum::<u64>() - cpu0) as f64 / 100.0;
-    let sent = fake.state().sent();
+    let sent = answers();
     let mut lat: Vec<f64> = {
         let at = sent_at.lock().unwrap();
         sent.iter()
-            .filter_map(|s| Some((s.at - *at.get(&s.text)?).as_secs_f64() * 1e3))
+            .filter_map(|(text, when)| Some((*when - *at.get(text)?).as_secs_f64() * 1e3))
             .collect()
     };
-    let last = sent.iter().map(|s| s.at).max().unwrap_or(start);
+    let last = sent.iter().map(|s| s.1).max().unwrap_or(start);
     let elapsed = (last - start).as_secs_f64();
     lat.sort_by(f64::total_cmp);
     let mut acks = acks.lock().unwrap().clone();
@@ -242,7 +298,7 @@ pub(crate) async fn throughput() -> anyhow::Result<()> {
         }
     }
     println!(
-        "webhook throughput, {workers} worker(s) x {threads} threads, {} store{}, {BOTS} bots x {CHATS} chats, echo: offered {:.0}/s for {:.1} s, answered {} ({} refused) at {:.0}/s ({:.0}/s per worker); POST to reply p50 {:.1} ms p99 {:.1} ms; POST to 2xx (journaled) p50 {:.1} ms p99 {:.1} ms; outbox window (send accepted to record written) mean {:.2} ms; worker CPU {:.0} % of a core per 1,000 updates/s",
+        "webhook throughput, {workers} worker(s) x {threads} threads, {} store{}, {BOTS} bots x {CHATS} chats, handler {handler_kind}: offered {:.0}/s for {:.1} s, answered {} ({} refused) at {:.0}/s ({:.0}/s per worker); POST to reply p50 {:.1} ms p99 {:.1} ms; POST to 2xx (journaled) p50 {:.1} ms p99 {:.1} ms; outbox window (send accepted to record written) mean {:.2} ms; worker CPU {:.0} % of a core per 1,000 updates/s",
         store_kind,
         if embedded { " (embedded, no Redis)" } else { " + Redis" },
         total as f64 / offered.as_secs_f64(),
