@@ -556,6 +556,28 @@ impl WebhookFixture for WhatsappFixture {
             .user_writes(WA_NUMBER, &format!("49170{chat}"), text);
         self.graph.state().status_update(WA_NUMBER, &id);
     }
+    fn shown(&self) -> Vec<botfleet_testkit::Shown> {
+        self.graph
+            .state()
+            .sent()
+            .into_iter()
+            .filter_map(|m| {
+                Some(botfleet_testkit::Shown {
+                    chat: m.to.strip_prefix("49170")?.parse().ok()?,
+                    id: m.wamid,
+                    text: m.text,
+                    buttons: m.buttons.into_iter().map(|(id, _)| id).collect(),
+                    deleted: false,
+                })
+            })
+            .collect()
+    }
+    fn user_presses(&self, chat: usize, message_id: &str, value: &str) -> bool {
+        self.graph
+            .state()
+            .user_presses(WA_NUMBER, &format!("49170{chat}"), message_id, value)
+            .is_some()
+    }
     fn replies(&self) -> Vec<(String, String)> {
         self.graph
             .state()
@@ -861,6 +883,14 @@ async fn slack_commands_and_edits_by_webhook() {
 async fn telegram_buttons_by_webhook() {
     let f = TelegramHooksFixture {
         fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::buttons_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_buttons_by_webhook() {
+    let f = WhatsappFixture {
+        graph: botfleet_testkit::FakeGraph::start().await.unwrap(),
     };
     botfleet_testkit::webhook_suite::buttons_by_webhook(&f).await;
 }

@@ -225,14 +225,16 @@ pub async fn commands_and_edits_by_webhook(f: &impl WebhookFixture) {
 /// Buttons by webhook, across workers: a send with buttons under a `ref` (one value longer
 /// than the platform carries) is answered by one worker, the press by whichever the balancer
 /// picks, which finds the handler's own value and the message by its ref in the store and
-/// edits it; a later turn edits it again by ref. Runs where the mode has buttons.
+/// edits it (or, where sent messages cannot change, answers with a message naming the ref); a
+/// later turn edits it again by ref. Runs where the mode has buttons.
 pub async fn buttons_by_webhook(f: &impl WebhookFixture) {
     use serde_json::{json, Value};
     let probe = f.bot("http://127.0.0.1:9/");
     let caps = crate::connector_suite::caps_of_spec(&probe);
-    if !caps.buttons || !caps.edit {
+    if !caps.buttons {
         return;
     }
+    let edits = caps.edit;
     let long = "V".repeat(usize::from(caps.max_button_value) + 1);
     let long2 = long.clone();
     let handler = crate::ScriptedHandler::start(move |ev: &Value| {
@@ -241,10 +243,18 @@ pub async fn buttons_by_webhook(f: &impl WebhookFixture) {
                 {"type": "send", "text": "Choose", "ref": "menu",
                  "buttons": [[{"text": "Long", "value": long2}]]},
             ]}),
-            (Some("action"), _) => json!({"actions": [
-                {"type": "edit", "ref": ev["action"]["message_ref"],
-                 "text": format!("chose {} bytes", ev["action"]["value"].as_str().map_or(0, str::len))},
-            ]}),
+            (Some("action"), _) => {
+                let text = format!(
+                    "chose {} bytes",
+                    ev["action"]["value"].as_str().map_or(0, str::len)
+                );
+                if edits {
+                    json!({"actions": [{"type": "edit", "ref": ev["action"]["message_ref"], "text": text}]})
+                } else {
+                    // Where sent messages cannot change, the press is answered with a new one.
+                    json!({"actions": [{"type": "send", "text": format!("{text} on {}", ev["action"]["message_ref"].as_str().unwrap_or("?"))}]})
+                }
+            }
             (Some("message"), Some("again")) => json!({"actions": [
                 {"type": "edit", "ref": "menu", "text": "edited again"},
                 {"type": "send", "text": "done"},
@@ -267,6 +277,19 @@ pub async fn buttons_by_webhook(f: &impl WebhookFixture) {
     assert_ne!(menu.buttons[0], long, "stood in for on the wire");
     assert!(f.user_presses(1, &menu.id, &menu.buttons[0]));
     let chose = format!("chose {} bytes", long.len());
+    if !edits {
+        let want = format!("{chose} on menu");
+        until("the press answered", 20, || {
+            f.replies().iter().any(|(_, t)| *t == want) && f.settled()
+        })
+        .await;
+        let sends: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
+        assert_eq!(sends, ["Choose".to_owned(), want], "each send once");
+        for w in workers {
+            w.shutdown().await;
+        }
+        return;
+    }
     until("the press edits the menu", 20, || {
         f.shown().iter().any(|m| m.id == menu.id && m.text == chose)
     })

@@ -174,15 +174,28 @@ fn whatsapp_cloud_deliveries() {
         "contacts": [{"wa_id": "4915112345678", "profile": {"name": "A"}}],
         "messages": [{"from": "4915112345678", "id": "wamid.X", "timestamp": "1700000000",
             "type": "text", "text": {"body": "hi"}}]}}]}]});
+    let mut tap = base.clone();
+    tap["entry"][0]["changes"][0]["value"]["messages"][0] = json!({"from": "4915112345678",
+        "id": "wamid.T", "timestamp": "1700000000", "type": "interactive",
+        "context": {"from": "15550001111", "id": "wamid.out.1"},
+        "interactive": {"type": "button_reply", "button_reply": {"id": "yes", "title": "Yes"}}});
     let (mut read, mut other) = (0, 0);
-    for v in mutations(&base, 500, CASES) {
-        let (got, ignored, malformed) =
-            botfleet_whatsapp::parse_delivery(&bot(), Some("PN1"), v.to_string().as_bytes());
-        for r in &got {
-            sane(&r.message);
+    for (k, base) in [base, tap].iter().enumerate() {
+        let before = read;
+        for v in mutations(base, 500 + k as u64, CASES) {
+            let (got, ignored, malformed) =
+                botfleet_whatsapp::parse_delivery(&bot(), Some("PN1"), v.to_string().as_bytes());
+            for r in &got {
+                sane(&r.message);
+            }
+            read += got.len();
+            other += ignored + malformed;
         }
-        read += got.len();
-        other += ignored + malformed;
+        assert!(
+            read - before >= 100,
+            "kind {k}: only {} read",
+            read - before
+        );
     }
     let (got, _, malformed) = botfleet_whatsapp::parse_delivery(&bot(), None, b"\xff{not json");
     assert!(got.is_empty() && malformed == 1);

@@ -121,20 +121,58 @@ impl GraphClient {
         body: &str,
         reply_to: Option<&str>,
     ) -> Result<String, WhatsappError> {
-        let body: String = if body.chars().count() > MAX_TEXT_CHARS {
-            let mut t: String = body.chars().take(MAX_TEXT_CHARS - 1).collect();
-            t.push('…');
-            t
-        } else {
-            body.to_owned()
-        };
-        let mut doc = json!({
+        let body = botfleet_core::fit_text(body, MAX_TEXT_CHARS);
+        let doc = json!({
             "messaging_product": "whatsapp",
             "recipient_type": "individual",
             "to": to,
             "type": "text",
             "text": { "body": body },
         });
+        self.send_doc(n, doc, reply_to).await
+    }
+
+    /// `POST /{phone_number_id}/messages`: an `interactive` message of type `button` to `to`:
+    /// `body` (cut to 1,024 characters) and reply `buttons` as (id, title) (titles cut to 20
+    /// characters). Answers the sent message's id.
+    ///
+    /// # Errors
+    /// See [`WhatsappError`].
+    pub async fn send_buttons(
+        &self,
+        n: &Number,
+        to: &str,
+        body: &str,
+        buttons: &[(&str, &str)],
+        reply_to: Option<&str>,
+    ) -> Result<String, WhatsappError> {
+        let buttons: Vec<Value> = buttons
+            .iter()
+            .map(|(id, title)| {
+                json!({"type": "reply", "reply": {"id": id, "title": botfleet_core::fit_text(title, 20)}})
+            })
+            .collect();
+        let doc = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": to,
+            "type": "interactive",
+            "interactive": {
+                "type": "button",
+                "body": { "text": botfleet_core::fit_text(body, 1024) },
+                "action": { "buttons": buttons },
+            },
+        });
+        self.send_doc(n, doc, reply_to).await
+    }
+
+    /// Sends one message document, in reply to `reply_to` when given: its id.
+    async fn send_doc(
+        &self,
+        n: &Number,
+        mut doc: Value,
+        reply_to: Option<&str>,
+    ) -> Result<String, WhatsappError> {
         if let Some(id) = reply_to {
             doc["context"] = json!({ "message_id": id });
         }

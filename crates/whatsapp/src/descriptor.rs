@@ -21,7 +21,7 @@ pub const DESCRIPTOR: Descriptor = Descriptor {
             endpoint: Endpoint::Http,
             settings: &[(Setting::PhoneNumberId, Need::Required)],
             missing: None,
-            caps: CAPS,
+            caps: crate::outbound::CAPS,
         },
         ModeSpec {
             name: "web",

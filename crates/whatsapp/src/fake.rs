@@ -37,6 +37,10 @@ pub struct Sent {
     pub text: String,
     /// The message it answers (`context.message_id`), if any.
     pub reply_to: Option<String>,
+    /// The id the fake gave it.
+    pub wamid: String,
+    /// Its reply buttons, as (id, title), for an `interactive` message of type `button`.
+    pub buttons: Vec<(String, String)>,
 }
 
 /// An error to answer the next send of a number with.
@@ -164,17 +168,45 @@ impl FakeGraphState {
     /// A user `from` writes `text` to the number; answers the message's `wamid`.
     pub fn user_writes(&self, phone_number_id: &str, from: &str, text: &str) -> String {
         let id = format!("wamid.{}", self.next_id.fetch_add(1, Ordering::SeqCst) + 1);
-        let doc = json!({
-            "object": "whatsapp_business_account",
-            "entry": [{"id": "waba", "changes": [{"field": "messages", "value": {
-                "messaging_product": "whatsapp",
-                "metadata": {"display_phone_number": "15550000000", "phone_number_id": phone_number_id},
-                "contacts": [{"profile": {"name": "user"}, "wa_id": from}],
-                "messages": [{"from": from, "id": id, "timestamp": "1700000000", "type": "text", "text": {"body": text}}]
-            }}]}]
-        });
+        let doc = message_doc(
+            phone_number_id,
+            from,
+            json!({"from": from, "id": id, "timestamp": "1700000000", "type": "text", "text": {"body": text}}),
+        );
         self.enqueue(phone_number_id, id.clone(), Some(from.to_owned()), &doc);
         id
+    }
+
+    /// The user `from` taps the reply button `button_id` of the bot's interactive message
+    /// `wamid`: an `interactive` `button_reply` message whose `context.id` is that message.
+    /// Answers the reply's own id, or `None` when that message has no such button.
+    pub fn user_presses(
+        &self,
+        phone_number_id: &str,
+        from: &str,
+        wamid: &str,
+        button_id: &str,
+    ) -> Option<String> {
+        let title = self
+            .lock()
+            .sent
+            .iter()
+            .find(|s| s.wamid == wamid && s.to == from)?
+            .buttons
+            .iter()
+            .find(|(id, _)| id == button_id)?
+            .1
+            .clone();
+        let id = format!("wamid.{}", self.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+        let doc = message_doc(
+            phone_number_id,
+            from,
+            json!({"from": from, "id": id, "timestamp": "1700000000", "type": "interactive",
+                "context": {"from": "15550000000", "id": wamid},
+                "interactive": {"type": "button_reply", "button_reply": {"id": button_id, "title": title}}}),
+        );
+        self.enqueue(phone_number_id, id.clone(), Some(from.to_owned()), &doc);
+        Some(id)
     }
 
     /// A status update (`delivered`) of `wamid`: taken and ignored by a bot.
@@ -382,12 +414,26 @@ async fn messages(
         }
         None => {}
     }
-    let (Some(to), Some(text)) = (doc["to"].as_str(), doc["text"]["body"].as_str()) else {
+    let interactive = doc["type"] == "interactive";
+    let text = if interactive {
+        doc["interactive"]["body"]["text"].as_str()
+    } else {
+        doc["text"]["body"].as_str()
+    };
+    let (Some(to), Some(text)) = (doc["to"].as_str(), text) else {
         return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
     };
     if doc["messaging_product"] != "whatsapp" || text.is_empty() {
         return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
     }
+    let buttons = if interactive {
+        match reply_buttons(&doc["interactive"], text) {
+            Ok(b) => b,
+            Err(why) => return graph_error(StatusCode::BAD_REQUEST, 131_009, why),
+        }
+    } else {
+        Vec::new()
+    };
     let wamid = format!(
         "wamid.out.{}",
         state.next_id.fetch_add(1, Ordering::SeqCst) + 1
@@ -397,9 +443,56 @@ async fn messages(
         to: to.to_owned(),
         text: text.to_owned(),
         reply_to: doc["context"]["message_id"].as_str().map(str::to_owned),
+        wamid: wamid.clone(),
+        buttons,
     });
     Json(json!({"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}], "messages": [{"id": wamid}]}))
         .into_response()
+}
+
+/// A webhook delivery of one `message` from `from` to the number `phone_number_id`.
+fn message_doc(phone_number_id: &str, from: &str, message: Value) -> Value {
+    json!({
+        "object": "whatsapp_business_account",
+        "entry": [{"id": "waba", "changes": [{"field": "messages", "value": {
+            "messaging_product": "whatsapp",
+            "metadata": {"display_phone_number": "15550000000", "phone_number_id": phone_number_id},
+            "contacts": [{"profile": {"name": "user"}, "wa_id": from}],
+            "messages": [message]
+        }}]}]
+    })
+}
+
+/// An `interactive` message of type `button`, checked as the Cloud API does: a body of at
+/// most 1,024 characters and 1–3 reply buttons, each with a unique id of at most 256
+/// characters and a title of 1–20.
+fn reply_buttons(i: &Value, body: &str) -> Result<Vec<(String, String)>, &'static str> {
+    if i["type"] != "button" {
+        return Err("Parameter value is not valid: interactive.type");
+    }
+    if body.chars().count() > 1024 {
+        return Err("Parameter value is not valid: body.text too long");
+    }
+    let list = i["action"]["buttons"].as_array().ok_or("buttons missing")?;
+    if list.is_empty() || list.len() > 3 {
+        return Err("Parameter value is not valid: 1 to 3 buttons");
+    }
+    let mut out: Vec<(String, String)> = Vec::new();
+    for b in list {
+        let (Some(id), Some(title)) = (b["reply"]["id"].as_str(), b["reply"]["title"].as_str())
+        else {
+            return Err("Parameter value is not valid: reply.id and reply.title");
+        };
+        let title_ok = (1..=20).contains(&title.chars().count());
+        if b["type"] != "reply" || id.is_empty() || id.chars().count() > 256 || !title_ok {
+            return Err("Parameter value is not valid: button");
+        }
+        if out.iter().any(|(x, _)| x == id) {
+            return Err("Parameter value is not valid: duplicate button id");
+        }
+        out.push((id.to_owned(), title.to_owned()));
+    }
+    Ok(out)
 }
 
 /// The fake's routes, callable without a socket.

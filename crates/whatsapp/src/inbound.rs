@@ -1,7 +1,7 @@
 //! What a Cloud API delivery holds: its signature (`X-Hub-Signature-256`) and its text
 //! messages, normalised.
 
-use botfleet_core::{BotId, ChatKey, Inbound, Platform};
+use botfleet_core::{ActionEvent, BotId, ChatKey, EventKind, Inbound, Platform};
 use botfleet_platform::Received;
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -57,28 +57,53 @@ pub fn parse_delivery(
                     malformed += 1;
                     continue;
                 };
-                if m["type"] != "text" {
-                    ignored += 1;
-                    continue;
-                }
-                let Some(text) = m["text"]["body"].as_str() else {
-                    malformed += 1;
-                    continue;
-                };
                 let sent_at_ms = m["timestamp"]
                     .as_str()
                     .and_then(|t| t.parse::<i64>().ok())
                     .map(|s| s.saturating_mul(1000));
-                out.push(Received {
-                    key: id.to_owned(),
-                    message: Inbound::message(
+                let at = |text: &str| {
+                    Inbound::message(
                         Platform::Whatsapp,
                         ChatKey::new(bot.clone(), from.to_owned()),
                         id,
                         Some(from.to_owned()),
                         text,
                         sent_at_ms,
-                    ),
+                    )
+                };
+                let message = match m["type"].as_str() {
+                    Some("text") => match m["text"]["body"].as_str() {
+                        Some(text) => at(text),
+                        None => {
+                            malformed += 1;
+                            continue;
+                        }
+                    },
+                    Some("interactive" | "button") => match reply_of(m) {
+                        Some((reply, title, on)) => {
+                            let mut ev = at(title);
+                            ev.kind = EventKind::Action;
+                            ev.action = Some(Box::new(ActionEvent {
+                                id: reply.to_owned(),
+                                value: reply.to_owned(),
+                                message_ref: None,
+                                message_id: Some(on.to_owned()),
+                            }));
+                            ev
+                        }
+                        None => {
+                            malformed += 1;
+                            continue;
+                        }
+                    },
+                    _ => {
+                        ignored += 1;
+                        continue;
+                    }
+                };
+                out.push(Received {
+                    key: id.to_owned(),
+                    message,
                 });
             }
         }
@@ -86,9 +111,62 @@ pub fn parse_delivery(
     (out, ignored, malformed)
 }
 
+/// A tap on a reply button or a list row (`interactive` `button_reply`/`list_reply`, or a
+/// template's quick reply, `button`): (its id, its title, the message that carried it).
+fn reply_of(m: &Value) -> Option<(&str, &str, &str)> {
+    let on = m["context"]["id"].as_str().filter(|s| !s.is_empty())?;
+    let (id, title) = if m["type"] == "button" {
+        (
+            m["button"]["payload"].as_str()?,
+            m["button"]["text"].as_str()?,
+        )
+    } else {
+        let i = &m["interactive"];
+        let r = match i["type"].as_str()? {
+            "button_reply" => &i["button_reply"],
+            "list_reply" => &i["list_reply"],
+            _ => return None,
+        };
+        (r["id"].as_str()?, r["title"].as_str().unwrap_or_default())
+    };
+    (!id.is_empty()).then_some((id, title, on))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_button_tap_is_an_action_on_its_message() {
+        let body = serde_json::to_vec(&serde_json::json!({"entry": [{"changes": [{"field": "messages", "value": {
+            "metadata": {"phone_number_id": "P1"},
+            "messages": [
+                {"from": "4915", "id": "wamid.T", "type": "interactive", "context": {"id": "wamid.out.1"},
+                 "interactive": {"type": "button_reply", "button_reply": {"id": "yes", "title": "Yes"}}},
+                {"from": "4915", "id": "wamid.L", "type": "interactive", "context": {"id": "wamid.out.2"},
+                 "interactive": {"type": "list_reply", "list_reply": {"id": "row-2", "title": "Two"}}},
+                {"from": "4915", "id": "wamid.Q", "type": "button", "context": {"id": "wamid.out.3"},
+                 "button": {"payload": "stop", "text": "Stop"}},
+                {"from": "4915", "id": "wamid.X", "type": "interactive",
+                 "interactive": {"type": "button_reply", "button_reply": {"id": "yes"}}}
+            ]}}]}]})).unwrap();
+        let (got, ignored, malformed) =
+            parse_delivery(&BotId::new("b").unwrap(), Some("P1"), &body);
+        assert_eq!(
+            (got.len(), ignored, malformed),
+            (3, 0, 1),
+            "one without its message is malformed"
+        );
+        let a = got[0].message.action.as_deref().unwrap();
+        assert_eq!(got[0].message.kind, botfleet_core::EventKind::Action);
+        assert_eq!(
+            (a.value.as_str(), a.message_id.as_deref()),
+            ("yes", Some("wamid.out.1"))
+        );
+        assert_eq!(got[0].message.text, "Yes");
+        assert_eq!(got[1].message.action.as_deref().unwrap().value, "row-2");
+        assert_eq!(got[2].message.action.as_deref().unwrap().value, "stop");
+    }
 
     #[test]
     fn parses_text_messages_and_skips_the_rest() {
