@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{bail, Context};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 
 use reqwest::Method;
 
@@ -17,20 +17,13 @@ use crate::{
     registry::{BotLine, BotPatch, Change, LineOutcome, Registry},
 };
 
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum HandlerKind {
-    /// Reply with the same text.
-    Echo,
-    /// POST the message to --webhook-url and send back the reply's `text`.
-    Webhook,
-}
-
-impl HandlerKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            HandlerKind::Echo => "echo",
-            HandlerKind::Webhook => "webhook",
-        }
+/// A handler as `--handler` takes it: `echo`, `webhook`, or the name of a handler compiled
+/// into the workers (a worker built as a library); checked as the registry checks it.
+fn handler_name(v: &str) -> Result<String, String> {
+    if v == "echo" || v == "webhook" || botfleet_core::HandlerSpec::is_handler_name(v) {
+        Ok(v.to_owned())
+    } else {
+        Err("expected echo, webhook, or a compiled-in handler's name (a-z, 0-9, _ or -, starting with a letter, at most 32)".into())
     }
 }
 
@@ -47,9 +40,9 @@ pub(crate) struct UpdateArgs {
     /// A new platform API base URL; an empty value goes back to the platform's default.
     #[arg(long)]
     api_url: Option<String>,
-    /// A new handler.
-    #[arg(long, value_enum)]
-    handler: Option<HandlerKind>,
+    /// A new handler: `echo`, `webhook`, or the name of one compiled into the workers.
+    #[arg(long, value_parser = handler_name)]
+    handler: Option<String>,
     /// Where the webhook handler POSTs.
     #[arg(long)]
     webhook_url: Option<String>,
@@ -89,7 +82,7 @@ impl UpdateArgs {
             token: read(self.token, "token")?,
             app_token: read(self.app_token, "app token")?.map(Some),
             api_url: clear(self.api_url),
-            handler: self.handler.map(|h| h.as_str().to_owned()),
+            handler: self.handler,
             webhook_url: self.webhook_url.map(Some),
             webhook_secret: clear(self.webhook_secret),
             enabled: None,
@@ -128,9 +121,10 @@ pub(crate) struct AddArgs {
     /// WhatsApp Web socket, ws:// or wss:// (default `wss://web.whatsapp.com/ws/chat`).
     #[arg(long)]
     api_url: Option<String>,
-    /// How the bot answers.
-    #[arg(long, value_enum, default_value = "echo")]
-    handler: HandlerKind,
+    /// How the bot answers: `echo`, `webhook` (POSTs each event to --webhook-url), or the
+    /// name of a handler compiled into the workers (a worker built as a library).
+    #[arg(long, value_parser = handler_name, default_value = "echo")]
+    handler: String,
     /// Where the webhook handler POSTs.
     #[arg(long)]
     webhook_url: Option<String>,
@@ -359,7 +353,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 token: bot.token.unwrap_or_default(),
                 app_token: bot.app_token,
                 api_url: bot.api_url,
-                handler: Some(bot.handler.as_str().to_owned()),
+                handler: Some(bot.handler.clone()),
                 webhook_url: bot.webhook_url,
                 webhook_secret: bot.webhook_secret,
                 enabled: Some(!bot.disabled),

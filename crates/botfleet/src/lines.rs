@@ -572,7 +572,7 @@ impl BotPatch {
             next.options.shards_per_slice = n;
         }
         let (mut url, mut secret) = match &spec.handler {
-            HandlerSpec::Echo => (None, None),
+            HandlerSpec::Echo | HandlerSpec::Named(_) => (None, None),
             HandlerSpec::Webhook { url, secret } => (Some(url.clone()), secret.clone()),
         };
         if let Some(u) = self.webhook_url {

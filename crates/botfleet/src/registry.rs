@@ -96,7 +96,7 @@ pub(crate) struct BotView {
     /// Messages given up on (handler or send failed past the retry time, or refused).
     pub(crate) undeliverable: u64,
     pub(crate) last_error: Option<String>,
-    pub(crate) handler: &'static str,
+    pub(crate) handler: String,
     pub(crate) webhook_url: Option<String>,
     pub(crate) api_url: Option<String>,
     /// Whether a second credential (Slack's app token) is set; never the value.
@@ -540,10 +540,10 @@ fn view(
         pending: stats.map_or(0, |s| s.pending),
         undeliverable: stats.map_or(0, |s| s.undeliverable),
         last_error: b.last_error,
-        handler: b.spec.handler.kind(),
+        handler: b.spec.handler.kind().to_owned(),
         webhook_url: match &b.spec.handler {
             HandlerSpec::Webhook { url, .. } => Some(url.clone()),
-            HandlerSpec::Echo => None,
+            HandlerSpec::Echo | HandlerSpec::Named(_) => None,
         },
         api_url: b.spec.options.api_url.clone(),
         has_app_token: b.spec.app_token.is_some(),

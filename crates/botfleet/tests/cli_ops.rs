@@ -84,6 +84,24 @@ fn the_registry_commands_work_and_never_show_tokens() {
         &["--handler", "webhook"],
     );
     assert!(text(&o).1.contains("needs webhook_url"), "{:?}", text(&o));
+    // A handler compiled into the workers is named; a name that cannot be one is refused.
+    let o = bots_add(
+        &db,
+        "zz-lib",
+        "telegram",
+        "223:SECRET-L",
+        &["--handler", "support"],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = bots_add(
+        &db,
+        "lib2",
+        "telegram",
+        "224:SECRET-M",
+        &["--handler", "Not A Name"],
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("compiled-in handler"), "{:?}", text(&o));
     assert!(
         botfleet(&["bots", "disable", "support-eu", "--database-url", &db])
             .status

@@ -107,7 +107,7 @@ pub enum InvalidSpec {
         owners: String,
     },
     /// The handler kind is not one botfleet knows.
-    #[error("unknown handler {0:?} (expected echo or webhook)")]
+    #[error("unknown handler {0:?} (expected echo, webhook, or the name of a handler compiled into the workers: a-z, 0-9, _ or -, starting with a letter, at most 32)")]
     UnknownHandler(String),
     /// A handler that needs a setting did not get it.
     #[error("handler {handler} needs {missing}")]

@@ -19,14 +19,18 @@ pub enum HandlerSpec {
         /// The per-bot signing key; `None` sends unsigned requests.
         secret: Option<Secret>,
     },
+    /// A handler compiled into the worker (a Rust `BotHandler` registered under this name by a
+    /// worker built as a library): `--handler NAME`.
+    Named(String),
 }
 
 impl HandlerSpec {
     /// A handler from its parts as flags, import lines and the store hold them.
     ///
     /// # Errors
-    /// [`InvalidSpec::UnknownHandler`] for a kind other than `echo` or `webhook`;
-    /// [`InvalidSpec::Handler`] for a webhook without a URL.
+    /// [`InvalidSpec::UnknownHandler`] for a kind that is neither `echo`, `webhook` nor a
+    /// usable name of a compiled-in handler (1–32 of `a-z`, `0-9`, `_`, `-`, starting with a
+    /// letter); [`InvalidSpec::Handler`] for a webhook without a URL.
     pub fn from_parts(
         kind: &str,
         url: Option<String>,
@@ -41,17 +45,30 @@ impl HandlerSpec {
                 })?,
                 secret,
             }),
+            name if Self::is_handler_name(name) => Ok(HandlerSpec::Named(name.to_owned())),
             other => Err(InvalidSpec::UnknownHandler(
                 other.chars().take(40).collect(),
             )),
         }
     }
 
-    /// The handler's name as used in flags and the store (`echo`, `webhook`).
-    pub fn kind(&self) -> &'static str {
+    /// Whether `name` can name a compiled-in handler: 1–32 of `a-z`, `0-9`, `_`, `-`, starting
+    /// with a letter.
+    pub fn is_handler_name(name: &str) -> bool {
+        name.len() <= 32
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    }
+
+    /// The handler's name as used in flags and the store (`echo`, `webhook`, or the name of a
+    /// compiled-in one).
+    pub fn kind(&self) -> &str {
         match self {
             HandlerSpec::Echo => "echo",
             HandlerSpec::Webhook { .. } => "webhook",
+            HandlerSpec::Named(n) => n,
         }
     }
 }
@@ -501,11 +518,14 @@ mod tests {
         );
         let e = HandlerSpec::from_parts("webhook", None, None).unwrap_err();
         assert_eq!(e.to_string(), "handler webhook needs webhook_url");
-        let e = HandlerSpec::from_parts("magic", None, None).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "unknown handler \"magic\" (expected echo or webhook)"
-        );
+        // Any other usable name is a handler compiled into the workers.
+        let named = HandlerSpec::from_parts("support-bot_2", None, None).unwrap();
+        assert_eq!(named, HandlerSpec::Named("support-bot_2".into()));
+        assert_eq!(named.kind(), "support-bot_2");
+        for bad in ["Magic", "2fa", "", "has space", "x/y", &"a".repeat(33)] {
+            let e = HandlerSpec::from_parts(bad, None, None).unwrap_err();
+            assert!(e.to_string().starts_with("unknown handler"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -36,6 +36,9 @@ pub struct WorkerConfig {
     pub reconcile_every: Duration,
     /// Timeout of a webhook handler call. Default 10 s.
     pub webhook_timeout: Duration,
+    /// Handlers compiled into this worker, by the name a bot's `--handler NAME` gives (a
+    /// worker built as a library adds its own). Default none.
+    pub handlers: crate::HandlerRegistry,
     /// How long one message's handler (or send) is retried through transient failures
     /// (unreachable, timeouts, 5xx, 429) while its chat waits and the others go on, before it
     /// is recorded as undeliverable. Default 5 min.
@@ -100,6 +103,7 @@ impl WorkerConfig {
             registry_refresh: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(1),
             webhook_timeout: Duration::from_secs(10),
+            handlers: crate::HandlerRegistry::default(),
             handler_retry_for: Duration::from_secs(300),
             max_in_flight: 1_000,
             turn_slots: 128,

@@ -1,8 +1,11 @@
-//! Handlers: what a bot answers to a message.
+//! Handlers: what a bot answers to a message. Every handler is a [`BotHandler`]: `echo` and
+//! `webhook` are two, and a worker built as a library adds its own by name
+//! ([`HandlerRegistry`], chosen per bot with `--handler NAME`).
 
-use std::time::Duration;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use botfleet_core::{Action, Caps, HandlerSpec, Inbound, Secret};
+use async_trait::async_trait;
+use botfleet_core::{Action, Button, Caps, HandlerSpec, Inbound, Secret, Target};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -21,6 +24,18 @@ pub enum HandlerError {
     /// The webhook's answer was not JSON (or `text` was not a string).
     #[error("webhook answer unreadable: {0}")]
     BadReply(String),
+    /// A compiled-in handler failed; `retry` says whether trying again later may succeed.
+    #[error("handler failed: {reason}")]
+    Failed {
+        /// Why, for the entry and the logs.
+        reason: String,
+        /// Whether the event is tried again (with backoff, for the worker's retry period).
+        retry: bool,
+    },
+    /// The bot names a compiled-in handler this worker does not have (a worker of another
+    /// build): retried, so a worker that has it can answer meanwhile.
+    #[error("handler {0:?} is not compiled into this worker")]
+    Missing(String),
 }
 
 impl HandlerError {
@@ -32,16 +47,226 @@ impl HandlerError {
             HandlerError::Unreachable(_) => true,
             HandlerError::Status(s) => *s == 429 || *s >= 500,
             HandlerError::BadReply(_) => false,
+            HandlerError::Failed { retry, .. } => *retry,
+            HandlerError::Missing(_) => true,
+        }
+    }
+}
+
+/// A bot's handler, in Rust: it gets each event with a [`TurnContext`] and says through the
+/// context what to do. The actions are done after `handle` returns, by the turn pipeline,
+/// in order, each under the chat's fence (exactly once across replays, refused with a reason
+/// beyond the platform's [`Caps`]): a handler whose worker lost the chat cannot act.
+///
+/// A chat's events come one at a time, in order; an event may come again (same
+/// `event.event_id`) after a failure or a crash before its answer was recorded.
+#[async_trait]
+pub trait BotHandler: Send + Sync + 'static {
+    /// Answers `event` through `cx`.
+    ///
+    /// # Errors
+    /// [`HandlerError::Failed`]: with `retry`, the event is tried again with backoff; without,
+    /// it is recorded undeliverable with the reason.
+    async fn handle(&self, event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError>;
+}
+
+impl std::fmt::Debug for dyn BotHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BotHandler")
+    }
+}
+
+/// Compiled-in handlers by name (what `--handler NAME` selects), given to a worker built as a
+/// library through [`WorkerConfig::handlers`](crate::WorkerConfig::handlers).
+pub type HandlerRegistry = Arc<HashMap<String, Arc<dyn BotHandler>>>;
+
+/// What a [`BotHandler`] gets for one event: the chat's state, what the platform can do, and
+/// the actions it asks for.
+#[derive(Debug)]
+pub struct TurnContext {
+    caps: Caps,
+    state: Option<String>,
+    reply: Reply,
+}
+
+impl TurnContext {
+    /// A context for a chat whose state is `state` (JSON), on a mode that can do `caps`.
+    pub fn new(caps: Caps, state: Option<&str>) -> Self {
+        Self {
+            caps,
+            state: state.map(str::to_owned),
+            reply: Reply::default(),
+        }
+    }
+
+    /// What the bot's platform and mode can do.
+    pub fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    /// The chat's state as the last turn left it (`None` before any).
+    pub fn state(&self) -> Option<serde_json::Value> {
+        self.state
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok())
+    }
+
+    /// The chat's new state, given to its next event (up to 64 KiB of JSON).
+    pub fn set_state(&mut self, state: &serde_json::Value) {
+        self.reply.state = Some(state.to_string());
+    }
+
+    /// Sends `text` back, as a plain reply (in the event's thread, where there is one).
+    pub fn reply(&mut self, text: impl Into<String>) -> &mut Self {
+        let text = text.into();
+        if self.reply.text.is_none() && self.reply.actions.is_empty() {
+            self.reply.text = Some(text).filter(|t| !t.is_empty());
+        } else {
+            self.reply.actions.push(Action::Send {
+                text,
+                buttons: Vec::new(),
+                thread: true,
+                ref_name: None,
+                attachments: Vec::new(),
+            });
+        }
+        self
+    }
+
+    /// Sends `text` with rows of `buttons`, naming the message `ref_name` (so a later turn
+    /// can edit or delete it) when given.
+    pub fn send(
+        &mut self,
+        text: impl Into<String>,
+        buttons: Vec<Vec<Button>>,
+        ref_name: Option<&str>,
+    ) -> &mut Self {
+        self.act(Action::Send {
+            text: text.into(),
+            buttons,
+            thread: false,
+            ref_name: ref_name.map(str::to_owned),
+            attachments: Vec::new(),
+        })
+    }
+
+    /// Replaces the text (and buttons: none unless given) of the message named `ref_name`.
+    pub fn edit(
+        &mut self,
+        ref_name: &str,
+        text: impl Into<String>,
+        buttons: Vec<Vec<Button>>,
+    ) -> &mut Self {
+        self.act(Action::Edit {
+            target: Target {
+                ref_name: Some(ref_name.to_owned()),
+                message_id: None,
+            },
+            text: Some(text.into()),
+            buttons,
+        })
+    }
+
+    /// Deletes the message named `ref_name`.
+    pub fn delete(&mut self, ref_name: &str) -> &mut Self {
+        self.act(Action::Delete {
+            target: Target {
+                ref_name: Some(ref_name.to_owned()),
+                message_id: None,
+            },
+        })
+    }
+
+    /// Shows that the bot is typing.
+    pub fn typing(&mut self) -> &mut Self {
+        self.act(Action::Typing {})
+    }
+
+    /// Answers the event itself (a button press's toast, a command's reply).
+    pub fn answer(&mut self, text: impl Into<String>) -> &mut Self {
+        self.act(Action::Answer {
+            text: Some(text.into()),
+            alert: false,
+            ephemeral: false,
+        })
+    }
+
+    /// Any action, as a webhook would answer it.
+    pub fn act(&mut self, action: Action) -> &mut Self {
+        self.reply.actions.push(action);
+        self
+    }
+
+    /// What the handler asked for.
+    pub fn into_reply(self) -> Reply {
+        self.reply
+    }
+}
+
+/// `echo`: the text back to the chat.
+#[derive(Debug, Default)]
+pub struct Echo;
+
+#[async_trait]
+impl BotHandler for Echo {
+    async fn handle(&self, event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        if !event.text.is_empty() {
+            cx.reply(event.text.clone());
+        }
+        Ok(())
+    }
+}
+
+/// `webhook`: the event POSTed as JSON (see [`request`]), signed when a secret is set; the
+/// answer `{text?, state?, actions?}` is what the handler asks for.
+#[derive(Debug)]
+pub struct Webhook {
+    url: String,
+    secret: Option<Secret>,
+    http: reqwest::Client,
+    timeout: Duration,
+}
+
+impl Webhook {
+    /// A webhook handler POSTing to `url`, through the process's HTTP client.
+    pub fn new(
+        url: String,
+        secret: Option<Secret>,
+        http: reqwest::Client,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            url,
+            secret,
+            http,
+            timeout,
         }
     }
 }
 
 /// Runs one bot's handler.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Handler {
-    spec: HandlerSpec,
-    http: reqwest::Client,
-    timeout: Duration,
+    imp: Arc<dyn BotHandler>,
+    takes_state: bool,
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handler")
+            .field("takes_state", &self.takes_state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stands in for a compiled-in handler this worker lacks.
+struct MissingHandler(String);
+
+#[async_trait]
+impl BotHandler for MissingHandler {
+    async fn handle(&self, _: &Inbound, _: &mut TurnContext) -> Result<(), HandlerError> {
+        Err(HandlerError::Missing(self.0.clone()))
+    }
 }
 
 /// `sha256=<hex>` of `body` under `secret`.
@@ -139,71 +364,89 @@ impl Reply {
 }
 
 impl Handler {
-    /// A handler for `spec`, sharing the process's HTTP client.
-    pub fn new(spec: HandlerSpec, http: reqwest::Client, timeout: Duration) -> Self {
-        Self {
-            spec,
-            http,
-            timeout,
+    /// A handler for `spec`, sharing the process's HTTP client; a compiled-in one is looked
+    /// up in `named`.
+    pub fn new(
+        spec: HandlerSpec,
+        http: reqwest::Client,
+        timeout: Duration,
+        named: &HandlerRegistry,
+    ) -> Self {
+        match spec {
+            HandlerSpec::Echo => Self {
+                imp: Arc::new(Echo),
+                takes_state: false,
+            },
+            HandlerSpec::Webhook { url, secret } => Self {
+                imp: Arc::new(Webhook::new(url, secret, http, timeout)),
+                takes_state: true,
+            },
+            HandlerSpec::Named(name) => Self {
+                imp: named
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(MissingHandler(name))),
+                takes_state: true,
+            },
         }
     }
 
-    /// Whether this handler is given the chat's conversation state (a webhook is; echo keeps
-    /// none, so its turns need not read it).
+    /// Whether this handler is given the chat's conversation state (echo keeps none, so its
+    /// turns need not read it).
     pub fn takes_state(&self) -> bool {
-        matches!(self.spec, HandlerSpec::Webhook { .. })
+        self.takes_state
     }
 
     /// The answer to `msg` in a chat whose state is `state` (JSON), on a platform mode that
-    /// can do `caps`: the webhook gets them as the request's `state` and `caps` fields and may
-    /// answer `{"text": …, "state": {…}, "actions": […]}`.
+    /// can do `caps`.
     ///
     /// # Errors
-    /// Webhook failures; echo never fails.
+    /// The handler's failures.
     pub async fn answer_with_state(
         &self,
         msg: &Inbound,
         state: Option<&str>,
         caps: &Caps,
     ) -> Result<Reply, HandlerError> {
-        match &self.spec {
-            HandlerSpec::Echo => Ok(Reply {
-                text: (!msg.text.is_empty()).then(|| msg.text.clone()),
-                ..Reply::default()
-            }),
-            HandlerSpec::Webhook { url, secret } => {
-                let doc = request(msg, state, caps)?;
-                let body =
-                    serde_json::to_vec(&doc).map_err(|e| HandlerError::BadReply(e.to_string()))?;
-                let mut req = self
-                    .http
-                    .post(url)
-                    .timeout(self.timeout)
-                    .header("content-type", "application/json");
-                if let Some(s) = secret {
-                    req = req.header(SIGNATURE_HEADER, sign(s, &body));
-                }
-                let resp = req
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
-                let status = resp.status();
-                if !status.is_success() {
-                    return Err(HandlerError::Status(status.as_u16()));
-                }
-                let bytes = resp
-                    .bytes()
-                    .await
-                    .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
-                if bytes.iter().all(u8::is_ascii_whitespace) {
-                    return Ok(Reply::default());
-                }
-                let v: serde_json::Value = serde_json::from_slice(&bytes)
-                    .map_err(|e| HandlerError::BadReply(e.to_string()))?;
-                Reply::from_json(&v)
-            }
+        let mut cx = TurnContext::new(*caps, state);
+        self.imp.handle(msg, &mut cx).await?;
+        Ok(cx.into_reply())
+    }
+}
+
+#[async_trait]
+impl BotHandler for Webhook {
+    async fn handle(&self, msg: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        let doc = request(msg, cx.state.as_deref(), &cx.caps)?;
+        let body = serde_json::to_vec(&doc).map_err(|e| HandlerError::BadReply(e.to_string()))?;
+        let mut req = self
+            .http
+            .post(&self.url)
+            .timeout(self.timeout)
+            .header("content-type", "application/json");
+        if let Some(s) = &self.secret {
+            req = req.header(SIGNATURE_HEADER, sign(s, &body));
         }
+        let resp = req
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(HandlerError::Status(status.as_u16()));
+        }
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| HandlerError::BadReply(e.to_string()))?;
+        cx.reply = Reply::from_json(&v)?;
+        Ok(())
     }
 }
 

@@ -65,6 +65,8 @@ pub(crate) struct HookSettings {
     pub(crate) lease: Duration,
     pub(crate) turn_wait: Duration,
     pub(crate) handler_timeout: Duration,
+    /// Handlers compiled into the worker, by name.
+    pub(crate) handlers: crate::HandlerRegistry,
     pub(crate) retry_for: Duration,
     /// The worker's turn slots.
     pub(crate) slots: crate::turn::Slots,
@@ -1002,6 +1004,7 @@ impl Hooks {
                 spec.handler.clone(),
                 self.inner.http.clone(),
                 self.inner.settings.handler_timeout,
+                &self.inner.settings.handlers,
             ),
             metrics: self.inner.metrics.clone(),
             reporter: self.inner.reporter.clone(),

@@ -19,7 +19,8 @@ mod worker;
 pub use botfleet_store::StoreSession;
 pub use config::{hostname, WorkerConfig};
 pub use handler::{
-    request as handler_request, sign, Handler, HandlerError, Reply, SIGNATURE_HEADER,
+    request as handler_request, sign, BotHandler, Echo, Handler, HandlerError, HandlerRegistry,
+    Reply, TurnContext, Webhook, SIGNATURE_HEADER,
 };
 pub use hooks::{Hooks, MAX_HOOK_BODY};
 pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};

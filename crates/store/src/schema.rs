@@ -210,7 +210,7 @@ impl BotRow {
         use botfleet_core::HandlerSpec;
         let id = spec.id.as_str();
         let (webhook_url, webhook_secret) = match &spec.handler {
-            HandlerSpec::Echo => (None, None),
+            HandlerSpec::Echo | HandlerSpec::Named(_) => (None, None),
             HandlerSpec::Webhook { url, secret } => (
                 Some(url.clone()),
                 secret

@@ -550,6 +550,7 @@ impl State {
                         rec.spec.handler.clone(),
                         self.w.http.clone(),
                         self.w.cfg.webhook_timeout,
+                        &self.w.cfg.handlers,
                     ),
                     lease: lease.clone(),
                     metrics: self.w.metrics.clone(),
