@@ -801,7 +801,12 @@ impl Hooks {
             if !self.may_act() {
                 return Handled::Fenced;
             }
-            match self.inner.store.inbox_pending(&spec.id, SWEEP_BATCH).await {
+            match self
+                .inner
+                .store
+                .inbox_pending_chat(&spec.id, chat, SWEEP_BATCH)
+                .await
+            {
                 Ok(p) => break p,
                 Err(e) => {
                     warn!(bot = %spec.id, error = %e, "cannot read a chat's older entries after a loss; retrying");
@@ -810,15 +815,15 @@ impl Hooks {
                 }
             }
         };
-        // Oldest first. An entry not among them is done (nothing to keep in order before it),
-        // unless the list was cut short: then every listed one is older.
+        // The chat's own, oldest first. An entry not among them is done (nothing to keep in
+        // order before it), unless the list was cut short: then every listed one is older.
         let own = pending.iter().position(|e| e.key == entry);
         let upto = match own {
             Some(i) => i,
             None if pending.len() >= SWEEP_BATCH => pending.len(),
             None => 0,
         };
-        for e in pending[..upto].iter().filter(|e| e.chat == chat) {
+        for e in &pending[..upto] {
             info!(bot = %spec.id, chat = %chat, key = %e.key, "after a coordinator data loss: serving an older entry of the chat first");
             self.inner
                 .metrics

@@ -266,6 +266,19 @@ impl Store for MemoryStore {
         Ok(out)
     }
 
+    async fn inbox_pending_chat(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>> {
+        let mut out = self.entries_in(bot, InboxState::Pending);
+        out.retain(|e| e.chat == chat);
+        out.sort_by_key(|e| e.seq);
+        out.truncate(limit);
+        Ok(out)
+    }
+
     async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
         let st = self.st();
         let mut out = HashMap::new();

@@ -334,18 +334,21 @@ impl PostgresStore {
         state: &str,
         order: &str,
         limit: usize,
+        chat: Option<&str>,
     ) -> Result<Vec<InboxEntry>> {
         let c = self.client().await?;
         let rows = c
             .query(
                 &format!(
                     "SELECT key, seq, chat, message, state, error, received_at_ms FROM inbox \
-                     WHERE bot_id = $1 AND state = $2 ORDER BY {order} LIMIT $3"
+                     WHERE bot_id = $1 AND state = $2 AND ($4::TEXT IS NULL OR chat = $4) \
+                     ORDER BY {order} LIMIT $3"
                 ),
                 &[
                     &bot.as_str(),
                     &state,
                     &i64::try_from(limit).unwrap_or(i64::MAX),
+                    &chat,
                 ],
             )
             .await
@@ -823,11 +826,22 @@ impl Store for PostgresStore {
     }
 
     async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
-        self.inbox_query(bot, "pending", "seq ASC", limit).await
+        self.inbox_query(bot, "pending", "seq ASC", limit, None)
+            .await
+    }
+
+    async fn inbox_pending_chat(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>> {
+        self.inbox_query(bot, "pending", "seq ASC", limit, Some(chat))
+            .await
     }
 
     async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
-        self.inbox_query(bot, "undeliverable", "seq DESC", limit)
+        self.inbox_query(bot, "undeliverable", "seq DESC", limit, None)
             .await
     }
 

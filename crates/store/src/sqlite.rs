@@ -628,7 +628,16 @@ impl Store for SqliteStore {
     }
 
     async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
-        inbox_query(self, bot, "pending", "seq ASC", limit).await
+        inbox_query(self, bot, "pending", "seq ASC", limit, None).await
+    }
+
+    async fn inbox_pending_chat(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>> {
+        inbox_query(self, bot, "pending", "seq ASC", limit, Some(chat)).await
     }
 
     async fn resume_point(
@@ -654,7 +663,10 @@ impl Store for SqliteStore {
                         fence: Fence(f.max(0).unsigned_abs()),
                     })
                 });
-                Ok((cursor, inbox_rows(c, &id, "pending", "seq ASC", limit)?))
+                Ok((
+                    cursor,
+                    inbox_rows(c, &id, "pending", "seq ASC", limit, None)?,
+                ))
             })
             .await?;
         let entries = rows
@@ -1030,7 +1042,7 @@ impl Store for SqliteStore {
     }
 
     async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>> {
-        inbox_query(self, bot, "undeliverable", "seq DESC", limit).await
+        inbox_query(self, bot, "undeliverable", "seq DESC", limit, None).await
     }
 
     async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
@@ -1100,11 +1112,13 @@ async fn inbox_query(
     state: &'static str,
     order: &'static str,
     limit: usize,
+    chat: Option<&str>,
 ) -> Result<Vec<InboxEntry>> {
     let bot_s = bot.as_str().to_owned();
+    let chat = chat.map(str::to_owned);
     let rows: Vec<InboxRow> = s
         .read("read inbox", move |c| {
-            inbox_rows(c, &bot_s, state, order, limit)
+            inbox_rows(c, &bot_s, state, order, limit, chat.as_deref())
         })
         .await?;
     rows.into_iter().map(|r| r.into_entry(bot)).collect()
@@ -1117,16 +1131,18 @@ fn inbox_rows(
     state: &'static str,
     order: &'static str,
     limit: usize,
+    chat: Option<&str>,
 ) -> Result<Vec<InboxRow>> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut st = c
         .prepare(&format!(
             "SELECT key, seq, chat, message, state, error, received_at_ms FROM inbox \
-             WHERE bot_id = ?1 AND state = ?2 ORDER BY {order} LIMIT ?3"
+             WHERE bot_id = ?1 AND state = ?2 AND (?4 IS NULL OR chat = ?4) \
+             ORDER BY {order} LIMIT ?3"
         ))
         .map_err(|e| StoreError::backend("read inbox", e))?;
     let rows = st
-        .query_map(params![bot, state, limit], |r| {
+        .query_map(params![bot, state, limit, chat], |r| {
             Ok(InboxRow {
                 key: r.get(0)?,
                 seq: r.get(1)?,

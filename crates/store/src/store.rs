@@ -201,6 +201,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn inbox_pending(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>>;
 
+    /// The pending entries of one chat of the bot, oldest first, at most `limit` (what a chat
+    /// whose turn queue was lost must serve first, however many other chats have pending).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn inbox_pending_chat(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>>;
+
     /// Pending and undeliverable counts of every bot that has any.
     ///
     /// # Errors

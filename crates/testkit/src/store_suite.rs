@@ -1188,6 +1188,49 @@ pub async fn action_progress_and_refs_are_fenced(s: Arc<dyn Store>) {
     );
 }
 
+/// One chat's pending entries, oldest first, whatever the other chats and bots hold.
+pub async fn pending_entries_of_one_chat(s: Arc<dyn Store>) {
+    let (b1, b2) = (bid("b1"), bid("b2"));
+    s.add_bot(&spec("b1", Platform::Telegram)).await.unwrap();
+    s.add_bot(&spec("b2", Platform::Telegram)).await.unwrap();
+    let items: Vec<InboxItem> = [
+        ("u1", "c1"),
+        ("u2", "c2"),
+        ("u3", "c1"),
+        ("u4", "c2"),
+        ("u5", "c1"),
+    ]
+    .iter()
+    .map(|(k, c)| item(k, c))
+    .collect();
+    put(&s, &b1, &items, 1).await;
+    put(&s, &b2, &[item("x1", "c1")], 1).await;
+    end(&s, &b1, "u3", InboxOutcome::Done, 1).await.unwrap();
+    let keys =
+        |v: Vec<botfleet_store::InboxEntry>| v.into_iter().map(|e| e.key).collect::<Vec<_>>();
+    assert_eq!(
+        keys(s.inbox_pending_chat(&b1, "c1", 10).await.unwrap()),
+        ["u1", "u5"]
+    );
+    assert_eq!(
+        keys(s.inbox_pending_chat(&b1, "c2", 10).await.unwrap()),
+        ["u2", "u4"]
+    );
+    assert_eq!(
+        keys(s.inbox_pending_chat(&b1, "c1", 1).await.unwrap()),
+        ["u1"]
+    );
+    assert!(s
+        .inbox_pending_chat(&b1, "c9", 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        keys(s.inbox_pending_chat(&b2, "c1", 10).await.unwrap()),
+        ["x1"]
+    );
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -1219,6 +1262,7 @@ macro_rules! store_conformance {
             conditional_updates_never_overwrite_a_change,
             turns_read_and_write_state_outbox_and_entry,
             action_progress_and_refs_are_fenced,
+            pending_entries_of_one_chat,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
