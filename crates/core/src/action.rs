@@ -96,6 +96,9 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every `type` there is, on the wire.
+    pub const KINDS: [&'static str; 5] = ["send", "edit", "delete", "typing", "answer"];
+
     /// Its `type` on the wire.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -126,10 +129,11 @@ impl Action {
     pub fn from_json(i: usize, v: &serde_json::Value) -> Result<Self, String> {
         match v.get("type").and_then(serde_json::Value::as_str) {
             None => return Err(format!("action {i}: no \"type\"")),
-            Some(t) if !["send", "edit", "delete", "typing", "answer"].contains(&t) => {
+            Some(t) if !Self::KINDS.contains(&t) => {
                 return Err(format!(
-                    "action {i}: unknown type {:?} (send, edit, delete, typing or answer)",
-                    t.chars().take(32).collect::<String>()
+                    "action {i}: unknown type {:?} (one of {})",
+                    t.chars().take(32).collect::<String>(),
+                    Self::KINDS.join(", ")
                 ))
             }
             Some(_) => {}

@@ -160,7 +160,18 @@ impl Outbound {
     /// A message's reply is keyed by the message; any other event's by the event (an edit
     /// keeps the edited message's id, and each edit is answered).
     pub fn reply_to(inbound: &Inbound, text: impl Into<String>) -> Self {
-        let idempotency_key = if inbound.kind == EventKind::Message || inbound.event_id.is_empty() {
+        Self {
+            chat: inbound.chat.clone(),
+            text: text.into(),
+            reply_to: Some(inbound.message_id.clone()),
+            idempotency_key: Self::reply_key(inbound),
+        }
+    }
+
+    /// The idempotency key of the reply to `inbound` (see [`Outbound::reply_to`]); the
+    /// actions of a reply are keyed from it.
+    pub fn reply_key(inbound: &Inbound) -> String {
+        if inbound.kind == EventKind::Message || inbound.event_id.is_empty() {
             format!("{}:{}:reply", inbound.chat, inbound.message_id)
         } else {
             format!(
@@ -169,12 +180,6 @@ impl Outbound {
                 inbound.kind.as_str(),
                 inbound.event_id
             )
-        };
-        Self {
-            chat: inbound.chat.clone(),
-            text: text.into(),
-            reply_to: Some(inbound.message_id.clone()),
-            idempotency_key,
         }
     }
 }

@@ -418,10 +418,7 @@ impl Sender for DiscordSender {
         act: &botfleet_core::Act<'_>,
         key: &str,
     ) -> Result<Option<String>, PlatformError> {
-        if !crate::outbound::does(act) {
-            return Err(botfleet_platform::unsupported(act));
-        }
         self.gate.rest(&self.bot).await;
-        Ok(crate::outbound::act(&self.client, &self.api, &chat.chat, act, key).await?)
+        crate::outbound::act(&self.client, &self.api, &chat.chat, act, key).await
     }
 }

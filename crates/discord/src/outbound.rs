@@ -1,6 +1,7 @@
 //! Replies as `POST /channels/{id}/messages`; edits, deletes and typing.
 
 use botfleet_core::{Act, Outbound};
+use botfleet_platform::PlatformError;
 
 use crate::{DiscordApi, DiscordClient, DiscordError};
 
@@ -17,35 +18,28 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     ..botfleet_core::Caps::TEXT_ONLY
 };
 
-/// Whether [`act`] does `a` here.
-pub(crate) fn does(a: &Act<'_>) -> bool {
-    matches!(
-        a,
-        Act::Send { buttons: [], .. }
-            | Act::Edit { buttons: [], .. }
-            | Act::Delete { .. }
-            | Act::Typing
-    )
-}
-
-/// Does one resolved action in `channel` (one [`does`]): the id of the (first) message a
-/// `send` made.
+/// Does one resolved action in `channel`: the id of the (first) message a `send` made.
+/// Buttons and answers wait for interactions: refused as unsupported.
 pub(crate) async fn act(
     client: &DiscordClient,
     api: &DiscordApi,
     channel: &str,
     act: &Act<'_>,
     key: &str,
-) -> Result<Option<String>, DiscordError> {
+) -> Result<Option<String>, PlatformError> {
     let r = match act {
         Act::Send {
-            text, thread_of, ..
+            text,
+            buttons: [],
+            thread_of,
         } => {
             let reply_to = thread_of.map(|m| m.message_id.as_str());
-            return send_text(client, api, channel, text, reply_to, key).await;
+            return Ok(send_text(client, api, channel, text, reply_to, key).await?);
         }
         Act::Edit {
-            message_id, text, ..
+            message_id,
+            text,
+            buttons: [],
         } => {
             let text = text.map(|t| t.chars().take(MAX_CONTENT).collect::<String>());
             client
@@ -54,17 +48,14 @@ pub(crate) async fn act(
         }
         Act::Delete { message_id } => client.delete_message(api, channel, message_id).await,
         Act::Typing => client.trigger_typing(api, channel).await,
-        Act::Answer { .. } => Err(DiscordError::Rejected {
-            what: "answer",
-            status: 400,
-        }),
+        other => return Err(botfleet_platform::unsupported(other)),
     };
     match r {
         // Deleted before (a replayed delete), or the message is gone: nothing left to do.
         Err(DiscordError::Rejected { status: 404, .. }) if matches!(act, Act::Delete { .. }) => {
             Ok(None)
         }
-        r => r.map(|()| None),
+        r => Ok(r.map(|()| None)?),
     }
 }
 

@@ -274,13 +274,36 @@ async fn read_view(
     key: &str,
     chat: &str,
 ) -> Result<TurnView, Halt> {
+    through_store(ctx, hold, "read a message's turn", || {
+        ctx.store.turn_view(&ctx.bot, key, chat)
+    })
+    .await
+}
+
+/// One store call of a turn (`what` it does, for the log), tried again with backoff through
+/// store failures while the worker may act; a write refused for a newer fence halts the turn.
+async fn through_store<T, F, Fut>(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    what: &str,
+    mut call: F,
+) -> Result<T, Halt>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
     let mut attempt = 0;
     loop {
         hold.check()?;
-        match ctx.store.turn_view(&ctx.bot, key, chat).await {
+        match call().await {
             Ok(v) => return Ok(v),
+            Err(StoreError::StaleFence { current, .. }) => {
+                return Err(Halt::Fenced(format!(
+                    "a newer fence {current} owns this turn"
+                )))
+            }
             Err(e) => {
-                warn!(bot = %ctx.bot, error = %e, "cannot read a message's turn; retrying");
+                warn!(bot = %ctx.bot, error = %e, "cannot {what}; retrying");
                 hold.pause(backoff(attempt).min(Duration::from_secs(5)))
                     .await?;
                 attempt += 1;

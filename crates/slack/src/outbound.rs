@@ -150,15 +150,15 @@ pub async fn act(
             let Some(url) = event.answer_handle.as_deref() else {
                 return Err(refused("this event has no response_url to answer"));
             };
+            let Some(text) = text.filter(|t| !t.is_empty()) else {
+                // Nothing to show: the press was acknowledged with its envelope already.
+                return Ok(None);
+            };
             let body = json!({
-                "text": fit(text.unwrap_or_default(), MAX_TEXT_CHARS),
+                "text": fit(text, MAX_TEXT_CHARS),
                 "response_type": if *ephemeral { "ephemeral" } else { "in_channel" },
                 "replace_original": false,
             });
-            if text.is_none_or(str::is_empty) {
-                // Nothing to show: the press was acknowledged with its envelope already.
-                return Ok(None);
-            }
             client.respond(api, url, body).await?;
             Ok(None)
         }

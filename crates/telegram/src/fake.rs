@@ -337,11 +337,8 @@ impl FakeState {
                 return None;
             }
             g.next_press += 1;
-            let query = format!(
-                "{}{}",
-                4_000_000 + chat_id.unsigned_abs() % 1000,
-                g.next_press
-            );
+            // Telegram's query ids are long numbers; unique per press here.
+            let query = (4_000_000_000 + g.next_press).to_string();
             g.presses.insert(
                 query.clone(),
                 Press {

@@ -35,32 +35,36 @@ async fn main() -> anyhow::Result<()> {
         let _ = stopped.await;
     }));
 
-    while !telegram.state().is_polling(TOKEN) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    telegram.state().user_writes(TOKEN, 42, "/start");
-    let menu = loop {
-        if let Some(m) = telegram.state().sent().first().cloned() {
-            break m;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let tg = telegram.state();
+    until("the bot polling", || tg.is_polling(TOKEN).then_some(())).await?;
+    tg.user_writes(TOKEN, 42, "/start");
+    let menu = until("the menu", || tg.sent().first().cloned()).await?;
     println!(
         "the bot sent {:?} with buttons {:?}",
         menu.text, menu.reply_markup
     );
-    telegram
-        .state()
-        .user_presses(TOKEN, 42, menu.message_id, "billing");
-    loop {
-        let now = telegram.state().bot_message(TOKEN, "42", menu.message_id);
-        if let Some(m) = now.filter(|m| m.edits > 0) {
-            println!("after the press it reads {:?}", m.text);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    tg.user_presses(TOKEN, 42, menu.message_id, "billing");
+    let edited = until("the edit", || {
+        tg.bot_message(TOKEN, "42", menu.message_id)
+            .filter(|m| m.edits > 0)
+    })
+    .await?;
+    println!("after the press it reads {:?}", edited.text);
     let _ = stop.send(());
     running.await??;
     Ok(())
+}
+
+/// What `probe` finds, once it finds something, within 10 s.
+async fn until<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> anyhow::Result<T> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = probe() {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("no {what} within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -16,13 +16,13 @@
 use std::{collections::HashMap, time::Instant};
 
 use botfleet_core::{Act, Action, Button, Caps, EventKind, Inbound, Target};
-use botfleet_store::{InboxOutcome, StoreError, TurnStep};
+use botfleet_store::{InboxOutcome, TurnStep};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::warn;
 
-use super::{attempt, checked_state, End, Halt, Hold, Slot, TurnCtx};
-use crate::{handler::Reply, metrics::ACTION_REFUSED_TOTAL, retry::backoff};
+use super::{attempt, checked_state, through_store, End, Halt, Hold, Slot, TurnCtx};
+use crate::{handler::Reply, metrics::ACTION_REFUSED_TOTAL};
 
 /// The prefix of a long button value's stand-in on the wire (a value that starts with it is
 /// always stood in for, so a handler's own value is never mistaken for a key).
@@ -114,19 +114,10 @@ async fn read_refs(
     chat: &str,
     names: &[String],
 ) -> Result<Vec<Option<String>>, Halt> {
-    let mut n = 0;
-    loop {
-        hold.check()?;
-        match ctx.store.refs_get(&ctx.bot, chat, names).await {
-            Ok(v) => return Ok(v),
-            Err(e) => {
-                warn!(bot = %ctx.bot, error = %e, "cannot read a chat's refs; retrying");
-                hold.pause(backoff(n).min(std::time::Duration::from_secs(5)))
-                    .await?;
-                n += 1;
-            }
-        }
-    }
+    through_store(ctx, hold, "read a chat's refs", || {
+        ctx.store.refs_get(&ctx.bot, chat, names)
+    })
+    .await
 }
 
 /// The turn's state as it goes.
@@ -153,7 +144,7 @@ pub(super) async fn run(
     mut end: End<'_>,
     started: Instant,
 ) -> Result<(), Halt> {
-    let key_base = botfleet_core::Outbound::reply_to(msg, String::new()).idempotency_key;
+    let key_base = botfleet_core::Outbound::reply_key(msg);
     let earlier = read_progress(ctx, hold, end.key).await?;
     let p = match earlier {
         Some(p) => p,
@@ -244,26 +235,17 @@ async fn read_progress(
     hold: &impl Hold,
     key: &str,
 ) -> Result<Option<Progress>, Halt> {
-    let mut n = 0;
-    loop {
-        hold.check()?;
-        match ctx.store.turn_progress(&ctx.bot, key).await {
-            Ok(None) => return Ok(None),
-            Ok(Some(doc)) => match serde_json::from_str(&doc) {
-                Ok(p) => return Ok(Some(p)),
-                Err(e) => {
-                    warn!(bot = %ctx.bot, key, error = %e, "a turn's recorded progress is unreadable; starting over");
-                    return Ok(None);
-                }
-            },
-            Err(e) => {
-                warn!(bot = %ctx.bot, error = %e, "cannot read a turn's progress; retrying");
-                hold.pause(backoff(n).min(std::time::Duration::from_secs(5)))
-                    .await?;
-                n += 1;
-            }
+    let doc = through_store(ctx, hold, "read a turn's progress", || {
+        ctx.store.turn_progress(&ctx.bot, key)
+    })
+    .await?;
+    Ok(doc.and_then(|doc| match serde_json::from_str(&doc) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            warn!(bot = %ctx.bot, key, error = %e, "a turn's recorded progress is unreadable; starting over");
+            None
         }
-    }
+    }))
 }
 
 impl Run<'_> {
@@ -276,27 +258,13 @@ impl Run<'_> {
             fence: end.fence,
             progress,
         };
-        let mut n = 0;
-        loop {
-            hold.check()?;
-            match self.ctx.store.turn_step(&self.ctx.bot, &step).await {
-                Ok(()) => {
-                    self.dirty = false;
-                    return Ok(());
-                }
-                Err(StoreError::StaleFence { current, .. }) => {
-                    return Err(Halt::Fenced(format!(
-                        "a newer fence {current} owns this turn"
-                    )))
-                }
-                Err(e) => {
-                    warn!(bot = %self.ctx.bot, error = %e, "cannot record a turn's progress; retrying");
-                    hold.pause(backoff(n).min(std::time::Duration::from_secs(5)))
-                        .await?;
-                    n += 1;
-                }
-            }
-        }
+        let ctx = self.ctx;
+        through_store(ctx, hold, "record a turn's progress", || {
+            ctx.store.turn_step(&ctx.bot, &step)
+        })
+        .await?;
+        self.dirty = false;
+        Ok(())
     }
 
     /// The message a target names: a ref given earlier (in this turn or a stored one), or a
