@@ -539,6 +539,18 @@ async fn page() -> Response {
         .into_response()
 }
 
+/// `GET /api/v1/files/{id}`, served by the runtime's file links (`botfleet_runtime::Files`)
+/// beside this API; documented here.
+#[utoipa::path(get, path = "/api/v1/files/{id}", params(("id" = String, Path, description = "what an attachment's `url` names: a claim and its signature")),
+    responses(
+        (status = 200, description = "the file's bytes, streamed from its platform, with its `Content-Type` (and `Content-Length`, `Content-Disposition` when known). Needs no API token: the signature is the permission", content_type = "application/octet-stream"),
+        (status = 403, description = "`bad_signature` (not this fleet's link, or altered) or `expired`: nothing was asked of the platform", body = ApiError),
+        (status = 404, description = "`not_found`: the bot is no longer registered, or the platform no longer has the file", body = ApiError),
+        (status = 502, description = "`platform_failed`, `platform_refused`: the platform's download failed", body = ApiError),
+        (status = 503, description = "`store_failed`, `rate_limited` (with `Retry-After`)", body = ApiError)))]
+#[allow(dead_code)]
+fn file_link() {}
+
 /// The API's OpenAPI document, generated from the handlers and their types.
 #[derive(OpenApi)]
 #[openapi(
@@ -560,7 +572,8 @@ async fn page() -> Response {
         events,
         event_stream,
         fleet_events,
-        fleet_event_stream
+        fleet_event_stream,
+        file_link
     ),
     components(schemas(
         ApiError,
@@ -583,7 +596,10 @@ async fn page() -> Response {
         crate::handler_schema::HandlerButton,
         crate::handler_schema::HandlerActionType,
         crate::handler_schema::HandlerAction,
-        crate::handler_schema::HandlerAnswer
+        crate::handler_schema::HandlerAnswer,
+        crate::handler_schema::HandlerFileKind,
+        crate::handler_schema::HandlerAttachment,
+        crate::handler_schema::HandlerOutFile
     ))
 )]
 pub(crate) struct ApiDoc;
@@ -694,13 +710,34 @@ mod tests {
             .flatten()
             .filter_map(Value::as_str)
             .collect();
-        for ev in [plain, command, edited, pressed] {
+        let mut photo = plain.clone();
+        photo.attachments = vec![botfleet_core::Attachment {
+            url: "http://w/api/v1/files/x.y".into(),
+            ..botfleet_core::Attachment::new(botfleet_core::AttachmentKind::Image, "file-id-secret")
+                .mime(Some("image/jpeg"))
+                .size(Some(3))
+                .name(Some("p.jpg"))
+        }];
+        for ev in [plain, command, edited, pressed, photo] {
             let caps = botfleet_telegram::CAPS;
             let body = botfleet_runtime::handler_request(&ev, Some(r#"{"n":1}"#), &caps).unwrap();
             assert!(
                 !body.to_string().contains("query-secret"),
                 "what answers an event is not shown to the handler"
             );
+            assert!(
+                !body.to_string().contains("file-id-secret"),
+                "what the platform calls a file is not shown to the handler"
+            );
+            let documented = &doc["components"]["schemas"]["HandlerAttachment"]["properties"];
+            for f in body["attachments"].as_array().into_iter().flatten() {
+                for key in f.as_object().into_iter().flatten().map(|(k, _)| k) {
+                    assert!(
+                        documented.get(key).is_some(),
+                        "attachments[].{key} is not documented"
+                    );
+                }
+            }
             for (name, schema) in [("action", "HandlerActionEvent"), ("caps", "HandlerCaps")] {
                 let documented = &doc["components"]["schemas"][schema]["properties"];
                 for key in body[name].as_object().into_iter().flatten().map(|(k, _)| k) {
@@ -741,7 +778,8 @@ mod tests {
         let fields = &doc["components"]["schemas"]["HandlerAction"]["properties"];
         for a in [
             serde_json::json!({"type": "send", "text": "x", "ref": "r", "thread": true,
-                "buttons": [[{"text": "a", "value": "v"}]]}),
+                "buttons": [[{"text": "a", "value": "v"}]],
+                "attachments": [{"url": "https://x/y.png", "kind": "image", "name": "y.png", "mime": "image/png"}, {"data": "aGk="}]}),
             serde_json::json!({"type": "edit", "ref": "r", "text": "y"}),
             serde_json::json!({"type": "delete", "message_id": "9"}),
             serde_json::json!({"type": "typing"}),

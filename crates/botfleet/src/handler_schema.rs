@@ -63,10 +63,70 @@ pub(crate) struct HandlerCaps {
     ephemeral: bool,
     /// Replies in a message's thread.
     threads: bool,
-    /// Attachments.
+    /// Files in (`attachments` of events) and out (`attachments` of `send`).
     files: bool,
+    /// The most files one `send` takes.
+    max_files: u16,
+    /// The largest file sent, in bytes.
+    max_file_bytes: u64,
     /// The longest text of one message, in characters.
     max_text: u32,
+}
+
+/// What a file is.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum HandlerFileKind {
+    /// A picture.
+    Image,
+    /// A video (Telegram's video notes and animations too).
+    Video,
+    /// A sound file.
+    Audio,
+    /// A voice note.
+    Voice,
+    /// Any other file.
+    File,
+    /// A sticker.
+    Sticker,
+}
+
+/// A file that came with an event (a photo, a voice note, a document). Its bytes are at `url`
+/// on any worker, without an API token: the link is signed and expires (an hour by default);
+/// a bad or expired one is answered 403.
+#[derive(Serialize, ToSchema)]
+#[schema(example = json!({"kind": "image", "mime": "image/jpeg", "size": 48213,
+    "url": "https://bots-api.example.com/api/v1/files/eyJiIjoi….3q2-7w"}))]
+pub(crate) struct HandlerAttachment {
+    /// What it is.
+    kind: HandlerFileKind,
+    /// Its MIME type, when the platform says.
+    mime: Option<String>,
+    /// Its size in bytes, when the platform says.
+    size: Option<u64>,
+    /// Its file name, when it has one.
+    name: Option<String>,
+    /// `GET` it for the bytes (`{api-public-url}/api/v1/files/{id}`).
+    url: String,
+}
+
+/// A file a `send` carries: `url` (the worker downloads it; a file link of the fleet's own is
+/// read through the fleet, so a handler can send back what it was sent) or `data` (base64).
+/// A file that cannot be had (unreachable, over `caps.max_file_bytes`, bad base64) refuses
+/// the action with a reason.
+#[derive(Serialize, ToSchema)]
+#[schema(example = json!({"url": "https://files.example.com/report.pdf", "name": "report.pdf"}))]
+pub(crate) struct HandlerOutFile {
+    /// What to send it as; by default what `mime` suggests (`image/*` an image…), else a file.
+    kind: Option<HandlerFileKind>,
+    /// Where the bytes are (`http://`, `https://`).
+    url: Option<String>,
+    /// The bytes, base64.
+    data: Option<String>,
+    /// The file name shown.
+    name: Option<String>,
+    /// Its MIME type (by default what the download says, or what the name suggests).
+    mime: Option<String>,
 }
 
 /// A button: `value` (a press sends the bot an `action` event with it) or `url` (opens a link).
@@ -84,7 +144,7 @@ pub(crate) struct HandlerButton {
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum HandlerActionType {
-    /// Send a message (`text`, `buttons`, `thread`, `ref`).
+    /// Send a message (`text`, `buttons`, `thread`, `ref`, `attachments`).
     Send,
     /// Replace a sent message's text (kept when absent) and buttons (none when absent), by
     /// `ref` or `message_id`.
@@ -124,6 +184,8 @@ pub(crate) struct HandlerAction {
     alert: Option<bool>,
     /// `answer`: seen only by the user who acted (Slack, Discord).
     ephemeral: Option<bool>,
+    /// `send`: files, sent with the text as their caption where the platform has captions.
+    attachments: Option<Vec<HandlerOutFile>>,
 }
 
 /// The conversation an event belongs to.
@@ -179,8 +241,11 @@ pub(crate) struct HandlerEvent {
     message_id: String,
     /// Who wrote it (the platform's user id), when known.
     sender: Option<String>,
-    /// The text as written (a command's too); empty for messages without text.
+    /// The text as written (a command's too, a file's caption); empty for messages without
+    /// text.
     text: String,
+    /// Files that came with it.
+    attachments: Option<Vec<HandlerAttachment>>,
     /// Unix ms when the platform says it was sent, when known.
     sent_at_ms: Option<i64>,
     /// For `kind: command`.

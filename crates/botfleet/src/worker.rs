@@ -97,6 +97,15 @@ pub(crate) struct WorkerArgs {
     /// `{public-url}/hooks/{platform}/{bot}`.
     #[arg(long, env = "BOTFLEET_PUBLIC_URL", value_parser = public_url)]
     public_url: Option<String>,
+    /// How handlers reach the workers' API (`/api/v1/files/…` links to the files users
+    /// send are built on it), e.g. `https://bots-api.example.com` behind a load balancer
+    /// [default: this worker's --http-addr]
+    #[arg(long, env = "BOTFLEET_API_PUBLIC_URL", value_parser = public_url)]
+    api_public_url: Option<String>,
+    /// How long a file link stays valid, in seconds (60-604800).
+    #[arg(long, env = "BOTFLEET_FILE_LINK_TTL_S", default_value_t = 3_600,
+          value_parser = clap::value_parser!(u64).range(60..=604_800))]
+    file_link_ttl_s: u64,
     /// A webhook message waiting this long (ms) for its chat's turn is reported (log and
     /// `botfleet_turn_waits_exceeded_total`) and goes on waiting; it is never dropped.
     #[arg(long, env = "BOTFLEET_TURN_WAIT_MS", default_value_t = 10_000,
@@ -216,6 +225,10 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     cfg.shard_recount_every = Duration::from_secs(a.discord_shard_recount_s);
     cfg.whatsapp_web_version = a.whatsapp_web_version.clone();
     cfg.turn_wait = Duration::from_millis(a.turn_wait_ms);
+    cfg.file_link_ttl = Duration::from_secs(a.file_link_ttl_s);
+    if let Some(u) = &a.api_public_url {
+        cfg.api_public_url = u.clone();
+    }
     cfg.telegram.public_url = a.public_url.clone();
     cfg.telegram.poll_timeout = Duration::from_secs(a.poll_timeout_s);
     cfg.registry_refresh = Duration::from_millis(a.registry_refresh_ms.unwrap_or(if embedded {
@@ -246,6 +259,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     let mut worker = Worker::new(cfg, coord.clone(), store.clone())?;
     let hooks = worker.hooks();
+    let files = worker.files();
     worker.metrics().set_top_bots(a.metrics_top_bots);
     let router = http::app(http::HttpState {
         metrics: worker.metrics(),
@@ -262,10 +276,26 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         journal: worker.journal(),
         token_digest: token.as_deref().map(crate::api::digest),
         fleet_cache: Default::default(),
-    }));
+    }))
+    .merge(files.router());
     let (addr, http_task) = http::serve_router(a.http_addr, router)
         .await
         .with_context(|| format!("binding the HTTP address {} (--http-addr)", a.http_addr))?;
+    if a.api_public_url.is_none() {
+        // Handlers on this machine reach the API where it is bound; elsewhere, the operator
+        // says where (a balancer in front of every worker's --http-addr).
+        let host = if addr.ip().is_unspecified() {
+            botfleet_runtime::hostname()
+        } else {
+            addr.ip().to_string()
+        };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        files.set_public_url(&format!("http://{host}:{}", addr.port()));
+    }
     let (hooks_addr, hooks_task) = http::serve_router(a.hooks_addr, hooks.router())
         .await
         .with_context(|| format!("binding the hooks address {} (--hooks-addr)", a.hooks_addr))?;

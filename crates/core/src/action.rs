@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::Inbound;
+use crate::{Inbound, OutFile, Upload};
 
 /// A button under a message the bot sends: a press sends the bot an `action` event carrying
 /// `value` (a callback button), or the button opens `url` (a link button). Exactly one of the
@@ -53,10 +53,10 @@ pub enum Action {
         /// later one, on any worker) can find it.
         #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
         ref_name: Option<String>,
-        /// Files to send with it (not sent by this version of the fleet: refused with a
-        /// reason, and `caps.files` says so).
+        /// Files to send with it (`caps.files` says whether the mode sends files; the text,
+        /// when given, goes with them as their caption where the platform has one).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        attachments: Vec<serde_json::Value>,
+        attachments: Vec<OutFile>,
     },
     /// Replaces the text and buttons of a message the bot sent: the text stays when none is
     /// given; the buttons are the ones given (none when absent, as every platform's edit
@@ -146,14 +146,17 @@ impl Action {
 /// shortened to what the platform takes.
 #[derive(Clone, Copy, Debug)]
 pub enum Act<'a> {
-    /// Send `text` with `buttons`; in the thread of `thread_of` when given.
+    /// Send `text` with `buttons` and `files`; in the thread of `thread_of` when given.
     Send {
-        /// The text (never empty).
+        /// The text (empty only when there are files).
         text: &'a str,
         /// Rows of buttons.
         buttons: &'a [Vec<Button>],
         /// The event whose thread to reply in.
         thread_of: Option<&'a Inbound>,
+        /// Files to send with the text (within the mode's `max_files` and
+        /// `max_file_bytes`).
+        files: &'a [Upload],
     },
     /// Edit the bot's message `message_id`.
     Edit {
@@ -209,6 +212,10 @@ pub struct Caps {
     pub threads: bool,
     /// Files in and out (attachments).
     pub files: bool,
+    /// The most files one `send` takes (0 without files).
+    pub max_files: u16,
+    /// The largest file the fleet sends on this mode, in bytes (0 without files).
+    pub max_file_bytes: u64,
     /// The longest text of one message, in characters (longer ones are cut).
     pub max_text: u32,
 }
@@ -226,6 +233,8 @@ impl Caps {
         ephemeral: false,
         threads: false,
         files: false,
+        max_files: 0,
+        max_file_bytes: 0,
         max_text: 4096,
     };
 

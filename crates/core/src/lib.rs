@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod action;
+mod attachment;
 mod clock;
 mod descriptor;
 mod error;
@@ -11,6 +12,7 @@ mod secret;
 mod spec;
 
 pub use action::{fit_text, Act, Action, ActionEvent, Button, Caps, Target};
+pub use attachment::{Attachment, AttachmentKind, OutFile, Upload};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use descriptor::{Descriptor, Endpoint, ModeSpec, Need, Setting};
 pub use error::{InvalidId, InvalidSpec, UnknownPlatform};

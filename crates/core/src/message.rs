@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ActionEvent, ChatKey, Platform};
+use crate::{ActionEvent, Attachment, ChatKey, Platform};
 
 /// What an event is: the `kind` field a handler gets.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
@@ -94,8 +94,11 @@ pub struct Inbound {
     pub message_id: String,
     /// Who wrote it (platform user id), when known.
     pub sender: Option<String>,
-    /// The text, empty for messages without text.
+    /// The text, empty for messages without text (a file's caption for a file).
     pub text: String,
+    /// Files that came with it: photos, voice notes, documents…
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
     /// Unix milliseconds when the platform says it was sent, when known.
     pub sent_at_ms: Option<i64>,
     /// The command, for `kind: command` (boxed: most events have none, and batches of
@@ -133,6 +136,7 @@ impl Inbound {
             message_id: message_id.into(),
             sender,
             text: text.into(),
+            attachments: Vec::new(),
             sent_at_ms,
             command: None,
             edited_message_id: None,

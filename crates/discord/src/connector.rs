@@ -295,7 +295,7 @@ impl DiscordReceiver {
                 seq,
                 received,
             } => {
-                batch.messages.push(received);
+                batch.messages.push(*received);
                 let s = seqs.entry(shard).or_default();
                 *s = (*s).max(seq);
             }

@@ -68,7 +68,8 @@ pub(crate) enum ShardEvent {
     Message {
         shard: u32,
         seq: u64,
-        received: Received,
+        // Boxed: the other events are small, and a queue holds many.
+        received: Box<Received>,
     },
     /// A dispatch that could not be read.
     Malformed { shard: u32, seq: u64 },
@@ -365,7 +366,7 @@ impl Shard {
                                 Some(t @ ("MESSAGE_CREATE" | "MESSAGE_UPDATE")) => {
                                     let parse = if t == "MESSAGE_CREATE" { parse_message } else { parse_edit };
                                     let ev = match parse(&self.bot, &v["d"], &self.me) {
-                                        Ok(Some(received)) => ShardEvent::Message { shard: self.id, seq: s, received },
+                                        Ok(Some(received)) => ShardEvent::Message { shard: self.id, seq: s, received: Box::new(received) },
                                         Ok(None) => continue,
                                         Err(why) => {
                                             debug!(bot = %self.bot, shard = self.id, why, "unreadable message");

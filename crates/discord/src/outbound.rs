@@ -32,6 +32,7 @@ pub(crate) async fn act(
             text,
             buttons: [],
             thread_of,
+            files: [],
         } => {
             let reply_to = thread_of.map(|m| m.message_id.as_str());
             return Ok(send_text(client, api, channel, text, reply_to, key).await?);

@@ -147,6 +147,23 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Opens the bytes of a file a user sent the bot: `source` is what the platform's inbound
+    /// parser put in [`Attachment::source`](botfleet_core::Attachment::source) (Telegram's
+    /// `file_id`, Slack's `url_private`, a media id). Any worker may be asked, for any of the
+    /// platform's bots; the default serves none.
+    ///
+    /// # Errors
+    /// `Rejected` for a file the platform does not know (or a mode without files);
+    /// `Credentials`, `RateLimited`, `Transient` as for any call.
+    async fn fetch_file(
+        &self,
+        spec: &BotSpec,
+        source: &str,
+    ) -> Result<crate::FileBody, PlatformError> {
+        let _ = (spec, source);
+        Err(crate::files::no_files())
+    }
+
     /// The platform's webhook side, when it has bots that receive by webhook.
     fn webhooks(&self) -> Option<Arc<dyn crate::Webhooks>> {
         None
@@ -239,6 +256,7 @@ pub trait Sender: Send + Sync {
                 text,
                 buttons: [],
                 thread_of,
+                files: [],
             } => {
                 let out = Outbound {
                     chat: chat.clone(),
@@ -256,7 +274,8 @@ pub trait Sender: Send + Sync {
 /// The refusal of an action a platform cannot do.
 pub fn unsupported(act: &Act<'_>) -> PlatformError {
     let what = match act {
-        Act::Send { .. } => "buttons",
+        Act::Send { files: [], .. } => "buttons",
+        Act::Send { .. } => "files",
         Act::Edit { .. } => "edit",
         Act::Delete { .. } => "delete",
         Act::Typing => "typing",

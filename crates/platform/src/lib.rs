@@ -2,6 +2,7 @@
 
 mod connector;
 mod error;
+mod files;
 mod hooks;
 mod session;
 
@@ -10,6 +11,7 @@ pub use connector::{
     Stat,
 };
 pub use error::{ErrorKind, PlatformError};
+pub use files::{no_files, too_large, FileBody};
 pub use hooks::{
     form_pairs, secrets_match, HookAnswer, HookRefusal, HookRequest, NoDeliveries, Webhooks,
 };

@@ -85,6 +85,8 @@ pub(crate) struct BotSettings {
     pub(crate) shard_recount: Duration,
     /// The worker's turn slots.
     pub(crate) slots: crate::turn::Slots,
+    /// The worker's file links.
+    pub(crate) files: crate::Files,
 }
 
 /// Everything a bot task needs; owned by the task.
@@ -368,6 +370,7 @@ impl BotCtx {
                 retry_for: self.settings.retry_for,
                 spec_at_ms: Some(self.spec_at_ms),
                 slots: self.settings.slots.clone(),
+                files: self.settings.files.clone(),
                 caps: self
                     .connector
                     .descriptor()

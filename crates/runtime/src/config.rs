@@ -73,6 +73,12 @@ pub struct WorkerConfig {
     /// The WhatsApp Web version device-link bots announce (`2.3000.1017`); `None` asks
     /// web.whatsapp.com for the current one, once a day per session.
     pub whatsapp_web_version: Option<String>,
+    /// How handlers reach the workers' API (`--api-public-url`): the file links events carry
+    /// are built on it. Default `http://127.0.0.1:8080`; a worker serving its API elsewhere
+    /// sets it (the CLI uses the bound HTTP address when no URL is given).
+    pub api_public_url: String,
+    /// How long a file link stays valid. Default 1 h.
+    pub file_link_ttl: Duration,
 }
 
 impl WorkerConfig {
@@ -112,6 +118,8 @@ impl WorkerConfig {
             turn_wait: Duration::from_secs(10),
             shard_recount_every: Duration::from_secs(3600),
             whatsapp_web_version: None,
+            api_public_url: "http://127.0.0.1:8080".into(),
+            file_link_ttl: Duration::from_secs(3600),
             #[cfg(feature = "slack")]
             slack: botfleet_slack::SlackConfig::default(),
             #[cfg(feature = "discord")]

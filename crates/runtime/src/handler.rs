@@ -5,7 +5,7 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use botfleet_core::{Action, Button, Caps, HandlerSpec, Inbound, Secret, Target};
+use botfleet_core::{Action, Attachment, Button, Caps, HandlerSpec, Inbound, Secret, Target};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -87,6 +87,9 @@ pub struct TurnContext {
     caps: Caps,
     state: Option<String>,
     reply: Reply,
+    /// What reads the event's files (none outside a worker's turn).
+    files: Option<crate::Files>,
+    bot: Option<botfleet_core::BotId>,
 }
 
 impl TurnContext {
@@ -96,7 +99,32 @@ impl TurnContext {
             caps,
             state: state.map(str::to_owned),
             reply: Reply::default(),
+            files: None,
+            bot: None,
         }
+    }
+
+    /// The bytes of `attachment`, a file of the event (at most
+    /// [`MAX_READ_BYTES`](crate::MAX_READ_BYTES)), fetched from the platform through the
+    /// fleet.
+    ///
+    /// # Errors
+    /// [`HandlerError::Failed`] (to be retried) when the platform or the store failed, or
+    /// outside a worker's turn.
+    pub async fn file(&self, attachment: &Attachment) -> Result<Vec<u8>, HandlerError> {
+        let (Some(files), Some(bot)) = (&self.files, &self.bot) else {
+            return Err(HandlerError::Failed {
+                reason: "files are read in a worker's turn only".into(),
+                retry: false,
+            });
+        };
+        files
+            .read(bot, attachment, crate::MAX_READ_BYTES)
+            .await
+            .map_err(|reason| HandlerError::Failed {
+                reason: format!("reading a file: {reason}"),
+                retry: true,
+            })
     }
 
     /// What the bot's platform and mode can do.
@@ -301,6 +329,12 @@ pub fn request(
     let mut doc = serde_json::to_value(msg).map_err(|e| HandlerError::BadReply(e.to_string()))?;
     if let Some(obj) = doc.as_object_mut() {
         obj.remove("answer_handle");
+        // What the platform calls a file stays with the fleet: handlers get the link.
+        if let Some(files) = obj.get_mut("attachments").and_then(|a| a.as_array_mut()) {
+            for f in files.iter_mut().filter_map(|f| f.as_object_mut()) {
+                f.remove("source");
+            }
+        }
         if let Some(st) = state {
             let v: serde_json::Value = serde_json::from_str(st)
                 .map_err(|e| HandlerError::BadReply(format!("stored state: {e}")))?;
@@ -408,7 +442,21 @@ impl Handler {
         state: Option<&str>,
         caps: &Caps,
     ) -> Result<Reply, HandlerError> {
+        self.answer_in(msg, state, caps, None).await
+    }
+
+    /// [`Handler::answer_with_state`] in a worker's turn, whose context reads the event's
+    /// files through `files`.
+    pub(crate) async fn answer_in(
+        &self,
+        msg: &Inbound,
+        state: Option<&str>,
+        caps: &Caps,
+        files: Option<&crate::Files>,
+    ) -> Result<Reply, HandlerError> {
         let mut cx = TurnContext::new(*caps, state);
+        cx.files = files.cloned();
+        cx.bot = Some(msg.chat.bot.clone());
         self.imp.handle(msg, &mut cx).await?;
         Ok(cx.into_reply())
     }

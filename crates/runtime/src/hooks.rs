@@ -70,6 +70,8 @@ pub(crate) struct HookSettings {
     pub(crate) retry_for: Duration,
     /// The worker's turn slots.
     pub(crate) slots: crate::turn::Slots,
+    /// The worker's file links.
+    pub(crate) files: crate::Files,
 }
 
 /// The webhook side of one worker: serve its [`Hooks::router`] on the hooks address.
@@ -1019,6 +1021,7 @@ impl Hooks {
             retry_for: self.inner.settings.retry_for,
             spec_at_ms: self.spec_at(spec),
             slots: self.inner.settings.slots.clone(),
+            files: self.inner.settings.files.clone(),
             caps: crate::platforms::caps(spec),
         };
         let job = turn::Job {

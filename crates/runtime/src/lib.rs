@@ -3,6 +3,7 @@
 mod bot;
 mod chats;
 mod config;
+mod files;
 mod handler;
 mod hooks;
 pub mod http;
@@ -18,6 +19,7 @@ mod worker;
 
 pub use botfleet_store::StoreSession;
 pub use config::{hostname, WorkerConfig};
+pub use files::{Files, FILES_PATH, MAX_READ_BYTES};
 pub use handler::{
     request as handler_request, sign, BotHandler, Echo, Handler, HandlerError, HandlerRegistry,
     Reply, TurnContext, Webhook, SIGNATURE_HEADER,

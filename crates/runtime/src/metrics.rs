@@ -80,6 +80,12 @@ pub const STATE_TOO_LARGE_TOTAL: &str = "botfleet_state_too_large_total";
 /// Actions of handlers' replies refused (unknown, beyond the platform's caps, naming an
 /// unknown ref, or failing at the platform), by platform.
 pub const ACTION_REFUSED_TOTAL: &str = "botfleet_action_refused_total";
+/// Files served through the fleet's file links, per platform.
+pub const FILES_SERVED_TOTAL: &str = "botfleet_files_served_total";
+/// Files handlers sent, per platform.
+pub const FILES_SENT_TOTAL: &str = "botfleet_files_sent_total";
+/// File-link requests refused (a bad or an expired signature): nothing reached a platform.
+pub const FILE_LINKS_REFUSED_TOTAL: &str = "botfleet_file_links_refused_total";
 /// Time from the platform accepting a reply (any bot's) to its record written: the window in
 /// which a crash makes a replay send the reply again, by platform.
 pub const OUTBOX_WINDOW_SECONDS: &str = "botfleet_outbox_window_seconds";
@@ -104,6 +110,7 @@ pub struct Metrics {
     unplaced: AtomicU64,
     self_fences: AtomicU64,
     registrations: AtomicU64,
+    file_links_refused: AtomicU64,
     /// Unix ms when the grace window the worker last saw ends (0: none).
     grace_until_ms: AtomicI64,
     // std Mutex: held for one map update, never across .await.
@@ -192,6 +199,10 @@ impl Metrics {
     /// The worker stopped its bots to fence itself.
     pub fn self_fence(&self) {
         self.self_fences.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A file-link request was refused (bad or expired signature).
+    pub fn file_link_refused(&self) {
+        self.file_links_refused.fetch_add(1, Ordering::Relaxed);
     }
     /// The worker registered (again).
     pub fn registered(&self) {
@@ -343,12 +354,20 @@ impl Metrics {
                 self.self_fences.load(Ordering::Relaxed),
             ),
         ];
-        let extra: [(&str, &str, &str, u64); 1] = [(
-            REGISTRATIONS_TOTAL,
-            "Times this worker registered (again after a freeze or a lost liveness).",
-            "counter",
-            self.registrations.load(Ordering::Relaxed),
-        )];
+        let extra: [(&str, &str, &str, u64); 2] = [
+            (
+                REGISTRATIONS_TOTAL,
+                "Times this worker registered (again after a freeze or a lost liveness).",
+                "counter",
+                self.registrations.load(Ordering::Relaxed),
+            ),
+            (
+                FILE_LINKS_REFUSED_TOTAL,
+                "File-link requests refused for a bad or an expired signature.",
+                "counter",
+                self.file_links_refused.load(Ordering::Relaxed),
+            ),
+        ];
         for (name, help, kind, v) in simple.into_iter().chain(extra) {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             let _ = writeln!(out, "{name}{{worker_id=\"{w}\"}} {v}");
@@ -416,6 +435,11 @@ impl Metrics {
                 ACTION_REFUSED_TOTAL,
                 "Actions of handlers' replies refused, each with a reason on its event.",
             ),
+            (
+                FILES_SERVED_TOTAL,
+                "Files served through the fleet's file links.",
+            ),
+            (FILES_SENT_TOTAL, "Files handlers sent."),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for ((n, p), v) in lock(&self.per_platform).iter() {

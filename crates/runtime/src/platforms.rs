@@ -36,7 +36,7 @@ pub fn descriptor(p: Platform) -> Option<&'static Descriptor> {
 pub fn capability_table() -> String {
     let yes = |b: bool| if b { "yes" } else { "—" };
     let mut out = String::from(
-        "| platform · mode | buttons (most, value bytes) | edit | delete | typing | answer | ephemeral | threads | files | text chars |\n\
+        "| platform · mode | buttons (most, value bytes) | edit | delete | typing | answer | ephemeral | threads | files (most a send, MiB each) | text chars |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for d in DESCRIPTORS {
@@ -47,8 +47,13 @@ pub fn capability_table() -> String {
             } else {
                 "—".to_owned()
             };
+            let files = if c.files {
+                format!("yes ({}, {})", c.max_files, c.max_file_bytes >> 20)
+            } else {
+                "—".to_owned()
+            };
             out.push_str(&format!(
-                "| {} · `{}` | {buttons} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} · `{}` | {buttons} | {} | {} | {} | {} | {} | {} | {files} | {} |\n",
                 d.title,
                 m.name,
                 yes(c.edit),
@@ -57,7 +62,6 @@ pub fn capability_table() -> String {
                 yes(c.answer),
                 yes(c.ephemeral),
                 yes(c.threads),
-                yes(c.files),
                 c.max_text
             ));
         }

@@ -162,6 +162,8 @@ pub(crate) struct TurnCtx {
     /// What the bot's platform mode can do (given to the handler; actions beyond it are
     /// refused).
     pub(crate) caps: Caps,
+    /// The worker's file links (an event's attachments get theirs; a send's are fetched).
+    pub(crate) files: crate::Files,
 }
 
 /// One entry to answer.
@@ -218,6 +220,11 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         }
     };
     actions::resolve_event(ctx, hold, &mut msg).await?;
+    if !msg.attachments.is_empty() {
+        let key =
+            through_store(ctx, hold, "read the file-link key", || ctx.files.link_key()).await?;
+        ctx.files.sign_all(&key, &ctx.bot, &mut msg.attachments);
+    }
     let reply = match answer(ctx, hold, &mut slot, &msg, view.state.as_deref(), started).await? {
         Ok(r) => r,
         Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
@@ -326,7 +333,10 @@ async fn answer(
     loop {
         hold.check()?;
         // Boxed: a webhook call's future is kilobytes, which a waiting turn need not carry.
-        let mut call = Box::pin(ctx.handler.answer_with_state(msg, state, &ctx.caps));
+        let mut call = Box::pin(
+            ctx.handler
+                .answer_in(msg, state, &ctx.caps, Some(&ctx.files)),
+        );
         let r = if slot.is_some() {
             match tokio::time::timeout(QUICK_HANDLER, &mut call).await {
                 Ok(r) => r,

@@ -108,6 +108,8 @@ pub struct Worker {
     reports: Option<crate::reporter::Reports>,
     /// The turn slots every bot's turns share, whatever their transport.
     slots: crate::turn::Slots,
+    /// File links: signed for every event's attachments, served by [`Worker::files`].
+    files: crate::Files,
 }
 
 impl std::fmt::Debug for Worker {
@@ -137,6 +139,14 @@ impl Worker {
         let journal = Journal::new(JOURNAL_CAPACITY);
         let (reporter, reports) = Reporter::new();
         let slots = crate::turn::Slots::new(cfg.turn_slots);
+        let files = crate::Files::new(
+            store.clone(),
+            connectors.clone(),
+            http.clone(),
+            metrics.clone(),
+            cfg.api_public_url.clone(),
+            cfg.file_link_ttl,
+        );
         Ok(Self {
             cfg,
             coord,
@@ -152,7 +162,15 @@ impl Worker {
             reporter,
             reports: Some(reports),
             slots,
+            files,
         })
+    }
+
+    /// The fleet's file links on this worker: serve [`Files::router`](crate::Files::router)
+    /// on the address `api_public_url` names (the CLI serves it on `--http-addr`, beside the
+    /// control API).
+    pub fn files(&self) -> crate::Files {
+        self.files.clone()
     }
 
     /// The worker's webhook side: serve [`Hooks::router`](crate::Hooks::router) on the hooks
@@ -181,6 +199,7 @@ impl Worker {
                 handlers: self.cfg.handlers.clone(),
                 retry_for: self.cfg.handler_retry_for,
                 slots: self.slots.clone(),
+                files: self.files.clone(),
             },
             self.reporter.clone(),
         );

@@ -5,14 +5,19 @@
 
 use std::sync::Arc;
 
-use botfleet_core::{BotId, BotSpec, Platform, Secret};
+use botfleet_core::{AttachmentKind, BotId, BotSpec, Platform, Secret};
 use botfleet_platform::Connector;
-use botfleet_testkit::{FakeSlack, FakeTelegram, Fault, PlatformFixture, Shown, SlackSendFault};
+use botfleet_testkit::{
+    connector_suite::FileOut, FakeSlack, FakeTelegram, Fault, PlatformFixture, Shown,
+    SlackSendFault,
+};
 
 struct Telegram {
     fake: FakeTelegram,
     /// Callback query ids of the presses made.
     presses: std::sync::Mutex<Vec<String>>,
+    /// The `file_id`s of the files users sent.
+    files: std::sync::Mutex<Vec<String>>,
 }
 
 impl Telegram {
@@ -20,6 +25,7 @@ impl Telegram {
         Self {
             fake: FakeTelegram::start().await.unwrap(),
             presses: Default::default(),
+            files: Default::default(),
         }
     }
     fn token(i: usize) -> String {
@@ -112,6 +118,65 @@ impl PlatformFixture for Telegram {
             .state()
             .calls(&Self::token(i), "sendChatAction")
             .len()
+    }
+    fn user_sends_file(
+        &self,
+        i: usize,
+        chat: u32,
+        kind: AttachmentKind,
+        name: &str,
+        mime: &str,
+        data: Vec<u8>,
+        caption: &str,
+    ) -> bool {
+        let field = match kind {
+            AttachmentKind::Image => "photo",
+            AttachmentKind::Video => "video",
+            AttachmentKind::Audio => "audio",
+            AttachmentKind::Voice => "voice",
+            AttachmentKind::Sticker => "sticker",
+            AttachmentKind::File => "document",
+        };
+        let (name, mime) = match kind {
+            // A photo has neither on Telegram.
+            AttachmentKind::Image => (None, None),
+            _ => (Some(name), Some(mime)),
+        };
+        let caption = (!caption.is_empty()).then_some(caption);
+        let (_, file) = self.fake.state().user_sends_file(
+            &Self::token(i),
+            i64::from(chat),
+            field,
+            data,
+            name,
+            mime,
+            caption,
+        );
+        self.files.lock().unwrap().push(file);
+        true
+    }
+    fn file_downloads(&self, _i: usize) -> usize {
+        let fake = self.fake.state();
+        self.files
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| fake.downloads(f))
+            .sum()
+    }
+    fn files_sent(&self, i: usize) -> Vec<FileOut> {
+        self.fake
+            .state()
+            .files_sent()
+            .into_iter()
+            .filter(|s| s.token == Self::token(i))
+            .map(|s| FileOut {
+                chat: s.chat_id.parse().unwrap(),
+                name: s.name,
+                data: s.data,
+                caption: s.caption,
+            })
+            .collect()
     }
     fn press_answers(&self, _i: usize) -> Vec<(String, std::time::Duration)> {
         let fake = self.fake.state();

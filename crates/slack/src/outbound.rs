@@ -45,6 +45,8 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     ephemeral: true,
     threads: false,
     files: false,
+    max_files: 0,
+    max_file_bytes: 0,
     max_text: MAX_TEXT_CHARS as u32,
 };
 
@@ -105,7 +107,12 @@ pub async fn act(
         code: code.to_owned(),
     };
     match act {
-        Act::Send { text, buttons, .. } => {
+        Act::Send {
+            text,
+            buttons,
+            files: [],
+            ..
+        } => {
             let text = fit(text, MAX_TEXT_CHARS);
             let mut body = json!({ "channel": channel, "text": text });
             if !buttons.is_empty() {
@@ -141,6 +148,7 @@ pub async fn act(
             }
         }
         Act::Typing => Err(refused("Slack shows no typing for bots")),
+        Act::Send { .. } => Err(refused("files are not sent on Slack yet")),
         Act::Answer {
             event,
             text,

@@ -29,6 +29,8 @@ struct State {
     refs: BTreeMap<(BotId, String, String), (String, i64)>,
     /// Per bot: (kind, key) → value of its linked-device session.
     sessions: BTreeMap<BotId, BTreeMap<(String, String), Vec<u8>>>,
+    /// Fleet-wide secrets by name.
+    secrets: HashMap<String, Vec<u8>>,
 }
 
 impl State {
@@ -339,6 +341,15 @@ impl Store for MemoryStore {
                     .collect()
             })
             .unwrap_or_default())
+    }
+
+    async fn fleet_secret(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>> {
+        Ok(self
+            .st()
+            .secrets
+            .entry(name.to_owned())
+            .or_insert_with(|| fresh.to_vec())
+            .clone())
     }
 
     async fn session_record(&self, bot: &BotId, kind: &str, key: &str) -> Result<Option<Vec<u8>>> {

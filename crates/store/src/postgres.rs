@@ -946,6 +946,38 @@ impl Store for PostgresStore {
         crate::session::open_session_rows(&self.keys, bot, kind, rows)
     }
 
+    async fn fleet_secret(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>> {
+        use crate::session::{FLEET, FLEET_SECRET};
+        let sealed = crate::session::seal_fleet_secret(&self.keys, fresh)?;
+        let c = self.client().await?;
+        // One statement: the insert when absent, then whichever value stands.
+        let row = c
+            .query_opt(
+                "WITH ins AS (INSERT INTO session_records (bot_id, kind, key, value, updated_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (bot_id, kind, key) DO NOTHING \
+                 RETURNING value) \
+                 SELECT value FROM ins UNION ALL \
+                 SELECT value FROM session_records WHERE bot_id = $1 AND kind = $2 AND key = $3 \
+                 LIMIT 1",
+                &[&FLEET, &FLEET_SECRET, &name, &sealed, &botfleet_core::unix_ms()],
+            )
+            .await
+            .map_err(db("fleet secret"))?;
+        let stored: String = match row {
+            Some(r) => r.get(0),
+            // Another writer's insert committed after this statement's snapshot: read it now.
+            None => c
+                .query_one(
+                    "SELECT value FROM session_records WHERE bot_id = $1 AND kind = $2 AND key = $3",
+                    &[&FLEET, &FLEET_SECRET, &name],
+                )
+                .await
+                .map_err(db("fleet secret"))?
+                .get(0),
+        };
+        crate::session::open_fleet_secret(&self.keys, name, &stored)
+    }
+
     async fn session_record(&self, bot: &BotId, kind: &str, key: &str) -> Result<Option<Vec<u8>>> {
         let c = self.client().await?;
         let row = c

@@ -112,6 +112,28 @@ pub(crate) fn open_session_rows(
         .collect()
 }
 
+/// The `bot_id` under which fleet-wide secrets are kept in `session_records` (not a valid
+/// bot id, so never a bot's; resealed with the sessions by `secrets rotate`).
+pub(crate) const FLEET: &str = "@fleet";
+/// Their kind.
+pub(crate) const FLEET_SECRET: &str = "secret";
+
+/// `fresh` as a fleet secret's stored value (sealed under the first key).
+pub(crate) fn seal_fleet_secret(keys: &crate::Keyring, fresh: &[u8]) -> crate::Result<String> {
+    keys.seal(FLEET, &field(FLEET_SECRET), &to_hex(fresh))
+}
+
+/// A fleet secret's bytes from its stored value.
+pub(crate) fn open_fleet_secret(
+    keys: &crate::Keyring,
+    name: &str,
+    stored: &str,
+) -> crate::Result<Vec<u8>> {
+    let hex = keys.open(FLEET, &field(FLEET_SECRET), stored)?;
+    from_hex(&hex)
+        .ok_or_else(|| crate::StoreError::Corrupt(format!("the fleet secret {name:?} is not hex")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -745,6 +745,30 @@ impl Store for SqliteStore {
         crate::session::open_session_rows(&self.keys, bot, kind, rows)
     }
 
+    async fn fleet_secret(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>> {
+        use crate::session::{FLEET, FLEET_SECRET};
+        let sealed = crate::session::seal_fleet_secret(&self.keys, fresh)?;
+        let key = name.to_owned();
+        let stored: String = self
+            .with("fleet secret", move |c| {
+                let fail = |e| StoreError::backend("fleet secret", e);
+                c.execute(
+                    "INSERT INTO session_records (bot_id, kind, key, value, updated_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (bot_id, kind, key) DO NOTHING",
+                    params![FLEET, FLEET_SECRET, key, sealed, botfleet_core::unix_ms()],
+                )
+                .map_err(fail)?;
+                c.query_row(
+                    "SELECT value FROM session_records WHERE bot_id = ?1 AND kind = ?2 AND key = ?3",
+                    params![FLEET, FLEET_SECRET, key],
+                    |r| r.get(0),
+                )
+                .map_err(fail)
+            })
+            .await?;
+        crate::session::open_fleet_secret(&self.keys, name, &stored)
+    }
+
     async fn session_record(&self, bot: &BotId, kind: &str, key: &str) -> Result<Option<Vec<u8>>> {
         let (b, k, y) = (bot.as_str().to_owned(), kind.to_owned(), key.to_owned());
         let row: Option<String> = self

@@ -351,6 +351,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// `StaleFence` when a higher fence was accepted for the bot; backend failures.
     async fn session_clear(&self, bot: &BotId, fence: Fence) -> Result<()>;
 
+    /// The fleet-wide secret `name` (what signs the fleet's file links): the one stored, or
+    /// `fresh` stored now when there is none. Whoever comes first wins, and every caller
+    /// gets the same bytes. Sealed at rest like credentials, and resealed by
+    /// [`Store::reseal_secrets`].
+    ///
+    /// # Errors
+    /// `Secrets` when the stored value does not open with the keys given; backend failures.
+    async fn fleet_secret(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>>;
+
     /// What a bot starting here resumes from: its checkpoint and up to `limit` inbox entries
     /// recorded but not answered, oldest first — in one call (a worker taking thousands of
     /// bots over makes one per bot). Each entry is then answered by a turn that reads its

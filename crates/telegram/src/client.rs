@@ -21,6 +21,8 @@ pub struct BotApi {
     get_me: reqwest::Url,
     send_message: reqwest::Url,
     delete_webhook: reqwest::Url,
+    /// `{api_url}/file/bot{token}/`: where files are downloaded from.
+    files: reqwest::Url,
     /// `getUpdates`, parsed for the long poll's own connection.
     poll: Target,
 }
@@ -48,6 +50,8 @@ impl BotApi {
             get_me: url("getMe")?,
             send_message: url("sendMessage")?,
             delete_webhook: url("deleteWebhook")?,
+            files: reqwest::Url::parse(&format!("{base}/file/bot{}/", token.expose()))
+                .map_err(|e| TelegramError::Malformed(format!("API URL does not parse: {e}")))?,
         })
     }
 }
@@ -146,14 +150,20 @@ impl TelegramClient {
         body: serde_json::Value,
         timeout: Duration,
     ) -> Result<T, TelegramError> {
-        // Never closed, so the permit always comes; bounded by the caller's timeout anyway.
+        let req = self.http.post(url.clone()).json(&body).timeout(timeout);
+        self.exchange(req, method).await
+    }
+
+    /// Sends `req` (one of the pool's calls in flight) and decodes the reply of `method`.
+    async fn exchange<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        method: &str,
+    ) -> Result<T, TelegramError> {
+        // Never closed, so the permit always comes; bounded by the request's timeout anyway.
         let _turn = self.calls.acquire().await;
         // `without_url` everywhere: the URL holds the token.
-        let resp = self
-            .http
-            .post(url.clone())
-            .json(&body)
-            .timeout(timeout)
+        let resp = req
             .send()
             .await
             .map_err(|e| TelegramError::Network(e.without_url()))?;
@@ -224,6 +234,73 @@ impl TelegramClient {
         }
         self.call(&target, method, body, self.config.request_slack)
             .await
+    }
+
+    /// Any Bot API `method` of the bot with a multipart `form` (uploads): its `result`.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn call_multipart(
+        &self,
+        api: &BotApi,
+        method: &str,
+        form: reqwest::multipart::Form,
+    ) -> Result<serde_json::Value, TelegramError> {
+        let mut target = api.delete_webhook.clone();
+        if let Ok(mut segs) = target.path_segments_mut() {
+            segs.pop().push(method);
+        }
+        // Uploads take longer than calls: a minute more than the usual slack.
+        let req = self
+            .http
+            .post(target)
+            .multipart(form)
+            .timeout(self.config.request_slack + Duration::from_secs(60));
+        self.exchange(req, method).await
+    }
+
+    /// A file the bot was sent, by its `file_id`: `getFile`, then the download (its body
+    /// not read yet). The Bot API serves files of up to 20 MB this way.
+    ///
+    /// # Errors
+    /// See [`TelegramError`]; `Refused` (404) when the file is gone.
+    pub async fn download(
+        &self,
+        api: &BotApi,
+        file_id: &str,
+    ) -> Result<reqwest::Response, TelegramError> {
+        let file = self
+            .call_method(api, "getFile", json!({ "file_id": file_id }))
+            .await?;
+        let path = file["file_path"]
+            .as_str()
+            .filter(|p| !p.is_empty() && !p.starts_with('/') && !p.contains(".."))
+            .ok_or_else(|| TelegramError::Malformed("getFile: no usable file_path".into()))?;
+        let url = api
+            .files
+            .join(path)
+            .map_err(|e| TelegramError::Malformed(format!("getFile: file_path: {e}")))?;
+        let resp = self
+            .http
+            .get(url)
+            .timeout(self.config.request_slack + Duration::from_secs(300))
+            .send()
+            .await
+            .map_err(|e| TelegramError::Network(e.without_url()))?;
+        let status = resp.status().as_u16();
+        match status {
+            200..=299 => Ok(resp),
+            401 => Err(TelegramError::Unauthorized("file download refused".into())),
+            429 => Err(TelegramError::RateLimited(Duration::from_secs(1))),
+            500..=599 => Err(TelegramError::Server {
+                status,
+                description: "file download failed".into(),
+            }),
+            _ => Err(TelegramError::Refused {
+                status,
+                description: "file download refused".into(),
+            }),
+        }
     }
 
     /// `sendMessage` of `body` (`chat_id`, `text`, `reply_markup`, …): the sent message's id.

@@ -69,6 +69,16 @@ impl Connector for TelegramConnector {
         Some(Arc::new(self.hooks()))
     }
 
+    async fn fetch_file(
+        &self,
+        spec: &BotSpec,
+        source: &str,
+    ) -> Result<botfleet_platform::FileBody, PlatformError> {
+        let api = Self::api(spec)?;
+        let resp = self.client.download(&api, source).await?;
+        Ok(botfleet_platform::FileBody::from_response(resp))
+    }
+
     async fn removed(&self, spec: &BotSpec) -> Result<(), PlatformError> {
         if crate::DESCRIPTOR.is_webhook(spec) {
             // Telegram would go on delivering to the fleet for a bot nobody answers.

@@ -28,6 +28,9 @@ use axum::{
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
+mod files;
+pub use files::SentFile;
+
 /// A fault to answer the next call of a token with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -135,6 +138,35 @@ struct TokenState {
     next_message: i64,
 }
 
+impl Inner {
+    /// A message the bot of `token` sends to `chat_id`: its id (per token, from 1000 up).
+    fn new_message(
+        &mut self,
+        token: &str,
+        chat_id: &str,
+        text: &str,
+        reply_markup: Option<Value>,
+    ) -> i64 {
+        let message_id = match self.tokens.get_mut(token) {
+            Some(t) => {
+                t.next_message = t.next_message.max(1000) + 1;
+                t.next_message - 1
+            }
+            None => 1000,
+        };
+        self.messages.insert(
+            (token.to_owned(), chat_id.to_owned(), message_id),
+            BotMessage {
+                text: text.to_owned(),
+                reply_markup,
+                edits: 0,
+                deleted: false,
+            },
+        );
+        message_id
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     tokens: HashMap<String, TokenState>,
@@ -145,6 +177,13 @@ struct Inner {
     /// Callback query id → the press.
     presses: HashMap<String, Press>,
     next_press: u64,
+    /// `file_id` → (the token it was sent to, its bytes).
+    files: HashMap<String, (String, Vec<u8>)>,
+    next_file: u64,
+    /// Downloads served, by `file_id`.
+    downloads: Vec<String>,
+    /// The bots' uploads.
+    files_sent: Vec<SentFile>,
 }
 
 /// What the fake's webhook deliveries did.
@@ -681,13 +720,13 @@ impl Drop for PollGuard {
 async fn handle(
     State(state): State<FakeState>,
     Path((bot, method)): Path<(String, String)>,
-    body: Option<Json<Value>>,
+    req: axum::extract::Request,
 ) -> Response {
     state.requests.fetch_add(1, Ordering::Relaxed);
     let Some(token) = bot.strip_prefix("bot").map(str::to_owned) else {
         return tg_error(StatusCode::NOT_FOUND, "Not Found", None);
     };
-    let args = body.map(|Json(v)| v).unwrap_or_else(|| json!({}));
+    let (args, parts) = files::read_args(&state, req).await;
     // Token checks and injected faults.
     {
         let mut g = state.lock();
@@ -698,11 +737,12 @@ async fn handle(
         if t.revoked {
             return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
         }
-        let send_fault = if method == "sendMessage" {
-            t.send_faults.pop_front()
-        } else {
-            None
-        };
+        let send_fault =
+            if method == "sendMessage" || (method.starts_with("send") && !parts.is_empty()) {
+                t.send_faults.pop_front()
+            } else {
+                None
+            };
         if let Some(f) = t.faults.pop_front().or(send_fault) {
             return match f {
                 Fault::Unauthorized => tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None),
@@ -765,22 +805,7 @@ async fn handle(
             }
             state.sends_in_flight.fetch_sub(1, Ordering::SeqCst);
             let mut g = state.lock();
-            let message_id = match g.tokens.get_mut(&token) {
-                Some(t) => {
-                    t.next_message = t.next_message.max(1000) + 1;
-                    t.next_message - 1
-                }
-                None => 1000,
-            };
-            g.messages.insert(
-                (token.clone(), chat_id.clone(), message_id),
-                BotMessage {
-                    text: text.to_owned(),
-                    reply_markup: markup.clone(),
-                    edits: 0,
-                    deleted: false,
-                },
-            );
+            let message_id = g.new_message(&token, &chat_id, text, markup.clone());
             g.sent.push(Sent {
                 token,
                 chat_id: chat_id.clone(),
@@ -793,6 +818,9 @@ async fn handle(
                 json!({"message_id": message_id, "date": 1_700_000_000, "chat": {"id": chat_id}, "text": text}),
             )
         }
+        "getFile" => files::get_file(&state, &token, &args),
+        "sendPhoto" | "sendDocument" | "sendVideo" | "sendAudio" | "sendVoice" | "sendSticker"
+        | "sendMediaGroup" => files::send_files(&state, &token, &method, &args, parts),
         "editMessageText"
         | "editMessageReplyMarkup"
         | "deleteMessage"
@@ -1047,6 +1075,7 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
 pub fn app(state: FakeState) -> Router {
     Router::new()
         .route("/{bot}/{method}", post(handle).get(handle))
+        .route("/file/{bot}/{*path}", axum::routing::get(files::download))
         .with_state(state)
 }
 

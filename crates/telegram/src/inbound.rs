@@ -1,6 +1,8 @@
 //! Telegram updates (wire JSON) → [`Inbound`] messages.
 
-use botfleet_core::{ActionEvent, BotId, ChatKey, Command, EventKind, Inbound, Platform};
+use botfleet_core::{
+    ActionEvent, Attachment, AttachmentKind, BotId, ChatKey, Command, EventKind, Inbound, Platform,
+};
 use serde::Deserialize;
 use tracing::warn;
 
@@ -24,6 +26,8 @@ struct WireMessage {
     date: Option<i64>,
     #[serde(default)]
     text: Option<String>,
+    #[serde(default)]
+    caption: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -37,6 +41,9 @@ struct WireUser {
 }
 
 /// What an update means to a bot.
+// Short-lived (one per update, turned into a `Received` at once): boxing the message would
+// cost an allocation per update for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Update {
     /// A message (new or edited) in a chat.
@@ -72,7 +79,7 @@ pub fn parse_update(bot: &BotId, raw: &RawUpdate) -> Update {
     };
     match WireMessage::deserialize(msg) {
         Ok(m) => {
-            let text = m.text.unwrap_or_default();
+            let text = m.text.or(m.caption).unwrap_or_default();
             let mut ev = Inbound::message(
                 Platform::Telegram,
                 ChatKey::new(bot.clone(), m.chat.id.to_string()),
@@ -81,6 +88,7 @@ pub fn parse_update(bot: &BotId, raw: &RawUpdate) -> Update {
                 text,
                 m.date.map(|d| d.saturating_mul(1000)),
             );
+            ev.attachments = attachments(msg);
             if edited {
                 ev.kind = EventKind::Edited;
                 ev.edited_message_id = Some(m.message_id.to_string());
@@ -96,6 +104,73 @@ pub fn parse_update(bot: &BotId, raw: &RawUpdate) -> Update {
             Update::Malformed(detail)
         }
     }
+}
+
+/// One file of a message (`document`, `audio`, …; a photo's largest size).
+#[derive(Deserialize)]
+struct WireFile {
+    file_id: String,
+    #[serde(default)]
+    file_size: Option<u64>,
+    #[serde(default)]
+    file_name: Option<String>,
+    #[serde(default)]
+    mime_type: Option<String>,
+    #[serde(default)]
+    is_animated: Option<bool>,
+    #[serde(default)]
+    is_video: Option<bool>,
+}
+
+/// The files of a message, as Telegram sends them: `photo` (its largest size), `animation`
+/// (which Telegram also sends as `document`: one file), `document`, `video`, `video_note`,
+/// `audio`, `voice`, `sticker`. A field that cannot be read is left out (the message is
+/// still answered, for its text).
+fn attachments(msg: &serde_json::Value) -> Vec<Attachment> {
+    let file = |field: &str| -> Option<WireFile> {
+        let v = msg.get(field)?;
+        let v = if field == "photo" {
+            // Sizes, smallest first: the last is the original.
+            v.as_array()?.last()?
+        } else {
+            v
+        };
+        WireFile::deserialize(v)
+            .ok()
+            .filter(|f| !f.file_id.is_empty())
+    };
+    let kinds = [
+        ("photo", AttachmentKind::Image, Some("image/jpeg")),
+        ("animation", AttachmentKind::Video, None),
+        ("document", AttachmentKind::File, None),
+        ("video", AttachmentKind::Video, None),
+        ("video_note", AttachmentKind::Video, Some("video/mp4")),
+        ("audio", AttachmentKind::Audio, None),
+        ("voice", AttachmentKind::Voice, Some("audio/ogg")),
+        ("sticker", AttachmentKind::Sticker, None),
+    ];
+    let mut out = Vec::new();
+    for (field, kind, mime) in kinds {
+        if field == "document" && msg.get("animation").is_some() {
+            continue;
+        }
+        let Some(f) = file(field) else { continue };
+        let mime = f.mime_type.as_deref().or(mime).or(match kind {
+            AttachmentKind::Sticker if f.is_video == Some(true) => Some("video/webm"),
+            AttachmentKind::Sticker if f.is_animated == Some(true) => {
+                Some("application/x-tgsticker")
+            }
+            AttachmentKind::Sticker => Some("image/webp"),
+            _ => None,
+        });
+        out.push(
+            Attachment::new(kind, f.file_id)
+                .mime(mime)
+                .size(f.file_size)
+                .name(f.file_name.as_deref()),
+        );
+    }
+    out
 }
 
 #[derive(Deserialize)]
@@ -263,6 +338,46 @@ mod tests {
             (EventKind::Message, true)
         );
         assert_eq!(evs[3].kind, EventKind::Edited, "an edit is not a command");
+    }
+
+    #[test]
+    fn files_come_in_as_attachments_with_their_caption() {
+        let raw = split_updates(json!([
+            {"update_id": 30, "message": {"message_id": 9, "chat": {"id": 5}, "caption": "look",
+                "photo": [{"file_id": "small", "file_unique_id": "s", "width": 90, "height": 90, "file_size": 10},
+                          {"file_id": "big", "file_unique_id": "b", "width": 900, "height": 900, "file_size": 1000}]}},
+            {"update_id": 31, "message": {"message_id": 10, "chat": {"id": 5},
+                "animation": {"file_id": "gif", "file_unique_id": "g", "mime_type": "video/mp4", "file_name": "a.mp4"},
+                "document": {"file_id": "gif", "file_unique_id": "g", "mime_type": "video/mp4", "file_name": "a.mp4"}}},
+            {"update_id": 32, "message": {"message_id": 11, "chat": {"id": 5},
+                "voice": {"file_id": "v", "file_unique_id": "v", "duration": 2, "file_size": 77},
+                "sticker": {"file_id": "st", "file_unique_id": "st", "is_animated": false, "is_video": true}}},
+            {"update_id": 33, "message": {"message_id": 12, "chat": {"id": 5},
+                "document": {"file_unique_id": "no-id"}, "text": "still here"}},
+        ]))
+        .unwrap();
+        let ev = |i: usize| match parse_update(&bot(), &raw[i]) {
+            Update::Message(m) => m,
+            other => panic!("{other:?}"),
+        };
+        let photo = ev(0);
+        assert_eq!(photo.text, "look", "the caption is the text");
+        assert_eq!(photo.attachments.len(), 1);
+        let a = &photo.attachments[0];
+        assert_eq!(
+            (a.kind, a.source.as_str(), a.size, a.mime.as_deref()),
+            (AttachmentKind::Image, "big", Some(1000), Some("image/jpeg"))
+        );
+        let gif = ev(1);
+        assert_eq!(gif.attachments.len(), 1, "an animation is one file");
+        assert_eq!(gif.attachments[0].kind, AttachmentKind::Video);
+        assert_eq!(gif.attachments[0].name.as_deref(), Some("a.mp4"));
+        let kinds: Vec<_> = ev(2).attachments.iter().map(|a| a.kind).collect();
+        assert_eq!(kinds, [AttachmentKind::Voice, AttachmentKind::Sticker]);
+        assert_eq!(ev(2).attachments[1].mime.as_deref(), Some("video/webm"));
+        let broken = ev(3);
+        assert!(broken.attachments.is_empty());
+        assert_eq!(broken.text, "still here");
     }
 
     #[test]

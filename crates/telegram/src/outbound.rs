@@ -1,11 +1,18 @@
 //! [`Outbound`] messages → `sendMessage`.
 
-use botfleet_core::Outbound;
+use botfleet_core::{AttachmentKind, Outbound, Upload};
 
 use crate::{BotApi, TelegramClient, TelegramError};
 
 /// Telegram's longest message, in characters; longer texts are cut (and marked).
 pub const MAX_TEXT_CHARS: usize = 4096;
+
+/// Telegram's longest caption of a file, in characters: a longer text is sent as a message
+/// of its own before the files.
+pub(crate) const MAX_CAPTION_CHARS: usize = 1024;
+
+/// The largest file a bot uploads through the Bot API (50 MB).
+pub(crate) const MAX_UPLOAD_BYTES: u64 = 50 * 1024 * 1024;
 
 /// Sends `out` through `client`. Texts over [`MAX_TEXT_CHARS`] are cut; empty texts are not
 /// sent (Telegram refuses them).
@@ -28,7 +35,8 @@ pub async fn send(
 
 /// What Telegram bots can do: inline keyboards (up to 100 buttons, `callback_data` of 64
 /// bytes), edits, deletes, `sendChatAction`, `answerCallbackQuery` (a toast or an alert, never
-/// ephemeral: Telegram has no ephemeral messages), no threads, no files yet.
+/// ephemeral: Telegram has no ephemeral messages), files in and out (up to 10 a send, 50 MB
+/// each: `sendPhoto`, `sendDocument`, …, `sendMediaGroup`), no threads.
 pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     buttons: true,
     max_buttons: 100,
@@ -39,7 +47,9 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     answer: true,
     ephemeral: false,
     threads: false,
-    files: false,
+    files: true,
+    max_files: 10,
+    max_file_bytes: MAX_UPLOAD_BYTES,
     max_text: MAX_TEXT_CHARS as u32,
 };
 
@@ -105,6 +115,14 @@ pub async fn act(
         })
     };
     let r = match act {
+        Act::Send {
+            text,
+            buttons,
+            files,
+            ..
+        } if !files.is_empty() => {
+            return send_files(client, api, chat_id, text, buttons, files).await
+        }
         Act::Send { text, buttons, .. } => {
             let mut body = json!({ "chat_id": chat_id, "text": fit(text) });
             if !buttons.is_empty() {
@@ -171,5 +189,145 @@ pub async fn act(
         Ok(_) => Ok(None),
         Err(e) if already_done(&e) => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// The method and field that send one file of `kind` (`sendPhoto` with `photo`, …).
+fn method_of(kind: AttachmentKind) -> (&'static str, &'static str) {
+    match kind {
+        AttachmentKind::Image => ("sendPhoto", "photo"),
+        AttachmentKind::Video => ("sendVideo", "video"),
+        AttachmentKind::Audio => ("sendAudio", "audio"),
+        AttachmentKind::Voice => ("sendVoice", "voice"),
+        AttachmentKind::Sticker => ("sendSticker", "sticker"),
+        AttachmentKind::File => ("sendDocument", "document"),
+    }
+}
+
+/// The `InputMedia` type of `kind` in a media group, when it can be in one.
+fn group_type(kind: AttachmentKind) -> Option<&'static str> {
+    match kind {
+        AttachmentKind::Image => Some("photo"),
+        AttachmentKind::Video => Some("video"),
+        AttachmentKind::Audio => Some("audio"),
+        AttachmentKind::File => Some("document"),
+        AttachmentKind::Voice | AttachmentKind::Sticker => None,
+    }
+}
+
+/// Whether `files` can go as one `sendMediaGroup` (2–10 files; photos and videos together,
+/// documents together, audio together, as Telegram groups them).
+fn one_group(files: &[Upload]) -> bool {
+    let family = |k: AttachmentKind| match k {
+        AttachmentKind::Image | AttachmentKind::Video => Some(0),
+        AttachmentKind::File => Some(1),
+        AttachmentKind::Audio => Some(2),
+        _ => None,
+    };
+    (2..=10).contains(&files.len())
+        && family(files[0].kind).is_some()
+        && files
+            .iter()
+            .all(|f| family(f.kind) == family(files[0].kind))
+}
+
+/// A file as a multipart part.
+fn part(f: &Upload) -> Result<reqwest::multipart::Part, TelegramError> {
+    reqwest::multipart::Part::bytes(f.data.clone())
+        .file_name(f.name.clone())
+        .mime_str(&f.mime)
+        .map_err(|e| TelegramError::Refused {
+            status: 400,
+            description: format!("bad MIME type of {:?}: {}", f.name, e.without_url()),
+        })
+}
+
+/// Sends `files` with `text` and `buttons`: the text as the caption where it fits, and as a
+/// message of its own (first) when it is too long, when there are buttons under several
+/// files (a media group takes none) or with a sticker. Answers the id of the message a ref
+/// names: the one with the buttons, else the first.
+async fn send_files(
+    client: &TelegramClient,
+    api: &BotApi,
+    chat_id: &str,
+    text: &str,
+    buttons: &[Vec<botfleet_core::Button>],
+    files: &[Upload],
+) -> Result<Option<String>, TelegramError> {
+    use serde_json::json;
+    let grouped = one_group(files);
+    let captioned = !text.is_empty()
+        && text.chars().count() <= MAX_CAPTION_CHARS
+        && files[0].kind != AttachmentKind::Sticker
+        && (buttons.is_empty() || (files.len() == 1 && !grouped));
+    let mut first: Option<i64> = None;
+    if !text.is_empty() && !captioned {
+        let mut body = json!({ "chat_id": chat_id, "text": fit(text) });
+        if !buttons.is_empty() {
+            body["reply_markup"] = keyboard(buttons);
+        }
+        first = client.send_message_body(api, body).await?;
+    }
+    let id_of = |v: &serde_json::Value| v.get("message_id").and_then(serde_json::Value::as_i64);
+    if grouped {
+        let mut form = reqwest::multipart::Form::new().text("chat_id", chat_id.to_owned());
+        let mut media = Vec::with_capacity(files.len());
+        for (i, f) in files.iter().enumerate() {
+            let mut m = json!({
+                "type": group_type(f.kind).unwrap_or("document"),
+                "media": format!("attach://f{i}"),
+            });
+            if i == 0 && captioned {
+                m["caption"] = json!(text);
+            }
+            media.push(m);
+            form = form.part(format!("f{i}"), part(f)?);
+        }
+        form = form.text("media", serde_json::Value::Array(media).to_string());
+        let sent = client.call_multipart(api, "sendMediaGroup", form).await?;
+        first = first.or_else(|| sent.as_array().and_then(|a| a.first()).and_then(id_of));
+    } else {
+        for (i, f) in files.iter().enumerate() {
+            let (method, field) = method_of(f.kind);
+            let mut form = reqwest::multipart::Form::new()
+                .text("chat_id", chat_id.to_owned())
+                .part(field, part(f)?);
+            if i == 0 && captioned {
+                form = form.text("caption", text.to_owned());
+                if !buttons.is_empty() {
+                    form = form.text("reply_markup", keyboard(buttons).to_string());
+                }
+            }
+            let sent = client.call_multipart(api, method, form).await?;
+            first = first.or_else(|| id_of(&sent));
+        }
+    }
+    Ok(first.map(|id| id.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(kind: AttachmentKind) -> Upload {
+        Upload {
+            kind,
+            name: "f".into(),
+            mime: "application/octet-stream".into(),
+            data: vec![1],
+        }
+    }
+
+    #[test]
+    fn files_group_as_telegram_groups_them() {
+        use AttachmentKind::*;
+        assert!(!one_group(&[up(Image)]), "one file is no group");
+        assert!(one_group(&[up(Image), up(Video)]));
+        assert!(one_group(&[up(File), up(File)]));
+        assert!(!one_group(&[up(Image), up(File)]));
+        assert!(!one_group(&[up(Voice), up(Voice)]));
+        assert!(!one_group(&vec![up(Image); 11]));
+        assert_eq!(method_of(Voice), ("sendVoice", "voice"));
+        assert_eq!(method_of(File), ("sendDocument", "document"));
     }
 }

@@ -18,6 +18,11 @@ use tokio::{sync::oneshot, task::JoinHandle};
 
 use crate::{nonce, wait_for};
 
+mod files;
+pub use files::{
+    a_photo_in_has_a_link_that_serves_its_bytes, files_out_reach_the_platform, FileOut,
+};
+
 /// A platform's fake, as the suite needs it. Chats are numbers (a Telegram chat id, Slack
 /// channel `C<n>`); bots are numbered too.
 pub trait PlatformFixture: Send + Sync {
@@ -70,6 +75,29 @@ pub trait PlatformFixture: Send + Sync {
     /// The answers to bot `i`'s button presses: (the text shown, how long after the press
     /// it came).
     fn press_answers(&self, _i: usize) -> Vec<(String, Duration)> {
+        Vec::new()
+    }
+    /// A user of bot `i` sends a file in chat `chat` (with `caption` as its text); false where
+    /// the platform (or its fake) takes no files.
+    #[allow(clippy::too_many_arguments)]
+    fn user_sends_file(
+        &self,
+        _i: usize,
+        _chat: u32,
+        _kind: botfleet_core::AttachmentKind,
+        _name: &str,
+        _mime: &str,
+        _data: Vec<u8>,
+        _caption: &str,
+    ) -> bool {
+        false
+    }
+    /// How many times the platform served bot `i`'s received files.
+    fn file_downloads(&self, _i: usize) -> usize {
+        0
+    }
+    /// The files bot `i` uploaded, in the order the platform received them.
+    fn files_sent(&self, _i: usize) -> Vec<FileOut> {
         Vec::new()
     }
 }
@@ -169,6 +197,15 @@ pub struct RunningWorker {
     coord: MemoryCoordinator,
     /// Its metrics.
     pub metrics: Arc<Metrics>,
+    /// Where its API's file links are served (`http://127.0.0.1:…`).
+    pub api_url: String,
+    files_task: JoinHandle<()>,
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        self.files_task.abort();
+    }
 }
 
 impl RunningWorker {
@@ -235,6 +272,17 @@ impl Harness {
         )
         .expect("worker");
         let metrics = w.metrics();
+        // The worker's API, as far as file links go, on a port of its own.
+        let files = w.files();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let api_url = format!("http://{}", listener.local_addr().expect("addr"));
+        files.set_public_url(&api_url);
+        let files_task = tokio::spawn(async move {
+            if let Ok(l) = tokio::net::TcpListener::from_std(listener) {
+                let _ = axum::serve(l, files.router()).await;
+            }
+        });
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(async move {
             let _ = w
@@ -248,6 +296,8 @@ impl Harness {
             task,
             coord,
             metrics,
+            api_url,
+            files_task,
         }
     }
 
@@ -939,6 +989,8 @@ macro_rules! connector_conformance {
             commands_and_edits_reach_the_handler_as_such,
             buttons_presses_and_refs_across_turns,
             edits_deletes_and_typing_by_ref,
+            a_photo_in_has_a_link_that_serves_its_bytes,
+            files_out_reach_the_platform,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -303,6 +303,24 @@ async fn scripted(
     Json(answer).into_response()
 }
 
+/// Serves `bytes` as `mime` at every path of a free loopback port (a handler's file
+/// server): answers its base URL and the task (abort it when done).
+pub async fn serve_bytes(
+    bytes: Vec<u8>,
+    mime: &'static str,
+) -> (String, tokio::task::JoinHandle<()>) {
+    let bytes = axum::body::Bytes::from(bytes);
+    let app = Router::new().route(
+        "/{*name}",
+        axum::routing::get(move || {
+            let b = bytes.clone();
+            async move { ([("content-type", mime)], b) }
+        }),
+    );
+    let (addr, task) = serve_loopback(app).await;
+    (format!("http://{addr}"), task)
+}
+
 /// Serves `app` on a free loopback port until the task is aborted.
 async fn serve_loopback(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

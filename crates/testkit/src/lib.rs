@@ -29,7 +29,7 @@ pub use botfleet_whatsapp::fake::{
 };
 pub use connector_suite::{PlatformFixture, Shown};
 pub use coord_suite::CoordFixture;
-pub use hooks::{RecordingHandler, RoundRobinProxy, ScriptedHandler, StateHandler};
+pub use hooks::{serve_bytes, RecordingHandler, RoundRobinProxy, ScriptedHandler, StateHandler};
 pub use partition::Partition;
 pub use pg::PgSchema;
 pub use process::{fleet_worker, log_tails, rss_kib, Proc};

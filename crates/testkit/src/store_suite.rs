@@ -1231,6 +1231,36 @@ pub async fn pending_entries_of_one_chat(s: Arc<dyn Store>) {
     );
 }
 
+/// A fleet secret is made once: callers at once, each with a fresh candidate, all get the
+/// first stored; later callers get it too; names are apart; resealing keeps it.
+pub async fn fleet_secrets_are_made_once_and_shared(s: Arc<dyn Store>) {
+    let mut tasks = Vec::new();
+    for i in 0..8u8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            s.fleet_secret("file-links", &[i; 32]).await.unwrap()
+        }));
+    }
+    let mut got = Vec::new();
+    for t in tasks {
+        got.push(t.await.unwrap());
+    }
+    assert_eq!(got[0].len(), 32);
+    assert!(got.iter().all(|g| *g == got[0]), "one secret: {got:?}");
+    assert!((0..8u8).any(|i| got[0] == [i; 32]), "one of the candidates");
+    assert_eq!(
+        s.fleet_secret("file-links", &[99; 32]).await.unwrap(),
+        got[0]
+    );
+    let other = s.fleet_secret("other", &[42; 16]).await.unwrap();
+    assert_eq!(other, [42; 16]);
+    s.reseal_secrets().await.unwrap();
+    assert_eq!(
+        s.fleet_secret("file-links", &[1; 32]).await.unwrap(),
+        got[0]
+    );
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -1263,6 +1293,7 @@ macro_rules! store_conformance {
             turns_read_and_write_state_outbox_and_entry,
             action_progress_and_refs_are_fenced,
             pending_entries_of_one_chat,
+            fleet_secrets_are_made_once_and_shared,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -18,6 +18,9 @@ fn bot() -> BotId {
 fn sane(m: &Inbound) {
     assert!(!m.message_id.is_empty(), "{m:?}");
     assert!(!m.chat.chat.is_empty(), "{m:?}");
+    for a in &m.attachments {
+        assert!(!a.source.is_empty() && a.url.is_empty(), "{a:?}");
+    }
     match m.kind {
         EventKind::Command => {
             let c = m.command.as_ref().expect("a command event has its command");
@@ -52,6 +55,19 @@ fn telegram_updates() {
             "photo": [{"file_id": "a", "file_unique_id": "b", "width": 90, "height": 90}], "caption": "c"}}),
         json!({"update_id": 15, "callback_query": {"id": "q", "from": {"id": 7}, "data": "x",
             "chat_instance": "c", "message": {"message_id": 8, "date": 1, "chat": {"id": 5}}}}),
+        json!({"update_id": 16, "message": {"message_id": 7, "chat": {"id": 5}, "caption": "doc",
+            "document": {"file_id": "d", "file_unique_id": "d", "file_name": "a.pdf",
+                "mime_type": "application/pdf", "file_size": 1234}}}),
+        json!({"update_id": 17, "message": {"message_id": 8, "chat": {"id": 5},
+            "voice": {"file_id": "v", "file_unique_id": "v", "duration": 3, "mime_type": "audio/ogg", "file_size": 9},
+            "video_note": {"file_id": "n", "file_unique_id": "n", "length": 240, "duration": 2}}}),
+        json!({"update_id": 18, "message": {"message_id": 9, "chat": {"id": 5},
+            "animation": {"file_id": "g", "file_unique_id": "g", "width": 1, "height": 1, "duration": 1},
+            "document": {"file_id": "g", "file_unique_id": "g"},
+            "sticker": {"file_id": "s", "file_unique_id": "s", "type": "regular", "is_animated": true, "is_video": false}}}),
+        json!({"update_id": 19, "message": {"message_id": 10, "chat": {"id": 5},
+            "video": {"file_id": "m", "file_unique_id": "m", "width": 1, "height": 1, "duration": 1, "file_name": "v.mp4"},
+            "audio": {"file_id": "au", "file_unique_id": "au", "duration": 1, "title": "t"}}}),
     ];
     let (mut read, mut other) = (0, 0);
     for (k, base) in kinds.iter().enumerate() {

@@ -39,6 +39,7 @@ impl Sender for CloudSender {
             text,
             buttons,
             thread_of,
+            files: [],
         } = act
         else {
             return Err(botfleet_platform::unsupported(act));

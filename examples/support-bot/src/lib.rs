@@ -1,6 +1,7 @@
 //! A support bot written as a Rust handler ([`BotHandler`]): `/start` answers with two
 //! buttons, a press edits that message (and answers the press so the client stops waiting),
-//! anything else is acknowledged; a counter of the chat's visits lives in the chat's `state`.
+//! a photo or a file is read through the fleet and answered with its size, anything else is
+//! acknowledged; a counter of the chat's visits lives in the chat's `state`.
 //! Every action goes through the fleet's turn pipeline, fenced and once, on whatever worker
 //! holds the chat.
 
@@ -57,6 +58,15 @@ impl BotHandler for SupportBot {
                 } else {
                     cx.reply(format!("You chose {picked} (visit {visits})."));
                 }
+            }
+            _ if !event.attachments.is_empty() => {
+                let mut sizes = Vec::new();
+                for a in &event.attachments {
+                    // The bytes come through the fleet: the handler holds no platform token.
+                    let bytes = cx.file(a).await?;
+                    sizes.push(format!("{} bytes of {}", bytes.len(), a.kind.as_str()));
+                }
+                cx.reply(format!("Thanks for {} (visit {visits}).", sizes.join(", ")));
             }
             _ if !event.text.is_empty() => {
                 cx.reply(format!(

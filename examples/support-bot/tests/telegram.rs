@@ -1,6 +1,7 @@
 //! The support bot driven through the Telegram fake by a real worker: `/start` shows two
-//! buttons, a press is answered and edits that message, the visit counter lives in the chat's
-//! state, and a bot naming a handler the worker lacks waits (its messages are not lost).
+//! buttons, a press is answered and edits that message, a photo is answered with its size,
+//! the visit counter lives in the chat's state, and a bot naming a handler the worker lacks
+//! waits (its messages are not lost).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -78,6 +79,16 @@ async fn start_press_and_state_through_the_telegram_fake() {
             .then_some(())
     })
     .await;
+    // A photo: the handler reads it through the fleet and answers with its size.
+    let (_, file_id) = tg.user_sends_file(TOKEN, 9, "photo", vec![7; 4321], None, None, None);
+    wait_for("the photo's size", Duration::from_secs(20), || async {
+        tg.sent()
+            .iter()
+            .any(|s| s.text == "Thanks for 4321 bytes of image (visit 4).")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(tg.downloads(&file_id), 1, "read once, from the platform");
     w.shutdown().await;
 }
 

@@ -15,14 +15,17 @@
 
 use std::{collections::HashMap, time::Instant};
 
-use botfleet_core::{Act, Action, Button, Caps, EventKind, Inbound, Target};
+use botfleet_core::{Act, Action, Button, Caps, EventKind, Inbound, OutFile, Target, Upload};
 use botfleet_store::{InboxOutcome, TurnStep};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::warn;
 
 use super::{attempt, checked_state, through_store, End, Halt, Hold, Slot, TurnCtx};
-use crate::{handler::Reply, metrics::ACTION_REFUSED_TOTAL};
+use crate::{
+    handler::Reply,
+    metrics::{ACTION_REFUSED_TOTAL, FILES_SENT_TOTAL},
+};
 
 /// The prefix of a long button value's stand-in on the wire (a value that starts with it is
 /// always stood in for, so a handler's own value is never mistaken for a key).
@@ -41,7 +44,7 @@ fn value_name(key: &str) -> String {
 }
 
 /// What a multi-action turn recorded of itself.
-#[derive(Serialize, Deserialize, Default)]
+#[derive(Serialize, Deserialize, Default, Clone)]
 struct Progress {
     /// The actions, as the handler first answered (a `text` as the first `send`).
     actions: Vec<Action>,
@@ -251,7 +254,7 @@ async fn read_progress(
 impl Run<'_> {
     /// Records the progress under the turn's fence.
     async fn step(&mut self, hold: &impl Hold, end: &End<'_>) -> Result<(), Halt> {
-        let progress = serde_json::to_string(&self.p).unwrap_or_default();
+        let progress = serde_json::to_string(&self.recorded()).unwrap_or_default();
         let step = TurnStep {
             key: end.key.to_owned(),
             chat: end.chat.to_owned(),
@@ -265,6 +268,26 @@ impl Run<'_> {
         .await?;
         self.dirty = false;
         Ok(())
+    }
+
+    /// The progress as recorded: the files of actions done keep no bytes (a replay never
+    /// sends them again, and a record need not hold megabytes).
+    fn recorded(&self) -> std::borrow::Cow<'_, Progress> {
+        let heavy = self.p.actions[..self.p.done.min(self.p.actions.len())]
+            .iter()
+            .any(|a| matches!(a, Action::Send { attachments, .. } if attachments.iter().any(|f| f.data.is_some())));
+        if !heavy {
+            return std::borrow::Cow::Borrowed(&self.p);
+        }
+        let mut p = self.p.clone();
+        for a in &mut p.actions[..self.p.done] {
+            if let Action::Send { attachments, .. } = a {
+                for f in attachments {
+                    f.data = None;
+                }
+            }
+        }
+        std::borrow::Cow::Owned(p)
     }
 
     /// The message a target names: a ref given earlier (in this turn or a stored one), or a
@@ -345,6 +368,32 @@ impl Run<'_> {
         Ok(out)
     }
 
+    /// The files of a send, fetched within the mode's bounds: `Err(why)` when one cannot be
+    /// sent (the action is refused with it).
+    async fn uploads(&self, files: &[OutFile], caps: &Caps) -> Result<Vec<Upload>, String> {
+        if files.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !caps.files {
+            return Err("this platform's mode sends no files (caps.files)".into());
+        }
+        if files.len() > usize::from(caps.max_files) {
+            return Err(format!(
+                "{} attachments, over the {} this platform takes in one send (caps.max_files)",
+                files.len(),
+                caps.max_files
+            ));
+        }
+        let mut out = Vec::with_capacity(files.len());
+        for (j, f) in files.iter().enumerate() {
+            match self.ctx.files.fetch_out(f, caps.max_file_bytes).await {
+                Ok(u) => out.push(u),
+                Err(why) => return Err(format!("attachment {j}: {why}")),
+            }
+        }
+        Ok(out)
+    }
+
     /// Does action `i`: `Ok(Err(why))` when it is refused or cannot be done.
     async fn one(
         &mut self,
@@ -366,22 +415,22 @@ impl Run<'_> {
                 ref_name: name,
                 attachments,
             } => {
-                if !attachments.is_empty() {
-                    return Ok(Err(
-                        "attachments are not sent by this version of the fleet (caps.files)".into(),
-                    ));
-                }
-                if text.is_empty() {
-                    return Ok(Err("a send needs a text".into()));
+                if text.is_empty() && attachments.is_empty() {
+                    return Ok(Err("a send needs a text or attachments".into()));
                 }
                 let rows = match self.buttons(buttons, &caps) {
                     Ok(r) => r,
+                    Err(why) => return Ok(Err(why)),
+                };
+                let uploads = match self.uploads(attachments, &caps).await {
+                    Ok(u) => u,
                     Err(why) => return Ok(Err(why)),
                 };
                 let act = Act::Send {
                     text,
                     buttons: &rows,
                     thread_of: thread.then_some(msg),
+                    files: &uploads,
                 };
                 let r = attempt(self.ctx, hold, slot, started, |s| {
                     let (act, key) = (&act, key.as_str());
@@ -392,6 +441,11 @@ impl Run<'_> {
                     Ok(id) => {
                         self.p.sent = true;
                         self.dirty = true;
+                        self.ctx.metrics.count(
+                            FILES_SENT_TOTAL,
+                            self.ctx.platform,
+                            uploads.len() as u64,
+                        );
                         if let (Some(n), Some(id)) = (name, &id) {
                             self.p.refs.push((ref_name(n), id.clone()));
                             self.p.refs.push((message_name(id), n.clone()));

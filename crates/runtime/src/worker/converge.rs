@@ -563,6 +563,7 @@ impl State {
                         transport_down: self.w.cfg.transport_down,
                         shard_recount: self.w.cfg.shard_recount_every,
                         slots: self.w.slots.clone(),
+                        files: self.w.files.clone(),
                     },
                     stop: stop_rx,
                     down_since: None,
