@@ -217,16 +217,101 @@ impl DiscordClient {
             body["message_reference"] =
                 serde_json::json!({ "message_id": id, "fail_if_not_exists": false });
         }
-        let sent = self
-            .call(
-                api,
-                "create message",
-                self.http
-                    .post(format!("{}/channels/{channel}/messages", api.base))
-                    .json(&body),
-            )
-            .await?;
+        self.create_message_with(api, channel, body, &[]).await
+    }
+
+    /// `POST /channels/{channel}/messages` of a whole message `body` (`content`,
+    /// `components`, `nonce`, …) with `files` (multipart: the body as `payload_json`, each
+    /// file as `files[n]`): the message's id.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::create_message`].
+    pub async fn create_message_with(
+        &self,
+        api: &DiscordApi,
+        channel: &str,
+        mut body: Value,
+        files: &[botfleet_core::Upload],
+    ) -> Result<Option<String>, DiscordError> {
+        check_snowflakes("create message", &[channel])?;
+        let req = self
+            .http
+            .post(format!("{}/channels/{channel}/messages", api.base));
+        let req = if files.is_empty() {
+            req.json(&body)
+        } else {
+            body["attachments"] = files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| serde_json::json!({ "id": i, "filename": f.name }))
+                .collect();
+            let mut form = reqwest::multipart::Form::new().part(
+                "payload_json",
+                reqwest::multipart::Part::text(body.to_string())
+                    .mime_str("application/json")
+                    .map_err(|e| DiscordError::Malformed(e.without_url().to_string()))?,
+            );
+            for (i, f) in files.iter().enumerate() {
+                let part = reqwest::multipart::Part::bytes(f.data.clone())
+                    .file_name(f.name.clone())
+                    .mime_str(&f.mime)
+                    .map_err(|_| DiscordError::Rejected {
+                        what: "create message (a file's MIME type)",
+                        status: 400,
+                    })?;
+                form = form.part(format!("files[{i}]"), part);
+            }
+            req.multipart(form)
+        };
+        let sent = self.call(api, "create message", req).await?;
         Ok(sent["id"].as_str().map(str::to_owned))
+    }
+
+    /// A file a user sent the bot, by its CDN `url` (no token: Discord's attachment URLs are
+    /// signed): the download, its body not read yet. Only Discord's CDN hosts (over HTTPS) or
+    /// the bot's own API host are called.
+    ///
+    /// # Errors
+    /// `Rejected` for a URL elsewhere or a file the CDN no longer serves; others as classified.
+    pub async fn download(
+        &self,
+        api: &DiscordApi,
+        url: &str,
+    ) -> Result<reqwest::Response, DiscordError> {
+        let parsed = reqwest::Url::parse(url).ok();
+        let api_host = reqwest::Url::parse(&api.base)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned));
+        let ok = parsed.as_ref().is_some_and(|u| {
+            let host = u.host_str().unwrap_or("");
+            let cdn = u.scheme() == "https"
+                && matches!(host, "cdn.discordapp.com" | "media.discordapp.net");
+            let web = matches!(u.scheme(), "http" | "https");
+            web && (cdn || api_host.as_deref() == Some(host))
+        });
+        let Some(url) = parsed.filter(|_| ok) else {
+            return Err(DiscordError::Rejected {
+                what: "download",
+                status: 400,
+            });
+        };
+        let _slot = self.calls.acquire().await;
+        let resp = self.http.get(url).send().await.map_err(|e| {
+            let e = e.without_url();
+            DiscordError::network_from(format!("download: {e}"), e)
+        })?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(resp),
+            429 => Err(DiscordError::RateLimited(Duration::from_secs(1))),
+            s @ 500..=599 => Err(DiscordError::Server {
+                what: "download",
+                detail: format!("HTTP {s}"),
+            }),
+            s => Err(DiscordError::Rejected {
+                what: "download",
+                status: s,
+            }),
+        }
     }
 
     /// `PATCH /channels/{channel}/messages/{id}`: the new `content` (kept when `None`), and no

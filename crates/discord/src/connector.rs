@@ -110,6 +110,15 @@ impl Connector for DiscordConnector {
         &crate::DESCRIPTOR
     }
 
+    async fn fetch_file(
+        &self,
+        spec: &BotSpec,
+        source: &str,
+    ) -> Result<botfleet_platform::FileBody, PlatformError> {
+        let resp = self.client.download(&Self::api(spec), source).await?;
+        Ok(botfleet_platform::FileBody::from_response(resp))
+    }
+
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
         let me = self.client.me(&Self::api(spec)).await?;
         Ok(Identity {

@@ -35,6 +35,9 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+mod files;
+pub use files::SentFile;
+
 /// A message the fake received through `POST /channels/{id}/messages`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sent {
@@ -50,6 +53,8 @@ pub struct Sent {
     pub at: Instant,
     /// The id the fake gave it.
     pub id: String,
+    /// The files it carried.
+    pub files: Vec<SentFile>,
 }
 
 /// A message a bot sent, as it stands now (after edits and deletes).
@@ -134,6 +139,8 @@ struct Inner {
     next_id: AtomicU64,
     /// The last `edited_timestamp` given, in unix ms.
     last_edit_ms: Mutex<i64>,
+    /// Users' attachments by id: the bytes, and how many times they were downloaded.
+    attachments: Mutex<HashMap<String, (Vec<u8>, usize)>>,
 }
 
 /// The fake's state, shared with the test. Cloning shares it.
@@ -498,9 +505,13 @@ async fn create_message(
     State(s): State<FakeDiscordState>,
     Path(channel): Path<String>,
     headers: HeaderMap,
-    Json(body): Json<Value>,
+    req: axum::extract::Request,
 ) -> Response {
-    let (answer, lost) = take_message(&s, channel, &headers, &body);
+    let (body, files) = match files::read_body(&s, req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (answer, lost) = take_message(&s, channel, &headers, &body, files);
     if lost {
         tokio::time::sleep(Duration::from_secs(60)).await;
     }
@@ -514,6 +525,7 @@ fn take_message(
     channel: String,
     headers: &HeaderMap,
     body: &Value,
+    files: Vec<SentFile>,
 ) -> (Response, bool) {
     let answer = |r: Response| (r, false);
     let Some(token) = s.auth(headers) else {
@@ -540,7 +552,10 @@ fn take_message(
         Some(SendFault::AnswerLost) => lost = true,
         None => {}
     }
-    let Some(content) = body["content"].as_str() else {
+    let content = body["content"]
+        .as_str()
+        .filter(|c| !c.is_empty() || !files.is_empty());
+    let Some(content) = content else {
         return answer(
             (
                 StatusCode::BAD_REQUEST,
@@ -582,6 +597,7 @@ fn take_message(
             .map(str::to_owned),
         at: Instant::now(),
         id: id.clone(),
+        files,
     });
     b.shown.insert(
         id.clone(),
@@ -879,6 +895,7 @@ pub fn app(state: FakeDiscordState) -> Router {
             axum::routing::patch(change_message).delete(change_message),
         )
         .route("/api/v10/channels/{channel}/typing", post(typing))
+        .route("/attachments/{channel}/{id}/{name}", get(files::download))
         .route("/gateway", any(gateway))
         .with_state(state)
 }

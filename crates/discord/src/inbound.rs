@@ -1,6 +1,6 @@
 //! `MESSAGE_CREATE` and `MESSAGE_UPDATE` dispatches as normalized events.
 
-use botfleet_core::{BotId, ChatKey, EventKind, Inbound, Platform};
+use botfleet_core::{Attachment, AttachmentKind, BotId, ChatKey, EventKind, Inbound, Platform};
 use botfleet_platform::Received;
 use serde_json::Value;
 
@@ -24,17 +24,75 @@ pub fn parse_message(bot: &BotId, d: &Value, me: &str) -> Result<Option<Received
         .ok()
         // A snowflake's top 42 bits are milliseconds since 2015-01-01.
         .map(|s| i64::try_from((s >> 22) + 1_420_070_400_000).unwrap_or(0));
+    let mut message = Inbound::message(
+        Platform::Discord,
+        ChatKey::new(bot.clone(), channel),
+        id,
+        Some(author_id.to_owned()),
+        d["content"].as_str().unwrap_or_default(),
+        sent_at_ms,
+    );
+    message.attachments = attachments(d);
     Ok(Some(Received {
         key: id.to_owned(),
-        message: Inbound::message(
-            Platform::Discord,
-            ChatKey::new(bot.clone(), channel),
-            id,
-            Some(author_id.to_owned()),
-            d["content"].as_str().unwrap_or_default(),
-            sent_at_ms,
-        ),
+        message,
     }))
+}
+
+/// A message's flag saying it is a voice message.
+const IS_VOICE_MESSAGE: u64 = 1 << 13;
+
+/// A message's `attachments` (their CDN `url`; a voice message's one file is a voice note)
+/// and `sticker_items` (a sticker's image on Discord's media host; Lottie stickers, which are
+/// not images, are left out).
+fn attachments(d: &Value) -> Vec<Attachment> {
+    let voice = d["flags"]
+        .as_u64()
+        .is_some_and(|f| f & IS_VOICE_MESSAGE != 0);
+    let mut out: Vec<Attachment> = d["attachments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| {
+            let url = a["url"]
+                .as_str()
+                .filter(|u| u.starts_with("https://") || u.starts_with("http://"))?;
+            let mime = a["content_type"].as_str();
+            let kind = match mime.map(AttachmentKind::of_mime) {
+                _ if voice => AttachmentKind::Voice,
+                Some(k) => k,
+                None => AttachmentKind::File,
+            };
+            Some(
+                Attachment::new(kind, url)
+                    .mime(mime)
+                    .size(a["size"].as_u64())
+                    .name(a["filename"].as_str()),
+            )
+        })
+        .collect();
+    for s in d["sticker_items"].as_array().into_iter().flatten() {
+        let (Some(id), Some(format)) = (s["id"].as_str(), s["format_type"].as_u64()) else {
+            continue;
+        };
+        let (ext, mime) = match format {
+            1 | 2 => ("png", "image/png"),
+            4 => ("gif", "image/gif"),
+            _ => continue,
+        };
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        out.push(
+            Attachment::new(
+                AttachmentKind::Sticker,
+                format!("https://media.discordapp.net/stickers/{id}.{ext}"),
+            )
+            .mime(Some(mime))
+            .name(s["name"].as_str()),
+        );
+    }
+    out
 }
 
 /// An edit older than this (by its `edited_timestamp`) is not taken for a new one.
@@ -123,6 +181,41 @@ pub fn parse_edit(bot: &BotId, d: &Value, me: &str) -> Result<Option<Received>, 
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn attachments_stickers_and_voice_messages_come_in_as_files() {
+        let bot = BotId::new("d").unwrap();
+        let m = json!({"id": "11", "channel_id": "42", "author": {"id": "9"}, "content": "pics",
+            "attachments": [
+                {"id": "1", "filename": "a.png", "content_type": "image/png", "size": 10,
+                 "url": "https://cdn.discordapp.com/attachments/42/1/a.png?ex=1&is=2&hm=3"},
+                {"id": "2", "filename": "b.bin", "size": 3},
+                {"id": "3", "filename": "x", "url": 7},
+            ],
+            "sticker_items": [{"id": "555", "name": "wave", "format_type": 1},
+                              {"id": "556", "name": "lottie", "format_type": 3}]});
+        let r = parse_message(&bot, &m, "1").unwrap().unwrap().message;
+        let kinds: Vec<_> = r.attachments.iter().map(|a| a.kind).collect();
+        assert_eq!(
+            kinds,
+            [AttachmentKind::Image, AttachmentKind::Sticker],
+            "{:?}",
+            r.attachments
+        );
+        assert!(r.attachments[0]
+            .source
+            .starts_with("https://cdn.discordapp.com/"));
+        assert_eq!(
+            r.attachments[1].source,
+            "https://media.discordapp.net/stickers/555.png"
+        );
+        let v = json!({"id": "12", "channel_id": "42", "author": {"id": "9"}, "content": "",
+            "flags": 8192, "attachments": [{"id": "1", "filename": "voice-message.ogg",
+            "content_type": "audio/ogg", "duration_secs": 2.5, "waveform": "AAA=",
+            "url": "https://cdn.discordapp.com/attachments/42/1/voice-message.ogg"}]});
+        let r = parse_message(&bot, &v, "1").unwrap().unwrap().message;
+        assert_eq!(r.attachments[0].kind, AttachmentKind::Voice);
+    }
 
     #[test]
     fn reads_users_messages_and_skips_bots() {

@@ -8,12 +8,16 @@ use crate::{DiscordApi, DiscordClient, DiscordError};
 /// Discord's limit on a message's content, in characters.
 const MAX_CONTENT: usize = 2000;
 
-/// What Discord bots do here: edits, deletes and typing in the channel. Buttons (message
+/// What Discord bots do here: edits, deletes and typing in the channel, files in and out (up
+/// to 10 a message, 10 MiB each: Discord's limit for a bot in an unboosted server). Buttons (message
 /// components) and answers come with interactions, which this version does not read yet.
 pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     edit: true,
     delete: true,
     typing: true,
+    files: true,
+    max_files: 10,
+    max_file_bytes: 10 * 1024 * 1024,
     max_text: MAX_CONTENT as u32,
     ..botfleet_core::Caps::TEXT_ONLY
 };
@@ -36,6 +40,26 @@ pub(crate) async fn act(
         } => {
             let reply_to = thread_of.map(|m| m.message_id.as_str());
             return Ok(send_text(client, api, channel, text, reply_to, key).await?);
+        }
+        Act::Send {
+            text,
+            buttons: [],
+            thread_of,
+            files,
+        } => {
+            // One message: the text (cut to Discord's 2,000 characters) and every file.
+            let mut body = serde_json::json!({
+                "content": text.chars().take(MAX_CONTENT).collect::<String>(),
+                "nonce": nonce_of(key, 0),
+                "enforce_nonce": true,
+            });
+            if let Some(m) = thread_of {
+                body["message_reference"] =
+                    serde_json::json!({ "message_id": m.message_id, "fail_if_not_exists": false });
+            }
+            return Ok(client
+                .create_message_with(api, channel, body, files)
+                .await?);
         }
         Act::Edit {
             message_id,

@@ -373,6 +373,12 @@ impl Files {
                 data.len()
             ));
         }
+        if let Some(m) = f.mime.as_deref().filter(|m| !is_mime(m)) {
+            return Err(format!(
+                "`mime` {:?} is not a MIME type (type/subtype)",
+                m.chars().take(64).collect::<String>()
+            ));
+        }
         let mime = f
             .mime
             .clone()
@@ -546,6 +552,20 @@ async fn serve(State(files): State<Files>, Path(id): Path<String>) -> Response {
     });
     r.body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// Whether `m` reads as a MIME type: `type/subtype`, then parameters, in token characters.
+fn is_mime(m: &str) -> bool {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 127
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b))
+    };
+    let essence = m.split(';').next().unwrap_or("").trim();
+    matches!(essence.split_once('/'), Some((t, s)) if token(t) && token(s))
+        && m.len() <= 255
+        && m.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 /// A file name fit for a header: printable ASCII without quotes or backslashes.
@@ -762,6 +782,20 @@ mod tests {
             .render("w")
             .contains("botfleet_file_links_refused_total{worker_id=\"w\"} 2"));
         task.abort();
+    }
+
+    #[test]
+    fn mime_types_are_told_from_junk() {
+        for ok in [
+            "image/png",
+            "application/vnd.ms-excel",
+            "text/plain; charset=utf-8",
+        ] {
+            assert!(is_mime(ok), "{ok}");
+        }
+        for bad in ["", "png", "image/", "/png", "a b/c", "image/png\n", "é/x"] {
+            assert!(!is_mime(bad), "{bad:?}");
+        }
     }
 
     #[test]

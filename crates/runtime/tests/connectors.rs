@@ -12,6 +12,11 @@ use botfleet_testkit::{
     SlackSendFault,
 };
 
+/// The downloads of every file users sent, as the fake counts them per file.
+fn downloads(files: &std::sync::Mutex<Vec<String>>, of: impl Fn(&str) -> usize) -> usize {
+    files.lock().unwrap().iter().map(|f| of(f)).sum()
+}
+
 struct Telegram {
     fake: FakeTelegram,
     /// Callback query ids of the presses made.
@@ -157,12 +162,7 @@ impl PlatformFixture for Telegram {
     }
     fn file_downloads(&self, _i: usize) -> usize {
         let fake = self.fake.state();
-        self.files
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|f| fake.downloads(f))
-            .sum()
+        downloads(&self.files, |f| fake.downloads(f))
     }
     fn files_sent(&self, i: usize) -> Vec<FileOut> {
         self.fake
@@ -198,12 +198,15 @@ impl PlatformFixture for Telegram {
 
 struct Slack {
     fake: FakeSlack,
+    /// The ids of the files users shared.
+    files: std::sync::Mutex<Vec<String>>,
 }
 
 impl Slack {
     async fn new() -> Self {
         Self {
             fake: FakeSlack::start().await.unwrap(),
+            files: Default::default(),
         }
     }
     fn bot_token(i: usize) -> String {
@@ -308,16 +311,58 @@ impl PlatformFixture for Slack {
             })
             .collect()
     }
+    fn user_sends_file(
+        &self,
+        i: usize,
+        chat: u32,
+        _kind: AttachmentKind,
+        name: &str,
+        mime: &str,
+        data: Vec<u8>,
+        caption: &str,
+    ) -> bool {
+        let (_, id) = self.fake.state().user_shares_file(
+            &Self::bot_token(i),
+            &format!("C{chat}"),
+            name,
+            mime,
+            data,
+            caption,
+        );
+        self.files.lock().unwrap().push(id);
+        true
+    }
+    fn file_downloads(&self, _i: usize) -> usize {
+        let fake = self.fake.state();
+        downloads(&self.files, |f| fake.downloads(f))
+    }
+    fn files_sent(&self, i: usize) -> Vec<FileOut> {
+        self.fake
+            .state()
+            .files_shared()
+            .into_iter()
+            .filter(|s| s.token == Self::bot_token(i))
+            .map(|s| FileOut {
+                chat: s.channel.trim_start_matches('C').parse().unwrap(),
+                name: Some(s.name),
+                data: s.data,
+                caption: s.initial_comment,
+            })
+            .collect()
+    }
 }
 
 struct Discord {
     fake: botfleet_discord::fake::FakeDiscord,
+    /// The ids of the attachments users sent.
+    files: std::sync::Mutex<Vec<String>>,
 }
 
 impl Discord {
     async fn new() -> Self {
         Self {
             fake: botfleet_discord::fake::FakeDiscord::start().await.unwrap(),
+            files: Default::default(),
         }
     }
     fn token(i: usize) -> String {
@@ -409,6 +454,48 @@ impl PlatformFixture for Discord {
     }
     fn typing_shown(&self, i: usize) -> usize {
         self.fake.state().typing(&Self::token(i)).len()
+    }
+    fn user_sends_file(
+        &self,
+        i: usize,
+        chat: u32,
+        _kind: AttachmentKind,
+        name: &str,
+        mime: &str,
+        data: Vec<u8>,
+        caption: &str,
+    ) -> bool {
+        let (_, id) = self.fake.state().user_sends_file(
+            &Self::token(i),
+            u64::from(chat),
+            name,
+            mime,
+            data,
+            caption,
+        );
+        self.files.lock().unwrap().push(id);
+        true
+    }
+    fn file_downloads(&self, _i: usize) -> usize {
+        let fake = self.fake.state();
+        downloads(&self.files, |f| fake.downloads(f))
+    }
+    fn files_sent(&self, i: usize) -> Vec<FileOut> {
+        self.fake
+            .state()
+            .sent_by(&Self::token(i))
+            .into_iter()
+            .flat_map(|p| {
+                let chat = p.channel.parse().unwrap();
+                let content = p.content.clone();
+                p.files.into_iter().map(move |f| FileOut {
+                    chat,
+                    name: Some(f.name),
+                    data: f.data,
+                    caption: Some(content.clone()),
+                })
+            })
+            .collect()
     }
 }
 

@@ -119,6 +119,31 @@ impl WebhookFixture for TelegramHooksFixture {
                 .is_some()
         })
     }
+    fn user_sends_photo(&self, chat: usize, data: Vec<u8>, caption: &str) -> bool {
+        self.fake.state().user_sends_file(
+            TG_TOKEN,
+            500 + chat as i64,
+            "photo",
+            data,
+            None,
+            None,
+            Some(caption),
+        );
+        true
+    }
+    fn files_sent(&self) -> Vec<botfleet_testkit::connector_suite::FileOut> {
+        self.fake
+            .state()
+            .files_sent()
+            .into_iter()
+            .map(|s| botfleet_testkit::connector_suite::FileOut {
+                chat: 0,
+                name: s.name,
+                data: s.data,
+                caption: s.caption,
+            })
+            .collect()
+    }
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
         http.post(hook)
             .header("X-Telegram-Bot-Api-Secret-Token", "guess")
@@ -589,6 +614,34 @@ impl WebhookFixture for WhatsappFixture {
     fn settled(&self) -> bool {
         self.graph.state().undelivered() == 0
     }
+    fn user_sends_photo(&self, chat: usize, data: Vec<u8>, caption: &str) -> bool {
+        self.graph.state().user_sends_media(
+            WA_NUMBER,
+            &format!("49170{chat}"),
+            "image",
+            "image/jpeg",
+            data,
+            Some(caption),
+            None,
+        );
+        true
+    }
+    fn files_sent(&self) -> Vec<botfleet_testkit::connector_suite::FileOut> {
+        self.graph
+            .state()
+            .sent()
+            .into_iter()
+            .filter_map(|s| {
+                let m = s.media?;
+                Some(botfleet_testkit::connector_suite::FileOut {
+                    chat: 0,
+                    name: m.name,
+                    data: m.data,
+                    caption: Some(s.text),
+                })
+            })
+            .collect()
+    }
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
         let body = br#"{"object":"whatsapp_business_account","entry":[{"id":"x","changes":[{"field":"messages","value":{"messages":[{"from":"1","id":"wamid.forged","type":"text","text":{"body":"forged"}}]}}]}]}"#;
         http.post(hook)
@@ -807,6 +860,30 @@ impl WebhookFixture for SlackEventsFixture {
     fn settled(&self) -> bool {
         self.slack.state().events_undelivered() == 0
     }
+    fn user_sends_photo(&self, chat: usize, data: Vec<u8>, caption: &str) -> bool {
+        self.slack.state().user_shares_file(
+            SL_TOKEN,
+            &format!("C00{chat}"),
+            "p.jpg",
+            "image/jpeg",
+            data,
+            caption,
+        );
+        true
+    }
+    fn files_sent(&self) -> Vec<botfleet_testkit::connector_suite::FileOut> {
+        self.slack
+            .state()
+            .files_shared()
+            .into_iter()
+            .map(|s| botfleet_testkit::connector_suite::FileOut {
+                chat: 0,
+                name: Some(s.name),
+                data: s.data,
+                caption: s.initial_comment,
+            })
+            .collect()
+    }
     fn shown(&self) -> Vec<botfleet_testkit::Shown> {
         botfleet_testkit::connector_suite::slack_shown(self.slack.state(), SL_TOKEN)
     }
@@ -893,6 +970,30 @@ async fn whatsapp_buttons_by_webhook() {
         graph: botfleet_testkit::FakeGraph::start().await.unwrap(),
     };
     botfleet_testkit::webhook_suite::buttons_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_files_by_webhook() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::files_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_files_by_webhook() {
+    let f = WhatsappFixture {
+        graph: botfleet_testkit::FakeGraph::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::files_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_files_by_webhook() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::files_by_webhook(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -138,14 +138,40 @@ impl SlackClient {
         } else {
             (&api.bot_token, "bot")
         };
-        // Never closed, so a permit always comes.
-        let _turn = self.calls.acquire().await;
-        let resp = self
+        let req = self
             .http
             .post(format!("{}{method}", api.base))
             .bearer_auth(token.expose())
             .header("content-type", "application/json; charset=utf-8")
-            .body(body.to_string())
+            .body(body.to_string());
+        self.exchange(req, method, which).await
+    }
+
+    /// A Web API `method` with the bot token and a form body (`files.*` take no JSON).
+    async fn call_form<T: DeserializeOwned>(
+        &self,
+        api: &SlackApi,
+        method: &'static str,
+        form: &[(&str, String)],
+    ) -> Result<T, SlackError> {
+        let req = self
+            .http
+            .post(format!("{}{method}", api.base))
+            .bearer_auth(api.bot_token.expose())
+            .form(form);
+        self.exchange(req, method, "bot").await
+    }
+
+    /// Sends `req` (one of the pool's calls in flight) and reads Slack's `{ok, error}` answer.
+    async fn exchange<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        method: &'static str,
+        which: &'static str,
+    ) -> Result<T, SlackError> {
+        // Never closed, so a permit always comes.
+        let _turn = self.calls.acquire().await;
+        let resp = req
             .timeout(self.config.request_timeout)
             .send()
             .await
@@ -258,20 +284,12 @@ impl SlackClient {
         response_url: &str,
         body: Value,
     ) -> Result<(), SlackError> {
-        let refused = || SlackError::Refused {
-            method: "response_url",
-            code: "response_url_not_slack".into(),
-        };
-        let url = reqwest::Url::parse(response_url).map_err(|_| refused())?;
-        let api_host = reqwest::Url::parse(&api.base)
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_owned));
-        let host = url.host_str().unwrap_or("");
-        let slack = url.scheme() == "https" && host == "hooks.slack.com";
-        let web = matches!(url.scheme(), "http" | "https");
-        if !web || (!slack && api_host.as_deref() != Some(host)) {
-            return Err(refused());
-        }
+        let url = slack_url(api, response_url, |h| h == "hooks.slack.com").ok_or_else(|| {
+            SlackError::Refused {
+                method: "response_url",
+                code: "response_url_not_slack".into(),
+            }
+        })?;
         let _turn = self.calls.acquire().await;
         let resp = self
             .http
@@ -284,18 +302,146 @@ impl SlackClient {
                 let e = e.without_url();
                 SlackError::network_from(format!("response_url: {e}"), e)
             })?;
-        match resp.status().as_u16() {
-            200..=299 => Ok(()),
-            429 => Err(SlackError::RateLimited(retry_after(resp.headers()))),
-            s if s >= 500 => Err(SlackError::Server {
-                method: "response_url",
-                detail: format!("HTTP {s}"),
-            }),
-            s => Err(SlackError::Refused {
-                method: "response_url",
-                code: format!("http_{s}"),
-            }),
+        http_status(&resp, "response_url").map(|_| ())
+    }
+
+    /// A file users shared with the bot, by its `url_private`: the download (its body not
+    /// read yet), with the bot token. Only a URL on Slack's own hosts (`*.slack.com`, over
+    /// HTTPS) or on the bot's API host is called, so the token goes nowhere else.
+    ///
+    /// # Errors
+    /// See [`SlackError`]; `Refused` for a URL elsewhere or a file Slack does not serve.
+    pub async fn download(
+        &self,
+        api: &SlackApi,
+        url_private: &str,
+    ) -> Result<reqwest::Response, SlackError> {
+        let url = slack_url(api, url_private, |h| h.ends_with(".slack.com")).ok_or_else(|| {
+            SlackError::Refused {
+                method: "files.download",
+                code: "file_url_not_slack".into(),
+            }
+        })?;
+        let resp = self
+            .http
+            .get(url)
+            .bearer_auth(api.bot_token.expose())
+            .timeout(self.config.request_timeout + Duration::from_secs(300))
+            .send()
+            .await
+            .map_err(|e| {
+                let e = e.without_url();
+                SlackError::network_from(format!("files.download: {e}"), e)
+            })?;
+        http_status(&resp, "files.download")?;
+        // A file the token may not read is answered with a login page, not an error status.
+        let html = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/html"));
+        if html {
+            return Err(SlackError::Refused {
+                method: "files.download",
+                code: "file_not_readable".into(),
+            });
         }
+        Ok(resp)
+    }
+
+    /// Uploads `files` to `channel` (in `thread_ts` when given) the way Slack takes them now:
+    /// `files.getUploadURLExternal` per file, its bytes POSTed to the URL it gives, then one
+    /// `files.completeUploadExternal` sharing them all.
+    ///
+    /// # Errors
+    /// See [`SlackError`].
+    pub async fn upload(
+        &self,
+        api: &SlackApi,
+        channel: &str,
+        thread_ts: Option<&str>,
+        files: &[botfleet_core::Upload],
+    ) -> Result<(), SlackError> {
+        let mut ids = Vec::with_capacity(files.len());
+        for f in files {
+            let target: UploadTarget = self
+                .call_form(
+                    api,
+                    "files.getUploadURLExternal",
+                    &[
+                        ("filename", f.name.clone()),
+                        ("length", f.data.len().to_string()),
+                    ],
+                )
+                .await?;
+            let url = slack_url(api, &target.upload_url, |h| h.ends_with(".slack.com"))
+                .ok_or_else(|| SlackError::Refused {
+                    method: "files.upload",
+                    code: "upload_url_not_slack".into(),
+                })?;
+            let _turn = self.calls.acquire().await;
+            let resp = self
+                .http
+                .post(url)
+                .header("content-type", f.mime.clone())
+                .body(f.data.clone())
+                .timeout(self.config.request_timeout + Duration::from_secs(300))
+                .send()
+                .await
+                .map_err(|e| {
+                    let e = e.without_url();
+                    SlackError::network_from(format!("files.upload: {e}"), e)
+                })?;
+            http_status(&resp, "files.upload")?;
+            ids.push(json!({ "id": target.file_id, "title": f.name }));
+        }
+        let mut form = vec![
+            ("files", Value::Array(ids).to_string()),
+            ("channel_id", channel.to_owned()),
+        ];
+        if let Some(ts) = thread_ts {
+            form.push(("thread_ts", ts.to_owned()));
+        }
+        let _: Value = self
+            .call_form(api, "files.completeUploadExternal", &form)
+            .await?;
+        Ok(())
+    }
+}
+
+/// What `files.getUploadURLExternal` answers.
+#[derive(Deserialize)]
+struct UploadTarget {
+    upload_url: String,
+    file_id: String,
+}
+
+/// `raw` as a URL the bot may call with its credentials: HTTP(S) on the bot's own API host
+/// (a self-hosted or fake Slack), or HTTPS on a host `slack_host` accepts.
+fn slack_url(api: &SlackApi, raw: &str, slack_host: impl Fn(&str) -> bool) -> Option<reqwest::Url> {
+    let url = reqwest::Url::parse(raw).ok()?;
+    let api_host = reqwest::Url::parse(&api.base)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned));
+    let host = url.host_str().unwrap_or("");
+    let slack = url.scheme() == "https" && slack_host(host);
+    let web = matches!(url.scheme(), "http" | "https");
+    (web && (slack || api_host.as_deref() == Some(host))).then_some(url)
+}
+
+/// A plain HTTP answer of Slack's (a `response_url`, a file URL) as a result.
+fn http_status(resp: &reqwest::Response, method: &'static str) -> Result<u16, SlackError> {
+    match resp.status().as_u16() {
+        s @ 200..=299 => Ok(s),
+        429 => Err(SlackError::RateLimited(retry_after(resp.headers()))),
+        s if s >= 500 => Err(SlackError::Server {
+            method,
+            detail: format!("HTTP {s}"),
+        }),
+        s => Err(SlackError::Refused {
+            method,
+            code: format!("http_{s}"),
+        }),
     }
 }
 

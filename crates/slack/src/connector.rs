@@ -65,6 +65,15 @@ impl Connector for SlackConnector {
         &crate::DESCRIPTOR
     }
 
+    async fn fetch_file(
+        &self,
+        spec: &BotSpec,
+        source: &str,
+    ) -> Result<botfleet_platform::FileBody, PlatformError> {
+        let resp = self.client.download(&Self::api(spec)?, source).await?;
+        Ok(botfleet_platform::FileBody::from_response(resp))
+    }
+
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
         let info = self.client.auth_test(&Self::api(spec)?).await?;
         Ok(Identity {

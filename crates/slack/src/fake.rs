@@ -34,6 +34,9 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 
+mod files;
+pub use files::SharedFile;
+
 /// A message the fake received through `chat.postMessage`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sent {
@@ -140,6 +143,12 @@ struct Inner {
     messages: HashMap<(String, String, String), Posted>,
     /// `response_url` id → (bot token, when the user acted, the responses so far).
     interactions: HashMap<String, (String, Instant, Vec<Responded>)>,
+    /// File id → a file users shared or the bot uploads.
+    files: HashMap<String, files::StoredFile>,
+    /// Downloads served, by file id.
+    downloads: Vec<String>,
+    /// The bots' shared uploads.
+    shared: Vec<SharedFile>,
 }
 
 /// Shared state of the fake; cheap to clone.
@@ -881,7 +890,17 @@ async fn web_api(
     if token.is_empty() {
         return slack_error("not_authed");
     }
-    let args: Value = serde_json::from_str(&body).unwrap_or_else(|_| json!({}));
+    let args: Value = serde_json::from_str(&body).unwrap_or_else(|_| {
+        // A form body (`files.*` take no JSON), as an object of strings.
+        let pairs = botfleet_platform::form_pairs(body.as_bytes());
+        Value::Object(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect(),
+        )
+    });
+    let base = state.base.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut g = state.lock();
     *g.requests.entry(token.clone()).or_default() += 1;
     if g.revoked.contains(&token) {
@@ -1001,6 +1020,9 @@ async fn web_api(
             m.text = text.to_owned();
             m.edits += 1;
             Json(json!({"ok": true, "channel": channel, "ts": ts, "text": text})).into_response()
+        }
+        "files.getUploadURLExternal" | "files.completeUploadExternal" => {
+            files::web_method(&mut g, &base, &token, &method, &args)
         }
         _ => slack_error("unknown_method"),
     }
@@ -1225,6 +1247,8 @@ pub fn app(state: FakeSlackState) -> Router {
     Router::new()
         .route("/api/{method}", post(web_api))
         .route("/response/{id}", post(respond))
+        .route("/files-pri/{*rest}", axum::routing::get(files::download))
+        .route("/upload/{id}", post(files::upload))
         .route("/link/", any(link))
         .with_state(state)
 }

@@ -1,6 +1,8 @@
 //! Socket Mode frames (wire JSON) → what they mean, and Slack events → [`Inbound`] messages.
 
-use botfleet_core::{ActionEvent, BotId, ChatKey, Command, EventKind, Inbound, Platform};
+use botfleet_core::{
+    ActionEvent, Attachment, AttachmentKind, BotId, ChatKey, Command, EventKind, Inbound, Platform,
+};
 use serde_json::Value;
 
 /// One text frame of a Socket Mode connection.
@@ -100,8 +102,9 @@ pub fn parse_event(bot: &BotId, me: &Me, payload: &Value) -> Event {
     if subtype == Some("message_changed") {
         return parse_edit(bot, me, ev);
     }
-    // Deletions, joins, bot messages: not a person writing to the bot.
-    if subtype.is_some() || ev.get("bot_id").is_some_and(|b| !b.is_null()) {
+    // Deletions, joins, bot messages: not a person writing to the bot. A file shared is.
+    let person = subtype.is_none() || subtype == Some("file_share");
+    if !person || ev.get("bot_id").is_some_and(|b| !b.is_null()) {
         return Event::Ignored;
     }
     let user = ev.get("user").and_then(Value::as_str);
@@ -112,17 +115,46 @@ pub fn parse_event(bot: &BotId, me: &Me, payload: &Value) -> Event {
         return Event::Malformed(format!("{kind} event without a usable channel or ts"));
     };
     let text = ev.get("text").and_then(Value::as_str).unwrap_or("");
-    Event::Message(
-        format!("{channel}:{ts}"),
-        Inbound::message(
-            Platform::Slack,
-            ChatKey::new(bot.clone(), chat_of(channel, ev.get("thread_ts"), ts)),
-            ts,
-            user.map(str::to_owned),
-            text,
-            ms_of_ts(ts),
-        ),
-    )
+    let mut inbound = Inbound::message(
+        Platform::Slack,
+        ChatKey::new(bot.clone(), chat_of(channel, ev.get("thread_ts"), ts)),
+        ts,
+        user.map(str::to_owned),
+        text,
+        ms_of_ts(ts),
+    );
+    inbound.attachments = files(ev.get("files"));
+    Event::Message(format!("{channel}:{ts}"), inbound)
+}
+
+/// The `files` of a message: each one the bot can download (`url_private_download`, else
+/// `url_private`), its kind from its `mimetype` (a clip recorded in Slack is a voice note).
+/// A file without a URL (an external one, one still being processed) is left out.
+fn files(list: Option<&Value>) -> Vec<Attachment> {
+    let Some(list) = list.and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|f| {
+            let url = ["url_private_download", "url_private"]
+                .iter()
+                .find_map(|k| f.get(*k).and_then(Value::as_str))
+                .filter(|u| u.starts_with("https://") || u.starts_with("http://"))?;
+            let mime = f.get("mimetype").and_then(Value::as_str);
+            let clip = f.get("subtype").and_then(Value::as_str) == Some("slack_audio");
+            let kind = match mime.map(AttachmentKind::of_mime) {
+                Some(AttachmentKind::Audio) if clip => AttachmentKind::Voice,
+                Some(k) => k,
+                None => AttachmentKind::File,
+            };
+            Some(
+                Attachment::new(kind, url)
+                    .mime(mime)
+                    .size(f.get("size").and_then(Value::as_u64))
+                    .name(f.get("name").and_then(Value::as_str)),
+            )
+        })
+        .collect()
 }
 
 /// A `message_changed` event: a person edited what they wrote. Its own `ts` keys it (each
@@ -372,6 +404,35 @@ mod tests {
             ),
             Event::Malformed(_)
         ));
+    }
+
+    #[test]
+    fn shared_files_come_in_as_attachments() {
+        let ev = json!({"event": {"type": "message", "subtype": "file_share", "channel": "C1",
+        "user": "U1", "text": "see", "ts": "1700000000.000200", "files": [
+            {"id": "F1", "name": "a.png", "mimetype": "image/png", "size": 99,
+             "url_private": "https://files.slack.com/files-pri/T1-F1/a.png",
+             "url_private_download": "https://files.slack.com/files-pri/T1-F1/download/a.png"},
+            {"id": "F2", "name": "clip.webm", "mimetype": "audio/webm", "subtype": "slack_audio",
+             "url_private": "https://files.slack.com/files-pri/T1-F2/clip.webm"},
+            {"id": "F3", "mode": "external", "name": "gdoc"},
+        ]}});
+        let Event::Message(_, m) = parse_event(&bot(), &me(), &ev) else {
+            panic!("a file shared is a message");
+        };
+        assert_eq!(m.text, "see");
+        assert_eq!(
+            m.attachments.len(),
+            2,
+            "the external file has no URL to read"
+        );
+        let a = &m.attachments[0];
+        assert_eq!(
+            (a.kind, a.size, a.name.as_deref()),
+            (AttachmentKind::Image, Some(99), Some("a.png"))
+        );
+        assert!(a.source.ends_with("/download/a.png"), "{}", a.source);
+        assert_eq!(m.attachments[1].kind, AttachmentKind::Voice);
     }
 
     #[test]

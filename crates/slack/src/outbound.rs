@@ -32,7 +32,8 @@ pub async fn send(client: &SlackClient, api: &SlackApi, out: &Outbound) -> Resul
 
 /// What Slack bots do: Block Kit buttons (one `actions` block per row, at most 25 buttons,
 /// values of up to 2,000 bytes), `chat.update`, `chat.delete`, and answers to a button press
-/// or a slash command through its `response_url` (ephemeral when asked). No typing: Slack has
+/// or a slash command through its `response_url` (ephemeral when asked), files in and out (up
+/// to 10 a send, 50 MiB each, through `files.getUploadURLExternal`). No typing: Slack has
 /// none for bots.
 pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     buttons: true,
@@ -44,9 +45,9 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     answer: true,
     ephemeral: true,
     threads: false,
-    files: false,
-    max_files: 0,
-    max_file_bytes: 0,
+    files: true,
+    max_files: 10,
+    max_file_bytes: 50 * 1024 * 1024,
     max_text: MAX_TEXT_CHARS as u32,
 };
 
@@ -110,19 +111,28 @@ pub async fn act(
         Act::Send {
             text,
             buttons,
-            files: [],
+            files,
             ..
         } => {
-            let text = fit(text, MAX_TEXT_CHARS);
-            let mut body = json!({ "channel": channel, "text": text });
-            if !buttons.is_empty() {
-                body["blocks"] = blocks(&text, buttons);
+            // The text (with its buttons) is a message of its own, which a ref names and an
+            // edit changes; the files follow it, shared in the same channel and thread.
+            let mut ts = None;
+            if !text.is_empty() {
+                let text = fit(text, MAX_TEXT_CHARS);
+                let mut body = json!({ "channel": channel, "text": text });
+                if !buttons.is_empty() {
+                    body["blocks"] = blocks(&text, buttons);
+                }
+                if let Some(ts) = thread {
+                    body["thread_ts"] = json!(ts);
+                }
+                let sent = client.bot_call(api, "chat.postMessage", body).await?;
+                ts = sent["ts"].as_str().map(str::to_owned);
             }
-            if let Some(ts) = thread {
-                body["thread_ts"] = json!(ts);
+            if !files.is_empty() {
+                client.upload(api, channel, thread, files).await?;
             }
-            let sent = client.bot_call(api, "chat.postMessage", body).await?;
-            Ok(sent["ts"].as_str().map(str::to_owned))
+            Ok(ts)
         }
         Act::Edit {
             message_id,
@@ -148,7 +158,6 @@ pub async fn act(
             }
         }
         Act::Typing => Err(refused("Slack shows no typing for bots")),
-        Act::Send { .. } => Err(refused("files are not sent on Slack yet")),
         Act::Answer {
             event,
             text,

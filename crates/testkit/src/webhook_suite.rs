@@ -36,8 +36,13 @@ pub struct HookWorker {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     http: JoinHandle<()>,
+    api: JoinHandle<()>,
     /// Its hooks address (`http://127.0.0.1:port`).
     pub hooks_url: String,
+    /// Where its API's file links are served (`http://127.0.0.1:port`).
+    pub api_url: String,
+    /// Its file links (to point them at a balancer).
+    pub files: botfleet_runtime::Files,
     /// Its metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -53,12 +58,14 @@ impl HookWorker {
             .expect("drains in time")
             .expect("the worker task");
         self.http.abort();
+        self.api.abort();
     }
 
     /// Gone without a word (the process died): its tasks end where they are.
     pub fn abort(self) {
         self.task.abort();
         self.http.abort();
+        self.api.abort();
     }
 }
 
@@ -75,6 +82,15 @@ pub async fn start(
     let (addr, http) = botfleet_runtime::http::serve_router(addr, router)
         .await
         .expect("hooks address");
+    let files = w.files();
+    let (api_addr, api) = botfleet_runtime::http::serve_router(
+        "127.0.0.1:0".parse().expect("address"),
+        files.router(),
+    )
+    .await
+    .expect("API address");
+    let api_url = format!("http://{api_addr}");
+    files.set_public_url(&api_url);
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         w.run(async {
@@ -87,7 +103,10 @@ pub async fn start(
         stop: Some(tx),
         task,
         http,
+        api,
         hooks_url: format!("http://{addr}"),
+        api_url,
+        files,
         metrics,
     }
 }
@@ -157,6 +176,15 @@ pub trait WebhookFixture: Send + Sync {
     /// `message_id` in chat `chat`; false where there is no such button.
     fn user_presses(&self, _chat: usize, _message_id: &str, _value: &str) -> bool {
         false
+    }
+    /// A user sends a photo (with `caption`) in chat `chat`; false where the platform's
+    /// webhook mode takes no files.
+    fn user_sends_photo(&self, _chat: usize, _data: Vec<u8>, _caption: &str) -> bool {
+        false
+    }
+    /// The files the bot uploaded, in order.
+    fn files_sent(&self) -> Vec<crate::connector_suite::FileOut> {
+        Vec::new()
     }
 }
 
@@ -237,8 +265,20 @@ pub async fn buttons_by_webhook(f: &impl WebhookFixture) {
     let edits = caps.edit;
     let long = "V".repeat(usize::from(caps.max_button_value) + 1);
     let long2 = long.clone();
+    let most = usize::from(caps.max_buttons);
     let handler = crate::ScriptedHandler::start(move |ev: &Value| {
         match (ev["kind"].as_str(), ev["text"].as_str()) {
+            (Some("message"), Some("many")) => {
+                // The most buttons the mode shows (a WhatsApp list past three), rows of 5.
+                let all: Vec<Value> = (0..most)
+                    .map(|i| json!({"text": format!("Option {i}"), "value": format!("opt-{i}")}))
+                    .collect();
+                let rows: Vec<Value> = all.chunks(5).map(|r| json!(r)).collect();
+                json!({"actions": [{"type": "send", "text": "Many", "buttons": rows}]})
+            }
+            (Some("action"), _) if ev["action"]["value"].as_str().is_some_and(|v| v.starts_with("opt-")) => {
+                json!({"actions": [{"type": "send", "text": format!("picked {}", ev["action"]["value"].as_str().unwrap_or(""))}]})
+            }
             (Some("message"), Some("menu")) => json!({"actions": [
                 {"type": "send", "text": "Choose", "ref": "menu",
                  "buttons": [[{"text": "Long", "value": long2}]]},
@@ -285,6 +325,7 @@ pub async fn buttons_by_webhook(f: &impl WebhookFixture) {
         .await;
         let sends: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
         assert_eq!(sends, ["Choose".to_owned(), want], "each send once");
+        the_most_buttons(f, most).await;
         for w in workers {
             w.shutdown().await;
         }
@@ -310,6 +351,89 @@ pub async fn buttons_by_webhook(f: &impl WebhookFixture) {
         .unwrap();
     assert_eq!(press["action"]["value"], long.as_str());
     assert_eq!(press["action"]["message_ref"], "menu");
+    the_most_buttons(f, most).await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// A message with the most buttons the mode shows is shown with all of them, and a press of
+/// the last comes back with its value.
+async fn the_most_buttons(f: &impl WebhookFixture, most: usize) {
+    f.user_writes(1, "many");
+    until("the many buttons shown", 20, || {
+        f.shown().iter().any(|m| m.text == "Many")
+    })
+    .await;
+    let many = f.shown().into_iter().find(|m| m.text == "Many").unwrap();
+    assert_eq!(many.buttons.len(), most, "{many:?}");
+    let last = format!("opt-{}", most - 1);
+    assert_eq!(many.buttons.last(), Some(&last));
+    assert!(f.user_presses(1, &many.id, &last));
+    let want = format!("picked {last}");
+    until("the last button pressed", 20, || {
+        f.replies().iter().any(|(_, t)| *t == want) && f.settled()
+    })
+    .await;
+}
+
+/// Files by webhook, across workers behind balancers (one for the hooks, one for the API): a
+/// photo delivered to one worker reaches the handler with a link on the API's balancer,
+/// which serves the same bytes from every worker; the handler sends it back by that link,
+/// and the platform receives the bytes. Runs where the mode has files.
+pub async fn files_by_webhook(f: &impl WebhookFixture) {
+    use serde_json::{json, Value};
+    let probe = f.bot("http://127.0.0.1:9/");
+    if !crate::connector_suite::caps_of_spec(&probe).files {
+        return;
+    }
+    let handler =
+        crate::ScriptedHandler::start(|ev: &Value| match ev["attachments"][0]["url"].as_str() {
+            Some(url) => json!({"actions": [{"type": "send", "text": "back to you",
+                "attachments": [{"url": url, "name": "back.jpg"}]}]}),
+            None => json!({}),
+        })
+        .await;
+    let (_dir, _store, proxy, workers) = behind_proxy(f, &handler.url(), &["a", "b"]).await;
+    let api = RoundRobinProxy::start(workers.iter().map(|w| w.api_url.clone()).collect()).await;
+    for w in &workers {
+        w.files.set_public_url(&api.url());
+    }
+    let (platform, bot) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{bot}", proxy.url()))
+        .await;
+    let photo: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    assert!(
+        f.user_sends_photo(1, photo.clone(), "look"),
+        "a mode with files takes them"
+    );
+    let sent = wait_for("the photo sent back", Duration::from_secs(20), || async {
+        f.files_sent().into_iter().next()
+    })
+    .await;
+    assert!(sent.data == photo, "the bytes as the user sent them");
+    let ev = handler
+        .seen()
+        .into_iter()
+        .find(|e| e["attachments"].is_array())
+        .expect("the photo's event");
+    assert_eq!(ev["text"], "look");
+    let url = ev["attachments"][0]["url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(url.starts_with(&api.url()), "{url}");
+    for _ in 0..2 {
+        let r = reqwest::get(&url).await.expect("the link answers");
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(r.bytes().await.expect("a body").to_vec() == photo);
+    }
+    assert_eq!(
+        api.served().len(),
+        2,
+        "both workers served the link: {:?}",
+        api.served()
+    );
     for w in workers {
         w.shutdown().await;
     }

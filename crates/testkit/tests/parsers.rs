@@ -106,6 +106,12 @@ fn slack_events_commands_and_frames() {
         json!({"event": {"type": "message", "subtype": "message_changed", "channel": "C1",
             "ts": "1700000100.000200", "message": {"user": "U1", "text": "new",
             "ts": "1700000000.000100"}, "previous_message": {"user": "U1", "text": "old"}}}),
+        json!({"event": {"type": "message", "subtype": "file_share", "channel": "C1", "user": "U1",
+            "text": "see", "ts": "1700000000.000300", "files": [{"id": "F1", "name": "a.png",
+            "mimetype": "image/png", "size": 9, "url_private": "https://files.slack.com/files-pri/T-F1/a.png",
+            "url_private_download": "https://files.slack.com/files-pri/T-F1/download/a.png"},
+            {"id": "F2", "name": "c.webm", "mimetype": "audio/webm", "subtype": "slack_audio",
+            "url_private": "https://files.slack.com/files-pri/T-F2/c.webm"}]}}),
     ];
     let (mut read, mut other) = (0, 0);
     let mut count = |e: Event| match e {
@@ -155,8 +161,19 @@ fn discord_dispatches() {
         "author": {"id": "9", "username": "u"}, "content": "hi"});
     let mut update = create.clone();
     update["edited_timestamp"] = json!(botfleet_discord::iso_of_unix_ms(botfleet_core::unix_ms()));
+    let mut files = create.clone();
+    files["attachments"] = json!([
+        {"id": "1", "filename": "a.png", "content_type": "image/png", "size": 10,
+         "url": "https://cdn.discordapp.com/attachments/42/1/a.png?ex=1"},
+        {"id": "2", "filename": "voice-message.ogg", "content_type": "audio/ogg", "duration_secs": 1.0,
+         "url": "https://cdn.discordapp.com/attachments/42/2/voice-message.ogg"}]);
+    files["sticker_items"] = json!([{"id": "555", "name": "wave", "format_type": 1}]);
+    files["flags"] = json!(0);
     let (mut read, mut other) = (0, 0);
-    for (k, (base, edit)) in [(create, false), (update, true)].into_iter().enumerate() {
+    for (k, (base, edit)) in [(create, false), (update, true), (files, false)]
+        .into_iter()
+        .enumerate()
+    {
         let before = read;
         for v in mutations(&base, 400 + k as u64, CASES) {
             let r = if edit {
@@ -195,8 +212,34 @@ fn whatsapp_cloud_deliveries() {
         "id": "wamid.T", "timestamp": "1700000000", "type": "interactive",
         "context": {"from": "15550001111", "id": "wamid.out.1"},
         "interactive": {"type": "button_reply", "button_reply": {"id": "yes", "title": "Yes"}}});
+    let mut kinds = vec![base.clone(), tap];
+    for (t, file) in [
+        (
+            "image",
+            json!({"id": "m1", "mime_type": "image/jpeg", "sha256": "x", "caption": "c"}),
+        ),
+        (
+            "audio",
+            json!({"id": "m2", "mime_type": "audio/ogg", "voice": true}),
+        ),
+        ("video", json!({"id": "m3", "mime_type": "video/mp4"})),
+        (
+            "document",
+            json!({"id": "m4", "mime_type": "application/pdf", "filename": "a.pdf"}),
+        ),
+        (
+            "sticker",
+            json!({"id": "m5", "mime_type": "image/webp", "animated": false}),
+        ),
+    ] {
+        let mut m = base.clone();
+        let msg = &mut m["entry"][0]["changes"][0]["value"]["messages"][0];
+        msg["type"] = json!(t);
+        msg[t] = file;
+        kinds.push(m);
+    }
     let (mut read, mut other) = (0, 0);
-    for (k, base) in [base, tap].iter().enumerate() {
+    for (k, base) in kinds.iter().enumerate() {
         let before = read;
         for v in mutations(base, 500 + k as u64, CASES) {
             let (got, ignored, malformed) =

@@ -166,6 +166,178 @@ impl GraphClient {
         self.send_doc(n, doc, reply_to).await
     }
 
+    /// `POST /{phone_number_id}/messages`: an `interactive` message of type `list` to `to`:
+    /// `body`, a `button` label that opens the list, and its `rows` as (id, title) (titles
+    /// cut to 24 characters) in one section. Answers the sent message's id.
+    ///
+    /// # Errors
+    /// See [`WhatsappError`].
+    pub async fn send_list(
+        &self,
+        n: &Number,
+        to: &str,
+        body: &str,
+        button: &str,
+        rows: &[(&str, &str)],
+        reply_to: Option<&str>,
+    ) -> Result<String, WhatsappError> {
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(|(id, title)| json!({"id": id, "title": botfleet_core::fit_text(title, 24)}))
+            .collect();
+        let doc = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": to,
+            "type": "interactive",
+            "interactive": {
+                "type": "list",
+                "body": { "text": botfleet_core::fit_text(body, 4096) },
+                "action": {
+                    "button": botfleet_core::fit_text(button, 20),
+                    "sections": [{ "title": botfleet_core::fit_text(button, 24), "rows": rows }],
+                },
+            },
+        });
+        self.send_doc(n, doc, reply_to).await
+    }
+
+    /// `POST /{phone_number_id}/media`: uploads a file for the number to send; its media id.
+    ///
+    /// # Errors
+    /// See [`WhatsappError`].
+    pub async fn upload_media(
+        &self,
+        n: &Number,
+        f: &botfleet_core::Upload,
+    ) -> Result<String, WhatsappError> {
+        let part = reqwest::multipart::Part::bytes(f.data.clone())
+            .file_name(f.name.clone())
+            .mime_str(&f.mime)
+            .map_err(|_| WhatsappError::Refused {
+                code: 100,
+                message: "the file's MIME type does not parse".into(),
+            })?;
+        let form = reqwest::multipart::Form::new()
+            .text("messaging_product", "whatsapp")
+            .text("type", f.mime.clone())
+            .part("file", part);
+        let v = self
+            .call(
+                self.http
+                    .post(format!("{}/{}/media", n.base, n.phone_number_id))
+                    .bearer_auth(n.token.expose())
+                    .timeout(Duration::from_secs(120))
+                    .multipart(form),
+            )
+            .await?;
+        v["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| WhatsappError::Malformed("no media id in the answer".into()))
+    }
+
+    /// `POST /{phone_number_id}/messages`: the uploaded media `media_id` as a message of
+    /// `kind` (`image`, `video`, `audio`, `document`, `sticker`), with a `caption` where the
+    /// kind has one and the document's `filename`. Answers the sent message's id.
+    ///
+    /// # Errors
+    /// See [`WhatsappError`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn send_media(
+        &self,
+        n: &Number,
+        to: &str,
+        kind: &str,
+        media_id: &str,
+        caption: Option<&str>,
+        filename: Option<&str>,
+        reply_to: Option<&str>,
+    ) -> Result<String, WhatsappError> {
+        let mut media = json!({ "id": media_id });
+        if let Some(c) = caption.filter(|c| !c.is_empty()) {
+            media["caption"] = json!(botfleet_core::fit_text(c, 1024));
+        }
+        if let Some(f) = filename.filter(|_| kind == "document") {
+            media["filename"] = json!(f);
+        }
+        let mut doc = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": to,
+            "type": kind,
+        });
+        doc[kind] = media;
+        self.send_doc(n, doc, reply_to).await
+    }
+
+    /// A file a user sent the number, by its media id: `GET /{media_id}` for its URL, then the
+    /// download with the token (its body not read yet). Only Meta's media hosts (over HTTPS)
+    /// or the bot's own Graph host are called with the token.
+    ///
+    /// # Errors
+    /// See [`WhatsappError`]; `Refused` for a media URL elsewhere.
+    pub async fn download_media(
+        &self,
+        n: &Number,
+        media_id: &str,
+    ) -> Result<reqwest::Response, WhatsappError> {
+        if media_id.is_empty() || media_id.contains(['/', '?', '#']) {
+            return Err(WhatsappError::Refused {
+                code: 100,
+                message: "not a media id".into(),
+            });
+        }
+        let info = self
+            .call(
+                self.http
+                    .get(format!("{}/{media_id}", n.base))
+                    .bearer_auth(n.token.expose()),
+            )
+            .await?;
+        let refused = || WhatsappError::Refused {
+            code: 100,
+            message: "the media URL is not Meta's".into(),
+        };
+        let url = info["url"]
+            .as_str()
+            .and_then(|u| reqwest::Url::parse(u).ok())
+            .ok_or_else(refused)?;
+        let graph_host = reqwest::Url::parse(&n.base)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned));
+        let host = url.host_str().unwrap_or("");
+        let meta = url.scheme() == "https"
+            && [".fbsbx.com", ".facebook.com", ".whatsapp.net", ".fbcdn.net"]
+                .iter()
+                .any(|d| host.ends_with(d));
+        let web = matches!(url.scheme(), "http" | "https");
+        if !web || !(meta || graph_host.as_deref() == Some(host)) {
+            return Err(refused());
+        }
+        let resp = self
+            .http
+            .get(url)
+            .bearer_auth(n.token.expose())
+            .timeout(Duration::from_secs(300))
+            .send()
+            .await
+            .map_err(|e| WhatsappError::Network(e.without_url()))?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(resp),
+            401 => Err(WhatsappError::Credentials {
+                code: 190,
+                message: "the media download was refused".into(),
+            }),
+            429 => Err(WhatsappError::RateLimited { code: 130_429 }),
+            s if s >= 500 => Err(WhatsappError::Server(s)),
+            _ => Err(WhatsappError::Refused {
+                code: 100,
+                message: "the media is gone".into(),
+            }),
+        }
+    }
+
     /// Sends one message document, in reply to `reply_to` when given: its id.
     async fn send_doc(
         &self,

@@ -115,6 +115,18 @@ impl Connector for WhatsappConnector {
         ]
     }
 
+    async fn fetch_file(
+        &self,
+        spec: &BotSpec,
+        source: &str,
+    ) -> Result<botfleet_platform::FileBody, PlatformError> {
+        if crate::DESCRIPTOR.mode_name(spec) == "web" {
+            return Err(botfleet_platform::no_files());
+        }
+        let resp = self.client.download_media(&number(spec)?, source).await?;
+        Ok(botfleet_platform::FileBody::from_response(resp))
+    }
+
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
         if crate::DESCRIPTOR.mode_name(spec) == "web" {
             // A linked device has no token to check: its session is checked on connecting.

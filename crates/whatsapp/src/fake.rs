@@ -26,6 +26,9 @@ use tokio::sync::Notify;
 
 use crate::sign;
 
+mod media;
+pub use media::SentMedia;
+
 /// A text the fake received through `POST /{phone_number_id}/messages`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sent {
@@ -39,8 +42,13 @@ pub struct Sent {
     pub reply_to: Option<String>,
     /// The id the fake gave it.
     pub wamid: String,
-    /// Its reply buttons, as (id, title), for an `interactive` message of type `button`.
+    /// Its reply buttons, as (id, title), for an `interactive` message of type `button`
+    /// (or the rows of one of type `list`).
     pub buttons: Vec<(String, String)>,
+    /// Whether its choices are a list's rows (a tap is a `list_reply`).
+    pub list: bool,
+    /// The file of a media message (`text` is its caption).
+    pub media: Option<SentMedia>,
 }
 
 /// An error to answer the next send of a number with.
@@ -79,6 +87,8 @@ struct Inner {
     /// Per number: deliveries not acknowledged yet, oldest first.
     pending: HashMap<String, Vec<Pending>>,
     delivering: HashSet<String>,
+    /// Media by id: users' and uploads.
+    media: HashMap<String, media::StoredMedia>,
 }
 
 /// Shared state of the fake; cheap to clone.
@@ -91,6 +101,8 @@ pub struct FakeGraphState {
     failed: Arc<AtomicU64>,
     duplicate: Arc<AtomicBool>,
     stopped: Arc<AtomicBool>,
+    /// `http://127.0.0.1:<port>`, for the media URLs it gives.
+    base: Arc<Mutex<String>>,
 }
 
 impl FakeGraphState {
@@ -187,23 +199,29 @@ impl FakeGraphState {
         wamid: &str,
         button_id: &str,
     ) -> Option<String> {
-        let title = self
-            .lock()
-            .sent
-            .iter()
-            .find(|s| s.wamid == wamid && s.to == from)?
-            .buttons
-            .iter()
-            .find(|(id, _)| id == button_id)?
-            .1
-            .clone();
+        let (title, list) = {
+            let g = self.lock();
+            let sent = g.sent.iter().find(|s| s.wamid == wamid && s.to == from)?;
+            let title = sent
+                .buttons
+                .iter()
+                .find(|(id, _)| id == button_id)?
+                .1
+                .clone();
+            (title, sent.list)
+        };
+        let reply = if list {
+            json!({"type": "list_reply", "list_reply": {"id": button_id, "title": title}})
+        } else {
+            json!({"type": "button_reply", "button_reply": {"id": button_id, "title": title}})
+        };
         let id = format!("wamid.{}", self.next_id.fetch_add(1, Ordering::SeqCst) + 1);
         let doc = message_doc(
             phone_number_id,
             from,
             json!({"from": from, "id": id, "timestamp": "1700000000", "type": "interactive",
                 "context": {"from": "15550000000", "id": wamid},
-                "interactive": {"type": "button_reply", "button_reply": {"id": button_id, "title": title}}}),
+                "interactive": reply}),
         );
         self.enqueue(phone_number_id, id.clone(), Some(from.to_owned()), &doc);
         Some(id)
@@ -375,6 +393,9 @@ async fn number_info(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
+    if let Some(r) = media::info(&state, &id, &headers) {
+        return r;
+    }
     if let Some(r) = refusal(&state, &id, &headers) {
         return r;
     }
@@ -415,18 +436,38 @@ async fn messages(
         None => {}
     }
     let interactive = doc["type"] == "interactive";
+    let is_media = matches!(
+        doc["type"].as_str(),
+        Some("image" | "video" | "audio" | "document" | "sticker")
+    );
+    let media = if is_media {
+        match media::media_message(&state, &id, &doc) {
+            Ok(m) => Some(m),
+            Err(why) => return graph_error(StatusCode::BAD_REQUEST, 131_009, why),
+        }
+    } else {
+        None
+    };
     let text = if interactive {
         doc["interactive"]["body"]["text"].as_str()
+    } else if let Some((_, caption)) = &media {
+        Some(caption.as_str())
     } else {
         doc["text"]["body"].as_str()
     };
     let (Some(to), Some(text)) = (doc["to"].as_str(), text) else {
         return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
     };
-    if doc["messaging_product"] != "whatsapp" || text.is_empty() {
+    if doc["messaging_product"] != "whatsapp" || (text.is_empty() && media.is_none()) {
         return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
     }
-    let buttons = if interactive {
+    let list = interactive && doc["interactive"]["type"] == "list";
+    let buttons = if list {
+        match list_rows(&doc["interactive"]) {
+            Ok(b) => b,
+            Err(why) => return graph_error(StatusCode::BAD_REQUEST, 131_009, why),
+        }
+    } else if interactive {
         match reply_buttons(&doc["interactive"], text) {
             Ok(b) => b,
             Err(why) => return graph_error(StatusCode::BAD_REQUEST, 131_009, why),
@@ -445,6 +486,8 @@ async fn messages(
         reply_to: doc["context"]["message_id"].as_str().map(str::to_owned),
         wamid: wamid.clone(),
         buttons,
+        list,
+        media: media.map(|(m, _)| m),
     });
     Json(json!({"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}], "messages": [{"id": wamid}]}))
         .into_response()
@@ -495,11 +538,42 @@ fn reply_buttons(i: &Value, body: &str) -> Result<Vec<(String, String)>, &'stati
     Ok(out)
 }
 
+/// An `interactive` message of type `list`, checked as the Cloud API does: a button label of
+/// 1–20 characters and 1–10 rows over its sections, each with a unique id of at most 200
+/// characters and a title of 1–24.
+fn list_rows(i: &Value) -> Result<Vec<(String, String)>, &'static str> {
+    let label = i["action"]["button"].as_str().unwrap_or_default();
+    if !(1..=20).contains(&label.chars().count()) {
+        return Err("Parameter value is not valid: action.button");
+    }
+    let mut out: Vec<(String, String)> = Vec::new();
+    for section in i["action"]["sections"].as_array().into_iter().flatten() {
+        for r in section["rows"].as_array().into_iter().flatten() {
+            let (Some(id), Some(title)) = (r["id"].as_str(), r["title"].as_str()) else {
+                return Err("Parameter value is not valid: row id and title");
+            };
+            let ok = !id.is_empty()
+                && id.chars().count() <= 200
+                && (1..=24).contains(&title.chars().count());
+            if !ok || out.iter().any(|(x, _)| x == id) {
+                return Err("Parameter value is not valid: row");
+            }
+            out.push((id.to_owned(), title.to_owned()));
+        }
+    }
+    if out.is_empty() || out.len() > 10 {
+        return Err("Parameter value is not valid: 1 to 10 rows");
+    }
+    Ok(out)
+}
+
 /// The fake's routes, callable without a socket.
 pub fn app(state: FakeGraphState) -> Router {
     Router::new()
         .route("/{id}", get(number_info))
         .route("/{id}/messages", post(messages))
+        .route("/{id}/media", post(media::upload))
+        .route("/media-files/{id}", get(media::download))
         .with_state(state)
 }
 
@@ -519,6 +593,7 @@ impl FakeGraph {
         let state = FakeGraphState::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        *state.base.lock().unwrap_or_else(|e| e.into_inner()) = format!("http://{addr}");
         let router = app(state.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;

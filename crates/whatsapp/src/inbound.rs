@@ -1,7 +1,9 @@
 //! What a Cloud API delivery holds: its signature (`X-Hub-Signature-256`) and its text
 //! messages, normalised.
 
-use botfleet_core::{ActionEvent, BotId, ChatKey, EventKind, Inbound, Platform};
+use botfleet_core::{
+    ActionEvent, Attachment, AttachmentKind, BotId, ChatKey, EventKind, Inbound, Platform,
+};
 use botfleet_platform::Received;
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -20,10 +22,10 @@ pub fn sign(app_secret: &str, body: &[u8]) -> String {
     out
 }
 
-/// What one delivery holds for `bot` (whose number is `phone_number_id`, when known): text
-/// messages (keyed by their `wamid`), how many changes were of kinds the bot does not handle
-/// (statuses, other fields, media, another number of the same app), and how many could not
-/// be read.
+/// What one delivery holds for `bot` (whose number is `phone_number_id`, when known): text,
+/// media (by their media id) and taps on buttons and list rows (keyed by their `wamid`), how
+/// many changes were of kinds the bot does not handle (statuses, other fields, reactions,
+/// another number of the same app), and how many could not be read.
 pub fn parse_delivery(
     bot: &BotId,
     phone_number_id: Option<&str>,
@@ -79,6 +81,19 @@ pub fn parse_delivery(
                             continue;
                         }
                     },
+                    Some(t @ ("image" | "audio" | "video" | "document" | "sticker")) => {
+                        match media_of(t, &m[t]) {
+                            Some(a) => {
+                                let mut ev = at(m[t]["caption"].as_str().unwrap_or_default());
+                                ev.attachments = vec![a];
+                                ev
+                            }
+                            None => {
+                                malformed += 1;
+                                continue;
+                            }
+                        }
+                    }
                     Some("interactive" | "button") => match reply_of(m) {
                         Some((reply, title, on)) => {
                             let mut ev = at(title);
@@ -109,6 +124,27 @@ pub fn parse_delivery(
         }
     }
     (out, ignored, malformed)
+}
+
+/// A media message's file (`image`, `audio`, `video`, `document`, `sticker`), by its media
+/// id: a voice note is `audio` with `voice: true`.
+fn media_of(t: &str, v: &Value) -> Option<Attachment> {
+    let id = v["id"]
+        .as_str()
+        .filter(|s| !s.is_empty() && !s.contains('/'))?;
+    let kind = match t {
+        "image" => AttachmentKind::Image,
+        "video" => AttachmentKind::Video,
+        "audio" if v["voice"] == true => AttachmentKind::Voice,
+        "audio" => AttachmentKind::Audio,
+        "sticker" => AttachmentKind::Sticker,
+        _ => AttachmentKind::File,
+    };
+    Some(
+        Attachment::new(kind, id)
+            .mime(v["mime_type"].as_str())
+            .name(v["filename"].as_str()),
+    )
 }
 
 /// A tap on a reply button or a list row (`interactive` `button_reply`/`list_reply`, or a
@@ -180,6 +216,7 @@ mod tests {
                     "messages": [
                         {"from": "4915", "id": "wamid.A", "timestamp": "1700000000", "type": "text", "text": {"body": "hi"}},
                         {"from": "4915", "id": "wamid.B", "type": "image", "image": {}},
+                        {"from": "4915", "id": "wamid.R", "type": "reaction", "reaction": {"emoji": "x"}},
                         {"id": "wamid.C", "type": "text", "text": {"body": "no sender"}}
                     ],
                     "statuses": [{"id": "wamid.X", "status": "delivered"}]
@@ -194,13 +231,54 @@ mod tests {
         assert_eq!(msgs[0].message.chat.chat, "4915");
         assert_eq!(msgs[0].message.text, "hi");
         assert_eq!(msgs[0].message.sent_at_ms, Some(1_700_000_000_000));
-        assert_eq!((ignored, malformed), (3, 1));
+        assert_eq!(
+            (ignored, malformed),
+            (3, 2),
+            "an image without its media id is malformed"
+        );
         assert_eq!(parse_delivery(&bot, None, b"not json").2, 1);
         assert_eq!(parse_delivery(&bot, None, b"{}").2, 1);
         // Another number of the same app: not this bot's.
         let (msgs, ignored, _) = parse_delivery(&bot, Some("999"), body.to_string().as_bytes());
         assert!(msgs.is_empty());
         assert_eq!(ignored, 2);
+    }
+
+    #[test]
+    fn media_come_in_as_attachments_by_their_media_id() {
+        let body = serde_json::json!({"entry": [{"changes": [{"field": "messages", "value": {
+        "metadata": {"phone_number_id": "P1"},
+        "messages": [
+            {"from": "4915", "id": "wamid.I", "type": "image",
+             "image": {"id": "m1", "mime_type": "image/jpeg", "sha256": "x", "caption": "look"}},
+            {"from": "4915", "id": "wamid.V", "type": "audio",
+             "audio": {"id": "m2", "mime_type": "audio/ogg; codecs=opus", "voice": true}},
+            {"from": "4915", "id": "wamid.D", "type": "document",
+             "document": {"id": "m3", "mime_type": "application/pdf", "filename": "a.pdf"}},
+            {"from": "4915", "id": "wamid.S", "type": "sticker", "sticker": {"id": "m4", "mime_type": "image/webp"}},
+        ]}}]}]});
+        let (got, ignored, malformed) = parse_delivery(
+            &BotId::new("b").unwrap(),
+            Some("P1"),
+            body.to_string().as_bytes(),
+        );
+        assert_eq!((got.len(), ignored, malformed), (4, 0, 0));
+        let a = &got[0].message.attachments[0];
+        assert_eq!(
+            (a.kind, a.source.as_str(), got[0].message.text.as_str()),
+            (AttachmentKind::Image, "m1", "look")
+        );
+        let kinds: Vec<_> = got.iter().map(|r| r.message.attachments[0].kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                AttachmentKind::Image,
+                AttachmentKind::Voice,
+                AttachmentKind::File,
+                AttachmentKind::Sticker
+            ]
+        );
+        assert_eq!(got[2].message.attachments[0].name.as_deref(), Some("a.pdf"));
     }
 
     #[test]

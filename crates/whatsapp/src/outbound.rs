@@ -1,7 +1,7 @@
 //! Replies of a Cloud API bot, through the Graph API.
 
 use async_trait::async_trait;
-use botfleet_core::{Act, ChatKey, Outbound};
+use botfleet_core::{Act, AttachmentKind, ChatKey, Outbound};
 use botfleet_platform::{ErrorKind, PlatformError, Sender};
 
 use crate::{GraphClient, Number};
@@ -39,18 +39,61 @@ impl Sender for CloudSender {
             text,
             buttons,
             thread_of,
-            files: [],
+            files,
         } = act
         else {
             return Err(botfleet_platform::unsupported(act));
         };
         let reply_to = thread_of.map(|m| m.message_id.as_str());
-        if buttons.is_empty() {
+        let to = chat.chat.as_str();
+        // The text goes as the first file's caption where it can (no buttons, a kind with
+        // captions, within 1,024 characters); else as a message of its own, first.
+        let captioned = buttons.is_empty()
+            && files
+                .first()
+                .is_some_and(|f| has_caption(f.kind) && text.chars().count() <= 1024);
+        let mut first = None;
+        if !text.is_empty() && !captioned {
+            first = Some(
+                self.send_text_or_choices(to, text, buttons, reply_to)
+                    .await?,
+            );
+        }
+        for (i, f) in files.iter().enumerate() {
+            let media = self.client.upload_media(&self.number, f).await?;
+            let caption = (i == 0 && captioned).then_some(*text);
             let id = self
                 .client
-                .send_text(&self.number, &chat.chat, text, reply_to)
+                .send_media(
+                    &self.number,
+                    to,
+                    media_type(f.kind),
+                    &media,
+                    caption,
+                    Some(&f.name),
+                    if first.is_none() { reply_to } else { None },
+                )
                 .await?;
-            return Ok(Some(id));
+            first.get_or_insert(id);
+        }
+        Ok(first)
+    }
+}
+
+impl CloudSender {
+    /// A text, under reply buttons (1–3) or a list (4–10 rows) when it has choices.
+    async fn send_text_or_choices(
+        &self,
+        to: &str,
+        text: &str,
+        buttons: &[Vec<botfleet_core::Button>],
+        reply_to: Option<&str>,
+    ) -> Result<String, PlatformError> {
+        if buttons.iter().all(Vec::is_empty) {
+            return Ok(self
+                .client
+                .send_text(&self.number, to, text, reply_to)
+                .await?);
         }
         let mut replies = Vec::new();
         for b in buttons.iter().flatten() {
@@ -65,21 +108,67 @@ impl Sender for CloudSender {
                 }
             }
         }
-        let id = self
-            .client
-            .send_buttons(&self.number, &chat.chat, text, &replies, reply_to)
-            .await?;
-        Ok(Some(id))
+        let id = if replies.len() <= MAX_REPLY_BUTTONS {
+            self.client
+                .send_buttons(&self.number, to, text, &replies, reply_to)
+                .await?
+        } else {
+            if replies.iter().any(|(v, _)| v.chars().count() > MAX_ROW_ID) {
+                return Err(PlatformError::new(
+                    ErrorKind::Rejected,
+                    "unsupported",
+                    format!("a WhatsApp list row's value is at most {MAX_ROW_ID} characters"),
+                ));
+            }
+            self.client
+                .send_list(&self.number, to, text, LIST_BUTTON, &replies, reply_to)
+                .await?
+        };
+        Ok(id)
     }
 }
 
-/// What a Cloud API bot does: text, and up to three reply buttons (ids of up to 256
-/// characters; titles cut to 20) under a body of up to 1,024 characters. No edits, deletes,
-/// typing or answers: the Cloud API has none for sent messages.
+/// Reply buttons a message carries at most; more choices (up to [`MAX_LIST_ROWS`]) go as a
+/// list.
+const MAX_REPLY_BUTTONS: usize = 3;
+/// Rows of a list message at most.
+const MAX_LIST_ROWS: u16 = 10;
+/// A list row's id, at most (a reply button's is 256).
+const MAX_ROW_ID: usize = 200;
+/// The label of the button that opens a list.
+const LIST_BUTTON: &str = "Choose";
+
+/// The Cloud API's message type for a file of `kind`.
+fn media_type(kind: AttachmentKind) -> &'static str {
+    match kind {
+        AttachmentKind::Image => "image",
+        AttachmentKind::Video => "video",
+        AttachmentKind::Audio | AttachmentKind::Voice => "audio",
+        AttachmentKind::Sticker => "sticker",
+        AttachmentKind::File => "document",
+    }
+}
+
+/// Whether the Cloud API shows a caption with a file of `kind`.
+fn has_caption(kind: AttachmentKind) -> bool {
+    matches!(
+        kind,
+        AttachmentKind::Image | AttachmentKind::Video | AttachmentKind::File
+    )
+}
+
+/// What a Cloud API bot does: text, up to three reply buttons (titles cut to 20 characters)
+/// under a body of up to 1,024 characters, or a list of up to ten rows (values of up to 200
+/// characters, titles cut to 24), and media (up to 10 files a send, 16 MiB each, one
+/// message each). No edits, deletes, typing or answers: the Cloud API has none for sent
+/// messages.
 pub(crate) const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     buttons: true,
-    max_buttons: 3,
-    max_button_value: 256,
+    max_buttons: MAX_LIST_ROWS,
+    max_button_value: MAX_ROW_ID as u16,
+    files: true,
+    max_files: 10,
+    max_file_bytes: 16 * 1024 * 1024,
     max_text: crate::MAX_TEXT_CHARS as u32,
     ..botfleet_core::Caps::TEXT_ONLY
 };
