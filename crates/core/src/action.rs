@@ -174,7 +174,9 @@ pub enum Act<'a> {
     },
     /// Show typing in the chat.
     Typing,
-    /// Answer `event` (a button press, a command).
+    /// Answer `event` (a button press, a command). Without a `text` it only acknowledges the
+    /// event, so the user's client stops waiting (the fleet does this at the end of a turn that
+    /// did not answer).
     Answer {
         /// The event answered.
         event: &'a Inbound,
@@ -184,6 +186,14 @@ pub enum Act<'a> {
         alert: bool,
         /// Only to the user who acted.
         ephemeral: bool,
+        /// The event was acknowledged already ([`Act::Defer`]): the answer follows up.
+        deferred: bool,
+    },
+    /// Acknowledge `event` now, before the handler has answered, so the platform's deadline
+    /// is met (Discord's 3 s for an interaction); an answer later follows up.
+    Defer {
+        /// The event.
+        event: &'a Inbound,
     },
 }
 

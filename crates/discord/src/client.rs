@@ -160,7 +160,14 @@ impl DiscordClient {
                 what,
                 detail: format!("HTTP {s}"),
             }),
-            s => Err(DiscordError::Rejected { what, status: s }),
+            s => Err(DiscordError::Rejected {
+                what,
+                status: s,
+                code: serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["code"].as_u64())
+                    .unwrap_or(0),
+            }),
         }
     }
 
@@ -258,6 +265,7 @@ impl DiscordClient {
                     .map_err(|_| DiscordError::Rejected {
                         what: "create message (a file's MIME type)",
                         status: 400,
+                        code: 0,
                     })?;
                 form = form.part(format!("files[{i}]"), part);
             }
@@ -293,6 +301,7 @@ impl DiscordClient {
             return Err(DiscordError::Rejected {
                 what: "download",
                 status: 400,
+                code: 0,
             });
         };
         let _slot = self.calls.acquire().await;
@@ -310,12 +319,13 @@ impl DiscordClient {
             s => Err(DiscordError::Rejected {
                 what: "download",
                 status: s,
+                code: 0,
             }),
         }
     }
 
-    /// `PATCH /channels/{channel}/messages/{id}`: the new `content` (kept when `None`), and no
-    /// components.
+    /// `PATCH /channels/{channel}/messages/{id}`: the new `content` (kept when `None`), and
+    /// `components` (none when empty).
     ///
     /// # Errors
     /// As [`DiscordClient::create_message`].
@@ -325,9 +335,10 @@ impl DiscordClient {
         channel: &str,
         id: &str,
         content: Option<&str>,
+        components: Value,
     ) -> Result<(), DiscordError> {
         check_snowflakes("edit message", &[channel, id])?;
-        let mut body = serde_json::json!({ "components": [] });
+        let mut body = serde_json::json!({ "components": components });
         if let Some(c) = content {
             body["content"] = Value::from(c);
         }
@@ -384,6 +395,47 @@ impl DiscordClient {
     }
 }
 
+impl DiscordClient {
+    /// `POST /interactions/{id}/{token}/callback`: the interaction's response.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::create_message`]; code 40060 when it was answered before.
+    pub(crate) async fn interaction_callback(
+        &self,
+        api: &DiscordApi,
+        id: &str,
+        token: &str,
+        body: &Value,
+    ) -> Result<(), DiscordError> {
+        let url = format!("{}/interactions/{id}/{token}/callback", api.base);
+        let req = self.http.post(url).json(body);
+        self.call(api, "interaction response", req)
+            .await
+            .map(|_| ())
+    }
+
+    /// A call on the interaction's webhook (`/webhooks/{application}/{token}{path}`): `PATCH`
+    /// of `/messages/@original` edits the first response, `DELETE` of it removes it, `POST`
+    /// of nothing is a follow-up message.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::create_message`].
+    pub(crate) async fn interaction_webhook(
+        &self,
+        api: &DiscordApi,
+        method: reqwest::Method,
+        (app, token, path): (&str, &str, &str),
+        body: Option<&Value>,
+    ) -> Result<(), DiscordError> {
+        let url = format!("{}/webhooks/{app}/{token}{path}", api.base);
+        let mut req = self.http.request(method, url);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        self.call(api, "interaction webhook", req).await.map(|_| ())
+    }
+}
+
 /// Refuses ids that are not Discord snowflakes (digits), before they become path segments.
 fn check_snowflakes(what: &'static str, ids: &[&str]) -> Result<(), DiscordError> {
     if ids
@@ -392,6 +444,10 @@ fn check_snowflakes(what: &'static str, ids: &[&str]) -> Result<(), DiscordError
     {
         Ok(())
     } else {
-        Err(DiscordError::Rejected { what, status: 400 })
+        Err(DiscordError::Rejected {
+            what,
+            status: 400,
+            code: 0,
+        })
     }
 }

@@ -415,6 +415,14 @@ struct DiscordSender {
 
 #[async_trait]
 impl Sender for DiscordSender {
+    fn defer_after(&self, event: &botfleet_core::Inbound) -> Option<std::time::Duration> {
+        // An interaction is answered within 3 s or never.
+        event
+            .answer_handle
+            .is_some()
+            .then_some(std::time::Duration::from_secs(2))
+    }
+
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         self.gate.rest(&self.bot).await;
         send(&self.client, &self.api, out).await?;

@@ -31,12 +31,15 @@ pub enum DiscordError {
         detail: String,
     },
     /// This request cannot succeed as it is (403 missing access, 404 unknown channel, ...).
-    #[error("Discord refused {what}: HTTP {status}")]
+    #[error("Discord refused {what}: HTTP {status} (code {code})")]
     Rejected {
         /// The call.
         what: &'static str,
         /// The HTTP status.
         status: u16,
+        /// Discord's JSON error code (`10008` unknown message, `40060` interaction already
+        /// acknowledged, …); 0 when it gave none.
+        code: u64,
     },
     /// The connection failed, timed out or dropped.
     #[error("network error: {what}")]

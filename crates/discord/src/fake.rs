@@ -36,7 +36,9 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 mod files;
+mod interactions;
 pub use files::SentFile;
+pub use interactions::{Answered, Interaction};
 
 /// A message the fake received through `POST /channels/{id}/messages`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +68,8 @@ pub struct Shown {
     pub edits: u32,
     /// Whether it was deleted.
     pub deleted: bool,
+    /// Its buttons' `custom_id`s now, in order.
+    pub buttons: Vec<String>,
 }
 
 /// A fault to answer the next message create of a bot with.
@@ -126,6 +130,9 @@ struct BotState {
     nonces: HashMap<String, String>,
     duplicates: u64,
     faults: VecDeque<SendFault>,
+    /// The application commands last registered.
+    commands: Option<Value>,
+    command_writes: u64,
 }
 
 #[derive(Default)]
@@ -141,6 +148,8 @@ struct Inner {
     last_edit_ms: Mutex<i64>,
     /// Users' attachments by id: the bytes, and how many times they were downloaded.
     attachments: Mutex<HashMap<String, (Vec<u8>, usize)>>,
+    /// Interactions dispatched, by id.
+    interactions: Mutex<HashMap<String, Interaction>>,
 }
 
 /// The fake's state, shared with the test. Cloning shares it.
@@ -573,6 +582,18 @@ fn take_message(
                 .into_response(),
         );
     }
+    let buttons = match interactions::check_components(&body["components"]) {
+        Ok(b) => b,
+        Err(why) => {
+            return answer(
+                (
+                    StatusCode::BAD_REQUEST,
+                    Json(json!({"message": format!("Invalid Form Body: {why}"), "code": 50035})),
+                )
+                    .into_response(),
+            )
+        }
+    };
     let id = s.id().to_string();
     if let Some(n) = body["nonce"]
         .as_str()
@@ -603,6 +624,7 @@ fn take_message(
         id.clone(),
         Shown {
             content: content.to_owned(),
+            buttons,
             ..Shown::default()
         },
     );
@@ -651,6 +673,18 @@ async fn change_message(
                 .into_response();
         }
         m.content = c.to_owned();
+    }
+    if let Some(c) = body.get("components") {
+        match interactions::check_components(c) {
+            Ok(b) => m.buttons = b,
+            Err(why) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Json(json!({"message": format!("Invalid Form Body: {why}"), "code": 50035})),
+                )
+                    .into_response()
+            }
+        }
     }
     m.edits += 1;
     Json(json!({"id": id, "content": m.content})).into_response()
@@ -896,6 +930,21 @@ pub fn app(state: FakeDiscordState) -> Router {
         )
         .route("/api/v10/channels/{channel}/typing", post(typing))
         .route("/attachments/{channel}/{id}/{name}", get(files::download))
+        .route(
+            "/api/v10/interactions/{id}/{token}/callback",
+            post(interactions::callback),
+        )
+        .route(
+            "/api/v10/webhooks/{*rest}",
+            post(interactions::webhook)
+                .patch(interactions::webhook)
+                .delete(interactions::webhook),
+        )
+        .route("/api/v10/applications/@me", get(interactions::application))
+        .route(
+            "/api/v10/applications/{app}/commands",
+            axum::routing::put(interactions::put_commands),
+        )
         .route("/gateway", any(gateway))
         .with_state(state)
 }

@@ -363,8 +363,12 @@ impl Shard {
                                     let _ = self.tx.send(ShardEvent::Session { shard: self.id, session: Some(new) });
                                 }
                                 Some("RESUMED") => debug!(bot = %self.bot, shard = self.id, "resumed"),
-                                Some(t @ ("MESSAGE_CREATE" | "MESSAGE_UPDATE")) => {
-                                    let parse = if t == "MESSAGE_CREATE" { parse_message } else { parse_edit };
+                                Some(t @ ("MESSAGE_CREATE" | "MESSAGE_UPDATE" | "INTERACTION_CREATE")) => {
+                                    let parse = match t {
+                                        "MESSAGE_CREATE" => parse_message,
+                                        "MESSAGE_UPDATE" => parse_edit,
+                                        _ => |bot: &BotId, d: &Value, _me: &str| crate::interactions::parse_interaction(bot, d),
+                                    };
                                     let ev = match parse(&self.bot, &v["d"], &self.me) {
                                         Ok(Some(received)) => ShardEvent::Message { shard: self.id, seq: s, received: Box::new(received) },
                                         Ok(None) => continue,

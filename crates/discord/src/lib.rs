@@ -16,6 +16,7 @@ mod error;
 pub mod fake;
 mod gateway;
 mod inbound;
+mod interactions;
 mod outbound;
 
 pub use client::{DiscordApi, DiscordClient, GatewayInfo, DEFAULT_API_URL};
@@ -27,4 +28,5 @@ pub use gateway::{Checkpoint, ShardSession, INTENTS};
 #[cfg(feature = "fake")]
 pub use inbound::iso_of_unix_ms;
 pub use inbound::{parse_edit, parse_message};
+pub use interactions::parse_interaction;
 pub use outbound::CAPS;

@@ -1,6 +1,6 @@
 //! Replies as `POST /channels/{id}/messages`; edits, deletes and typing.
 
-use botfleet_core::{Act, Outbound};
+use botfleet_core::{Act, EventKind, Outbound};
 use botfleet_platform::PlatformError;
 
 use crate::{DiscordApi, DiscordClient, DiscordError};
@@ -8,10 +8,17 @@ use crate::{DiscordApi, DiscordClient, DiscordError};
 /// Discord's limit on a message's content, in characters.
 const MAX_CONTENT: usize = 2000;
 
-/// What Discord bots do here: edits, deletes and typing in the channel, files in and out (up
-/// to 10 a message, 10 MiB each: Discord's limit for a bot in an unboosted server). Buttons (message
+/// What Discord bots do here: buttons (message components: up to 5 rows of 5, values of up to
+/// 100 characters as their `custom_id`), edits, deletes and typing in the channel, answers to
+/// commands and button presses (interactions; ephemeral when asked), files in and out (up to
+/// 10 a message, 10 MiB each: Discord's limit for a bot in an unboosted server). Buttons (message
 /// components) and answers come with interactions, which this version does not read yet.
 pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
+    buttons: true,
+    max_buttons: 25,
+    max_button_value: 100,
+    answer: true,
+    ephemeral: true,
     edit: true,
     delete: true,
     typing: true,
@@ -23,7 +30,6 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
 };
 
 /// Does one resolved action in `channel`: the id of the (first) message a `send` made.
-/// Buttons and answers wait for interactions: refused as unsupported.
 pub(crate) async fn act(
     client: &DiscordClient,
     api: &DiscordApi,
@@ -38,22 +44,26 @@ pub(crate) async fn act(
             thread_of,
             files: [],
         } => {
-            let reply_to = thread_of.map(|m| m.message_id.as_str());
+            let reply_to = thread_of.filter(|m| replies_to(m)).map(|m| m.message_id.as_str());
             return Ok(send_text(client, api, channel, text, reply_to, key).await?);
         }
         Act::Send {
             text,
-            buttons: [],
+            buttons,
             thread_of,
             files,
         } => {
-            // One message: the text (cut to Discord's 2,000 characters) and every file.
+            // One message: the text (cut to Discord's 2,000 characters), its buttons and
+            // every file.
             let mut body = serde_json::json!({
                 "content": text.chars().take(MAX_CONTENT).collect::<String>(),
                 "nonce": nonce_of(key, 0),
                 "enforce_nonce": true,
             });
-            if let Some(m) = thread_of {
+            if !buttons.is_empty() {
+                body["components"] = components(buttons)?;
+            }
+            if let Some(m) = thread_of.filter(|m| replies_to(m)) {
                 body["message_reference"] =
                     serde_json::json!({ "message_id": m.message_id, "fail_if_not_exists": false });
             }
@@ -64,16 +74,39 @@ pub(crate) async fn act(
         Act::Edit {
             message_id,
             text,
-            buttons: [],
+            buttons,
         } => {
             let text = text.map(|t| t.chars().take(MAX_CONTENT).collect::<String>());
             client
-                .edit_message(api, channel, message_id, text.as_deref())
+                .edit_message(api, channel, message_id, text.as_deref(), components(buttons)?)
                 .await
         }
         Act::Delete { message_id } => client.delete_message(api, channel, message_id).await,
         Act::Typing => client.trigger_typing(api, channel).await,
-        other => return Err(botfleet_platform::unsupported(other)),
+        Act::Answer {
+            event,
+            text,
+            ephemeral,
+            deferred,
+            ..
+        } => match event.answer_handle.as_deref() {
+            Some(h) => {
+                crate::interactions::answer(client, api, h, *text, *ephemeral, *deferred).await
+            }
+            // A message, not an interaction: nothing waits for an answer.
+            None if text.is_none() => Ok(()),
+            None => {
+                return Err(PlatformError::new(
+                    botfleet_platform::ErrorKind::Rejected,
+                    "unsupported",
+                    "only a command or a button press (an interaction) is answered on Discord; send a message instead",
+                ))
+            }
+        },
+        Act::Defer { event } => match event.answer_handle.as_deref() {
+            Some(h) => crate::interactions::defer(client, api, h).await,
+            None => Ok(()),
+        },
     };
     match r {
         // Deleted before (a replayed delete), or the message is gone: nothing left to do.
@@ -82,6 +115,52 @@ pub(crate) async fn act(
         }
         r => Ok(r.map(|()| None)?),
     }
+}
+
+/// Whether a reply to `m` can quote it: a message's id names a message; an interaction's
+/// does not.
+fn replies_to(m: &botfleet_core::Inbound) -> bool {
+    !matches!(m.kind, EventKind::Command | EventKind::Action)
+}
+
+/// Buttons as message components: each row an action row (type 1) of buttons (type 2), a
+/// value button primary (style 1) with the value as its `custom_id`, a link button style 5.
+///
+/// # Errors
+/// `Rejected` for two buttons of one message with the same value (Discord needs each
+/// `custom_id` once), or more than 5 rows of 5.
+fn components(rows: &[Vec<botfleet_core::Button>]) -> Result<serde_json::Value, PlatformError> {
+    use serde_json::json;
+    let refuse =
+        |why: &str| PlatformError::new(botfleet_platform::ErrorKind::Rejected, "unsupported", why);
+    let rows: Vec<&Vec<botfleet_core::Button>> = rows.iter().filter(|r| !r.is_empty()).collect();
+    if rows.len() > 5 || rows.iter().any(|r| r.len() > 5) {
+        return Err(refuse("Discord shows at most 5 rows of 5 buttons"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut buttons = Vec::with_capacity(row.len());
+        for b in row {
+            let label: String = b.text.chars().take(80).collect();
+            match (&b.url, &b.value) {
+                (Some(url), _) => {
+                    buttons.push(json!({"type": 2, "style": 5, "label": label, "url": url}))
+                }
+                (None, Some(v)) => {
+                    if !seen.insert(v.clone()) {
+                        return Err(refuse(
+                            "two buttons of one Discord message need values of their own",
+                        ));
+                    }
+                    buttons.push(json!({"type": 2, "style": 1, "label": label, "custom_id": v}));
+                }
+                (None, None) => return Err(refuse("a button needs a value or a url")),
+            }
+        }
+        out.push(json!({"type": 1, "components": buttons}));
+    }
+    Ok(json!(out))
 }
 
 /// Sends `out` to its channel (as a reply to the message it answers). Longer texts go out in

@@ -230,6 +230,15 @@ pub trait Receiver: Send {
 /// The outbound side of a bot's connection.
 #[async_trait]
 pub trait Sender: Send + Sync {
+    /// How long after its turn starts `event` may wait for the handler's answer before the
+    /// platform's deadline asks for an acknowledgement ([`Act::Defer`]): Discord's
+    /// interactions (3 s), Telegram's button presses. `None` (the default) for events
+    /// without a deadline.
+    fn defer_after(&self, event: &botfleet_core::Inbound) -> Option<std::time::Duration> {
+        let _ = event;
+        None
+    }
+
     /// Sends `out` (in its thread, where the platform has threads).
     ///
     /// # Errors
@@ -279,7 +288,7 @@ pub fn unsupported(act: &Act<'_>) -> PlatformError {
         Act::Edit { .. } => "edit",
         Act::Delete { .. } => "delete",
         Act::Typing => "typing",
-        Act::Answer { .. } => "answer",
+        Act::Answer { .. } | Act::Defer { .. } => "answer",
     };
     PlatformError::new(
         crate::ErrorKind::Rejected,

@@ -225,23 +225,29 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
             through_store(ctx, hold, "read the file-link key", || ctx.files.link_key()).await?;
         ctx.files.sign_all(&key, &ctx.bot, &mut msg.attachments);
     }
-    let reply = match answer(ctx, hold, &mut slot, &msg, view.state.as_deref(), started).await? {
+    let mut deferred = false;
+    let answered = answer(
+        ctx,
+        hold,
+        &mut slot,
+        &msg,
+        view.state.as_deref(),
+        started,
+        &mut deferred,
+    )
+    .await?;
+    let reply = match answered {
         Ok(r) => r,
         Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
     };
-    if !actions::is_plain(&reply) {
-        return actions::run(
-            ctx,
-            hold,
-            slot,
-            &msg,
+    if !actions::is_plain(&reply) || actions::needs_answer(ctx, &msg) {
+        let turn = actions::Answered {
             reply,
-            view.revision,
-            view.sent,
-            end,
-            started,
-        )
-        .await;
+            revision: view.revision,
+            already_sent: view.sent,
+            deferred,
+        };
+        return actions::run(ctx, hold, slot, &msg, turn, end, started).await;
     }
     let mut sent = None;
     if let Some(text) = reply.text {
@@ -320,7 +326,8 @@ where
 }
 
 /// The handler's answer (`Err` inside: why the message is undeliverable), transient failures
-/// retried for `retry_for` while the other chats go on.
+/// retried for `retry_for` while the other chats go on. An event with a platform deadline is
+/// acknowledged when the handler takes past it (`deferred` says so).
 async fn answer(
     ctx: &TurnCtx,
     hold: &impl Hold,
@@ -328,15 +335,16 @@ async fn answer(
     msg: &Inbound,
     state: Option<&str>,
     started: Instant,
+    deferred: &mut bool,
 ) -> Result<Result<Reply, String>, Halt> {
     let mut attempt = 0;
     loop {
         hold.check()?;
         // Boxed: a webhook call's future is kilobytes, which a waiting turn need not carry.
-        let mut call = Box::pin(
-            ctx.handler
-                .answer_in(msg, state, &ctx.caps, Some(&ctx.files)),
-        );
+        let call = ctx
+            .handler
+            .answer_in(msg, state, &ctx.caps, Some(&ctx.files));
+        let mut call = Box::pin(meeting_deadline(ctx, hold, msg, started, call, deferred));
         let r = if slot.is_some() {
             match tokio::time::timeout(QUICK_HANDLER, &mut call).await {
                 Ok(r) => r,
@@ -365,6 +373,48 @@ async fn answer(
             }
         }
     }
+}
+
+/// Awaits `call` (the handler), acknowledging `msg` to its platform once the platform's
+/// deadline for it comes ([`Sender::defer_after`], counted from the turn's start) and the
+/// handler has not answered: once per turn, while the worker may act.
+async fn meeting_deadline<F: Future>(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    msg: &Inbound,
+    started: Instant,
+    call: F,
+    deferred: &mut bool,
+) -> F::Output {
+    let sender = match &ctx.sender {
+        Ok(s) if !*deferred => s,
+        _ => return call.await,
+    };
+    let Some(after) = sender.defer_after(msg) else {
+        return call.await;
+    };
+    tokio::pin!(call);
+    tokio::select! {
+        r = &mut call => return r,
+        () = tokio::time::sleep_until((started + after).into()) => {}
+    }
+    if hold.check().is_ok() {
+        let key = format!("{}:defer", Outbound::reply_key(msg));
+        match sender
+            .act(&msg.chat, &botfleet_core::Act::Defer { event: msg }, &key)
+            .await
+        {
+            Ok(_) => {
+                *deferred = true;
+                debug!(bot = %ctx.bot, chat = %msg.chat.chat, "the handler is slow: the event was acknowledged to meet the platform's deadline");
+            }
+            Err(e) => {
+                ctx.metrics.platform_error(ctx.platform, e.reason());
+                warn!(bot = %ctx.bot, error = %e, "cannot acknowledge an event before its deadline");
+            }
+        }
+    }
+    call.await
 }
 
 /// Sends `out`: `Ok(Ok(when the platform accepted it))`, `Ok(Err(why))` when it cannot go

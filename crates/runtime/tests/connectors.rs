@@ -446,7 +446,7 @@ impl PlatformFixture for Discord {
                     chat: p.channel.parse().ok()?,
                     id: p.id,
                     text: m.content,
-                    buttons: Vec::new(),
+                    buttons: m.buttons,
                     deleted: m.deleted,
                 })
             })
@@ -454,6 +454,30 @@ impl PlatformFixture for Discord {
     }
     fn typing_shown(&self, i: usize) -> usize {
         self.fake.state().typing(&Self::token(i)).len()
+    }
+    fn user_commands(&self, i: usize, chat: u32, name: &str, args: &str) -> bool {
+        self.fake.state().user_runs_command(
+            &Self::token(i),
+            u64::from(chat),
+            name,
+            serde_json::json!([{"name": "args", "type": 3, "value": args}]),
+        );
+        true
+    }
+    fn user_presses(&self, i: usize, chat: u32, message_id: &str, value: &str) -> bool {
+        self.fake
+            .state()
+            .user_presses(&Self::token(i), u64::from(chat), message_id, value)
+            .is_some()
+    }
+    fn press_answers(&self, i: usize) -> Vec<(String, std::time::Duration)> {
+        self.fake
+            .state()
+            .interactions(&Self::token(i))
+            .into_iter()
+            .filter(|x| !x.command)
+            .flat_map(|x| x.answers.into_iter().map(|a| (a.text, a.after)))
+            .collect()
     }
     fn user_sends_file(
         &self,

@@ -158,6 +158,8 @@ pub async fn act(
             }
         }
         Act::Typing => Err(refused("Slack shows no typing for bots")),
+        // Slack's deadline is the envelope's (or the request's), acknowledged on receipt.
+        Act::Defer { .. } => Ok(None),
         Act::Answer {
             event,
             text,

@@ -238,6 +238,14 @@ struct TelegramSender {
 
 #[async_trait]
 impl Sender for TelegramSender {
+    fn defer_after(&self, event: &botfleet_core::Inbound) -> Option<std::time::Duration> {
+        // A button's spinner: Telegram lets a query be answered for about 15 s.
+        event
+            .answer_handle
+            .is_some()
+            .then_some(crate::outbound::CALLBACK_DEFER)
+    }
+
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         Ok(send(&self.client, &self.api, out).await?)
     }

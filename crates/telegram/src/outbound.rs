@@ -11,6 +11,11 @@ pub const MAX_TEXT_CHARS: usize = 4096;
 /// of its own before the files.
 pub(crate) const MAX_CAPTION_CHARS: usize = 1024;
 
+/// How long a button press waits for the handler's answer before it is answered empty (the
+/// client stops spinning; a later answer is a message): well within the ~15 s Telegram keeps
+/// a query answerable.
+pub(crate) const CALLBACK_DEFER: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// The largest file a bot uploads through the Bot API (50 MB).
 pub(crate) const MAX_UPLOAD_BYTES: u64 = 50 * 1024 * 1024;
 
@@ -87,7 +92,10 @@ fn already_done(e: &TelegramError) -> bool {
             description,
         } => {
             let d = description.to_ascii_lowercase();
-            d.contains("message is not modified") || d.contains("message to delete not found")
+            d.contains("message is not modified")
+                || d.contains("message to delete not found")
+                // A callback answered before (a replay): the client has its answer.
+                || d.contains("query is too old")
         }
         _ => false,
     }
@@ -162,9 +170,25 @@ pub async fn act(
             let body = json!({ "chat_id": chat_id, "action": "typing" });
             client.call_method(api, "sendChatAction", body).await
         }
+        Act::Defer { event } => match &event.answer_handle {
+            // The client stops spinning; a later answer is a message.
+            Some(query) => {
+                let body = json!({ "callback_query_id": query });
+                client.call_method(api, "answerCallbackQuery", body).await
+            }
+            None => return Ok(None),
+        },
         Act::Answer {
-            event, text, alert, ..
+            event,
+            text,
+            alert,
+            deferred,
+            ..
         } => match &event.answer_handle {
+            // A command's answer is a message: Telegram has no other way to answer one. So is
+            // a press's answered empty already (the handler took long).
+            None => return answer_as_message(client, api, chat_id, *text).await,
+            Some(_) if *deferred => return answer_as_message(client, api, chat_id, *text).await,
             Some(query) => {
                 let mut body = json!({ "callback_query_id": query, "show_alert": alert });
                 if let Some(t) = text {
@@ -172,17 +196,6 @@ pub async fn act(
                 }
                 client.call_method(api, "answerCallbackQuery", body).await
             }
-            // A command's answer is a message: Telegram has no other way to answer one.
-            None => match text {
-                Some(t) if !t.is_empty() => {
-                    let body = json!({ "chat_id": chat_id, "text": fit(t) });
-                    return Ok(client
-                        .send_message_body(api, body)
-                        .await?
-                        .map(|id| id.to_string()));
-                }
-                _ => return Ok(None),
-            },
         },
     };
     match r {
@@ -190,6 +203,23 @@ pub async fn act(
         Err(e) if already_done(&e) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// An answer sent as a message of its own (none without a text): its id.
+async fn answer_as_message(
+    client: &TelegramClient,
+    api: &BotApi,
+    chat_id: &str,
+    text: Option<&str>,
+) -> Result<Option<String>, TelegramError> {
+    let Some(t) = text.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let body = serde_json::json!({ "chat_id": chat_id, "text": fit(t) });
+    Ok(client
+        .send_message_body(api, body)
+        .await?
+        .map(|id| id.to_string()))
 }
 
 /// The method and field that send one file of `kind` (`sendPhoto` with `photo`, …).

@@ -235,3 +235,63 @@ async fn a_webhook_blocks_polling_until_deleted() {
     c.delete_webhook(&token).await.unwrap();
     assert!(c.get_updates(&token, 0).await.is_ok());
 }
+
+#[tokio::test]
+async fn a_deferred_press_is_answered_empty_and_its_late_answer_is_a_message() {
+    use botfleet_core::{Act, ChatKey, EventKind, Inbound, Platform};
+    let fake = FakeTelegram::start().await.unwrap();
+    let tg = fake.state();
+    tg.add_bot(TOKEN);
+    let c = client(Duration::from_secs(1));
+    let api = api(&fake.url(), TOKEN);
+    let sent = botfleet_telegram::act(
+        &c,
+        &api,
+        "77",
+        &Act::Send {
+            text: "menu",
+            buttons: &[vec![botfleet_core::Button {
+                text: "A".into(),
+                value: Some("a".into()),
+                url: None,
+            }]],
+            thread_of: None,
+            files: &[],
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let (_, query) = tg
+        .user_presses(TOKEN, 77, sent.parse().unwrap(), "a")
+        .unwrap();
+    let mut ev = Inbound::message(
+        Platform::Telegram,
+        ChatKey::new(BotId::new("b").unwrap(), "77"),
+        "9",
+        None,
+        "",
+        None,
+    );
+    ev.kind = EventKind::Action;
+    ev.answer_handle = Some(query.clone().into());
+    botfleet_telegram::act(&c, &api, "77", &Act::Defer { event: &ev })
+        .await
+        .unwrap();
+    let answer = tg.press(&query).unwrap().answer.unwrap().0;
+    assert!(answer.get("text").is_none(), "answered empty: {answer}");
+    // Again (a replay after a crash): Telegram refuses the query, which is fine.
+    botfleet_telegram::act(&c, &api, "77", &Act::Defer { event: &ev })
+        .await
+        .unwrap();
+    let late = Act::Answer {
+        event: &ev,
+        text: Some("thanks, noted"),
+        alert: false,
+        ephemeral: false,
+        deferred: true,
+    };
+    let id = botfleet_telegram::act(&c, &api, "77", &late).await.unwrap();
+    assert!(id.is_some(), "the late answer is a message");
+    assert!(tg.sent().iter().any(|s| s.text == "thanks, noted"));
+}

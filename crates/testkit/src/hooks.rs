@@ -257,6 +257,7 @@ fn echo_kind(ev: &Value) -> Value {
 pub(crate) type Script = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
 
 /// A `webhook` handler that answers each event as its script says, recording the requests.
+/// An answer with `"_delay_ms": N` is sent N ms late (without that key): a slow handler.
 pub struct ScriptedHandler {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Value>>>,
@@ -298,8 +299,16 @@ async fn scripted(
     State((seen, script)): State<(Arc<Mutex<Vec<Value>>>, Script)>,
     Json(ev): Json<Value>,
 ) -> Response {
-    let answer = script(&ev);
+    let mut answer = script(&ev);
     seen.lock().unwrap().push(ev);
+    // A script makes the handler slow by answering `_delay_ms` (taken out of the answer).
+    let delay = answer
+        .as_object_mut()
+        .and_then(|o| o.remove("_delay_ms"))
+        .and_then(|d| d.as_u64());
+    if let Some(ms) = delay {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     Json(answer).into_response()
 }
 

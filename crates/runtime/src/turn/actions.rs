@@ -62,11 +62,35 @@ struct Progress {
     /// Whether a message went out.
     #[serde(default)]
     sent: bool,
+    /// Whether the event was answered (an `answer` action, or the turn's acknowledgement).
+    #[serde(default)]
+    answered: bool,
 }
 
 /// Whether `reply` is a plain text answer (handled by the one-send path).
 pub(super) fn is_plain(reply: &Reply) -> bool {
     reply.actions.is_empty() && reply.refused.is_empty()
+}
+
+/// Whether `msg` waits for an answer from the bot at its platform (a button press's
+/// spinner, an interaction): the turn acknowledges it at its end if the handler did not
+/// answer it.
+pub(super) fn needs_answer(ctx: &TurnCtx, msg: &Inbound) -> bool {
+    ctx.caps.answer
+        && msg.answer_handle.is_some()
+        && matches!(msg.kind, EventKind::Action | EventKind::Command)
+}
+
+/// What the handler answered, and what the turn knew before.
+pub(super) struct Answered {
+    /// The answer.
+    pub(super) reply: Reply,
+    /// The chat state's revision the turn read.
+    pub(super) revision: u64,
+    /// Whether the outbox had the reply already.
+    pub(super) already_sent: bool,
+    /// Whether the event was acknowledged while the handler worked.
+    pub(super) deferred: bool,
 }
 
 /// For an `action` event: the handler's own value back (for a long one the fleet stood in
@@ -132,21 +156,26 @@ struct Run<'a> {
     dirty: bool,
     /// Where the idempotency keys of the actions start.
     key_base: String,
+    /// Whether the event was acknowledged while the handler worked.
+    deferred: bool,
 }
 
 /// Does `reply`'s actions for `msg` and ends the entry.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn run(
     ctx: &TurnCtx,
     hold: &impl Hold,
     mut slot: Slot,
     msg: &Inbound,
-    reply: Reply,
-    revision: u64,
-    already_sent: bool,
+    answered: Answered,
     mut end: End<'_>,
     started: Instant,
 ) -> Result<(), Halt> {
+    let Answered {
+        reply,
+        revision,
+        already_sent,
+        deferred,
+    } = answered;
     let key_base = botfleet_core::Outbound::reply_key(msg);
     let earlier = read_progress(ctx, hold, end.key).await?;
     let p = match earlier {
@@ -182,6 +211,7 @@ pub(super) async fn run(
         p,
         dirty: false,
         key_base,
+        deferred,
     };
     if already_sent {
         // A superseded chat turn did them all and recorded only that: not again.
@@ -203,6 +233,21 @@ pub(super) async fn run(
             }
         }
         run.p.done += 1;
+    }
+    if !run.p.answered && needs_answer(ctx, msg) {
+        // Nothing answered the press or the command: acknowledged, so the user's client
+        // stops waiting.
+        let act = Act::Answer {
+            event: msg,
+            text: None,
+            alert: false,
+            ephemeral: false,
+            deferred: run.deferred,
+        };
+        let key = format!("{}:ack", run.key_base);
+        if let Err(why) = run.done(hold, &mut slot, &act, &key, started).await? {
+            warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %why, "cannot acknowledge an unanswered event");
+        }
     }
     let Run { p, .. } = run;
     let state = checked_state(ctx, end.chat, p.state).map(|s| (revision, s));
@@ -530,6 +575,7 @@ impl Run<'_> {
                     text: text.as_deref(),
                     alert: *alert,
                     ephemeral: *ephemeral,
+                    deferred: self.deferred,
                 };
                 self.done(hold, slot, &act, &key, started).await
             }
@@ -554,7 +600,9 @@ impl Run<'_> {
         if r.is_ok() && !matches!(act, Act::Typing) {
             self.dirty = true;
             // An answer to a command may be a message (Telegram's).
-            self.p.sent |= matches!(act, Act::Answer { .. });
+            let answer = matches!(act, Act::Answer { .. });
+            self.p.sent |= answer;
+            self.p.answered |= answer;
         }
         Ok(r.map(|_| ()))
     }

@@ -1,0 +1,375 @@
+//! Interactions on the fake Discord: users' slash commands and button presses
+//! (`INTERACTION_CREATE` on the channel's shard), the interaction responses as Discord checks
+//! them (within 3 s of the interaction, once: a second is `40060`, a late one `10062`), the
+//! original response's edits and deletion and follow-ups (for 15 minutes), message components
+//! as Discord validates them, and the application's commands (`PUT
+//! /applications/{id}/commands`).
+
+use std::time::{Duration, Instant};
+
+use axum::{
+    extract::{Path, State},
+    http::{HeaderMap, Method, StatusCode},
+    response::{IntoResponse, Response},
+    Json,
+};
+use serde_json::{json, Value};
+
+use super::{lock, FakeDiscordState};
+
+/// How an interaction's answer reached the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answered {
+    /// `response` (callback type 4), `original` (an edit of the deferred response) or
+    /// `followup`.
+    pub how: &'static str,
+    /// What it says.
+    pub text: String,
+    /// Whether only the user sees it.
+    pub ephemeral: bool,
+    /// How long after the interaction it came.
+    pub after: Duration,
+}
+
+/// One interaction the fake dispatched, and what was made of it.
+#[derive(Clone, Debug)]
+pub struct Interaction {
+    /// The bot's token.
+    pub bot: String,
+    /// Its own token (in the dispatch).
+    pub token: String,
+    /// A command (or a component).
+    pub command: bool,
+    /// When it was dispatched.
+    pub at: Instant,
+    /// The callback types received, with how long after the interaction each came.
+    pub callbacks: Vec<(u64, Duration)>,
+    /// The answers shown.
+    pub answers: Vec<Answered>,
+    /// Whether the original response was deleted.
+    pub original_deleted: bool,
+}
+
+/// Checks components as Discord does for what the fleet sends: at most 5 action rows (type 1)
+/// of 1–5 buttons (type 2), each with a label of 1–80 characters and either a `custom_id` of
+/// 1–100 characters, unique in the message (styles 1 to 4), or a `url` (style 5). Answers
+/// the custom ids in order.
+pub(super) fn check_components(v: &Value) -> Result<Vec<String>, &'static str> {
+    let Some(rows) = v.as_array() else {
+        return if v.is_null() {
+            Ok(Vec::new())
+        } else {
+            Err("components")
+        };
+    };
+    if rows.len() > 5 {
+        return Err("components: at most 5 rows");
+    }
+    let mut ids = Vec::new();
+    for row in rows {
+        let buttons = row["components"].as_array().ok_or("components: a row")?;
+        if row["type"] != 1 || buttons.is_empty() || buttons.len() > 5 {
+            return Err("components: a row of 1 to 5");
+        }
+        for b in buttons {
+            let label_ok = b["label"]
+                .as_str()
+                .is_some_and(|l| (1..=80).contains(&l.chars().count()));
+            if b["type"] != 2 || !label_ok {
+                return Err("components: a button");
+            }
+            match (
+                b["style"].as_u64(),
+                b["custom_id"].as_str(),
+                b["url"].as_str(),
+            ) {
+                (Some(5), None, Some(_)) => {}
+                (Some(1..=4), Some(id), None)
+                    if (1..=100).contains(&id.chars().count()) && !ids.iter().any(|x| x == id) =>
+                {
+                    ids.push(id.to_owned());
+                }
+                _ => return Err("components: a button's custom_id or url"),
+            }
+        }
+    }
+    Ok(ids)
+}
+
+fn bad(code: u64, message: &str) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({"message": message, "code": code})),
+    )
+        .into_response()
+}
+
+fn unknown() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({"message": "Unknown interaction", "code": 10062})),
+    )
+        .into_response()
+}
+
+impl FakeDiscordState {
+    /// The bot's application id (its user id, as for bots made since 2019).
+    fn app_of(&self, token: &str) -> Option<String> {
+        lock(&self.inner.bots).get(token).map(|b| b.user_id.clone())
+    }
+
+    fn interaction(&self, token: &str, channel: u64, command: bool, data: Value) -> String {
+        let id = self.id().to_string();
+        let itoken = format!("itok-{id}");
+        let app = self.app_of(token).unwrap_or_default();
+        lock(&self.inner.interactions).insert(
+            id.clone(),
+            Interaction {
+                bot: token.to_owned(),
+                token: itoken.clone(),
+                command,
+                at: Instant::now(),
+                callbacks: Vec::new(),
+                answers: Vec::new(),
+                original_deleted: false,
+            },
+        );
+        let mut d = json!({
+            "id": id, "application_id": app, "type": if command { 2 } else { 3 },
+            "token": itoken, "version": 1, "channel_id": channel.to_string(),
+            "guild_id": channel.to_string(),
+            "member": {"user": {"id": "4242", "username": "user"}},
+        });
+        for (k, v) in data.as_object().into_iter().flatten() {
+            d[k] = v.clone();
+        }
+        self.user_dispatch(token, channel, "INTERACTION_CREATE", d);
+        id
+    }
+
+    /// A user runs the bot's slash command `name` with `options` (`[{name, type, value}]`) in
+    /// `channel`: an `INTERACTION_CREATE` of type 2. Answers the interaction's id.
+    pub fn user_runs_command(
+        &self,
+        token: &str,
+        channel: u64,
+        name: &str,
+        options: Value,
+    ) -> String {
+        self.interaction(
+            token,
+            channel,
+            true,
+            json!({"data": {"id": "1", "name": name, "type": 1, "options": options}}),
+        )
+    }
+
+    /// A user presses the button `custom_id` of the bot's message `message_id` in `channel`:
+    /// an `INTERACTION_CREATE` of type 3. `None` when that message has no such button.
+    pub fn user_presses(
+        &self,
+        token: &str,
+        channel: u64,
+        message_id: &str,
+        custom_id: &str,
+    ) -> Option<String> {
+        let has = lock(&self.inner.bots)
+            .get(token)
+            .and_then(|b| b.shown.get(message_id))
+            .is_some_and(|m| !m.deleted && m.buttons.iter().any(|b| b == custom_id));
+        has.then(|| {
+            self.interaction(
+                token,
+                channel,
+                false,
+                json!({"message": {"id": message_id, "channel_id": channel.to_string()},
+                    "data": {"custom_id": custom_id, "component_type": 2}}),
+            )
+        })
+    }
+
+    /// The interaction `id`, as it stands.
+    pub fn interaction_of(&self, id: &str) -> Option<Interaction> {
+        lock(&self.inner.interactions).get(id).cloned()
+    }
+
+    /// Every interaction of the bot of `token`, in the order they came.
+    pub fn interactions(&self, token: &str) -> Vec<Interaction> {
+        let mut all: Vec<Interaction> = lock(&self.inner.interactions)
+            .values()
+            .filter(|i| i.bot == token)
+            .cloned()
+            .collect();
+        all.sort_by_key(|i| i.at);
+        all
+    }
+
+    /// The application commands the bot of `token` registered last (`None`: never).
+    pub fn commands(&self, token: &str) -> Option<Value> {
+        lock(&self.inner.bots)
+            .get(token)
+            .and_then(|b| b.commands.clone())
+    }
+
+    /// How many times the bot of `token` overwrote its commands.
+    pub fn command_writes(&self, token: &str) -> u64 {
+        lock(&self.inner.bots)
+            .get(token)
+            .map_or(0, |b| b.command_writes)
+    }
+}
+
+/// `POST /interactions/{id}/{token}/callback`.
+pub(super) async fn callback(
+    State(s): State<FakeDiscordState>,
+    Path((id, token)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> Response {
+    let mut all = lock(&s.inner.interactions);
+    let Some(i) = all.get_mut(&id).filter(|i| i.token == token) else {
+        return unknown();
+    };
+    let after = i.at.elapsed();
+    if after > Duration::from_secs(3) {
+        return unknown();
+    }
+    if !i.callbacks.is_empty() {
+        return bad(40060, "Interaction has already been acknowledged.");
+    }
+    let kind = body["type"].as_u64().unwrap_or(0);
+    match kind {
+        4 => {
+            let text = body["data"]["content"].as_str().unwrap_or_default();
+            if text.is_empty() || text.chars().count() > 2000 {
+                return bad(50035, "Invalid Form Body");
+            }
+            i.answers.push(Answered {
+                how: "response",
+                text: text.to_owned(),
+                ephemeral: body["data"]["flags"].as_u64().is_some_and(|f| f & 64 != 0),
+                after,
+            });
+        }
+        5 => {}
+        6 if !i.command => {}
+        _ => return bad(50035, "Invalid Form Body: type"),
+    }
+    i.callbacks.push((kind, after));
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `PATCH`/`DELETE /webhooks/{app}/{token}/messages/@original` and `POST
+/// /webhooks/{app}/{token}` (a follow-up), for an interaction answered or deferred within the
+/// last 15 minutes.
+pub(super) async fn webhook(
+    State(s): State<FakeDiscordState>,
+    method: Method,
+    Path(rest): Path<String>,
+    _headers: HeaderMap,
+    body: Option<Json<Value>>,
+) -> Response {
+    let parts: Vec<&str> = rest.split('/').collect();
+    let (token, original) = match parts.as_slice() {
+        [_app, token] => (*token, false),
+        [_app, token, "messages", "@original"] => (*token, true),
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    let mut all = lock(&s.inner.interactions);
+    let Some(i) = all.values_mut().find(|i| i.token == token) else {
+        return unknown();
+    };
+    let after = i.at.elapsed();
+    if i.callbacks.is_empty() || after > Duration::from_secs(15 * 60) {
+        return unknown();
+    }
+    let text = body
+        .as_ref()
+        .and_then(|Json(b)| b["content"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let ephemeral = body
+        .as_ref()
+        .and_then(|Json(b)| b["flags"].as_u64())
+        .is_some_and(|f| f & 64 != 0);
+    match (method, original) {
+        (Method::DELETE, true) => {
+            i.original_deleted = true;
+            StatusCode::NO_CONTENT.into_response()
+        }
+        (m, _) if text.is_empty() && m != Method::DELETE => {
+            bad(50006, "Cannot send an empty message")
+        }
+        (Method::PATCH, true) => {
+            i.answers.push(Answered {
+                how: "original",
+                text: text.clone(),
+                ephemeral: false,
+                after,
+            });
+            Json(json!({"id": "0", "content": text})).into_response()
+        }
+        (Method::POST, false) => {
+            i.answers.push(Answered {
+                how: "followup",
+                text: text.clone(),
+                ephemeral,
+                after,
+            });
+            Json(json!({"id": "0", "content": text})).into_response()
+        }
+        _ => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+    }
+}
+
+/// `GET /applications/@me`.
+pub(super) async fn application(State(s): State<FakeDiscordState>, headers: HeaderMap) -> Response {
+    let Some(token) = s.auth(&headers) else {
+        return super::unauthorized();
+    };
+    Json(json!({"id": s.app_of(&token), "name": "fake"})).into_response()
+}
+
+/// `PUT /applications/{app}/commands`: the bot's commands, replaced, checked as Discord
+/// checks them (at most 100; names of 1–32 lowercase letters, digits, `-` and `_`;
+/// descriptions of 1–100 characters; at most 25 options each).
+pub(super) async fn put_commands(
+    State(s): State<FakeDiscordState>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let Some(token) = s.auth(&headers) else {
+        return super::unauthorized();
+    };
+    if s.app_of(&token).as_deref() != Some(app.as_str()) {
+        return (
+            StatusCode::FORBIDDEN,
+            Json(json!({"message": "Missing Access", "code": 50001})),
+        )
+            .into_response();
+    }
+    let Some(list) = body.as_array() else {
+        return bad(50035, "Invalid Form Body");
+    };
+    let name_ok = |n: &str| {
+        (1..=32).contains(&n.chars().count())
+            && n.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+    };
+    let ok = list.len() <= 100
+        && list.iter().all(|c| {
+            c["name"].as_str().is_some_and(name_ok)
+                && c["description"]
+                    .as_str()
+                    .is_some_and(|d| (1..=100).contains(&d.chars().count()))
+                && c["options"].as_array().map_or(0, Vec::len) <= 25
+        });
+    if !ok {
+        return bad(50035, "Invalid Form Body: commands");
+    }
+    if let Some(b) = lock(&s.inner.bots).get_mut(&token) {
+        b.commands = Some(body.clone());
+        b.command_writes += 1;
+    }
+    Json(body).into_response()
+}
