@@ -92,7 +92,7 @@ impl UpdateArgs {
         };
         self.hook.fill_patch(&mut patch);
         if patch.is_empty() {
-            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections");
+            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands");
         }
         Ok(patch)
     }
@@ -175,6 +175,24 @@ pub(crate) struct HookArgs {
     /// 1-100; default 40).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     max_connections: Option<u32>,
+    /// Telegram, Discord: a JSON file of the bot's commands, `[{"name", "description",
+    /// "options": [{"name", "description", "type", "required"}]}]`, which the fleet registers
+    /// with the platform (`setMyCommands`, Discord's application commands); `[]` removes them.
+    #[arg(long, value_name = "FILE", value_parser = commands_file)]
+    commands: Option<Vec<botfleet_core::CommandSpec>>,
+}
+
+/// `--commands FILE`: the file's JSON array of commands (checked for the platforms' rules
+/// when the bot is).
+fn commands_file(path: &str) -> Result<Vec<botfleet_core::CommandSpec>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{path} is not a JSON array of commands ({{\"name\", \"description\", \"options\"}}): line {}, column {}",
+            e.line(),
+            e.column()
+        )
+    })
 }
 
 impl HookArgs {
@@ -187,6 +205,7 @@ impl HookArgs {
         line.verify_token = self.verify_token;
         line.phone_number_id = self.phone_number_id;
         line.max_connections = self.max_connections;
+        line.commands = self.commands;
     }
 
     /// The flags as a change's fields (an empty text clears).
@@ -198,6 +217,7 @@ impl HookArgs {
         patch.verify_token = self.verify_token;
         patch.phone_number_id = self.phone_number_id;
         patch.max_connections = self.max_connections;
+        patch.commands = self.commands.map(Some);
     }
 }
 
@@ -259,7 +279,7 @@ pub(crate) enum BotsCommand {
     /// Register many bots from a JSON-lines file (fields of `add`: id, platform, token,
     /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards, shards_per_slice,
     /// mode, secret_token, signing_secret, app_secret, verify_token, phone_number_id,
-    /// max_connections); `-` reads standard input.
+    /// max_connections, commands); `-` reads standard input.
     Import {
         #[command(flatten)]
         backends: Backends,

@@ -71,6 +71,8 @@ pub(crate) struct HandlerCaps {
     max_file_bytes: u64,
     /// The longest text of one message, in characters.
     max_text: u32,
+    /// The bot's commands are registered with the platform's command menu.
+    commands: bool,
 }
 
 /// What a file is.

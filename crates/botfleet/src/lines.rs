@@ -34,6 +34,7 @@ pub(crate) const BOT_FIELDS: &[&str] = &[
     "verify_token",
     "phone_number_id",
     "max_connections",
+    "commands",
 ];
 
 /// The fields of a change (`PATCH /api/v1/bots/{id}`): every bot field but the two that name
@@ -55,6 +56,7 @@ pub(crate) const PATCH_FIELDS: &[&str] = &[
     "verify_token",
     "phone_number_id",
     "max_connections",
+    "commands",
 ];
 
 /// One bot as `bots add` flags, a `bots import` line or `POST /api/v1/bots` describe it.
@@ -123,6 +125,11 @@ pub(crate) struct BotLine {
     /// Telegram webhook mode: deliveries in flight at once (1-100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) max_connections: Option<u32>,
+    /// Telegram, Discord: the bot's commands, `[{name, description, options}]`, registered
+    /// with the platform by the fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub(crate) commands: Option<Vec<botfleet_core::CommandSpec>>,
 }
 
 /// What a change may touch (`bots update`, `PATCH /api/v1/bots/{id}`): a field left out is
@@ -234,6 +241,14 @@ pub(crate) struct BotPatch {
     /// See the bot's field of the same name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) max_connections: Option<u32>,
+    /// The bot's commands, replaced; `null` or `[]` removes them.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub(crate) commands: Option<Option<Vec<botfleet_core::CommandSpec>>>,
 }
 
 /// Names the fields that are set, never their values.
@@ -303,6 +318,9 @@ fn expected(field: &str) -> &'static str {
         "shards" => "must be \"auto\" or a number from 1 to 4096",
         "shards_per_slice" => "must be a number from 1 to 4096",
         "max_connections" => "must be 1-100",
+        f if f.starts_with("commands") => {
+            "must be a list of {name, description, options: [{name, description, type, required}]}"
+        }
         _ => "must be a string",
     }
 }
@@ -503,6 +521,7 @@ impl BotLine {
                 api_url: self.api_url,
                 shards: self.shards,
                 shards_per_slice: self.shards_per_slice,
+                commands: self.commands.unwrap_or_default(),
                 ..BotOptions::default()
             },
             hook: HookSecrets::default(),
@@ -570,6 +589,9 @@ impl BotPatch {
         }
         if let Some(n) = self.shards_per_slice {
             next.options.shards_per_slice = n;
+        }
+        if let Some(c) = self.commands {
+            next.options.commands = c.unwrap_or_default();
         }
         let (mut url, mut secret) = match &spec.handler {
             HandlerSpec::Echo | HandlerSpec::Named(_) => (None, None),
@@ -699,5 +721,41 @@ mod tests {
         assert_eq!(poll.options.max_connections, None);
         let e = line(r#"{"id":"t","platform":"telegram"}"#).unwrap_err();
         assert_eq!(e.message, "missing field token");
+    }
+
+    #[test]
+    fn commands_come_with_a_bot_and_follow_the_platforms_rules() {
+        let line = |s: &str| BotLine::from_json(s).and_then(BotLine::into_spec);
+        let spec = line(
+            r#"{"id":"t","platform":"telegram","token":"1:a","commands":[{"name":"start","description":"Begin"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.options.commands[0].name, "start");
+        let e = line(
+            r#"{"id":"t","platform":"telegram","token":"1:a","commands":[{"name":"Start!","description":"x"}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("invalid commands"), "{e}");
+        let e = line(r#"{"id":"t","platform":"telegram","token":"1:a","commands":[{"name":"x"}]}"#)
+            .unwrap_err();
+        assert!(e.message.starts_with("field commands"), "{e}");
+        let e = line(
+            r#"{"id":"s","platform":"slack","token":"xoxb-1","app_token":"xapp-1","commands":[{"name":"a","description":"b"}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("commands") && e.message.contains("slack"),
+            "{e}"
+        );
+        let cleared = BotPatch::from_json(r#"{"commands": null}"#)
+            .unwrap()
+            .apply(&spec)
+            .unwrap();
+        assert!(cleared.options.commands.is_empty());
+        let kept = BotPatch::from_json(r#"{"enabled": false}"#)
+            .unwrap()
+            .apply(&spec)
+            .unwrap();
+        assert_eq!(kept.options.commands, spec.options.commands);
     }
 }

@@ -124,6 +124,10 @@ pub(crate) struct BotView {
     /// WhatsApp device-link bots: whether a phone linked the device (`bots link`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) linked: Option<bool>,
+    /// The bot's commands, as registered with the platform.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) commands: Vec<botfleet_core::CommandSpec>,
 }
 
 /// One slice of a bot split into slices.
@@ -558,6 +562,7 @@ fn view(
         slices: Vec::new(),
         updated_at_ms: b.updated_at_ms,
         linked: None,
+        commands: b.spec.options.commands.clone(),
     }
 }
 

@@ -228,6 +228,9 @@ pub struct Caps {
     pub max_file_bytes: u64,
     /// The longest text of one message, in characters (longer ones are cut).
     pub max_text: u32,
+    /// The bot's commands (`--commands`) are registered with the platform, which shows them
+    /// in its command menu.
+    pub commands: bool,
 }
 
 impl Caps {
@@ -246,10 +249,11 @@ impl Caps {
         max_files: 0,
         max_file_bytes: 0,
         max_text: 4096,
+        commands: false,
     };
 
     /// The capabilities by name, in a fixed order (for the README's table and for reasons).
-    pub fn flags(&self) -> [(&'static str, bool); 8] {
+    pub fn flags(&self) -> [(&'static str, bool); 9] {
         [
             ("buttons", self.buttons),
             ("edit", self.edit),
@@ -259,6 +263,7 @@ impl Caps {
             ("ephemeral", self.ephemeral),
             ("threads", self.threads),
             ("files", self.files),
+            ("commands", self.commands),
         ]
     }
 }

@@ -237,6 +237,9 @@ impl Descriptor {
             (_, Some(v)) => check_secret("verify_token", v)?,
             _ => {}
         }
+        if !spec.options.commands.is_empty() && !mode.caps.commands {
+            return Err(self.not_a_setting("commands", mode));
+        }
         if let Some(url) = &spec.options.api_url {
             match mode.endpoint {
                 Endpoint::Http => crate::spec::check_http_url("api_url", url)?,

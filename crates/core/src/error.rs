@@ -106,6 +106,9 @@ pub enum InvalidSpec {
         /// The platforms that take it (`Discord`, `Telegram or WhatsApp`).
         owners: String,
     },
+    /// The bot's commands break a rule (see [`check_commands`](crate::check_commands)).
+    #[error("invalid commands: {0}")]
+    Commands(String),
     /// The handler kind is not one botfleet knows.
     #[error("unknown handler {0:?} (expected echo, webhook, or the name of a handler compiled into the workers: a-z, 0-9, _ or -, starting with a letter, at most 32)")]
     UnknownHandler(String),

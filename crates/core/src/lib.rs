@@ -3,6 +3,7 @@
 mod action;
 mod attachment;
 mod clock;
+mod command_spec;
 mod descriptor;
 mod error;
 mod ids;
@@ -14,6 +15,9 @@ mod spec;
 pub use action::{fit_text, Act, Action, ActionEvent, Button, Caps, Target};
 pub use attachment::{Attachment, AttachmentKind, OutFile, Upload};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use command_spec::{
+    check_commands, commands_digest, CommandOption, CommandSpec, OptionKind, MAX_COMMANDS,
+};
 pub use descriptor::{Descriptor, Endpoint, ModeSpec, Need, Setting};
 pub use error::{InvalidId, InvalidSpec, UnknownPlatform};
 pub use ids::{BotId, ChatKey, Fence, Incarnation, WorkerId, MAX_ID_LEN};

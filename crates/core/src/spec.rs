@@ -112,6 +112,10 @@ pub struct BotOptions {
     /// WhatsApp Cloud API: the phone number id replies are sent from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phone_number_id: Option<String>,
+    /// The bot's commands, registered with the platform by the holder of its unit when they
+    /// change (Telegram, Discord: see the mode's `caps.commands`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<crate::CommandSpec>,
 }
 
 /// What verifies a webhook bot's deliveries. Never printed.
@@ -230,6 +234,7 @@ impl BotSpec {
     /// # Errors
     /// [`InvalidSpec`] says which field is wrong and why, without echoing the token.
     pub fn validate_shared(&self) -> Result<(), InvalidSpec> {
+        crate::check_commands(&self.options.commands)?;
         let token = self.token.expose();
         if token.len() > 4096 {
             return Err(InvalidSpec::Token("is longer than 4096 bytes"));

@@ -414,6 +414,61 @@ impl DiscordClient {
             .map(|_| ())
     }
 
+    /// The bot's application commands replaced by `commands` (slash commands, `CHAT_INPUT`):
+    /// `GET /applications/@me` for the application's id, then `PUT
+    /// /applications/{id}/commands`, Discord's bulk overwrite.
+    ///
+    /// # Errors
+    /// As [`DiscordClient::create_message`].
+    pub async fn overwrite_commands(
+        &self,
+        api: &DiscordApi,
+        commands: &[botfleet_core::CommandSpec],
+    ) -> Result<(), DiscordError> {
+        use botfleet_core::OptionKind;
+        let app = self
+            .call(
+                api,
+                "application",
+                self.http.get(format!("{}/applications/@me", api.base)),
+            )
+            .await?;
+        let id = app["id"]
+            .as_str()
+            .ok_or_else(|| DiscordError::Malformed("application without an id".into()))?
+            .to_owned();
+        check_snowflakes("commands", &[&id])?;
+        let body: Vec<Value> = commands
+            .iter()
+            .map(|c| {
+                let options: Vec<Value> = c
+                    .options
+                    .iter()
+                    .map(|o| {
+                        let kind = match o.kind {
+                            OptionKind::String => 3,
+                            OptionKind::Integer => 4,
+                            OptionKind::Boolean => 5,
+                            OptionKind::User => 6,
+                            OptionKind::Channel => 7,
+                            OptionKind::Role => 8,
+                            OptionKind::Number => 10,
+                        };
+                        serde_json::json!({"type": kind, "name": o.name,
+                            "description": o.description, "required": o.required})
+                    })
+                    .collect();
+                serde_json::json!({"type": 1, "name": c.name, "description": c.description,
+                    "options": options})
+            })
+            .collect();
+        let req = self
+            .http
+            .put(format!("{}/applications/{id}/commands", api.base))
+            .json(&body);
+        self.call(api, "commands", req).await.map(|_| ())
+    }
+
     /// A call on the interaction's webhook (`/webhooks/{application}/{token}{path}`): `PATCH`
     /// of `/messages/@original` edits the first response, `DELETE` of it removes it, `POST`
     /// of nothing is a follow-up message.

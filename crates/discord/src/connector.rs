@@ -119,6 +119,13 @@ impl Connector for DiscordConnector {
         Ok(botfleet_platform::FileBody::from_response(resp))
     }
 
+    async fn register_commands(&self, spec: &BotSpec) -> Result<(), PlatformError> {
+        Ok(self
+            .client
+            .overwrite_commands(&Self::api(spec), &spec.options.commands)
+            .await?)
+    }
+
     async fn verify(&self, spec: &BotSpec) -> Result<Identity, PlatformError> {
         let me = self.client.me(&Self::api(spec)).await?;
         Ok(Identity {

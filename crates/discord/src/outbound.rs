@@ -26,6 +26,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_files: 10,
     max_file_bytes: 10 * 1024 * 1024,
     max_text: MAX_CONTENT as u32,
+    commands: true,
     ..botfleet_core::Caps::TEXT_ONLY
 };
 

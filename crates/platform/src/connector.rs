@@ -164,6 +164,17 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         Err(crate::files::no_files())
     }
 
+    /// Registers `spec`'s commands (`spec.options.commands`) with the platform, replacing
+    /// what it had; none removes them. The runtime calls it from the unit's holder when they
+    /// changed since they were last registered. The default has nothing to register.
+    ///
+    /// # Errors
+    /// The platform's failures (reported on the bot, tried again at the next start).
+    async fn register_commands(&self, spec: &BotSpec) -> Result<(), PlatformError> {
+        let _ = spec;
+        Ok(())
+    }
+
     /// The platform's webhook side, when it has bots that receive by webhook.
     fn webhooks(&self) -> Option<Arc<dyn crate::Webhooks>> {
         None

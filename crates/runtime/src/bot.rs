@@ -12,6 +12,11 @@ use botfleet_store::{InboxItem, Store, StoreError};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
+/// The session records' kind of what the fleet registered with the platform for a bot.
+const REGISTERED: &str = "registered";
+/// Its record of the commands' digest.
+const COMMANDS: &str = "commands";
+
 use crate::{
     chats::{Chats, ChatsCtx},
     handler::Handler,
@@ -131,6 +136,57 @@ impl BotCtx {
     fn report(&self, status: BotStatus, error: Option<&str>) {
         self.reporter
             .report(&self.spec.id, status, error, &self.worker);
+    }
+
+    /// Registers the bot's commands with its platform when they changed since they were
+    /// last registered (by this worker or another: the digest registered is in the bot's
+    /// session records, written under the claim's fence). Only one unit of a bot registers
+    /// (slice 0 of a sliced one). A failure is reported on the bot and tried again when the
+    /// unit next starts; the bot runs either way.
+    async fn register_commands(&self) {
+        let caps = self
+            .connector
+            .descriptor()
+            .mode_of(&self.spec)
+            .map(|m| m.caps);
+        if !caps.is_some_and(|c| c.commands) || self.spec.options.slice.is_some_and(|k| k != 0) {
+            return;
+        }
+        // The unit's own records, under its claim's fence (slice 0's for a sliced bot).
+        let bot = self.spec.id.clone();
+        let commands = &self.spec.options.commands;
+        let digest = botfleet_core::commands_digest(commands);
+        let stored = match self.store.session_record(&bot, REGISTERED, COMMANDS).await {
+            Ok(v) => v.map(|b| String::from_utf8_lossy(&b).into_owned()),
+            Err(e) => {
+                warn!(bot = %self.spec.id, error = %e, "cannot read which commands were registered; registering again at the next start");
+                return;
+            }
+        };
+        if stored.as_deref() == Some(digest.as_str()) || (stored.is_none() && commands.is_empty()) {
+            return;
+        }
+        match self.connector.register_commands(&self.spec).await {
+            Ok(()) => {
+                info!(bot = %self.spec.id, commands = commands.len(), "commands registered with the platform");
+                let write = botfleet_store::SessionWrite::Put {
+                    kind: REGISTERED.into(),
+                    key: COMMANDS.into(),
+                    value: digest.into_bytes(),
+                };
+                if let Err(e) = self.store.session_write(&bot, &[write], self.fence).await {
+                    warn!(bot = %self.spec.id, error = %e, "cannot record the commands registered; they are registered again at the next start");
+                }
+            }
+            Err(e) => {
+                self.metrics.platform_error(self.spec.platform, e.reason());
+                warn!(bot = %self.spec.id, error = %e, "cannot register the bot's commands; trying again at the next start");
+                self.report(
+                    BotStatus::Running,
+                    Some(&format!("registering the bot's commands: {e}")),
+                );
+            }
+        }
     }
 
     fn fail(&self, e: &PlatformError) -> BotExit {
@@ -357,6 +413,7 @@ impl BotCtx {
         };
         self.report(BotStatus::Running, None);
         info!(bot = %self.spec.id, fence = self.fence.get(), checkpoint = checkpoint.as_deref().unwrap_or("-"), "bot running");
+        self.register_commands().await;
         let mut chats = Chats::new(ChatsCtx {
             turn: TurnCtx {
                 bot: self.spec.id.clone(),

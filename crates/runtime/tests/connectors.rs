@@ -164,6 +164,9 @@ impl PlatformFixture for Telegram {
         let fake = self.fake.state();
         downloads(&self.files, |f| fake.downloads(f))
     }
+    fn registered_commands(&self, i: usize) -> (Option<Vec<String>>, u64) {
+        self.fake.state().my_commands(&Self::token(i))
+    }
     fn files_sent(&self, i: usize) -> Vec<FileOut> {
         self.fake
             .state()
@@ -454,6 +457,17 @@ impl PlatformFixture for Discord {
     }
     fn typing_shown(&self, i: usize) -> usize {
         self.fake.state().typing(&Self::token(i)).len()
+    }
+    fn registered_commands(&self, i: usize) -> (Option<Vec<String>>, u64) {
+        let fake = self.fake.state();
+        let names = fake.commands(&Self::token(i)).map(|c| {
+            c.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x["name"].as_str().map(str::to_owned))
+                .collect()
+        });
+        (names, fake.command_writes(&Self::token(i)))
     }
     fn user_commands(&self, i: usize, chat: u32, name: &str, args: &str) -> bool {
         self.fake.state().user_runs_command(

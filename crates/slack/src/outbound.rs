@@ -49,6 +49,8 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_files: 10,
     max_file_bytes: 50 * 1024 * 1024,
     max_text: MAX_TEXT_CHARS as u32,
+    // Slash commands are set in the Slack app's configuration, not by the bot.
+    commands: false,
 };
 
 /// A section block's longest text.

@@ -120,8 +120,8 @@ pub(crate) const REF_PUT: &str =
      ON CONFLICT (bot_id, chat, name) DO UPDATE SET value = excluded.value, \
      expires_at_ms = excluded.expires_at_ms";
 
-/// The `hook` column's document: the receive settings and secrets, and a Discord bot's counted
-/// shards (sealed as one).
+/// The `hook` column's document: the receive settings and secrets, a Discord bot's counted
+/// shards and the bot's commands (sealed as one).
 #[derive(serde::Serialize, serde::Deserialize, Default, PartialEq)]
 struct HookDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,6 +139,9 @@ struct HookDoc {
     shards_in_use: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     shards_recommended: Option<u32>,
+    /// The bot's commands.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    commands: Vec<botfleet_core::CommandSpec>,
 }
 
 /// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
@@ -231,6 +234,7 @@ impl BotRow {
                 .map(|s| s.expose().to_owned()),
             shards_in_use: spec.options.shards_in_use,
             shards_recommended: spec.options.shards_recommended,
+            commands: spec.options.commands.clone(),
         };
         let hook = if doc == HookDoc::default() {
             None
@@ -315,6 +319,7 @@ impl BotRow {
                     phone_number_id: doc.phone_number_id,
                     shards_in_use: doc.shards_in_use,
                     shards_recommended: doc.shards_recommended,
+                    commands: doc.commands,
                 },
                 hook: botfleet_core::HookSecrets {
                     secret: doc.secret.map(Secret::new),

@@ -79,6 +79,31 @@ impl Connector for TelegramConnector {
         Ok(botfleet_platform::FileBody::from_response(resp))
     }
 
+    async fn register_commands(&self, spec: &BotSpec) -> Result<(), PlatformError> {
+        let api = Self::api(spec)?;
+        let commands = &spec.options.commands;
+        if commands.is_empty() {
+            self.client
+                .call_method(&api, "deleteMyCommands", serde_json::json!({}))
+                .await?;
+            return Ok(());
+        }
+        // Telegram's menu has a name and a description; options are what the user writes
+        // after the command.
+        let list: Vec<serde_json::Value> = commands
+            .iter()
+            .map(|c| serde_json::json!({"command": c.name, "description": c.description}))
+            .collect();
+        self.client
+            .call_method(
+                &api,
+                "setMyCommands",
+                serde_json::json!({ "commands": list }),
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn removed(&self, spec: &BotSpec) -> Result<(), PlatformError> {
         if crate::DESCRIPTOR.is_webhook(spec) {
             // Telegram would go on delivering to the fleet for a bot nobody answers.

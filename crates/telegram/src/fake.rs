@@ -136,6 +136,10 @@ struct TokenState {
     wake: Arc<Notify>,
     /// The next id of a message the bot sends (0: not started, 1000 is the first).
     next_message: i64,
+    /// The commands `setMyCommands` set last (`None`: none).
+    commands: Option<Value>,
+    /// `setMyCommands` and `deleteMyCommands` calls.
+    command_writes: u64,
 }
 
 impl Inner {
@@ -457,6 +461,23 @@ impl FakeState {
     /// The most `sendMessage` calls that were being answered at once.
     pub fn most_sends_in_flight(&self) -> u64 {
         self.most_sends_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The command names the bot of `token` set last (`None`: never, or deleted), and how
+    /// many times it set or deleted them.
+    pub fn my_commands(&self, token: &str) -> (Option<Vec<String>>, u64) {
+        let g = self.lock();
+        let Some(t) = g.tokens.get(token) else {
+            return (None, 0);
+        };
+        let names = t.commands.as_ref().map(|c| {
+            c.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x["command"].as_str().map(str::to_owned))
+                .collect()
+        });
+        (names, t.command_writes)
     }
 
     /// Everything received through `sendMessage`, in arrival order.
@@ -819,6 +840,9 @@ async fn handle(
             )
         }
         "getFile" => files::get_file(&state, &token, &args),
+        "setMyCommands" | "deleteMyCommands" | "getMyCommands" => {
+            my_commands(&state, &token, &method, &args)
+        }
         "sendPhoto" | "sendDocument" | "sendVideo" | "sendAudio" | "sendVoice" | "sendSticker"
         | "sendMediaGroup" => files::send_files(&state, &token, &method, &args, parts),
         "editMessageText"
@@ -859,6 +883,52 @@ async fn handle(
             ok(json!(true))
         }
         _ => tg_error(StatusCode::NOT_FOUND, "Not Found: method not found", None),
+    }
+}
+
+/// `setMyCommands` (checked as Telegram does: at most 100, names of 1–32 of `a-z0-9_`,
+/// descriptions of 1–256 characters), `deleteMyCommands`, `getMyCommands`.
+fn my_commands(state: &FakeState, token: &str, method: &str, args: &Value) -> Response {
+    let mut g = state.lock();
+    let Some(t) = g.tokens.get_mut(token) else {
+        return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
+    };
+    match method {
+        "getMyCommands" => ok(t.commands.clone().unwrap_or_else(|| json!([]))),
+        "deleteMyCommands" => {
+            t.commands = None;
+            t.command_writes += 1;
+            ok(json!(true))
+        }
+        _ => {
+            let Some(list) = args["commands"].as_array() else {
+                return tg_error(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: commands are empty",
+                    None,
+                );
+            };
+            let valid = list.len() <= 100
+                && list.iter().all(|c| {
+                    let name = c["command"].as_str().unwrap_or_default();
+                    let desc = c["description"].as_str().unwrap_or_default();
+                    (1..=32).contains(&name.len())
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                        && (1..=256).contains(&desc.chars().count())
+                });
+            if !valid {
+                return tg_error(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: BOT_COMMAND_INVALID",
+                    None,
+                );
+            }
+            t.commands = Some(Value::Array(list.clone()));
+            t.command_writes += 1;
+            ok(json!(true))
+        }
     }
 }
 

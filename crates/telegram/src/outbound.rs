@@ -56,6 +56,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_files: 10,
     max_file_bytes: MAX_UPLOAD_BYTES,
     max_text: MAX_TEXT_CHARS as u32,
+    commands: true,
 };
 
 /// `text` cut to [`MAX_TEXT_CHARS`] (and marked) when longer.

@@ -100,6 +100,11 @@ pub trait PlatformFixture: Send + Sync {
     fn files_sent(&self, _i: usize) -> Vec<FileOut> {
         Vec::new()
     }
+    /// The names of the commands bot `i` registered with the platform last (`None`: none),
+    /// and how many times it registered them.
+    fn registered_commands(&self, _i: usize) -> (Option<Vec<String>>, u64) {
+        (None, 0)
+    }
 }
 
 /// What the bot of `token` sent on the Telegram fake, as shown now.
@@ -906,6 +911,67 @@ pub async fn buttons_presses_and_refs_across_turns<F: PlatformFixture>(f: &F) {
     w.shutdown().await;
 }
 
+/// The bot's commands are registered with its platform by the unit's holder when they change,
+/// not again when the bot moves: registered at the first start, not by the next owner after
+/// a hand-over, registered again (once) when an operator changes them. A mode that registers
+/// none refuses commands with a reason.
+pub async fn commands_are_registered_when_they_change<F: PlatformFixture>(f: &F) {
+    let mut bot = f.bot(0);
+    let command = |name: &str| botfleet_core::CommandSpec {
+        name: name.into(),
+        description: format!("does {name}"),
+        options: Vec::new(),
+    };
+    bot.options.commands = vec![command("start"), command("help")];
+    if !caps_of(f, &bot).commands {
+        let why = botfleet_runtime::validate_spec(&bot)
+            .expect_err("commands refused")
+            .to_string();
+        assert!(why.contains("commands"), "{why}");
+        return;
+    }
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let a = h.start("a");
+    let names = |want: &'static [&'static str]| async move {
+        wait_for(
+            "the commands registered",
+            Duration::from_secs(20),
+            || async {
+                let (got, writes) = f.registered_commands(0);
+                (got.as_deref()
+                    == Some(&want.iter().map(|s| s.to_string()).collect::<Vec<_>>()[..]))
+                .then_some(writes)
+            },
+        )
+        .await
+    };
+    assert_eq!(names(&["start", "help"]).await, 1);
+    let b = h.start("b");
+    a.shutdown().await;
+    wait_for(
+        "the next owner runs the bot",
+        Duration::from_secs(20),
+        || async {
+            h.store()
+                .get_bot(&bot.id)
+                .await
+                .ok()
+                .flatten()
+                .filter(|r| r.reported_by.as_deref() == Some("b") && r.status == BotStatus::Running)
+        },
+    )
+    .await;
+    // The next owner changes the commands' registration only when an operator does.
+    bot.options.commands = vec![command("start"), command("menu"), command("help")];
+    h.store().update_bot(&bot).await.expect("update");
+    assert_eq!(
+        names(&["start", "menu", "help"]).await,
+        2,
+        "registered at the first start and after the change, not on the move"
+    );
+    b.shutdown().await;
+}
+
 /// Where the platform tells a resend by its key: a reply the platform took just before its
 /// sender was killed (the answer never came back, so no record says it was sent) is sent again
 /// by the next owner under the same key, and the user sees it once.
@@ -991,6 +1057,7 @@ macro_rules! connector_conformance {
             edits_deletes_and_typing_by_ref,
             a_photo_in_has_a_link_that_serves_its_bytes,
             files_out_reach_the_platform,
+            commands_are_registered_when_they_change,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

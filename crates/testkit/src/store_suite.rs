@@ -29,6 +29,14 @@ fn spec(id: &str, platform: Platform) -> BotSpec {
 pub async fn bots_round_trip(s: Arc<dyn Store>) {
     let mut b = spec("b1", Platform::Telegram);
     b.options.api_url = Some("http://127.0.0.1:9/api".into());
+    // The commands round-trip with the spec, options and all.
+    b.options.commands = serde_json::from_value(serde_json::json!([
+        {"name": "start", "description": "Begin"},
+        {"name": "find", "description": "Search", "options": [
+            {"name": "what", "description": "Words", "required": true},
+            {"name": "max", "description": "Results", "type": "integer"}]}
+    ]))
+    .unwrap();
     b.handler = HandlerSpec::Webhook {
         url: "http://127.0.0.1:9/hook".into(),
         secret: Some(Secret::new("hmac-key")),
