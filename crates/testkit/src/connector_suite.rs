@@ -359,21 +359,29 @@ async fn connected<F: PlatformFixture>(f: &F) {
     .await;
 }
 
+/// What `pick` finds in the bot's record, once it finds something (within 20 s).
+async fn on_the_bot<T>(
+    what: &str,
+    h: &Harness,
+    bot: &BotSpec,
+    pick: impl Fn(botfleet_core::BotRecord) -> Option<T>,
+) -> T {
+    wait_for(what, Duration::from_secs(20), || async {
+        h.store()
+            .get_bot(&bot.id)
+            .await
+            .ok()
+            .flatten()
+            .and_then(&pick)
+    })
+    .await
+}
+
 /// The bot's `last_error` once it mentions `needle` (a refusal reported by a turn).
 async fn shown_on_the_bot(h: &Harness, bot: &BotSpec, needle: &str) -> String {
-    wait_for(
-        "a reason shown on the bot",
-        Duration::from_secs(10),
-        || async {
-            h.store()
-                .get_bot(&bot.id)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|r| r.last_error)
-                .filter(|e| e.contains(needle))
-        },
-    )
+    on_the_bot("a reason shown on the bot", h, bot, |r| {
+        r.last_error.filter(|e| e.contains(needle))
+    })
     .await
 }
 
@@ -948,18 +956,9 @@ pub async fn commands_are_registered_when_they_change<F: PlatformFixture>(f: &F)
     assert_eq!(names(&["start", "help"]).await, 1);
     let b = h.start("b");
     a.shutdown().await;
-    wait_for(
-        "the next owner runs the bot",
-        Duration::from_secs(20),
-        || async {
-            h.store()
-                .get_bot(&bot.id)
-                .await
-                .ok()
-                .flatten()
-                .filter(|r| r.reported_by.as_deref() == Some("b") && r.status == BotStatus::Running)
-        },
-    )
+    on_the_bot("the next owner runs the bot", &h, &bot, |r| {
+        (r.reported_by.as_deref() == Some("b") && r.status == BotStatus::Running).then_some(())
+    })
     .await;
     // The next owner changes the commands' registration only when an operator does.
     bot.options.commands = vec![command("start"), command("menu"), command("help")];
