@@ -176,6 +176,7 @@ impl Chats {
             tokio::select! {
                 r = self.answering.join_next() => if r.is_none() { return },
                 () = &mut deadline => {
+                    tracing::warn!(turns = self.answering.len(), limit_ms = limit.as_millis() as u64, "turns still at work when the bot stopped: cut short (the next owner replays their messages)");
                     self.answering.abort_all();
                     return;
                 }

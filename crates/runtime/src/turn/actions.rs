@@ -13,13 +13,16 @@
 //! answered, not with a new answer. What is left is the window of each action between the
 //! platform doing it and the next progress write, as for a single reply.
 
-use std::{collections::HashMap, time::Instant};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use botfleet_core::{Act, Action, Button, Caps, EventKind, Inbound, OutFile, Target, Upload};
-use botfleet_store::{InboxOutcome, TurnStep};
+use botfleet_store::{InboxOutcome, StoreError, TurnStep};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{attempt, checked_state, through_store, End, Halt, Hold, Slot, TurnCtx};
 use crate::{
@@ -245,8 +248,17 @@ pub(super) async fn run(
             deferred: run.deferred,
         };
         let key = format!("{}:ack", run.key_base);
-        if let Err(why) = run.done(hold, &mut slot, &act, &key, started).await? {
-            warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %why, "cannot acknowledge an unanswered event");
+        match run.done(hold, &mut slot, &act, &key, started).await {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => {
+                warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %why, "cannot acknowledge an unanswered event");
+            }
+            // Stopping (a hand-over): what the turn did is still recorded below; only the
+            // acknowledgement is left out.
+            Err(Halt::Stopped) => {
+                debug!(bot = %ctx.bot, chat = %msg.chat.chat, "stopping: an unanswered event is left unacknowledged");
+            }
+            Err(halt) => return Err(halt),
         }
     }
     let Run { p, .. } = run;
@@ -297,7 +309,9 @@ async fn read_progress(
 }
 
 impl Run<'_> {
-    /// Records the progress under the turn's fence.
+    /// Records the progress under the turn's fence. A stop asked for meanwhile (a hand-over)
+    /// does not cut this short: what was done is recorded, so the next owner does not do it
+    /// again; a fenced worker gives up (its successor replays).
     async fn step(&mut self, hold: &impl Hold, end: &End<'_>) -> Result<(), Halt> {
         let progress = serde_json::to_string(&self.recorded()).unwrap_or_default();
         let step = TurnStep {
@@ -307,10 +321,28 @@ impl Run<'_> {
             progress,
         };
         let ctx = self.ctx;
-        through_store(ctx, hold, "record a turn's progress", || {
-            ctx.store.turn_step(&ctx.bot, &step)
-        })
-        .await?;
+        let mut attempt = 0;
+        loop {
+            match hold.check() {
+                Err(Halt::Stopped) if attempt < 6 => {}
+                Err(halt) => return Err(halt),
+                Ok(()) => {}
+            }
+            match ctx.store.turn_step(&ctx.bot, &step).await {
+                Ok(()) => break,
+                Err(StoreError::StaleFence { current, .. }) => {
+                    return Err(Halt::Fenced(format!(
+                        "a newer fence {current} owns this turn"
+                    )))
+                }
+                Err(e) => {
+                    warn!(bot = %ctx.bot, error = %e, "cannot record a turn's progress; retrying");
+                    tokio::time::sleep(crate::retry::backoff(attempt).min(Duration::from_secs(2)))
+                        .await;
+                    attempt += 1;
+                }
+            }
+        }
         self.dirty = false;
         Ok(())
     }

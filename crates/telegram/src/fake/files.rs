@@ -35,6 +35,8 @@ pub struct SentFile {
     pub message_id: i64,
     /// Its `reply_markup`, if it had one.
     pub reply_markup: Option<Value>,
+    /// When the fake received it.
+    pub at: std::time::Instant,
 }
 
 /// One part of a multipart body.
@@ -300,6 +302,7 @@ pub(super) fn send_files(
             caption: caption.clone(),
             message_id,
             reply_markup: markup.clone(),
+            at: std::time::Instant::now(),
         });
         let mut m =
             json!({"message_id": message_id, "date": 1_700_000_000, "chat": {"id": chat_id}});
