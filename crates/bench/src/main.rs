@@ -2,7 +2,7 @@
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
 //! (`--quick` for 1,000 bots only;
-//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks|whatsapp-idle`
+//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks|files|whatsapp-idle`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
@@ -10,11 +10,13 @@
 //! SIGTERM and a kill -9 move them (see `moves.rs`); how the fleet comes back when Redis
 //! loses its data; and for Slack bots (see `slack.rs`) the cost of an idle socket and the
 //! refresh drill at scale; for webhook bots (see `hooks.rs`) what a chat's turn costs and the
-//! updates a worker answers per second end to end.
+//! updates a worker answers per second end to end; for files (see `files.rs`) a 10 MiB file
+//! in through its link and out again, time and the worker's memory while it streams.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod discord;
+mod files;
 mod hooks;
 mod moves;
 mod shards;
@@ -469,6 +471,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref().is_none_or(|o| o == "hooks") {
         hooks::throughput().await?;
+    }
+    if only.as_deref().is_none_or(|o| o == "files") {
+        files::pass_through(arg("--mib").unwrap_or(10)).await?;
     }
     // Asked for by name only: it holds each phase 30 s.
     if only.as_deref() == Some("whatsapp-idle") {

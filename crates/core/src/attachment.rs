@@ -150,8 +150,9 @@ pub struct Upload {
     pub name: String,
     /// The MIME type.
     pub mime: String,
-    /// The bytes.
-    pub data: Vec<u8>,
+    /// The bytes, shared: every attempt of the upload (and every platform call) reads the
+    /// same copy.
+    pub data: bytes::Bytes,
 }
 
 impl std::fmt::Debug for Upload {
@@ -210,7 +211,7 @@ mod tests {
             kind: AttachmentKind::File,
             name: "a".into(),
             mime: "text/plain".into(),
-            data: vec![7; 1000],
+            data: vec![7; 1000].into(),
         };
         let shown = format!("{u:?}");
         assert!(

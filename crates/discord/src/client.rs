@@ -259,10 +259,8 @@ impl DiscordClient {
                     .map_err(|e| DiscordError::Malformed(e.without_url().to_string()))?,
             );
             for (i, f) in files.iter().enumerate() {
-                let part = reqwest::multipart::Part::bytes(f.data.clone())
-                    .file_name(f.name.clone())
-                    .mime_str(&f.mime)
-                    .map_err(|_| DiscordError::Rejected {
+                let part =
+                    botfleet_platform::upload_part(f).map_err(|_| DiscordError::Rejected {
                         what: "create message (a file's MIME type)",
                         status: 400,
                         code: 0,

@@ -946,6 +946,8 @@ pub fn app(state: FakeDiscordState) -> Router {
             axum::routing::put(interactions::put_commands),
         )
         .route("/gateway", any(gateway))
+        // Discord takes up to 10 files of 10 MiB in one message.
+        .layer(axum::extract::DefaultBodyLimit::max(110 * 1024 * 1024))
         .with_state(state)
 }
 

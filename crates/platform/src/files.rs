@@ -91,6 +91,28 @@ impl FileBody {
     }
 }
 
+/// A file's bytes as a request body, without copying them.
+pub fn upload_body(f: &botfleet_core::Upload) -> reqwest::Body {
+    reqwest::Body::from(f.data.clone())
+}
+
+/// A file as a multipart part with its name and MIME type, without copying its bytes.
+///
+/// # Errors
+/// `Rejected` for a MIME type that does not parse.
+pub fn upload_part(f: &botfleet_core::Upload) -> Result<reqwest::multipart::Part, PlatformError> {
+    reqwest::multipart::Part::stream_with_length(upload_body(f), f.data.len() as u64)
+        .file_name(f.name.clone())
+        .mime_str(&f.mime)
+        .map_err(|_| {
+            PlatformError::new(
+                ErrorKind::Rejected,
+                "bad_mime",
+                format!("the MIME type of {:?} does not parse", f.name),
+            )
+        })
+}
+
 /// The refusal of a file over the bound.
 pub fn too_large(len: u64, max: u64) -> PlatformError {
     PlatformError::new(

@@ -11,7 +11,7 @@ pub use connector::{
     Stat,
 };
 pub use error::{ErrorKind, PlatformError};
-pub use files::{no_files, too_large, FileBody};
+pub use files::{no_files, too_large, upload_body, upload_part, FileBody};
 pub use hooks::{
     form_pairs, secrets_match, HookAnswer, HookRefusal, HookRequest, NoDeliveries, Webhooks,
 };

@@ -395,7 +395,7 @@ impl Files {
             kind,
             name,
             mime,
-            data,
+            data: data.into(),
         })
     }
 
@@ -688,7 +688,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(up.data, b"hello");
+        assert_eq!(&up.data[..], b"hello");
         assert_eq!(
             (up.kind, up.mime.as_str(), up.name.as_str()),
             (AttachmentKind::File, "text/plain", "hi.txt")

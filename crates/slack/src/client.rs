@@ -384,7 +384,7 @@ impl SlackClient {
                 .http
                 .post(url)
                 .header("content-type", f.mime.clone())
-                .body(f.data.clone())
+                .body(botfleet_platform::upload_body(f))
                 .timeout(self.config.request_timeout + Duration::from_secs(300))
                 .send()
                 .await

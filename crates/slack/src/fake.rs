@@ -1249,6 +1249,7 @@ pub fn app(state: FakeSlackState) -> Router {
         .route("/response/{id}", post(respond))
         .route("/files-pri/{*rest}", axum::routing::get(files::download))
         .route("/upload/{id}", post(files::upload))
+        .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
         .route("/link/", any(link))
         .with_state(state)
 }

@@ -1146,6 +1146,8 @@ pub fn app(state: FakeState) -> Router {
     Router::new()
         .route("/{bot}/{method}", post(handle).get(handle))
         .route("/file/{bot}/{*path}", axum::routing::get(files::download))
+        // Bots upload files of up to 50 MB.
+        .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
 }
 

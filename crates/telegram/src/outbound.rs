@@ -264,13 +264,10 @@ fn one_group(files: &[Upload]) -> bool {
 
 /// A file as a multipart part.
 fn part(f: &Upload) -> Result<reqwest::multipart::Part, TelegramError> {
-    reqwest::multipart::Part::bytes(f.data.clone())
-        .file_name(f.name.clone())
-        .mime_str(&f.mime)
-        .map_err(|e| TelegramError::Refused {
-            status: 400,
-            description: format!("bad MIME type of {:?}: {}", f.name, e.without_url()),
-        })
+    botfleet_platform::upload_part(f).map_err(|e| TelegramError::Refused {
+        status: 400,
+        description: e.to_string(),
+    })
 }
 
 /// Sends `files` with `text` and `buttons`: the text as the caption where it fits, and as a
@@ -345,7 +342,7 @@ mod tests {
             kind,
             name: "f".into(),
             mime: "application/octet-stream".into(),
-            data: vec![1],
+            data: vec![1].into(),
         }
     }
 

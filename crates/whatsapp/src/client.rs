@@ -211,13 +211,10 @@ impl GraphClient {
         n: &Number,
         f: &botfleet_core::Upload,
     ) -> Result<String, WhatsappError> {
-        let part = reqwest::multipart::Part::bytes(f.data.clone())
-            .file_name(f.name.clone())
-            .mime_str(&f.mime)
-            .map_err(|_| WhatsappError::Refused {
-                code: 100,
-                message: "the file's MIME type does not parse".into(),
-            })?;
+        let part = botfleet_platform::upload_part(f).map_err(|e| WhatsappError::Refused {
+            code: 100,
+            message: e.to_string(),
+        })?;
         let form = reqwest::multipart::Form::new()
             .text("messaging_product", "whatsapp")
             .text("type", f.mime.clone())

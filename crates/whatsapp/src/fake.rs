@@ -574,6 +574,7 @@ pub fn app(state: FakeGraphState) -> Router {
         .route("/{id}/messages", post(messages))
         .route("/{id}/media", post(media::upload))
         .route("/media-files/{id}", get(media::download))
+        .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
 }
 
