@@ -350,11 +350,7 @@ async fn every_action_once_in_order_through_a_kill_and_a_sigterm() {
         }
     }
     // The photo's link serves its bytes through the balancer after its maker died.
-    let ev = handler
-        .seen()
-        .into_iter()
-        .find(|e| e["attachments"].is_array())
-        .expect("the photo's event");
+    let ev = handler.first_with_attachments();
     let url = ev["attachments"][0]["url"].as_str().unwrap().to_owned();
     assert!(url.starts_with(&api.url()), "{url}");
     let r = reqwest::get(&url).await.unwrap();

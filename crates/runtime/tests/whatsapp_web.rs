@@ -1,7 +1,7 @@
 //! WhatsApp device-link bots through the worker and the platform seam, with the real
 //! `whatsapp-rust` client against the stand-in at its transport boundary (a WebSocket server
 //! speaking WhatsApp Web's Noise handshake and binary nodes): linking, connect on claim,
-//! hand-over without two connections, logged out, replaced, unlinked.
+//! hand-over without two connections, logged out, replaced, unlinked, files both ways.
 
 #![cfg(feature = "whatsapp-web")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -455,5 +455,107 @@ async fn a_build_without_certificate_checks_dials_only_loopback() {
     assert_eq!(st, BotStatus::Failed);
     assert!(err.contains("dials loopback addresses only"), "{err}");
     assert_eq!(standin.dials(), dials, "the stand-in was not dialed either");
+    w.shutdown().await;
+}
+
+/// Bytes of every value, longer than one read of a socket.
+fn sample(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ salt)
+        .collect()
+}
+
+/// Files both ways through a linked device. A contact's photo (encrypted on the contact's
+/// phone, its ciphertext on the CDN, the references in the message) reaches the handler as an
+/// attachment with its caption as the text, never its references; its link serves the
+/// decrypted bytes from the worker's API. The handler sends it back by that link, with a
+/// document from `data`: the bot's client encrypts and uploads both, and the contact's phone
+/// downloads and decrypts the same bytes, the text as the photo's caption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_go_both_ways_through_a_linked_device() {
+    use base64::Engine as _;
+    use botfleet_core::HandlerSpec;
+    use botfleet_testkit::{connector_suite::Harness, ScriptedHandler};
+    use botfleet_whatsapp_standin::MediaFile;
+    use serde_json::{json, Value};
+
+    let (user, contact) = ("15550000008", "15557770008");
+    let standin = StandIn::start().await.unwrap();
+    let report = sample(40_000, 3);
+    let report_b64 = base64::engine::general_purpose::STANDARD.encode(&report);
+    let handler =
+        ScriptedHandler::start(
+            move |ev: &Value| match ev["attachments"][0]["url"].as_str() {
+                Some(url) => {
+                    json!({"actions": [{"type": "send", "text": "yours back", "attachments": [
+                        {"url": url, "name": "back.jpg"},
+                        {"data": report_b64, "name": "report.pdf", "mime": "application/pdf"},
+                    ]}]})
+                }
+                None => json!({}),
+            },
+        )
+        .await;
+    let mut s = spec("wa-8", &standin.url());
+    s.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(&[s]).await;
+    link(h.store(), &standin, "wa-8", user).await;
+    let w = h.start_with("a", |c| {
+        c.whatsapp_web_version = Some(format!("{}.{}.{}", VERSION.0, VERSION.1, VERSION.2));
+    });
+    connected_and_running(&standin, h.store(), "wa-8", user, None).await;
+
+    let photo = sample(70_000, 5);
+    standin
+        .send_media(
+            contact,
+            user,
+            MediaFile {
+                kind: "image".into(),
+                mime: Some("image/jpeg".into()),
+                name: None,
+                caption: Some("look".into()),
+                data: photo.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    let replies = wait_for("both files back", Duration::from_secs(30), || async {
+        let r: Vec<_> = standin
+            .replies()
+            .into_iter()
+            .filter(|r| r.to == contact)
+            .collect();
+        (r.len() >= 2).then_some(r)
+    })
+    .await;
+
+    let ev = handler.first_with_attachments();
+    assert_eq!(ev["text"], "look", "the caption is the text");
+    let att = &ev["attachments"][0];
+    assert_eq!(att["kind"], "image", "{att}");
+    assert_eq!(att["size"], photo.len(), "{att}");
+    assert_eq!(att["mime"], "image/jpeg", "{att}");
+    assert!(att.get("source").is_none(), "the references stay: {att}");
+    let url = att["url"].as_str().expect("a link");
+    assert!(url.starts_with(&w.api_url), "{url}");
+    let body = reqwest::get(url).await.unwrap().bytes().await.unwrap();
+    assert!(body[..] == photo[..], "the link serves the decrypted bytes");
+    assert!(standin.media_downloads() >= 2, "read from the CDN");
+
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    let back = replies[0].media.as_ref().expect("a media message");
+    assert_eq!(back.kind, "image");
+    assert!(back.data == photo, "the photo as the contact sent it");
+    assert_eq!(replies[0].text, "yours back", "the text is its caption");
+    let doc = replies[1].media.as_ref().expect("a media message");
+    assert_eq!(doc.kind, "document");
+    assert_eq!(doc.name.as_deref(), Some("report.pdf"));
+    assert_eq!(doc.mime.as_deref(), Some("application/pdf"));
+    assert!(doc.data == report, "the document's bytes");
+    assert_eq!(standin.max_concurrent(user), 1);
     w.shutdown().await;
 }

@@ -287,6 +287,18 @@ impl ScriptedHandler {
     pub fn seen(&self) -> Vec<Value> {
         self.seen.lock().unwrap().clone()
     }
+
+    /// The first event that carried attachments.
+    ///
+    /// # Panics
+    /// If none did yet (the message shows what came).
+    pub fn first_with_attachments(&self) -> Value {
+        let seen = self.seen();
+        seen.iter()
+            .find(|e| e["attachments"].is_array())
+            .cloned()
+            .unwrap_or_else(|| panic!("no event with attachments in {seen:?}"))
+    }
 }
 
 impl Drop for ScriptedHandler {

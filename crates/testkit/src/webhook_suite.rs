@@ -412,11 +412,7 @@ pub async fn files_by_webhook(f: &impl WebhookFixture) {
     })
     .await;
     assert!(sent.data == photo, "the bytes as the user sent them");
-    let ev = handler
-        .seen()
-        .into_iter()
-        .find(|e| e["attachments"].is_array())
-        .expect("the photo's event");
+    let ev = handler.first_with_attachments();
     assert_eq!(ev["text"], "look");
     let url = ev["attachments"][0]["url"]
         .as_str()

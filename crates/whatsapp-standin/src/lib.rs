@@ -28,6 +28,12 @@
 //! `usync` for the contact's devices and fetching its prekey bundle) is decrypted on the
 //! contact's side and shows in [`StandIn::replies`].
 //!
+//! Media go through a CDN of the stand-in's own (plain HTTP on a second loopback port, which
+//! the `media_conn` answer names; the client's HTTP client must speak `http://` to the
+//! `https://` URLs it builds): [`StandIn::send_media`] has a contact send a photo or a
+//! document encrypted as phones encrypt media, and a file a linked device uploads and sends
+//! shows in [`StandIn::replies`] downloaded and decrypted.
+//!
 //! Unlike WhatsApp, by default a second login of a device does not kick the first: both stay
 //! connected, so [`StandIn::max_concurrent`] shows a double login. [`StandIn::replace`] is the
 //! kick; after [`StandIn::take_over`] a login kicks the older connection as WhatsApp does
@@ -36,6 +42,7 @@
 
 mod contact;
 mod mailbox;
+mod media;
 mod phone;
 mod session;
 mod stanza;
@@ -57,6 +64,8 @@ use wacore::libsignal::protocol::KeyPair;
 
 use session::Out;
 
+pub use media::MediaFile;
+
 /// How long [`StandIn::scan`] waits for the client to sign the pairing.
 const SCAN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -65,12 +74,14 @@ pub struct StandIn {
     addr: SocketAddr,
     hub: Arc<Hub>,
     accept: JoinHandle<()>,
+    cdn: JoinHandle<()>,
 }
 
 impl Drop for StandIn {
     fn drop(&mut self) {
         // The accept task owns the connections' JoinSet; aborting it aborts them all.
         self.accept.abort();
+        self.cdn.abort();
     }
 }
 
@@ -81,19 +92,28 @@ impl std::fmt::Debug for StandIn {
 }
 
 impl StandIn {
-    /// Binds `127.0.0.1:0` and starts serving.
+    /// Binds `127.0.0.1:0` for the socket and another port for the media CDN, and starts
+    /// serving.
     ///
     /// # Errors
-    /// When the listener cannot be bound.
+    /// When a listener cannot be bound.
     pub async fn start() -> std::io::Result<StandIn> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
+        let media = TcpListener::bind(("127.0.0.1", 0)).await?;
         let hub = Arc::new(Hub {
             keys: wire::ServerKeys::generate(),
             state: Mutex::default(),
         });
+        hub.lock().media.host = media.local_addr()?.to_string();
         let accept = tokio::spawn(accept_loop(listener, hub.clone()));
-        Ok(StandIn { addr, hub, accept })
+        let cdn = tokio::spawn(media::serve(media, hub.clone()));
+        Ok(StandIn {
+            addr,
+            hub,
+            accept,
+            cdn,
+        })
     }
 
     /// Answers every new connection's WebSocket upgrade only after `delay` (a slow network):
@@ -271,7 +291,32 @@ impl StandIn {
     /// When `from` is not a phone number (or is an account here), or `to_user` has no linked
     /// device.
     pub async fn send_text(&self, from: &str, to_user: &str, text: &str) -> Result<String, String> {
-        self.hub.lock().post(from, to_user, text)
+        self.hub.lock().post_text(from, to_user, text)
+    }
+
+    /// A contact sends `file` to every linked device of `to_user`, as [`StandIn::send_text`]
+    /// sends a text: its phone encrypts the bytes under a new media key (AES-256-CBC with an
+    /// HMAC, keys expanded with the media type's HKDF info, as WhatsApp's clients do), puts
+    /// the ciphertext on the stand-in's CDN and sends a media message with the references
+    /// (`url`, `direct_path`, `media_key`, both hashes, the length; the caption, the name).
+    /// Returns the message id.
+    ///
+    /// # Errors
+    /// As [`StandIn::send_text`]; when the file cannot be encrypted.
+    pub async fn send_media(
+        &self,
+        from: &str,
+        to_user: &str,
+        file: MediaFile,
+    ) -> Result<String, String> {
+        let mut state = self.hub.lock();
+        let message = state.media.message(&file)?;
+        state.post(from, to_user, message)
+    }
+
+    /// Downloads the CDN served (a linked device fetching a contact's file).
+    pub fn media_downloads(&self) -> usize {
+        self.hub.lock().media.downloads.values().sum()
     }
 
     /// Messages to `to_user` not acknowledged yet, queued or in flight: one per message and
@@ -313,8 +358,10 @@ pub struct Reply {
     pub from_user: String,
     /// The contact's phone number.
     pub to: String,
-    /// The text.
+    /// The text (a media message's caption; empty without one).
     pub text: String,
+    /// The file of a media message, as the contact downloaded and decrypted it.
+    pub media: Option<MediaFile>,
 }
 
 /// Accepts connections until the stand-in is dropped. Owns every connection task: they live in
@@ -440,6 +487,8 @@ struct State {
     dialing: usize,
     /// Whether a login replaces the device's older connections (see [`StandIn::take_over`]).
     take_over: bool,
+    /// The media CDN's uploads and downloads.
+    media: media::MediaStore,
 }
 
 impl State {

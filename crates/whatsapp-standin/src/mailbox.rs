@@ -33,7 +33,29 @@ pub(crate) struct Envelope {
 
 impl State {
     /// A contact writes `text` to every linked device of `to_user`; returns the message id.
-    pub(crate) fn post(&mut self, from: &str, to_user: &str, text: &str) -> Result<String, String> {
+    pub(crate) fn post_text(
+        &mut self,
+        from: &str,
+        to_user: &str,
+        text: &str,
+    ) -> Result<String, String> {
+        self.post(
+            from,
+            to_user,
+            wa::Message {
+                conversation: Some(text.to_owned()),
+                ..Default::default()
+            },
+        )
+    }
+
+    /// A contact sends `message` to every linked device of `to_user`; returns the message id.
+    pub(crate) fn post(
+        &mut self,
+        from: &str,
+        to_user: &str,
+        message: wa::Message,
+    ) -> Result<String, String> {
         if from.is_empty() || !from.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("{from:?} is not a phone number"));
         }
@@ -65,10 +87,7 @@ impl State {
                 .map(|b| format!("{b:02X}"))
                 .collect::<String>()
         );
-        let plaintext = MessageUtils::encode_and_pad(&wa::Message {
-            conversation: Some(text.to_owned()),
-            ..Default::default()
-        });
+        let plaintext = MessageUtils::encode_and_pad(&message);
         let t = super::unix_now();
         for &device in &devices {
             if let Some(device) = self.device(to_user, device) {
@@ -297,13 +316,27 @@ impl Hub {
             match text {
                 Ok(message) => {
                     heard.insert(who.user.clone());
-                    if let Some(text) = message.text_content() {
-                        state.replies.push(Reply {
-                            from_user: user.clone(),
-                            to: who.user.clone(),
-                            text: text.to_owned(),
-                        });
-                    }
+                    let media = match state.media.read(message.get_base_message()) {
+                        Some(Ok(file)) => Some(file),
+                        Some(Err(error)) => {
+                            tracing::debug!(%error, contact = %who.user, "stand-in could not read a file");
+                            continue;
+                        }
+                        None => None,
+                    };
+                    let text = match &media {
+                        Some(file) => file.caption.clone().unwrap_or_default(),
+                        None => match message.text_content() {
+                            Some(text) => text.to_owned(),
+                            None => continue,
+                        },
+                    };
+                    state.replies.push(Reply {
+                        from_user: user.clone(),
+                        to: who.user.clone(),
+                        text,
+                        media,
+                    });
                 }
                 Err(error) => {
                     tracing::debug!(%error, contact = %who.user, "stand-in could not read a message");

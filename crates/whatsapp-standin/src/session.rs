@@ -359,6 +359,18 @@ impl Hub {
                 result(node).children([privacy()]).build()
             }
             ("blocklist", _) => result(node).children([empty("list")]).build(),
+            // Where media go: the stand-in's CDN, with a token the CDN does not check.
+            ("w:m", Some("media_conn")) => {
+                let host = self.lock().media.host.clone();
+                result(node)
+                    .children([NodeBuilder::new("media_conn")
+                        .attrs([("auth", "standin-media"), ("ttl", "3600")])
+                        .children([NodeBuilder::new("host")
+                            .attrs([("hostname", host.as_str()), ("type", "primary")])
+                            .build()])
+                        .build()])
+                    .build()
+            }
             ("usync", Some("usync")) => {
                 let answer = {
                     let state = self.lock();

@@ -433,6 +433,7 @@ async fn a_contact_and_the_bot_write_to_each_other() {
             from_user: PHONE.to_owned(),
             to: CONTACT.to_owned(),
             text: "hi contact".to_owned(),
+            media: None,
         }]
     );
 
@@ -465,6 +466,7 @@ async fn a_contact_and_the_bot_write_to_each_other() {
             from_user: PHONE.to_owned(),
             to: stranger.to_owned(),
             text: "anyone there?".to_owned(),
+            media: None,
         }
     );
     let answer = server

@@ -20,6 +20,9 @@ pub struct WhatsappConnector {
     web: crate::device::WebConfig,
     #[cfg(feature = "web")]
     web_stats: Arc<crate::device::WebStats>,
+    /// Downloads of device-link bots' files (any worker, no session).
+    #[cfg(feature = "web")]
+    web_http: Arc<crate::device::Http>,
 }
 
 impl WhatsappConnector {
@@ -34,6 +37,11 @@ impl WhatsappConnector {
             web: crate::device::WebConfig::default(),
             #[cfg(feature = "web")]
             web_stats: Arc::default(),
+            #[cfg(feature = "web")]
+            web_http: Arc::new(
+                crate::device::Http::new()
+                    .map_err(|e| crate::WhatsappError::Network(e.without_url()))?,
+            ),
         })
     }
 
@@ -121,6 +129,9 @@ impl Connector for WhatsappConnector {
         source: &str,
     ) -> Result<botfleet_platform::FileBody, PlatformError> {
         if crate::DESCRIPTOR.mode_name(spec) == "web" {
+            #[cfg(feature = "web")]
+            return crate::web_media::fetch(self.web_http.clone(), source).await;
+            #[cfg(not(feature = "web"))]
             return Err(botfleet_platform::no_files());
         }
         let resp = self.client.download_media(&number(spec)?, source).await?;

@@ -65,8 +65,12 @@ fn check(spec: &BotSpec, _: &ModeSpec) -> Result<(), InvalidSpec> {
     }
 }
 
-/// What WhatsApp bots do here: text (interactive buttons and media are to come).
+/// What device-link bots do: text, and files both ways (up to 10 a send, 16 MiB each, the
+/// text as the first file's caption). Buttons are the Cloud API's.
 const CAPS: botfleet_core::Caps = botfleet_core::Caps {
+    files: true,
+    max_files: 10,
+    max_file_bytes: 16 * 1024 * 1024,
     max_text: crate::MAX_TEXT_CHARS as u32,
     ..botfleet_core::Caps::TEXT_ONLY
 };

@@ -13,6 +13,8 @@ mod inbound;
 mod outbound;
 #[cfg(feature = "web")]
 pub mod web;
+#[cfg(feature = "web")]
+mod web_media;
 
 pub use client::{GraphClient, Number};
 pub use config::{DEFAULT_API_URL, MAX_TEXT_CHARS};

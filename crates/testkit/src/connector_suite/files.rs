@@ -85,11 +85,7 @@ pub async fn a_photo_in_has_a_link_that_serves_its_bytes<F: PlatformFixture>(f: 
             .then_some(())
     })
     .await;
-    let seen = handler.seen();
-    let ev = seen
-        .iter()
-        .find(|e| e["attachments"].is_array())
-        .unwrap_or_else(|| panic!("no event with attachments in {seen:?}"));
+    let ev = handler.first_with_attachments();
     assert_eq!(ev["kind"], "message");
     let att = &ev["attachments"][0];
     assert_eq!(att["kind"], "image", "{att}");
