@@ -376,6 +376,124 @@ mod tests {
         assert_eq!(a.name.as_deref(), Some("report.pdf"));
     }
 
+    /// Generated media messages: every field present or not, of any length; what is read has
+    /// references a download can use, and nothing panics.
+    #[test]
+    fn generated_media_messages_are_read_or_skipped() {
+        use botfleet_testkit::SeededRng;
+        use whatsapp_rust::buffa::MessageField;
+        let mut rng = SeededRng::new(900);
+        let bytes = |rng: &mut SeededRng| -> Option<Vec<u8>> {
+            rng.chance(850).then(|| {
+                let len = if rng.chance(850) { 32 } else { rng.below(70) };
+                (0..len).map(|_| rng.below(256) as u8).collect()
+            })
+        };
+        let strings = [
+            "",
+            "/v/t62/1",
+            "v/no-slash",
+            "https://",
+            "https:///x",
+            "https://mmg.whatsapp.net/v/t62/1?oh=x",
+            "http://127.0.0.1:1/x",
+            "\u{0}\u{ffff}/\u{1F600}",
+            "/",
+        ];
+        let (mut read, mut skipped) = (0, 0);
+        for _ in 0..3_000 {
+            let pick = |rng: &mut SeededRng| -> Option<String> {
+                rng.chance(850)
+                    .then(|| strings[rng.below(strings.len() as u64) as usize].to_owned())
+            };
+            let path = if rng.chance(600) {
+                Some(format!("/v/{}", rng.next_u64()))
+            } else {
+                pick(&mut rng)
+            };
+            let (url, mime) = (pick(&mut rng), pick(&mut rng));
+            let (key, enc, sha) = (bytes(&mut rng), bytes(&mut rng), bytes(&mut rng));
+            let len = rng.chance(850).then(|| rng.next_u64() >> rng.below(64));
+            let mut m = wa::Message::default();
+            macro_rules! fill {
+                ($field:ident, $ty:ident $(, $extra:ident: $val:expr)*) => {
+                    m.$field = MessageField::some(wa::message::$ty {
+                        url,
+                        direct_path: path,
+                        media_key: key,
+                        file_sha256: sha,
+                        file_enc_sha256: enc,
+                        file_length: len,
+                        mimetype: mime,
+                        $($extra: $val,)*
+                        ..Default::default()
+                    })
+                };
+            }
+            match rng.below(6) {
+                0 => fill!(image_message, ImageMessage),
+                1 => fill!(video_message, VideoMessage),
+                2 => fill!(audio_message, AudioMessage, ptt: rng.chance(500).then_some(true)),
+                3 => fill!(sticker_message, StickerMessage),
+                4 => fill!(document_message, DocumentMessage, file_name: pick(&mut rng)),
+                _ => {}
+            }
+            let Some(a) = attachment(&m) else {
+                skipped += 1;
+                continue;
+            };
+            read += 1;
+            let refs: Refs = serde_json::from_str(&a.source).unwrap();
+            assert!(refs.p.starts_with('/') && media_type(&refs.t).is_some());
+            for k in [&refs.k, &refs.e, &refs.s] {
+                assert_eq!(STANDARD.decode(k).unwrap().len(), 32);
+            }
+            assert!(refs.h.as_deref().is_none_or(|h| !h.is_empty()));
+            assert_eq!(a.size, Some(refs.n));
+            assert!(a.url.is_empty(), "a link is the fleet's to make");
+        }
+        assert!(
+            read >= 300 && skipped >= 300,
+            "read {read}, skipped {skipped}"
+        );
+    }
+
+    /// Mutated sources (as a stored event could hold after any corruption): each is refused or
+    /// tried against the CDN, never a panic.
+    #[tokio::test]
+    async fn mutated_sources_are_refused_or_tried() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Down(AtomicUsize);
+        #[async_trait::async_trait]
+        impl whatsapp_rust::http::HttpClient for Down {
+            async fn execute(
+                &self,
+                _: whatsapp_rust::http::HttpRequest,
+            ) -> whatsapp_rust::anyhow::Result<whatsapp_rust::http::HttpResponse> {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                Err(whatsapp_rust::anyhow::anyhow!("the CDN is unreachable"))
+            }
+        }
+        let http = Arc::new(Down(AtomicUsize::new(0)));
+        let source = attachment(&image(Some("https://mmg.whatsapp.net/v/t62/1")))
+            .unwrap()
+            .source;
+        let base: serde_json::Value = serde_json::from_str(&source).unwrap();
+        let (mut refused, mut tried) = (0, 0);
+        for v in botfleet_testkit::mutate::mutations(&base, 901, 3_000) {
+            match fetch(http.clone(), &v.to_string()).await {
+                Err(e) if e.kind() == ErrorKind::Rejected => refused += 1,
+                Err(_) => tried += 1,
+                Ok(_) => panic!("no CDN answered, yet {v} was read"),
+            }
+        }
+        assert!(
+            refused >= 300 && tried >= 100,
+            "refused {refused}, tried {tried}"
+        );
+        assert!(http.0.load(Ordering::Relaxed) >= tried);
+    }
+
     #[tokio::test]
     async fn a_source_that_is_not_ours_is_refused_before_any_download() {
         struct Never;
