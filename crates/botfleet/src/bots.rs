@@ -92,7 +92,7 @@ impl UpdateArgs {
         };
         self.hook.fill_patch(&mut patch);
         if patch.is_empty() {
-            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands");
+            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands, --handler-timeout-s, --typing");
         }
         Ok(patch)
     }
@@ -180,6 +180,14 @@ pub(crate) struct HookArgs {
     /// with the platform (`setMyCommands`, Discord's application commands); `[]` removes them.
     #[arg(long, value_name = "FILE", value_parser = commands_file)]
     commands: Option<Vec<botfleet_core::CommandSpec>>,
+    /// How long one call of the bot's handler may take, in seconds (1-900) [default: the
+    /// workers' --handler-timeout-s].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=900))]
+    handler_timeout_s: Option<u32>,
+    /// Whether the chat is shown typing while the bot's handler runs long (`true` or
+    /// `false`) [default: true, where the platform has typing].
+    #[arg(long, value_name = "BOOL")]
+    typing: Option<bool>,
 }
 
 /// `--commands FILE`: the file's JSON array of commands (checked for the platforms' rules
@@ -206,6 +214,8 @@ impl HookArgs {
         line.phone_number_id = self.phone_number_id;
         line.max_connections = self.max_connections;
         line.commands = self.commands;
+        line.handler_timeout_s = self.handler_timeout_s;
+        line.typing = self.typing;
     }
 
     /// The flags as a change's fields (an empty text clears).
@@ -218,6 +228,8 @@ impl HookArgs {
         patch.phone_number_id = self.phone_number_id;
         patch.max_connections = self.max_connections;
         patch.commands = self.commands.map(Some);
+        patch.handler_timeout_s = self.handler_timeout_s.map(Some);
+        patch.typing = self.typing.map(Some);
     }
 }
 
@@ -279,7 +291,7 @@ pub(crate) enum BotsCommand {
     /// Register many bots from a JSON-lines file (fields of `add`: id, platform, token,
     /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards, shards_per_slice,
     /// mode, secret_token, signing_secret, app_secret, verify_token, phone_number_id,
-    /// max_connections, commands); `-` reads standard input.
+    /// max_connections, commands, handler_timeout_s, typing); `-` reads standard input.
     Import {
         #[command(flatten)]
         backends: Backends,

@@ -216,12 +216,12 @@ pub(crate) struct HandlerCommand {
 
 /// One event, POSTed to a bot's `webhook` handler as JSON. With a webhook secret the request
 /// carries `x-botfleet-signature: sha256=<hex of HMAC-SHA256(secret, body)>`. A chat's events
-/// come one at a time, in order; an event is sent again (same `event_id`) when the handler
-/// failed transiently (unreachable, 429, 5xx) or the worker that called it died before the
-/// reply was recorded.
+/// come one at a time, in order; an event is sent again (same `event_id`, the next `attempt`)
+/// when the handler failed transiently (unreachable, 429, 5xx, no answer within the bot's
+/// handler timeout) or the worker that called it died before the reply was recorded.
 #[derive(Serialize, ToSchema)]
 #[schema(example = json!({
-    "kind": "command", "event_id": "support-bot:1042", "platform": "telegram",
+    "kind": "command", "event_id": "support-bot:1042", "attempt": 1, "platform": "telegram",
     "chat": {"bot": "support-bot", "chat": "7701"}, "message_id": "1042", "sender": "7701",
     "text": "/start@support_bot deep-link", "sent_at_ms": 1_764_669_600_000_i64,
     "command": {"name": "start", "args": "deep-link", "options": {}},
@@ -233,6 +233,11 @@ pub(crate) struct HandlerEvent {
     /// Stable across redeliveries and replays (`{bot}:{journal key}`): a repeat has the same
     /// id.
     event_id: String,
+    /// Which call for this event this is: 1, then 2, 3… after a call failed or was cut off at
+    /// the handler timeout. Counted by the worker holding the chat's turn: a replay on another
+    /// worker (after a crash) starts again at 1, with the same `event_id`. Answer any attempt
+    /// of an event you answered before the same way: one answer is sent.
+    attempt: u32,
     /// `telegram`, `slack`, `discord` or `whatsapp`.
     #[schema(example = "telegram")]
     platform: String,

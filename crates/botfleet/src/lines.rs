@@ -35,6 +35,8 @@ pub(crate) const BOT_FIELDS: &[&str] = &[
     "phone_number_id",
     "max_connections",
     "commands",
+    "handler_timeout_s",
+    "typing",
 ];
 
 /// The fields of a change (`PATCH /api/v1/bots/{id}`): every bot field but the two that name
@@ -57,6 +59,8 @@ pub(crate) const PATCH_FIELDS: &[&str] = &[
     "phone_number_id",
     "max_connections",
     "commands",
+    "handler_timeout_s",
+    "typing",
 ];
 
 /// One bot as `bots add` flags, a `bots import` line or `POST /api/v1/bots` describe it.
@@ -130,6 +134,14 @@ pub(crate) struct BotLine {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Object>>)]
     pub(crate) commands: Option<Vec<botfleet_core::CommandSpec>>,
+    /// How long one handler call may take, in seconds (1-900; default: the workers'
+    /// `--handler-timeout-s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) handler_timeout_s: Option<u32>,
+    /// Whether typing is shown while a turn runs long (default true, where the platform has
+    /// it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) typing: Option<bool>,
 }
 
 /// What a change may touch (`bots update`, `PATCH /api/v1/bots/{id}`): a field left out is
@@ -249,6 +261,22 @@ pub(crate) struct BotPatch {
     )]
     #[schema(value_type = Option<Vec<Object>>)]
     pub(crate) commands: Option<Option<Vec<botfleet_core::CommandSpec>>>,
+    /// A new handler timeout in seconds; `null` goes back to the workers'.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<u32>)]
+    pub(crate) handler_timeout_s: Option<Option<u32>>,
+    /// Typing shown or not; `null` goes back to the default (shown).
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<bool>)]
+    pub(crate) typing: Option<Option<bool>>,
 }
 
 /// Names the fields that are set, never their values.
@@ -318,6 +346,8 @@ fn expected(field: &str) -> &'static str {
         "shards" => "must be \"auto\" or a number from 1 to 4096",
         "shards_per_slice" => "must be a number from 1 to 4096",
         "max_connections" => "must be 1-100",
+        "handler_timeout_s" => "must be a number of seconds from 1 to 900",
+        "typing" => "must be true or false",
         f if f.starts_with("commands") => {
             "must be a list of {name, description, options: [{name, description, type, required}]}"
         }
@@ -522,6 +552,8 @@ impl BotLine {
                 shards: self.shards,
                 shards_per_slice: self.shards_per_slice,
                 commands: self.commands.unwrap_or_default(),
+                handler_timeout_s: self.handler_timeout_s,
+                typing: self.typing,
                 ..BotOptions::default()
             },
             hook: HookSecrets::default(),
@@ -592,6 +624,12 @@ impl BotPatch {
         }
         if let Some(c) = self.commands {
             next.options.commands = c.unwrap_or_default();
+        }
+        if let Some(t) = self.handler_timeout_s {
+            next.options.handler_timeout_s = t;
+        }
+        if let Some(t) = self.typing {
+            next.options.typing = t;
         }
         let (mut url, mut secret) = match &spec.handler {
             HandlerSpec::Echo | HandlerSpec::Named(_) => (None, None),
@@ -757,5 +795,47 @@ mod tests {
             .apply(&spec)
             .unwrap();
         assert_eq!(kept.options.commands, spec.options.commands);
+    }
+
+    #[test]
+    fn handler_timeouts_and_typing_are_per_bot_settings() {
+        let line = |s: &str| BotLine::from_json(s).and_then(BotLine::into_spec);
+        let spec = line(
+            r#"{"id":"t","platform":"telegram","token":"1:a","handler_timeout_s":600,"typing":false}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.options.handler_timeout_s, Some(600));
+        assert_eq!(
+            spec.handler_timeout(std::time::Duration::from_secs(120)),
+            std::time::Duration::from_secs(600)
+        );
+        assert!(!spec.shows_typing());
+        for bad in ["0", "901"] {
+            let e = line(&format!(
+                r#"{{"id":"t","platform":"telegram","token":"1:a","handler_timeout_s":{bad}}}"#
+            ))
+            .unwrap_err();
+            assert!(e.message.contains("handler_timeout_s"), "{e}");
+        }
+        let e = line(r#"{"id":"t","platform":"telegram","token":"1:a","handler_timeout_s":"x"}"#)
+            .unwrap_err();
+        assert_eq!(
+            e.message,
+            "field handler_timeout_s must be a number of seconds from 1 to 900"
+        );
+        let e =
+            line(r#"{"id":"t","platform":"telegram","token":"1:a","typing":"no"}"#).unwrap_err();
+        assert_eq!(e.message, "field typing must be true or false");
+        let back = BotPatch::from_json(r#"{"handler_timeout_s": null, "typing": null}"#)
+            .unwrap()
+            .apply(&spec)
+            .unwrap();
+        assert_eq!(back.options.handler_timeout_s, None);
+        assert!(back.shows_typing());
+        let e = BotPatch::from_json(r#"{"handler_timeout_s": 1000}"#)
+            .unwrap()
+            .apply(&spec)
+            .unwrap_err();
+        assert!(e.message.contains("1-900"), "{e}");
     }
 }

@@ -128,6 +128,11 @@ pub(crate) struct BotView {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<Object>)]
     pub(crate) commands: Vec<botfleet_core::CommandSpec>,
+    /// Its own handler timeout in seconds, when it has one (else the workers').
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) handler_timeout_s: Option<u32>,
+    /// Whether typing is shown while its turns run long.
+    pub(crate) typing: bool,
 }
 
 /// One slice of a bot split into slices.
@@ -563,6 +568,8 @@ fn view(
         updated_at_ms: b.updated_at_ms,
         linked: None,
         commands: b.spec.options.commands.clone(),
+        handler_timeout_s: b.spec.options.handler_timeout_s,
+        typing: b.spec.shows_typing(),
     }
 }
 

@@ -65,6 +65,12 @@ pub(crate) struct WorkerArgs {
     /// (IDENTIFYs are paced apart: one per 5 s per bot and bucket).
     #[arg(long, env = "BOTFLEET_DISCORD_CONNECT_RATE", value_parser = positive_rate)]
     discord_connect_rate: Option<f64>,
+    /// How long one call of a bot's handler may take, in seconds (1-900), before it is cut
+    /// off and the event is tried again as its next `attempt`; a bot's `handler_timeout_s`
+    /// overrides it.
+    #[arg(long, env = "BOTFLEET_HANDLER_TIMEOUT_S", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..=900))]
+    handler_timeout_s: u64,
     /// How long one message's handler (or send) is retried through transient failures, in
     /// seconds (0-86400), before it is recorded as undeliverable.
     #[arg(long, env = "BOTFLEET_HANDLER_RETRY_S", default_value_t = 300,
@@ -219,6 +225,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             cfg.connect_rates.insert(p, r);
         }
     }
+    cfg.handler_timeout = Duration::from_secs(a.handler_timeout_s);
     cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
     cfg.turn_slots = a.turn_slots as usize;
     cfg.transport_down = Duration::from_millis(a.transport_down_ms);

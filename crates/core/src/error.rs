@@ -106,6 +106,9 @@ pub enum InvalidSpec {
         /// The platforms that take it (`Discord`, `Telegram or WhatsApp`).
         owners: String,
     },
+    /// `handler_timeout_s` is out of its range.
+    #[error("invalid handler_timeout_s: must be 1-900 seconds")]
+    HandlerTimeout,
     /// The bot's commands break a rule (see [`check_commands`](crate::check_commands)).
     #[error("invalid commands: {0}")]
     Commands(String),

@@ -24,7 +24,9 @@ pub use ids::{BotId, ChatKey, Fence, Incarnation, WorkerId, MAX_ID_LEN};
 pub use message::{Command, EventKind, Inbound, Outbound};
 pub use platform::Platform;
 pub use secret::Secret;
-pub use spec::{BotOptions, BotRecord, BotSpec, BotStatus, HandlerSpec, HookSecrets};
+pub use spec::{
+    BotOptions, BotRecord, BotSpec, BotStatus, HandlerSpec, HookSecrets, MAX_HANDLER_TIMEOUT_S,
+};
 
 /// Milliseconds since the Unix epoch, from the wall clock; for timestamps shown to people,
 /// never for leases.

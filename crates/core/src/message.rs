@@ -85,6 +85,12 @@ pub struct Inbound {
     /// pipeline from the journal entry (so the journal does not store it).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub event_id: String,
+    /// Which call of the handler for this event this is: 1, then 2, 3… when a call failed,
+    /// timed out or was cut off and the event is tried again. Set by the turn pipeline for
+    /// each call (0, and not journaled, before that). A handler that answered an earlier
+    /// attempt answers a later one the same way: only one answer is ever sent.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
     /// The platform it came from.
     pub platform: Platform,
     /// The conversation it belongs to.
@@ -118,6 +124,10 @@ pub struct Inbound {
     pub answer_handle: Option<Box<str>>,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 impl Inbound {
     /// A plain message (`kind: message`); set the other fields as the event needs.
     pub fn message(
@@ -131,6 +141,7 @@ impl Inbound {
         Self {
             kind: EventKind::Message,
             event_id: String::new(),
+            attempt: 0,
             platform,
             chat,
             message_id: message_id.into(),

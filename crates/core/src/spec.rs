@@ -116,7 +116,18 @@ pub struct BotOptions {
     /// change (Telegram, Discord: see the mode's `caps.commands`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub commands: Vec<crate::CommandSpec>,
+    /// How long one call of the bot's handler may take, in seconds (1-900); `None` takes the
+    /// worker's `--handler-timeout-s`. A call cut off is tried again as the next `attempt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler_timeout_s: Option<u32>,
+    /// Whether the fleet shows the platform's typing indicator while a turn runs long
+    /// (`None`: yes, where the platform has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typing: Option<bool>,
 }
+
+/// The longest a handler call may be given, in seconds.
+pub const MAX_HANDLER_TIMEOUT_S: u32 = 900;
 
 /// What verifies a webhook bot's deliveries. Never printed.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
@@ -184,6 +195,19 @@ impl BotSpec {
         }
     }
 
+    /// How long one call of its handler may take: its own `handler_timeout_s`, or `default`
+    /// (the worker's).
+    pub fn handler_timeout(&self, default: std::time::Duration) -> std::time::Duration {
+        self.options
+            .handler_timeout_s
+            .map_or(default, |s| std::time::Duration::from_secs(u64::from(s)))
+    }
+
+    /// Whether the fleet shows typing while its turns run long (see [`BotOptions::typing`]).
+    pub fn shows_typing(&self) -> bool {
+        self.options.typing != Some(false)
+    }
+
     /// Whether the bot is split into slices (more than one unit). Only platforms whose
     /// descriptor takes `shards_per_slice` (Discord) get that far.
     pub fn is_sliced(&self) -> bool {
@@ -235,6 +259,11 @@ impl BotSpec {
     /// [`InvalidSpec`] says which field is wrong and why, without echoing the token.
     pub fn validate_shared(&self) -> Result<(), InvalidSpec> {
         crate::check_commands(&self.options.commands)?;
+        if let Some(t) = self.options.handler_timeout_s {
+            if !(1..=MAX_HANDLER_TIMEOUT_S).contains(&t) {
+                return Err(InvalidSpec::HandlerTimeout);
+            }
+        }
         let token = self.token.expose();
         if token.len() > 4096 {
             return Err(InvalidSpec::Token("is longer than 4096 bytes"));

@@ -430,6 +430,11 @@ impl Sender for DiscordSender {
             .then_some(std::time::Duration::from_secs(2))
     }
 
+    fn typing_every(&self) -> Option<std::time::Duration> {
+        // The typing endpoint shows for 10 s, or until the bot's next message.
+        Some(std::time::Duration::from_secs(8))
+    }
+
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         self.gate.rest(&self.bot).await;
         send(&self.client, &self.api, out).await?;

@@ -250,6 +250,27 @@ pub trait Sender: Send + Sync {
         None
     }
 
+    /// How often the typing indicator ([`Act::Typing`]) is shown again to keep it up while a
+    /// handler runs long: a little less than the platform shows it for (Telegram 5 s, Discord
+    /// 10 s). `None` (the default) for a platform without one.
+    fn typing_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Shows typing in the chat of `event` (what the handler is answering): [`Act::Typing`]
+    /// by default; a platform whose indicator goes with a message of the user's overrides it
+    /// (WhatsApp Cloud's, with the read receipt).
+    ///
+    /// # Errors
+    /// As [`Sender::act`].
+    async fn show_typing(
+        &self,
+        event: &botfleet_core::Inbound,
+        key: &str,
+    ) -> Result<(), PlatformError> {
+        self.act(&event.chat, &Act::Typing, key).await.map(|_| ())
+    }
+
     /// Sends `out` (in its thread, where the platform has threads).
     ///
     /// # Errors

@@ -414,6 +414,11 @@ impl BotCtx {
         self.report(BotStatus::Running, None);
         info!(bot = %self.spec.id, fence = self.fence.get(), checkpoint = checkpoint.as_deref().unwrap_or("-"), "bot running");
         self.register_commands().await;
+        let caps = self
+            .connector
+            .descriptor()
+            .mode_of(&self.spec)
+            .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps);
         let mut chats = Chats::new(ChatsCtx {
             turn: TurnCtx {
                 bot: self.spec.id.clone(),
@@ -428,11 +433,8 @@ impl BotCtx {
                 spec_at_ms: Some(self.spec_at_ms),
                 slots: self.settings.slots.clone(),
                 files: self.settings.files.clone(),
-                caps: self
-                    .connector
-                    .descriptor()
-                    .mode_of(&self.spec)
-                    .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps),
+                caps,
+                typing: caps.typing && self.spec.shows_typing(),
             },
             fence: self.fence,
             lease: self.lease.clone(),

@@ -34,8 +34,10 @@ pub struct WorkerConfig {
     pub registry_refresh: Duration,
     /// How often the worker re-checks placement besides events. Default 1 s.
     pub reconcile_every: Duration,
-    /// Timeout of a webhook handler call. Default 10 s.
-    pub webhook_timeout: Duration,
+    /// How long one handler call may take before it is cut off and tried again as the next
+    /// attempt (`--handler-timeout-s`); a bot's own `handler_timeout_s` overrides it.
+    /// Default 120 s; 1 s - 900 s.
+    pub handler_timeout: Duration,
     /// Handlers compiled into this worker, by the name a bot's `--handler NAME` gives (a
     /// worker built as a library adds its own). Default none.
     pub handlers: crate::HandlerRegistry,
@@ -108,7 +110,7 @@ impl WorkerConfig {
             },
             registry_refresh: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(1),
-            webhook_timeout: Duration::from_secs(10),
+            handler_timeout: Duration::from_secs(120),
             handlers: crate::HandlerRegistry::default(),
             handler_retry_for: Duration::from_secs(300),
             max_in_flight: 1_000,

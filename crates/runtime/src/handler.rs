@@ -15,9 +15,13 @@ pub const SIGNATURE_HEADER: &str = "x-botfleet-signature";
 /// Why a handler produced no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
-    /// The webhook could not be reached or timed out.
+    /// The webhook could not be reached, or its connection failed.
     #[error("webhook unreachable: {0}")]
     Unreachable(#[source] reqwest::Error),
+    /// The handler did not answer within the bot's handler timeout (retried as the next
+    /// attempt while the retry period lasts).
+    #[error("the handler did not answer within {} s", .0.as_secs_f64())]
+    TimedOut(Duration),
     /// The webhook answered with an error status.
     #[error("webhook answered {0}")]
     Status(u16),
@@ -44,7 +48,7 @@ impl HandlerError {
     /// retried.
     pub fn is_transient(&self) -> bool {
         match self {
-            HandlerError::Unreachable(_) => true,
+            HandlerError::Unreachable(_) | HandlerError::TimedOut(_) => true,
             HandlerError::Status(s) => *s == 429 || *s >= 500,
             HandlerError::BadReply(_) => false,
             HandlerError::Failed { retry, .. } => *retry,
@@ -277,12 +281,14 @@ impl Webhook {
 pub struct Handler {
     imp: Arc<dyn BotHandler>,
     takes_state: bool,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for Handler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Handler")
             .field("takes_state", &self.takes_state)
+            .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -399,29 +405,31 @@ impl Reply {
 
 impl Handler {
     /// A handler for `spec`, sharing the process's HTTP client; a compiled-in one is looked
-    /// up in `named`.
+    /// up in `named`. A call that takes longer than `timeout` is cut off
+    /// ([`HandlerError::TimedOut`]).
     pub fn new(
         spec: HandlerSpec,
         http: reqwest::Client,
         timeout: Duration,
         named: &HandlerRegistry,
     ) -> Self {
-        match spec {
-            HandlerSpec::Echo => Self {
-                imp: Arc::new(Echo),
-                takes_state: false,
-            },
-            HandlerSpec::Webhook { url, secret } => Self {
-                imp: Arc::new(Webhook::new(url, secret, http, timeout)),
-                takes_state: true,
-            },
-            HandlerSpec::Named(name) => Self {
-                imp: named
+        let (imp, takes_state): (Arc<dyn BotHandler>, bool) = match spec {
+            HandlerSpec::Echo => (Arc::new(Echo), false),
+            HandlerSpec::Webhook { url, secret } => {
+                (Arc::new(Webhook::new(url, secret, http, timeout)), true)
+            }
+            HandlerSpec::Named(name) => (
+                named
                     .get(&name)
                     .cloned()
                     .unwrap_or_else(|| Arc::new(MissingHandler(name))),
-                takes_state: true,
-            },
+                true,
+            ),
+        };
+        Self {
+            imp,
+            takes_state,
+            timeout,
         }
     }
 
@@ -457,7 +465,9 @@ impl Handler {
         let mut cx = TurnContext::new(*caps, state);
         cx.files = files.cloned();
         cx.bot = Some(msg.chat.bot.clone());
-        self.imp.handle(msg, &mut cx).await?;
+        tokio::time::timeout(self.timeout, self.imp.handle(msg, &mut cx))
+            .await
+            .map_err(|_| HandlerError::TimedOut(self.timeout))??;
         Ok(cx.into_reply())
     }
 }
@@ -475,19 +485,19 @@ impl BotHandler for Webhook {
         if let Some(s) = &self.secret {
             req = req.header(SIGNATURE_HEADER, sign(s, &body));
         }
-        let resp = req
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
+        let failed = |e: reqwest::Error| {
+            if e.is_timeout() {
+                HandlerError::TimedOut(self.timeout)
+            } else {
+                HandlerError::Unreachable(e.without_url())
+            }
+        };
+        let resp = req.body(body).send().await.map_err(failed)?;
         let status = resp.status();
         if !status.is_success() {
             return Err(HandlerError::Status(status.as_u16()));
         }
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| HandlerError::Unreachable(e.without_url()))?;
+        let bytes = resp.bytes().await.map_err(failed)?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(());
         }

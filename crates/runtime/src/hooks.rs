@@ -1002,6 +1002,7 @@ impl Hooks {
         arrived: Option<Instant>,
         preload: Option<TurnView>,
     ) -> Handled {
+        let caps = crate::platforms::caps(spec);
         let ctx = TurnCtx {
             bot: spec.id.clone(),
             platform: spec.platform,
@@ -1010,7 +1011,7 @@ impl Hooks {
             handler: Handler::new(
                 spec.handler.clone(),
                 self.inner.http.clone(),
-                self.inner.settings.handler_timeout,
+                spec.handler_timeout(self.inner.settings.handler_timeout),
                 &self.inner.settings.handlers,
             ),
             metrics: self.inner.metrics.clone(),
@@ -1022,7 +1023,8 @@ impl Hooks {
             spec_at_ms: self.spec_at(spec),
             slots: self.inner.settings.slots.clone(),
             files: self.inner.settings.files.clone(),
-            caps: crate::platforms::caps(spec),
+            caps,
+            typing: caps.typing && spec.shows_typing(),
         };
         let job = turn::Job {
             key,

@@ -80,6 +80,10 @@ pub const STATE_TOO_LARGE_TOTAL: &str = "botfleet_state_too_large_total";
 /// Actions of handlers' replies refused (unknown, beyond the platform's caps, naming an
 /// unknown ref, or failing at the platform), by platform.
 pub const ACTION_REFUSED_TOTAL: &str = "botfleet_action_refused_total";
+/// Typing indicators the fleet showed while handlers ran long, per platform.
+pub const TYPING_SHOWN_TOTAL: &str = "botfleet_typing_shown_total";
+/// Handler calls cut off at the bot's handler timeout, per platform.
+pub const HANDLER_TIMEOUTS_TOTAL: &str = "botfleet_handler_timeouts_total";
 /// Files served through the fleet's file links, per platform.
 pub const FILES_SERVED_TOTAL: &str = "botfleet_files_served_total";
 /// Files handlers sent, per platform.
@@ -440,6 +444,14 @@ impl Metrics {
                 "Files served through the fleet's file links.",
             ),
             (FILES_SENT_TOTAL, "Files handlers sent."),
+            (
+                TYPING_SHOWN_TOTAL,
+                "Typing indicators shown while handlers ran long.",
+            ),
+            (
+                HANDLER_TIMEOUTS_TOTAL,
+                "Handler calls cut off at the handler timeout (tried again as the next attempt).",
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for ((n, p), v) in lock(&self.per_platform).iter() {

@@ -40,7 +40,10 @@ use tracing::{debug, warn};
 
 use crate::{
     handler::{Handler, Reply},
-    metrics::{Metrics, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL, STATE_TOO_LARGE_TOTAL},
+    metrics::{
+        Metrics, HANDLER_TIMEOUTS_TOTAL, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL,
+        STATE_TOO_LARGE_TOTAL, TYPING_SHOWN_TOTAL,
+    },
     reporter::Reporter,
     retry::{backoff, sleep_or_stop, wait_after},
 };
@@ -164,6 +167,9 @@ pub(crate) struct TurnCtx {
     pub(crate) caps: Caps,
     /// The worker's file links (an event's attachments get theirs; a send's are fetched).
     pub(crate) files: crate::Files,
+    /// Whether the platform's typing indicator is shown while a handler runs long (the
+    /// bot's `typing`, and the mode's `caps.typing`).
+    pub(crate) typing: bool,
 }
 
 /// One entry to answer.
@@ -230,7 +236,7 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         ctx,
         hold,
         &mut slot,
-        &msg,
+        &mut msg,
         view.state.as_deref(),
         started,
         &mut deferred,
@@ -326,25 +332,37 @@ where
 }
 
 /// The handler's answer (`Err` inside: why the message is undeliverable), transient failures
-/// retried for `retry_for` while the other chats go on. An event with a platform deadline is
-/// acknowledged when the handler takes past it (`deferred` says so).
+/// (a timeout among them) retried for `retry_for` while the other chats go on, each call with
+/// the next `attempt`. An event with a platform deadline is acknowledged when the handler
+/// takes past it (`deferred` says so).
 async fn answer(
     ctx: &TurnCtx,
     hold: &impl Hold,
     slot: &mut Slot,
-    msg: &Inbound,
+    msg: &mut Inbound,
     state: Option<&str>,
     started: Instant,
     deferred: &mut bool,
 ) -> Result<Result<Reply, String>, Halt> {
     let mut attempt = 0;
+    let mut typing = Typing::new(ctx);
     loop {
         hold.check()?;
+        msg.attempt = attempt + 1;
+        let msg: &Inbound = msg;
         // Boxed: a webhook call's future is kilobytes, which a waiting turn need not carry.
         let call = ctx
             .handler
             .answer_in(msg, state, &ctx.caps, Some(&ctx.files));
-        let mut call = Box::pin(meeting_deadline(ctx, hold, msg, started, call, deferred));
+        let mut call = Box::pin(while_handler_runs(
+            ctx,
+            hold,
+            msg,
+            started,
+            call,
+            deferred,
+            &mut typing,
+        ));
         let r = if slot.is_some() {
             match tokio::time::timeout(QUICK_HANDLER, &mut call).await {
                 Ok(r) => r,
@@ -357,6 +375,9 @@ async fn answer(
         } else {
             call.await
         };
+        if let Err(crate::HandlerError::TimedOut(_)) = &r {
+            ctx.metrics.count(HANDLER_TIMEOUTS_TOTAL, ctx.platform, 1);
+        }
         match r {
             Ok(r) => return Ok(Ok(r)),
             Err(e) if e.is_transient() && started.elapsed() < ctx.retry_for => {
@@ -375,29 +396,91 @@ async fn answer(
     }
 }
 
-/// Awaits `call` (the handler), acknowledging `msg` to its platform once the platform's
-/// deadline for it comes ([`Sender::defer_after`], counted from the turn's start) and the
-/// handler has not answered: once per turn, while the worker may act.
-async fn meeting_deadline<F: Future>(
+/// How long a handler runs before the chat is shown typing.
+pub(crate) const TYPING_AFTER: Duration = Duration::from_secs(1);
+
+/// The typing indicator of one turn: shown once the handler has run [`TYPING_AFTER`], then
+/// again every [`Sender::typing_every`] while it runs (retries included), until it answers.
+struct Typing {
+    /// When it is next due (`None`: never, on this bot).
+    next: Option<Instant>,
+    every: Duration,
+}
+
+impl Typing {
+    fn new(ctx: &TurnCtx) -> Self {
+        let every = match &ctx.sender {
+            Ok(s) if ctx.typing => s.typing_every(),
+            _ => None,
+        };
+        Self {
+            next: every.map(|_| Instant::now() + TYPING_AFTER),
+            every: every.unwrap_or(Duration::MAX),
+        }
+    }
+
+    /// Shows typing in `msg`'s chat, when the worker may act; a failure is logged and counted
+    /// (the turn goes on).
+    async fn show(&mut self, ctx: &TurnCtx, hold: &impl Hold, msg: &Inbound) {
+        self.next = Instant::now().checked_add(self.every);
+        let Ok(sender) = &ctx.sender else { return };
+        if hold.check().is_err() {
+            return;
+        }
+        let key = format!("{}:typing", Outbound::reply_key(msg));
+        match sender.show_typing(msg, &key).await {
+            Ok(()) => ctx.metrics.count(TYPING_SHOWN_TOTAL, ctx.platform, 1),
+            Err(e) => {
+                ctx.metrics.platform_error(ctx.platform, e.reason());
+                debug!(bot = %ctx.bot, chat = %msg.chat.chat, error = %e, "cannot show typing");
+            }
+        }
+    }
+}
+
+/// Awaits `call` (the handler) while keeping the chat's typing indicator up, and
+/// acknowledges `msg` to its platform once the platform's deadline for it comes
+/// ([`Sender::defer_after`], counted from the turn's start) and the handler has not answered:
+/// once per turn, while the worker may act.
+async fn while_handler_runs<F: Future>(
     ctx: &TurnCtx,
     hold: &impl Hold,
     msg: &Inbound,
     started: Instant,
     call: F,
     deferred: &mut bool,
+    typing: &mut Typing,
 ) -> F::Output {
-    let sender = match &ctx.sender {
-        Ok(s) if !*deferred => s,
-        _ => return call.await,
-    };
-    let Some(after) = sender.defer_after(msg) else {
-        return call.await;
-    };
     tokio::pin!(call);
-    tokio::select! {
-        r = &mut call => return r,
-        () = tokio::time::sleep_until((started + after).into()) => {}
+    let mut defer_tried = false;
+    loop {
+        let defer_at = match &ctx.sender {
+            Ok(s) if !*deferred && !defer_tried => s.defer_after(msg).map(|after| started + after),
+            _ => None,
+        };
+        let at = match (defer_at, typing.next) {
+            (Some(d), Some(t)) => d.min(t),
+            (Some(at), None) | (None, Some(at)) => at,
+            (None, None) => return call.await,
+        };
+        tokio::select! {
+            r = &mut call => return r,
+            () = tokio::time::sleep_until(at.into()) => {}
+        }
+        if defer_at.is_some_and(|d| d <= Instant::now()) {
+            // Once per call: a failure is not tried again until the next attempt.
+            defer_tried = true;
+            defer(ctx, hold, msg, deferred).await;
+        }
+        if typing.next.is_some_and(|t| t <= Instant::now()) {
+            typing.show(ctx, hold, msg).await;
+        }
     }
+}
+
+/// Acknowledges `msg` before its platform's deadline ([`botfleet_core::Act::Defer`]).
+async fn defer(ctx: &TurnCtx, hold: &impl Hold, msg: &Inbound, deferred: &mut bool) {
+    let Ok(sender) = &ctx.sender else { return };
     if hold.check().is_ok() {
         let key = format!("{}:defer", Outbound::reply_key(msg));
         match sender
@@ -414,7 +497,6 @@ async fn meeting_deadline<F: Future>(
             }
         }
     }
-    call.await
 }
 
 /// Sends `out`: `Ok(Ok(when the platform accepted it))`, `Ok(Err(why))` when it cannot go

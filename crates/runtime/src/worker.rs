@@ -195,7 +195,7 @@ impl Worker {
             crate::hooks::HookSettings {
                 lease: self.cfg.lease,
                 turn_wait: self.cfg.turn_wait,
-                handler_timeout: self.cfg.webhook_timeout,
+                handler_timeout: self.cfg.handler_timeout,
                 handlers: self.cfg.handlers.clone(),
                 retry_for: self.cfg.handler_retry_for,
                 slots: self.slots.clone(),

@@ -540,6 +540,81 @@ impl PlatformFixture for Discord {
 mod telegram {
     use super::*;
     botfleet_testkit::connector_conformance!(Telegram::new());
+
+    /// A long turn keeps the chat's typing indicator up (Telegram shows one for 5 s) until
+    /// the answer, which is sent once; a bot with `typing: false` shows none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_turn_keeps_typing_up_until_its_answer() {
+        use botfleet_testkit::{connector_suite::Harness, wait_for, ScriptedHandler};
+        use std::time::{Duration, Instant};
+        const TURN_MS: u64 = 24_000;
+        let f = Telegram::new().await;
+        let handler = ScriptedHandler::start(|_: &serde_json::Value| {
+            serde_json::json!({"_delay_ms": TURN_MS, "text": "done thinking"})
+        })
+        .await;
+        let mut bots = [f.bot(0), f.bot(1)];
+        bots[1].options.typing = Some(false);
+        for b in &mut bots {
+            b.handler = botfleet_core::HandlerSpec::Webhook {
+                url: handler.url(),
+                secret: None,
+            };
+        }
+        let h = Harness::new(&bots).await;
+        let w = h.start("a");
+        wait_for("connected", Duration::from_secs(15), || async {
+            (f.connected(0) && f.connected(1)).then_some(())
+        })
+        .await;
+        let wrote = Instant::now();
+        f.user_writes(0, 1, "a hard question");
+        f.user_writes(1, 1, "a hard question");
+        let answer = wait_for("both answers", Duration::from_secs(60), || async {
+            let sent = f.fake.state().sent();
+            let of = |i: usize| {
+                sent.iter()
+                    .find(|s| s.token == Telegram::token(i))
+                    .map(|s| s.at)
+            };
+            of(0).zip(of(1))
+        })
+        .await;
+        let typing: Vec<Instant> = f
+            .fake
+            .state()
+            .calls(&Telegram::token(0), "sendChatAction")
+            .iter()
+            .map(|c| c.at)
+            .collect();
+        let mut at = vec![wrote];
+        at.extend(&typing);
+        let gaps: Vec<Duration> = at.windows(2).map(|p| p[1] - p[0]).collect();
+        println!("typing after the message, then between: {gaps:?}");
+        assert!(typing.len() >= 5, "{gaps:?}");
+        assert!(gaps[0] < Duration::from_secs(3), "{gaps:?}");
+        assert!(
+            gaps.iter().all(|g| *g <= Duration::from_secs(5)),
+            "shown at least every 5 s: {gaps:?}"
+        );
+        assert!(
+            answer.0 - typing[typing.len() - 1] <= Duration::from_secs(5),
+            "kept up to the answer"
+        );
+        assert!(
+            typing.iter().all(|t| *t < answer.0),
+            "none after the answer"
+        );
+        assert!(f
+            .fake
+            .state()
+            .calls(&Telegram::token(1), "sendChatAction")
+            .is_empty());
+        let sent: Vec<(u32, String)> = [f.sent(0), f.sent(1)].concat();
+        assert_eq!(sent.len(), 2, "each answered once: {sent:?}");
+        assert_eq!(handler.seen().len(), 2, "one call each");
+        w.shutdown().await;
+    }
 }
 
 mod slack {

@@ -863,7 +863,7 @@ async fn turn_slots_bound_the_sends_and_a_slow_handler_holds_none() {
     let hub = MemoryHub::new();
     let mut cfg = config("solo");
     cfg.turn_slots = 2;
-    cfg.webhook_timeout = Duration::from_secs(60);
+    cfg.handler_timeout = Duration::from_secs(60);
     let w = start(cfg, Arc::new(hub.coordinator()), store.clone());
     wait_for("all bots polling", Duration::from_secs(20), || async {
         (fake.state().polling_tokens() == bots.len()).then_some(())

@@ -131,6 +131,9 @@ impl WebhookFixture for TelegramHooksFixture {
         );
         true
     }
+    fn typing_shown(&self) -> usize {
+        self.fake.state().calls(TG_TOKEN, "sendChatAction").len()
+    }
     fn files_sent(&self) -> Vec<botfleet_testkit::connector_suite::FileOut> {
         self.fake
             .state()
@@ -626,6 +629,9 @@ impl WebhookFixture for WhatsappFixture {
         );
         true
     }
+    fn typing_shown(&self) -> usize {
+        self.graph.state().typing(WA_NUMBER).len()
+    }
     fn files_sent(&self) -> Vec<botfleet_testkit::connector_suite::FileOut> {
         self.graph
             .state()
@@ -1002,6 +1008,30 @@ async fn slack_buttons_by_webhook() {
         slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
     };
     botfleet_testkit::webhook_suite::buttons_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_long_turns_by_webhook() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::long_turns_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_long_turns_by_webhook() {
+    let f = WhatsappFixture {
+        graph: botfleet_testkit::FakeGraph::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::long_turns_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_long_turns_by_webhook() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::long_turns_by_webhook(&f).await;
 }
 
 /// WhatsApp has neither commands nor edits: its messages still come as `message` events

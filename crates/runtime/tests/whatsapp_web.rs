@@ -559,3 +559,51 @@ async fn files_go_both_ways_through_a_linked_device() {
     assert_eq!(standin.max_concurrent(user), 1);
     w.shutdown().await;
 }
+
+/// A slow handler on a linked device: the contact sees "typing…" (the `composing` chat state)
+/// while it runs, then the answer, once; a `typing` action shows it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_turn_shows_the_contact_typing() {
+    use botfleet_core::HandlerSpec;
+    use botfleet_testkit::{connector_suite::Harness, ScriptedHandler};
+    use serde_json::{json, Value};
+
+    let (user, contact) = ("15550000009", "15557770009");
+    let standin = StandIn::start().await.unwrap();
+    let handler = ScriptedHandler::start(|ev: &Value| match ev["text"].as_str() {
+        Some("think") => json!({"_delay_ms": 2_500, "text": "thought it over"}),
+        Some("quick") => json!({"actions": [{"type": "typing"}, {"type": "send", "text": "ok"}]}),
+        _ => json!({}),
+    })
+    .await;
+    let mut s = spec("wa-9", &standin.url());
+    s.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(&[s]).await;
+    link(h.store(), &standin, "wa-9", user).await;
+    let w = h.start_with("a", |c| {
+        c.whatsapp_web_version = Some(format!("{}.{}.{}", VERSION.0, VERSION.1, VERSION.2));
+    });
+    connected_and_running(&standin, h.store(), "wa-9", user, None).await;
+    standin.send_text(contact, user, "think").await.unwrap();
+    wait_for("the answer", Duration::from_secs(30), || async {
+        (!standin.replies_to(user, contact).is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(standin.replies_to(user, contact), ["thought it over"]);
+    let shown = standin.chat_states_to(user, contact);
+    assert!(shown.contains(&"composing"), "{shown:?}");
+    let before = shown.len();
+    standin.send_text(contact, user, "quick").await.unwrap();
+    wait_for("the second answer", Duration::from_secs(30), || async {
+        (standin.replies_to(user, contact).len() == 2).then_some(())
+    })
+    .await;
+    assert!(
+        standin.chat_states_to(user, contact).len() > before,
+        "the typing action shows it"
+    );
+    w.shutdown().await;
+}

@@ -142,6 +142,12 @@ struct HookDoc {
     /// The bot's commands.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     commands: Vec<botfleet_core::CommandSpec>,
+    /// The bot's own handler timeout, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    handler_timeout_s: Option<u32>,
+    /// Typing shown while turns run long (`None`: yes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    typing: Option<bool>,
 }
 
 /// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
@@ -235,6 +241,8 @@ impl BotRow {
             shards_in_use: spec.options.shards_in_use,
             shards_recommended: spec.options.shards_recommended,
             commands: spec.options.commands.clone(),
+            handler_timeout_s: spec.options.handler_timeout_s,
+            typing: spec.options.typing,
         };
         let hook = if doc == HookDoc::default() {
             None
@@ -320,6 +328,8 @@ impl BotRow {
                     shards_in_use: doc.shards_in_use,
                     shards_recommended: doc.shards_recommended,
                     commands: doc.commands,
+                    handler_timeout_s: doc.handler_timeout_s,
+                    typing: doc.typing,
                 },
                 hook: botfleet_core::HookSecrets {
                     secret: doc.secret.map(Secret::new),

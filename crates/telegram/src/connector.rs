@@ -271,6 +271,11 @@ impl Sender for TelegramSender {
             .then_some(crate::outbound::CALLBACK_DEFER)
     }
 
+    fn typing_every(&self) -> Option<std::time::Duration> {
+        // `sendChatAction` shows for 5 s, or until the bot's next message.
+        Some(std::time::Duration::from_secs(4))
+    }
+
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         Ok(send(&self.client, &self.api, out).await?)
     }

@@ -787,6 +787,80 @@ pub async fn edits_deletes_and_typing_by_ref<F: PlatformFixture>(f: &F) {
     w.shutdown().await;
 }
 
+/// The handler of the long-turn cases: "think" takes 6 s on its first call (past a 3 s
+/// `handler_timeout_s`: cut off, its answer never sent) and 1.5 s on the next, answering
+/// "thought it over".
+pub(crate) async fn long_turn_handler() -> crate::ScriptedHandler {
+    use serde_json::{json, Value};
+    crate::ScriptedHandler::start(|ev: &Value| {
+        match (ev["text"].as_str(), ev["attempt"].as_u64()) {
+            (Some("think"), Some(1)) => json!({"_delay_ms": 6_000, "text": "too late"}),
+            (Some("think"), Some(_)) => json!({"_delay_ms": 1_500, "text": "thought it over"}),
+            _ => json!({}),
+        }
+    })
+    .await
+}
+
+/// Asserts that [`long_turn_handler`] got "think" twice, as attempts 1 and 2 of one event.
+pub(crate) fn called_as_two_attempts(handler: &crate::ScriptedHandler) {
+    let calls: Vec<(u64, String)> = handler
+        .seen()
+        .iter()
+        .filter(|e| e["text"] == "think")
+        .map(|e| {
+            (
+                e["attempt"].as_u64().unwrap_or(0),
+                e["event_id"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls.iter().map(|c| c.0).collect::<Vec<_>>(),
+        [1, 2],
+        "{calls:?}"
+    );
+    assert!(
+        !calls[0].1.is_empty() && calls[0].1 == calls[1].1,
+        "{calls:?}"
+    );
+}
+
+/// A long turn: a handler call past the bot's `handler_timeout_s` is cut off and the event
+/// comes again as its next `attempt` (same `event_id`); only the answer of the call that
+/// finished is sent, once; the chat is shown typing meanwhile where the mode has typing.
+pub async fn long_turns_come_again_and_show_typing<F: PlatformFixture>(f: &F) {
+    let mut bot = f.bot(0);
+    let caps = caps_of(f, &bot);
+    bot.options.handler_timeout_s = Some(3);
+    let handler = long_turn_handler().await;
+    let (_h, w) = answered_by(f, &mut bot, handler.url()).await;
+    f.user_writes(0, 1, "think");
+    wait_for("the answer", Duration::from_secs(30), || async {
+        f.sent(0)
+            .iter()
+            .any(|(_, t)| t == "thought it over")
+            .then_some(())
+    })
+    .await;
+    called_as_two_attempts(&handler);
+    assert_eq!(
+        f.typing_shown(0) >= 1,
+        caps.typing,
+        "typing shows while the handler runs, where the mode has it"
+    );
+    // Once, and never the cut-off call's answer.
+    let sent: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(sent, ["thought it over"], "{sent:?}");
+    let text = w.metrics.render("w");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("botfleet_handler_timeouts_total{") && l.ends_with(" 1")),
+        "{text}"
+    );
+    w.shutdown().await;
+}
+
 /// Buttons out and presses in, through the one handler contract: a send with buttons (one
 /// value too long for the platform) under a `ref`, typing; the press comes to the handler with
 /// its own value and the message's ref, is answered within the platform's deadline, and edits
@@ -1054,6 +1128,7 @@ macro_rules! connector_conformance {
             commands_and_edits_reach_the_handler_as_such,
             buttons_presses_and_refs_across_turns,
             edits_deletes_and_typing_by_ref,
+            long_turns_come_again_and_show_typing,
             a_photo_in_has_a_link_that_serves_its_bytes,
             files_out_reach_the_platform,
             commands_are_registered_when_they_change,

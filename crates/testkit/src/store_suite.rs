@@ -37,6 +37,9 @@ pub async fn bots_round_trip(s: Arc<dyn Store>) {
             {"name": "max", "description": "Results", "type": "integer"}]}
     ]))
     .unwrap();
+    // And so do the long-turn settings.
+    b.options.handler_timeout_s = Some(600);
+    b.options.typing = Some(false);
     b.handler = HandlerSpec::Webhook {
         url: "http://127.0.0.1:9/hook".into(),
         secret: Some(Secret::new("hmac-key")),

@@ -186,6 +186,10 @@ pub trait WebhookFixture: Send + Sync {
     fn files_sent(&self) -> Vec<crate::connector_suite::FileOut> {
         Vec::new()
     }
+    /// How many times the bot showed typing.
+    fn typing_shown(&self) -> usize {
+        0
+    }
 }
 
 /// A fresh registry with the fixture's bot answering through `handler`, and workers `names`
@@ -195,9 +199,17 @@ async fn behind_proxy(
     handler: &str,
     names: &[&str],
 ) -> (TempDir, Arc<dyn Store>, RoundRobinProxy, Vec<HookWorker>) {
+    behind_proxy_as(f.bot(handler), names).await
+}
+
+/// [`behind_proxy`] for the fixture's bot as `bot` has it.
+async fn behind_proxy_as(
+    bot: BotSpec,
+    names: &[&str],
+) -> (TempDir, Arc<dyn Store>, RoundRobinProxy, Vec<HookWorker>) {
     let (dir, store) = crate::temp_sqlite("botfleet-hooks").await;
     let proxy = RoundRobinProxy::start(Vec::new()).await;
-    store.add_bot(&f.bot(handler)).await.expect("the suite");
+    store.add_bot(&bot).await.expect("the suite");
     let hub = MemoryHub::new();
     let workers = fleet(names, &hub, &store, &proxy.url()).await;
     proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
@@ -429,6 +441,37 @@ pub async fn files_by_webhook(f: &impl WebhookFixture) {
         2,
         "both workers served the link: {:?}",
         api.served()
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// A long turn by webhook (see the connector suite's case of the same kind): two workers
+/// behind the proxy; a call past the bot's 3 s `handler_timeout_s` comes again as attempt 2
+/// with the same `event_id`, whose answer is sent once; typing shows meanwhile where the
+/// mode has it.
+pub async fn long_turns_by_webhook(f: &impl WebhookFixture) {
+    let handler = crate::connector_suite::long_turn_handler().await;
+    let mut bot = f.bot(&handler.url());
+    let caps = crate::connector_suite::caps_of_spec(&bot);
+    bot.options.handler_timeout_s = Some(3);
+    let (_dir, _store, proxy, workers) = behind_proxy_as(bot, &["a", "b"]).await;
+    let (platform, id) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
+        .await;
+    f.user_writes(0, "think");
+    until("the answer", 30, || {
+        f.replies().iter().any(|(_, t)| t == "thought it over")
+    })
+    .await;
+    crate::connector_suite::called_as_two_attempts(&handler);
+    let replies: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(replies, ["thought it over"], "once: {replies:?}");
+    assert_eq!(
+        f.typing_shown() >= 1,
+        caps.typing,
+        "typing shows while the handler runs, where the mode has it"
     );
     for w in workers {
         w.shutdown().await;

@@ -343,12 +343,35 @@ impl StandIn {
             .collect()
     }
 
+    /// The chat states (`composing`, `recording`, `paused`) the linked account `user` showed
+    /// the phone number `contact`, in order.
+    pub fn chat_states_to(&self, user: &str, contact: &str) -> Vec<&'static str> {
+        self.hub
+            .lock()
+            .chat_states
+            .iter()
+            .filter(|c| c.from_user == user && c.to == contact)
+            .map(|c| c.state)
+            .collect()
+    }
+
     /// How the message with id `message_id` (from [`StandIn::send_text`]) was encrypted for
     /// the first device it was encrypted for: `"pkmsg"` (opens a session) or `"msg"`; `None`
     /// until it has been encrypted.
     pub fn enc_type(&self, message_id: &str) -> Option<&'static str> {
         self.hub.lock().kinds.get(message_id).copied()
     }
+}
+
+/// A chat state a linked device sent to a contact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ChatState {
+    /// The phone number of the account whose device sent it.
+    from_user: String,
+    /// The contact's phone number.
+    to: String,
+    /// `composing`, `recording` or `paused`.
+    state: &'static str,
 }
 
 /// A text a linked device sent to a contact, as the contact's phone read it.
@@ -477,6 +500,8 @@ struct State {
     /// The contacts' phones, by phone number.
     contacts: BTreeMap<String, contact::Contact>,
     replies: Vec<Reply>,
+    /// Chat states linked devices sent (typing), in order.
+    chat_states: Vec<ChatState>,
     /// How each message from a contact was first encrypted, by message id.
     kinds: HashMap<String, contact::EncType>,
     /// How long a new connection waits before its WebSocket upgrade is answered.

@@ -15,7 +15,7 @@ use super::{
     contact::{Contact, EncType},
     session::Out,
     stanza::{attr, content, message_ack, offline_end, offline_preview, text_message},
-    Hub, Reply, Role, State, Who,
+    ChatState, Hub, Reply, Role, State, Who,
 };
 
 /// A message from a contact to one linked device.
@@ -347,6 +347,36 @@ impl Hub {
     }
 
     /// A `<receipt>` (one id, or a `<list>` of `<item>`s for an aggregate) or a message
+    /// `<chatstate to=…><composing/></chatstate>` from a linked device: what its contact
+    /// would see ("typing…", or "recording audio…" with `media="audio"`, or nothing after
+    /// `paused`), recorded in order.
+    pub(crate) fn chat_state(&self, conn: u64, node: &Node) {
+        let to = attr(node, "to").unwrap_or_default();
+        let Some(child) = node.children().and_then(|c| c.first()) else {
+            return;
+        };
+        let what = match (child.tag.as_ref(), attr(child, "media").as_deref()) {
+            ("composing", Some("audio")) => "recording",
+            ("composing", _) => "composing",
+            ("paused", _) => "paused",
+            _ => return,
+        };
+        let mut state = self.lock();
+        let Some(super::Conn {
+            role: Role::Device { user, .. },
+            ..
+        }) = state.conns.get(&conn)
+        else {
+            return;
+        };
+        let from_user = user.clone();
+        state.chat_states.push(ChatState {
+            from_user,
+            to: Who::parse(&to).user,
+            state: what,
+        });
+    }
+
     /// `<ack>` from the client: those messages are delivered. A retry receipt (the client
     /// could not decrypt) is not an acknowledgement.
     pub(crate) fn acknowledged(&self, conn: u64, node: &Node) {

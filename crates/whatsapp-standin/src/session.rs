@@ -240,7 +240,11 @@ impl Hub {
                 self.acknowledged(id, node);
                 return Vec::new();
             }
-            // Presence, chat states, offline batch requests (the whole backlog went out
+            "chatstate" => {
+                self.chat_state(id, node);
+                return Vec::new();
+            }
+            // Presence, offline batch requests (the whole backlog went out
             // at once), unified-session pings: nothing to say.
             _ => return Vec::new(),
         }

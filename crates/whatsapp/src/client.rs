@@ -336,6 +336,28 @@ impl GraphClient {
     }
 
     /// Sends one message document, in reply to `reply_to` when given: its id.
+    /// `POST /{phone_number_id}/messages`: the user's message `message_id` marked read, with
+    /// the typing indicator shown in its chat (until the reply, at most 25 s).
+    ///
+    /// # Errors
+    /// See [`WhatsappError`].
+    pub async fn show_typing(&self, n: &Number, message_id: &str) -> Result<(), WhatsappError> {
+        let doc = json!({
+            "messaging_product": "whatsapp",
+            "status": "read",
+            "message_id": message_id,
+            "typing_indicator": { "type": "text" },
+        });
+        self.call(
+            self.http
+                .post(format!("{}/{}/messages", n.base, n.phone_number_id))
+                .bearer_auth(n.token.expose())
+                .json(&doc),
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn send_doc(
         &self,
         n: &Number,

@@ -65,9 +65,11 @@ fn check(spec: &BotSpec, _: &ModeSpec) -> Result<(), InvalidSpec> {
     }
 }
 
-/// What device-link bots do: text, and files both ways (up to 10 a send, 16 MiB each, the
-/// text as the first file's caption). Buttons are the Cloud API's.
+/// What device-link bots do: text, files both ways (up to 10 a send, 16 MiB each, the text
+/// as the first file's caption), and typing (the `composing` chat state). Buttons are the
+/// Cloud API's.
 const CAPS: botfleet_core::Caps = botfleet_core::Caps {
+    typing: true,
     files: true,
     max_files: 10,
     max_file_bytes: 16 * 1024 * 1024,

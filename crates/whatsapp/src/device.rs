@@ -869,12 +869,33 @@ impl Sender for WebSender {
             .await
     }
 
+    fn typing_every(&self) -> Option<Duration> {
+        // A contact's phone shows "typing…" until the next message or `paused`, and drops a
+        // state it has not heard again for a while.
+        Some(Duration::from_secs(10))
+    }
+
     async fn act(
         &self,
         chat: &ChatKey,
         act: &Act<'_>,
         key: &str,
     ) -> Result<Option<String>, PlatformError> {
+        if let Act::Typing = act {
+            let to = jid_of(chat)?;
+            self.client()
+                .chatstate()
+                .send_composing(&to)
+                .await
+                .map_err(|e| {
+                    PlatformError::new(
+                        ErrorKind::Transient,
+                        "chatstate",
+                        format!("cannot show typing: {e}"),
+                    )
+                })?;
+            return Ok(None);
+        }
         let Act::Send {
             text,
             buttons: [],

@@ -89,6 +89,8 @@ struct Inner {
     delivering: HashSet<String>,
     /// Media by id: users' and uploads.
     media: HashMap<String, media::StoredMedia>,
+    /// Typing indicators shown: (phone number id, the user's message it answers, when).
+    typing: Vec<(String, String, std::time::Instant)>,
 }
 
 /// Shared state of the fake; cheap to clone.
@@ -244,6 +246,17 @@ impl FakeGraphState {
     /// Everything sent, in arrival order.
     pub fn sent(&self) -> Vec<Sent> {
         self.lock().sent.clone()
+    }
+
+    /// The typing indicators number `phone_number_id` showed (a read receipt with
+    /// `typing_indicator`), as (the user's message id, when), in order.
+    pub fn typing(&self, phone_number_id: &str) -> Vec<(String, std::time::Instant)> {
+        self.lock()
+            .typing
+            .iter()
+            .filter(|t| t.0 == phone_number_id)
+            .map(|t| (t.1.clone(), t.2))
+            .collect()
     }
 
     /// How many sends arrived.
@@ -434,6 +447,29 @@ async fn messages(
             return graph_error(StatusCode::INTERNAL_SERVER_ERROR, 1, "An unknown error")
         }
         None => {}
+    }
+    // A read receipt, with the typing indicator when asked (shown until the reply, at most
+    // 25 s).
+    if doc["status"] == "read" {
+        let Some(read) = doc["message_id"]
+            .as_str()
+            .filter(|m| m.starts_with("wamid."))
+        else {
+            return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
+        };
+        if doc["messaging_product"] != "whatsapp" {
+            return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
+        }
+        if !doc["typing_indicator"].is_null() {
+            if doc["typing_indicator"]["type"] != "text" {
+                return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
+            }
+            state
+                .lock()
+                .typing
+                .push((id, read.to_owned(), std::time::Instant::now()));
+        }
+        return Json(json!({"success": true})).into_response();
     }
     let interactive = doc["type"] == "interactive";
     let is_media = matches!(

@@ -14,6 +14,23 @@ pub(crate) struct CloudSender {
 
 #[async_trait]
 impl Sender for CloudSender {
+    fn typing_every(&self) -> Option<std::time::Duration> {
+        // Shown until the reply, at most 25 s.
+        Some(std::time::Duration::from_secs(20))
+    }
+
+    async fn show_typing(
+        &self,
+        event: &botfleet_core::Inbound,
+        _key: &str,
+    ) -> Result<(), PlatformError> {
+        // The indicator goes with the read receipt of the user's message.
+        Ok(self
+            .client
+            .show_typing(&self.number, &event.message_id)
+            .await?)
+    }
+
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
         if out.text.is_empty() {
             return Ok(());
@@ -160,10 +177,11 @@ fn has_caption(kind: AttachmentKind) -> bool {
 /// What a Cloud API bot does: text, up to three reply buttons (titles cut to 20 characters)
 /// under a body of up to 1,024 characters, or a list of up to ten rows (values of up to 200
 /// characters, titles cut to 24), and media (up to 10 files a send, 16 MiB each, one
-/// message each). No edits, deletes, typing or answers: the Cloud API has none for sent
-/// messages.
+/// message each), and typing (with the read receipt of the user's message). No edits,
+/// deletes or answers: the Cloud API has none for sent messages.
 pub(crate) const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     buttons: true,
+    typing: true,
     max_buttons: MAX_LIST_ROWS,
     max_button_value: MAX_ROW_ID as u16,
     files: true,

@@ -579,7 +579,11 @@ impl Run<'_> {
                         "this platform's mode shows no typing (caps.typing)".into()
                     ));
                 }
-                self.done(hold, slot, &Act::Typing, &key, started).await
+                let (msg, key): (&Inbound, &str) = (self.msg, &key);
+                attempt(self.ctx, hold, slot, started, |s| async move {
+                    s.show_typing(msg, key).await
+                })
+                .await
             }
             Action::Answer {
                 text,

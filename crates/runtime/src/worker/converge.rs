@@ -549,7 +549,7 @@ impl State {
                     handler: Handler::new(
                         rec.spec.handler.clone(),
                         self.w.http.clone(),
-                        self.w.cfg.webhook_timeout,
+                        rec.spec.handler_timeout(self.w.cfg.handler_timeout),
                         &self.w.cfg.handlers,
                     ),
                     lease: lease.clone(),
