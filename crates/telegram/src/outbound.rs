@@ -12,9 +12,9 @@ pub const MAX_TEXT_CHARS: usize = 4096;
 pub(crate) const MAX_CAPTION_CHARS: usize = 1024;
 
 /// How long a button press waits for the handler's answer before it is answered empty (the
-/// client stops spinning; a later answer is a message): well within the ~15 s Telegram keeps
-/// a query answerable.
-pub(crate) const CALLBACK_DEFER: std::time::Duration = std::time::Duration::from_secs(8);
+/// client stops spinning; a later answer is a message): the user is not left watching a
+/// spinner, and it is well within the ~15 s Telegram keeps a query answerable.
+pub(crate) const CALLBACK_DEFER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The largest file a bot uploads through the Bot API (50 MB).
 pub(crate) const MAX_UPLOAD_BYTES: u64 = 50 * 1024 * 1024;
