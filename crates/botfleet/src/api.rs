@@ -718,9 +718,7 @@ mod tests {
                 .size(Some(3))
                 .name(Some("p.jpg"))
         }];
-        for mut ev in [plain, command, edited, pressed, photo] {
-            // Every call of a worker's turn carries its attempt.
-            ev.attempt = 1;
+        for ev in [plain, command, edited, pressed, photo] {
             let caps = botfleet_telegram::CAPS;
             let body = botfleet_runtime::handler_request(&ev, Some(r#"{"n":1}"#), &caps).unwrap();
             assert!(

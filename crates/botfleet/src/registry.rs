@@ -131,7 +131,8 @@ pub(crate) struct BotView {
     /// Its own handler timeout in seconds, when it has one (else the workers').
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) handler_timeout_s: Option<u32>,
-    /// Whether typing is shown while its turns run long.
+    /// Whether typing is shown while its turns run long (its own `typing`, where its
+    /// platform's mode has typing).
     pub(crate) typing: bool,
 }
 
@@ -569,7 +570,10 @@ fn view(
         linked: None,
         commands: b.spec.options.commands.clone(),
         handler_timeout_s: b.spec.options.handler_timeout_s,
-        typing: b.spec.shows_typing(),
+        typing: b.spec.shows_typing()
+            && botfleet_runtime::descriptor(b.spec.platform)
+                .and_then(|d| d.mode_of(&b.spec))
+                .is_some_and(|m| m.caps.typing),
     }
 }
 

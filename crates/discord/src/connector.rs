@@ -430,9 +430,14 @@ impl Sender for DiscordSender {
             .then_some(std::time::Duration::from_secs(2))
     }
 
-    fn typing_every(&self) -> Option<std::time::Duration> {
-        // The typing endpoint shows for 10 s, or until the bot's next message.
-        Some(std::time::Duration::from_secs(8))
+    fn typing_every(&self, event: &botfleet_core::Inbound) -> Option<std::time::Duration> {
+        // The typing endpoint shows for 10 s, or until the bot's next message. An interaction
+        // shows its own "thinking…" once deferred (and its channel may be one the bot cannot
+        // post typing to).
+        event
+            .answer_handle
+            .is_none()
+            .then_some(std::time::Duration::from_secs(8))
     }
 
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {

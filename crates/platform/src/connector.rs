@@ -250,10 +250,12 @@ pub trait Sender: Send + Sync {
         None
     }
 
-    /// How often the typing indicator ([`Act::Typing`]) is shown again to keep it up while a
-    /// handler runs long: a little less than the platform shows it for (Telegram 5 s, Discord
-    /// 10 s). `None` (the default) for a platform without one.
-    fn typing_every(&self) -> Option<std::time::Duration> {
+    /// How often the typing indicator ([`Sender::show_typing`]) is shown again to keep it up
+    /// while a handler answers `event` slowly: a little less than the platform shows it for
+    /// (Telegram 5 s, Discord 10 s). `None` (the default) for a platform without one, or an
+    /// event the platform shows its own progress for.
+    fn typing_every(&self, event: &botfleet_core::Inbound) -> Option<std::time::Duration> {
+        let _ = event;
         None
     }
 

@@ -348,6 +348,8 @@ pub fn request(
         }
         let caps = serde_json::to_value(caps).map_err(|e| HandlerError::BadReply(e.to_string()))?;
         obj.insert("caps".into(), caps);
+        // Outside a worker's turn (which counts them) a call is the first.
+        obj.insert("attempt".into(), msg.attempt.max(1).into());
     }
     Ok(doc)
 }

@@ -232,13 +232,24 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         ctx.files.sign_all(&key, &ctx.bot, &mut msg.attachments);
     }
     let mut deferred = false;
+    // The journal's clock is the wall clock: what it says of the event's age is near enough
+    // for a platform's deadline of seconds.
+    let age = u64::try_from(botfleet_core::unix_ms().saturating_sub(entry.received_at_ms))
+        .unwrap_or(0)
+        .min(3_600_000);
+    let began = Began {
+        turn: started,
+        event: started
+            .checked_sub(Duration::from_millis(age))
+            .unwrap_or(started),
+    };
     let answered = answer(
         ctx,
         hold,
         &mut slot,
         &mut msg,
         view.state.as_deref(),
-        started,
+        began,
         &mut deferred,
     )
     .await?;
@@ -331,6 +342,13 @@ where
     }
 }
 
+/// When a turn started, and when the event it answers arrived (as near as the journal says).
+#[derive(Clone, Copy)]
+struct Began {
+    turn: Instant,
+    event: Instant,
+}
+
 /// The handler's answer (`Err` inside: why the message is undeliverable), transient failures
 /// (a timeout among them) retried for `retry_for` while the other chats go on, each call with
 /// the next `attempt`. An event with a platform deadline is acknowledged when the handler
@@ -341,11 +359,11 @@ async fn answer(
     slot: &mut Slot,
     msg: &mut Inbound,
     state: Option<&str>,
-    started: Instant,
+    began: Began,
     deferred: &mut bool,
 ) -> Result<Result<Reply, String>, Halt> {
     let mut attempt = 0;
-    let mut typing = Typing::new(ctx);
+    let mut waiting = Waiting::new(ctx, msg, began.event);
     loop {
         hold.check()?;
         msg.attempt = attempt + 1;
@@ -358,10 +376,9 @@ async fn answer(
             ctx,
             hold,
             msg,
-            started,
             call,
             deferred,
-            &mut typing,
+            &mut waiting,
         ));
         let r = if slot.is_some() {
             match tokio::time::timeout(QUICK_HANDLER, &mut call).await {
@@ -380,7 +397,7 @@ async fn answer(
         }
         match r {
             Ok(r) => return Ok(Ok(r)),
-            Err(e) if e.is_transient() && started.elapsed() < ctx.retry_for => {
+            Err(e) if e.is_transient() && began.turn.elapsed() < ctx.retry_for => {
                 ctx.metrics.handler_retry(ctx.platform);
                 let wait = backoff(attempt);
                 warn!(bot = %ctx.bot, chat = %msg.chat.chat, error = %e, wait_ms = wait.as_millis() as u64, "handler failed; retrying this chat's message");
@@ -399,23 +416,28 @@ async fn answer(
 /// How long a handler runs before the chat is shown typing.
 pub(crate) const TYPING_AFTER: Duration = Duration::from_secs(1);
 
-/// The typing indicator of one turn: shown once the handler has run [`TYPING_AFTER`], then
-/// again every [`Sender::typing_every`] while it runs (retries included), until it answers.
-struct Typing {
-    /// When it is next due (`None`: never, on this bot).
+/// What the fleet keeps up while a turn's handler runs: the typing indicator (shown once the
+/// handler has run [`TYPING_AFTER`], then again every [`Sender::typing_every`] while it runs,
+/// retries included, until it answers) and the platform's deadline for the event, counted
+/// from when the event arrived (a press queued behind a slow turn is acknowledged at once).
+struct Waiting {
+    /// When typing is next due (`None`: never, for this event).
     next: Option<Instant>,
     every: Duration,
+    /// When the event arrived, as near as the journal says.
+    since: Instant,
 }
 
-impl Typing {
-    fn new(ctx: &TurnCtx) -> Self {
+impl Waiting {
+    fn new(ctx: &TurnCtx, msg: &Inbound, since: Instant) -> Self {
         let every = match &ctx.sender {
-            Ok(s) if ctx.typing => s.typing_every(),
+            Ok(s) if ctx.typing => s.typing_every(msg),
             _ => None,
         };
         Self {
             next: every.map(|_| Instant::now() + TYPING_AFTER),
             every: every.unwrap_or(Duration::MAX),
+            since,
         }
     }
 
@@ -438,27 +460,37 @@ impl Typing {
     }
 }
 
+/// When `at` comes; never for `None`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Awaits `call` (the handler) while keeping the chat's typing indicator up, and
 /// acknowledges `msg` to its platform once the platform's deadline for it comes
-/// ([`Sender::defer_after`], counted from the turn's start) and the handler has not answered:
-/// once per turn, while the worker may act.
+/// ([`Sender::defer_after`], counted from the event's arrival) and the handler has not
+/// answered: once per call, while the worker may act. Typing never holds up the handler's
+/// answer nor the acknowledgement.
 async fn while_handler_runs<F: Future>(
     ctx: &TurnCtx,
     hold: &impl Hold,
     msg: &Inbound,
-    started: Instant,
     call: F,
     deferred: &mut bool,
-    typing: &mut Typing,
+    waiting: &mut Waiting,
 ) -> F::Output {
     tokio::pin!(call);
     let mut defer_tried = false;
     loop {
         let defer_at = match &ctx.sender {
-            Ok(s) if !*deferred && !defer_tried => s.defer_after(msg).map(|after| started + after),
+            Ok(s) if !*deferred && !defer_tried => {
+                s.defer_after(msg).map(|after| waiting.since + after)
+            }
             _ => None,
         };
-        let at = match (defer_at, typing.next) {
+        let at = match (defer_at, waiting.next) {
             (Some(d), Some(t)) => d.min(t),
             (Some(at), None) | (None, Some(at)) => at,
             (None, None) => return call.await,
@@ -471,9 +503,15 @@ async fn while_handler_runs<F: Future>(
             // Once per call: a failure is not tried again until the next attempt.
             defer_tried = true;
             defer(ctx, hold, msg, deferred).await;
-        }
-        if typing.next.is_some_and(|t| t <= Instant::now()) {
-            typing.show(ctx, hold, msg).await;
+        } else if waiting.next.is_some_and(|t| t <= Instant::now()) {
+            let show = waiting.show(ctx, hold, msg);
+            tokio::pin!(show);
+            tokio::select! {
+                r = &mut call => return r,
+                () = &mut show => {}
+                // A slow typing call gives way to the deadline (typing is due again later).
+                () = sleep_until_some(defer_at) => {}
+            }
         }
     }
 }

@@ -271,7 +271,7 @@ impl Sender for TelegramSender {
             .then_some(crate::outbound::CALLBACK_DEFER)
     }
 
-    fn typing_every(&self) -> Option<std::time::Duration> {
+    fn typing_every(&self, _: &botfleet_core::Inbound) -> Option<std::time::Duration> {
         // `sendChatAction` shows for 5 s, or until the bot's next message.
         Some(std::time::Duration::from_secs(4))
     }

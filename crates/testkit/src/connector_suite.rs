@@ -942,8 +942,19 @@ pub async fn buttons_presses_and_refs_across_turns<F: PlatformFixture>(f: &F) {
     if caps.answer {
         let answers = f.press_answers(0);
         assert_eq!(answers.len(), 1, "{answers:?}");
-        assert_eq!(answers[0].0, "noted");
         assert!(answers[0].1 < Duration::from_secs(10), "{answers:?}");
+        if answers[0].0.is_empty() {
+            // The turn took past the platform's deadline (a busy machine): the press was
+            // acknowledged empty, and the answer came after it as a message.
+            wait_for(
+                "the answer as a message",
+                Duration::from_secs(20),
+                || async { f.sent(0).iter().any(|(_, t)| t == "noted").then_some(()) },
+            )
+            .await;
+        } else {
+            assert_eq!(answers[0].0, "noted");
+        }
     }
     let seen = handler.seen();
     let press = seen

@@ -346,7 +346,6 @@ impl Hub {
         vec![ack]
     }
 
-    /// A `<receipt>` (one id, or a `<list>` of `<item>`s for an aggregate) or a message
     /// `<chatstate to=…><composing/></chatstate>` from a linked device: what its contact
     /// would see ("typing…", or "recording audio…" with `media="audio"`, or nothing after
     /// `paused`), recorded in order.
@@ -377,6 +376,7 @@ impl Hub {
         });
     }
 
+    /// A `<receipt>` (one id, or a `<list>` of `<item>`s for an aggregate) or a message
     /// `<ack>` from the client: those messages are delivered. A retry receipt (the client
     /// could not decrypt) is not an acknowledgement.
     pub(crate) fn acknowledged(&self, conn: u64, node: &Node) {

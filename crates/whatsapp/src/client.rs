@@ -335,7 +335,6 @@ impl GraphClient {
         }
     }
 
-    /// Sends one message document, in reply to `reply_to` when given: its id.
     /// `POST /{phone_number_id}/messages`: the user's message `message_id` marked read, with
     /// the typing indicator shown in its chat (until the reply, at most 25 s).
     ///
@@ -358,6 +357,7 @@ impl GraphClient {
         Ok(())
     }
 
+    /// Sends one message document, in reply to `reply_to` when given: its id.
     async fn send_doc(
         &self,
         n: &Number,

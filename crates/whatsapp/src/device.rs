@@ -869,7 +869,7 @@ impl Sender for WebSender {
             .await
     }
 
-    fn typing_every(&self) -> Option<Duration> {
+    fn typing_every(&self, _: &Inbound) -> Option<Duration> {
         // A contact's phone shows "typing…" until the next message or `paused`, and drops a
         // state it has not heard again for a while.
         Some(Duration::from_secs(10))

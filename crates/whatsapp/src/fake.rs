@@ -428,28 +428,8 @@ async fn messages(
     let Some(Json(doc)) = body else {
         return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
     };
-    let fault = state
-        .lock()
-        .numbers
-        .get_mut(&id)
-        .and_then(|n| (!n.faults.is_empty()).then(|| n.faults.remove(0)));
-    match fault {
-        Some(SendFault::TokenExpired) => {
-            return graph_error(StatusCode::UNAUTHORIZED, 190, "Session has expired")
-        }
-        Some(SendFault::Refused) => {
-            return graph_error(StatusCode::BAD_REQUEST, 131_047, "Re-engagement message")
-        }
-        Some(SendFault::RateLimited) => {
-            return graph_error(StatusCode::TOO_MANY_REQUESTS, 130_429, "Rate limit hit")
-        }
-        Some(SendFault::ServerError) => {
-            return graph_error(StatusCode::INTERNAL_SERVER_ERROR, 1, "An unknown error")
-        }
-        None => {}
-    }
     // A read receipt, with the typing indicator when asked (shown until the reply, at most
-    // 25 s).
+    // 25 s); the faults a test queued are for sends.
     if doc["status"] == "read" {
         let Some(read) = doc["message_id"]
             .as_str()
@@ -470,6 +450,26 @@ async fn messages(
                 .push((id, read.to_owned(), std::time::Instant::now()));
         }
         return Json(json!({"success": true})).into_response();
+    }
+    let fault = state
+        .lock()
+        .numbers
+        .get_mut(&id)
+        .and_then(|n| (!n.faults.is_empty()).then(|| n.faults.remove(0)));
+    match fault {
+        Some(SendFault::TokenExpired) => {
+            return graph_error(StatusCode::UNAUTHORIZED, 190, "Session has expired")
+        }
+        Some(SendFault::Refused) => {
+            return graph_error(StatusCode::BAD_REQUEST, 131_047, "Re-engagement message")
+        }
+        Some(SendFault::RateLimited) => {
+            return graph_error(StatusCode::TOO_MANY_REQUESTS, 130_429, "Rate limit hit")
+        }
+        Some(SendFault::ServerError) => {
+            return graph_error(StatusCode::INTERNAL_SERVER_ERROR, 1, "An unknown error")
+        }
+        None => {}
     }
     let interactive = doc["type"] == "interactive";
     let is_media = matches!(

@@ -14,7 +14,7 @@ pub(crate) struct CloudSender {
 
 #[async_trait]
 impl Sender for CloudSender {
-    fn typing_every(&self) -> Option<std::time::Duration> {
+    fn typing_every(&self, _: &botfleet_core::Inbound) -> Option<std::time::Duration> {
         // Shown until the reply, at most 25 s.
         Some(std::time::Duration::from_secs(20))
     }
