@@ -182,7 +182,7 @@ pub(crate) struct HookArgs {
     commands: Option<Vec<botfleet_core::CommandSpec>>,
     /// How long one call of the bot's handler may take, in seconds (1-900) [default: the
     /// workers' --handler-timeout-s].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=900))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(botfleet_core::MAX_HANDLER_TIMEOUT_S)))]
     handler_timeout_s: Option<u32>,
     /// Whether the chat is shown typing while the bot's handler runs long (`true` or
     /// `false`) [default: true, where the platform has typing].

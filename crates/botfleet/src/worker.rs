@@ -69,7 +69,7 @@ pub(crate) struct WorkerArgs {
     /// off and the event is tried again as its next `attempt`; a bot's `handler_timeout_s`
     /// overrides it.
     #[arg(long, env = "BOTFLEET_HANDLER_TIMEOUT_S", default_value_t = 120,
-          value_parser = clap::value_parser!(u64).range(1..=900))]
+          value_parser = clap::value_parser!(u64).range(1..=u64::from(botfleet_core::MAX_HANDLER_TIMEOUT_S)))]
     handler_timeout_s: u64,
     /// How long one message's handler (or send) is retried through transient failures, in
     /// seconds (0-86400), before it is recorded as undeliverable.

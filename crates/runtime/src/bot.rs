@@ -414,11 +414,6 @@ impl BotCtx {
         self.report(BotStatus::Running, None);
         info!(bot = %self.spec.id, fence = self.fence.get(), checkpoint = checkpoint.as_deref().unwrap_or("-"), "bot running");
         self.register_commands().await;
-        let caps = self
-            .connector
-            .descriptor()
-            .mode_of(&self.spec)
-            .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps);
         let mut chats = Chats::new(ChatsCtx {
             turn: TurnCtx {
                 bot: self.spec.id.clone(),
@@ -433,8 +428,12 @@ impl BotCtx {
                 spec_at_ms: Some(self.spec_at_ms),
                 slots: self.settings.slots.clone(),
                 files: self.settings.files.clone(),
-                caps,
-                typing: caps.typing && self.spec.shows_typing(),
+                caps: self
+                    .connector
+                    .descriptor()
+                    .mode_of(&self.spec)
+                    .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps),
+                typing: self.spec.shows_typing(),
             },
             fence: self.fence,
             lease: self.lease.clone(),

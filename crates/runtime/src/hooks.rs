@@ -1002,7 +1002,6 @@ impl Hooks {
         arrived: Option<Instant>,
         preload: Option<TurnView>,
     ) -> Handled {
-        let caps = crate::platforms::caps(spec);
         let ctx = TurnCtx {
             bot: spec.id.clone(),
             platform: spec.platform,
@@ -1023,8 +1022,8 @@ impl Hooks {
             spec_at_ms: self.spec_at(spec),
             slots: self.inner.settings.slots.clone(),
             files: self.inner.settings.files.clone(),
-            caps,
-            typing: caps.typing && spec.shows_typing(),
+            caps: crate::platforms::caps(spec),
+            typing: spec.shows_typing(),
         };
         let job = turn::Job {
             key,

@@ -167,8 +167,8 @@ pub(crate) struct TurnCtx {
     pub(crate) caps: Caps,
     /// The worker's file links (an event's attachments get theirs; a send's are fetched).
     pub(crate) files: crate::Files,
-    /// Whether the platform's typing indicator is shown while a handler runs long (the
-    /// bot's `typing`, and the mode's `caps.typing`).
+    /// The bot's `typing`: whether the platform's typing indicator (where `caps.typing`) is
+    /// shown while a handler runs long.
     pub(crate) typing: bool,
 }
 
@@ -431,7 +431,7 @@ struct Waiting {
 impl Waiting {
     fn new(ctx: &TurnCtx, msg: &Inbound, since: Instant) -> Self {
         let every = match &ctx.sender {
-            Ok(s) if ctx.typing => s.typing_every(msg),
+            Ok(s) if ctx.typing && ctx.caps.typing => s.typing_every(msg),
             _ => None,
         };
         Self {

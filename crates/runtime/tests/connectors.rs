@@ -660,12 +660,12 @@ mod telegram {
             at - press.at
         );
         assert!(args.get("text").is_none(), "answered empty: {args}");
-        wait_for("the late answer", Duration::from_secs(20), || async {
-            f.sent(0)
-                .iter()
-                .any(|(_, t)| t == "you chose a")
-                .then_some(())
-        })
+        botfleet_testkit::connector_suite::until_sent(
+            &f,
+            0,
+            "you chose a",
+            Duration::from_secs(20),
+        )
         .await;
         assert_eq!(
             f.fake

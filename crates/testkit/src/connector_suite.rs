@@ -351,6 +351,14 @@ async fn answered_by<F: PlatformFixture>(
     (h, w)
 }
 
+/// Waits (up to `within`) until bot `i` has sent `text`.
+pub async fn until_sent<F: PlatformFixture>(f: &F, i: usize, text: &str, within: Duration) {
+    wait_for(&format!("{text:?} sent"), within, || async {
+        f.sent(i).iter().any(|(_, t)| t == text).then_some(())
+    })
+    .await;
+}
+
 /// Waits until bot 0 is connected.
 async fn connected<F: PlatformFixture>(f: &F) {
     wait_for("connected", Duration::from_secs(15), || async {
@@ -752,10 +760,7 @@ pub async fn edits_deletes_and_typing_by_ref<F: PlatformFixture>(f: &F) {
     .await;
     let (h, w) = answered_by(f, &mut bot, handler.url()).await;
     f.user_writes(0, 1, "draft");
-    wait_for("the draft", Duration::from_secs(20), || async {
-        f.sent(0).iter().any(|(_, t)| t == "a draft").then_some(())
-    })
-    .await;
+    until_sent(f, 0, "a draft", Duration::from_secs(20)).await;
     assert_eq!(
         f.typing_shown(0) >= 1,
         caps.typing,
@@ -763,10 +768,7 @@ pub async fn edits_deletes_and_typing_by_ref<F: PlatformFixture>(f: &F) {
     );
     f.user_writes(0, 1, "fix");
     f.user_writes(0, 1, "drop");
-    wait_for("the last reply", Duration::from_secs(20), || async {
-        f.sent(0).iter().any(|(_, t)| t == "dropped").then_some(())
-    })
-    .await;
+    until_sent(f, 0, "dropped", Duration::from_secs(20)).await;
     let sent: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
     assert_eq!(sent, ["a draft", "dropped"], "each send once: {sent:?}");
     if caps.edit && caps.delete {
@@ -836,13 +838,7 @@ pub async fn long_turns_come_again_and_show_typing<F: PlatformFixture>(f: &F) {
     let handler = long_turn_handler().await;
     let (_h, w) = answered_by(f, &mut bot, handler.url()).await;
     f.user_writes(0, 1, "think");
-    wait_for("the answer", Duration::from_secs(30), || async {
-        f.sent(0)
-            .iter()
-            .any(|(_, t)| t == "thought it over")
-            .then_some(())
-    })
-    .await;
+    until_sent(f, 0, "thought it over", Duration::from_secs(30)).await;
     called_as_two_attempts(&handler);
     assert_eq!(
         f.typing_shown(0) >= 1,
@@ -946,12 +942,7 @@ pub async fn buttons_presses_and_refs_across_turns<F: PlatformFixture>(f: &F) {
         if answers[0].0.is_empty() {
             // The turn took past the platform's deadline (a busy machine): the press was
             // acknowledged empty, and the answer came after it as a message.
-            wait_for(
-                "the answer as a message",
-                Duration::from_secs(20),
-                || async { f.sent(0).iter().any(|(_, t)| t == "noted").then_some(()) },
-            )
-            .await;
+            until_sent(f, 0, "noted", Duration::from_secs(20)).await;
         } else {
             assert_eq!(answers[0].0, "noted");
         }
@@ -971,13 +962,7 @@ pub async fn buttons_presses_and_refs_across_turns<F: PlatformFixture>(f: &F) {
     assert!(press.get("answer_handle").is_none());
     // A later turn edits by ref; the refusals are reasons, and the reply goes on.
     f.user_writes(0, 1, "later");
-    wait_for("the later reply", Duration::from_secs(20), || async {
-        f.sent(0)
-            .iter()
-            .any(|(_, t)| t == "after the refusals")
-            .then_some(())
-    })
-    .await;
+    until_sent(f, 0, "after the refusals", Duration::from_secs(20)).await;
     let now = f.shown(0).into_iter().find(|m| m.id == menu.id).unwrap();
     assert_eq!(now.text, "edited later, after 1 press");
     assert!(

@@ -78,13 +78,7 @@ pub async fn a_photo_in_has_a_link_that_serves_its_bytes<F: PlatformFixture>(f: 
         return;
     }
     let b = h.start("b");
-    wait_for("the photo answered", Duration::from_secs(20), || async {
-        f.sent(0)
-            .iter()
-            .any(|(_, t)| t == "1 files: look")
-            .then_some(())
-    })
-    .await;
+    super::until_sent(f, 0, "1 files: look", Duration::from_secs(20)).await;
     let ev = handler.first_with_attachments();
     assert_eq!(ev["kind"], "message");
     let att = &ev["attachments"][0];
@@ -232,13 +226,7 @@ pub async fn files_out_reach_the_platform<F: PlatformFixture>(f: &F) {
         );
     }
     f.user_writes(0, 1, "bad files");
-    wait_for("the last send", Duration::from_secs(20), || async {
-        f.sent(0)
-            .iter()
-            .any(|(_, t)| t == "after the refusals")
-            .then_some(())
-    })
-    .await;
+    super::until_sent(f, 0, "after the refusals", Duration::from_secs(20)).await;
     let why = shown_on_the_bot(&h, &bot, "caps.max_files").await;
     assert!(
         why.contains("cannot be fetched") && why.contains("not base64"),
