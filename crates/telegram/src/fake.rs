@@ -131,6 +131,9 @@ struct TokenState {
     poll_times: VecDeque<std::time::Instant>,
     /// When the last 409 to an older poll went out: the server sends at most one per 3 s.
     last_conflict: Option<tokio::time::Instant>,
+    /// The last 64 `getUpdates`, each with when it was accepted and when it ended (answered,
+    /// or its client went away), in the order they were accepted.
+    poll_spans: VecDeque<PollSpan>,
     /// Wakes this token's pending poll (one per token: thousands of idle polls are not woken
     /// by every other token's news).
     wake: Arc<Notify>,
@@ -559,6 +562,15 @@ impl FakeState {
             .collect()
     }
 
+    /// `token`'s last 64 `getUpdates`, oldest first, with when each started and ended.
+    pub fn poll_spans(&self, token: &str) -> Vec<PollSpan> {
+        self.lock()
+            .tokens
+            .get(token)
+            .map(|t| t.poll_spans.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// How many `getUpdates` calls `token` made.
     pub fn polls(&self, token: &str) -> u64 {
         self.lock().tokens.get(token).map_or(0, |t| t.polls)
@@ -728,14 +740,34 @@ fn ok(result: Value) -> Response {
 struct PollGuard {
     state: FakeState,
     token: String,
+    /// The poll's generation: which span it ends.
+    generation: u64,
 }
 
 impl Drop for PollGuard {
     fn drop(&mut self) {
         if let Some(t) = self.state.lock().tokens.get_mut(&self.token) {
             t.pollers = t.pollers.saturating_sub(1);
+            if let Some(s) = t
+                .poll_spans
+                .iter_mut()
+                .rev()
+                .find(|s| s.generation == self.generation)
+            {
+                s.ended = Some(std::time::Instant::now());
+            }
         }
     }
+}
+
+/// One `getUpdates`, as the server saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollSpan {
+    generation: u64,
+    /// When the server accepted it.
+    pub started: std::time::Instant,
+    /// When it ended (answered, or its client went away); `None` while it is in flight.
+    pub ended: Option<std::time::Instant>,
 }
 
 async fn handle(
@@ -1061,6 +1093,14 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
         if t.poll_times.len() > 64 {
             t.poll_times.pop_front();
         }
+        t.poll_spans.push_back(PollSpan {
+            generation: t.poll_gen,
+            started: now,
+            ended: None,
+        });
+        if t.poll_spans.len() > 64 {
+            t.poll_spans.pop_front();
+        }
         // Confirm everything below the offset.
         while t
             .pending
@@ -1074,6 +1114,7 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
             PollGuard {
                 state: state.clone(),
                 token: token.clone(),
+                generation: t.poll_gen,
             },
             t.poll_gen,
             t.wake.clone(),

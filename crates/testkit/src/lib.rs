@@ -4,6 +4,7 @@
 pub mod connector_suite;
 pub mod coord_suite;
 mod hooks;
+mod link_proxy;
 pub mod mutate;
 mod partition;
 mod pg;
@@ -22,7 +23,7 @@ pub use botfleet_slack::fake::{
     FakeSlack, FakeSlackState, SendFault as SlackSendFault, Sent as SlackSent,
 };
 pub use botfleet_telegram::fake::{
-    app as fake_telegram_app, DeliveryStats, FakeState, FakeTelegram, Fault, Sent,
+    app as fake_telegram_app, DeliveryStats, FakeState, FakeTelegram, Fault, PollSpan, Sent,
 };
 pub use botfleet_whatsapp::fake::{
     FakeGraph, FakeGraphState, SendFault as WhatsappSendFault, Sent as WhatsappSent,
@@ -30,6 +31,7 @@ pub use botfleet_whatsapp::fake::{
 pub use connector_suite::{PlatformFixture, Shown};
 pub use coord_suite::CoordFixture;
 pub use hooks::{serve_bytes, RecordingHandler, RoundRobinProxy, ScriptedHandler, StateHandler};
+pub use link_proxy::{LinkMode, LinkProxy};
 pub use partition::Partition;
 pub use pg::PgSchema;
 pub use process::{fleet_worker, log_tails, rss_kib, Proc};

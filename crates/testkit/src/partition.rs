@@ -1,5 +1,5 @@
-//! A coordinator wrapper that can cut a worker off from the backend, to test self-fencing on
-//! any backend.
+//! A coordinator wrapper that can cut a worker off from the backend, or make every call hang
+//! as on a blackholed link, to test self-fencing on any backend.
 
 use std::{
     sync::{
@@ -17,11 +17,13 @@ use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use tokio::sync::mpsc;
 
 /// Wraps a coordinator; while [`Partition::cut`] is on, every call fails as if the backend
-/// were unreachable.
+/// were unreachable; while [`Partition::hang`] is on, every call waits (with no answer and no
+/// error, as on a link whose packets are dropped) until the link is healed.
 #[derive(Debug, Clone)]
 pub struct Partition {
     inner: Arc<dyn Coordinator>,
     cut: Arc<AtomicBool>,
+    hung: tokio::sync::watch::Sender<bool>,
 }
 
 impl Partition {
@@ -30,7 +32,13 @@ impl Partition {
         Self {
             inner,
             cut: Arc::new(AtomicBool::new(false)),
+            hung: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Makes every call hang (`true`) until healed (`false`); calls hung meanwhile then go on.
+    pub fn hang(&self, on: bool) {
+        self.hung.send_replace(on);
     }
 
     /// Cuts (`true`) or heals (`false`) the link.
@@ -38,7 +46,9 @@ impl Partition {
         self.cut.store(on, Ordering::SeqCst);
     }
 
-    fn check(&self) -> Result<()> {
+    async fn check(&self) -> Result<()> {
+        // The sender lives as long as `self`: this ends only when healed.
+        let _ = self.hung.subscribe().wait_for(|h| !*h).await;
         if self.cut.load(Ordering::SeqCst) {
             return Err(CoordError::Unreachable {
                 what: "partitioned by test".into(),
@@ -52,50 +62,50 @@ impl Partition {
 #[async_trait::async_trait]
 impl Coordinator for Partition {
     async fn register(&self, w: &WorkerId, m: &WorkerMeta, l: Duration) -> Result<Incarnation> {
-        self.check()?;
+        self.check().await?;
         self.inner.register(w, m, l).await
     }
     async fn renew_with(&self, n: u32, rss: u64) -> Result<Renewal> {
-        self.check()?;
+        self.check().await?;
         self.inner.renew_with(n, rss).await
     }
     async fn unregister(&self) -> Result<()> {
-        self.check()?;
+        self.check().await?;
         self.inner.unregister().await
     }
     fn registration(&self) -> Option<(WorkerId, Incarnation)> {
         self.inner.registration()
     }
     async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
-        self.check()?;
+        self.check().await?;
         self.inner.live_workers().await
     }
     async fn member_signal(&self) -> Result<mpsc::Receiver<()>> {
-        self.check()?;
+        self.check().await?;
         self.inner.member_signal().await
     }
     async fn claim(&self, b: &BotId, f: Fence) -> Result<ClaimOutcome> {
-        self.check()?;
+        self.check().await?;
         self.inner.claim(b, f).await
     }
     async fn release(&self, b: &BotId, f: Fence) -> Result<bool> {
-        self.check()?;
+        self.check().await?;
         self.inner.release(b, f).await
     }
     async fn hand_over(&self, b: &BotId, f: Fence, to: &WorkerId) -> Result<bool> {
-        self.check()?;
+        self.check().await?;
         self.inner.hand_over(b, f, to).await
     }
     async fn owner(&self, b: &BotId) -> Result<Option<Owner>> {
-        self.check()?;
+        self.check().await?;
         self.inner.owner(b).await
     }
     async fn publish(&self, e: &LifecycleEvent) -> Result<EventCursor> {
-        self.check()?;
+        self.check().await?;
         self.inner.publish(e).await
     }
     async fn events_head(&self) -> Result<EventCursor> {
-        self.check()?;
+        self.check().await?;
         self.inner.events_head().await
     }
     async fn read_events(
@@ -104,71 +114,71 @@ impl Coordinator for Partition {
         m: usize,
         w: Duration,
     ) -> Result<Vec<(EventCursor, LifecycleEvent)>> {
-        self.check()?;
+        self.check().await?;
         self.inner.read_events(a, m, w).await
     }
     async fn send_command(&self, to: &WorkerId, c: &WorkerCommand) -> Result<()> {
-        self.check()?;
+        self.check().await?;
         self.inner.send_command(to, c).await
     }
     async fn recv_commands(&self, m: usize, w: Duration) -> Result<Vec<WorkerCommand>> {
-        self.check()?;
+        self.check().await?;
         self.inner.recv_commands(m, w).await
     }
     async fn epoch(&self) -> Result<Option<EpochInfo>> {
-        self.check()?;
+        self.check().await?;
         self.inner.epoch().await
     }
     async fn acquire_rate_many(&self, k: &str, l: RateLimit, n: u32) -> Result<RateGrant> {
-        self.check()?;
+        self.check().await?;
         self.inner.acquire_rate_many(k, l, n).await
     }
     async fn try_lead(&self, n: &str, t: Duration) -> Result<Option<Fence>> {
-        self.check()?;
+        self.check().await?;
         self.inner.try_lead(n, t).await
     }
     async fn acquire_lock_fenced(&self, k: &str, t: Duration) -> Result<Option<LockGuard>> {
-        self.check()?;
+        self.check().await?;
         self.inner.acquire_lock_fenced(k, t).await
     }
     async fn journal_append(&self, entries: &[String]) -> Result<()> {
-        self.check()?;
+        self.check().await?;
         self.inner.journal_append(entries).await
     }
     async fn journal_read(&self, after: Option<u64>, max: usize) -> Result<Vec<(u64, String)>> {
-        self.check()?;
+        self.check().await?;
         self.inner.journal_read(after, max).await
     }
     async fn avoid(&self, bot: &BotId, worker: &WorkerId, for_: Duration) -> Result<()> {
-        self.check()?;
+        self.check().await?;
         self.inner.avoid(bot, worker, for_).await
     }
     async fn avoidances(&self) -> Result<Vec<(BotId, WorkerId)>> {
-        self.check()?;
+        self.check().await?;
         self.inner.avoidances().await
     }
     async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, botfleet_coord::Turn)> {
-        self.check()?;
+        self.check().await?;
         self.inner.turn_take(chat, entry).await
     }
     async fn turn_try(&self, chat: &str, ticket: u64) -> Result<botfleet_coord::Turn> {
-        self.check()?;
+        self.check().await?;
         self.inner.turn_try(chat, ticket).await
     }
     async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
-        self.check()?;
+        self.check().await?;
         self.inner.turn_release(chat, ticket, fence).await
     }
     async fn turn_wakeups(&self) -> Result<mpsc::Receiver<String>> {
-        self.check()?;
+        self.check().await?;
         self.inner.turn_wakeups().await
     }
     async fn renew_lock(&self, g: &LockGuard, t: Duration) -> Result<bool> {
-        self.check()?;
+        self.check().await?;
         self.inner.renew_lock(g, t).await
     }
     async fn release_lock(&self, g: &LockGuard) -> Result<bool> {
-        self.check()?;
+        self.check().await?;
         self.inner.release_lock(g).await
     }
 }
