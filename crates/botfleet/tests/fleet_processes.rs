@@ -22,8 +22,8 @@ use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator};
 use botfleet_core::{BotId, BotSpec, Platform};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
-    fleet_worker, log_tails, nonce, wait_for, wait_for_or, FakeSlack, FakeTelegram, Proc,
-    RedisServer,
+    fleet_worker, log_tails, nonce, wait_for, wait_for_or, FakeSlack, FakeTelegram, LinkMode,
+    LinkProxy, Proc, RedisServer,
 };
 
 const BOTS: usize = 300;
@@ -177,6 +177,22 @@ async fn held_by(coord: &RedisCoordinator, worker: &str) -> Victims {
         telegram: held_among(coord, worker, BOTS).await,
         slack,
     }
+}
+
+/// Waits until `worker` is live and holds more than `n` bots; the workers' logs if not.
+async fn holding(coord: &RedisCoordinator, dir: &Path, worker: &str, n: u32, limit: Duration) {
+    wait_for_or(
+        &format!("{worker} holds more than {n} bots"),
+        limit,
+        || async {
+            let live = coord.live_workers().await.ok()?;
+            live.iter()
+                .find(|w| w.id.as_str() == worker && w.meta.bots_held > n)
+                .map(|_| ())
+        },
+        || log_tails(dir),
+    )
+    .await;
 }
 
 /// Bots a worker held, by platform.
@@ -468,18 +484,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     // 2. w3 joins and takes its share.
     let joined_at = Instant::now();
     procs.push(spawn_worker("w3", &db, &redis.url(), &dir.0));
-    wait_for_or(
-        "w3 holds bots",
-        slack,
-        || async {
-            let live = coord.live_workers().await.ok()?;
-            live.iter()
-                .find(|w| w.id.as_str() == "w3" && w.meta.bots_held > 50)
-                .map(|_| ())
-        },
-        || log_tails(&dir.0),
-    )
-    .await;
+    holding(&coord, &dir.0, "w3", 50, slack).await;
     all_polling(&fake, "bots polling after the join", joined_at, slack).await;
     println!(
         "join: w3 runs its share {:?} after starting",
@@ -1220,4 +1225,241 @@ async fn sentinel_failovers_under_traffic_double_nothing() {
         );
     }
     finish_doubling_nothing(traffic, &fake, "Sentinel failovers: messages").await;
+}
+
+/// How long after the last renewal a worker may still be seen polling: the fence at 2/3 of
+/// the lease, and 300 ms for the poll's close to reach the server on a loaded machine.
+const FENCE_SLACK: Duration = Duration::from_millis(300);
+
+/// The cut-off worker's last renewal that reached Redis, as an upper bound on this process's
+/// clock: read (right after the link was cut, so no later renewal can land) as the renewal's
+/// age by Redis's clock, subtracted from the moment the read was answered. Also answers the
+/// lower bound, from the moment of the cut: the earliest instant anyone else may claim its
+/// bots is that lower bound plus the lease.
+async fn last_renewal(
+    coord: &RedisCoordinator,
+    worker: &str,
+    cut_at: Instant,
+) -> (Instant, Instant) {
+    let live = coord.live_workers().await.unwrap();
+    let read_at = Instant::now();
+    let age = live
+        .iter()
+        .find(|w| w.id.as_str() == worker)
+        .map(|w| Duration::from_millis(w.heartbeat_age_ms))
+        .unwrap_or_else(|| panic!("{worker} is live when its link is cut"));
+    (cut_at - age, read_at - age)
+}
+
+/// Checks that every poll of `tokens` the old holder could have made (started before anyone
+/// else may claim: `claimable`) ended by `bound`; answers the latest such end.
+fn polls_end_by(
+    fake: &FakeTelegram,
+    tokens: &[String],
+    claimable: Instant,
+    bound: Instant,
+    what: &str,
+) -> Instant {
+    let mut latest = None::<Instant>;
+    for tok in tokens {
+        for span in fake.state().poll_spans(tok) {
+            if span.started >= claimable {
+                continue;
+            }
+            let ended = span
+                .ended
+                .unwrap_or_else(|| panic!("{what}: a poll of {tok} still in flight"));
+            assert!(
+                ended <= bound,
+                "{what}: a poll of {tok} ended {:?} past the fence bound",
+                ended - bound
+            );
+            latest = Some(latest.map_or(ended, |l| l.max(ended)));
+        }
+    }
+    latest.unwrap_or(bound)
+}
+
+/// A worker whose Redis link hangs (blackholed through a TCP proxy: nothing answers, nothing
+/// is refused) or turns slow must stop its bots by 2/3 of its lease after its last renewal,
+/// whatever its control loop is awaiting: the fence is kept by each bot's task. 200 Telegram
+/// bots and 40 Slack socket bots on three workers, users writing all along; one worker's link
+/// is blackholed for 9.5 s, then (after it is back) slowed by 1.5 s each way for 9.5 s. The
+/// fake Bot API must never see two pollers on one token, the fake Slack never one app's
+/// sockets on two workers; every poll the cut-off worker had in flight ends within 2/3 of the
+/// lease (+ 0.3 s) of its last renewal; every message is answered, once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_redis_link_hangs_stops_polling_before_its_lease_ends() {
+    const TG: usize = 200;
+    const SL: usize = 40;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Setup {
+        redis,
+        fake,
+        slack: fake_slack,
+        dir,
+        db,
+        store: _store,
+    } = setup_mixed(TG, SL).await;
+    // And Discord bots of two shards each.
+    const DBOTS: usize = 6;
+    let dtoken = |k: usize| format!("DISCORD.cut.{k}");
+    let discord = botfleet_testkit::FakeDiscord::start().await.unwrap();
+    for k in 0..DBOTS {
+        discord.state().add_bot(&dtoken(k), 2, 2);
+        let mut spec = BotSpec::new(
+            BotId::new(format!("disc-{k}")).unwrap(),
+            Platform::Discord,
+            dtoken(k),
+        );
+        spec.options.api_url = Some(discord.url());
+        _store.add_bot(&spec).await.unwrap();
+    }
+    let shards_up = || (0..DBOTS).all(|k| discord.state().connected_shards(&dtoken(k)) == 2);
+    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
+        .await
+        .unwrap();
+    let link = LinkProxy::start(([127, 0, 0, 1], redis.port()).into())
+        .await
+        .unwrap();
+    // Polls of 30 s: the fence must end them, they do not end by themselves in time.
+    let flags = [
+        "--lease-ms",
+        &LEASE_MS.to_string(),
+        "--poll-timeout-s",
+        "30",
+    ];
+    let _procs = [
+        spawn_worker_with("w0", &db, &redis.url(), &dir.0, &flags),
+        spawn_worker_with("w1", &db, &redis.url(), &dir.0, &flags),
+        spawn_worker_with("cut", &db, &link.redis_url(), &dir.0, &flags),
+    ];
+    let limit = Duration::from_secs(30);
+    let t = Instant::now();
+    n_polling(
+        &fake,
+        TG,
+        "200 Telegram bots polling on 3 workers",
+        t,
+        limit,
+    )
+    .await;
+    wait_for("40 Slack bots connected", limit, || async {
+        (fake_slack.state().connected_since(t) == SL).then_some(())
+    })
+    .await;
+    wait_for("every Discord shard connected", limit, || async {
+        shards_up().then_some(())
+    })
+    .await;
+    let traffic = Traffic::start_mixed(&fake, TG, Some(&fake_slack), SL);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lease = Duration::from_millis(LEASE_MS);
+    let fence = lease * 2 / 3;
+    // Each fault lands at a random moment of the renewal cycle (a renewal every lease/3).
+    let jitter = || {
+        let r = u64::from_str_radix(&nonce()[..8], 16).unwrap();
+        Duration::from_millis(r % (LEASE_MS / 3))
+    };
+
+    // 1. The link goes dark for 9.5 s.
+    let victims = Victims {
+        telegram: held_among(&coord, "cut", TG).await,
+        slack: held_by(&coord, "cut").await.slack,
+    };
+    let at = jitter();
+    tokio::time::sleep(at).await;
+    link.set(LinkMode::Blackhole);
+    let cut_at = Instant::now();
+    let (earliest, latest) = last_renewal(&coord, "cut", cut_at).await;
+    let back = moved_served(
+        &fake,
+        &fake_slack,
+        "the cut-off worker's bots on the others",
+        &victims,
+        cut_at,
+        limit,
+    )
+    .await;
+    let last_poll = polls_end_by(
+        &fake,
+        &victims.telegram,
+        earliest + lease,
+        latest + fence + FENCE_SLACK,
+        "partition",
+    );
+    println!(
+        "partition (at +{at:?}): the cut-off worker's {} Telegram and {} Slack bots on the others {back:?} after the cut; its last poll ended {:?} after its last renewal (fence at {fence:?})",
+        victims.telegram.len(),
+        victims.slack.len(),
+        last_poll.saturating_duration_since(latest),
+    );
+    tokio::time::sleep_until((cut_at + Duration::from_millis(9_500)).into()).await;
+    link.set(LinkMode::Pass);
+    let healed = Instant::now();
+    holding(&coord, &dir.0, "cut", 20, limit).await;
+    n_polling(
+        &fake,
+        TG,
+        "every bot polling after the link healed",
+        healed,
+        limit,
+    )
+    .await;
+
+    // 2. The link turns slow: 1.5 s each way, for 9.5 s.
+    let victims = held_among(&coord, "cut", TG).await;
+    assert!(!victims.is_empty(), "the worker holds bots again");
+    let at = jitter();
+    tokio::time::sleep(at).await;
+    link.set(LinkMode::Delay(Duration::from_millis(1_500)));
+    let slow_at = Instant::now();
+    let (earliest, latest) = last_renewal(&coord, "cut", slow_at).await;
+    tokio::time::sleep_until((slow_at + Duration::from_millis(9_500)).into()).await;
+    let last_poll = polls_end_by(
+        &fake,
+        &victims,
+        earliest + lease,
+        latest + fence + FENCE_SLACK,
+        "slow link",
+    );
+    println!(
+        "slow link (at +{at:?}): the worker's last poll ended {:?} after its last renewal (fence at {fence:?})",
+        last_poll.saturating_duration_since(latest)
+    );
+    link.set(LinkMode::Pass);
+    let healed = Instant::now();
+    wait_for_or(
+        "every bot polling after the slow link healed",
+        limit,
+        || async { (fake.state().polled_since(healed) == TG).then_some(()) },
+        || {
+            let missing: Vec<usize> = (0..TG)
+                .filter(|i| fake.state().polled_since_among(&[token(*i)], healed) == 0)
+                .collect();
+            format!("not polled: {missing:?}\n{}", log_tails(&dir.0))
+        },
+    )
+    .await;
+
+    let (total, dups) = traffic.finish_mixed(&fake, Some(&fake_slack)).await;
+    println!(
+        "messages: {total} written, lost 0, duplicated {dups}; second pollers (409) {}; Slack apps on two workers {}",
+        fake.state().conflicts(),
+        fake_slack.state().overlaps()
+    );
+    assert_eq!(fake.state().conflicts(), 0, "two pollers on one token");
+    assert_eq!(
+        fake_slack.state().overlaps(),
+        0,
+        "one Slack app on two workers"
+    );
+    assert_eq!(dups, 0, "answered twice");
+    for k in 0..DBOTS {
+        assert_eq!(
+            discord.state().max_sessions_per_shard(&dtoken(k)),
+            1,
+            "a Discord shard ran two sessions"
+        );
+    }
 }

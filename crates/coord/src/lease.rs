@@ -6,6 +6,11 @@
 //! now is safe (`now < t_ok + 2/3 · lease`), and [`LeaseHandle::lost`] resolves as soon as it
 //! is not, so the worker stops its bots *before* anyone else can claim them. A process frozen
 //! by SIGSTOP wakes with the monotonic clock far ahead, so it acts on nothing it held before.
+//!
+//! The keeper also runs a *fence timer* of its own, which depends on nothing but the clock and
+//! `t_ok`: [`LeaseHandle::fenced`] resolves when it fires. Each bot task waits on it beside its
+//! poll or socket, so a worker whose control loop is stuck in a coordinator call (a hung Redis
+//! link) still stops every bot on time.
 
 use std::{
     sync::{
@@ -64,6 +69,9 @@ impl Shared {
 pub struct LeaseHandle {
     shared: Arc<Shared>,
     changed: watch::Receiver<u64>,
+    /// `true` while acting is not safe; flipped by the keeper's fence timer on transitions
+    /// only, so its waiters are not woken by every renewal.
+    fence: watch::Receiver<bool>,
     worker: WorkerId,
     incarnation: Incarnation,
 }
@@ -98,6 +106,28 @@ impl LeaseHandle {
         }
     }
 
+    /// Resolves when acting is no longer safe, as [`LeaseHandle::lost`], but driven by the
+    /// keeper's own fence timer: it takes `&self`, wakes its waiters only when the lease turns
+    /// unsafe (not on every renewal), and holds no timer of its own, so thousands of bot
+    /// tasks can wait on it beside their polls. It resolves at the latest a few milliseconds
+    /// after `t_ok + 2/3 · lease`, whatever else the worker is awaiting.
+    pub async fn fenced(&self) -> LeaseLost {
+        let mut fence = self.fence.clone();
+        loop {
+            if fence.wait_for(|f| *f).await.is_err() {
+                // Keeper gone.
+                return self.shared.check().err().unwrap_or(LeaseLost::Stopped);
+            }
+            if let Err(e) = self.shared.check() {
+                return e;
+            }
+            // Renewed between the timer's flip and now: wait for it to clear, then go on.
+            if fence.wait_for(|f| !*f).await.is_err() {
+                return self.shared.check().err().unwrap_or(LeaseLost::Stopped);
+            }
+        }
+    }
+
     /// Sets the bot count reported on the next renewal.
     pub fn set_bots_held(&self, n: u32) {
         self.shared.bots_held.store(n, Ordering::Relaxed);
@@ -121,6 +151,8 @@ impl LeaseHandle {
 pub struct LeaseKeeper {
     handle: LeaseHandle,
     task: JoinHandle<()>,
+    /// The fence timer (see [`LeaseHandle::fenced`]).
+    timer: JoinHandle<()>,
 }
 
 impl LeaseKeeper {
@@ -145,15 +177,19 @@ impl LeaseKeeper {
             bots_held: AtomicU32::new(meta.bots_held),
         });
         let (tx, rx) = watch::channel(t_send);
+        let (fence_tx, fence_rx) = watch::channel(false);
         let task = tokio::spawn(renew_loop(coord, shared.clone(), tx, worker.clone()));
+        let timer = tokio::spawn(fence_timer(shared.clone(), rx.clone(), fence_tx));
         Ok(Self {
             handle: LeaseHandle {
                 shared,
                 changed: rx,
+                fence: fence_rx,
                 worker,
                 incarnation,
             },
             task,
+            timer,
         })
     }
 
@@ -165,12 +201,58 @@ impl LeaseKeeper {
     /// Stops renewing (the liveness then ends by unregistering or by expiry).
     pub fn stop(self) {
         self.task.abort();
+        self.timer.abort();
     }
 }
 
 impl Drop for LeaseKeeper {
     fn drop(&mut self) {
         self.task.abort();
+        // Its sender dropped, every `fenced` waiter resolves (`Stopped`).
+        self.timer.abort();
+    }
+}
+
+/// Flips `fence` to `true` at `t_ok + 2/3 · lease` and back to `false` when a renewal makes
+/// acting safe again. It awaits only the clock and `t_ok`'s changes, never the coordinator:
+/// however long a renewal (or any other call) hangs on a dead link, the fence falls on time.
+async fn fence_timer(
+    shared: Arc<Shared>,
+    mut changed: watch::Receiver<u64>,
+    fence: watch::Sender<bool>,
+) {
+    loop {
+        let unsafe_now = shared.check().is_err();
+        fence.send_if_modified(|f| {
+            let flip = *f != unsafe_now;
+            *f = unsafe_now;
+            flip
+        });
+        let t_ok = shared.t_ok.load(Ordering::SeqCst);
+        if t_ok == u64::MAX {
+            // Revoked for good; the flag stays up.
+            return;
+        }
+        // Until the lease turns unsafe (or, once it has, until a renewal lands).
+        let wait = if unsafe_now {
+            None
+        } else {
+            let stop_at = t_ok.saturating_add(shared.lease_ms * 2 / 3);
+            Some(stop_at.saturating_sub(shared.clock.now_ms()))
+        };
+        tokio::select! {
+            r = changed.changed() => if r.is_err() {
+                // The renewals ended (keeper stopped): nothing will make acting safe again.
+                fence.send_replace(true);
+                return;
+            },
+            () = async {
+                match wait {
+                    Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
     }
 }
 

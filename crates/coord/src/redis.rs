@@ -190,6 +190,24 @@ impl RedisCoordinator {
             .ok_or(CoordError::NotRegistered)
     }
 
+    /// How long one call may take: twice the response timeout (a script load and its retry),
+    /// and once registered at most half the lease. A call that hangs on a dead or slow link
+    /// counts as failed before the lease could end: whoever awaits it (the worker's control
+    /// loop) never stalls a lease on one call.
+    fn deadline(&self) -> Duration {
+        let base = self.config.response_timeout * 2;
+        let lease_ms = self
+            .reg
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|r| r.lease_ms);
+        match lease_ms {
+            Some(ms) => base.min(Duration::from_millis((ms / 2).max(50))),
+            None => base,
+        }
+    }
+
     /// The outcome of a call made on `node`: a failure that says the server may no longer be
     /// the primary makes the link look for it (sentinel mode).
     fn checked<T>(
@@ -220,7 +238,7 @@ impl RedisCoordinator {
     ) -> Result<T> {
         let node = self.link.node();
         let mut conn = node.conn.clone();
-        let deadline = self.config.response_timeout * 2;
+        let deadline = self.deadline();
         let r = tokio::time::timeout(deadline, inv.invoke_async(&mut conn)).await;
         self.checked(&node, what, deadline, r)
     }
@@ -232,7 +250,7 @@ impl RedisCoordinator {
     ) -> Result<T> {
         let node = self.link.node();
         let mut conn = node.conn.clone();
-        let deadline = self.config.response_timeout * 2;
+        let deadline = self.deadline();
         let r = tokio::time::timeout(deadline, cmd.query_async(&mut conn)).await;
         self.checked(&node, what, deadline, r)
     }
@@ -714,7 +732,7 @@ impl Coordinator for RedisCoordinator {
             .ignore();
         let node = self.link.node();
         let mut conn = node.conn.clone();
-        let deadline = self.config.response_timeout * 2;
+        let deadline = self.deadline();
         let r = tokio::time::timeout(deadline, pipe.query_async::<()>(&mut conn)).await;
         self.checked(&node, "send command", deadline, r)
     }

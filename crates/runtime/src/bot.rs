@@ -262,9 +262,16 @@ impl BotCtx {
                 .map_err(|e| BotExit::Fenced(e.to_string()))?;
             let fut = call();
             tokio::pin!(fut);
+            // A fence (the lease timer, not the control loop) ends the call as a stop does.
+            let lease = self.lease.clone();
             let r = tokio::select! {
                 r = &mut fut => r,
-                () = stopped(self.stop.clone()) => {
+                halt = async {
+                    tokio::select! {
+                        () = stopped(self.stop.clone()) => BotExit::Stopped,
+                        why = lease.fenced() => BotExit::Fenced(why.to_string()),
+                    }
+                } => {
                     if let Some(close) = wind_down.take() {
                         match tokio::time::timeout(CONNECT_WIND_DOWN, fut).await {
                             Ok(Ok(opened)) => close(opened).await,
@@ -272,7 +279,7 @@ impl BotCtx {
                             Err(_) => warn!(bot = %self.spec.id, "{what} did not end within {:.1} s of the stop; dropped", CONNECT_WIND_DOWN.as_secs_f32()),
                         }
                     }
-                    return Err(BotExit::Stopped);
+                    return Err(halt);
                 }
             };
             match r {
@@ -589,10 +596,13 @@ impl BotCtx {
                         continue;
                     }
                     () = stopped(self.stop.clone()) => break BotExit::Stopped,
+                    why = self.lease.fenced() => break BotExit::Fenced(why.to_string()),
                 }
             }
             // One receive (a long poll) stays in flight while chats make progress beside it:
-            // dropping it would close its connection.
+            // dropping it would close its connection. The lease's fence timer drops it: a
+            // worker whose control loop hangs on a dead coordinator link still stops polling
+            // by `t_ok + 2/3 · lease`, before anyone else may claim the bot.
             let r = {
                 let next = receiver.next();
                 tokio::pin!(next);
@@ -601,6 +611,7 @@ impl BotCtx {
                         r = &mut next => break Ok(r),
                         halt = chats.progress() => if let Some(halt) = halt { break Err(halt) },
                         () = stopped(self.stop.clone()) => break Err(Halt::Stopped),
+                        why = self.lease.fenced() => break Err(Halt::Fenced(why.to_string())),
                     }
                 }
             };

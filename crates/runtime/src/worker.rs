@@ -592,7 +592,10 @@ impl State {
         let mut check = false;
         let mut last_prune = Instant::now();
         loop {
-            if (dirty || check) && !self.fenced {
+            // A pass asked for while the lease is not safe waits until it is: bots that fenced
+            // themselves (their own timer, before this loop noticed) come back then.
+            let safe = self.lease.as_ref().is_some_and(|l| l.check().is_ok());
+            if (dirty || check) && !self.fenced && safe {
                 if std::mem::take(&mut self.registry_stale) {
                     self.refresh_registry().await;
                 }
@@ -653,6 +656,8 @@ impl State {
                             Some(Ok(())) => {
                                 info!(worker = %self.me(), "lease is safe again; resuming");
                                 self.fenced = false;
+                                // Every bot it stopped is placed again, whatever the plan says.
+                                dirty = true;
                             }
                             // Still unsure (the backend may be away): keep waiting.
                             Some(Err(LeaseLost::Expired(_))) => {}

@@ -915,3 +915,68 @@ async fn turn_slots_bound_the_sends_and_a_slow_handler_holds_none() {
     w.shutdown().await;
     server.abort();
 }
+
+/// The fence timer drives each bot task, not the worker's control loop: with every
+/// coordinator call hanging (a blackholed link: no answer, no error — the control loop and the
+/// renewals both stuck in calls), a bot whose long poll would not return for 30 s still drops
+/// it within 2/3 of the lease (+ 0.3 s) of the last renewal. Healed, the worker registers
+/// again and polls every bot, never two at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_coordinator_link_cannot_hold_up_the_fence() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 5).await;
+    let tokens: Vec<String> = (0..bots.len()).map(token).collect();
+    let hub = MemoryHub::new();
+    let link = botfleet_testkit::Partition::new(Arc::new(hub.coordinator()));
+    let mut cfg = config("w0");
+    // Polls that never end by themselves within the test.
+    cfg.telegram.poll_timeout = Duration::from_secs(30);
+    cfg.telegram.request_slack = Duration::from_secs(5);
+    let lease = cfg.lease;
+    let w = start(cfg, Arc::new(link.clone()), store.clone());
+    wait_for("every bot polling", Duration::from_secs(20), || async {
+        (fake.state().polling_tokens() == bots.len()).then_some(())
+    })
+    .await;
+    // Polls started now are in flight when the link hangs, and would stay 30 s.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    link.hang(true);
+    let hung_at = std::time::Instant::now();
+    wait_for("every poll dropped", Duration::from_secs(10), || async {
+        (fake.state().polling_tokens() == 0).then_some(())
+    })
+    .await;
+    // The last renewal was sent before the hang: every poll ends by the fence after it.
+    let bound = hung_at + lease * 2 / 3 + Duration::from_millis(300);
+    for tok in &tokens {
+        let last = fake.state().poll_spans(tok).last().copied().unwrap();
+        let ended = last.ended.expect("the poll ended");
+        assert!(last.started < hung_at, "no poll started after the hang");
+        assert!(
+            ended <= bound,
+            "a poll ended {:?} after the hang (lease {lease:?})",
+            ended - hung_at
+        );
+    }
+    println!(
+        "hung link: every poll dropped {:?} after the hang (fence at {:?} after the last renewal)",
+        hung_at.elapsed(),
+        lease * 2 / 3
+    );
+    // Healed: the worker comes back as a new incarnation and polls every bot again.
+    link.hang(false);
+    let healed = std::time::Instant::now();
+    wait_for(
+        "every bot polling again",
+        Duration::from_secs(20),
+        || async { (fake.state().polled_since(healed) == bots.len()).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        fake.state().conflicts(),
+        0,
+        "never two pollers on one token"
+    );
+    w.shutdown().await;
+}

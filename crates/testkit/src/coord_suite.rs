@@ -604,6 +604,19 @@ pub async fn member_watch_sees_joins_and_leaves<F: CoordFixture>(f: &F) {
     assert_eq!(ev, Some(MemberEvent::Left(wid("w-b"))));
 }
 
+/// A lease keeper of `worker` on the backend through `link`, on the system clock.
+async fn keeper_on(link: &Partition, worker: &str, lease: Duration) -> LeaseKeeper {
+    LeaseKeeper::start(
+        Arc::new(link.clone()),
+        Arc::new(SystemClock::new()),
+        wid(worker),
+        meta(),
+        lease,
+    )
+    .await
+    .unwrap()
+}
+
 /// A worker cut off from the backend learns it must stop *before* its liveness can expire
 /// there; one whose liveness was taken learns at its next renewal.
 pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
@@ -612,15 +625,7 @@ pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
     let lease = Duration::from_millis(1500);
     let link = Partition::new(f.handle().await);
     let observer = f.handle().await;
-    let keeper = LeaseKeeper::start(
-        Arc::new(link.clone()),
-        Arc::new(SystemClock::new()),
-        wid("w-a"),
-        meta(),
-        lease,
-    )
-    .await
-    .unwrap();
+    let keeper = keeper_on(&link, "w-a", lease).await;
     let mut h = keeper.handle();
     // Renewals keep it valid well past one lease.
     tokio::time::sleep(lease * 2).await;
@@ -661,6 +666,67 @@ pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
         .await
         .expect("learns in time");
     assert_eq!(why, LeaseLost::Revoked);
+}
+
+/// The keeper's fence timer needs nothing from the backend: with every call hanging (no
+/// answer, no error), [`LeaseHandle::fenced`] resolves at 2/3 of the lease after the last
+/// renewal, while the backend still shows the worker live; it clears when a renewal lands
+/// again, and resolves `Stopped` once the keeper is gone.
+///
+/// [`LeaseHandle::fenced`]: botfleet_coord::LeaseHandle::fenced
+pub async fn the_fence_timer_falls_while_every_call_hangs<F: CoordFixture>(f: &F) {
+    // The heal lands a third of the lease before the backend's expiry: a second on a loaded
+    // machine.
+    let lease = Duration::from_millis(3000);
+    let link = Partition::new(f.handle().await);
+    let observer = f.handle().await;
+    let keeper = keeper_on(&link, "w-a", lease).await;
+    let h = keeper.handle();
+    tokio::time::sleep(lease).await;
+    h.check().expect("renewed lease is valid");
+    link.hang(true);
+    let hung_at = tokio::time::Instant::now();
+    // Something else stuck in a call on the same link, as a worker's control loop would be.
+    let stuck = tokio::spawn({
+        let link = link.clone();
+        async move { link.live_workers().await }
+    });
+    let why = tokio::time::timeout(lease * 2, h.fenced())
+        .await
+        .expect("the fence falls while every call hangs");
+    assert!(matches!(why, LeaseLost::Expired(_)), "{why:?}");
+    // The last renewal was sent at most a third of the lease (and a renewal's answer) before
+    // the hang, and the fence falls 2/3 of the lease after it.
+    assert!(
+        hung_at.elapsed() < lease,
+        "fenced {:?} after the hang: before the lease could expire",
+        hung_at.elapsed()
+    );
+    assert!(!stuck.is_finished(), "the other call is still hung");
+    let live = observer.live_workers().await.unwrap();
+    assert!(
+        live.iter().any(|w| w.id == wid("w-a")),
+        "fenced while the backend still shows it live"
+    );
+    // Healed before the backend's expiry: a renewal lands and the fence clears.
+    link.hang(false);
+    stuck.await.unwrap().unwrap();
+    wait_for("the lease is safe again", lease, || async {
+        h.check().is_ok().then_some(())
+    })
+    .await;
+    assert!(
+        tokio::time::timeout(lease / 4, h.fenced()).await.is_err(),
+        "no fence while renewals land"
+    );
+    keeper.stop();
+    let why = tokio::time::timeout(lease, h.fenced())
+        .await
+        .expect("a stopped keeper fences at once");
+    assert!(
+        matches!(why, LeaseLost::Stopped | LeaseLost::Expired(_)),
+        "{why:?}"
+    );
 }
 
 /// A holder stalled past its lease loses the claim, and its fenced write is refused.
@@ -1184,6 +1250,7 @@ macro_rules! coordinator_conformance {
             leader_election,
             member_watch_sees_joins_and_leaves,
             lease_keeper_fences_itself,
+            the_fence_timer_falls_while_every_call_hangs,
             stalled_holder_is_fenced_out,
             many_bots_one_owner_each,
             data_loss_waits_for_old_owners,
