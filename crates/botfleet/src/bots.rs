@@ -179,7 +179,7 @@ pub(crate) struct HookArgs {
     /// "options": [{"name", "description", "type", "required"}]}]`, which the fleet registers
     /// with the platform (`setMyCommands`, Discord's application commands); `[]` removes them.
     #[arg(long, value_name = "FILE", value_parser = commands_file)]
-    commands: Option<Vec<botfleet_core::CommandSpec>>,
+    commands: Option<CommandsFile>,
     /// How long one call of the bot's handler may take, in seconds (1-900) [default: the
     /// workers' --handler-timeout-s].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(botfleet_core::MAX_HANDLER_TIMEOUT_S)))]
@@ -190,11 +190,16 @@ pub(crate) struct HookArgs {
     typing: Option<bool>,
 }
 
+/// The commands read from `--commands FILE`: one value to clap (an `Option<Vec<_>>` field
+/// would be taken for a flag given many times, one command each).
+#[derive(Clone, Debug)]
+pub(crate) struct CommandsFile(Vec<botfleet_core::CommandSpec>);
+
 /// `--commands FILE`: the file's JSON array of commands (checked for the platforms' rules
 /// when the bot is).
-fn commands_file(path: &str) -> Result<Vec<botfleet_core::CommandSpec>, String> {
+fn commands_file(path: &str) -> Result<CommandsFile, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    serde_json::from_str(&text).map_err(|e| {
+    serde_json::from_str(&text).map(CommandsFile).map_err(|e| {
         format!(
             "{path} is not a JSON array of commands ({{\"name\", \"description\", \"options\"}}): line {}, column {}",
             e.line(),
@@ -213,7 +218,7 @@ impl HookArgs {
         line.verify_token = self.verify_token;
         line.phone_number_id = self.phone_number_id;
         line.max_connections = self.max_connections;
-        line.commands = self.commands;
+        line.commands = self.commands.map(|c| c.0);
         line.handler_timeout_s = self.handler_timeout_s;
         line.typing = self.typing;
     }
@@ -227,7 +232,7 @@ impl HookArgs {
         patch.verify_token = self.verify_token;
         patch.phone_number_id = self.phone_number_id;
         patch.max_connections = self.max_connections;
-        patch.commands = self.commands.map(Some);
+        patch.commands = self.commands.map(|c| Some(c.0));
         patch.handler_timeout_s = self.handler_timeout_s.map(Some);
         patch.typing = self.typing.map(Some);
     }

@@ -1130,3 +1130,277 @@ fn webhook_bots_are_added_with_their_platforms_settings() {
         "{line}"
     );
 }
+
+/// `--commands FILE` on `bots add` and `bots update`: the commands reach the registry and,
+/// through a running worker, the platforms (Telegram's `setMyCommands`, Discord's application
+/// commands); `[]` removes them. A file that is not a commands array (named, with the line and
+/// column), a missing file, and a command the platforms refuse are clear errors that change
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_from_a_file_reach_the_registry_and_the_platforms() {
+    let tg = FakeTelegram::start().await.unwrap();
+    let dc = botfleet_testkit::FakeDiscord::start().await.unwrap();
+    tg.state().add_bot("901:CMDS");
+    dc.state().add_bot("DISCORD.cmds", 1, 1);
+    let dir = tempdir();
+    let db = db(&dir);
+    let file = |name: &str, body: &str| {
+        let p = dir.0.join(name);
+        std::fs::write(&p, body).unwrap();
+        p.display().to_string()
+    };
+    let two = file(
+        "two.json",
+        r#"[{"name": "start", "description": "Begin"},
+            {"name": "help", "description": "What I do",
+             "options": [{"name": "topic", "description": "About what", "type": "string"}]}]"#,
+    );
+    let none = file("none.json", "[]");
+    let broken = file(
+        "broken.json",
+        "[{\"name\": \"start\",\n  \"description\": }]",
+    );
+    let refused = file(
+        "refused.json",
+        r#"[{"name": "Start!", "description": "x"}]"#,
+    );
+
+    // Bad files first: each is refused with its reason, and nothing is registered.
+    let o = bots_add(&db, "tg", "telegram", "901:CMDS", &["--commands", &broken]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&broken) && err.contains("line 2, column"),
+        "{err}"
+    );
+    let missing = dir.0.join("missing.json").display().to_string();
+    let o = bots_add(&db, "tg", "telegram", "901:CMDS", &["--commands", &missing]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("cannot read"), "{err}");
+    let o = bots_add(&db, "tg", "telegram", "901:CMDS", &["--commands", &refused]);
+    let (_, err) = text(&o);
+    assert!(
+        !o.status.success() && err.contains("invalid commands: command 0"),
+        "a name the platforms refuse: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!list_json(&db).0.contains("\"tg\""), "nothing registered");
+
+    for (id, platform, token, api) in [
+        ("tg", "telegram", "901:CMDS", tg.url()),
+        ("dc", "discord", "DISCORD.cmds", dc.url()),
+    ] {
+        let o = bots_add(
+            &db,
+            id,
+            platform,
+            token,
+            &["--api-url", &api, "--commands", &two],
+        );
+        assert!(o.status.success(), "{id}: {:?}", text(&o));
+    }
+    let (list, _) = list_json(&db);
+    // One bot a line.
+    let bots: Vec<serde_json::Value> = list
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(bots.len(), 2, "{list}");
+    for bot in &bots {
+        let names: Vec<&str> = bot["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["start", "help"], "{bot}");
+    }
+
+    // A worker registers them with both platforms.
+    let _w = start_worker_with(&db, &["--registry-refresh-ms", "200"]);
+    let discord_names = |dc: &botfleet_testkit::FakeDiscord| {
+        dc.state().commands("DISCORD.cmds").map(|c| {
+            c.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x["name"].as_str().map(str::to_owned))
+                .collect::<Vec<_>>()
+        })
+    };
+    wait_for(
+        "the commands registered on both platforms",
+        Duration::from_secs(20),
+        || async {
+            (tg.state().my_commands("901:CMDS").0 == Some(vec!["start".into(), "help".into()])
+                && discord_names(&dc) == Some(vec!["start".into(), "help".into()]))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // `bots update --commands` with `[]` removes them (the worker restarts the bot on it).
+    for id in ["tg", "dc"] {
+        let o = botfleet(&[
+            "bots",
+            "update",
+            id,
+            "--commands",
+            &none,
+            "--database-url",
+            &db,
+        ]);
+        assert!(o.status.success(), "{id}: {:?}", text(&o));
+    }
+    assert!(!list_json(&db).0.contains("\"commands\""), "removed");
+    wait_for(
+        "the commands removed on both platforms",
+        Duration::from_secs(20),
+        || async {
+            (tg.state()
+                .my_commands("901:CMDS")
+                .0
+                .unwrap_or_default()
+                .is_empty()
+                && discord_names(&dc).is_some_and(|n| n.is_empty()))
+            .then_some(())
+        },
+    )
+    .await;
+    // And a broken file on `update` changes nothing.
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "tg",
+        "--commands",
+        &broken,
+        "--database-url",
+        &db,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+}
+
+/// The flags of `bots add` and `bots update` that no other test runs, through the binary:
+/// each lands in the registry as given (secrets only as "set", never their values).
+#[test]
+fn bots_add_and_update_take_their_remaining_flags() {
+    let dir = tempdir();
+    let db = db(&dir);
+    let bot = |id: &str| {
+        let (out, _) = list_json(&db);
+        out.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|b| b["id"] == id)
+            .unwrap()
+    };
+    let o = bots_add(
+        &db,
+        "sl",
+        "slack",
+        "xoxb-flags",
+        &[
+            "--app-token",
+            "xapp-FIRST-SECRET",
+            "--handler",
+            "webhook",
+            "--webhook-url",
+            "http://127.0.0.1:9/hook",
+            "--webhook-secret",
+            "HOOK-SECRET-1",
+            "--disabled",
+            "--handler-timeout-s",
+            "30",
+        ],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let b = bot("sl");
+    assert_eq!(b["has_app_token"], true, "{b}");
+    assert_eq!(b["enabled"], false, "{b}");
+    assert_eq!(b["handler_timeout_s"], 30, "{b}");
+    let shown = list_json(&db).0;
+    assert!(
+        !shown.contains("FIRST-SECRET") && !shown.contains("HOOK-SECRET"),
+        "{shown}"
+    );
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "sl",
+        "--app-token",
+        "xapp-SECOND-SECRET",
+        "--webhook-secret",
+        "HOOK-SECRET-2",
+        "--handler-timeout-s",
+        "60",
+        "--database-url",
+        &db,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(bot("sl")["handler_timeout_s"], 60);
+    // Typing, on a platform that has it.
+    let o = bots_add(&db, "tg", "telegram", "1:flags", &["--typing", "false"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(bot("tg")["typing"], false);
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "tg",
+        "--typing",
+        "true",
+        "--database-url",
+        &db,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(bot("tg")["typing"], true);
+    // Out of range and malformed values are usage errors that change nothing.
+    for bad in [
+        ["--handler-timeout-s", "0"],
+        ["--handler-timeout-s", "901"],
+        ["--typing", "maybe"],
+    ] {
+        let o = botfleet(&[
+            "bots",
+            "update",
+            "sl",
+            bad[0],
+            bad[1],
+            "--database-url",
+            &db,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {:?}", text(&o));
+    }
+    assert_eq!(bot("sl")["handler_timeout_s"], 60);
+}
+
+/// The worker's tuning flags no other test runs, through the binary: a worker given all of
+/// them starts and serves; a value that is not a number, for any of them, is a usage error
+/// naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_takes_its_tuning_flags() {
+    let dir = tempdir();
+    let db = db(&dir);
+    let tuning: [(&str, &str); 13] = [
+        ("--capacity", "500"),
+        ("--telegram-connect-rate", "50"),
+        ("--slack-connect-rate", "5"),
+        ("--discord-connect-rate", "5"),
+        ("--handler-timeout-s", "60"),
+        ("--handler-retry-s", "30"),
+        ("--turn-slots", "64"),
+        ("--file-link-ttl-s", "600"),
+        ("--turn-wait-ms", "5000"),
+        ("--transport-down-ms", "0"),
+        ("--discord-shard-recount-s", "600"),
+        ("--metrics-top-bots", "5"),
+        ("--worker-threads", "2"),
+    ];
+    let args: Vec<&str> = tuning.iter().flat_map(|(f, v)| [*f, *v]).collect();
+    let w = start_worker_with(&db, &args);
+    let health = reqwest::get(format!("{}/healthz", w.url)).await.unwrap();
+    assert_eq!(health.status(), 200);
+    for (flag, _) in tuning {
+        let o = botfleet(&["worker", flag, "x", "--database-url", &db]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+}
