@@ -45,12 +45,17 @@ fn unknown_commands_are_usage_errors() {
     assert!(out.stdout.is_empty());
 }
 
-/// The subcommands `botfleet ARGS --help` lists (its "Commands:" section, `help` aside).
-fn subcommands(args: &[&str]) -> Vec<String> {
+/// What `botfleet ARGS --help` prints.
+fn help(args: &[&str]) -> String {
     let mut a = args.to_vec();
     a.push("--help");
-    let text = String::from_utf8(botfleet(&a).stdout).unwrap();
-    text.lines()
+    String::from_utf8(botfleet(&a).stdout).unwrap()
+}
+
+/// The subcommands `botfleet ARGS --help` lists (its "Commands:" section, `help` aside).
+fn subcommands(args: &[&str]) -> Vec<String> {
+    help(args)
+        .lines()
         .skip_while(|l| !l.starts_with("Commands:"))
         .skip(1)
         .take_while(|l| !l.trim().is_empty())
@@ -62,10 +67,8 @@ fn subcommands(args: &[&str]) -> Vec<String> {
 
 /// The long flags `botfleet ARGS --help` lists, `--help` and `--version` aside.
 fn flags(args: &[&str]) -> Vec<String> {
-    let mut a = args.to_vec();
-    a.push("--help");
-    let text = String::from_utf8(botfleet(&a).stdout).unwrap();
-    text.lines()
+    help(args)
+        .lines()
         .filter_map(|l| {
             let l = l.trim_start();
             let l = l

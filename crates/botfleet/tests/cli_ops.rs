@@ -51,6 +51,15 @@ fn list_json(db: &str) -> (String, String) {
     text(&botfleet(&["bots", "list", "--json", "--database-url", db]))
 }
 
+/// The bots `bots list --json` shows (one a line).
+fn listed(db: &str) -> Vec<serde_json::Value> {
+    list_json(db)
+        .0
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn text(o: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -1199,13 +1208,8 @@ async fn commands_from_a_file_reach_the_registry_and_the_platforms() {
         );
         assert!(o.status.success(), "{id}: {:?}", text(&o));
     }
-    let (list, _) = list_json(&db);
-    // One bot a line.
-    let bots: Vec<serde_json::Value> = list
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(bots.len(), 2, "{list}");
+    let bots = listed(&db);
+    assert_eq!(bots.len(), 2, "{bots:?}");
     for bot in &bots {
         let names: Vec<&str> = bot["commands"]
             .as_array()
@@ -1285,13 +1289,7 @@ async fn commands_from_a_file_reach_the_registry_and_the_platforms() {
 fn bots_add_and_update_take_their_remaining_flags() {
     let dir = tempdir();
     let db = db(&dir);
-    let bot = |id: &str| {
-        let (out, _) = list_json(&db);
-        out.lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .find(|b| b["id"] == id)
-            .unwrap()
-    };
+    let bot = |id: &str| listed(&db).into_iter().find(|b| b["id"] == id).unwrap();
     let o = bots_add(
         &db,
         "sl",

@@ -105,6 +105,27 @@ async fn setup_mixed(bots: usize, slack_bots: usize) -> Setup {
     }
 }
 
+/// A coordinator on the fleet's Redis and key prefix, for the test to look with.
+async fn coordinator(redis: &RedisServer) -> RedisCoordinator {
+    RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
+        .await
+        .unwrap()
+}
+
+/// Registers Discord bot `id` of `shards` shards (its token `token`) on `fake`.
+async fn add_discord(
+    store: &SqliteStore,
+    fake: &botfleet_testkit::FakeDiscord,
+    id: &str,
+    token: &str,
+    shards: u32,
+) {
+    fake.state().add_bot(token, shards, shards);
+    let mut spec = BotSpec::new(BotId::new(id).unwrap(), Platform::Discord, token);
+    spec.options.api_url = Some(fake.url());
+    store.add_bot(&spec).await.unwrap();
+}
+
 /// Runs `botfleet ARGS…` against this fleet's registry and Redis; fails the test on a non-zero
 /// exit, with its stderr.
 fn fleet_cli(db: &str, redis: &RedisServer, args: &[&str]) -> std::process::Output {
@@ -437,9 +458,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
         db,
         store: _store,
     } = setup_mixed(BOTS, SLACK_BOTS).await;
-    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
-        .await
-        .unwrap();
+    let coord = coordinator(&redis).await;
     let mut procs: Vec<Proc> = (0..3)
         .map(|i| spawn_worker(&format!("w{i}"), &db, &redis.url(), &dir.0))
         .collect();
@@ -616,9 +635,7 @@ async fn registry_commands_reach_running_workers_at_once() {
     // The registry exists before the worker starts (an empty one).
     cli(&["bots", "list"]);
     let _w = spawn_worker("solo", &db, &redis.url(), &dir.0);
-    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
-        .await
-        .unwrap();
+    let coord = coordinator(&redis).await;
     wait_for("worker live", Duration::from_secs(20), || async {
         (coord.live_workers().await.ok()?.len() == 1).then_some(())
     })
@@ -784,9 +801,7 @@ async fn five_thousand_bots_move_on_a_join_and_a_sigterm() {
         db,
         store: _store,
     } = setup(n).await;
-    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
-        .await
-        .unwrap();
+    let coord = coordinator(&redis).await;
     // Long polls of 8 s keep the fake's load (in this test process) modest.
     let flags = ["--lease-ms", "15000", "--poll-timeout-s", "8"];
     let mut a = spawn_worker_with("a", &db, &redis.url(), &dir.0, &flags);
@@ -879,14 +894,7 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
     let db = format!("sqlite://{}", path.display());
     let store = SqliteStore::open(&path).await.unwrap();
     for k in 0..DBOTS {
-        fake.state().add_bot(&dtoken(k), SHARDS, SHARDS);
-        let mut spec = BotSpec::new(
-            BotId::new(format!("disc-{k}")).unwrap(),
-            Platform::Discord,
-            dtoken(k),
-        );
-        spec.options.api_url = Some(fake.url());
-        store.add_bot(&spec).await.unwrap();
+        add_discord(&store, &fake, &format!("disc-{k}"), &dtoken(k), SHARDS).await;
     }
     const BIG: &str = "DISCORD.fleet.big";
     fake.state().add_bot(BIG, 16, 16);
@@ -895,9 +903,7 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
     big.options.shards = Some(16);
     big.options.shards_per_slice = Some(4);
     store.add_bot(&big).await.unwrap();
-    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
-        .await
-        .unwrap();
+    let coord = coordinator(&redis).await;
     let all_up = |fake: &botfleet_testkit::FakeDiscord| {
         (0..DBOTS).all(|k| fake.state().connected_shards(&dtoken(k)) == SHARDS)
             && fake.state().connected_shards(BIG) == 16
@@ -1299,26 +1305,17 @@ async fn a_worker_whose_redis_link_hangs_stops_polling_before_its_lease_ends() {
         slack: fake_slack,
         dir,
         db,
-        store: _store,
+        store,
     } = setup_mixed(TG, SL).await;
     // And Discord bots of two shards each.
     const DBOTS: usize = 6;
     let dtoken = |k: usize| format!("DISCORD.cut.{k}");
     let discord = botfleet_testkit::FakeDiscord::start().await.unwrap();
     for k in 0..DBOTS {
-        discord.state().add_bot(&dtoken(k), 2, 2);
-        let mut spec = BotSpec::new(
-            BotId::new(format!("disc-{k}")).unwrap(),
-            Platform::Discord,
-            dtoken(k),
-        );
-        spec.options.api_url = Some(discord.url());
-        _store.add_bot(&spec).await.unwrap();
+        add_discord(&store, &discord, &format!("disc-{k}"), &dtoken(k), 2).await;
     }
     let shards_up = || (0..DBOTS).all(|k| discord.state().connected_shards(&dtoken(k)) == 2);
-    let coord = RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest"))
-        .await
-        .unwrap();
+    let coord = coordinator(&redis).await;
     let link = LinkProxy::start(([127, 0, 0, 1], redis.port()).into())
         .await
         .unwrap();

@@ -7,10 +7,10 @@
 //! is not, so the worker stops its bots *before* anyone else can claim them. A process frozen
 //! by SIGSTOP wakes with the monotonic clock far ahead, so it acts on nothing it held before.
 //!
-//! The keeper also runs a *fence timer* of its own, which depends on nothing but the clock and
-//! `t_ok`: [`LeaseHandle::fenced`] resolves when it fires. Each bot task waits on it beside its
-//! poll or socket, so a worker whose control loop is stuck in a coordinator call (a hung Redis
-//! link) still stops every bot on time.
+//! What makes `lost` resolve is a *fence timer* the keeper runs, which depends on nothing but
+//! the clock and `t_ok`. Each bot task waits on it beside its poll or socket, so a worker whose
+//! control loop is stuck in a coordinator call (a hung Redis link) still stops every bot on
+//! time.
 
 use std::{
     sync::{
@@ -68,7 +68,6 @@ impl Shared {
 #[derive(Clone, Debug)]
 pub struct LeaseHandle {
     shared: Arc<Shared>,
-    changed: watch::Receiver<u64>,
     /// `true` while acting is not safe; flipped by the keeper's fence timer on transitions
     /// only, so its waiters are not woken by every renewal.
     fence: watch::Receiver<bool>,
@@ -87,42 +86,22 @@ impl LeaseHandle {
     }
 
     /// Resolves when the lease is no longer safe to act on (see [`LeaseHandle::check`]); at
-    /// once if it already is not.
-    pub async fn lost(&mut self) -> LeaseLost {
-        loop {
-            if let Err(e) = self.shared.check() {
-                return e;
-            }
-            let t_ok = self.shared.t_ok.load(Ordering::SeqCst);
-            let stop_at = t_ok.saturating_add(self.shared.lease_ms * 2 / 3);
-            let wait = stop_at.saturating_sub(self.shared.clock.now_ms());
-            tokio::select! {
-                r = self.changed.changed() => if r.is_err() {
-                    // Keeper gone: re-check once, then report it stopped.
-                    return self.shared.check().err().unwrap_or(LeaseLost::Stopped);
-                },
-                () = tokio::time::sleep(Duration::from_millis(wait)) => {}
-            }
-        }
-    }
-
-    /// Resolves when acting is no longer safe, as [`LeaseHandle::lost`], but driven by the
-    /// keeper's own fence timer: it takes `&self`, wakes its waiters only when the lease turns
-    /// unsafe (not on every renewal), and holds no timer of its own, so thousands of bot
-    /// tasks can wait on it beside their polls. It resolves at the latest a few milliseconds
-    /// after `t_ok + 2/3 · lease`, whatever else the worker is awaiting.
-    pub async fn fenced(&self) -> LeaseLost {
+    /// once if it already is not. Driven by the keeper's own fence timer, never by a
+    /// coordinator call: it resolves at the latest a few milliseconds after
+    /// `t_ok + 2/3 · lease`, whatever else the worker is awaiting. It takes `&self`, wakes
+    /// only when the lease turns unsafe (not on every renewal) and holds no timer of its own,
+    /// so thousands of bot tasks can wait on it beside their polls.
+    pub async fn lost(&self) -> LeaseLost {
         let mut fence = self.fence.clone();
         loop {
-            if fence.wait_for(|f| *f).await.is_err() {
-                // Keeper gone.
-                return self.shared.check().err().unwrap_or(LeaseLost::Stopped);
-            }
             if let Err(e) = self.shared.check() {
                 return e;
             }
-            // Renewed between the timer's flip and now: wait for it to clear, then go on.
-            if fence.wait_for(|f| !*f).await.is_err() {
+            // Safe now. A raised flag is stale (a renewal landed since): wait for the timer to
+            // lower it; a lowered one, for the timer to raise it.
+            let up = *fence.borrow_and_update();
+            if fence.wait_for(|f| *f != up).await.is_err() {
+                // Keeper gone.
                 return self.shared.check().err().unwrap_or(LeaseLost::Stopped);
             }
         }
@@ -151,7 +130,7 @@ impl LeaseHandle {
 pub struct LeaseKeeper {
     handle: LeaseHandle,
     task: JoinHandle<()>,
-    /// The fence timer (see [`LeaseHandle::fenced`]).
+    /// The fence timer (see [`LeaseHandle::lost`]).
     timer: JoinHandle<()>,
 }
 
@@ -179,11 +158,10 @@ impl LeaseKeeper {
         let (tx, rx) = watch::channel(t_send);
         let (fence_tx, fence_rx) = watch::channel(false);
         let task = tokio::spawn(renew_loop(coord, shared.clone(), tx, worker.clone()));
-        let timer = tokio::spawn(fence_timer(shared.clone(), rx.clone(), fence_tx));
+        let timer = tokio::spawn(fence_timer(shared.clone(), rx, fence_tx));
         Ok(Self {
             handle: LeaseHandle {
                 shared,
-                changed: rx,
                 fence: fence_rx,
                 worker,
                 incarnation,
@@ -208,7 +186,7 @@ impl LeaseKeeper {
 impl Drop for LeaseKeeper {
     fn drop(&mut self) {
         self.task.abort();
-        // Its sender dropped, every `fenced` waiter resolves (`Stopped`).
+        // Its sender dropped, every `lost` waiter resolves (`Stopped`).
         self.timer.abort();
     }
 }

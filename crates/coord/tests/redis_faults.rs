@@ -106,7 +106,7 @@ async fn data_loss_never_yields_two_owners(lose: impl FnOnce(&mut RedisServer)) 
 
     // Both keepers learn the liveness is gone (revoked at the next renewal, or expired if
     // Redis answered nothing in time) well within one lease.
-    let (mut ha, mut hb) = (ka.handle(), kb.handle());
+    let (ha, hb) = (ka.handle(), kb.handle());
     tokio::time::timeout(lease, ha.lost())
         .await
         .expect("a learns");

@@ -269,7 +269,7 @@ impl BotCtx {
                 halt = async {
                     tokio::select! {
                         () = stopped(self.stop.clone()) => BotExit::Stopped,
-                        why = lease.fenced() => BotExit::Fenced(why.to_string()),
+                        why = lease.lost() => BotExit::Fenced(why.to_string()),
                     }
                 } => {
                     if let Some(close) = wind_down.take() {
@@ -596,7 +596,7 @@ impl BotCtx {
                         continue;
                     }
                     () = stopped(self.stop.clone()) => break BotExit::Stopped,
-                    why = self.lease.fenced() => break BotExit::Fenced(why.to_string()),
+                    why = self.lease.lost() => break BotExit::Fenced(why.to_string()),
                 }
             }
             // One receive (a long poll) stays in flight while chats make progress beside it:
@@ -611,7 +611,7 @@ impl BotCtx {
                         r = &mut next => break Ok(r),
                         halt = chats.progress() => if let Some(halt) = halt { break Err(halt) },
                         () = stopped(self.stop.clone()) => break Err(Halt::Stopped),
-                        why = self.lease.fenced() => break Err(Halt::Fenced(why.to_string())),
+                        why = self.lease.lost() => break Err(Halt::Fenced(why.to_string())),
                     }
                 }
             };

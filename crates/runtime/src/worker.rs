@@ -608,12 +608,12 @@ impl State {
             }
             // Finished jobs leave nothing to collect but their slot in the set.
             while self.jobs.try_join_next().is_some() {}
-            let mut lease = self.lease.clone();
+            let lease = self.lease.clone();
             let fenced = self.fenced;
             let grace_wake = self.grace_wake;
             tokio::select! {
                 () = &mut shutdown => break,
-                why = async { match lease.as_mut() { Some(l) if !fenced => l.lost().await, _ => std::future::pending().await } } => {
+                why = async { match lease.as_ref() { Some(l) if !fenced => l.lost().await, _ => std::future::pending().await } } => {
                     self.self_fence(&why);
                     if matches!(why, LeaseLost::Revoked | LeaseLost::Stopped) {
                         self.start_keeper().await;
@@ -656,8 +656,6 @@ impl State {
                             Some(Ok(())) => {
                                 info!(worker = %self.me(), "lease is safe again; resuming");
                                 self.fenced = false;
-                                // Every bot it stopped is placed again, whatever the plan says.
-                                dirty = true;
                             }
                             // Still unsure (the backend may be away): keep waiting.
                             Some(Err(LeaseLost::Expired(_))) => {}

@@ -939,8 +939,7 @@ async fn a_hung_coordinator_link_cannot_hold_up_the_fence() {
         (fake.state().polling_tokens() == bots.len()).then_some(())
     })
     .await;
-    // Polls started now are in flight when the link hangs, and would stay 30 s.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every bot's poll is in flight, and would stay 30 s.
     link.hang(true);
     let hung_at = std::time::Instant::now();
     wait_for("every poll dropped", Duration::from_secs(10), || async {

@@ -127,8 +127,6 @@ struct TokenState {
     requests: u64,
     /// When the last `getUpdates` was accepted.
     last_poll: Option<std::time::Instant>,
-    /// Every `getUpdates` accepted, when (the last 64).
-    poll_times: VecDeque<std::time::Instant>,
     /// When the last 409 to an older poll went out: the server sends at most one per 3 s.
     last_conflict: Option<tokio::time::Instant>,
     /// The last 64 `getUpdates`, each with when it was accepted and when it ended (answered,
@@ -556,8 +554,8 @@ impl FakeState {
             .tokens
             .iter()
             .filter_map(|(tok, t)| {
-                let first = t.poll_times.iter().find(|p| **p >= since)?;
-                Some((tok.clone(), *first))
+                let first = t.poll_spans.iter().find(|p| p.started >= since)?;
+                Some((tok.clone(), first.started))
             })
             .collect()
     }
@@ -1089,10 +1087,6 @@ async fn get_updates(state: FakeState, token: String, args: Value) -> Response {
         t.polls += 1;
         let now = std::time::Instant::now();
         t.last_poll = Some(now);
-        t.poll_times.push_back(now);
-        if t.poll_times.len() > 64 {
-            t.poll_times.pop_front();
-        }
         t.poll_spans.push_back(PollSpan {
             generation: t.poll_gen,
             started: now,

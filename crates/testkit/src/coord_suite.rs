@@ -626,7 +626,7 @@ pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
     let link = Partition::new(f.handle().await);
     let observer = f.handle().await;
     let keeper = keeper_on(&link, "w-a", lease).await;
-    let mut h = keeper.handle();
+    let h = keeper.handle();
     // Renewals keep it valid well past one lease.
     tokio::time::sleep(lease * 2).await;
     h.check().expect("renewed lease is valid");
@@ -659,7 +659,7 @@ pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
     )
     .await
     .unwrap();
-    let mut h = keeper.handle();
+    let h = keeper.handle();
     let usurper = f.handle().await;
     usurper.register(&wid("w-b"), &meta(), lease).await.unwrap();
     let why = tokio::time::timeout(lease * 2, h.lost())
@@ -669,11 +669,11 @@ pub async fn lease_keeper_fences_itself<F: CoordFixture>(f: &F) {
 }
 
 /// The keeper's fence timer needs nothing from the backend: with every call hanging (no
-/// answer, no error), [`LeaseHandle::fenced`] resolves at 2/3 of the lease after the last
+/// answer, no error), [`LeaseHandle::lost`] resolves at 2/3 of the lease after the last
 /// renewal, while the backend still shows the worker live; it clears when a renewal lands
 /// again, and resolves `Stopped` once the keeper is gone.
 ///
-/// [`LeaseHandle::fenced`]: botfleet_coord::LeaseHandle::fenced
+/// [`LeaseHandle::lost`]: botfleet_coord::LeaseHandle::lost
 pub async fn the_fence_timer_falls_while_every_call_hangs<F: CoordFixture>(f: &F) {
     // The heal lands a third of the lease before the backend's expiry: a second on a loaded
     // machine.
@@ -691,7 +691,7 @@ pub async fn the_fence_timer_falls_while_every_call_hangs<F: CoordFixture>(f: &F
         let link = link.clone();
         async move { link.live_workers().await }
     });
-    let why = tokio::time::timeout(lease * 2, h.fenced())
+    let why = tokio::time::timeout(lease * 2, h.lost())
         .await
         .expect("the fence falls while every call hangs");
     assert!(matches!(why, LeaseLost::Expired(_)), "{why:?}");
@@ -716,11 +716,11 @@ pub async fn the_fence_timer_falls_while_every_call_hangs<F: CoordFixture>(f: &F
     })
     .await;
     assert!(
-        tokio::time::timeout(lease / 4, h.fenced()).await.is_err(),
+        tokio::time::timeout(lease / 4, h.lost()).await.is_err(),
         "no fence while renewals land"
     );
     keeper.stop();
-    let why = tokio::time::timeout(lease, h.fenced())
+    let why = tokio::time::timeout(lease, h.lost())
         .await
         .expect("a stopped keeper fences at once");
     assert!(
