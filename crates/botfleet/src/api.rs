@@ -767,7 +767,7 @@ mod tests {
         }
         let answer = &doc["components"]["schemas"]["HandlerAnswer"]["properties"];
         assert!(answer.get("text").is_some() && answer.get("state").is_some());
-        assert!(answer.get("actions").is_some());
+        assert!(answer.get("actions").is_some() && answer.get("ephemeral").is_some());
         // Every action type the fleet reads is documented, with the fields it reads.
         let types: Vec<&str> = doc["components"]["schemas"]["HandlerActionType"]["enum"]
             .as_array()
@@ -777,7 +777,7 @@ mod tests {
             .collect();
         let fields = &doc["components"]["schemas"]["HandlerAction"]["properties"];
         for a in [
-            serde_json::json!({"type": "send", "text": "x", "ref": "r", "thread": true,
+            serde_json::json!({"type": "send", "text": "x", "ref": "r", "thread": true, "ephemeral": true,
                 "buttons": [[{"text": "a", "value": "v"}]],
                 "attachments": [{"url": "https://x/y.png", "kind": "image", "name": "y.png", "mime": "image/png"}, {"data": "aGk="}]}),
             serde_json::json!({"type": "edit", "ref": "r", "text": "y"}),

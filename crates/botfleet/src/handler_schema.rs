@@ -184,7 +184,8 @@ pub(crate) struct HandlerAction {
     message_id: Option<String>,
     /// `answer`: as a dialog rather than a toast (Telegram).
     alert: Option<bool>,
-    /// `answer`: seen only by the user who acted (Slack, Discord).
+    /// `answer`: seen only by the user who acted (Slack, Discord). `send`: the same, where
+    /// the send answers the user's interaction (a Discord command or button press).
     ephemeral: Option<bool>,
     /// `send`: files, sent with the text as their caption where the platform has captions.
     attachments: Option<Vec<HandlerOutFile>>,
@@ -281,6 +282,9 @@ pub(crate) struct HandlerAnswer {
     text: Option<String>,
     /// What to do, in order, after `text`.
     actions: Option<Vec<HandlerAction>>,
+    /// `text` is seen only by the user who acted, where it answers their interaction (a
+    /// Discord command or button press, whose answer a text is).
+    ephemeral: Option<bool>,
     /// The chat's new state (any JSON up to 64 KiB), given to the chat's next event.
     /// Absent: the state stays as it was.
     #[schema(value_type = Option<Object>)]

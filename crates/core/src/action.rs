@@ -57,6 +57,10 @@ pub enum Action {
         /// when given, goes with them as their caption where the platform has one).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         attachments: Vec<OutFile>,
+        /// Only the user who acted sees it, where the send answers their interaction (a
+        /// Discord command or button press); ignored elsewhere.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ephemeral: bool,
     },
     /// Replaces the text and buttons of a message the bot sent: the text stays when none is
     /// given; the buttons are the ones given (none when absent, as every platform's edit
@@ -118,6 +122,7 @@ impl Action {
             thread: false,
             ref_name: None,
             attachments: Vec::new(),
+            ephemeral: false,
         }
     }
 
@@ -188,6 +193,9 @@ pub enum Act<'a> {
         ephemeral: bool,
         /// The event was acknowledged already ([`Act::Defer`]): the answer follows up.
         deferred: bool,
+        /// The event has its answer already: this one comes after it (Discord: a follow-up
+        /// message, where a first answer would edit the original response).
+        answered: bool,
     },
     /// Acknowledge `event` now, before the handler has answered, so the platform's deadline
     /// is met (Discord's 3 s for an interaction); an answer later follows up.

@@ -430,6 +430,11 @@ impl Sender for DiscordSender {
             .then_some(std::time::Duration::from_secs(2))
     }
 
+    fn answers_in_place(&self, event: &botfleet_core::Inbound) -> bool {
+        // A command's or a press's answer is the interaction's response (or follows it).
+        event.answer_handle.is_some()
+    }
+
     fn typing_every(&self, event: &botfleet_core::Inbound) -> Option<std::time::Duration> {
         // The typing endpoint shows for 10 s, or until the bot's next message. An interaction
         // shows its own "thinking…" once deferred (and its channel may be one the bot cannot

@@ -133,6 +133,8 @@ struct BotState {
     /// The application commands last registered.
     commands: Option<Value>,
     command_writes: u64,
+    /// Channels the bot may not post in (no Send Messages permission there).
+    muted: HashSet<String>,
 }
 
 #[derive(Default)]
@@ -346,6 +348,16 @@ impl FakeDiscordState {
         }
     }
 
+    /// Takes from the bot of `token` the right to post in `channel`, as a server's
+    /// permissions (or a user-installed app) do: its message creates and typing there are
+    /// refused with 403 `Missing Permissions` (50013). Its interactions there can still be
+    /// answered.
+    pub fn mute(&self, token: &str, channel: u64) {
+        if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+            b.muted.insert(channel.to_string());
+        }
+    }
+
     /// The next message create of the bot fails with `fault`.
     pub fn inject_send(&self, token: &str, fault: SendFault) {
         if let Some(b) = lock(&self.inner.bots).get_mut(token) {
@@ -544,6 +556,9 @@ fn take_message(
     let Some(b) = bots.get_mut(&token) else {
         return answer(StatusCode::UNAUTHORIZED.into_response());
     };
+    if b.muted.contains(&channel) {
+        return answer(missing_permissions());
+    }
     let mut lost = false;
     match b.faults.pop_front() {
         Some(SendFault::TooManyRequests(secs)) => {
@@ -700,9 +715,21 @@ async fn typing(
         return unauthorized();
     };
     if let Some(b) = lock(&s.inner.bots).get_mut(&token) {
+        if b.muted.contains(&channel) {
+            return missing_permissions();
+        }
         b.typing.push(channel);
     }
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// Discord's answer to a bot posting where it may not.
+fn missing_permissions() -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        Json(json!({"message": "Missing Permissions", "code": 50013})),
+    )
+        .into_response()
 }
 
 async fn gateway(State(s): State<FakeDiscordState>, ws: WebSocketUpgrade) -> Response {

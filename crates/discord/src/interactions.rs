@@ -6,7 +6,8 @@
 //! type 2 (command)   → kind `command`: {name, args, options}
 //! type 3 (component) → kind `action`: {id: custom_id, value: custom_id, message_id}
 //! answer             → callback 4 (ephemeral: flags 64); after a deferral: the original
-//!                      response edited (command) or a follow-up (component)
+//!                      response edited (command; ephemeral: deleted, then a follow-up) or
+//!                      a follow-up (component); after an answer: a follow-up
 //! defer              → callback 5 (command: "thinking…") or 6 (component: nothing shown)
 //! acknowledge        → component: callback 6; command: callback 5, then the original deleted
 //! ```
@@ -195,7 +196,11 @@ fn message(text: &str, ephemeral: bool) -> Value {
 
 /// Answers the interaction of `handle`: `text` as its response (or, once deferred, as the
 /// edit of the original response to a command, a follow-up to a component); without a
-/// text, acknowledges it and leaves nothing shown.
+/// text, acknowledges it and leaves nothing shown. Once `answered`, a text is a follow-up.
+///
+/// An ephemeral text after a command was deferred (its "thinking…" shown to everyone, which
+/// an edit cannot hide) replaces the "thinking…": the original is deleted, and the text
+/// follows up to the user alone.
 ///
 /// # Errors
 /// As [`DiscordClient::create_message`]; `Rejected` for a handle that does not parse.
@@ -206,9 +211,24 @@ pub(crate) async fn answer(
     text: Option<&str>,
     ephemeral: bool,
     deferred: bool,
+    answered: bool,
 ) -> Result<(), DiscordError> {
     let h = Handle::read(handle)?;
     let text = text.filter(|t| !t.is_empty());
+    let hook = (h.app, h.token, "");
+    let original = (h.app, h.token, "/messages/@original");
+    if answered {
+        // After the first answer, a text is one more message under it.
+        return match text {
+            Some(t) => {
+                let body = message(t, ephemeral);
+                client
+                    .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
+                    .await
+            }
+            None => Ok(()),
+        };
+    }
     if !deferred {
         let body = match (text, h.command) {
             (Some(t), _) => json!({ "type": 4, "data": message(t, ephemeral) }),
@@ -224,8 +244,25 @@ pub(crate) async fn answer(
             Err(e) => return Err(e),
         }
     }
-    let original = (h.app, h.token, "/messages/@original");
+    let delete_original = || async {
+        match client
+            .interaction_webhook(api, reqwest::Method::DELETE, original, None)
+            .await
+        {
+            Err(DiscordError::Rejected { status: 404, .. }) => Ok(()),
+            r => r,
+        }
+    };
     match (text, h.command) {
+        (Some(t), true) if ephemeral => {
+            // Deleted first: the first follow-up after a deferral would edit the
+            // "thinking…" and keep it visible to everyone.
+            delete_original().await?;
+            let body = message(t, true);
+            client
+                .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
+                .await
+        }
         (Some(t), true) => {
             let body = message(t, false);
             client
@@ -234,19 +271,12 @@ pub(crate) async fn answer(
         }
         (Some(t), false) => {
             let body = message(t, ephemeral);
-            let hook = (h.app, h.token, "");
             client
                 .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
                 .await
         }
         // A command acknowledged with nothing to say: its "thinking…" goes.
-        (None, true) => match client
-            .interaction_webhook(api, reqwest::Method::DELETE, original, None)
-            .await
-        {
-            Err(DiscordError::Rejected { status: 404, .. }) => Ok(()),
-            r => r,
-        },
+        (None, true) => delete_original().await,
         (None, false) => Ok(()),
     }
 }

@@ -89,10 +89,14 @@ pub(crate) async fn act(
             text,
             ephemeral,
             deferred,
+            answered,
             ..
         } => match event.answer_handle.as_deref() {
             Some(h) => {
-                crate::interactions::answer(client, api, h, *text, *ephemeral, *deferred).await
+                crate::interactions::answer(
+                    client, api, h, *text, *ephemeral, *deferred, *answered,
+                )
+                .await
             }
             // A message, not an interaction: nothing waits for an answer.
             None if text.is_none() => Ok(()),

@@ -250,6 +250,16 @@ pub trait Sender: Send + Sync {
         None
     }
 
+    /// Whether a text the bot sends in answer to `event` goes as the event's own answer
+    /// ([`Act::Answer`]) rather than as a message to the chat: Discord's interactions, whose
+    /// response shows under the user's command and needs no right to post in the channel.
+    /// `false` (the default) elsewhere: a Telegram press's text stays in the chat, a Slack
+    /// command answers through its `response_url` only when asked to.
+    fn answers_in_place(&self, event: &botfleet_core::Inbound) -> bool {
+        let _ = event;
+        false
+    }
+
     /// How often the typing indicator ([`Sender::show_typing`]) is shown again to keep it up
     /// while a handler answers `event` slowly: a little less than the platform shows it for
     /// (Telegram 5 s, Discord 10 s). `None` (the default) for a platform without one, or an

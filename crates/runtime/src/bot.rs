@@ -620,6 +620,7 @@ impl BotCtx {
                 Err(halt) => break self.chat_exit(halt),
             };
             let received_at = tokio::time::Instant::now();
+            let received_ms = botfleet_core::unix_ms();
             let batch = match r {
                 Ok(b) => {
                     if attempt > 0 {
@@ -670,19 +671,20 @@ impl BotCtx {
                     .platform_error(self.spec.platform, "malformed_update");
             }
             // Record first, then acknowledge: what the platform forgets, the inbox keeps.
-            let items: Vec<InboxItem> = batch
+            let (items, events): (Vec<InboxItem>, Vec<&botfleet_core::Inbound>) = batch
                 .messages
                 .iter()
                 .filter_map(|r| {
-                    serde_json::to_string(&r.message)
-                        .ok()
-                        .map(|message| InboxItem {
+                    serde_json::to_string(&r.message).ok().map(|message| {
+                        let item = InboxItem {
                             key: r.key.clone(),
                             chat: r.message.chat.chat.clone(),
                             message,
-                        })
+                        };
+                        (item, &r.message)
+                    })
                 })
-                .collect();
+                .unzip();
             let (store, fence) = (self.store.clone(), self.fence);
             let new = if items.is_empty() {
                 Vec::new()
@@ -720,13 +722,13 @@ impl BotCtx {
                     break exit;
                 }
             }
-            for (item, is_new) in items.into_iter().zip(new) {
+            for ((item, event), is_new) in items.into_iter().zip(events).zip(new) {
                 if !is_new {
                     self.metrics.redelivered(self.spec.platform);
                     continue;
                 }
                 self.metrics.received_by(self.spec.id.as_str());
-                chats.dispatch_new(item);
+                chats.dispatch_new(item, event, received_ms);
             }
         };
         // A stop or hand-over writes the checkpoint the platform kept behind (Discord's

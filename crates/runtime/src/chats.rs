@@ -10,18 +10,18 @@
 use std::{
     collections::{HashMap, VecDeque},
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use botfleet_coord::LeaseHandle;
-use botfleet_core::Fence;
+use botfleet_core::{Fence, Inbound};
 use botfleet_store::{InboxEntry, InboxItem, InboxState, TurnFence, TurnView};
 use tokio::{
     sync::{watch, OwnedSemaphorePermit},
     task::JoinSet,
 };
 
-use crate::turn::{self, Halt, Hold, TurnCtx};
+use crate::turn::{self, Armed, Halt, Hold, TurnCtx};
 
 /// What the queues of one bot share.
 pub(crate) struct ChatsCtx {
@@ -37,6 +37,11 @@ struct Job {
     key: String,
     /// The message, for one just received (a replay's is read with its turn).
     message: Option<String>,
+    /// When it was received (unix ms; a replay's is read with its turn): a platform's
+    /// deadline for it counts from then.
+    received_at_ms: i64,
+    /// Its platform deadline, armed on receipt, when it has one.
+    armed: Option<Arc<Armed>>,
 }
 
 #[derive(Default)]
@@ -59,6 +64,11 @@ pub(crate) struct Chats {
     /// task is made for a turn before it has one, so a burst costs `slots` turns at a time.
     ready: VecDeque<String>,
     in_flight: usize,
+    /// Deadlines of received events not due yet (a Discord interaction, a Telegram press),
+    /// kept whatever their chat's turn is doing.
+    deadlines: Vec<Arc<Armed>>,
+    /// Events being acknowledged at their deadline.
+    acknowledging: JoinSet<()>,
 }
 
 impl Chats {
@@ -69,6 +79,8 @@ impl Chats {
             answering: JoinSet::new(),
             ready: VecDeque::new(),
             in_flight: 0,
+            deadlines: Vec::new(),
+            acknowledging: JoinSet::new(),
         }
     }
 
@@ -80,18 +92,42 @@ impl Chats {
     /// Queues a recorded entry (a replay of what a predecessor left pending): its turn reads
     /// what the predecessor wrote (state, outbox) first.
     pub(crate) fn dispatch(&mut self, e: InboxEntry) {
-        self.push(e.chat, e.key, None);
+        let job = Job {
+            key: e.key,
+            message: None,
+            received_at_ms: e.received_at_ms,
+            armed: None,
+        };
+        self.push(e.chat, job);
     }
 
-    /// Queues a message just recorded.
-    pub(crate) fn dispatch_new(&mut self, item: InboxItem) {
-        self.push(item.chat, item.key, Some(item.message));
+    /// Queues a message just recorded (`event`, received at `received_at_ms`, unix ms), and
+    /// arms its platform deadline when it has one.
+    pub(crate) fn dispatch_new(&mut self, item: InboxItem, event: &Inbound, received_at_ms: i64) {
+        let after = match &self.ctx.turn.sender {
+            Ok(s) => s.defer_after(event),
+            Err(_) => None,
+        };
+        let armed = after.map(|after| {
+            let age = botfleet_core::unix_ms().saturating_sub(received_at_ms);
+            let age = Duration::from_millis(u64::try_from(age).unwrap_or(0));
+            let armed = Armed::new(event.clone(), Instant::now() + after.saturating_sub(age));
+            self.deadlines.push(armed.clone());
+            armed
+        });
+        let job = Job {
+            key: item.key,
+            message: Some(item.message),
+            received_at_ms,
+            armed,
+        };
+        self.push(item.chat, job);
     }
 
-    fn push(&mut self, chat: String, key: String, message: Option<String>) {
+    fn push(&mut self, chat: String, job: Job) {
         self.in_flight += 1;
         let q = self.waiting.entry(chat.clone()).or_default();
-        q.jobs.push_back(Job { key, message });
+        q.jobs.push_back(job);
         if !q.busy {
             self.start_next(chat);
         }
@@ -145,6 +181,11 @@ impl Chats {
                     }
                     continue;
                 }
+                () = sleep_until_first(&self.deadlines), if !self.deadlines.is_empty() => {
+                    self.expire();
+                    continue;
+                }
+                Some(_) = self.acknowledging.join_next() => continue,
                 else => return std::future::pending().await,
             };
             let Ok((chat, result)) = done else {
@@ -165,11 +206,27 @@ impl Chats {
         }
     }
 
+    /// Acknowledges the events whose deadline came (unless their turn answered them).
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let (due, later) = std::mem::take(&mut self.deadlines)
+            .into_iter()
+            .partition(|a| a.at <= now);
+        self.deadlines = later;
+        for armed in due {
+            let ctx = self.ctx.clone();
+            self.acknowledging
+                .spawn(async move { armed.expire(&ctx.turn, &*ctx).await });
+        }
+    }
+
     /// Ends the queues: each chat finishes the message it is on (up to `limit`), the rest
     /// stays pending in the inbox for the next owner.
     pub(crate) async fn finish(mut self, limit: Duration) {
         self.waiting.clear();
         self.ready.clear();
+        self.deadlines.clear();
+        self.acknowledging.abort_all();
         let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
         loop {
@@ -218,12 +275,13 @@ async fn answer(
                 message,
                 state: InboxState::Pending,
                 error: None,
-                received_at_ms: 0,
+                received_at_ms: job.received_at_ms,
             }),
             ..TurnView::default()
         }),
         _ => None,
     };
+    let armed = job.armed.clone();
     let j = turn::Job {
         key: &job.key,
         chat,
@@ -231,6 +289,22 @@ async fn answer(
         view,
         arrived: None,
         slot: Some(slot),
+        armed: job.armed,
     };
-    turn::run(&ctx.turn, ctx, j).await
+    let r = turn::run(&ctx.turn, ctx, j).await;
+    if r.is_ok() {
+        // Over: answered, or nothing can answer it now.
+        if let Some(a) = armed {
+            a.disarm();
+        }
+    }
+    r
+}
+
+/// When the first of `deadlines` is due.
+async fn sleep_until_first(deadlines: &[Arc<Armed>]) {
+    match deadlines.iter().map(|a| a.at).min() {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }

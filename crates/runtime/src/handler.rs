@@ -160,6 +160,7 @@ impl TurnContext {
                 thread: true,
                 ref_name: None,
                 attachments: Vec::new(),
+                ephemeral: false,
             });
         }
         self
@@ -179,6 +180,20 @@ impl TurnContext {
             thread: false,
             ref_name: ref_name.map(str::to_owned),
             attachments: Vec::new(),
+            ephemeral: false,
+        })
+    }
+
+    /// Sends `text` back to the user who acted alone, where it answers their interaction (a
+    /// Discord command or button press: an ephemeral response); elsewhere as [`Self::reply`].
+    pub fn reply_ephemeral(&mut self, text: impl Into<String>) -> &mut Self {
+        self.act(Action::Send {
+            text: text.into(),
+            buttons: Vec::new(),
+            thread: true,
+            ref_name: None,
+            attachments: Vec::new(),
+            ephemeral: true,
         })
     }
 
@@ -365,6 +380,9 @@ pub struct Reply {
     pub actions: Vec<Action>,
     /// Entries of `actions` that could not be read, each with its reason (the others run).
     pub refused: Vec<String>,
+    /// `text` is shown only to the user who acted, where it answers their interaction (a
+    /// Discord command or button press).
+    pub ephemeral: bool,
 }
 
 impl Reply {
@@ -396,11 +414,21 @@ impl Reply {
             }
             Some(_) => return Err(HandlerError::BadReply("`actions` is not a list".into())),
         }
+        let ephemeral = match v.get("ephemeral") {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(HandlerError::BadReply(
+                    "`ephemeral` is not a boolean".into(),
+                ))
+            }
+        };
         Ok(Reply {
             text,
             state,
             actions,
             refused,
+            ephemeral,
         })
     }
 }

@@ -44,8 +44,8 @@ use crate::{
         TURN_WAITS_EXCEEDED_TOTAL,
     },
     reporter::Reporter,
-    retry::backoff,
-    turn::{self, Halt, Hold, TurnCtx},
+    retry::{backoff, sleep_or_stop},
+    turn::{self, Armed, Halt, Hold, TurnCtx},
 };
 
 /// Largest webhook body taken (bytes); larger ones are answered 413.
@@ -103,6 +103,13 @@ struct Inner {
     // std Mutexes: each held for one map operation, never across .await.
     specs: Mutex<HashMap<BotId, CachedSpec>>,
     senders: Mutex<HashMap<BotId, CachedSender>>,
+    /// Bots whose credentials the platform refused, with the `updated_at_ms` of the spec
+    /// refused: their turns under that spec call no handler, and hold their chats.
+    refused: Mutex<HashMap<BotId, Option<i64>>>,
+    /// Deadlines of events this worker received (a Telegram press), armed until they come
+    /// or the event's turn here ends; a turn on another worker races them, which the
+    /// platform settles (an acknowledgement after the answer is refused and ignored).
+    armed: Mutex<HashMap<(BotId, String), Arc<Armed>>>,
     /// Per chat key with a ticket waiting here: what its wake-up notifies.
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// (bot, entry key) being worked on here: the sweeper leaves them alone.
@@ -146,6 +153,23 @@ enum Handled {
     Done,
     /// This worker may not act (its lease is not safe): leave the entry to whoever takes over.
     Fenced,
+    /// The platform refused the bot's credentials: the entry stays pending, and so do the
+    /// chat's later ones, behind it, until the bot's spec changes.
+    Refused,
+}
+
+/// How long a turn held for a bot whose credentials were refused waits between looks at the
+/// bot's spec (read through the spec cache: one store read per bot per [`SPEC_TTL`]).
+const REFUSED_LOOK: Duration = Duration::from_secs(1);
+
+/// What became of a bot whose credentials were refused, for a turn held meanwhile.
+enum Replaced {
+    /// Its spec changed (a new token, say): the turn is tried again under it.
+    Spec(Arc<BotSpec>),
+    /// It was removed or disabled: the turn is let go, its entries stay pending.
+    Gone,
+    /// This worker is leaving, or its registration ended: the turn is left to be taken over.
+    Stop,
 }
 
 impl Hooks {
@@ -173,6 +197,8 @@ impl Hooks {
                 reporter,
                 specs: Mutex::default(),
                 senders: Mutex::default(),
+                refused: Mutex::default(),
+                armed: Mutex::default(),
                 waiters: Mutex::default(),
                 active: Mutex::default(),
                 retaking: Mutex::default(),
@@ -551,6 +577,12 @@ impl Hooks {
         }
         match journaled {
             Some(new) => {
+                let received: Vec<&botfleet_platform::Received> = messages
+                    .iter()
+                    .zip(&new)
+                    .filter_map(|(m, n)| n.then_some(m))
+                    .collect();
+                self.arm(&spec, &received, arrived);
                 let fresh = new.iter().filter(|n| **n).count() as u64;
                 self.inner.metrics.count(HOOKS_JOURNALED_TOTAL, p, fresh);
                 self.inner
@@ -725,7 +757,7 @@ impl Hooks {
     #[allow(clippy::too_many_arguments)]
     async fn serve(
         &self,
-        spec: &Arc<BotSpec>,
+        first: &Arc<BotSpec>,
         ck: &str,
         chat: &str,
         entry: &str,
@@ -736,6 +768,10 @@ impl Hooks {
         inc: &Option<Incarnation>,
         takeover: bool,
     ) -> Served {
+        let mut spec = first.clone();
+        let spec = &mut spec;
+        // Whether the spec changed under this turn after its credentials were refused.
+        let mut replaced = false;
         loop {
             // A taken-over turn's holder may still be frozen somewhere: the fence is recorded
             // first, so its late state write (for this entry or an older one) is refused.
@@ -764,7 +800,32 @@ impl Hooks {
                 }
                 other => other,
             };
+            let done = match done {
+                // The chat's later entries wait behind this one, in order, as a polling bot's
+                // do while it is failed; once the bot's spec changes it is answered again.
+                Handled::Refused => match self.until_replaced(spec, inc).await {
+                    Replaced::Spec(newer) => {
+                        *spec = newer;
+                        preload = None;
+                        replaced = true;
+                        continue;
+                    }
+                    Replaced::Gone => Handled::Done,
+                    Replaced::Stop => return Served::Stop,
+                },
+                other => other,
+            };
             if matches!(done, Handled::Done) {
+                if replaced {
+                    // Answered under the new spec: the bot works again.
+                    self.inner.reporter.report_under(
+                        &spec.id,
+                        BotStatus::Running,
+                        None,
+                        &self.worker_name(),
+                        self.spec_at(spec),
+                    );
+                }
                 return if self.release(ck, ticket, fence, inc).await {
                     Served::Done
                 } else {
@@ -782,6 +843,34 @@ impl Hooks {
                 }) => (fence, after_loss) = (f, recent),
                 Some(other) => return Served::Again(other),
                 None => return Served::Stop,
+            }
+        }
+    }
+
+    /// Holds a turn of a bot whose credentials were refused under `spec` until the bot's
+    /// spec changes (an operator replaced the token), it is removed or disabled, or this
+    /// worker stops.
+    async fn until_replaced(&self, spec: &Arc<BotSpec>, inc: &Option<Incarnation>) -> Replaced {
+        let refused_at = self.spec_at(spec);
+        let mut stop = self.inner.closed.subscribe();
+        loop {
+            if self.closed() || !self.same_registration(inc) {
+                return Replaced::Stop;
+            }
+            if sleep_or_stop(REFUSED_LOOK, &mut stop).await {
+                return Replaced::Stop;
+            }
+            match self.spec_of(&spec.id).await {
+                Ok(Some(s)) if !s.enabled => return Replaced::Gone,
+                Ok(Some(s)) if self.spec_at(&s) != refused_at => {
+                    info!(bot = %spec.id, "the bot's spec changed after its credentials were refused: answering its held turns again");
+                    return Replaced::Spec(s);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Replaced::Gone,
+                Err(e) => {
+                    debug!(bot = %spec.id, error = %e, "cannot read a refused bot's spec; looking again")
+                }
             }
         }
     }
@@ -951,6 +1040,60 @@ impl Hooks {
         .is_some()
     }
 
+    /// What the turns of `spec`'s bot (under the spec changed at `spec_at`) share here.
+    fn turn_ctx(&self, spec: &Arc<BotSpec>, spec_at: Option<i64>) -> TurnCtx {
+        TurnCtx {
+            bot: spec.id.clone(),
+            platform: spec.platform,
+            store: self.inner.store.clone(),
+            sender: self.sender_of(spec).map_err(|e| e.to_string()),
+            handler: Handler::new(
+                spec.handler.clone(),
+                self.inner.http.clone(),
+                spec.handler_timeout(self.inner.settings.handler_timeout),
+                &self.inner.settings.handlers,
+            ),
+            metrics: self.inner.metrics.clone(),
+            reporter: self.inner.reporter.clone(),
+            worker: self.worker_name(),
+            retry_for: self.inner.settings.retry_for,
+            spec_at_ms: spec_at,
+            slots: self.inner.settings.slots.clone(),
+            files: self.inner.settings.files.clone(),
+            caps: crate::platforms::caps(spec),
+            typing: spec.shows_typing(),
+        }
+    }
+
+    /// Arms the deadline of each event just journaled that has one: at it, the event is
+    /// acknowledged unless its turn here answered it first.
+    fn arm(&self, spec: &Arc<BotSpec>, fresh: &[&botfleet_platform::Received], arrived: Instant) {
+        let Ok(sender) = self.sender_of(spec) else {
+            return;
+        };
+        for m in fresh {
+            let Some(after) = sender.defer_after(&m.message) else {
+                continue;
+            };
+            let armed = Armed::new(m.message.clone(), arrived + after);
+            let mark = (spec.id.clone(), m.key.clone());
+            lock(&self.inner.armed).insert(mark.clone(), armed.clone());
+            let (h, spec) = (self.clone(), spec.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(armed.at.into()).await;
+                let ctx = h.turn_ctx(&spec, h.spec_at(&spec));
+                armed.expire(&ctx, &h).await;
+                lock(&h.inner.armed).remove(&mark);
+            });
+        }
+    }
+
+    /// This worker's id, for status reports (empty before it registered).
+    fn worker_name(&self) -> Arc<str> {
+        self.lease()
+            .map_or_else(|| Arc::from(""), |l| Arc::from(l.worker().to_string()))
+    }
+
     /// The current registration's incarnation, if registered.
     fn incarnation(&self) -> Option<Incarnation> {
         self.lease().map(|l| l.incarnation().clone())
@@ -1002,29 +1145,14 @@ impl Hooks {
         arrived: Option<Instant>,
         preload: Option<TurnView>,
     ) -> Handled {
-        let ctx = TurnCtx {
-            bot: spec.id.clone(),
-            platform: spec.platform,
-            store: self.inner.store.clone(),
-            sender: self.sender_of(spec).map_err(|e| e.to_string()),
-            handler: Handler::new(
-                spec.handler.clone(),
-                self.inner.http.clone(),
-                spec.handler_timeout(self.inner.settings.handler_timeout),
-                &self.inner.settings.handlers,
-            ),
-            metrics: self.inner.metrics.clone(),
-            reporter: self.inner.reporter.clone(),
-            worker: self
-                .lease()
-                .map_or_else(|| Arc::from(""), |l| Arc::from(l.worker().to_string())),
-            retry_for: self.inner.settings.retry_for,
-            spec_at_ms: self.spec_at(spec),
-            slots: self.inner.settings.slots.clone(),
-            files: self.inner.settings.files.clone(),
-            caps: crate::platforms::caps(spec),
-            typing: spec.shows_typing(),
-        };
+        let spec_at = self.spec_at(spec);
+        if lock(&self.inner.refused).get(&spec.id) == Some(&spec_at) {
+            // Refused under this very spec: no handler is called until it changes.
+            return Handled::Refused;
+        }
+        let ctx = self.turn_ctx(spec, spec_at);
+        let mark = (spec.id.clone(), key.to_owned());
+        let armed = lock(&self.inner.armed).get(&mark).cloned();
         let job = turn::Job {
             key,
             chat,
@@ -1032,12 +1160,21 @@ impl Hooks {
             view: preload,
             arrived,
             slot: None,
+            armed: armed.clone(),
         };
-        match turn::run(&ctx, self, job).await {
+        let r = turn::run(&ctx, self, job).await;
+        if let (Ok(()), Some(a)) = (&r, armed) {
+            // Over: its timer has nothing left to do.
+            a.disarm();
+            lock(&self.inner.armed).remove(&mark);
+        }
+        match r {
             Ok(()) => Handled::Done,
-            // The bot was reported failed: its entry stays pending, and the sweeper replays
-            // it once the bot is restarted (it passes failed bots by).
-            Err(Halt::Failed(_)) => Handled::Done,
+            // The bot was reported failed: its entry stays pending, its chat's turn held.
+            Err(Halt::Failed(_)) => {
+                lock(&self.inner.refused).insert(spec.id.clone(), spec_at);
+                Handled::Refused
+            }
             Err(Halt::Stopped | Halt::Fenced(_)) => Handled::Fenced,
         }
     }

@@ -22,6 +22,10 @@
 //! (`botfleet_outbox_window_seconds`).
 
 mod actions;
+mod deadline;
+
+pub(crate) use deadline::Armed;
+use deadline::Deadline;
 
 use std::{
     future::Future,
@@ -185,6 +189,9 @@ pub(crate) struct Job<'a> {
     /// The turn's slot, when its caller waited for it already (the chat queues do, before
     /// they start a turn); taken here otherwise.
     pub(crate) slot: Slot,
+    /// The event's deadline, when it was armed on receipt (the chat queues arm those of
+    /// what their bot's connection delivers).
+    pub(crate) armed: Option<Arc<Armed>>,
 }
 
 /// Answers one journaled entry and ends it: `Ok` once it is ended (answered, found
@@ -231,7 +238,7 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
             through_store(ctx, hold, "read the file-link key", || ctx.files.link_key()).await?;
         ctx.files.sign_all(&key, &ctx.bot, &mut msg.attachments);
     }
-    let mut deferred = false;
+    let mut deadline = Deadline::armed(job.armed);
     // The journal's clock is the wall clock: what it says of the event's age is near enough
     // for a platform's deadline of seconds.
     let age = u64::try_from(botfleet_core::unix_ms().saturating_sub(entry.received_at_ms))
@@ -250,7 +257,7 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         &mut msg,
         view.state.as_deref(),
         began,
-        &mut deferred,
+        &mut deadline,
     )
     .await?;
     let reply = match answered {
@@ -262,7 +269,8 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
             reply,
             revision: view.revision,
             already_sent: view.sent,
-            deferred,
+            deadline,
+            arrived: began.event,
         };
         return actions::run(ctx, hold, slot, &msg, turn, end, started).await;
     }
@@ -352,7 +360,7 @@ struct Began {
 /// The handler's answer (`Err` inside: why the message is undeliverable), transient failures
 /// (a timeout among them) retried for `retry_for` while the other chats go on, each call with
 /// the next `attempt`. An event with a platform deadline is acknowledged when the handler
-/// takes past it (`deferred` says so).
+/// takes past it (`deadline` says so).
 async fn answer(
     ctx: &TurnCtx,
     hold: &impl Hold,
@@ -360,7 +368,7 @@ async fn answer(
     msg: &mut Inbound,
     state: Option<&str>,
     began: Began,
-    deferred: &mut bool,
+    deadline: &mut Deadline,
 ) -> Result<Result<Reply, String>, Halt> {
     let mut attempt = 0;
     let mut waiting = Waiting::new(ctx, msg, began.event);
@@ -377,7 +385,7 @@ async fn answer(
             hold,
             msg,
             call,
-            deferred,
+            deadline,
             &mut waiting,
         ));
         let r = if slot.is_some() {
@@ -478,14 +486,14 @@ async fn while_handler_runs<F: Future>(
     hold: &impl Hold,
     msg: &Inbound,
     call: F,
-    deferred: &mut bool,
+    deadline: &mut Deadline,
     waiting: &mut Waiting,
 ) -> F::Output {
     tokio::pin!(call);
     let mut defer_tried = false;
     loop {
         let defer_at = match &ctx.sender {
-            Ok(s) if !*deferred && !defer_tried => {
+            Ok(s) if !deadline.deferred && !defer_tried => {
                 s.defer_after(msg).map(|after| waiting.since + after)
             }
             _ => None,
@@ -502,7 +510,7 @@ async fn while_handler_runs<F: Future>(
         if defer_at.is_some_and(|d| d <= Instant::now()) {
             // Once per call: a failure is not tried again until the next attempt.
             defer_tried = true;
-            defer(ctx, hold, msg, deferred).await;
+            deadline.defer(ctx, hold, msg).await;
         } else if waiting.next.is_some_and(|t| t <= Instant::now()) {
             let show = waiting.show(ctx, hold, msg);
             tokio::pin!(show);
@@ -511,27 +519,6 @@ async fn while_handler_runs<F: Future>(
                 () = &mut show => {}
                 // A slow typing call gives way to the deadline (typing is due again later).
                 () = sleep_until_some(defer_at) => {}
-            }
-        }
-    }
-}
-
-/// Acknowledges `msg` before its platform's deadline ([`botfleet_core::Act::Defer`]).
-async fn defer(ctx: &TurnCtx, hold: &impl Hold, msg: &Inbound, deferred: &mut bool) {
-    let Ok(sender) = &ctx.sender else { return };
-    if hold.check().is_ok() {
-        let key = format!("{}:defer", Outbound::reply_key(msg));
-        match sender
-            .act(&msg.chat, &botfleet_core::Act::Defer { event: msg }, &key)
-            .await
-        {
-            Ok(_) => {
-                *deferred = true;
-                debug!(bot = %ctx.bot, chat = %msg.chat.chat, "the handler is slow: the event was acknowledged to meet the platform's deadline");
-            }
-            Err(e) => {
-                ctx.metrics.platform_error(ctx.platform, e.reason());
-                warn!(bot = %ctx.bot, error = %e, "cannot acknowledge an event before its deadline");
             }
         }
     }

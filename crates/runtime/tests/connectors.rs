@@ -399,11 +399,12 @@ impl PlatformFixture for Discord {
         true
     }
     fn sent(&self, i: usize) -> Vec<(u32, String)> {
+        // Answers to interactions are what the user sees too.
         self.fake
             .state()
-            .sent_by(&Self::token(i))
+            .shown_in_channels(&Self::token(i))
             .into_iter()
-            .map(|p| (p.channel.parse().unwrap(), p.content))
+            .map(|(channel, text)| (channel.parse().unwrap(), text))
             .collect()
     }
     fn revoke(&self, i: usize) {
@@ -616,11 +617,37 @@ mod telegram {
         w.shutdown().await;
     }
 
+    /// Bot 0 answered by `handler`, on worker "a", with the menu `handler` sends for "menu"
+    /// ("Pick") shown in chat 3: its harness, its worker and the menu's message id.
+    async fn with_menu(
+        f: &Telegram,
+        handler: &botfleet_testkit::ScriptedHandler,
+    ) -> (
+        botfleet_testkit::connector_suite::Harness,
+        botfleet_testkit::connector_suite::RunningWorker,
+        i64,
+    ) {
+        use std::time::Duration;
+        let mut bot = f.bot(0);
+        bot.handler = botfleet_core::HandlerSpec::Webhook {
+            url: handler.url(),
+            secret: None,
+        };
+        let h = botfleet_testkit::connector_suite::Harness::new(&[bot]).await;
+        let w = h.start("a");
+        f.user_writes(0, 3, "menu");
+        let menu = botfleet_testkit::wait_for("the menu", Duration::from_secs(20), || async {
+            f.fake.state().sent().into_iter().find(|s| s.text == "Pick")
+        })
+        .await;
+        (h, w, menu.message_id)
+    }
+
     /// A button press whose handler takes 3.5 s: the query is answered empty first (the
     /// user's client stops spinning), and the handler's late answer comes as a message.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_slow_press_stops_the_spinner_and_answers_later() {
-        use botfleet_testkit::{connector_suite::Harness, wait_for, ScriptedHandler};
+        use botfleet_testkit::{wait_for, ScriptedHandler};
         use serde_json::{json, Value};
         use std::time::Duration;
         let f = Telegram::new().await;
@@ -631,22 +658,11 @@ mod telegram {
             _ => json!({"actions": [{"type": "send", "text": "Pick", "buttons": [[{"text": "A", "value": "a"}]]}]}),
         })
         .await;
-        let mut bot = f.bot(0);
-        bot.handler = botfleet_core::HandlerSpec::Webhook {
-            url: handler.url(),
-            secret: None,
-        };
-        let h = Harness::new(&[bot]).await;
-        let w = h.start("a");
-        f.user_writes(0, 3, "menu");
-        let menu = wait_for("the menu", Duration::from_secs(20), || async {
-            f.fake.state().sent().into_iter().find(|s| s.text == "Pick")
-        })
-        .await;
+        let (_h, w, menu) = with_menu(&f, &handler).await;
         let (_, query) = f
             .fake
             .state()
-            .user_presses(&Telegram::token(0), 3, menu.message_id, "a")
+            .user_presses(&Telegram::token(0), 3, menu, "a")
             .expect("the button");
         let press = wait_for("the press answered", Duration::from_secs(20), || async {
             f.fake.state().press(&query).filter(|p| p.answer.is_some())
@@ -675,6 +691,42 @@ mod telegram {
             1,
             "answered once"
         );
+        w.shutdown().await;
+    }
+
+    /// A press queued behind a slow turn of its chat: its spinner stops from its arrival,
+    /// though its own turn starts seconds later; its answer then comes as a message.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_press_queued_behind_a_slow_turn_stops_its_spinner_in_time() {
+        use botfleet_testkit::ScriptedHandler;
+        use serde_json::{json, Value};
+        use std::time::Duration;
+        let f = Telegram::new().await;
+        let handler = ScriptedHandler::start(|ev: &Value| match (ev["kind"].as_str(), ev["text"].as_str()) {
+            (Some("action"), _) => json!({"actions": [{"type": "answer", "text": "noted"}]}),
+            (_, Some("slow")) => json!({"_delay_ms": 5_000, "text": "slow reply"}),
+            _ => json!({"actions": [{"type": "send", "text": "Pick", "buttons": [[{"text": "A", "value": "a"}]]}]}),
+        })
+        .await;
+        let (_h, w, menu) = with_menu(&f, &handler).await;
+        f.user_writes(0, 3, "slow");
+        let (_, query) = f
+            .fake
+            .state()
+            .user_presses(&Telegram::token(0), 3, menu, "a")
+            .expect("the button");
+        botfleet_testkit::connector_suite::until_sent(&f, 0, "noted", Duration::from_secs(30))
+            .await;
+        let press = f.fake.state().press(&query).expect("the press");
+        let (args, at) = press.answer.expect("answered");
+        assert!(
+            at - press.at < Duration::from_secs(3),
+            "the spinner stops within 3 s of the press, not after the slow turn: {:?}",
+            at - press.at
+        );
+        assert!(args.get("text").is_none(), "answered empty: {args}");
+        let sent: Vec<String> = f.sent(0).into_iter().map(|(_, t)| t).collect();
+        assert_eq!(sent, ["Pick", "slow reply", "noted"], "in the chat's order");
         w.shutdown().await;
     }
 }

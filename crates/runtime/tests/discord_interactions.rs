@@ -14,6 +14,21 @@ use serde_json::{json, Value};
 
 const TOKEN: &str = "DISCORD.interactions.SECRET";
 
+/// A Discord bot `id` of `token` on `fake`, answered by `handler`.
+fn bot(id: &str, token: &str, fake: &FakeDiscord, handler: HandlerSpec) -> BotSpec {
+    let mut spec = BotSpec::new(BotId::new(id).unwrap(), Platform::Discord, token);
+    spec.options.api_url = Some(fake.url());
+    spec.handler = handler;
+    spec
+}
+
+fn webhook(handler: &ScriptedHandler) -> HandlerSpec {
+    HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_handlers_meet_the_interaction_deadline() {
     let fake = FakeDiscord::start().await.unwrap();
@@ -36,12 +51,7 @@ async fn slow_handlers_meet_the_interaction_deadline() {
         }
     })
     .await;
-    let mut spec = BotSpec::new(BotId::new("int").unwrap(), Platform::Discord, TOKEN);
-    spec.options.api_url = Some(fake.url());
-    spec.handler = HandlerSpec::Webhook {
-        url: handler.url(),
-        secret: None,
-    };
+    let spec = bot("int", TOKEN, &fake, webhook(&handler));
     let h = Harness::new(std::slice::from_ref(&spec)).await;
     let w = h.start("a");
     let state = fake.state();
@@ -63,13 +73,7 @@ async fn slow_handlers_meet_the_interaction_deadline() {
     );
     assert_eq!(done.answers[0].how, "original", "{:?}", done.answers);
     assert_eq!(done.answers[0].text, "here is the menu");
-    let menu = wait_for("the menu", Duration::from_secs(20), || async {
-        state
-            .sent_by(TOKEN)
-            .into_iter()
-            .find(|p| p.content == "Pick")
-    })
-    .await;
+    let menu = menu_of(state, TOKEN).await;
     assert_eq!(state.message(TOKEN, &menu.id).unwrap().buttons, ["a", "b"]);
     let press = state.user_presses(TOKEN, 7, &menu.id, "b").unwrap();
     let pressed = wait_for("the press answered", Duration::from_secs(20), || async {
@@ -112,5 +116,220 @@ async fn slow_handlers_meet_the_interaction_deadline() {
         .await
         .unwrap()
         .is_empty());
+    w.shutdown().await;
+}
+
+const ANSWERS: &str = "DISCORD.answers.SECRET";
+const ECHO: &str = "DISCORD.echo.SECRET";
+
+/// The menu ("Pick") the bot of `token` posted, once it is there.
+async fn menu_of(
+    state: &botfleet_discord::fake::FakeDiscordState,
+    token: &str,
+) -> botfleet_discord::fake::Sent {
+    wait_for("the menu", Duration::from_secs(20), || async {
+        state
+            .sent_by(token)
+            .into_iter()
+            .find(|p| p.content == "Pick")
+    })
+    .await
+}
+
+/// Checks that interaction `i` was acknowledged once, with callback `kind`, within
+/// Discord's 3 s, and shows `want` (`(how, text, ephemeral)` each), in order.
+fn answered_as(i: &botfleet_discord::fake::Interaction, kind: u64, want: &[(&str, &str, bool)]) {
+    let callbacks: Vec<u64> = i.callbacks.iter().map(|c| c.0).collect();
+    assert_eq!(callbacks, [kind], "acknowledged once: {i:?}");
+    assert!(
+        i.callbacks[0].1 < Duration::from_secs(3),
+        "within Discord's 3 s of the interaction: {i:?}"
+    );
+    let shown: Vec<(&str, &str, bool)> = i
+        .answers
+        .iter()
+        .map(|a| (a.how, a.text.as_str(), a.ephemeral))
+        .collect();
+    assert_eq!(shown, want, "{i:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_reply_is_the_interactions_answer_where_the_user_looks() {
+    let fake = FakeDiscord::start().await.unwrap();
+    let state = fake.state();
+    state.add_bot(ANSWERS, 1, 1);
+    state.add_bot(ECHO, 1, 1);
+    // The commands' channels are ones the bots may not post in: every answer must go
+    // through the interaction. The menu's channel (8) is open.
+    for channel in [7, 9, 10, 11, 12] {
+        state.mute(ANSWERS, channel);
+        state.mute(ECHO, channel);
+    }
+    let handler = ScriptedHandler::start(|ev: &Value| {
+        let value = ev["action"]["value"].as_str().unwrap_or("");
+        match (ev["kind"].as_str(), ev["command"]["name"].as_str()) {
+            (Some("command"), Some("quick")) => json!({"text": "quick answer"}),
+            (Some("command"), Some("slow")) => json!({"_delay_ms": 3_500, "text": "slow answer"}),
+            (Some("command"), Some("secret")) => json!({"text": "only you", "ephemeral": true,
+                "actions": [{"type": "send", "text": "and one more"}]}),
+            (Some("command"), Some("slowsecret")) => {
+                json!({"_delay_ms": 3_500, "text": "only you, later", "ephemeral": true})
+            }
+            (Some("command"), Some("menu")) => json!({"actions": [{"type": "send", "text": "Pick",
+                "buttons": [[{"text": "A", "value": "a"}, {"text": "B", "value": "b"}]]}]}),
+            (Some("action"), _) if value == "a" => json!({"text": "you chose a"}),
+            (Some("action"), _) => json!({"_delay_ms": 3_500, "actions": [
+                {"type": "send", "text": "you chose b", "ephemeral": true}]}),
+            _ => json!({}),
+        }
+    })
+    .await;
+    let answers = bot("answers", ANSWERS, &fake, webhook(&handler));
+    // Echo keeps no state: its turns start from what the gateway just delivered.
+    let echo = bot("echo", ECHO, &fake, HandlerSpec::Echo);
+    let h = Harness::new(&[answers.clone(), echo.clone()]).await;
+    let w = h.start("a");
+    wait_for("connected", Duration::from_secs(20), || async {
+        (state.connected_shards(ANSWERS) == 1 && state.connected_shards(ECHO) == 1).then_some(())
+    })
+    .await;
+    // Each in a channel of its own, so the slow ones run side by side.
+    let quick = state.user_runs_command(ANSWERS, 7, "quick", json!([]));
+    let slow = state.user_runs_command(ANSWERS, 9, "slow", json!([]));
+    let secret = state.user_runs_command(ANSWERS, 10, "secret", json!([]));
+    let slow_secret = state.user_runs_command(ANSWERS, 11, "slowsecret", json!([]));
+    let echoed = state.user_runs_command(ECHO, 12, "ping", json!([]));
+    let menu = state.user_runs_command(ANSWERS, 8, "menu", json!([]));
+    let pick = menu_of(state, ANSWERS).await;
+    let press_a = state.user_presses(ANSWERS, 8, &pick.id, "a").unwrap();
+    let press_b = state.user_presses(ANSWERS, 8, &pick.id, "b").unwrap();
+    let expected = [
+        (&quick, 1),
+        (&slow, 1),
+        (&secret, 2),
+        (&slow_secret, 1),
+        (&echoed, 1),
+        (&press_a, 1),
+        (&press_b, 1),
+    ];
+    let store = h.store();
+    wait_for(
+        "every interaction answered",
+        Duration::from_secs(30),
+        || async {
+            let answered = expected.iter().all(|(id, n)| {
+                state
+                    .interaction_of(id)
+                    .is_some_and(|i| i.answers.len() >= *n)
+            });
+            let menu_done = state
+                .interaction_of(&menu)
+                .is_some_and(|i| i.original_deleted);
+            let a = store.inbox_pending(&answers.id, 10).await.unwrap();
+            let e = store.inbox_pending(&echo.id, 10).await.unwrap();
+            (answered && menu_done && a.is_empty() && e.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let got = |id: &str| state.interaction_of(id).unwrap();
+    // Answered in the callback itself, never deferred first.
+    answered_as(&got(&quick), 4, &[("response", "quick answer", false)]);
+    answered_as(&got(&echoed), 4, &[("response", "/ping", false)]);
+    // Deferred in time, then the "thinking…" becomes the answer.
+    answered_as(&got(&slow), 5, &[("original", "slow answer", false)]);
+    assert!(!got(&slow).original_deleted);
+    // Ephemeral in the callback; a second text follows up.
+    answered_as(
+        &got(&secret),
+        4,
+        &[
+            ("response", "only you", true),
+            ("followup", "and one more", false),
+        ],
+    );
+    // Ephemeral after a public deferral: the "thinking…" goes, the text is the user's alone.
+    answered_as(
+        &got(&slow_secret),
+        5,
+        &[("followup", "only you, later", true)],
+    );
+    assert!(got(&slow_secret).original_deleted);
+    // A press: answered in its callback, or after a deferral as a follow-up.
+    answered_as(&got(&press_a), 4, &[("response", "you chose a", false)]);
+    answered_as(&got(&press_b), 6, &[("followup", "you chose b", true)]);
+    // The menu with its buttons went to its channel; it answered nothing, so its command was
+    // acknowledged and left nothing "thinking".
+    assert!(got(&menu).original_deleted);
+    let posted: Vec<String> = state
+        .sent_by(ANSWERS)
+        .into_iter()
+        .map(|p| p.content)
+        .collect();
+    assert_eq!(posted, ["Pick"], "only the menu is a channel message");
+    assert!(state.sent_by(ECHO).is_empty());
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactions_queued_behind_a_slow_turn_are_acknowledged_from_their_arrival() {
+    let fake = FakeDiscord::start().await.unwrap();
+    let state = fake.state();
+    state.add_bot(ANSWERS, 1, 1);
+    let handler = ScriptedHandler::start(|ev: &Value| {
+        let value = ev["action"]["value"].as_str().unwrap_or("");
+        match (ev["kind"].as_str(), ev["command"]["name"].as_str()) {
+            (Some("command"), Some("menu")) => json!({"actions": [{"type": "send", "text": "Pick",
+                "buttons": [[{"text": "A", "value": "a"}, {"text": "B", "value": "b"}]]}]}),
+            // Past Discord's 3 s for everything queued behind it in its channel.
+            (Some("command"), Some("slow")) => json!({"_delay_ms": 5_000, "text": "slow answer"}),
+            (Some("command"), Some("quick")) => json!({"text": "quick answer"}),
+            (Some("action"), _) => {
+                json!({"text": format!("you chose {value}"), "ephemeral": value == "b"})
+            }
+            _ => json!({}),
+        }
+    })
+    .await;
+    let spec = bot("queued", ANSWERS, &fake, webhook(&handler));
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    let w = h.start("a");
+    wait_for("connected", Duration::from_secs(20), || async {
+        (state.connected_shards(ANSWERS) == 1).then_some(())
+    })
+    .await;
+    state.user_runs_command(ANSWERS, 8, "menu", json!([]));
+    let pick = menu_of(state, ANSWERS).await;
+    // Everything after `/slow` in its channel waits for its turn, 5 s.
+    let slow = state.user_runs_command(ANSWERS, 8, "slow", json!([]));
+    let press_a = state.user_presses(ANSWERS, 8, &pick.id, "a").unwrap();
+    let press_b = state.user_presses(ANSWERS, 8, &pick.id, "b").unwrap();
+    let quick = state.user_runs_command(ANSWERS, 8, "quick", json!([]));
+    let store = h.store();
+    wait_for(
+        "every interaction answered",
+        Duration::from_secs(30),
+        || async {
+            let answered = [&slow, &press_a, &press_b, &quick].iter().all(|id| {
+                state
+                    .interaction_of(id)
+                    .is_some_and(|i| !i.answers.is_empty())
+            });
+            let pending = store.inbox_pending(&spec.id, 10).await.unwrap();
+            (answered && pending.is_empty()).then_some(())
+        },
+    )
+    .await;
+    for (id, kind, how, text, ephemeral) in [
+        (&slow, 5, "original", "slow answer", false),
+        (&press_a, 6, "followup", "you chose a", false),
+        (&press_b, 6, "followup", "you chose b", true),
+        (&quick, 5, "original", "quick answer", false),
+    ] {
+        answered_as(
+            &state.interaction_of(id).unwrap(),
+            kind,
+            &[(how, text, ephemeral)],
+        );
+    }
     w.shutdown().await;
 }

@@ -223,6 +223,71 @@ async fn racing_deliveries_of_one_chat_take_turns() {
     }
 }
 
+/// A press delivered by webhook while a slow turn of its chat runs (on whichever worker): the
+/// worker that received it stops its spinner within 3 s of the press, though its turn starts
+/// seconds later; its answer then comes as a message, after the slow reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_press_queued_behind_a_slow_turn_stops_its_spinner_in_time() {
+    use serde_json::{json, Value};
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    let handler = botfleet_testkit::ScriptedHandler::start(|ev: &Value| {
+        match (ev["kind"].as_str(), ev["text"].as_str()) {
+            (Some("action"), _) => json!({"actions": [{"type": "answer", "text": "noted"}]}),
+            (_, Some("slow")) => json!({"_delay_ms": 5_000, "text": "slow reply"}),
+            _ => json!({"actions": [{"type": "send", "text": "Pick",
+                "buttons": [[{"text": "A", "value": "a"}]]}]}),
+        }
+    })
+    .await;
+    let proxy = RoundRobinProxy::start(Vec::new()).await;
+    let token = "4545:press-token";
+    fake.state().add_bot(token);
+    store
+        .add_bot(&webhook_bot("presses", token, &fake, &handler.url()))
+        .await
+        .unwrap();
+    let hub = MemoryHub::new();
+    let workers = fleet(&["a", "b"], &hub, &store, &proxy.url()).await;
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    until("the webhook registered", 10, || {
+        fake.state().webhook(token).is_some()
+    })
+    .await;
+    fake.state().user_writes(token, 88, "menu");
+    let menu = wait_for("the menu", Duration::from_secs(20), || async {
+        fake.state().sent().into_iter().find(|s| s.text == "Pick")
+    })
+    .await;
+    fake.state().user_writes(token, 88, "slow");
+    // Pressed while the slow turn runs: its handler has the message.
+    until("the slow turn running", 20, || {
+        handler.seen().iter().any(|e| e["text"] == "slow")
+    })
+    .await;
+    let (_, query) = fake
+        .state()
+        .user_presses(token, 88, menu.message_id, "a")
+        .expect("the button");
+    until("the press answered", 30, || {
+        fake.state().sent().iter().any(|s| s.text == "noted")
+    })
+    .await;
+    let press = fake.state().press(&query).expect("the press");
+    let (args, at) = press.answer.expect("the spinner stopped");
+    assert!(
+        at - press.at < Duration::from_secs(3),
+        "within 3 s of the press, not after the slow turn: {:?}",
+        at - press.at
+    );
+    assert!(args.get("text").is_none(), "answered empty: {args}");
+    let sent: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(sent, ["Pick", "slow reply", "noted"], "in the chat's order");
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
 /// A request without the secret token (or with a wrong one) is refused before anything is
 /// stored; a redelivery of an update to another worker is acknowledged and answered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,6 +713,15 @@ impl WebhookFixture for WhatsappFixture {
             })
             .collect()
     }
+    fn revoke(&self) -> bool {
+        self.graph.state().revoke(WA_NUMBER);
+        true
+    }
+    fn rotate(&self, spec: &mut BotSpec) -> bool {
+        self.graph.state().set_token(WA_NUMBER, "EAAG-rotated");
+        spec.token = Secret::new("EAAG-rotated");
+        true
+    }
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
         let body = br#"{"object":"whatsapp_business_account","entry":[{"id":"x","changes":[{"field":"messages","value":{"messages":[{"from":"1","id":"wamid.forged","type":"text","text":{"body":"forged"}}]}}]}]}"#;
         http.post(hook)
@@ -657,6 +731,15 @@ impl WebhookFixture for WhatsappFixture {
             )
             .body(body.to_vec())
     }
+}
+
+/// A WhatsApp Cloud token Graph refuses holds the bot's chats in order until it is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_whatsapp_token_holds_its_chats_in_order_until_replaced() {
+    let f = WhatsappFixture {
+        graph: botfleet_testkit::FakeGraph::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::refused_tokens_hold_their_chats(&f).await;
 }
 
 /// WhatsApp Cloud API passes the suite with every message delivered twice and status updates
@@ -795,6 +878,24 @@ async fn whatsapp_cloud_bots_pass_the_webhook_suite() {
     for text in [":warm", ":rotated"] {
         assert_eq!(answered(text), 1, "{text} answered once");
     }
+    // In the chat's order: what waited while the token was refused held the chat's turn, so
+    // the message written after the rotation came after them.
+    let order: Vec<String> = f
+        .replies()
+        .into_iter()
+        .filter(|(to, t)| {
+            to == "491709"
+                && [":after", ":warm", ":rotated"]
+                    .iter()
+                    .any(|x| t.ends_with(x))
+        })
+        .map(|(_, t)| t.rsplit(':').next().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        order,
+        ["after", "warm", "rotated"],
+        "answered in the chat's order"
+    );
     let rec = run.store.get_bot(&id).await.unwrap().unwrap();
     assert_ne!(
         rec.status,

@@ -184,18 +184,30 @@ pub async fn act(
             text,
             alert,
             deferred,
+            answered,
             ..
         } => match &event.answer_handle {
             // A command's answer is a message: Telegram has no other way to answer one. So is
-            // a press's answered empty already (the handler took long).
+            // a press's answered already (empty, because the handler took long, or by an
+            // earlier `answer`): a query is answered once.
             None => return answer_as_message(client, api, chat_id, *text).await,
-            Some(_) if *deferred => return answer_as_message(client, api, chat_id, *text).await,
+            Some(_) if *deferred || *answered => {
+                return answer_as_message(client, api, chat_id, *text).await
+            }
             Some(query) => {
                 let mut body = json!({ "callback_query_id": query, "show_alert": alert });
                 if let Some(t) = text {
                     body["text"] = json!(t.chars().take(200).collect::<String>());
                 }
-                client.call_method(api, "answerCallbackQuery", body).await
+                match client.call_method(api, "answerCallbackQuery", body).await {
+                    // Answered before: acknowledged at its deadline by the worker that
+                    // received it while this turn ran on another. The text still shows, as
+                    // a message.
+                    Err(e) if already_done(&e) && text.is_some_and(|t| !t.is_empty()) => {
+                        return answer_as_message(client, api, chat_id, *text).await
+                    }
+                    r => r,
+                }
             }
         },
     };

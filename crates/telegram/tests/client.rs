@@ -290,6 +290,7 @@ async fn a_deferred_press_is_answered_empty_and_its_late_answer_is_a_message() {
         alert: false,
         ephemeral: false,
         deferred: true,
+        answered: false,
     };
     let id = botfleet_telegram::act(&c, &api, "77", &late).await.unwrap();
     assert!(id.is_some(), "the late answer is a message");

@@ -132,6 +132,14 @@ impl FakeGraphState {
         }
     }
 
+    /// Gives the number a new token (an operator's rotation): the old one is refused from
+    /// now on; the subscription stays.
+    pub fn set_token(&self, phone_number_id: &str, token: &str) {
+        if let Some(n) = self.lock().numbers.get_mut(phone_number_id) {
+            n.token = token.to_owned();
+        }
+    }
+
     /// Subscribes `url` to the number's changes (what the Meta app dashboard does).
     pub fn subscribe(&self, phone_number_id: &str, url: &str) {
         if let Some(n) = self.lock().numbers.get_mut(phone_number_id) {

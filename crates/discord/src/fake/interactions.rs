@@ -40,6 +40,8 @@ pub struct Interaction {
     pub token: String,
     /// A command (or a component).
     pub command: bool,
+    /// The channel it came from.
+    pub channel: u64,
     /// When it was dispatched.
     pub at: Instant,
     /// The callback types received, with how long after the interaction each came.
@@ -48,6 +50,9 @@ pub struct Interaction {
     pub answers: Vec<Answered>,
     /// Whether the original response was deleted.
     pub original_deleted: bool,
+    /// Whether a deferral of a command (type 5) was ephemeral (flags 64): the response it
+    /// stands for stays as visible as it was deferred.
+    pub deferred_ephemeral: bool,
 }
 
 /// Checks components as Discord does for what the fleet sends: at most 5 action rows (type 1)
@@ -104,6 +109,14 @@ fn bad(code: u64, message: &str) -> Response {
         .into_response()
 }
 
+fn unknown_message() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({"message": "Unknown Message", "code": 10008})),
+    )
+        .into_response()
+}
+
 fn unknown() -> Response {
     (
         StatusCode::NOT_FOUND,
@@ -128,10 +141,12 @@ impl FakeDiscordState {
                 bot: token.to_owned(),
                 token: itoken.clone(),
                 command,
+                channel,
                 at: Instant::now(),
                 callbacks: Vec::new(),
                 answers: Vec::new(),
                 original_deleted: false,
+                deferred_ephemeral: false,
             },
         );
         let mut d = json!({
@@ -204,6 +219,23 @@ impl FakeDiscordState {
         all
     }
 
+    /// What the bot of `token` showed in its channels, in the order it came: the messages
+    /// it posted and its answers to interactions, each as `(channel, text)`.
+    pub fn shown_in_channels(&self, token: &str) -> Vec<(String, String)> {
+        let mut all: Vec<(Instant, String, String)> = self
+            .sent_by(token)
+            .into_iter()
+            .map(|p| (p.at, p.channel, p.content))
+            .collect();
+        for i in self.interactions(token) {
+            for a in i.answers {
+                all.push((i.at + a.after, i.channel.to_string(), a.text));
+            }
+        }
+        all.sort_by_key(|(at, ..)| *at);
+        all.into_iter().map(|(_, c, t)| (c, t)).collect()
+    }
+
     /// The application commands the bot of `token` registered last (`None`: never).
     pub fn commands(&self, token: &str) -> Option<Value> {
         lock(&self.inner.bots)
@@ -250,7 +282,7 @@ pub(super) async fn callback(
                 after,
             });
         }
-        5 => {}
+        5 => i.deferred_ephemeral = body["data"]["flags"].as_u64().is_some_and(|f| f & 64 != 0),
         6 if !i.command => {}
         _ => return bad(50035, "Invalid Form Body: type"),
     }
@@ -299,18 +331,19 @@ pub(super) async fn webhook(
         (m, _) if text.is_empty() && m != Method::DELETE => {
             bad(50006, "Cannot send an empty message")
         }
-        (Method::PATCH, true) => {
+        (Method::PATCH, true) if i.original_deleted => unknown_message(),
+        (Method::PATCH, true) | (Method::POST, false) => {
+            let deferred = i.callbacks.first().is_some_and(|c| c.0 == 5);
+            // As Discord does: the first follow-up after a command's deferral edits its
+            // "thinking…" message; the response keeps the visibility it was given first.
+            let edits = original || (deferred && i.answers.is_empty() && !i.original_deleted);
+            let (how, ephemeral) = match (edits, deferred) {
+                (false, _) => ("followup", ephemeral),
+                (true, true) => ("original", i.deferred_ephemeral),
+                (true, false) => ("original", i.answers.first().is_some_and(|a| a.ephemeral)),
+            };
             i.answers.push(Answered {
-                how: "original",
-                text: text.clone(),
-                ephemeral: false,
-                after,
-            });
-            Json(json!({"id": "0", "content": text})).into_response()
-        }
-        (Method::POST, false) => {
-            i.answers.push(Answered {
-                how: "followup",
+                how,
                 text: text.clone(),
                 ephemeral,
                 after,

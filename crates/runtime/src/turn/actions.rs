@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
-use super::{attempt, checked_state, through_store, End, Halt, Hold, Slot, TurnCtx};
+use super::{
+    attempt, checked_state, deadline::Deadline, through_store, End, Halt, Hold, Slot, TurnCtx,
+};
 use crate::{
     handler::Reply,
     metrics::{ACTION_REFUSED_TOTAL, FILES_SENT_TOTAL},
@@ -92,9 +94,16 @@ pub(super) struct Answered {
     pub(super) revision: u64,
     /// Whether the outbox had the reply already.
     pub(super) already_sent: bool,
-    /// Whether the event was acknowledged while the handler worked.
-    pub(super) deferred: bool,
+    /// The event's deadline: whether it was acknowledged while the handler worked, and
+    /// the timer armed on receipt.
+    pub(super) deadline: Deadline,
+    /// When the event arrived (as near as the journal says).
+    pub(super) arrived: Instant,
 }
+
+/// How long after an interaction arrived a text may still go as its answer (Discord's
+/// interaction token answers for 15 minutes), less a margin for the call itself.
+const ANSWER_TOKEN_LIFE: Duration = Duration::from_secs(14 * 60 + 30);
 
 /// For an `action` event: the handler's own value back (for a long one the fleet stood in
 /// for) and the ref of the message that carried the button.
@@ -159,8 +168,10 @@ struct Run<'a> {
     dirty: bool,
     /// Where the idempotency keys of the actions start.
     key_base: String,
-    /// Whether the event was acknowledged while the handler worked.
-    deferred: bool,
+    /// The event's deadline (whether it was acknowledged before its answer).
+    deadline: Deadline,
+    /// When the event arrived.
+    arrived: Instant,
 }
 
 /// Does `reply`'s actions for `msg` and ends the entry.
@@ -177,7 +188,8 @@ pub(super) async fn run(
         reply,
         revision,
         already_sent,
-        deferred,
+        deadline,
+        arrived,
     } = answered;
     let key_base = botfleet_core::Outbound::reply_key(msg);
     let earlier = read_progress(ctx, hold, end.key).await?;
@@ -193,6 +205,7 @@ pub(super) async fn run(
                     thread: true,
                     ref_name: None,
                     attachments: Vec::new(),
+                    ephemeral: reply.ephemeral,
                 });
             }
             actions.extend(reply.actions);
@@ -214,7 +227,8 @@ pub(super) async fn run(
         p,
         dirty: false,
         key_base,
-        deferred,
+        deadline,
+        arrived,
     };
     if already_sent {
         // A superseded chat turn did them all and recorded only that: not again.
@@ -240,15 +254,13 @@ pub(super) async fn run(
     if !run.p.answered && needs_answer(ctx, msg) {
         // Nothing answered the press or the command: acknowledged, so the user's client
         // stops waiting.
-        let act = Act::Answer {
-            event: msg,
+        let key = format!("{}:ack", run.key_base);
+        let ack = Answer {
             text: None,
             alert: false,
             ephemeral: false,
-            deferred: run.deferred,
         };
-        let key = format!("{}:ack", run.key_base);
-        match run.done(hold, &mut slot, &act, &key, started).await {
+        match run.answer(hold, &mut slot, ack, &key, started).await {
             Ok(Ok(())) => {}
             Ok(Err(why)) => {
                 warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %why, "cannot acknowledge an unanswered event");
@@ -491,9 +503,20 @@ impl Run<'_> {
                 thread,
                 ref_name: name,
                 attachments,
+                ephemeral,
             } => {
                 if text.is_empty() && attachments.is_empty() {
                     return Ok(Err("a send needs a text or attachments".into()));
+                }
+                if self.answers_in_place(action) {
+                    // The interaction's own answer (or one more under it): where the user
+                    // looks, and needing no right to post in the channel.
+                    let answer = Answer {
+                        text: Some(text),
+                        alert: false,
+                        ephemeral: *ephemeral,
+                    };
+                    return self.answer(hold, slot, answer, &key, started).await;
                 }
                 let rows = match self.buttons(buttons, &caps) {
                     Ok(r) => r,
@@ -606,16 +629,66 @@ impl Run<'_> {
                             .into(),
                     ));
                 }
-                let act = Act::Answer {
-                    event: self.msg,
+                let answer = Answer {
                     text: text.as_deref(),
                     alert: *alert,
                     ephemeral: *ephemeral,
-                    deferred: self.deferred,
                 };
-                self.done(hold, slot, &act, &key, started).await
+                self.answer(hold, slot, answer, &key, started).await
             }
         }
+    }
+
+    /// Answers the event, with its deadline's timer held off meanwhile: as a follow-up
+    /// when the event was acknowledged before (by the turn or the timer) or answered.
+    async fn answer(
+        &mut self,
+        hold: &impl Hold,
+        slot: &mut Slot,
+        a: Answer<'_>,
+        key: &str,
+        started: Instant,
+    ) -> Result<Result<(), String>, Halt> {
+        let answering = self.deadline.answering().await;
+        let act = Act::Answer {
+            event: self.msg,
+            text: a.text,
+            alert: a.alert,
+            ephemeral: a.ephemeral,
+            deferred: self.deadline.deferred,
+            answered: self.p.answered,
+        };
+        let r = self.done(hold, slot, &act, key, started).await?;
+        if r.is_ok() {
+            answering.done();
+        }
+        Ok(r)
+    }
+
+    /// Whether send `action` goes as the event's answer: a text alone (no buttons, files or
+    /// ref) for an interaction of a platform that answers those in place
+    /// ([`botfleet_platform::Sender::answers_in_place`]), while its token still answers.
+    fn answers_in_place(&self, action: &Action) -> bool {
+        let Action::Send {
+            text,
+            buttons,
+            ref_name: None,
+            attachments,
+            ..
+        } = action
+        else {
+            return false;
+        };
+        let Ok(sender) = &self.ctx.sender else {
+            return false;
+        };
+        !text.is_empty()
+            && buttons.iter().all(Vec::is_empty)
+            && attachments.is_empty()
+            && self.ctx.caps.answer
+            && matches!(self.msg.kind, EventKind::Action | EventKind::Command)
+            && sender.answers_in_place(self.msg)
+            && self.arrived.elapsed() < ANSWER_TOKEN_LIFE
     }
 
     /// Does `act` (one that makes no new message).
@@ -642,6 +715,13 @@ impl Run<'_> {
         }
         Ok(r.map(|_| ()))
     }
+}
+
+/// An answer to the event, as [`Act::Answer`] takes it.
+struct Answer<'a> {
+    text: Option<&'a str>,
+    alert: bool,
+    ephemeral: bool,
 }
 
 /// The short key that stands in for a long button value on the wire: `bf~` and 18
