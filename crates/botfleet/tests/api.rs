@@ -510,6 +510,45 @@ async fn the_cli_manages_bots_through_a_workers_api() {
         true,
     );
     assert_eq!(code, Some(0), "{out}{err}");
+    // `--worker-url` names the worker itself, over BOTFLEET_API_URL (here a dead port).
+    fake.state().add_bot("9:SECRET-FLAG");
+    let via_flag = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .args(args)
+            .args(["--worker-url", &w.url])
+            .arg("--api-token-file")
+            .arg(&token_file)
+            .current_dir(&cwd)
+            .env_remove("BOTFLEET_API_TOKEN")
+            .env_remove("BOTFLEET_DATABASE_URL")
+            .env("BOTFLEET_API_URL", "http://127.0.0.1:9")
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        (o.status.code(), out, err)
+    };
+    let (code, out, err) = via_flag(&[
+        "bots",
+        "add",
+        "cli-flag",
+        "--platform",
+        "telegram",
+        "--token",
+        "9:SECRET-FLAG",
+        "--api-url",
+        &fake.url(),
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = via_flag(&["bots", "update", "cli-flag", "--typing", "false"]);
+    assert_eq!((code, out.trim()), (Some(0), "updated cli-flag"), "{err}");
+    let (_, out, _) = cli(&["bots", "list", "--json"], true);
+    assert!(
+        out.lines().any(|l| l.contains("\"cli-flag\"")),
+        "added through the flag's worker: {out}"
+    );
+    let (code, _, err) = cli(&["bots", "remove", "cli-flag"], true);
+    assert_eq!(code, Some(0), "{err}");
     wait_for("cli-bot polling", Duration::from_secs(15), || async {
         fake.state().is_polling("7:SECRET-CLI").then_some(())
     })

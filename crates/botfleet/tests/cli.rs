@@ -88,16 +88,7 @@ fn flags(args: &[&str]) -> Vec<String> {
 /// Flags no test runs through the binary yet, by command. The list only shrinks: a flag that
 /// a test comes to run must leave it (the test below fails until it does). A flag's text is
 /// looked for in every test, so one that two commands share counts for both.
-const NOT_YET_RUN: &[(&str, &str)] = &[
-    ("bots add", "worker-url"),
-    ("bots update", "worker-url"),
-    ("bots link", "force"),
-    ("demo", "slack-percent"),
-    ("demo", "discord-percent"),
-    ("demo", "webhook-percent"),
-    ("demo", "wait-s"),
-    ("demo", "stay"),
-];
+const NOT_YET_RUN: &[(&str, &str)] = &[];
 
 /// Every flag of every command is run through the binary by some test of this crate (its
 /// text `"--flag"` in a test file), or is listed in [`NOT_YET_RUN`]; a new flag without a test

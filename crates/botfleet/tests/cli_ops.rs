@@ -425,19 +425,72 @@ async fn an_embedded_worker_serves_bots_health_and_metrics() {
 
 #[test]
 fn the_demo_runs_and_reports_nothing_lost() {
-    let o = botfleet(&[
-        "demo",
-        "--bots",
-        "30",
-        "--duration-s",
-        "10",
-        "--lease-ms",
-        "1000",
-        "--rate",
-        "50",
-    ]);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{out}\n{err}");
+    // Every flag of its own: the mix of platforms, a pause before users write, and the page
+    // kept up after the report until Ctrl-C.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
+        .args([
+            "demo",
+            "--bots",
+            "30",
+            "--slack-percent",
+            "20",
+            "--discord-percent",
+            "10",
+            "--webhook-percent",
+            "20",
+            "--duration-s",
+            "10",
+            "--lease-ms",
+            "1000",
+            "--rate",
+            "50",
+            "--wait-s",
+            "1",
+            "--stay",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut out = String::new();
+    let page = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            panic!("the demo ended before its page stayed up:\n{out}");
+        };
+        out.push_str(&line);
+        out.push('\n');
+        if let Some(rest) = line.strip_prefix("the page stays up at http://") {
+            break rest.split('/').next().unwrap().to_owned();
+        }
+    };
+    // Still serving after the report.
+    let mut conn = std::net::TcpStream::connect(&page).unwrap();
+    std::io::Write::write_all(&mut conn, b"GET / HTTP/1.0\r\nHost: demo\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    assert!(
+        answer.lines().next().is_some_and(|l| l.contains(" 200 ")),
+        "{answer:.200}"
+    );
+    // Ctrl-C ends it, with the run's verdict as its exit status.
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{out}\n{err}");
+    assert!(
+        out.contains("30 bots (21 Telegram of which 6 by webhook")
+            && out.contains("6 Slack, 3 Discord"),
+        "the mix as asked: {out}"
+    );
+    assert!(out.contains("users start writing in 1 s"), "{out}");
     // Every platform in one pool, each reported: nothing lost, every chat in order.
     for p in ["telegram", "slack", "discord"] {
         let line = out

@@ -230,6 +230,14 @@ async fn linked_sessions_move_across_kill_and_sigterm_without_two_connections() 
     let out = cli(&db, &["bots", "link", "wa-0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("linked already"));
+    // Replacing the session of a bot a worker may be running is refused: disabled first.
+    let out = cli(&db, &["bots", "link", "wa-0", "--force"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is enabled") && err.contains("botfleet bots disable wa-0"),
+        "{err}"
+    );
 
     let store = SqliteStore::open(&db_path).await.unwrap();
     let mut workers: Vec<Proc> = ["w1", "w2", "w3"]
