@@ -196,6 +196,9 @@ pub enum Act<'a> {
         /// The event has its answer already: this one comes after it (Discord: a follow-up
         /// message, where a first answer would edit the original response).
         answered: bool,
+        /// Rows of buttons under it, where an answer is a message that shows them (Discord's
+        /// interaction responses); empty otherwise.
+        buttons: &'a [Vec<Button>],
     },
     /// Acknowledge `event` now, before the handler has answered, so the platform's deadline
     /// is met (Discord's 3 s for an interaction); an answer later follows up.

@@ -185,11 +185,25 @@ fn already(e: &DiscordError) -> bool {
     matches!(e, DiscordError::Rejected { code, .. } if *code == ALREADY_ACKNOWLEDGED)
 }
 
-/// The message body of an answer: `text` (cut to 2,000 characters), ephemeral when asked.
-fn message(text: &str, ephemeral: bool) -> Value {
+/// What an answer says.
+pub(crate) struct Reply<'a> {
+    /// Its text (none: an acknowledgement that shows nothing).
+    pub(crate) text: Option<&'a str>,
+    /// Only the user who acted sees it.
+    pub(crate) ephemeral: bool,
+    /// Its buttons, as message components.
+    pub(crate) components: Option<Value>,
+}
+
+/// The message body of an answer: `text` (cut to 2,000 characters) with the reply's
+/// components, ephemeral when asked (`ephemeral` here: an edit keeps what the response was).
+fn message(text: &str, r: &Reply<'_>, ephemeral: bool) -> Value {
     let mut data = json!({ "content": text.chars().take(2000).collect::<String>() });
     if ephemeral {
         data["flags"] = json!(EPHEMERAL);
+    }
+    if let Some(c) = &r.components {
+        data["components"] = c.clone();
     }
     data
 }
@@ -208,20 +222,20 @@ pub(crate) async fn answer(
     client: &DiscordClient,
     api: &DiscordApi,
     handle: &str,
-    text: Option<&str>,
-    ephemeral: bool,
+    reply: &Reply<'_>,
     deferred: bool,
     answered: bool,
 ) -> Result<(), DiscordError> {
     let h = Handle::read(handle)?;
-    let text = text.filter(|t| !t.is_empty());
+    let text = reply.text.filter(|t| !t.is_empty());
+    let ephemeral = reply.ephemeral;
     let hook = (h.app, h.token, "");
     let original = (h.app, h.token, "/messages/@original");
     if answered {
         // After the first answer, a text is one more message under it.
         return match text {
             Some(t) => {
-                let body = message(t, ephemeral);
+                let body = message(t, reply, ephemeral);
                 client
                     .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
                     .await
@@ -231,7 +245,7 @@ pub(crate) async fn answer(
     }
     if !deferred {
         let body = match (text, h.command) {
-            (Some(t), _) => json!({ "type": 4, "data": message(t, ephemeral) }),
+            (Some(t), _) => json!({ "type": 4, "data": message(t, reply, ephemeral) }),
             (None, false) => json!({ "type": 6 }),
             (None, true) => json!({ "type": 5 }),
         };
@@ -258,19 +272,19 @@ pub(crate) async fn answer(
             // Deleted first: the first follow-up after a deferral would edit the
             // "thinking…" and keep it visible to everyone.
             delete_original().await?;
-            let body = message(t, true);
+            let body = message(t, reply, true);
             client
                 .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
                 .await
         }
         (Some(t), true) => {
-            let body = message(t, false);
+            let body = message(t, reply, false);
             client
                 .interaction_webhook(api, reqwest::Method::PATCH, original, Some(&body))
                 .await
         }
         (Some(t), false) => {
-            let body = message(t, ephemeral);
+            let body = message(t, reply, ephemeral);
             client
                 .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
                 .await

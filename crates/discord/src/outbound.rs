@@ -90,13 +90,20 @@ pub(crate) async fn act(
             ephemeral,
             deferred,
             answered,
+            buttons,
             ..
         } => match event.answer_handle.as_deref() {
             Some(h) => {
-                crate::interactions::answer(
-                    client, api, h, *text, *ephemeral, *deferred, *answered,
-                )
-                .await
+                let reply = crate::interactions::Reply {
+                    text: *text,
+                    ephemeral: *ephemeral,
+                    components: if buttons.is_empty() {
+                        None
+                    } else {
+                        Some(components(buttons)?)
+                    },
+                };
+                crate::interactions::answer(client, api, h, &reply, *deferred, *answered).await
             }
             // A message, not an interaction: nothing waits for an answer.
             None if text.is_none() => Ok(()),

@@ -67,8 +67,9 @@ pub(crate) struct Chats {
     /// Deadlines of received events not due yet (a Discord interaction, a Telegram press),
     /// kept whatever their chat's turn is doing.
     deadlines: Vec<Arc<Armed>>,
-    /// Events being acknowledged at their deadline.
-    acknowledging: JoinSet<()>,
+    /// Events being acknowledged at their deadline (made on first use, dropped when done:
+    /// an idle bot holds none).
+    acknowledging: Option<JoinSet<()>>,
 }
 
 impl Chats {
@@ -80,7 +81,7 @@ impl Chats {
             ready: VecDeque::new(),
             in_flight: 0,
             deadlines: Vec::new(),
-            acknowledging: JoinSet::new(),
+            acknowledging: None,
         }
     }
 
@@ -185,7 +186,12 @@ impl Chats {
                     self.expire();
                     continue;
                 }
-                Some(_) = self.acknowledging.join_next() => continue,
+                Some(()) = acknowledged(&mut self.acknowledging) => {
+                    if self.acknowledging.as_ref().is_some_and(JoinSet::is_empty) {
+                        self.acknowledging = None;
+                    }
+                    continue;
+                }
                 else => return std::future::pending().await,
             };
             let Ok((chat, result)) = done else {
@@ -216,6 +222,7 @@ impl Chats {
         for armed in due {
             let ctx = self.ctx.clone();
             self.acknowledging
+                .get_or_insert_with(JoinSet::new)
                 .spawn(async move { armed.expire(&ctx.turn, &*ctx).await });
         }
     }
@@ -226,7 +233,9 @@ impl Chats {
         self.waiting.clear();
         self.ready.clear();
         self.deadlines.clear();
-        self.acknowledging.abort_all();
+        if let Some(set) = self.acknowledging.as_mut() {
+            set.abort_all();
+        }
         let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
         loop {
@@ -299,6 +308,11 @@ async fn answer(
         }
     }
     r
+}
+
+/// When one of the acknowledgements in `set` is done (`None` when there are none).
+async fn acknowledged(set: &mut Option<JoinSet<()>>) -> Option<()> {
+    set.as_mut()?.join_next().await.map(|_| ())
 }
 
 /// When the first of `deadlines` is due.

@@ -74,8 +74,8 @@ async fn slow_handlers_meet_the_interaction_deadline() {
     assert_eq!(done.answers[0].how, "original", "{:?}", done.answers);
     assert_eq!(done.answers[0].text, "here is the menu");
     let menu = menu_of(state, TOKEN).await;
-    assert_eq!(state.message(TOKEN, &menu.id).unwrap().buttons, ["a", "b"]);
-    let press = state.user_presses(TOKEN, 7, &menu.id, "b").unwrap();
+    assert_eq!(state.message(TOKEN, &menu).unwrap().buttons, ["a", "b"]);
+    let press = state.user_presses(TOKEN, 7, &menu, "b").unwrap();
     let pressed = wait_for("the press answered", Duration::from_secs(20), || async {
         state
             .interaction_of(&press)
@@ -122,16 +122,23 @@ async fn slow_handlers_meet_the_interaction_deadline() {
 const ANSWERS: &str = "DISCORD.answers.SECRET";
 const ECHO: &str = "DISCORD.echo.SECRET";
 
-/// The menu ("Pick") the bot of `token` posted, once it is there.
-async fn menu_of(
-    state: &botfleet_discord::fake::FakeDiscordState,
-    token: &str,
-) -> botfleet_discord::fake::Sent {
+/// The message id of the menu ("Pick", with buttons) the bot of `token` showed, once it is
+/// there: an answer to an interaction (or a message in its channel).
+async fn menu_of(state: &botfleet_discord::fake::FakeDiscordState, token: &str) -> String {
     wait_for("the menu", Duration::from_secs(20), || async {
-        state
-            .sent_by(token)
+        let answered = state
+            .interactions(token)
             .into_iter()
-            .find(|p| p.content == "Pick")
+            .flat_map(|i| i.answers)
+            .find(|a| a.text == "Pick")
+            .map(|a| a.id);
+        answered.or_else(|| {
+            state
+                .sent_by(token)
+                .into_iter()
+                .find(|p| p.content == "Pick")
+                .map(|p| p.id)
+        })
     })
     .await
 }
@@ -161,7 +168,7 @@ async fn a_text_reply_is_the_interactions_answer_where_the_user_looks() {
     state.add_bot(ECHO, 1, 1);
     // The commands' channels are ones the bots may not post in: every answer must go
     // through the interaction. The menu's channel (8) is open.
-    for channel in [7, 9, 10, 11, 12] {
+    for channel in [7, 9, 10, 11, 12, 13] {
         state.mute(ANSWERS, channel);
         state.mute(ECHO, channel);
     }
@@ -177,7 +184,11 @@ async fn a_text_reply_is_the_interactions_answer_where_the_user_looks() {
             }
             (Some("command"), Some("menu")) => json!({"actions": [{"type": "send", "text": "Pick",
                 "buttons": [[{"text": "A", "value": "a"}, {"text": "B", "value": "b"}]]}]}),
-            (Some("action"), _) if value == "a" => json!({"text": "you chose a"}),
+            (Some("command"), Some("pick")) => json!({"actions": [{"type": "send",
+                "text": "Pick one", "buttons": [[{"text": "X", "value": "x"}]]}]}),
+            (Some("action"), _) if value == "a" || value == "x" => {
+                json!({"text": format!("you chose {value}")})
+            }
             (Some("action"), _) => json!({"_delay_ms": 3_500, "actions": [
                 {"type": "send", "text": "you chose b", "ephemeral": true}]}),
             _ => json!({}),
@@ -200,9 +211,21 @@ async fn a_text_reply_is_the_interactions_answer_where_the_user_looks() {
     let slow_secret = state.user_runs_command(ANSWERS, 11, "slowsecret", json!([]));
     let echoed = state.user_runs_command(ECHO, 12, "ping", json!([]));
     let menu = state.user_runs_command(ANSWERS, 8, "menu", json!([]));
+    // Buttons on the answer itself, in a channel the bot may not post in; pressed there.
+    let choose = state.user_runs_command(ANSWERS, 13, "pick", json!([]));
+    let picked = wait_for("the buttons shown", Duration::from_secs(20), || async {
+        state
+            .interaction_of(&choose)
+            .filter(|i| !i.answers.is_empty())
+    })
+    .await;
+    assert_eq!(picked.answers[0].buttons, ["x"], "{picked:?}");
+    let press_x = state
+        .user_presses(ANSWERS, 13, &picked.answers[0].id, "x")
+        .expect("a button of the answer");
     let pick = menu_of(state, ANSWERS).await;
-    let press_a = state.user_presses(ANSWERS, 8, &pick.id, "a").unwrap();
-    let press_b = state.user_presses(ANSWERS, 8, &pick.id, "b").unwrap();
+    let press_a = state.user_presses(ANSWERS, 8, &pick, "a").unwrap();
+    let press_b = state.user_presses(ANSWERS, 8, &pick, "b").unwrap();
     let expected = [
         (&quick, 1),
         (&slow, 1),
@@ -211,6 +234,9 @@ async fn a_text_reply_is_the_interactions_answer_where_the_user_looks() {
         (&echoed, 1),
         (&press_a, 1),
         (&press_b, 1),
+        (&choose, 1),
+        (&press_x, 1),
+        (&menu, 1),
     ];
     let store = h.store();
     wait_for(
@@ -222,12 +248,9 @@ async fn a_text_reply_is_the_interactions_answer_where_the_user_looks() {
                     .interaction_of(id)
                     .is_some_and(|i| i.answers.len() >= *n)
             });
-            let menu_done = state
-                .interaction_of(&menu)
-                .is_some_and(|i| i.original_deleted);
             let a = store.inbox_pending(&answers.id, 10).await.unwrap();
             let e = store.inbox_pending(&echo.id, 10).await.unwrap();
-            (answered && menu_done && a.is_empty() && e.is_empty()).then_some(())
+            (answered && a.is_empty() && e.is_empty()).then_some(())
         },
     )
     .await;
@@ -257,16 +280,11 @@ async fn a_text_reply_is_the_interactions_answer_where_the_user_looks() {
     // A press: answered in its callback, or after a deferral as a follow-up.
     answered_as(&got(&press_a), 4, &[("response", "you chose a", false)]);
     answered_as(&got(&press_b), 6, &[("followup", "you chose b", true)]);
-    // The menu with its buttons went to its channel; it answered nothing, so its command was
-    // acknowledged and left nothing "thinking".
-    assert!(got(&menu).original_deleted);
-    let posted: Vec<String> = state
-        .sent_by(ANSWERS)
-        .into_iter()
-        .map(|p| p.content)
-        .collect();
-    assert_eq!(posted, ["Pick"], "only the menu is a channel message");
-    assert!(state.sent_by(ECHO).is_empty());
+    answered_as(&got(&choose), 4, &[("response", "Pick one", false)]);
+    answered_as(&got(&press_x), 4, &[("response", "you chose x", false)]);
+    // A menu answers its command too, buttons and all: nothing went to a channel.
+    answered_as(&got(&menu), 4, &[("response", "Pick", false)]);
+    assert!(state.sent_by(ANSWERS).is_empty() && state.sent_by(ECHO).is_empty());
     w.shutdown().await;
 }
 
@@ -301,8 +319,8 @@ async fn interactions_queued_behind_a_slow_turn_are_acknowledged_from_their_arri
     let pick = menu_of(state, ANSWERS).await;
     // Everything after `/slow` in its channel waits for its turn, 5 s.
     let slow = state.user_runs_command(ANSWERS, 8, "slow", json!([]));
-    let press_a = state.user_presses(ANSWERS, 8, &pick.id, "a").unwrap();
-    let press_b = state.user_presses(ANSWERS, 8, &pick.id, "b").unwrap();
+    let press_a = state.user_presses(ANSWERS, 8, &pick, "a").unwrap();
+    let press_b = state.user_presses(ANSWERS, 8, &pick, "b").unwrap();
     let quick = state.user_runs_command(ANSWERS, 8, "quick", json!([]));
     let store = h.store();
     wait_for(

@@ -29,6 +29,10 @@ pub struct Answered {
     pub ephemeral: bool,
     /// How long after the interaction it came.
     pub after: Duration,
+    /// The message that shows it (a press on its buttons names it).
+    pub id: String,
+    /// Its buttons' `custom_id`s, in order.
+    pub buttons: Vec<String>,
 }
 
 /// One interaction the fake dispatched, and what was made of it.
@@ -53,6 +57,8 @@ pub struct Interaction {
     /// Whether a deferral of a command (type 5) was ephemeral (flags 64): the response it
     /// stands for stays as visible as it was deferred.
     pub deferred_ephemeral: bool,
+    /// The message of the original response, once there is one.
+    pub original: Option<String>,
 }
 
 /// Checks components as Discord does for what the fleet sends: at most 5 action rows (type 1)
@@ -147,6 +153,7 @@ impl FakeDiscordState {
                 answers: Vec::new(),
                 original_deleted: false,
                 deferred_ephemeral: false,
+                original: None,
             },
         );
         let mut d = json!({
@@ -269,25 +276,51 @@ pub(super) async fn callback(
         return bad(40060, "Interaction has already been acknowledged.");
     }
     let kind = body["type"].as_u64().unwrap_or(0);
+    let mut show = None;
     match kind {
         4 => {
-            let text = body["data"]["content"].as_str().unwrap_or_default();
+            let data = &body["data"];
+            let text = data["content"].as_str().unwrap_or_default();
             if text.is_empty() || text.chars().count() > 2000 {
                 return bad(50035, "Invalid Form Body");
             }
+            let Ok(buttons) = check_components(&data["components"]) else {
+                return bad(50035, "Invalid Form Body: components");
+            };
+            let id = s.id().to_string();
+            i.original = Some(id.clone());
             i.answers.push(Answered {
                 how: "response",
                 text: text.to_owned(),
-                ephemeral: body["data"]["flags"].as_u64().is_some_and(|f| f & 64 != 0),
+                ephemeral: data["flags"].as_u64().is_some_and(|f| f & 64 != 0),
                 after,
+                id: id.clone(),
+                buttons: buttons.clone(),
             });
+            show = Some((i.bot.clone(), id, text.to_owned(), buttons));
         }
         5 => i.deferred_ephemeral = body["data"]["flags"].as_u64().is_some_and(|f| f & 64 != 0),
         6 if !i.command => {}
         _ => return bad(50035, "Invalid Form Body: type"),
     }
     i.callbacks.push((kind, after));
+    drop(all);
+    if let Some((bot, id, text, buttons)) = show {
+        s.show(&bot, id, text, buttons);
+    }
     StatusCode::NO_CONTENT.into_response()
+}
+
+impl FakeDiscordState {
+    /// Shows message `id` of the bot of `token` (an answer to an interaction) with `buttons`,
+    /// so a user can press them.
+    fn show(&self, token: &str, id: String, content: String, buttons: Vec<String>) {
+        if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+            let m = b.shown.entry(id).or_default();
+            m.content = content;
+            m.buttons = buttons;
+        }
+    }
 }
 
 /// `PATCH`/`DELETE /webhooks/{app}/{token}/messages/@original` and `POST
@@ -323,15 +356,21 @@ pub(super) async fn webhook(
         .as_ref()
         .and_then(|Json(b)| b["flags"].as_u64())
         .is_some_and(|f| f & 64 != 0);
-    match (method, original) {
+    let Ok(buttons) = check_components(
+        body.as_ref()
+            .map_or(&Value::Null, |Json(b)| &b["components"]),
+    ) else {
+        return bad(50035, "Invalid Form Body: components");
+    };
+    let answer = match (method, original) {
         (Method::DELETE, true) => {
             i.original_deleted = true;
-            StatusCode::NO_CONTENT.into_response()
+            return StatusCode::NO_CONTENT.into_response();
         }
         (m, _) if text.is_empty() && m != Method::DELETE => {
-            bad(50006, "Cannot send an empty message")
+            return bad(50006, "Cannot send an empty message")
         }
-        (Method::PATCH, true) if i.original_deleted => unknown_message(),
+        (Method::PATCH, true) if i.original_deleted => return unknown_message(),
         (Method::PATCH, true) | (Method::POST, false) => {
             let deferred = i.callbacks.first().is_some_and(|c| c.0 == 5);
             // As Discord does: the first follow-up after a command's deferral edits its
@@ -342,16 +381,27 @@ pub(super) async fn webhook(
                 (true, true) => ("original", i.deferred_ephemeral),
                 (true, false) => ("original", i.answers.first().is_some_and(|a| a.ephemeral)),
             };
-            i.answers.push(Answered {
+            let id = if edits {
+                i.original.get_or_insert_with(|| s.id().to_string()).clone()
+            } else {
+                s.id().to_string()
+            };
+            Answered {
                 how,
                 text: text.clone(),
                 ephemeral,
                 after,
-            });
-            Json(json!({"id": "0", "content": text})).into_response()
+                id,
+                buttons,
+            }
         }
-        _ => StatusCode::METHOD_NOT_ALLOWED.into_response(),
-    }
+        _ => return StatusCode::METHOD_NOT_ALLOWED.into_response(),
+    };
+    i.answers.push(answer.clone());
+    let bot = i.bot.clone();
+    drop(all);
+    s.show(&bot, answer.id.clone(), text.clone(), answer.buttons);
+    Json(json!({"id": answer.id, "content": text})).into_response()
 }
 
 /// `GET /applications/@me`.

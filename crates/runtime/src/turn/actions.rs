@@ -259,6 +259,7 @@ pub(super) async fn run(
             text: None,
             alert: false,
             ephemeral: false,
+            buttons: &[],
         };
         match run.answer(hold, &mut slot, ack, &key, started).await {
             Ok(Ok(())) => {}
@@ -511,10 +512,15 @@ impl Run<'_> {
                 if self.answers_in_place(action) {
                     // The interaction's own answer (or one more under it): where the user
                     // looks, and needing no right to post in the channel.
+                    let rows = match self.buttons(buttons, &caps) {
+                        Ok(r) => r,
+                        Err(why) => return Ok(Err(why)),
+                    };
                     let answer = Answer {
                         text: Some(text),
                         alert: false,
                         ephemeral: *ephemeral,
+                        buttons: &rows,
                     };
                     return self.answer(hold, slot, answer, &key, started).await;
                 }
@@ -633,6 +639,7 @@ impl Run<'_> {
                     text: text.as_deref(),
                     alert: *alert,
                     ephemeral: *ephemeral,
+                    buttons: &[],
                 };
                 self.answer(hold, slot, answer, &key, started).await
             }
@@ -657,6 +664,7 @@ impl Run<'_> {
             ephemeral: a.ephemeral,
             deferred: self.deadline.deferred,
             answered: self.p.answered,
+            buttons: a.buttons,
         };
         let r = self.done(hold, slot, &act, key, started).await?;
         if r.is_ok() {
@@ -665,13 +673,12 @@ impl Run<'_> {
         Ok(r)
     }
 
-    /// Whether send `action` goes as the event's answer: a text alone (no buttons, files or
-    /// ref) for an interaction of a platform that answers those in place
+    /// Whether send `action` goes as the event's answer: a text (with buttons or none; no
+    /// files or ref) for an interaction of a platform that answers those in place
     /// ([`botfleet_platform::Sender::answers_in_place`]), while its token still answers.
     fn answers_in_place(&self, action: &Action) -> bool {
         let Action::Send {
             text,
-            buttons,
             ref_name: None,
             attachments,
             ..
@@ -683,7 +690,6 @@ impl Run<'_> {
             return false;
         };
         !text.is_empty()
-            && buttons.iter().all(Vec::is_empty)
             && attachments.is_empty()
             && self.ctx.caps.answer
             && matches!(self.msg.kind, EventKind::Action | EventKind::Command)
@@ -722,6 +728,7 @@ struct Answer<'a> {
     text: Option<&'a str>,
     alert: bool,
     ephemeral: bool,
+    buttons: &'a [Vec<Button>],
 }
 
 /// The short key that stands in for a long button value on the wire: `bf~` and 18
