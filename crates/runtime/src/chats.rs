@@ -110,9 +110,8 @@ impl Chats {
             Err(_) => None,
         };
         let armed = after.map(|after| {
-            let age = botfleet_core::unix_ms().saturating_sub(received_at_ms);
-            let age = Duration::from_millis(u64::try_from(age).unwrap_or(0));
-            let armed = Armed::new(event.clone(), Instant::now() + after.saturating_sub(age));
+            let arrived = turn::arrived_at(received_at_ms, Instant::now());
+            let armed = Armed::new(event.clone(), arrived + after);
             self.deadlines.push(armed.clone());
             armed
         });

@@ -1068,6 +1068,11 @@ impl Hooks {
     /// Arms the deadline of each event just journaled that has one: at it, the event is
     /// acknowledged unless its turn here answered it first.
     fn arm(&self, spec: &Arc<BotSpec>, fresh: &[&botfleet_platform::Received], arrived: Instant) {
+        // Only an event the platform waits on has a deadline: most deliveries have none, and
+        // cost nothing more here.
+        if !fresh.iter().any(|m| m.message.answer_handle.is_some()) {
+            return;
+        }
         let Ok(sender) = self.sender_of(spec) else {
             return;
         };
@@ -1081,6 +1086,9 @@ impl Hooks {
             let (h, spec) = (self.clone(), spec.clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(armed.at.into()).await;
+                if !lock(&h.inner.armed).contains_key(&mark) {
+                    return; // its turn here ended first
+                }
                 let ctx = h.turn_ctx(&spec, h.spec_at(&spec));
                 armed.expire(&ctx, &h).await;
                 lock(&h.inner.armed).remove(&mark);

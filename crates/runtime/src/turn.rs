@@ -239,16 +239,9 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         ctx.files.sign_all(&key, &ctx.bot, &mut msg.attachments);
     }
     let mut deadline = Deadline::armed(job.armed);
-    // The journal's clock is the wall clock: what it says of the event's age is near enough
-    // for a platform's deadline of seconds.
-    let age = u64::try_from(botfleet_core::unix_ms().saturating_sub(entry.received_at_ms))
-        .unwrap_or(0)
-        .min(3_600_000);
     let began = Began {
         turn: started,
-        event: started
-            .checked_sub(Duration::from_millis(age))
-            .unwrap_or(started),
+        event: arrived_at(entry.received_at_ms, started),
     };
     let answered = answer(
         ctx,
@@ -303,6 +296,16 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
     let state = checked_state(ctx, job.chat, reply.state).map(|s| (view.revision, s));
     end.record(ctx, hold, slot, InboxOutcome::Done, sent, state)
         .await
+}
+
+/// When an event received at `received_at_ms` (unix ms) arrived, on the clock of `now`. The
+/// journal's clock is the wall clock: what it says of the event's age is near enough for a
+/// platform's deadline of seconds (an age past an hour is taken as an hour).
+pub(crate) fn arrived_at(received_at_ms: i64, now: Instant) -> Instant {
+    let age = u64::try_from(botfleet_core::unix_ms().saturating_sub(received_at_ms))
+        .unwrap_or(0)
+        .min(3_600_000);
+    now.checked_sub(Duration::from_millis(age)).unwrap_or(now)
 }
 
 /// The turn's view, through store failures while the worker may act.

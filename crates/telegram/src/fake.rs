@@ -97,6 +97,15 @@ pub struct Press {
     pub answer: Option<(Value, std::time::Instant)>,
 }
 
+impl Press {
+    /// How long after the press its query was answered without a text (the spinner stopped,
+    /// nothing shown); `None` while unanswered or when answered with a text.
+    pub fn answered_empty_after(&self) -> Option<std::time::Duration> {
+        let (args, at) = self.answer.as_ref()?;
+        args.get("text").is_none().then(|| *at - self.at)
+    }
+}
+
 #[derive(Default)]
 struct TokenState {
     /// Updates not yet confirmed (id >= the last offset seen).
