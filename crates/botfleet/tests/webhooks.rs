@@ -298,6 +298,21 @@ impl HookFleet {
         out
     }
 
+    /// Every worker's log lines that name `chat` (its last part, the platform's chat id).
+    fn logs_about(&self, chat: &str) -> String {
+        self.workers
+            .iter()
+            .map(|w| {
+                format!(
+                    "--- {}\n{}",
+                    w.name,
+                    w.log_about(chat.rsplit('/').next().unwrap_or(""))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Waits until every message of `rounds` rounds is answered, then checks each chat: every
     /// message once and in order, the handler's count carried across workers, nothing forged
     /// handled, one turn at a time per chat. Answers the duplicates (a reply sent again).
@@ -364,8 +379,11 @@ impl HookFleet {
                 let want_counts: Vec<String> = (1..=rounds).map(|i| i.to_string()).collect();
                 let want_texts: Vec<String> = (0..rounds).map(|i| format!("m{i}")).collect();
                 assert_eq!(
-                    counts, want_counts,
-                    "{chat}: one turn at a time, the count carried"
+                    counts,
+                    want_counts,
+                    "{chat}: one turn at a time, the count carried\n{}\n{}",
+                    self.handler.overlaps().join("\n"),
+                    self.logs_about(chat)
                 );
                 assert_eq!(texts, want_texts, "{chat}: every message answered once");
                 continue;
@@ -374,21 +392,15 @@ impl HookFleet {
                 seen,
                 want,
                 "{chat}: every message once, in order, the count carried across workers\n{}",
-                self.workers
-                    .iter()
-                    .map(|w| format!(
-                        "--- {}\n{}",
-                        w.name,
-                        w.log_about(chat.rsplit('/').next().unwrap_or(""))
-                    ))
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                self.logs_about(chat)
             );
         }
-        assert_eq!(
-            self.handler.max_concurrency_per_chat(),
-            1,
-            "one turn at a time per chat"
+        let overlaps = self.handler.overlaps();
+        assert!(
+            overlaps.is_empty() && self.handler.max_concurrency_per_chat() == 1,
+            "one turn at a time per chat:\n{}\n{}",
+            overlaps.join("\n"),
+            self.logs_about("chat")
         );
         (duplicates, disordered)
     }

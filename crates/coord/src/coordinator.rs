@@ -245,7 +245,10 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, crate::Turn)>;
 
     /// Asks for `ticket`'s turn again (after a wake-up, or after waiting a while: a taker
-    /// that died is noticed here, not signalled).
+    /// that died is noticed here, not signalled). A held turn is granted again only to the
+    /// ticket it was granted for: its holder asking again gets it (with a newer fence), as
+    /// [`Turn::TakeOver`](crate::Turn::TakeOver) again when it asked with a later ticket and
+    /// took an earlier one over; any other asker, of this worker too, waits.
     ///
     /// # Errors
     /// As [`Coordinator::turn_take`].

@@ -83,6 +83,9 @@ struct ChatTurns {
     /// When `serving` last moved (ms).
     since_ms: u64,
     holder: Option<(WorkerId, Incarnation)>,
+    /// The ticket the holder asked with (its own, or the one behind a taken-over ticket):
+    /// only that asker is granted the turn again.
+    asker: u64,
     fence: u64,
     /// Ticket → its taker and journal key.
     tickets: HashMap<u64, (WorkerId, Incarnation, String)>,
@@ -150,7 +153,7 @@ impl State {
         }
         let serving = q.serving;
         let takeover = match &q.holder {
-            Some(h) if h == me && serving == ticket => false,
+            Some(h) if h == me && q.asker == ticket => serving != ticket,
             Some((w, i)) if live(self, w, i) => return Turn::Wait,
             Some(_) => true,
             None if serving == ticket => false,
@@ -179,6 +182,7 @@ impl State {
         };
         q.fence = f;
         q.holder = Some(me.clone());
+        q.asker = ticket;
         let fence = Fence(q.fence);
         if takeover {
             let entry = q

@@ -642,7 +642,7 @@ impl Hooks {
                             Some(arrived),
                             pre,
                             &inc,
-                            false,
+                            ticket,
                         )
                         .await
                     {
@@ -669,7 +669,7 @@ impl Hooks {
                             None,
                             None,
                             &inc,
-                            true,
+                            ticket,
                         )
                         .await
                     {
@@ -750,10 +750,11 @@ impl Hooks {
 
     /// Handles `entry` under the held turn of `ticket` (its fence, and whether the grant came
     /// soon after a loss of coordination data: then the chat's older pending entries go
-    /// first) and releases it. A worker whose lease became unsafe in between waits for it to
-    /// be safe again and asks for the turn again (it is still its own unless it was taken over
-    /// meanwhile); one whose registration ended, or that is leaving, stops and leaves the turn
-    /// to be taken over.
+    /// first) and releases it. `asker` is the ticket the turn was asked with: `ticket` itself,
+    /// or for a taken-over turn the ticket of this task's own entry. A worker whose lease
+    /// became unsafe in between waits for it to be safe again and asks for the turn again as
+    /// `asker` (it is still its own unless it was taken over meanwhile); one whose
+    /// registration ended, or that is leaving, stops and leaves the turn to be taken over.
     #[allow(clippy::too_many_arguments)]
     async fn serve(
         &self,
@@ -766,8 +767,9 @@ impl Hooks {
         arrived: Option<Instant>,
         mut preload: Option<TurnView>,
         inc: &Option<Incarnation>,
-        takeover: bool,
+        asker: u64,
     ) -> Served {
+        let takeover = asker != ticket;
         let mut spec = first.clone();
         let spec = &mut spec;
         // Whether the spec changed under this turn after its credentials were refused.
@@ -835,12 +837,18 @@ impl Hooks {
             if !self.recover(inc).await {
                 return Served::Stop;
             }
-            match self.try_again(ck, ticket, inc).await {
+            match self.try_again(ck, asker, inc).await {
                 Some(Turn::Granted {
                     fence: f,
                     after_loss: recent,
                     ..
-                }) => (fence, after_loss) = (f, recent),
+                }) if !takeover => (fence, after_loss) = (f, recent),
+                Some(Turn::TakeOver {
+                    ticket: t,
+                    fence: f,
+                    after_loss: recent,
+                    ..
+                }) if takeover && t == ticket => (fence, after_loss) = (f, recent),
                 Some(other) => return Served::Again(other),
                 None => return Served::Stop,
             }

@@ -1183,6 +1183,54 @@ pub async fn dead_holders_tickets_are_taken_over<F: CoordFixture>(f: &F) {
     assert_eq!(a.turn_try("bot/c", t2).await.unwrap(), Turn::NotLive);
 }
 
+/// A turn is held by the asker it was granted to. A worker that registered again (its lease
+/// lost in a failover) may have two askers of one chat: the task of a ticket taken by its old
+/// registration, and a task of its own that took that ticket over. Only the one that was
+/// granted the turn is granted it again; the other waits, then finds its ticket passed.
+pub async fn a_taken_over_turn_is_held_by_its_asker_alone<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let c = worker(f, "w-c", LEASE).await;
+    let (tc, g) = c.turn_take("bot/tk", "c0").await.unwrap();
+    let fc = granted_turn(g);
+    let (t0, w) = a.turn_take("bot/tk", "a0").await.unwrap();
+    assert_eq!(w, Turn::Wait);
+    // a's registration ends and another begins: its ticket t0 belongs to no live taker.
+    a.register(&wid("w-a"), &meta(), LEASE).await.unwrap();
+    let (t1, w) = a.turn_take("bot/tk", "a1").await.unwrap();
+    assert_eq!(w, Turn::Wait);
+    assert!(c.turn_release("bot/tk", tc, fc).await.unwrap());
+    let f1 = match a.turn_try("bot/tk", t1).await.unwrap() {
+        Turn::TakeOver {
+            ticket,
+            entry,
+            fence,
+            ..
+        } if ticket == t0 && entry == "a0" => fence,
+        other => panic!("expected the take-over of {t0}, got {other:?}"),
+    };
+    assert_eq!(
+        a.turn_try("bot/tk", t0).await.unwrap(),
+        Turn::Wait,
+        "t0's own asker, on the same worker, does not hold it too"
+    );
+    // The asker that took it over, asking again, still holds it, under a newer fence.
+    let f2 = match a.turn_try("bot/tk", t1).await.unwrap() {
+        Turn::TakeOver { ticket, fence, .. } if ticket == t0 => fence,
+        other => panic!("expected the take-over of {t0} again, got {other:?}"),
+    };
+    assert!(f2 > f1, "{f1:?} then {f2:?}");
+    assert!(!a.turn_release("bot/tk", t0, f1).await.unwrap());
+    assert!(a.turn_release("bot/tk", t0, f2).await.unwrap());
+    assert_eq!(a.turn_try("bot/tk", t0).await.unwrap(), Turn::Passed);
+    let f3 = granted_turn(a.turn_try("bot/tk", t1).await.unwrap());
+    let f4 = granted_turn(a.turn_try("bot/tk", t1).await.unwrap());
+    assert!(
+        f4 > f3,
+        "the holder asking again with its ticket is granted again"
+    );
+    assert!(a.turn_release("bot/tk", t1, f4).await.unwrap());
+}
+
 /// A ticket whose turn came but whose live taker never asks for it (it lost track of it) is
 /// taken over by the next asker once it has waited a lease (at least 5 s) unheld.
 pub async fn abandoned_tickets_of_live_takers_are_taken_over<F: CoordFixture>(f: &F) {
@@ -1261,6 +1309,7 @@ macro_rules! coordinator_conformance {
             turns_are_served_in_ticket_order,
             dead_holders_tickets_are_taken_over,
             abandoned_tickets_of_live_takers_are_taken_over,
+            a_taken_over_turn_is_held_by_its_asker_alone,
             a_forgotten_turn_queue_grants_nothing_during_the_grace_window,
         );
     };

@@ -142,6 +142,10 @@ struct HandlerState {
     delay: Duration,
     /// Per chat: calls in flight now, and the most at once.
     in_flight: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+    /// Per chat: the texts being handled now.
+    running: Arc<Mutex<HashMap<String, Vec<String>>>>,
+    /// Every call that began while another of its chat ran: what and when.
+    overlaps: Arc<Mutex<Vec<String>>>,
     calls: Arc<AtomicUsize>,
     /// A state this large (bytes of padding) is answered when the text is "big".
     big: usize,
@@ -181,6 +185,12 @@ impl StateHandler {
             .unwrap_or(0)
     }
 
+    /// Every call that began while another call of its chat was running (empty when turns
+    /// hold): the chat, the text, the texts in flight, and the wall clock (ms) it began at.
+    pub fn overlaps(&self) -> Vec<String> {
+        self.state.overlaps.lock().unwrap().clone()
+    }
+
     /// Calls so far.
     pub fn calls(&self) -> usize {
         self.state.calls.load(Ordering::SeqCst)
@@ -196,23 +206,39 @@ impl Drop for StateHandler {
 async fn handle(State(s): State<HandlerState>, Json(msg): Json<Value>) -> Response {
     s.calls.fetch_add(1, Ordering::SeqCst);
     let chat = format!("{}/{}", msg["chat"]["bot"], msg["chat"]["chat"]);
+    let text = msg["text"].as_str().unwrap_or("").to_owned();
     {
         let mut m = s.in_flight.lock().unwrap();
         let e = m.entry(chat.clone()).or_default();
         e.0 += 1;
         e.1 = e.1.max(e.0);
+        let mut running = s.running.lock().unwrap();
+        let now = running.entry(chat.clone()).or_default();
+        if !now.is_empty() {
+            let at = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            s.overlaps.lock().unwrap().push(format!(
+                "{chat}: {text:?} began at {at} ms while {now:?} ran"
+            ));
+        }
+        now.push(text.clone());
     }
     if !s.delay.is_zero() {
         tokio::time::sleep(s.delay).await;
     }
     let n = msg["state"]["n"].as_u64().unwrap_or(0) + 1;
-    let text = msg["text"].as_str().unwrap_or("");
     let mut state = json!({ "n": n });
     if text == "big" {
         state["pad"] = Value::String("x".repeat(s.big));
     }
     if let Some(e) = s.in_flight.lock().unwrap().get_mut(&chat) {
         e.0 -= 1;
+    }
+    if let Some(now) = s.running.lock().unwrap().get_mut(&chat) {
+        if let Some(i) = now.iter().position(|t| *t == text) {
+            now.remove(i);
+        }
     }
     Json(json!({ "text": format!("{n}:{text}"), "state": state })).into_response()
 }

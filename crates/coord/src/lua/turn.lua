@@ -2,7 +2,8 @@
 -- a holder's turn valid while its worker's liveness holds. (Prefixed with epoch.lua.)
 -- KEYS[1] workers   hash  worker -> incarnation
 -- KEYS[2] deadlines zset  worker -> liveness deadline (server ms)
--- KEYS[3] turn      hash  of the chat: next, serving, hw/hi (holder), f (last fence),
+-- KEYS[3] turn      hash  of the chat: next, serving, hw/hi/hk (holder: worker, incarnation,
+--                   and the ticket it asked with), f (last fence),
 --                   t<n> = "worker|incarnation|entry" per ticket not yet served
 -- KEYS[4] epoch     hash  (see epoch.lua)
 -- ARGV[1] op: 'take' | 'try' | 'release'
@@ -25,6 +26,9 @@
 -- the server time in µs when a queue is made, so a number is never reused for a chat.
 -- Taking is idempotent per entry (`e<entry>` names its ticket while it waits): a take whose
 -- answer was lost is asked again and answers the same ticket.
+-- A holder is granted again only when it asks with the ticket it was granted for (`hk`): a
+-- worker may have two askers of one chat (the task that took over a ticket, and the task
+-- that took it, from before the worker registered again) and only one of them holds it.
 --
 -- After a data loss no turn is granted inside the epoch's grace window: a holder granted
 -- before the loss (its queue forgotten) may still be acting by its own clock. For a while
@@ -61,21 +65,22 @@ local function after_loss()
   end
   return '0'
 end
-local function grant(kind, ticket, entry)
+-- Grants the serving ticket to the caller, who asked with ticket `asker`.
+local function grant(kind, ticket, entry, asker)
   local recent = after_loss()
   if not recent then
     return { 'wait' }
   end
   local f = math.max(tonumber(redis.call('HGET', KEYS[3], 'f') or '0') + 1, us_now)
   local fs = string.format('%d', f)
-  redis.call('HSET', KEYS[3], 'hw', me, 'hi', inc, 'f', fs)
+  redis.call('HSET', KEYS[3], 'hw', me, 'hi', inc, 'hk', asker, 'f', fs)
   if kind == 'granted' then
     return { 'granted', ticket, fs, recent }
   end
   return { 'takeover', ticket, entry or '', fs, recent }
 end
 local function try(ticket)
-  local h = redis.call('HMGET', KEYS[3], 'next', 'serving', 'hw', 'hi')
+  local h = redis.call('HMGET', KEYS[3], 'next', 'serving', 'hw', 'hi', 'hk')
   if not h[1] then
     return { 'passed' }
   end
@@ -85,15 +90,22 @@ local function try(ticket)
     return { 'passed' }
   end
   local s = string.format('%d', serving)
+  local asker = string.format('%d', n)
   if h[3] then
-    if h[3] == me and h[4] == inc and serving == n then
-      return grant('granted', s)
+    -- (A holder recorded without `hk`, by an older version, is its serving ticket's asker.)
+    if h[3] == me and h[4] == inc and (h[5] == asker or (not h[5] and serving == n)) then
+      -- The holder asking again (its lease was unsafe for a while): still its own.
+      if serving == n then
+        return grant('granted', s, nil, asker)
+      end
+      local _, _, entry = taker('t' .. s)
+      return grant('takeover', s, entry, asker)
     end
     if live(h[3], h[4]) then
       return { 'wait' }
     end
   elseif serving == n then
-    return grant('granted', s)
+    return grant('granted', s, nil, asker)
   else
     local w, i = taker('t' .. s)
     local since = tonumber(redis.call('HGET', KEYS[3], 'ss') or '0')
@@ -102,7 +114,7 @@ local function try(ticket)
     end
   end
   local _, _, entry = taker('t' .. s)
-  return grant('takeover', s, entry)
+  return grant('takeover', s, entry, asker)
 end
 
 if ARGV[1] ~= 'release' and not live(me, inc) then
@@ -143,7 +155,7 @@ local _, _, served = taker('t' .. h[2])
 if served then
   redis.call('HDEL', KEYS[3], 'e' .. served)
 end
-redis.call('HDEL', KEYS[3], 't' .. h[2], 'hw', 'hi')
+redis.call('HDEL', KEYS[3], 't' .. h[2], 'hw', 'hi', 'hk')
 if serving >= tonumber(h[1]) then
   -- Nothing waits: forget the chat (its fences stay above by the clock).
   redis.call('DEL', KEYS[3])
