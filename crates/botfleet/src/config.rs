@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::CommandFactory;
 
 /// Flags the file cannot set: they select the file or a command's identity.
-const NOT_IN_FILE: &[&str] = &["config", "help", "version"];
+pub(crate) const NOT_IN_FILE: &[&str] = &["config", "help", "version"];
 
 /// `args` (the process's, program name first) with the keys of the config file they name
 /// (`--config PATH`, `--config=PATH` or `BOTFLEET_CONFIG`) added as flags, unless the command

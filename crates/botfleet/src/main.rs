@@ -12,6 +12,8 @@ mod bots;
 mod common;
 mod config;
 mod demo;
+#[cfg(test)]
+mod docs;
 mod fleet;
 mod handler_schema;
 mod lines;
