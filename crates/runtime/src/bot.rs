@@ -24,7 +24,7 @@ use crate::{
     reporter::Reporter,
     retry::{backoff, sleep_or_stop, stopped, wait_after},
     starter::Starter,
-    turn::{Halt, TurnCtx},
+    turn::{Halt, TurnBase, TurnCtx},
 };
 
 /// Writes `next` over the registered version `at` (`Ok(false)`: changed since, nothing
@@ -422,26 +422,21 @@ impl BotCtx {
         info!(bot = %self.spec.id, fence = self.fence.get(), checkpoint = checkpoint.as_deref().unwrap_or("-"), "bot running");
         self.register_commands().await;
         let mut chats = Chats::new(ChatsCtx {
-            turn: TurnCtx {
-                bot: self.spec.id.clone(),
-                platform: self.spec.platform,
-                store: self.store.clone(),
-                sender: Ok(sender),
-                handler: self.handler.clone(),
-                metrics: self.metrics.clone(),
-                reporter: self.reporter.clone(),
-                worker: Arc::from(self.worker.as_str()),
-                retry_for: self.settings.retry_for,
-                spec_at_ms: Some(self.spec_at_ms),
-                slots: self.settings.slots.clone(),
-                files: self.settings.files.clone(),
-                caps: self
-                    .connector
-                    .descriptor()
-                    .mode_of(&self.spec)
-                    .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps),
-                typing: self.spec.shows_typing(),
-            },
+            turn: TurnCtx::new(
+                &self.spec,
+                Some(self.spec_at_ms),
+                Ok(sender),
+                self.handler.clone(),
+                TurnBase {
+                    store: self.store.clone(),
+                    metrics: self.metrics.clone(),
+                    reporter: self.reporter.clone(),
+                    worker: Arc::from(self.worker.as_str()),
+                    retry_for: self.settings.retry_for,
+                    slots: self.settings.slots.clone(),
+                    files: self.settings.files.clone(),
+                },
+            ),
             fence: self.fence,
             lease: self.lease.clone(),
             stop: self.stop.clone(),

@@ -45,7 +45,7 @@ use crate::{
     },
     reporter::Reporter,
     retry::{backoff, sleep_or_stop},
-    turn::{self, Armed, Halt, Hold, TurnCtx},
+    turn::{self, Armed, Halt, Hold, TurnBase, TurnCtx},
 };
 
 /// Largest webhook body taken (bytes); larger ones are answered 413.
@@ -1050,27 +1050,26 @@ impl Hooks {
 
     /// What the turns of `spec`'s bot (under the spec changed at `spec_at`) share here.
     fn turn_ctx(&self, spec: &Arc<BotSpec>, spec_at: Option<i64>) -> TurnCtx {
-        TurnCtx {
-            bot: spec.id.clone(),
-            platform: spec.platform,
-            store: self.inner.store.clone(),
-            sender: self.sender_of(spec).map_err(|e| e.to_string()),
-            handler: Handler::new(
+        TurnCtx::new(
+            spec,
+            spec_at,
+            self.sender_of(spec).map_err(|e| e.to_string()),
+            Handler::new(
                 spec.handler.clone(),
                 self.inner.http.clone(),
                 spec.handler_timeout(self.inner.settings.handler_timeout),
                 &self.inner.settings.handlers,
             ),
-            metrics: self.inner.metrics.clone(),
-            reporter: self.inner.reporter.clone(),
-            worker: self.worker_name(),
-            retry_for: self.inner.settings.retry_for,
-            spec_at_ms: spec_at,
-            slots: self.inner.settings.slots.clone(),
-            files: self.inner.settings.files.clone(),
-            caps: crate::platforms::caps(spec),
-            typing: spec.shows_typing(),
-        }
+            TurnBase {
+                store: self.inner.store.clone(),
+                metrics: self.inner.metrics.clone(),
+                reporter: self.inner.reporter.clone(),
+                worker: self.worker_name(),
+                retry_for: self.inner.settings.retry_for,
+                slots: self.inner.settings.slots.clone(),
+                files: self.inner.settings.files.clone(),
+            },
+        )
     }
 
     /// Arms the deadline of each event just journaled that has one: at it, the event is
@@ -1185,7 +1184,11 @@ impl Hooks {
             lock(&self.inner.armed).remove(&mark);
         }
         match r {
-            Ok(()) => Handled::Done,
+            Ok(()) => {
+                // Answered under a newer spec than the one refused: nothing is held any more.
+                lock(&self.inner.refused).remove(&spec.id);
+                Handled::Done
+            }
             // The bot was reported failed: its entry stays pending, its chat's turn held.
             Err(Halt::Failed(_)) => {
                 lock(&self.inner.refused).insert(spec.id.clone(), spec_at);

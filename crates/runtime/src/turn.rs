@@ -33,7 +33,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use botfleet_core::{BotId, BotStatus, Caps, Inbound, Outbound, Platform};
+use botfleet_core::{BotId, BotSpec, BotStatus, Caps, Inbound, Outbound, Platform};
 use botfleet_platform::{ErrorKind, PlatformError, Sender};
 use botfleet_store::{
     InboxOutcome, InboxState, StateWrite, Store, StoreError, TurnFence, TurnRecord, TurnView,
@@ -174,6 +174,52 @@ pub(crate) struct TurnCtx {
     /// The bot's `typing`: whether the platform's typing indicator (where `caps.typing`) is
     /// shown while a handler runs long.
     pub(crate) typing: bool,
+}
+
+/// What every turn of a worker shares, whatever the bot's transport.
+#[derive(Clone)]
+pub(crate) struct TurnBase {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) reporter: Reporter,
+    /// This worker's id, for status reports.
+    pub(crate) worker: Arc<str>,
+    /// How long transient failures of one message are retried.
+    pub(crate) retry_for: Duration,
+    /// The worker's turn slots.
+    pub(crate) slots: Slots,
+    /// The worker's file links.
+    pub(crate) files: crate::Files,
+}
+
+impl TurnCtx {
+    /// The one place a bot's turns get their context, for polled, socket and webhook bots
+    /// alike: what the bot's spec (registered at `spec_at_ms`) says — its platform mode's
+    /// caps, its typing — is read here from `spec`.
+    pub(crate) fn new(
+        spec: &BotSpec,
+        spec_at_ms: Option<i64>,
+        sender: Result<Arc<dyn Sender>, String>,
+        handler: Handler,
+        base: TurnBase,
+    ) -> Self {
+        Self {
+            bot: spec.id.clone(),
+            platform: spec.platform,
+            store: base.store,
+            sender,
+            handler,
+            metrics: base.metrics,
+            reporter: base.reporter,
+            worker: base.worker,
+            retry_for: base.retry_for,
+            spec_at_ms,
+            slots: base.slots,
+            caps: crate::platforms::caps(spec),
+            files: base.files,
+            typing: spec.shows_typing(),
+        }
+    }
 }
 
 /// One entry to answer.

@@ -162,6 +162,15 @@ impl WebhookFixture for TelegramHooksFixture {
             })
             .collect()
     }
+    fn revoke(&self) -> bool {
+        self.fake.state().revoke(TG_TOKEN);
+        true
+    }
+    fn rotate(&self, spec: &mut BotSpec) -> bool {
+        self.fake.state().rotate(TG_TOKEN, "4242:rotated-token");
+        spec.token = Secret::new("4242:rotated-token");
+        true
+    }
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
         http.post(hook)
             .header("X-Telegram-Bot-Api-Secret-Token", "guess")
@@ -1009,6 +1018,15 @@ impl WebhookFixture for SlackEventsFixture {
             .user_presses(SL_TOKEN, &format!("C00{chat}"), message_id, value)
             .is_some()
     }
+    fn revoke(&self) -> bool {
+        self.slack.state().revoke(SL_TOKEN);
+        true
+    }
+    fn rotate(&self, spec: &mut BotSpec) -> bool {
+        self.slack.state().rotate(SL_TOKEN, "xoxb-events-rotated");
+        spec.token = Secret::new("xoxb-events-rotated");
+        true
+    }
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder {
         let evil = br#"{"type":"event_callback","event":{"type":"message","channel":"C1","user":"U1","text":"forged","ts":"1.000001"}}"#;
         let now = (botfleet_core::unix_ms() / 1000).to_string();
@@ -1070,6 +1088,24 @@ async fn slack_commands_and_edits_by_webhook() {
         slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
     };
     commands_and_edits_by_webhook(&f).await;
+}
+
+/// A Telegram webhook bot's token answered 401 holds its chats in order until replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_telegram_token_holds_its_chats_in_order_until_replaced() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::refused_tokens_hold_their_chats(&f).await;
+}
+
+/// A Slack Events API bot's revoked token holds its chats in order until replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_slack_token_holds_its_chats_in_order_until_replaced() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::refused_tokens_hold_their_chats(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

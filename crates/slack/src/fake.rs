@@ -136,6 +136,8 @@ struct Inner {
     ack_latencies: Vec<Duration>,
     tickets: HashMap<String, String>,
     revoked: std::collections::HashSet<String>,
+    /// A token given in place of a revoked one → the token its app is kept under.
+    rotated: HashMap<String, String>,
     /// Web API calls per token.
     requests: HashMap<String, u64>,
     next_id: u64,
@@ -676,6 +678,15 @@ impl FakeSlackState {
         self.lock().revoked.insert(token.to_owned());
     }
 
+    /// Gives the app of `token` (revoked or not) a new bot token, as reinstalling the app
+    /// does: `new` answers for the same app from now on, `token` is refused. The fake's
+    /// helpers keep naming the app by `token`.
+    pub fn rotate(&self, token: &str, new: &str) {
+        let mut g = self.lock();
+        g.revoked.insert(token.to_owned());
+        g.rotated.insert(new.to_owned(), token.to_owned());
+    }
+
     /// Answers the next `chat.postMessage` of `bot_token` with `fault`.
     pub fn inject_send(&self, bot_token: &str, fault: SendFault) {
         if let Some(a) = self.lock().apps.get_mut(bot_token) {
@@ -906,6 +917,8 @@ async fn web_api(
     if g.revoked.contains(&token) {
         return slack_error("token_revoked");
     }
+    // A rotated token stands for its app's first one.
+    let token = g.rotated.get(&token).cloned().unwrap_or(token);
     match method.as_str() {
         "auth.test" => {
             let Some(app) = g.apps.get(&token) else {

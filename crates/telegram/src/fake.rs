@@ -184,6 +184,8 @@ impl Inner {
 #[derive(Default)]
 struct Inner {
     tokens: HashMap<String, TokenState>,
+    /// A token given in place of a revoked one → the token its bot's state is kept under.
+    rotated: HashMap<String, String>,
     sent: Vec<Sent>,
     /// (token, chat id, message id) → the bot's message as it stands.
     messages: HashMap<(String, String, i64), BotMessage>,
@@ -256,6 +258,18 @@ impl FakeState {
         if let Some(t) = self.lock().tokens.get_mut(token) {
             t.revoked = true;
         }
+    }
+
+    /// Gives `token`'s bot a new token, as BotFather's revoke does: `new` answers for the same
+    /// bot (its chats, updates and webhook) from now on, `token` answers 401. The fake's
+    /// helpers keep naming the bot by `token`.
+    pub fn rotate(&self, token: &str, new: &str) {
+        let mut g = self.lock();
+        if let Some(t) = g.tokens.get_mut(token) {
+            t.revoked = false;
+        }
+        g.rotated.insert(new.to_owned(), token.to_owned());
+        g.rotated.insert(token.to_owned(), String::new());
     }
 
     /// Sets a webhook on `token`, as `setWebhook` would: `getUpdates` then answers 409.
@@ -785,6 +799,14 @@ async fn handle(
     state.requests.fetch_add(1, Ordering::Relaxed);
     let Some(token) = bot.strip_prefix("bot").map(str::to_owned) else {
         return tg_error(StatusCode::NOT_FOUND, "Not Found", None);
+    };
+    // A rotated token: the new one stands for the bot, the old one for nothing.
+    let token = match state.lock().rotated.get(&token) {
+        Some(old) if old.is_empty() => {
+            return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None)
+        }
+        Some(old) => old.clone(),
+        None => token,
     };
     let (args, parts) = files::read_args(&state, req).await;
     // Token checks and injected faults.
