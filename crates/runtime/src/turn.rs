@@ -33,11 +33,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use botfleet_core::{BotId, BotSpec, BotStatus, Caps, Inbound, Outbound, Platform};
+use botfleet_core::{
+    Action, BotId, BotSpec, BotStatus, Caps, ChatKey, Inbound, Outbound, Platform,
+};
 use botfleet_platform::{ErrorKind, PlatformError, Sender};
 use botfleet_store::{
-    InboxOutcome, InboxState, StateWrite, Store, StoreError, TurnFence, TurnRecord, TurnView,
-    MAX_STATE_BYTES,
+    EntryKind, InboxOutcome, InboxState, StateWrite, Store, StoreError, TurnFence, TurnRecord,
+    TurnView, MAX_STATE_BYTES,
 };
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
@@ -267,6 +269,9 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         notes: None,
     };
     let started = Instant::now();
+    if entry.kind() == EntryKind::Send {
+        return run_send(ctx, hold, slot, &view, &entry.message, end, started).await;
+    }
     let mut msg: Inbound = match serde_json::from_str::<Inbound>(&entry.message) {
         Ok(mut m) => {
             // Stable across redeliveries and replays: the entry's key is.
@@ -342,6 +347,70 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
     let state = checked_state(ctx, job.chat, reply.state).map(|s| (view.revision, s));
     end.record(ctx, hold, slot, InboxOutcome::Done, sent, state)
         .await
+}
+
+/// A backend send's turn: no handler is called; the body the API accepted, read as a
+/// handler's answer (`text`, `actions`), goes out in the chat's order under the turn's
+/// fence, each action once across replays. It answers no message of the chat: its text is a
+/// message of its own, nothing is quoted or threaded under, and it leaves the chat's state
+/// as it is.
+async fn run_send(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    slot: Slot,
+    view: &TurnView,
+    body: &str,
+    end: End<'_>,
+    started: Instant,
+) -> Result<(), Halt> {
+    let read = serde_json::from_str::<serde_json::Value>(body)
+        .map_err(|e| e.to_string())
+        .and_then(|v| Reply::from_json(&v).map_err(|e| e.to_string()));
+    let mut reply = match read {
+        Ok(r) => r,
+        Err(why) => {
+            let why = format!("recorded send unreadable: {why}");
+            return end.undeliverable(ctx, hold, slot, why).await;
+        }
+    };
+    reply.state = None;
+    if let Some(text) = reply.text.take() {
+        reply.actions.insert(
+            0,
+            Action::Send {
+                text,
+                buttons: Vec::new(),
+                thread: false,
+                ref_name: None,
+                attachments: Vec::new(),
+                ephemeral: false,
+            },
+        );
+    }
+    for a in &mut reply.actions {
+        if let Action::Send { thread, .. } = a {
+            *thread = false;
+        }
+    }
+    // The chat it goes to, as an event of its own: its actions are keyed from the entry's
+    // key, unique per send.
+    let mut msg = Inbound::message(
+        ctx.platform,
+        ChatKey::new(ctx.bot.clone(), end.chat),
+        end.key,
+        None,
+        "",
+        None,
+    );
+    msg.event_id = format!("{}:{}", ctx.bot, end.key);
+    let turn = actions::Answered {
+        reply,
+        revision: view.revision,
+        already_sent: view.sent,
+        deadline: Deadline::armed(None),
+        arrived: started,
+    };
+    actions::run(ctx, hold, slot, &msg, turn, end, started).await
 }
 
 /// When an event received at `received_at_ms` (unix ms) arrived, on the clock of `now`. The

@@ -1090,6 +1090,71 @@ async fn slack_commands_and_edits_by_webhook() {
     commands_and_edits_by_webhook(&f).await;
 }
 
+/// A backend send journaled in a webhook bot's chat goes out in that chat's turn — its text,
+/// then its actions, each once, none quoting a message — and calls no handler; its entry
+/// ends done and a repeat of its key is known. (Taken up here by the sweeper, as an entry
+/// whose ticket was lost; the API's way into the chat's queue comes with the endpoint.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_send_goes_out_in_its_chats_turn_without_a_handler() {
+    const TOKEN: &str = "5151:send-token";
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(TOKEN);
+    let handler = botfleet_testkit::RecordingHandler::start().await;
+    let spec = webhook_bot("sendy", TOKEN, &fake, &handler.url());
+    let (_proxy, workers) = behind_balancer(&store, spec.clone(), &["a"]).await;
+    let key = botfleet_store::send_key("desk-reply-1");
+    let send = botfleet_store::InboxItem {
+        key: key.clone(),
+        chat: "77".into(),
+        message: serde_json::json!({
+            "text": "from the desk",
+            "actions": [{"type": "send", "text": "and a menu", "thread": true,
+                         "buttons": [[{"text": "ok", "value": "ok"}]]}],
+            "state": {"not": "kept"}
+        })
+        .to_string(),
+    };
+    let put = || store.journal_put(&spec.id, std::slice::from_ref(&send), None, None);
+    assert_eq!(put().await.unwrap().0, [true]);
+    wait_for("the send's turn ended", Duration::from_secs(30), || async {
+        let v = store.turn_view(&spec.id, &key, "77").await.ok()?;
+        (v.entry?.state == botfleet_store::InboxState::Done).then_some(())
+    })
+    .await;
+    let sent: Vec<_> = fake
+        .state()
+        .sent()
+        .into_iter()
+        .filter(|s| s.chat_id == "77")
+        .collect();
+    let texts: Vec<&str> = sent.iter().map(|s| s.text.as_str()).collect();
+    assert_eq!(
+        texts,
+        ["from the desk", "and a menu"],
+        "each once, in order"
+    );
+    assert!(sent[1].reply_markup.is_some(), "the menu's buttons");
+    let quoting = fake
+        .state()
+        .calls(TOKEN, "sendMessage")
+        .iter()
+        .filter(|c| c.args.get("reply_parameters").is_some())
+        .count();
+    assert_eq!(quoting, 0, "a send answers no message of the chat");
+    assert!(handler.seen().is_empty(), "no handler is called for a send");
+    let v = store.turn_view(&spec.id, &key, "77").await.unwrap();
+    assert!(v.state.is_none(), "a send leaves the chat's state as it is");
+    assert_eq!(
+        put().await.unwrap().0,
+        [false],
+        "a repeat of the key is known"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
 /// A Telegram webhook bot's token answered 401 holds its chats in order until replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_telegram_token_holds_its_chats_in_order_until_replaced() {

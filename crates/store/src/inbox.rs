@@ -18,6 +18,36 @@ pub struct InboxItem {
     pub message: String,
 }
 
+/// What an entry of a bot's journal is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// Something a platform delivered (a message, a command, a press, an edit).
+    Event,
+    /// A message the backend asked the bot to send (`POST /api/v1/bots/{id}/messages`): it
+    /// takes its place in its chat's turns like an event, and calls no handler.
+    Send,
+}
+
+/// How the key of a backend send starts (no platform's delivery key starts so).
+pub const SEND_KEY_PREFIX: &str = "send:";
+
+/// How long a backend send's entry is kept after it ended: a repeat of its
+/// `Idempotency-Key` within this window finds it, and sends nothing again.
+pub const SEND_KEEP_MS: i64 = 24 * 3_600_000;
+
+/// The journal key of a backend send under the client's `Idempotency-Key` (per bot: keys
+/// are a bot's own): the key hashed, so what a client chose is not stored as it is.
+pub fn send_key(idempotency_key: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(idempotency_key.as_bytes());
+    let mut out = String::with_capacity(SEND_KEY_PREFIX.len() + 64);
+    out.push_str(SEND_KEY_PREFIX);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
 /// Where an inbox entry is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InboxState {
@@ -66,7 +96,8 @@ pub struct InboxEntry {
     pub bot: BotId,
     /// The platform's delivery id.
     pub key: String,
-    /// Arrival order within the bot (grows with every new entry).
+    /// Its arrival, in µs since the Unix epoch: the bot's entries in order (see
+    /// [`Store::journal_put`](crate::Store::journal_put)).
     pub seq: u64,
     /// Its conversation.
     pub chat: String,
@@ -78,6 +109,17 @@ pub struct InboxEntry {
     pub error: Option<String>,
     /// Unix ms when it was recorded.
     pub received_at_ms: i64,
+}
+
+impl InboxEntry {
+    /// What the entry is: a backend send (its key made by [`send_key`]) or an event.
+    pub fn kind(&self) -> EntryKind {
+        if self.key.starts_with(SEND_KEY_PREFIX) {
+            EntryKind::Send
+        } else {
+            EntryKind::Event
+        }
+    }
 }
 
 /// How an entry ends.

@@ -16,7 +16,10 @@ mod store;
 mod turns;
 
 pub use error::{Result, StoreError};
-pub use inbox::{InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats};
+pub use inbox::{
+    send_key, EntryKind, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, SEND_KEEP_MS,
+    SEND_KEY_PREFIX,
+};
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub use seal::{KeyError, Keyring};

@@ -377,23 +377,19 @@ impl Store for MemoryStore {
     ) -> Result<(Vec<bool>, Option<TurnView>)> {
         let new = {
             let mut st = self.st();
-            match fence {
-                Some(fence) => {
-                    st.check_fence(bot, fence)?;
-                    let mut seq = st
-                        .inbox
-                        .get(bot)
-                        .and_then(|i| i.values().map(|(e, _)| e.seq).max())
-                        .unwrap_or(0);
-                    st.record(bot, items, || {
-                        seq += 1;
-                        seq
-                    })
-                }
-                None => st.record(bot, items, || {
-                    crate::turns::arrival_seq().max(0).unsigned_abs()
-                }),
+            if let Some(fence) = fence {
+                st.check_fence(bot, fence)?;
             }
+            // Arrival time in µs, above the bot's last: one writer here either way.
+            let mut seq = st
+                .inbox
+                .get(bot)
+                .and_then(|i| i.values().map(|(e, _)| e.seq).max())
+                .unwrap_or(0);
+            st.record(bot, items, || {
+                seq = (seq + 1).max(crate::turns::arrival_seq().max(0).unsigned_abs());
+                seq
+            })
         };
         let view = match view.and_then(|i| items.get(i)) {
             Some(it) => Some(self.turn_view(bot, &it.key, &it.chat).await?),
@@ -557,13 +553,15 @@ impl Store for MemoryStore {
     async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
         let mut st = self.st();
         let mut gone = 0;
+        let sends_before = botfleet_core::unix_ms() - crate::SEND_KEEP_MS;
         for entries in st.inbox.values_mut() {
             entries.retain(|_, (e, finished)| {
                 let keep = match (e.state, *finished) {
                     (InboxState::Done, Some(t)) => t >= done_before_ms,
                     (InboxState::Undeliverable, Some(t)) => t >= undeliverable_before_ms,
                     _ => true,
-                };
+                } || (e.kind() == crate::EntryKind::Send
+                    && finished.is_some_and(|t| t >= sends_before));
                 if !keep {
                     gone += 1;
                 }

@@ -369,8 +369,7 @@ impl PostgresStore {
             .collect()
     }
 
-    /// The refusal of a fenced write that changed nothing: a higher fence was accepted.
-    /// Journals under a unit's claim: one writer, numbered on from the bot's last entry.
+    /// Journals under a unit's claim: one writer, numbered by arrival above the bot's last entry.
     async fn journal_fenced(
         &self,
         bot: &BotId,
@@ -382,11 +381,13 @@ impl PostgresStore {
             return Err(self.stale(&c, bot, fence).await);
         }
         let (keys, chats, messages) = columns(items);
-        // One statement: the fence is checked again where the rows are written, and seq grows
-        // in the items' order (gaps where an item was a redelivery).
+        // One statement: the fence is checked again where the rows are written, and seq is the
+        // arrival time in µs, above the bot's last entry (one writer), growing in the items'
+        // order (gaps where an item was a redelivery).
         let rows = c
             .query(
-                "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS s FROM inbox WHERE bot_id = $1), \
+                "WITH base AS (SELECT GREATEST(COALESCE(MAX(seq), 0), $7) AS s FROM inbox \
+                               WHERE bot_id = $1), \
                  items AS (SELECT * FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) \
                            WITH ORDINALITY AS t(key, chat, message, ord)) \
                  INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
@@ -401,6 +402,7 @@ impl PostgresStore {
                     &messages,
                     &botfleet_core::unix_ms(),
                     &fence_i64(fence),
+                    &(crate::turns::arrival_seq() - 1),
                 ],
             )
             .await
@@ -867,12 +869,14 @@ impl Store for PostgresStore {
         c.execute(
             "WITH sent AS (DELETE FROM outbox WHERE sent_at_ms < $1), \
              old_refs AS (DELETE FROM refs WHERE expires_at_ms <= $3) \
-             DELETE FROM inbox WHERE (state = 'done' AND finished_at_ms < $1) \
-             OR (state = 'undeliverable' AND finished_at_ms < $2)",
+             DELETE FROM inbox WHERE ((state = 'done' AND finished_at_ms < $1) \
+             OR (state = 'undeliverable' AND finished_at_ms < $2)) \
+             AND (substr(key, 1, 5) <> 'send:' OR finished_at_ms < $4)",
             &[
                 &done_before_ms,
                 &undeliverable_before_ms,
                 &botfleet_core::unix_ms(),
+                &(botfleet_core::unix_ms() - crate::SEND_KEEP_MS),
             ],
         )
         .await

@@ -817,23 +817,17 @@ impl Store for SqliteStore {
         self.with("journal", move |c| {
             let fail = |e| StoreError::backend("journal", e);
             let tx = write_tx(c, &bot, fence, "journal")?;
-            let (first, step_always) = match fence {
-                // One writer: numbered on from the bot's last entry, without gaps for
-                // redeliveries.
-                Some(_) => {
-                    let last: i64 = tx
-                        .query_row(
-                            "SELECT COALESCE(MAX(seq), 0) FROM inbox WHERE bot_id = ?1",
-                            [bot.as_str()],
-                            |r| r.get(0),
-                        )
-                        .map_err(fail)?;
-                    (last + 1, false)
-                }
-                // Numbered by arrival time: many workers journal one bot at once.
-                None => (crate::turns::arrival_seq(), true),
-            };
-            let out = insert_inbox(&tx, &bot, &items, first, step_always, "journal")?;
+            // Numbered by arrival time in µs, above the bot's last entry (the write lock
+            // makes every writer here the one writer), without gaps for redeliveries.
+            let last: i64 = tx
+                .query_row(
+                    "SELECT COALESCE(MAX(seq), 0) FROM inbox WHERE bot_id = ?1",
+                    [bot.as_str()],
+                    |r| r.get(0),
+                )
+                .map_err(fail)?;
+            let first = (last + 1).max(crate::turns::arrival_seq());
+            let out = insert_inbox(&tx, &bot, &items, first, "journal")?;
             tx.commit().map_err(fail)?;
             // Read on the writing connection, right after: no second trip to a thread.
             let view = match view.and_then(|i| items.get(i)) {
@@ -1092,9 +1086,14 @@ impl Store for SqliteStore {
     async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
         self.with("prune inbox", move |c| {
             c.execute(
-                "DELETE FROM inbox WHERE (state = 'done' AND finished_at_ms < ?1) \
-                 OR (state = 'undeliverable' AND finished_at_ms < ?2)",
-                params![done_before_ms, undeliverable_before_ms],
+                "DELETE FROM inbox WHERE ((state = 'done' AND finished_at_ms < ?1) \
+                 OR (state = 'undeliverable' AND finished_at_ms < ?2)) \
+                 AND (substr(key, 1, 5) <> 'send:' OR finished_at_ms < ?3)",
+                params![
+                    done_before_ms,
+                    undeliverable_before_ms,
+                    botfleet_core::unix_ms() - crate::SEND_KEEP_MS
+                ],
             )
             .and_then(|n| {
                 c.execute("DELETE FROM outbox WHERE sent_at_ms < ?1", [done_before_ms])?;
@@ -1220,14 +1219,13 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
     })
 }
 
-/// Inserts the items not recorded before, the first at `seq`, the next one up (for every
-/// item when `step_always`, else only after a new one); answers which were new.
+/// Inserts the items not recorded before, the first at `seq`, the next one up after each
+/// new one; answers which were new.
 fn insert_inbox(
     tx: &rusqlite::Transaction<'_>,
     bot: &BotId,
     items: &[InboxItem],
     mut seq: i64,
-    step_always: bool,
     op: &'static str,
 ) -> Result<Vec<bool>> {
     let fail = |e| StoreError::backend(op, e);
@@ -1251,7 +1249,7 @@ fn insert_inbox(
             ])
             .map_err(fail)?
             > 0;
-        if new || step_always {
+        if new {
             seq += 1;
         }
         out.push(new);

@@ -226,7 +226,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn inbox_undeliverable(&self, bot: &BotId, limit: usize) -> Result<Vec<InboxEntry>>;
 
     /// Forgets done entries finished before `done_before_ms` and undeliverable ones finished
-    /// before `undeliverable_before_ms` (unix ms). Answers how many went.
+    /// before `undeliverable_before_ms` (unix ms); a backend send's entry stays at least
+    /// [`SEND_KEEP_MS`](crate::SEND_KEEP_MS) after it ended (a repeat of its key finds it).
+    /// Answers how many went.
     ///
     /// # Errors
     /// Backend failures.
@@ -260,8 +262,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// can).
     ///
     /// `fence` is the claim of a unit's holder (polling, socket, gateway, linked-device bots:
-    /// one writer, entries numbered on from the bot's last); `None` is any worker journaling
-    /// a webhook delivery (many at once, entries numbered by arrival time).
+    /// one writer); `None` is any worker journaling a webhook delivery (many at once). Either
+    /// way an entry's `seq` is its arrival time in µs since the Unix epoch, above the bot's
+    /// last entry wherever one writer journals at a time (a unit's holder; every writer of
+    /// SQLite and memory), so the two kinds of entries of one bot keep the order they came in.
     ///
     /// # Errors
     /// `StaleFence` when `fence` is below the bot's accepted fence; backend failures (then

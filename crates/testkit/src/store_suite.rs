@@ -593,6 +593,102 @@ pub async fn inbox_records_once_in_order(s: Arc<dyn Store>) {
     assert_eq!(put(&s, &bid("b2"), &[item("u1", "c1")], 1).await, [true]);
 }
 
+/// An entry's sequence means one thing whoever journals it: its arrival, in µs since the
+/// Unix epoch, growing for each bot — entries journaled under a unit's claim (numbered on
+/// from the bot's last) and by any worker (a webhook delivery) interleave in the order they
+/// came, as a bot that moves between the two ways keeps its order.
+pub async fn entry_sequences_are_arrival_times(s: Arc<dyn Store>) {
+    let bot = bid("seq");
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert_eq!(
+        put(&s, &bot, &[item("p1", "c1"), item("p2", "c2")], 1).await,
+        [true, true]
+    );
+    assert_eq!(hook_put(&s, &bot, &[item("h1", "c1")]).await, [true]);
+    assert_eq!(put(&s, &bot, &[item("p3", "c1")], 1).await, [true]);
+    assert_eq!(
+        hook_put(&s, &bot, &[item("h2", "c2"), item("h3", "c1")]).await,
+        [true, true]
+    );
+    let pending = s.inbox_pending(&bot, 100).await.unwrap();
+    let keys: Vec<_> = pending.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["p1", "p2", "h1", "p3", "h2", "h3"],
+        "in the order they came"
+    );
+    assert!(
+        pending.windows(2).all(|w| w[0].seq < w[1].seq),
+        "growing: {:?}",
+        pending.iter().map(|e| e.seq).collect::<Vec<_>>()
+    );
+    assert!(
+        pending[0].seq >= before,
+        "an arrival time in µs: {} journaled after {before}",
+        pending[0].seq
+    );
+}
+
+/// A backend send is an entry of its chat like an event, under a key made from the client's
+/// `Idempotency-Key`: a repeat is not journaled again and finds the first (its message, to
+/// tell a repeat from another body under the same key), also after it ended; it outlives the
+/// hour an answered event is kept.
+pub async fn backend_sends_are_entries_found_again_by_their_key(s: Arc<dyn Store>) {
+    let bot = bid("snd");
+    let key = botfleet_store::send_key("order-42 reminder");
+    assert!(key.starts_with(botfleet_store::SEND_KEY_PREFIX));
+    assert!(
+        !key.contains("order-42"),
+        "the client's key is not stored as it is"
+    );
+    assert_eq!(key, botfleet_store::send_key("order-42 reminder"));
+    assert_ne!(key, botfleet_store::send_key("order-43 reminder"));
+    s.accept_fence(&bot, Fence(1)).await.unwrap();
+    let send = InboxItem {
+        key: key.clone(),
+        chat: "c1".into(),
+        message: r#"{"text":"your order shipped"}"#.into(),
+    };
+    assert_eq!(put(&s, &bot, &[item("e1", "c1")], 1).await, [true]);
+    assert_eq!(
+        hook_put(&s, &bot, std::slice::from_ref(&send)).await,
+        [true]
+    );
+    assert_eq!(
+        hook_put(&s, &bot, std::slice::from_ref(&send)).await,
+        [false],
+        "a repeat"
+    );
+    let first = s.turn_view(&bot, &key, "c1").await.unwrap().entry.unwrap();
+    assert_eq!(
+        first.message, send.message,
+        "the repeat finds the first body"
+    );
+    let pending = s.inbox_pending(&bot, 10).await.unwrap();
+    let kinds: Vec<_> = pending.iter().map(|e| (e.key.as_str(), e.kind())).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("e1", botfleet_store::EntryKind::Event),
+            (key.as_str(), botfleet_store::EntryKind::Send)
+        ],
+        "in its chat's order"
+    );
+    end(&s, &bot, "e1", InboxOutcome::Done, 1).await.unwrap();
+    end(&s, &bot, &key, InboxOutcome::Done, 1).await.unwrap();
+    // Everything answered before a moment from now is due to go: the event goes, the send
+    // stays its day.
+    let later = botfleet_core::unix_ms() + 1_000;
+    assert_eq!(s.inbox_prune(later, later).await.unwrap(), 1);
+    assert!(s.turn_view(&bot, "e1", "c1").await.unwrap().entry.is_none());
+    let kept = s.turn_view(&bot, &key, "c1").await.unwrap().entry.unwrap();
+    assert_eq!(kept.state, InboxState::Done);
+    assert_eq!(hook_put(&s, &bot, &[send]).await, [false], "still known");
+}
+
 /// A worker that lost the bot can neither record nor end entries.
 pub async fn inbox_writes_are_fenced(s: Arc<dyn Store>) {
     let bot = bid("b1");
@@ -1293,6 +1389,8 @@ macro_rules! store_conformance {
             claim_turns_are_fenced_by_the_bot,
             batch_calls_answer_like_single_calls,
             inbox_records_once_in_order,
+            entry_sequences_are_arrival_times,
+            backend_sends_are_entries_found_again_by_their_key,
             inbox_writes_are_fenced,
             inbox_prune_forgets_finished_entries,
             app_tokens_round_trip_and_stay_secret,
