@@ -278,11 +278,34 @@ async fn moved_polling(
 
 /// Waits until every bot has been polled since `since` (so a live worker serves it); answers
 /// how long after `since` that was.
-async fn all_polling(fake: &FakeTelegram, what: &str, since: Instant, limit: Duration) -> Duration {
-    n_polling(fake, BOTS, what, since, limit).await
+/// If that wait fails, it names the bots that did not poll and prints the logs in `logs`.
+async fn all_polling(
+    fake: &FakeTelegram,
+    what: &str,
+    since: Instant,
+    limit: Duration,
+    logs: &std::path::Path,
+) -> Duration {
+    wait_for_or(
+        what,
+        limit,
+        || async { (fake.state().polled_since(since) == BOTS).then_some(()) },
+        || {
+            let quiet = fake.state().not_polled_since(since);
+            format!(
+                "{} bots not polled since: {:?}\n{}",
+                quiet.len(),
+                &quiet[..quiet.len().min(20)],
+                log_tails(logs)
+            )
+        },
+    )
+    .await;
+    since.elapsed()
 }
 
-/// [`all_polling`] for a fleet of `n` bots.
+/// Waits until `n` bots have been polled since `since`; answers how long after `since` that
+/// was.
 async fn n_polling(
     fake: &FakeTelegram,
     n: usize,
@@ -468,6 +491,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
         "300 Telegram bots polling on 3 workers",
         t,
         Duration::from_secs(30),
+        &dir.0,
     )
     .await;
     wait_for(
@@ -504,7 +528,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     let joined_at = Instant::now();
     procs.push(spawn_worker("w3", &db, &redis.url(), &dir.0));
     holding(&coord, &dir.0, "w3", 50, slack).await;
-    all_polling(&fake, "bots polling after the join", joined_at, slack).await;
+    all_polling(&fake, "bots polling after the join", joined_at, slack, &dir.0).await;
     println!(
         "join: w3 runs its share {:?} after starting",
         joined_at.elapsed()
@@ -565,7 +589,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
             .map(|_| ())
     })
     .await;
-    all_polling(&fake, "bots polling after w0 rejoined", thawed, slack).await;
+    all_polling(&fake, "bots polling after w0 rejoined", thawed, slack, &dir.0).await;
 
     // Stop writing; every message must be answered, once, in order, on both platforms.
     let (total, dups) = traffic.finish_mixed(&fake, Some(&fake_slack)).await;

@@ -545,6 +545,20 @@ impl FakeState {
             .count()
     }
 
+    /// The tokens that had no `getUpdates` accepted at or after `since`, sorted: what a test
+    /// names when a wait for every bot to poll fails.
+    pub fn not_polled_since(&self, since: std::time::Instant) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .lock()
+            .tokens
+            .iter()
+            .filter(|(_, t)| !t.last_poll.is_some_and(|p| p >= since))
+            .map(|(k, _)| k.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
     /// How many of `tokens` had a `getUpdates` accepted at or after `since`.
     pub fn polled_since_among(&self, tokens: &[String], since: std::time::Instant) -> usize {
         let g = self.lock();

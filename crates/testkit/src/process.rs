@@ -131,7 +131,9 @@ impl Proc {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             self.signal("-STOP");
-            if sqlite_write_free(db) {
+            // `kill` returns once the signal is queued; a thread running on another core may
+            // still take the lock before it stops. Probe only once every thread is stopped.
+            if self.wait_stopped(deadline) && sqlite_write_free(db) {
                 return;
             }
             self.signal("-CONT");
@@ -140,6 +142,31 @@ impl Proc {
                 "{}: the SQLite write lock never free while it was stopped",
                 self.name
             );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Whether every thread of the process is stopped (`T` in `/proc/PID/task/*/stat`),
+    /// waiting for that until `deadline`.
+    fn wait_stopped(&self, deadline: std::time::Instant) -> bool {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        loop {
+            let all = std::fs::read_dir(&tasks).is_ok_and(|d| {
+                d.filter_map(Result::ok).all(|t| {
+                    std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+                        // The state follows the command name, which is in parentheses.
+                        s.rsplit_once(')').is_some_and(|(_, rest)| {
+                            matches!(rest.trim_start().chars().next(), Some('T' | 't'))
+                        })
+                    })
+                })
+            });
+            if all {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
