@@ -528,7 +528,14 @@ async fn three_workers_survive_kill_join_term_and_stop() {
     let joined_at = Instant::now();
     procs.push(spawn_worker("w3", &db, &redis.url(), &dir.0));
     holding(&coord, &dir.0, "w3", 50, slack).await;
-    all_polling(&fake, "bots polling after the join", joined_at, slack, &dir.0).await;
+    all_polling(
+        &fake,
+        "bots polling after the join",
+        joined_at,
+        slack,
+        &dir.0,
+    )
+    .await;
     println!(
         "join: w3 runs its share {:?} after starting",
         joined_at.elapsed()
@@ -589,7 +596,14 @@ async fn three_workers_survive_kill_join_term_and_stop() {
             .map(|_| ())
     })
     .await;
-    all_polling(&fake, "bots polling after w0 rejoined", thawed, slack, &dir.0).await;
+    all_polling(
+        &fake,
+        "bots polling after w0 rejoined",
+        thawed,
+        slack,
+        &dir.0,
+    )
+    .await;
 
     // Stop writing; every message must be answered, once, in order, on both platforms.
     let (total, dups) = traffic.finish_mixed(&fake, Some(&fake_slack)).await;

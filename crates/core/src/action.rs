@@ -167,6 +167,11 @@ pub enum Act<'a> {
     Edit {
         /// The platform's id of the message.
         message_id: &'a str,
+        /// The answer handle of the event whose answer made the message, while it still
+        /// answers: the platform edits through it where it can (Discord: the interaction's
+        /// webhook, the one way to edit an ephemeral answer or one in a channel the bot may
+        /// not post in).
+        via: Option<&'a str>,
         /// The new text, if it changes.
         text: Option<&'a str>,
         /// The buttons it has after the edit (none when empty).
@@ -176,6 +181,8 @@ pub enum Act<'a> {
     Delete {
         /// The platform's id of the message.
         message_id: &'a str,
+        /// As for [`Act::Edit`]: the answer handle the message was made with, while it lives.
+        via: Option<&'a str>,
     },
     /// Show typing in the chat.
     Typing,
@@ -199,6 +206,8 @@ pub enum Act<'a> {
         /// Rows of buttons under it, where an answer is a message that shows them (Discord's
         /// interaction responses); empty otherwise.
         buttons: &'a [Vec<Button>],
+        /// Files shown with it, where an answer is a message (Discord's); empty otherwise.
+        files: &'a [Upload],
     },
     /// Acknowledge `event` now, before the handler has answered, so the platform's deadline
     /// is met (Discord's 3 s for an interaction); an answer later follows up.

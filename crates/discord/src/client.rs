@@ -244,31 +244,7 @@ impl DiscordClient {
         let req = self
             .http
             .post(format!("{}/channels/{channel}/messages", api.base));
-        let req = if files.is_empty() {
-            req.json(&body)
-        } else {
-            body["attachments"] = files
-                .iter()
-                .enumerate()
-                .map(|(i, f)| serde_json::json!({ "id": i, "filename": f.name }))
-                .collect();
-            let mut form = reqwest::multipart::Form::new().part(
-                "payload_json",
-                reqwest::multipart::Part::text(body.to_string())
-                    .mime_str("application/json")
-                    .map_err(|e| DiscordError::Malformed(e.without_url().to_string()))?,
-            );
-            for (i, f) in files.iter().enumerate() {
-                let part =
-                    botfleet_platform::upload_part(f).map_err(|_| DiscordError::Rejected {
-                        what: "create message (a file's MIME type)",
-                        status: 400,
-                        code: 0,
-                    })?;
-                form = form.part(format!("files[{i}]"), part);
-            }
-            req.multipart(form)
-        };
+        let req = with_files(req, &mut body, |b| b, files)?;
         let sent = self.call(api, "create message", req).await?;
         Ok(sent["id"].as_str().map(str::to_owned))
     }
@@ -398,18 +374,24 @@ impl DiscordClient {
     ///
     /// # Errors
     /// As [`DiscordClient::create_message`]; code 40060 when it was answered before.
+    ///
+    /// Asked `with_response`: answers Discord's account of it, whose `resource.message` is
+    /// the message a response of type 4 made. `files` go with a type 4's message (its
+    /// `data`), as multipart.
     pub(crate) async fn interaction_callback(
         &self,
         api: &DiscordApi,
         id: &str,
         token: &str,
-        body: &Value,
-    ) -> Result<(), DiscordError> {
-        let url = format!("{}/interactions/{id}/{token}/callback", api.base);
-        let req = self.http.post(url).json(body);
-        self.call(api, "interaction response", req)
-            .await
-            .map(|_| ())
+        mut body: Value,
+        files: &[botfleet_core::Upload],
+    ) -> Result<Value, DiscordError> {
+        let url = format!(
+            "{}/interactions/{id}/{token}/callback?with_response=true",
+            api.base
+        );
+        let req = with_files(self.http.post(url), &mut body, |b| &mut b["data"], files)?;
+        self.call(api, "interaction response", req).await
     }
 
     /// The bot's application commands replaced by `commands` (slash commands, `CHAT_INPUT`):
@@ -473,20 +455,69 @@ impl DiscordClient {
     ///
     /// # Errors
     /// As [`DiscordClient::create_message`].
+    ///
+    /// Answers the message made or edited (`Null` for a delete). `files` go with the body,
+    /// as multipart. An interaction token that no longer answers (Discord's 401 `50027`,
+    /// "Invalid Webhook Token") is `Rejected`, never taken for a refused bot token.
     pub(crate) async fn interaction_webhook(
         &self,
         api: &DiscordApi,
         method: reqwest::Method,
         (app, token, path): (&str, &str, &str),
-        body: Option<&Value>,
-    ) -> Result<(), DiscordError> {
+        body: Option<Value>,
+        files: &[botfleet_core::Upload],
+    ) -> Result<Value, DiscordError> {
         let url = format!("{}/webhooks/{app}/{token}{path}", api.base);
         let mut req = self.http.request(method, url);
-        if let Some(b) = body {
-            req = req.json(b);
+        if let Some(mut b) = body {
+            req = with_files(req, &mut b, |b| b, files)?;
         }
-        self.call(api, "interaction webhook", req).await.map(|_| ())
+        match self.call(api, "interaction webhook", req).await {
+            Err(DiscordError::Unauthorized) => Err(DiscordError::Rejected {
+                what: "interaction webhook",
+                status: 401,
+                code: INVALID_WEBHOOK_TOKEN,
+            }),
+            r => r,
+        }
     }
+}
+
+/// Discord's code for an interaction token (a webhook's) that no longer answers.
+pub(crate) const INVALID_WEBHOOK_TOKEN: u64 = 50027;
+
+/// `req` with `body` as JSON, or, with `files`, as multipart: the body as `payload_json`
+/// (its message, `message(body)`, naming each file in `attachments`), each file as
+/// `files[n]`.
+fn with_files(
+    req: reqwest::RequestBuilder,
+    body: &mut Value,
+    message: impl FnOnce(&mut Value) -> &mut Value,
+    files: &[botfleet_core::Upload],
+) -> Result<reqwest::RequestBuilder, DiscordError> {
+    if files.is_empty() {
+        return Ok(req.json(&*body));
+    }
+    message(body)["attachments"] = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| serde_json::json!({ "id": i, "filename": f.name }))
+        .collect();
+    let mut form = reqwest::multipart::Form::new().part(
+        "payload_json",
+        reqwest::multipart::Part::text(body.to_string())
+            .mime_str("application/json")
+            .map_err(|e| DiscordError::Malformed(e.without_url().to_string()))?,
+    );
+    for (i, f) in files.iter().enumerate() {
+        let part = botfleet_platform::upload_part(f).map_err(|_| DiscordError::Rejected {
+            what: "a file's MIME type",
+            status: 400,
+            code: 0,
+        })?;
+        form = form.part(format!("files[{i}]"), part);
+    }
+    Ok(req.multipart(form))
 }
 
 /// Refuses ids that are not Discord snowflakes (digits), before they become path segments.

@@ -70,6 +70,14 @@ pub struct Shown {
     pub deleted: bool,
     /// Its buttons' `custom_id`s now, in order.
     pub buttons: Vec<String>,
+    /// The channel it is in.
+    pub channel: String,
+    /// Only the user who acted sees it (an ephemeral answer): no channel route reaches it.
+    pub ephemeral: bool,
+    /// The names of the files it shows.
+    pub files: Vec<String>,
+    /// Edits made through an interaction's webhook (of [`Shown::edits`]).
+    pub hook_edits: u32,
 }
 
 /// A fault to answer the next message create of a bot with.
@@ -640,6 +648,7 @@ fn take_message(
         Shown {
             content: content.to_owned(),
             buttons,
+            channel: channel.clone(),
             ..Shown::default()
         },
     );
@@ -663,11 +672,18 @@ async fn change_message(
         return unauthorized();
     };
     let mut bots = lock(&s.inner.bots);
-    let Some(m) = bots
-        .get_mut(&token)
-        .and_then(|b| b.shown.get_mut(&id))
-        .filter(|m| !m.deleted)
-    else {
+    let Some(b) = bots.get_mut(&token) else {
+        return unauthorized();
+    };
+    // As Discord: a bot changes its messages only where it may post; an ephemeral answer
+    // is no channel's message at all.
+    if b.shown
+        .get(&id)
+        .is_some_and(|m| b.muted.contains(&m.channel))
+    {
+        return missing_permissions();
+    }
+    let Some(m) = b.shown.get_mut(&id).filter(|m| !m.deleted && !m.ephemeral) else {
         return (
             StatusCode::NOT_FOUND,
             Json(json!({"message": "Unknown Message", "code": 10008})),

@@ -193,6 +193,13 @@ pub(crate) struct Reply<'a> {
     pub(crate) ephemeral: bool,
     /// Its buttons, as message components.
     pub(crate) components: Option<Value>,
+    /// Files shown with its text.
+    pub(crate) files: &'a [botfleet_core::Upload],
+}
+
+/// The id of the message in a webhook's answer (a follow-up or an edit of one).
+fn message_id(v: &Value) -> Option<String> {
+    v["id"].as_str().map(str::to_owned)
 }
 
 /// The message body of an answer: `text` (cut to 2,000 characters) with the reply's
@@ -211,6 +218,7 @@ fn message(text: &str, r: &Reply<'_>, ephemeral: bool) -> Value {
 /// Answers the interaction of `handle`: `text` as its response (or, once deferred, as the
 /// edit of the original response to a command, a follow-up to a component); without a
 /// text, acknowledges it and leaves nothing shown. Once `answered`, a text is a follow-up.
+/// Answers the id of the message that shows the text (none for an acknowledgement).
 ///
 /// An ephemeral text after a command was deferred (its "thinking…" shown to everyone, which
 /// an edit cannot hide) replaces the "thinking…": the original is deleted, and the text
@@ -225,34 +233,46 @@ pub(crate) async fn answer(
     reply: &Reply<'_>,
     deferred: bool,
     answered: bool,
-) -> Result<(), DiscordError> {
+) -> Result<Option<String>, DiscordError> {
     let h = Handle::read(handle)?;
-    let text = reply.text.filter(|t| !t.is_empty());
+    let files = reply.files;
+    // Something to show: a text, or files alone.
+    let text = reply.text.filter(|t| !t.is_empty() || !files.is_empty());
     let ephemeral = reply.ephemeral;
     let hook = (h.app, h.token, "");
     let original = (h.app, h.token, "/messages/@original");
+    let webhook = |method, to, body| async move {
+        client
+            .interaction_webhook(api, method, to, Some(body), files)
+            .await
+            .map(|v| message_id(&v))
+    };
     if answered {
         // After the first answer, a text is one more message under it.
         return match text {
-            Some(t) => {
-                let body = message(t, reply, ephemeral);
-                client
-                    .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
-                    .await
-            }
-            None => Ok(()),
+            Some(t) => webhook(reqwest::Method::POST, hook, message(t, reply, ephemeral)).await,
+            None => Ok(None),
         };
     }
     if !deferred {
-        let body = match (text, h.command) {
-            (Some(t), _) => json!({ "type": 4, "data": message(t, reply, ephemeral) }),
-            (None, false) => json!({ "type": 6 }),
-            (None, true) => json!({ "type": 5 }),
+        let (body, shown) = match (text, h.command) {
+            (Some(t), _) => (
+                json!({ "type": 4, "data": message(t, reply, ephemeral) }),
+                files,
+            ),
+            (None, false) => (json!({ "type": 6 }), &[][..]),
+            (None, true) => (json!({ "type": 5 }), &[][..]),
         };
-        match client.interaction_callback(api, h.id, h.token, &body).await {
-            Ok(()) if text.is_some() || !h.command => return Ok(()),
+        match client
+            .interaction_callback(api, h.id, h.token, body, shown)
+            .await
+        {
+            Ok(v) if text.is_some() => {
+                return Ok(v["resource"]["message"]["id"].as_str().map(str::to_owned))
+            }
+            Ok(_) if !h.command => return Ok(None),
             // A command acknowledged with nothing to say: its "thinking…" goes, below.
-            Ok(()) => {}
+            Ok(_) => {}
             // Answered before (a deferral by a worker that died): follow up instead.
             Err(e) if already(&e) => {}
             Err(e) => return Err(e),
@@ -260,11 +280,11 @@ pub(crate) async fn answer(
     }
     let delete_original = || async {
         match client
-            .interaction_webhook(api, reqwest::Method::DELETE, original, None)
+            .interaction_webhook(api, reqwest::Method::DELETE, original, None, &[])
             .await
         {
             Err(DiscordError::Rejected { status: 404, .. }) => Ok(()),
-            r => r,
+            r => r.map(|_| ()),
         }
     };
     match (text, h.command) {
@@ -272,28 +292,64 @@ pub(crate) async fn answer(
             // Deleted first: the first follow-up after a deferral would edit the
             // "thinking…" and keep it visible to everyone.
             delete_original().await?;
-            let body = message(t, reply, true);
-            client
-                .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
-                .await
+            webhook(reqwest::Method::POST, hook, message(t, reply, true)).await
         }
         (Some(t), true) => {
-            let body = message(t, reply, false);
-            client
-                .interaction_webhook(api, reqwest::Method::PATCH, original, Some(&body))
-                .await
+            webhook(reqwest::Method::PATCH, original, message(t, reply, false)).await
         }
         (Some(t), false) => {
-            let body = message(t, reply, ephemeral);
-            client
-                .interaction_webhook(api, reqwest::Method::POST, hook, Some(&body))
-                .await
+            webhook(reqwest::Method::POST, hook, message(t, reply, ephemeral)).await
         }
         // A command acknowledged with nothing to say: its "thinking…" goes.
-        (None, true) => delete_original().await,
-        (None, false) => Ok(()),
+        (None, true) => delete_original().await.map(|()| None),
+        (None, false) => Ok(None),
     }
 }
+
+/// Edits (a `content` and `components` body) or deletes (`None`) message `id`, an answer to
+/// the interaction of `handle`, through the interaction's webhook: the one way to change an
+/// ephemeral answer, or one in a channel the bot may not post in. `Ok(false)` when the
+/// interaction's token no longer answers (15 minutes on): the caller goes through the
+/// channel instead.
+///
+/// # Errors
+/// As [`answer`]; a message gone is `Rejected` with status 404.
+pub(crate) async fn change(
+    client: &DiscordClient,
+    api: &DiscordApi,
+    handle: &str,
+    id: &str,
+    body: Option<Value>,
+) -> Result<bool, DiscordError> {
+    let (Some(h), true) = (
+        Handle::parse(handle),
+        !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()),
+    ) else {
+        return Ok(false);
+    };
+    let path = format!("/messages/{id}");
+    let method = if body.is_some() {
+        reqwest::Method::PATCH
+    } else {
+        reqwest::Method::DELETE
+    };
+    match client
+        .interaction_webhook(api, method, (h.app, h.token, &path), body, &[])
+        .await
+    {
+        Ok(_) => Ok(true),
+        // The token is gone (401 50027) or unknown (404 10015): not the message.
+        Err(DiscordError::Rejected { status, code, .. })
+            if status == 401 || (status == 404 && code == UNKNOWN_WEBHOOK) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Discord's code for a webhook (an interaction's token) it does not know.
+const UNKNOWN_WEBHOOK: u64 = 10015;
 
 /// Acknowledges the interaction of `handle` before its answer (callback 5 for a command:
 /// Discord shows the bot thinking; 6 for a component: nothing shown). One answered before
@@ -308,9 +364,12 @@ pub(crate) async fn defer(
 ) -> Result<(), DiscordError> {
     let h = Handle::read(handle)?;
     let body = json!({ "type": if h.command { 5 } else { 6 } });
-    match client.interaction_callback(api, h.id, h.token, &body).await {
+    match client
+        .interaction_callback(api, h.id, h.token, body, &[])
+        .await
+    {
         Err(e) if already(&e) => Ok(()),
-        r => r,
+        r => r.map(|_| ()),
     }
 }
 

@@ -74,15 +74,37 @@ pub(crate) async fn act(
         }
         Act::Edit {
             message_id,
+            via,
             text,
             buttons,
         } => {
             let text = text.map(|t| t.chars().take(MAX_CONTENT).collect::<String>());
+            let components = components(buttons)?;
+            if let Some(h) = via {
+                // An interaction's answer: through its webhook while the token answers.
+                let mut body = serde_json::json!({ "components": components.clone() });
+                if let Some(t) = &text {
+                    body["content"] = serde_json::Value::from(t.as_str());
+                }
+                if crate::interactions::change(client, api, h, message_id, Some(body)).await? {
+                    return Ok(None);
+                }
+            }
             client
-                .edit_message(api, channel, message_id, text.as_deref(), components(buttons)?)
+                .edit_message(api, channel, message_id, text.as_deref(), components)
                 .await
         }
-        Act::Delete { message_id } => client.delete_message(api, channel, message_id).await,
+        Act::Delete { message_id, via } => {
+            let through_hook = match via {
+                Some(h) => crate::interactions::change(client, api, h, message_id, None).await,
+                None => Ok(false),
+            };
+            match through_hook {
+                Ok(true) => Ok(()),
+                Ok(false) => client.delete_message(api, channel, message_id).await,
+                Err(e) => Err(e),
+            }
+        }
         Act::Typing => client.trigger_typing(api, channel).await,
         Act::Answer {
             event,
@@ -91,6 +113,7 @@ pub(crate) async fn act(
             deferred,
             answered,
             buttons,
+            files,
             ..
         } => match event.answer_handle.as_deref() {
             Some(h) => {
@@ -102,8 +125,12 @@ pub(crate) async fn act(
                     } else {
                         Some(components(buttons)?)
                     },
+                    files,
                 };
-                crate::interactions::answer(client, api, h, &reply, *deferred, *answered).await
+                return Ok(
+                    crate::interactions::answer(client, api, h, &reply, *deferred, *answered)
+                        .await?,
+                );
             }
             // A message, not an interaction: nothing waits for an answer.
             None if text.is_none() => Ok(()),

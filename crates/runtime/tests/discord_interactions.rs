@@ -351,3 +351,156 @@ async fn interactions_queued_behind_a_slow_turn_are_acknowledged_from_their_arri
     }
     w.shutdown().await;
 }
+
+const FILES: &str = "DISCORD.files.SECRET";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_and_refs_answer_in_place_and_their_messages_are_edited_through_the_interaction() {
+    let fake = FakeDiscord::start().await.unwrap();
+    let state = fake.state();
+    state.add_bot(FILES, 1, 1);
+    // Channels the bot may not post in: answers, and edits of them, must go through the
+    // interactions.
+    for channel in [20, 21, 22] {
+        state.mute(FILES, channel);
+    }
+    let csv = json!({"data": "aWQsdG90YWwKMSwyCg==", "name": "report.csv", "mime": "text/csv"});
+    let handler = ScriptedHandler::start(move |ev: &Value| {
+        match (ev["kind"].as_str(), ev["command"]["name"].as_str()) {
+            (Some("command"), Some("report")) => json!({"actions": [{"type": "send",
+                "text": "the report", "ref": "rep", "attachments": [csv.clone()],
+                "buttons": [[{"text": "Close", "value": "close"}]]}]}),
+            // Deferred (past 3 s), then an ephemeral answer edited in the same turn: only
+            // the interaction's webhook reaches an ephemeral message.
+            (Some("command"), Some("draft")) => json!({"_delay_ms": 3_500, "actions": [
+                {"type": "send", "text": "draft 1", "ref": "d", "ephemeral": true},
+                {"type": "edit", "ref": "d", "text": "draft 2"}]}),
+            // Files alone, no text.
+            (Some("command"), Some("photo")) => json!({"actions": [{"type": "send",
+                "attachments": [{"data": "bm90IHJlYWxseSBhIHBpY3R1cmU=", "name": "a.txt"}]}]}),
+            // A later turn edits the report by its ref, through the command's interaction.
+            (Some("action"), _) => json!({"actions": [
+                {"type": "edit", "ref": "rep", "text": "the report (closed)"},
+                {"type": "send", "text": "closed", "ephemeral": true}]}),
+            _ => json!({}),
+        }
+    })
+    .await;
+    let spec = bot("files", FILES, &fake, webhook(&handler));
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    let w = h.start("a");
+    wait_for("connected", Duration::from_secs(20), || async {
+        (state.connected_shards(FILES) == 1).then_some(())
+    })
+    .await;
+    let report = state.user_runs_command(FILES, 20, "report", json!([]));
+    let draft = state.user_runs_command(FILES, 21, "draft", json!([]));
+    let photo = state.user_runs_command(FILES, 22, "photo", json!([]));
+    let shown = botfleet_testkit::wait_for_or(
+        "the report shown",
+        Duration::from_secs(20),
+        || async {
+            state
+                .interaction_of(&report)
+                .filter(|i| !i.answers.is_empty())
+        },
+        || format!("{:?}", state.interaction_of(&report)),
+    )
+    .await;
+    let report_id = shown.answers[0].id.clone();
+    answered_as(&shown, 4, &[("response", "the report", false)]);
+    assert_eq!(shown.answers[0].files, ["report.csv"], "{shown:?}");
+    assert_eq!(shown.answers[0].buttons, ["close"]);
+    let close = state
+        .user_presses(FILES, 20, &report_id, "close")
+        .expect("a button of the answer");
+    let store = h.store();
+    wait_for(
+        "every interaction done",
+        Duration::from_secs(30),
+        || async {
+            let answered = [&draft, &photo, &close].iter().all(|id| {
+                state
+                    .interaction_of(id)
+                    .is_some_and(|i| !i.answers.is_empty())
+            });
+            let closed = state
+                .message(FILES, &report_id)
+                .is_some_and(|m| m.content == "the report (closed)");
+            let pending = store.inbox_pending(&spec.id, 10).await.unwrap();
+            (answered && closed && pending.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let got = |id: &str| state.interaction_of(id).unwrap();
+    // The report, edited in the press's turn through the command's webhook (the channel
+    // refuses the bot), keeps its file.
+    let m = state.message(FILES, &report_id).unwrap();
+    assert_eq!((m.edits, m.hook_edits), (1, 1), "{m:?}");
+    assert_eq!(m.files, ["report.csv"]);
+    answered_as(&got(&close), 4, &[("response", "closed", true)]);
+    // The ephemeral draft, edited through the webhook after the deferral.
+    answered_as(&got(&draft), 5, &[("followup", "draft 1", true)]);
+    let d = state.message(FILES, &got(&draft).answers[0].id).unwrap();
+    assert_eq!(
+        (d.content.as_str(), d.hook_edits, d.ephemeral),
+        ("draft 2", 1, true)
+    );
+    // Files alone are an answer too.
+    answered_as(&got(&photo), 4, &[("response", "", false)]);
+    assert_eq!(got(&photo).answers[0].files, ["a.txt"]);
+    assert!(state.sent_by(FILES).is_empty(), "nothing went to a channel");
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_interaction_ran_out_is_edited_in_its_channel() {
+    let fake = FakeDiscord::start().await.unwrap();
+    let state = fake.state();
+    state.add_bot(FILES, 1, 1);
+    let handler = ScriptedHandler::start(|ev: &Value| {
+        match (ev["kind"].as_str(), ev["command"]["name"].as_str()) {
+            (Some("command"), Some("status")) => json!({"actions": [{"type": "send",
+                "text": "running", "ref": "st", "buttons": [[{"text": "Stop", "value": "stop"}]]}]}),
+            (Some("command"), _) => json!({"text": "still here"}),
+            (Some("action"), _) => json!({"actions": [
+                {"type": "edit", "ref": "st", "text": "stopped"}, {"type": "answer"}]}),
+            _ => json!({}),
+        }
+    })
+    .await;
+    let spec = bot("expired", FILES, &fake, webhook(&handler));
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    let w = h.start("a");
+    wait_for("connected", Duration::from_secs(20), || async {
+        (state.connected_shards(FILES) == 1).then_some(())
+    })
+    .await;
+    let status = state.user_runs_command(FILES, 30, "status", json!([]));
+    let shown = wait_for("the status shown", Duration::from_secs(20), || async {
+        state
+            .interaction_of(&status)
+            .filter(|i| !i.answers.is_empty())
+    })
+    .await;
+    let id = shown.answers[0].id.clone();
+    // Its token no longer answers: the edit goes to the channel, where the bot may post.
+    state.expire_interaction(&status);
+    state.user_presses(FILES, 30, &id, "stop").unwrap();
+    wait_for("the status edited", Duration::from_secs(20), || async {
+        state.message(FILES, &id).filter(|m| m.content == "stopped")
+    })
+    .await;
+    let m = state.message(FILES, &id).unwrap();
+    assert_eq!((m.edits, m.hook_edits), (1, 0), "{m:?}");
+    // The refused interaction token is not the bot's: it goes on answering.
+    let again = state.user_runs_command(FILES, 30, "ping", json!([]));
+    let answered = wait_for("answered again", Duration::from_secs(20), || async {
+        state
+            .interaction_of(&again)
+            .filter(|i| !i.answers.is_empty())
+    })
+    .await;
+    answered_as(&answered, 4, &[("response", "still here", false)]);
+    w.shutdown().await;
+}

@@ -140,6 +140,7 @@ pub async fn act(
             message_id,
             text,
             buttons,
+            ..
         } => {
             // Slack's chat.update takes the whole message: the fleet does not keep texts.
             let Some(text) = text else {
@@ -151,7 +152,7 @@ pub async fn act(
             client.bot_call(api, "chat.update", body).await?;
             Ok(None)
         }
-        Act::Delete { message_id } => {
+        Act::Delete { message_id, .. } => {
             let body = json!({ "channel": channel, "ts": message_id });
             match client.bot_call(api, "chat.delete", body).await {
                 // Gone before (a replayed delete): done.

@@ -552,7 +552,7 @@ impl FakeState {
             .lock()
             .tokens
             .iter()
-            .filter(|(_, t)| !t.last_poll.is_some_and(|p| p >= since))
+            .filter(|(_, t)| t.last_poll.is_none_or(|p| p < since))
             .map(|(k, _)| k.clone())
             .collect();
         out.sort();

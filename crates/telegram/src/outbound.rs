@@ -146,6 +146,7 @@ pub async fn act(
             message_id: id,
             text,
             buttons,
+            ..
         } => {
             let mut body = json!({ "chat_id": chat_id, "message_id": message_id(id)? });
             if !buttons.is_empty() {
@@ -163,7 +164,7 @@ pub async fn act(
                 }
             }
         }
-        Act::Delete { message_id: id } => {
+        Act::Delete { message_id: id, .. } => {
             let body = json!({ "chat_id": chat_id, "message_id": message_id(id)? });
             client.call_method(api, "deleteMessage", body).await
         }

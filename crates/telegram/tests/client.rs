@@ -292,6 +292,7 @@ async fn a_deferred_press_is_answered_empty_and_its_late_answer_is_a_message() {
         deferred: true,
         answered: false,
         buttons: &[],
+        files: &[],
     };
     let id = botfleet_telegram::act(&c, &api, "77", &late).await.unwrap();
     assert!(id.is_some(), "the late answer is a message");

@@ -23,8 +23,9 @@ pub struct SentFile {
     pub data: Vec<u8>,
 }
 
-/// A message create's body: JSON, or multipart (`payload_json` and the files, which must be
-/// the ones its `attachments` name, as Discord checks).
+/// A message's body (a create, an interaction's response or webhook message): JSON, or
+/// multipart (`payload_json` and the files, which must be the ones its `attachments` name,
+/// as Discord checks).
 pub(super) async fn read_body(
     s: &FakeDiscordState,
     req: Request,
@@ -67,7 +68,12 @@ pub(super) async fn read_body(
         }
     }
     let payload = payload.ok_or_else(|| bad("Invalid Form Body: payload_json"))?;
-    let named: Vec<(u64, String)> = payload["attachments"]
+    // A message's own, or an interaction response's message's (`data`).
+    let listed = match &payload["data"]["attachments"] {
+        Value::Null => &payload["attachments"],
+        a => a,
+    };
+    let named: Vec<(u64, String)> = listed
         .as_array()
         .into_iter()
         .flatten()

@@ -7,8 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+
 use axum::{
-    extract::{Path, State},
+    extract::{Path, Query, Request, State},
     http::{HeaderMap, Method, StatusCode},
     response::{IntoResponse, Response},
     Json,
@@ -33,6 +35,8 @@ pub struct Answered {
     pub id: String,
     /// Its buttons' `custom_id`s, in order.
     pub buttons: Vec<String>,
+    /// The names of the files it shows.
+    pub files: Vec<String>,
 }
 
 /// One interaction the fake dispatched, and what was made of it.
@@ -210,6 +214,16 @@ impl FakeDiscordState {
         })
     }
 
+    /// Lets interaction `id`'s token run out, as 15 minutes would: its webhook answers
+    /// `50027` from now on.
+    pub fn expire_interaction(&self, id: &str) {
+        if let Some(i) = lock(&self.inner.interactions).get_mut(id) {
+            if let Some(long_ago) = Instant::now().checked_sub(Duration::from_secs(16 * 60)) {
+                i.at = long_ago;
+            }
+        }
+    }
+
     /// The interaction `id`, as it stands.
     pub fn interaction_of(&self, id: &str) -> Option<Interaction> {
         lock(&self.inner.interactions).get(id).cloned()
@@ -258,12 +272,19 @@ impl FakeDiscordState {
     }
 }
 
-/// `POST /interactions/{id}/{token}/callback`.
+/// `POST /interactions/{id}/{token}/callback` (JSON, or multipart with files for a type 4):
+/// 204, or with `?with_response=true` Discord's account of it, the message a type 4 made
+/// as its `resource.message`.
 pub(super) async fn callback(
     State(s): State<FakeDiscordState>,
     Path((id, token)): Path<(String, String)>,
-    Json(body): Json<Value>,
+    Query(query): Query<HashMap<String, String>>,
+    req: Request,
 ) -> Response {
+    let (body, files) = match super::files::read_body(&s, req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let mut all = lock(&s.inner.interactions);
     let Some(i) = all.get_mut(&id).filter(|i| i.token == token) else {
         return unknown();
@@ -276,98 +297,142 @@ pub(super) async fn callback(
         return bad(40060, "Interaction has already been acknowledged.");
     }
     let kind = body["type"].as_u64().unwrap_or(0);
+    if kind != 4 && !files.is_empty() {
+        return bad(50035, "Invalid Form Body: files");
+    }
     let mut show = None;
     match kind {
         4 => {
             let data = &body["data"];
             let text = data["content"].as_str().unwrap_or_default();
-            if text.is_empty() || text.chars().count() > 2000 {
+            if (text.is_empty() && files.is_empty()) || text.chars().count() > 2000 {
                 return bad(50035, "Invalid Form Body");
             }
             let Ok(buttons) = check_components(&data["components"]) else {
                 return bad(50035, "Invalid Form Body: components");
             };
             let id = s.id().to_string();
+            let ephemeral = data["flags"].as_u64().is_some_and(|f| f & 64 != 0);
             i.original = Some(id.clone());
-            i.answers.push(Answered {
+            let answer = Answered {
                 how: "response",
                 text: text.to_owned(),
-                ephemeral: data["flags"].as_u64().is_some_and(|f| f & 64 != 0),
+                ephemeral,
                 after,
-                id: id.clone(),
-                buttons: buttons.clone(),
-            });
-            show = Some((i.bot.clone(), id, text.to_owned(), buttons));
+                id,
+                buttons,
+                files: files.iter().map(|f| f.name.clone()).collect(),
+            };
+            i.answers.push(answer.clone());
+            show = Some((i.bot.clone(), i.channel, answer));
         }
         5 => i.deferred_ephemeral = body["data"]["flags"].as_u64().is_some_and(|f| f & 64 != 0),
         6 if !i.command => {}
         _ => return bad(50035, "Invalid Form Body: type"),
     }
     i.callbacks.push((kind, after));
+    let interaction = json!({"id": id, "type": if i.command { 2 } else { 3 }});
     drop(all);
-    if let Some((bot, id, text, buttons)) = show {
-        s.show(&bot, id, text, buttons);
+    let message = show.map(|(bot, channel, a)| {
+        let m = json!({"id": a.id, "channel_id": channel.to_string(), "content": a.text});
+        s.show(&bot, channel, &a);
+        m
+    });
+    if query.get("with_response").map(String::as_str) != Some("true") {
+        return StatusCode::NO_CONTENT.into_response();
     }
-    StatusCode::NO_CONTENT.into_response()
+    let mut resource = json!({ "type": kind });
+    if let Some(m) = message {
+        resource["message"] = m;
+    }
+    Json(json!({"interaction": interaction, "resource": resource})).into_response()
 }
 
 impl FakeDiscordState {
-    /// Shows message `id` of the bot of `token` (an answer to an interaction) with `buttons`,
-    /// so a user can press them.
-    fn show(&self, token: &str, id: String, content: String, buttons: Vec<String>) {
+    /// Shows answer `a` of the bot of `token` in `channel` (with its buttons, so a user can
+    /// press them, and its files).
+    fn show(&self, token: &str, channel: u64, a: &Answered) {
         if let Some(b) = lock(&self.inner.bots).get_mut(token) {
-            let m = b.shown.entry(id).or_default();
-            m.content = content;
-            m.buttons = buttons;
+            let m = b.shown.entry(a.id.clone()).or_default();
+            m.content.clone_from(&a.text);
+            m.buttons.clone_from(&a.buttons);
+            m.channel = channel.to_string();
+            m.ephemeral = a.ephemeral;
+            m.files.clone_from(&a.files);
         }
     }
 }
 
-/// `PATCH`/`DELETE /webhooks/{app}/{token}/messages/@original` and `POST
-/// /webhooks/{app}/{token}` (a follow-up), for an interaction answered or deferred within the
-/// last 15 minutes.
+/// Discord's answer to an interaction token that no longer answers.
+fn invalid_webhook_token() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        Json(json!({"message": "Invalid Webhook Token", "code": 50027})),
+    )
+        .into_response()
+}
+
+/// `PATCH`/`DELETE /webhooks/{app}/{token}/messages/{@original|id}` and `POST
+/// /webhooks/{app}/{token}` (a follow-up), JSON or multipart with files, for an interaction
+/// answered or deferred within the last 15 minutes (an unknown token is `10015`, one
+/// older than that `50027`). A message id must be one of the interaction's answers.
 pub(super) async fn webhook(
     State(s): State<FakeDiscordState>,
     method: Method,
     Path(rest): Path<String>,
-    _headers: HeaderMap,
-    body: Option<Json<Value>>,
+    req: Request,
 ) -> Response {
     let parts: Vec<&str> = rest.split('/').collect();
-    let (token, original) = match parts.as_slice() {
-        [_app, token] => (*token, false),
-        [_app, token, "messages", "@original"] => (*token, true),
+    let (token, target) = match parts.as_slice() {
+        [_app, token] => (*token, None),
+        [_app, token, "messages", m] => (*token, Some(*m)),
         _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    let (body, files) = if method == Method::DELETE {
+        (Value::Null, Vec::new())
+    } else {
+        match super::files::read_body(&s, req).await {
+            Ok(b) => b,
+            Err(r) => return r,
+        }
     };
     let mut all = lock(&s.inner.interactions);
     let Some(i) = all.values_mut().find(|i| i.token == token) else {
-        return unknown();
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"message": "Unknown Webhook", "code": 10015})),
+        )
+            .into_response();
     };
     let after = i.at.elapsed();
-    if i.callbacks.is_empty() || after > Duration::from_secs(15 * 60) {
+    if after > Duration::from_secs(15 * 60) {
+        return invalid_webhook_token();
+    }
+    if i.callbacks.is_empty() {
         return unknown();
     }
-    let text = body
-        .as_ref()
-        .and_then(|Json(b)| b["content"].as_str())
-        .unwrap_or_default()
-        .to_owned();
-    let ephemeral = body
-        .as_ref()
-        .and_then(|Json(b)| b["flags"].as_u64())
-        .is_some_and(|f| f & 64 != 0);
-    let Ok(buttons) = check_components(
-        body.as_ref()
-            .map_or(&Value::Null, |Json(b)| &b["components"]),
-    ) else {
+    let text = body["content"].as_str().unwrap_or_default().to_owned();
+    let ephemeral = body["flags"].as_u64().is_some_and(|f| f & 64 != 0);
+    let Ok(buttons) = check_components(&body["components"]) else {
         return bad(50035, "Invalid Form Body: components");
     };
+    let file_names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
+    // A message of this interaction by its id: an edit or a delete of one answer.
+    if let Some(m) = target.filter(|m| *m != "@original") {
+        if !i.answers.iter().any(|a| a.id == m) {
+            return unknown_message();
+        }
+        let (bot, m) = (i.bot.clone(), m.to_owned());
+        drop(all);
+        return s.change_answer(&bot, &m, method, &body, file_names);
+    }
+    let original = target.is_some();
     let answer = match (method, original) {
         (Method::DELETE, true) => {
             i.original_deleted = true;
             return StatusCode::NO_CONTENT.into_response();
         }
-        (m, _) if text.is_empty() && m != Method::DELETE => {
+        (m, _) if text.is_empty() && files.is_empty() && m != Method::DELETE => {
             return bad(50006, "Cannot send an empty message")
         }
         (Method::PATCH, true) if i.original_deleted => return unknown_message(),
@@ -393,15 +458,67 @@ pub(super) async fn webhook(
                 after,
                 id,
                 buttons,
+                files: file_names,
             }
         }
         _ => return StatusCode::METHOD_NOT_ALLOWED.into_response(),
     };
     i.answers.push(answer.clone());
-    let bot = i.bot.clone();
+    let (bot, channel) = (i.bot.clone(), i.channel);
     drop(all);
-    s.show(&bot, answer.id.clone(), text.clone(), answer.buttons);
-    Json(json!({"id": answer.id, "content": text})).into_response()
+    s.show(&bot, channel, &answer);
+    Json(json!({"id": answer.id, "channel_id": channel.to_string(), "content": text}))
+        .into_response()
+}
+
+impl FakeDiscordState {
+    /// An edit (`PATCH`) or a delete of answer `id` of the bot of `token`, through its
+    /// interaction's webhook.
+    fn change_answer(
+        &self,
+        token: &str,
+        id: &str,
+        method: Method,
+        body: &Value,
+        files: Vec<String>,
+    ) -> Response {
+        let mut bots = lock(&self.inner.bots);
+        let Some(m) = bots
+            .get_mut(token)
+            .and_then(|b| b.shown.get_mut(id))
+            .filter(|m| !m.deleted)
+        else {
+            return unknown_message();
+        };
+        match method {
+            Method::DELETE => {
+                m.deleted = true;
+                StatusCode::NO_CONTENT.into_response()
+            }
+            Method::PATCH => {
+                if let Some(c) = body["content"].as_str() {
+                    if c.is_empty() || c.chars().count() > 2000 {
+                        return bad(50035, "Invalid Form Body");
+                    }
+                    c.clone_into(&mut m.content);
+                }
+                if let Some(c) = body.get("components") {
+                    match check_components(c) {
+                        Ok(b) => m.buttons = b,
+                        Err(_) => return bad(50035, "Invalid Form Body: components"),
+                    }
+                }
+                if !files.is_empty() {
+                    m.files = files;
+                }
+                m.edits += 1;
+                m.hook_edits += 1;
+                Json(json!({"id": id, "channel_id": m.channel, "content": m.content}))
+                    .into_response()
+            }
+            _ => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+        }
+    }
 }
 
 /// `GET /applications/@me`.

@@ -47,6 +47,11 @@ fn message_name(id: &str) -> String {
 fn value_name(key: &str) -> String {
     format!("v:{key}")
 }
+/// A message made by answering an event → until when (Unix ms) and through which answer
+/// handle it can still be changed ([`Act::Edit::via`]).
+fn hook_name(id: &str) -> String {
+    format!("h:{id}")
+}
 
 /// What a multi-action turn recorded of itself.
 #[derive(Serialize, Deserialize, Default, Clone)]
@@ -260,9 +265,10 @@ pub(super) async fn run(
             alert: false,
             ephemeral: false,
             buttons: &[],
+            files: &[],
         };
         match run.answer(hold, &mut slot, ack, &key, started).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(_)) => {}
             Ok(Err(why)) => {
                 warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %why, "cannot acknowledge an unanswered event");
             }
@@ -516,13 +522,27 @@ impl Run<'_> {
                         Ok(r) => r,
                         Err(why) => return Ok(Err(why)),
                     };
+                    let uploads = match self.uploads(attachments, &caps).await {
+                        Ok(u) => u,
+                        Err(why) => return Ok(Err(why)),
+                    };
                     let answer = Answer {
                         text: Some(text),
                         alert: false,
                         ephemeral: *ephemeral,
                         buttons: &rows,
+                        files: &uploads,
                     };
-                    return self.answer(hold, slot, answer, &key, started).await;
+                    let r = self.answer(hold, slot, answer, &key, started).await?;
+                    if let Ok(id) = &r {
+                        self.ctx.metrics.count(
+                            FILES_SENT_TOTAL,
+                            self.ctx.platform,
+                            uploads.len() as u64,
+                        );
+                        self.named(name.as_deref(), id.as_deref(), true);
+                    }
+                    return Ok(r.map(|_| ()));
                 }
                 let rows = match self.buttons(buttons, &caps) {
                     Ok(r) => r,
@@ -552,12 +572,7 @@ impl Run<'_> {
                             self.ctx.platform,
                             uploads.len() as u64,
                         );
-                        if let (Some(n), Some(id)) = (name, &id) {
-                            self.p.refs.push((ref_name(n), id.clone()));
-                            self.p.refs.push((message_name(id), n.clone()));
-                        } else if name.is_some() {
-                            warn!(bot = %self.ctx.bot, "the platform gave no message id for a send with a ref; the ref names nothing");
-                        }
+                        self.named(name.as_deref(), id.as_deref(), false);
                         Ok(Ok(()))
                     }
                     Err(why) => Ok(Err(why)),
@@ -582,8 +597,10 @@ impl Run<'_> {
                     Ok(r) => r,
                     Err(why) => return Ok(Err(why)),
                 };
+                let via = self.via(hold, &id).await?;
                 let act = Act::Edit {
                     message_id: &id,
+                    via: via.as_deref(),
                     text: text.as_deref(),
                     buttons: &rows,
                 };
@@ -599,8 +616,12 @@ impl Run<'_> {
                     Ok(id) => id,
                     Err(why) => return Ok(Err(why)),
                 };
-                self.done(hold, slot, &Act::Delete { message_id: &id }, &key, started)
-                    .await
+                let via = self.via(hold, &id).await?;
+                let act = Act::Delete {
+                    message_id: &id,
+                    via: via.as_deref(),
+                };
+                self.done(hold, slot, &act, &key, started).await
             }
             Action::Typing {} => {
                 if !caps.typing {
@@ -640,14 +661,17 @@ impl Run<'_> {
                     alert: *alert,
                     ephemeral: *ephemeral,
                     buttons: &[],
+                    files: &[],
                 };
-                self.answer(hold, slot, answer, &key, started).await
+                let r = self.answer(hold, slot, answer, &key, started).await?;
+                Ok(r.map(|_| ()))
             }
         }
     }
 
     /// Answers the event, with its deadline's timer held off meanwhile: as a follow-up
     /// when the event was acknowledged before (by the turn or the timer) or answered.
+    /// Answers the id of the message that shows the answer, where the platform makes one.
     async fn answer(
         &mut self,
         hold: &impl Hold,
@@ -655,7 +679,7 @@ impl Run<'_> {
         a: Answer<'_>,
         key: &str,
         started: Instant,
-    ) -> Result<Result<(), String>, Halt> {
+    ) -> Result<Result<Option<String>, String>, Halt> {
         let answering = self.deadline.answering().await;
         let act = Act::Answer {
             event: self.msg,
@@ -665,23 +689,65 @@ impl Run<'_> {
             deferred: self.deadline.deferred,
             answered: self.p.answered,
             buttons: a.buttons,
+            files: a.files,
         };
-        let r = self.done(hold, slot, &act, key, started).await?;
+        let r = self.done_with_id(hold, slot, &act, key, started).await?;
         if r.is_ok() {
             answering.done();
         }
         Ok(r)
     }
 
-    /// Whether send `action` goes as the event's answer: a text (with buttons or none; no
-    /// files or ref) for an interaction of a platform that answers those in place
+    /// Remembers what a send made: its ref `name` → message `id` and back, and, for an
+    /// answer made `in_place`, until when its event's answer handle can change it.
+    fn named(&mut self, name: Option<&str>, id: Option<&str>, in_place: bool) {
+        match (name, id) {
+            (Some(n), Some(id)) => {
+                self.p.refs.push((ref_name(n), id.to_owned()));
+                self.p.refs.push((message_name(id), n.to_owned()));
+            }
+            (Some(_), None) => {
+                warn!(bot = %self.ctx.bot, "the platform gave no message id for a send with a ref; the ref names nothing");
+            }
+            _ => {}
+        }
+        if let (true, Some(id), Some(handle)) = (in_place, id, &self.msg.answer_handle) {
+            let left = ANSWER_TOKEN_LIFE.saturating_sub(self.arrived.elapsed());
+            let until = botfleet_core::unix_ms() + i64::try_from(left.as_millis()).unwrap_or(0);
+            self.p
+                .refs
+                .push((hook_name(id), format!("{until} {handle}")));
+        }
+    }
+
+    /// The answer handle message `id` can still be changed through (it was an answer to an
+    /// event whose handle still answers), if any.
+    async fn via(&self, hold: &impl Hold, id: &str) -> Result<Option<String>, Halt> {
+        // Only a platform that answers in place with messages of their own makes them.
+        if !(self.ctx.caps.answer && self.ctx.caps.ephemeral) {
+            return Ok(None);
+        }
+        let name = hook_name(id);
+        let value = match self.p.refs.iter().rev().find(|(n, _)| *n == name) {
+            Some((_, v)) => Some(v.clone()),
+            None => read_refs(self.ctx, hold, &self.msg.chat.chat, &[name])
+                .await?
+                .into_iter()
+                .next()
+                .flatten(),
+        };
+        Ok(value.and_then(|v| {
+            let (until, handle) = v.split_once(' ')?;
+            (until.parse::<i64>().ok()? > botfleet_core::unix_ms()).then(|| handle.to_owned())
+        }))
+    }
+
+    /// Whether send `action` goes as the event's answer: a text (with buttons, files and a
+    /// ref, or none) for an interaction of a platform that answers those in place
     /// ([`botfleet_platform::Sender::answers_in_place`]), while its token still answers.
     fn answers_in_place(&self, action: &Action) -> bool {
         let Action::Send {
-            text,
-            ref_name: None,
-            attachments,
-            ..
+            text, attachments, ..
         } = action
         else {
             return false;
@@ -689,8 +755,7 @@ impl Run<'_> {
         let Ok(sender) = &self.ctx.sender else {
             return false;
         };
-        !text.is_empty()
-            && attachments.is_empty()
+        (!text.is_empty() || !attachments.is_empty())
             && self.ctx.caps.answer
             && matches!(self.msg.kind, EventKind::Action | EventKind::Command)
             && sender.answers_in_place(self.msg)
@@ -706,6 +771,19 @@ impl Run<'_> {
         key: &str,
         started: Instant,
     ) -> Result<Result<(), String>, Halt> {
+        let r = self.done_with_id(hold, slot, act, key, started).await?;
+        Ok(r.map(|_| ()))
+    }
+
+    /// [`Self::done`], answering the id of a message `act` made (an answer may make one).
+    async fn done_with_id(
+        &mut self,
+        hold: &impl Hold,
+        slot: &mut Slot,
+        act: &Act<'_>,
+        key: &str,
+        started: Instant,
+    ) -> Result<Result<Option<String>, String>, Halt> {
         let msg: &Inbound = self.msg;
         let chat = &msg.chat;
         let r = attempt(self.ctx, hold, slot, started, |s| async move {
@@ -719,7 +797,7 @@ impl Run<'_> {
             self.p.sent |= answer;
             self.p.answered |= answer;
         }
-        Ok(r.map(|_| ()))
+        Ok(r)
     }
 }
 
@@ -729,6 +807,7 @@ struct Answer<'a> {
     alert: bool,
     ephemeral: bool,
     buttons: &'a [Vec<Button>],
+    files: &'a [Upload],
 }
 
 /// The short key that stands in for a long button value on the wire: `bf~` and 18
