@@ -52,6 +52,11 @@ pub(crate) struct ApiState {
     /// one computation a second (it reads the whole registry).
     pub(crate) fleet_cache:
         Arc<tokio::sync::Mutex<Option<(std::time::Instant, serde_json::Value)>>>,
+    /// Sends from the backend through this process's worker (`None`: the API has none, and
+    /// answers `no_worker`).
+    pub(crate) sends: Option<botfleet_runtime::Sends>,
+    /// The worker's metrics, for the API's own counts.
+    pub(crate) metrics: Option<Arc<botfleet_runtime::Metrics>>,
 }
 
 /// An API error: a status, a stable code and a message for people.
@@ -567,6 +572,8 @@ fn file_link() {}
         enable_bot,
         disable_bot,
         restart_bot,
+        send_message,
+        get_message,
         import_bots,
         fleet,
         events,
@@ -577,6 +584,8 @@ fn file_link() {}
     ),
     components(schemas(
         ApiError,
+        SendRequest,
+        SendView,
         BotLine,
         BotPatch,
         BotChanged,
@@ -639,6 +648,270 @@ async fn too_large_as_json(req: Request, next: Next) -> Response {
     }
 }
 
+/// A send from the backend: the chat, and what to send as a handler answers it (`text`,
+/// `actions`; at least one).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SendRequest {
+    /// The chat, as the platform names it (a Telegram chat id, a Slack channel `C…`, a
+    /// Discord channel id, a WhatsApp number or JID).
+    chat: String,
+    /// A text: the first message sent.
+    #[serde(default)]
+    text: Option<String>,
+    /// Actions of the handler contract (`send` with buttons and files, `edit` and `delete`
+    /// by `ref`, `typing`), done in order after the text.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<crate::handler_schema::HandlerAction>>)]
+    actions: Option<Vec<Value>>,
+}
+
+/// A send from the backend, as its client sees it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SendView {
+    /// The send's id (the same for every repeat of its `Idempotency-Key`).
+    id: String,
+    /// `queued` (waiting for, or in, its chat's turn), `sent` or `failed`.
+    status: String,
+    /// The platform's ids of the messages it sent, in order (once sent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    platform_ids: Option<Vec<String>>,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+impl From<botfleet_runtime::SendStatus> for SendView {
+    fn from(s: botfleet_runtime::SendStatus) -> Self {
+        Self {
+            id: s.id,
+            status: s.status.to_owned(),
+            platform_ids: Some(s.platform_ids),
+            reason: s.reason,
+        }
+    }
+}
+
+/// The longest `Idempotency-Key`, in characters.
+const MAX_IDEMPOTENCY_KEY: usize = 200;
+
+/// The request's `Idempotency-Key`: 1 to 200 printable characters.
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<String> {
+    let bad = |why: &str| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("the `Idempotency-Key` header {why}"),
+        )
+    };
+    let v = headers.get("idempotency-key").ok_or_else(|| {
+        bad("is required: 1 to 200 printable characters, the same for every retry of one send")
+    })?;
+    let k = v
+        .to_str()
+        .map_err(|_| bad("must be printable ASCII characters"))?;
+    let n = k.chars().count();
+    if n == 0 || n > MAX_IDEMPOTENCY_KEY || !k.chars().all(|c| c.is_ascii_graphic() || c == ' ') {
+        return Err(bad("must be 1 to 200 printable characters"));
+    }
+    Ok(k.to_owned())
+}
+
+/// Whether `platform` can take `chat` as a chat to send to.
+fn chat_fits(platform: botfleet_core::Platform, chat: &str) -> bool {
+    use botfleet_core::Platform as P;
+    let digits = |s: &str, min: usize, max: usize| {
+        (min..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
+    };
+    match platform {
+        // A chat id (negative for groups and channels) or a public `@channelusername`.
+        P::Telegram => {
+            chat.parse::<i64>().is_ok()
+                || chat.strip_prefix('@').is_some_and(|u| {
+                    (5..=32).contains(&u.len())
+                        && u.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                })
+        }
+        // A channel, group or direct message (`C…`, `G…`, `D…`) or a user (`U…`, `W…`).
+        P::Slack => {
+            (2..=32).contains(&chat.len())
+                && chat.starts_with(['C', 'G', 'D', 'U', 'W'])
+                && chat
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+        }
+        // A channel's snowflake.
+        P::Discord => digits(chat, 1, 20),
+        // A phone number (Cloud API) or a JID (`…@s.whatsapp.net`, `…@g.us`).
+        P::Whatsapp => {
+            digits(chat, 6, 15)
+                || (chat.len() <= 100
+                    && chat.split_once('@').is_some_and(|(user, server)| {
+                        !user.is_empty()
+                            && !server.is_empty()
+                            && !chat.chars().any(|c| c.is_whitespace() || c.is_control())
+                    }))
+        }
+    }
+}
+
+/// The body of a send, as its entry keeps it: `{text?, actions?}`, checked as a handler's
+/// answer is.
+fn send_body(req: &SendRequest) -> ApiResult<String> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid", m);
+    let mut body = serde_json::Map::new();
+    if let Some(t) = &req.text {
+        if t.is_empty() {
+            return Err(bad("`text` is empty: leave it out, or say something".into()));
+        }
+        body.insert("text".into(), Value::from(t.as_str()));
+    }
+    if let Some(a) = &req.actions {
+        if !a.is_empty() {
+            body.insert("actions".into(), Value::from(a.clone()));
+        }
+    }
+    if body.is_empty() {
+        return Err(bad("nothing to send: give `text` or `actions`".into()));
+    }
+    let body = Value::Object(body);
+    let reply = botfleet_runtime::Reply::from_json(&body).map_err(|e| bad(e.to_string()))?;
+    if let Some(why) = reply.refused.first() {
+        return Err(bad(why.clone()));
+    }
+    Ok(body.to_string())
+}
+
+#[utoipa::path(post, path = "/api/v1/bots/{id}/messages",
+    params(("id" = String, Path),
+           ("Idempotency-Key" = String, Header, description = "1 to 200 printable characters, the same for every retry of one send: a repeat within 24 hours answers the same `id` and sends nothing again.")),
+    request_body = SendRequest,
+    responses((status = 202, description = "Recorded: it goes out in its chat's turn, once.", body = SendView),
+              (status = 400, description = "`invalid`: the body, or the `Idempotency-Key` header", body = ApiError),
+              (status = 404, body = ApiError),
+              (status = 409, description = "`bot_disabled`, `bot_failed`", body = ApiError),
+              (status = 413, body = ApiError),
+              (status = 422, description = "`invalid_chat`; `key_reused`: the key was used for another send", body = ApiError),
+              (status = 503, body = ApiError)))]
+async fn send_message(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<SendView>)> {
+    let key = idempotency_key(&headers)?;
+    let req: SendRequest = serde_json::from_str(utf8(&body)?)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid", format!("the body: {e}")))?;
+    let send = send_body(&req)?;
+    let rec = s.registry.get(&id).await?;
+    let platform = rec.spec.platform;
+    let count = |status| {
+        if let Some(m) = &s.metrics {
+            m.api_send(platform, status);
+        }
+    };
+    let refuse = |status: StatusCode, code: &'static str, m: String| {
+        count("refused");
+        ApiError::new(status, code, m)
+    };
+    if !rec.spec.enabled {
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            "bot_disabled",
+            format!("bot {id} is disabled: enable it to send"),
+        ));
+    }
+    if rec.status == botfleet_core::BotStatus::Failed {
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            "bot_failed",
+            format!(
+                "bot {id} is failed ({}): fix it and enable it again to send",
+                rec.last_error.as_deref().unwrap_or("no reason recorded")
+            ),
+        ));
+    }
+    if !chat_fits(platform, &req.chat) {
+        return Err(refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_chat",
+            format!(
+                "{:?} is no {platform} chat",
+                req.chat.chars().take(64).collect::<String>()
+            ),
+        ));
+    }
+    let Some(sends) = &s.sends else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_worker",
+            "this process runs no worker to send through",
+        ));
+    };
+    let done = match sends.submit(&rec.spec, &req.chat, &key, &send).await {
+        Ok(d) => d,
+        Err(botfleet_runtime::SendError::KeyReused) => {
+            return Err(refuse(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key_reused",
+                "this Idempotency-Key was used for another send to this bot (another chat or body): the first stands".into(),
+            ))
+        }
+        Err(e) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_failed",
+                format!("not recorded, retry with the same key: {e}"),
+            ))
+        }
+    };
+    count(if done.new { "accepted" } else { "repeated" });
+    let view = match sends.status(&rec.spec, done.id()).await {
+        Ok(Some(st)) => SendView::from(st),
+        // Recorded; its status is read on the next look.
+        _ => SendView {
+            id: done.id().to_owned(),
+            status: "queued".into(),
+            platform_ids: None,
+            reason: None,
+        },
+    };
+    Ok((StatusCode::ACCEPTED, Json(view)))
+}
+
+#[utoipa::path(get, path = "/api/v1/bots/{id}/messages/{msg}",
+    params(("id" = String, Path), ("msg" = String, Path, description = "The send's id")),
+    responses((status = 200, body = SendView), (status = 404, body = ApiError)))]
+async fn get_message(
+    State(s): State<ApiState>,
+    Path((id, msg)): Path<(String, String)>,
+) -> ApiResult<Json<SendView>> {
+    let rec = s.registry.get(&id).await?;
+    let Some(sends) = &s.sends else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_worker",
+            "this process runs no worker to send through",
+        ));
+    };
+    match sends.status(&rec.spec, &msg).await {
+        Ok(Some(st)) => Ok(Json(st.into())),
+        Ok(None) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "no send {:?} of bot {id} (sends are kept 24 hours after they end)",
+                msg.chars().take(80).collect::<String>()
+            ),
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_failed",
+            e.to_string(),
+        )),
+    }
+}
+
 /// The `/api/v1` routes (serve with `ConnectInfo<SocketAddr>`).
 pub(crate) fn routes(state: ApiState) -> Router {
     let import = Router::new()
@@ -653,6 +926,8 @@ pub(crate) fn routes(state: ApiState) -> Router {
         .route("/bots/{id}/enable", post(enable_bot))
         .route("/bots/{id}/disable", post(disable_bot))
         .route("/bots/{id}/restart", post(restart_bot))
+        .route("/bots/{id}/messages", post(send_message))
+        .route("/bots/{id}/messages/{msg}", get(get_message))
         .route("/fleet", get(fleet))
         .route("/events", get(events))
         .route("/events/stream", get(event_stream))
@@ -862,6 +1137,8 @@ mod tests {
             journal: Journal::new(10),
             token_digest: token.map(digest),
             fleet_cache: Default::default(),
+            sends: None,
+            metrics: None,
         }
     }
 

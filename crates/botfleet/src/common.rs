@@ -227,9 +227,23 @@ impl ApiClient {
         path: &str,
         body: Option<String>,
     ) -> anyhow::Result<serde_json::Value> {
+        self.call_with(method, path, body, &[]).await
+    }
+
+    /// [`ApiClient::call`] with `headers` added.
+    pub(crate) async fn call_with(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<String>,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<serde_json::Value> {
         let mut r = self
             .http
             .request(method, format!("{}/api/v1{path}", self.base));
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
         if let Some(t) = &self.token {
             r = r.bearer_auth(t);
         }

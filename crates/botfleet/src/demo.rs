@@ -371,6 +371,8 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         journal: journal.clone(),
         token_digest: None,
         fleet_cache: Default::default(),
+        sends: None,
+        metrics: None,
     });
     let (addr, http_task) = botfleet_runtime::http::serve_router(a.http_addr, router)
         .await

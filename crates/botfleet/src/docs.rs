@@ -173,12 +173,39 @@ fn documented_commands() -> Vec<(String, String)> {
     out
 }
 
+/// A command line's words as a shell splits them (a quoted text is one word, its quotes
+/// removed).
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut out, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if any || !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            (None, c) => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
 /// A command line's words: quotes removed, a shell value (`"$TOKEN"`, `$(hostname)`) as
 /// `value`, `a|b|c` alternatives as their first, `ID` as a bot id.
 fn words(line: &str) -> Vec<String> {
     let mut out = Vec::new();
-    for w in line.split_whitespace() {
-        let w = w.trim_matches(|c| c == '"' || c == '\'');
+    for w in shell_words(line) {
+        let w = w.as_str();
         let w = if w.contains('$') {
             "value".to_owned()
         } else if w.contains('|') && !w.starts_with('-') {

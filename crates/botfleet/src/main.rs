@@ -19,6 +19,7 @@ mod handler_schema;
 mod lines;
 mod registry;
 mod secrets;
+mod send;
 mod worker;
 
 /// Run thousands of chat bots on a few worker processes, as one fleet.
@@ -56,6 +57,9 @@ enum Command {
     /// Tokens and signing secrets at rest.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
+    /// Send a message to a chat of a bot from the backend (through a worker's API): it goes
+    /// out once, in the chat's turn.
+    Send(send::SendArgs),
     /// A self-contained show: fake Telegram, Slack and Discord servers, three workers, a few
     /// hundred bots of all three platforms, users writing; one worker is killed midway and
     /// another joins; then a report per platform.
@@ -111,6 +115,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bots(c) => bots::run(c).await,
         Command::Fleet(c) => fleet::run(c).await,
         Command::Secrets(c) => secrets::run(c).await,
+        Command::Send(a) => send::run(a).await,
         Command::Demo(a) => demo::run(a).await,
         Command::Version => {
             println!("botfleet {}", env!("CARGO_PKG_VERSION"));

@@ -266,6 +266,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     let mut worker = Worker::new(cfg, coord.clone(), store.clone())?;
     let hooks = worker.hooks();
+    let sends = worker.sends();
     let files = worker.files();
     worker.metrics().set_top_bots(a.metrics_top_bots);
     let router = http::app(http::HttpState {
@@ -283,6 +284,8 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         journal: worker.journal(),
         token_digest: token.as_deref().map(crate::api::digest),
         fleet_cache: Default::default(),
+        sends: Some(sends),
+        metrics: Some(worker.metrics()),
     }))
     .merge(files.router());
     let (addr, http_task) = http::serve_router(a.http_addr, router)

@@ -621,3 +621,270 @@ async fn the_cli_manages_bots_through_a_workers_api() {
         "the CLI opened a database of its own"
     );
 }
+
+/// An embedded worker with an API token, and the Telegram bot `id` of `token` on a fake,
+/// added through the API and polling: the fake, the worker's directory, the token's file, the
+/// worker and its API.
+async fn polling_bot(token: &str, id: &str) -> (FakeTelegram, Dir, PathBuf, Worker, Api) {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(token);
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-api-{}", nonce())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
+    let token_file = dir.0.join("api-token");
+    std::fs::write(&token_file, API_TOKEN).unwrap();
+    let w = start_worker(&db, Some(&token_file));
+    let api = Api {
+        http: reqwest::Client::new(),
+        url: w.url.clone(),
+        token: Some(API_TOKEN.to_owned()),
+    };
+    let bot = json!({"id": id, "platform": "telegram", "token": token, "api_url": fake.url()});
+    let (s, v) = api.call("POST", "/bots", Some(bot.to_string())).await;
+    assert_eq!(s, 201, "{v}");
+    wait_for("polling", Duration::from_secs(15), || async {
+        fake.state().is_polling(token).then_some(())
+    })
+    .await;
+    (fake, dir, token_file, w, api)
+}
+
+/// `POST /bots/{id}/messages` with `body`, under `Idempotency-Key: key` when given.
+async fn post_send(api: &Api, bot: &str, key: Option<&str>, body: String) -> (u16, Value) {
+    let mut r = api
+        .http
+        .post(format!("{}/api/v1/bots/{bot}/messages", api.url))
+        .bearer_auth(api.token.as_deref().unwrap_or_default())
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(k) = key {
+        r = r.header("idempotency-key", k);
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_from_the_backend_go_out_once_and_say_how_they_went() {
+    let (fake, _dir, _token_file, _w, api) = polling_bot("5:SECRET-SEND", "desk").await;
+    let hello = json!({"chat": "77", "text": "from the desk"}).to_string();
+
+    // Bad input: refused with a code, nothing sent.
+    let (s, v) = post_send(&api, "desk", None, hello.clone()).await;
+    assert_eq!((s, code(&v)), (400, "invalid"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("Idempotency-Key"),
+        "{v}"
+    );
+    let long = "k".repeat(201);
+    for bad_key in ["", long.as_str(), "tab\there"] {
+        let (s, v) = post_send(&api, "desk", Some(bad_key), hello.clone()).await;
+        assert_eq!((s, code(&v)), (400, "invalid"), "{bad_key:?}: {v}");
+        assert!(v["message"].as_str().unwrap().contains("Idempotency-Key"));
+    }
+    for body in [
+        json!({"text": "no chat"}),
+        json!({"chat": "77"}),
+        json!({"chat": "77", "text": ""}),
+        json!({"chat": "77", "text": "hi", "state": {"x": 1}}),
+        json!({"chat": "77", "actions": [{"type": "teleport"}]}),
+    ] {
+        let (s, v) = post_send(&api, "desk", Some("bad-body"), body.to_string()).await;
+        assert_eq!((s, code(&v)), (400, "invalid"), "{body}: {v}");
+    }
+    let (s, v) = post_send(&api, "desk", Some("k"), "not json".into()).await;
+    assert_eq!((s, code(&v)), (400, "invalid"), "{v}");
+    let (s, v) = post_send(&api, "nobody", Some("k"), hello.clone()).await;
+    assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
+    let odd = json!({"chat": "not a chat", "text": "x"}).to_string();
+    let (s, v) = post_send(&api, "desk", Some("k"), odd).await;
+    assert_eq!((s, code(&v)), (422, "invalid_chat"), "{v}");
+    let huge = json!({"chat": "77", "text": "x".repeat(70_000)}).to_string();
+    let (s, v) = post_send(&api, "desk", Some("k"), huge).await;
+    assert_eq!((s, code(&v)), (413, "too_large"), "{v}");
+    assert!(
+        fake.state().sent().is_empty(),
+        "a refused send sent something"
+    );
+
+    // A send, its repeat, and the key reused for another.
+    let (s, first) = post_send(&api, "desk", Some("ticket-9 reply 1"), hello.clone()).await;
+    assert_eq!(s, 202, "{first}");
+    let id = first["id"].as_str().unwrap().to_owned();
+    assert!(["queued", "sent"].contains(&first["status"].as_str().unwrap()));
+    let (s, again) = post_send(&api, "desk", Some("ticket-9 reply 1"), hello.clone()).await;
+    assert_eq!(
+        (s, again["id"].as_str()),
+        (202, Some(id.as_str())),
+        "{again}"
+    );
+    let other = json!({"chat": "77", "text": "something else"}).to_string();
+    let (s, v) = post_send(&api, "desk", Some("ticket-9 reply 1"), other).await;
+    assert_eq!((s, code(&v)), (422, "key_reused"), "{v}");
+    let sent = wait_for("sent", Duration::from_secs(20), || async {
+        let (_, v) = api
+            .call("GET", &format!("/bots/desk/messages/{id}"), None)
+            .await;
+        (v["status"] == "sent").then_some(v)
+    })
+    .await;
+    let ids = sent["platform_ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 1, "{sent}");
+    let out: Vec<_> = fake
+        .state()
+        .sent()
+        .into_iter()
+        .filter(|m| m.text == "from the desk")
+        .collect();
+    assert_eq!(out.len(), 1, "sent once");
+    assert_eq!(
+        (out[0].chat_id.as_str(), out[0].message_id.to_string()),
+        ("77", ids[0].as_str().unwrap().to_owned())
+    );
+
+    // Actions: a menu, edited by its ref; then an edit of a ref nobody gave: failed, and why.
+    let menu = json!({"chat": "77", "actions": [
+        {"type": "send", "text": "menu", "ref": "m", "buttons": [[{"text": "A", "value": "a"}]]},
+        {"type": "edit", "ref": "m", "text": "menu (edited)"}]});
+    let (s, v) = post_send(&api, "desk", Some("menu-1"), menu.to_string()).await;
+    assert_eq!(s, 202, "{v}");
+    let menu_id = v["id"].as_str().unwrap().to_owned();
+    let bad = json!({"chat": "77", "actions": [{"type": "edit", "ref": "nope", "text": "x"}]});
+    let (s, v) = post_send(&api, "desk", Some("edit-nope"), bad.to_string()).await;
+    assert_eq!(s, 202, "{v}");
+    let bad_id = v["id"].as_str().unwrap().to_owned();
+    let failed = wait_for("failed", Duration::from_secs(20), || async {
+        let (_, v) = api
+            .call("GET", &format!("/bots/desk/messages/{bad_id}"), None)
+            .await;
+        (v["status"] == "failed").then_some(v)
+    })
+    .await;
+    assert!(
+        failed["reason"].as_str().unwrap().contains("unknown ref"),
+        "{failed}"
+    );
+    let (_, v) = api
+        .call("GET", &format!("/bots/desk/messages/{menu_id}"), None)
+        .await;
+    assert_eq!(v["status"], "sent", "{v}");
+    assert_eq!(v["platform_ids"].as_array().unwrap().len(), 1, "{v}");
+    assert!(
+        fake.state()
+            .calls("5:SECRET-SEND", "editMessageText")
+            .iter()
+            .any(|c| c.args["text"] == "menu (edited)"),
+        "the edit by ref"
+    );
+    let (s, v) = api.call("GET", "/bots/desk/messages/0123", None).await;
+    assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
+
+    // A disabled bot takes no sends.
+    let (s, _) = api.call("POST", "/bots/desk/disable", None).await;
+    assert_eq!(s, 200);
+    let (s, v) = post_send(&api, "desk", Some("after-disable"), hello).await;
+    assert_eq!((s, code(&v)), (409, "bot_disabled"), "{v}");
+
+    let metrics = api
+        .http
+        .get(format!("{}/metrics", api.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (status, n) in [("accepted", 3), ("repeated", 1)] {
+        let line = "botfleet_api_sends_total{worker_id=";
+        assert!(
+            metrics.lines().any(|l| l.starts_with(line)
+                && l.contains(&format!("status=\"{status}\""))
+                && l.ends_with(&format!(" {n}"))),
+            "{status} {n}: {metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_sends_through_a_workers_api() {
+    let (fake, dir, token_file, w, _api) = polling_bot("6:SECRET-CLISEND", "clisend").await;
+    let send = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .arg("send")
+            .args(args)
+            .args(["--api-url", &w.url])
+            .arg("--api-token-file")
+            .arg(&token_file)
+            .env_remove("BOTFLEET_API_TOKEN")
+            .env_remove("BOTFLEET_API_URL")
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(!out.contains("SECRET") && !err.contains("SECRET"));
+        (o.status.code(), out, err)
+    };
+    let args = [
+        "clisend",
+        "77",
+        "from the cli",
+        "--idempotency-key",
+        "cli-1",
+        "--wait",
+    ];
+    let (code, out, err) = send(&args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0].len(), 64, "the send's id: {out}");
+    assert!(lines[1].starts_with("sent: "), "{out}");
+    // The same key again: the same id, nothing sent again.
+    let (code, again, _) = send(&args[..5]);
+    assert_eq!(code, Some(0));
+    assert_eq!(again.lines().next(), Some(lines[0]));
+    let texts = |t: &str| fake.state().sent().iter().filter(|m| m.text == t).count();
+    assert_eq!(texts("from the cli"), 1);
+    // Actions from a file, no text.
+    let actions = dir.0.join("actions.json");
+    std::fs::write(
+        &actions,
+        json!([{"type": "send", "text": "pick", "buttons": [[{"text": "A", "value": "a"}]]}])
+            .to_string(),
+    )
+    .unwrap();
+    let file = actions.to_str().unwrap();
+    let (code, out, err) = send(&["clisend", "77", "--actions", file, "--wait"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("sent: "), "{out}");
+    assert_eq!(texts("pick"), 1);
+    // A send whose action is refused: exit 1, and why.
+    std::fs::write(
+        &actions,
+        r#"[{"type": "edit", "ref": "nope", "text": "x"}]"#,
+    )
+    .unwrap();
+    let (code, out, _) = send(&["clisend", "77", "--actions", file, "--wait"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("failed: ") && out.contains("unknown ref"),
+        "{out}"
+    );
+    // Bad input: a clear error, nothing sent.
+    std::fs::write(&actions, "[{\"type\": ").unwrap();
+    let (code, _, err) = send(&["clisend", "77", "--actions", file]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("actions.json") && err.contains("line 1"),
+        "{err}"
+    );
+    let (code, _, err) = send(&["clisend", "77"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("nothing to send"), "{err}");
+    let (code, _, err) = send(&["clisend", "not a chat", "x"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("invalid_chat"), "{err}");
+    let (code, _, err) = send(&["nobody", "77", "x"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not_found"), "{err}");
+}

@@ -92,6 +92,8 @@ pub(crate) struct BotSettings {
     pub(crate) slots: crate::turn::Slots,
     /// The worker's file links.
     pub(crate) files: crate::Files,
+    /// Where entries journaled by other workers (sends from the backend) reach the bot.
+    pub(crate) mailboxes: Arc<crate::sends::Mailboxes>,
 }
 
 /// Everything a bot task needs; owned by the task.
@@ -368,6 +370,9 @@ impl BotCtx {
         } else {
             100_000
         };
+        // Opened before the journal is read: an entry journaled elsewhere after this read is
+        // posted here (one journaled before it is among the pending).
+        let mailbox = (limit > 0).then(|| self.settings.mailboxes.open(&bot));
         let (checkpoint, pending) = match self
             .store_retry("read the resume point", || store.resume_point(&bot, limit))
             .await
@@ -443,7 +448,9 @@ impl BotCtx {
         });
         // Slice 0 of a bot on the recommended count watches the recommendation.
         let _watch = self.watch_recommendation().map(AbortOnDrop);
-        let exit = self.receive(receiver, &mut chats, pending).await;
+        let exit = self
+            .receive(receiver, &mut chats, pending, mailbox.as_ref())
+            .await;
         chats.finish(Duration::from_secs(4)).await;
         exit
     }
@@ -570,6 +577,7 @@ impl BotCtx {
         mut receiver: Box<dyn botfleet_platform::Receiver>,
         chats: &mut Chats,
         pending: Vec<botfleet_store::InboxEntry>,
+        mailbox: Option<&crate::sends::MailboxGuard>,
     ) -> BotExit {
         let bot = self.spec.id.clone();
         if !pending.is_empty() {
@@ -605,6 +613,20 @@ impl BotCtx {
                     tokio::select! {
                         r = &mut next => break Ok(r),
                         halt = chats.progress() => if let Some(halt) = halt { break Err(halt) },
+                        // Sends journaled elsewhere: behind what their chats have queued,
+                        // in the journal's order.
+                        () = posted(mailbox) => {
+                            let Some(mailbox) = mailbox else { continue };
+                            for chat in mailbox.take() {
+                                match self.store.inbox_pending_chat(&bot, &chat, MAILBOX_READ).await {
+                                    Ok(pending) => chats.dispatch_unknown(pending),
+                                    Err(e) => {
+                                        warn!(bot = %bot, error = %e, "cannot read a chat's sends; trying again in a second");
+                                        mailbox.again_later(chat);
+                                    }
+                                }
+                            }
+                        }
                         () = stopped(self.stop.clone()) => break Err(Halt::Stopped),
                         why = self.lease.lost() => break Err(Halt::Fenced(why.to_string())),
                     }
@@ -738,6 +760,17 @@ impl BotCtx {
         }
         receiver.close().await;
         exit
+    }
+}
+
+/// How many pending entries of a chat a nudge reads at most.
+const MAILBOX_READ: usize = 1_000;
+
+/// When something is posted to `mailbox` (never without one).
+async fn posted(mailbox: Option<&crate::sends::MailboxGuard>) {
+    match mailbox {
+        Some(m) => m.posted().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -8,7 +8,7 @@
 //! (its task ends) and made again by the next message of its chat.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -58,8 +58,11 @@ pub(crate) struct Chats {
     /// Per chat with messages not done: its queue (the front one is being answered while
     /// `busy`). A chat is here only while it has some.
     waiting: HashMap<String, Queue>,
-    /// One task per chat whose message is being answered; each answers with its chat.
-    answering: JoinSet<(String, Result<(), Halt>)>,
+    /// One task per chat whose message is being answered; each answers with its chat and
+    /// the message's key.
+    answering: JoinSet<(String, String, Result<(), Halt>)>,
+    /// The keys of the messages queued or being answered (so an entry is queued once).
+    keys: HashSet<String>,
     /// Chats whose next message waits for one of the worker's turn slots (in order): no
     /// task is made for a turn before it has one, so a burst costs `slots` turns at a time.
     ready: VecDeque<String>,
@@ -78,6 +81,7 @@ impl Chats {
             ctx: Arc::new(ctx),
             waiting: HashMap::new(),
             answering: JoinSet::new(),
+            keys: HashSet::new(),
             ready: VecDeque::new(),
             in_flight: 0,
             deadlines: Vec::new(),
@@ -124,7 +128,19 @@ impl Chats {
         self.push(item.chat, job);
     }
 
+    /// Queues the entries of `pending` (a chat's pending entries, oldest first) that are not
+    /// queued yet: entries journaled by other workers (sends from the backend) join their
+    /// chat's queue in the journal's order.
+    pub(crate) fn dispatch_unknown(&mut self, pending: Vec<InboxEntry>) {
+        for e in pending {
+            if !self.keys.contains(&e.key) {
+                self.dispatch(e);
+            }
+        }
+    }
+
     fn push(&mut self, chat: String, job: Job) {
+        self.keys.insert(job.key.clone());
         self.in_flight += 1;
         let q = self.waiting.entry(chat.clone()).or_default();
         q.jobs.push_back(job);
@@ -162,8 +178,9 @@ impl Chats {
         };
         let ctx = self.ctx.clone();
         self.answering.spawn(async move {
+            let key = job.key.clone();
             let r = answer(&ctx, &chat, job, slot).await;
-            (chat, r)
+            (chat, key, r)
         });
     }
 
@@ -193,12 +210,17 @@ impl Chats {
                 }
                 else => return std::future::pending().await,
             };
-            let Ok((chat, result)) = done else {
+            let Ok((chat, key, result)) = done else {
                 continue; // aborted (shutting down)
             };
             match result {
                 Ok(()) => {
                     self.in_flight = self.in_flight.saturating_sub(1);
+                    self.keys.remove(&key);
+                    if self.keys.is_empty() {
+                        // An idle bot keeps no table.
+                        self.keys = HashSet::new();
+                    }
                     if let Some(q) = self.waiting.get_mut(&chat) {
                         q.busy = false;
                     }
@@ -230,6 +252,7 @@ impl Chats {
     /// stays pending in the inbox for the next owner.
     pub(crate) async fn finish(mut self, limit: Duration) {
         self.waiting.clear();
+        self.keys.clear();
         self.ready.clear();
         self.deadlines.clear();
         if let Some(set) = self.acknowledging.as_mut() {

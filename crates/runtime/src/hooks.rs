@@ -496,31 +496,8 @@ impl Hooks {
                 Ok((ticket, turn)) => tickets.push((idx, ck, ticket, turn)),
                 Err(e) => {
                     warn!(bot = %spec.id, error = %e, "cannot take a turn ticket; answering 503");
-                    // The take may have happened with its answer lost: asked again (the same
-                    // ticket comes back) until known, then served (empty: it is released).
-                    let (h, spec, key) = (self.clone(), spec.clone(), m.key.clone());
-                    let (chat, inc) = (m.message.chat.chat.clone(), inc.clone());
-                    let mark = (spec.id.clone(), key.clone());
-                    lock(&self.inner.retaking).insert(mark.clone());
-                    tokio::spawn(async move {
-                        match h.take(&ck, &key, &inc).await {
-                            Some((ticket, turn)) => {
-                                h.run_ticket(
-                                    spec,
-                                    ck,
-                                    chat,
-                                    key,
-                                    ticket,
-                                    turn,
-                                    Instant::now(),
-                                    None,
-                                )
-                                .await;
-                            }
-                            None => h.unclaim_local(&spec.id, &key),
-                        }
-                        lock(&h.inner.retaking).remove(&mark);
-                    });
+                    let chat = m.message.chat.chat.clone();
+                    self.retake(spec.clone(), ck, chat, m.key.clone(), inc.clone());
                     failed = true;
                     break;
                 }
@@ -598,6 +575,101 @@ impl Hooks {
                 (StatusCode::SERVICE_UNAVAILABLE, "not journaled; retry\n").into_response()
             }
         }
+    }
+
+    /// After a ticket take whose answer was lost (it may have happened): asks again (the
+    /// same ticket comes back) until known, then serves it (empty: it is released). Until
+    /// then the key is marked as being retaken.
+    fn retake(
+        &self,
+        spec: Arc<BotSpec>,
+        ck: String,
+        chat: String,
+        key: String,
+        inc: Option<Incarnation>,
+    ) {
+        let h = self.clone();
+        let mark = (spec.id.clone(), key.clone());
+        lock(&self.inner.retaking).insert(mark.clone());
+        tokio::spawn(async move {
+            match h.take(&ck, &key, &inc).await {
+                Some((ticket, turn)) => {
+                    h.run_ticket(spec, ck, chat, key, ticket, turn, Instant::now(), None)
+                        .await;
+                }
+                None => h.unclaim_local(&spec.id, &key),
+            }
+            lock(&h.inner.retaking).remove(&mark);
+        });
+    }
+
+    /// Journals `item`, a send from the backend to a chat of `spec`'s bot, and serves it in
+    /// the chat's turn as a delivery's message is: a ticket first, then the journal; the
+    /// ticket's turn runs here in the background (after the chat's earlier tickets, wherever
+    /// they are). Answers whether the entry is new. Without a ticket (this worker is not
+    /// live), the journaled entry waits for a worker's sweeper.
+    ///
+    /// # Errors
+    /// When the ticket or the journal write failed: the send is not accepted (a ticket whose
+    /// answer was lost is asked for again and released empty).
+    pub(crate) async fn inject(
+        &self,
+        spec: Arc<BotSpec>,
+        item: &InboxItem,
+    ) -> Result<bool, crate::sends::SendError> {
+        let ck = chat_key(&spec.id, &item.chat);
+        let ticket = if self.claim_local(&spec.id, &item.key) {
+            match self.inner.coord.turn_take(&ck, &item.key).await {
+                Ok((_, Turn::NotLive)) => {
+                    self.unclaim_local(&spec.id, &item.key);
+                    None
+                }
+                Ok((ticket, turn)) => Some((ticket, turn)),
+                Err(e) => {
+                    // Not journaled meanwhile: that ticket's turn could come and go before
+                    // the entry exists.
+                    let (chat, key) = (item.chat.clone(), item.key.clone());
+                    self.retake(spec, ck, chat, key, self.incarnation());
+                    return Err(crate::sends::SendError::Coordinator(e.to_string()));
+                }
+            }
+        } else if lock(&self.inner.retaking).contains(&(spec.id.clone(), item.key.clone())) {
+            // The last try of this key lost its ticket's answer; not accepted until that
+            // ticket is served.
+            return Err(crate::sends::SendError::Coordinator(
+                "a ticket of this key's last try is still being asked for; retry".into(),
+            ));
+        } else {
+            // Served here already (a repeat of the key while its first is in its turn).
+            None
+        };
+        let granted = ticket
+            .as_ref()
+            .is_some_and(|(_, t)| matches!(t, Turn::Granted { .. }));
+        let journaled = self
+            .inner
+            .store
+            .journal_put(
+                &spec.id,
+                std::slice::from_ref(item),
+                None,
+                granted.then_some(0),
+            )
+            .await;
+        let (new, view) = match journaled {
+            Ok((new, view)) => (Ok(new.first().copied().unwrap_or(false)), view),
+            Err(e) => (Err(e.into()), None),
+        };
+        // Every ticket taken is served, journaled or not (an empty one is just released).
+        if let Some((ticket, turn)) = ticket {
+            let h = self.clone();
+            let (chat, key) = (item.chat.clone(), item.key.clone());
+            tokio::spawn(async move {
+                h.run_ticket(spec, ck, chat, key, ticket, turn, Instant::now(), view)
+                    .await;
+            });
+        }
+        new
     }
 
     /// Waits for `ticket`'s turn (replaying dead workers' tickets before it), handles its

@@ -13,6 +13,7 @@ pub mod metrics;
 mod platforms;
 mod reporter;
 mod retry;
+mod sends;
 mod starter;
 mod turn;
 mod worker;
@@ -32,4 +33,5 @@ pub use platforms::{
     capability_table, descriptor, is_webhook, supported as supported_platforms,
     validate as validate_spec, SpecError, DESCRIPTORS,
 };
+pub use sends::{SendError, SendStatus, Sends, Submitted};
 pub use worker::{Worker, WorkerError};

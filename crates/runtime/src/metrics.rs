@@ -28,6 +28,9 @@ pub const MESSAGES_RECEIVED_TOTAL: &str = "botfleet_messages_received_total";
 pub const MESSAGES_SENT_TOTAL: &str = "botfleet_messages_sent_total";
 /// Platform errors while polling or sending, by platform and reason.
 pub const PLATFORM_ERRORS_TOTAL: &str = "botfleet_platform_errors_total";
+/// Sends from the backend taken by this worker's API, by platform and status (`accepted`,
+/// `repeated`: a known key, `refused`).
+pub const API_SENDS_TOTAL: &str = "botfleet_api_sends_total";
 /// Bots that should run but no live worker has room for.
 pub const BOTS_UNPLACED: &str = "botfleet_bots_unplaced";
 /// Times this worker stopped all bots because its lease was not safe.
@@ -128,6 +131,7 @@ pub struct Metrics {
     // std Mutex: held for one map update, never across .await.
     connections: Mutex<BTreeMap<Platform, u64>>,
     errors: Mutex<BTreeMap<(Platform, &'static str), u64>>,
+    api_sends: Mutex<BTreeMap<(Platform, &'static str), u64>>,
     /// Messages received per bot id (only bots that received any).
     per_bot: Mutex<std::collections::HashMap<String, u64>>,
     /// How many of the busiest bots `render` shows (0: none).
@@ -295,6 +299,12 @@ impl Metrics {
     /// A platform call failed.
     pub fn platform_error(&self, p: Platform, reason: &'static str) {
         *lock(&self.errors).entry((p, reason)).or_default() += 1;
+    }
+
+    /// A send from the backend came to the API: `accepted`, `repeated` (its key was known)
+    /// or `refused`.
+    pub fn api_send(&self, p: Platform, status: &'static str) {
+        *lock(&self.api_sends).entry((p, status)).or_default() += 1;
     }
 
     /// The Prometheus text exposition of every metric.
@@ -513,6 +523,16 @@ impl Metrics {
                     "{name}{{worker_id=\"{w}\",platform=\"{p}\",reason=\"{reason}\"}} {v}"
                 );
             }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP {API_SENDS_TOTAL} Sends from the backend taken by the API.\n# TYPE {API_SENDS_TOTAL} counter"
+        );
+        for ((p, status), v) in lock(&self.api_sends).iter() {
+            let _ = writeln!(
+                out,
+                "{API_SENDS_TOTAL}{{worker_id=\"{w}\",platform=\"{p}\",status=\"{status}\"}} {v}"
+            );
         }
         let top = usize::try_from(self.top_bots.load(Ordering::Relaxed)).unwrap_or(0);
         if top > 0 {

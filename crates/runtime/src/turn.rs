@@ -24,6 +24,7 @@
 mod actions;
 mod deadline;
 
+pub(crate) use actions::sent_name;
 pub(crate) use deadline::Armed;
 use deadline::Deadline;
 

@@ -100,6 +100,8 @@ pub struct Worker {
     journal: Arc<Journal>,
     /// The current registration's lease, for the hooks address.
     lease_tx: watch::Sender<Option<LeaseHandle>>,
+    /// The mailboxes of the bot tasks here, for entries journaled elsewhere.
+    mailboxes: Arc<crate::sends::Mailboxes>,
     /// The webhook side, when asked for (its background work runs with the worker).
     hooks: Option<crate::Hooks>,
     /// Status reports of every bot here, unit holders' and webhook turns' alike.
@@ -158,6 +160,7 @@ impl Worker {
             ready: Arc::new(AtomicBool::new(false)),
             journal,
             lease_tx: watch::Sender::new(None),
+            mailboxes: Arc::default(),
             hooks: None,
             reporter,
             reports: Some(reports),
@@ -205,6 +208,22 @@ impl Worker {
         );
         self.hooks = Some(h.clone());
         h
+    }
+
+    /// Sends from the backend through this worker (`POST /api/v1/bots/{id}/messages`): each
+    /// journaled and run in its chat's turn, wherever the fleet holds that. Makes the
+    /// webhook side ([`Worker::hooks`]) if it was not made yet: a webhook bot's send takes
+    /// its chat's turn here.
+    pub fn sends(&mut self) -> crate::Sends {
+        let hooks = self.hooks();
+        crate::Sends::new(
+            self.cfg.worker_id.clone(),
+            self.store.clone(),
+            self.coord.clone(),
+            self.connectors.clone(),
+            Some(hooks),
+            self.mailboxes.clone(),
+        )
     }
 
     /// The worker's metrics (for `/metrics` and reports).
@@ -850,6 +869,11 @@ impl State {
             Signal::Command(WorkerCommand::HandOver { bot, to }) => {
                 self.let_go(&bot, After::HandOver(to));
                 true
+            }
+            Signal::Command(WorkerCommand::Inbox { bot, chat, .. }) => {
+                // Dropped unless the unit's task runs here: its next owner replays the entry.
+                self.w.mailboxes.post(&bot, &chat);
+                false
             }
             Signal::Command(WorkerCommand::Leaving { worker }) => {
                 info!(%worker, "a worker is leaving; placing its bots without it");

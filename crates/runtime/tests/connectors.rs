@@ -257,6 +257,9 @@ impl PlatformFixture for Slack {
         fake.user_edits(&token, &channel, &ts, text, edited);
         true
     }
+    fn chat_id(&self, chat: u32) -> String {
+        format!("C{chat}")
+    }
     fn sent(&self, i: usize) -> Vec<(u32, String)> {
         self.fake
             .state()

@@ -1222,6 +1222,30 @@ async fn slack_buttons_by_webhook() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_sends_by_webhook() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::sends_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_sends_by_webhook() {
+    let f = WhatsappFixture {
+        graph: botfleet_testkit::FakeGraph::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::sends_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_sends_by_webhook() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::sends_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telegram_long_turns_by_webhook() {
     let f = TelegramHooksFixture {
         fake: FakeTelegram::start().await.unwrap(),

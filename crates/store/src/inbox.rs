@@ -114,7 +114,12 @@ pub struct InboxEntry {
 impl InboxEntry {
     /// What the entry is: a backend send (its key made by [`send_key`]) or an event.
     pub fn kind(&self) -> EntryKind {
-        if self.key.starts_with(SEND_KEY_PREFIX) {
+        Self::kind_of(&self.key)
+    }
+
+    /// What the entry of key `key` is.
+    pub fn kind_of(key: &str) -> EntryKind {
+        if key.starts_with(SEND_KEY_PREFIX) {
             EntryKind::Send
         } else {
             EntryKind::Event

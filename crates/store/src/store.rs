@@ -279,10 +279,20 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<(Vec<bool>, Option<TurnView>)>;
 
     /// What a turn on the entry `key` of `chat` starts from (see [`TurnView`]), in one call.
+    /// The entry is found by its key alone (`chat` selects the state).
     ///
     /// # Errors
     /// Backend failures.
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView>;
+
+    /// The entry `key` of the bot, whatever its chat (a send from the backend, looked up by
+    /// its id).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn inbox_entry(&self, bot: &BotId, key: &str) -> Result<Option<InboxEntry>> {
+        Ok(self.turn_view(bot, key, "").await?.entry)
+    }
 
     /// Records that a turn of `chat` under `fence` began (a turn taken over from a dead
     /// worker): a lower fence's state write is refused from now on.

@@ -105,6 +105,10 @@ pub trait PlatformFixture: Send + Sync {
     fn registered_commands(&self, _i: usize) -> (Option<Vec<String>>, u64) {
         (None, 0)
     }
+    /// Chat `chat` as the platform names it (a Telegram chat id, a Slack channel `C<n>`).
+    fn chat_id(&self, chat: u32) -> String {
+        chat.to_string()
+    }
 }
 
 /// What the bot of `token` sent on the Telegram fake, as shown now.
@@ -204,6 +208,8 @@ pub struct RunningWorker {
     pub metrics: Arc<Metrics>,
     /// Where its API's file links are served (`http://127.0.0.1:…`).
     pub api_url: String,
+    /// Sends from the backend through it.
+    pub sends: botfleet_runtime::Sends,
     files_task: JoinHandle<()>,
 }
 
@@ -270,13 +276,14 @@ impl Harness {
         c.handler_retry_for = Duration::from_secs(20);
         tune(&mut c);
         let coord = self.hub.coordinator();
-        let w = Worker::new(
+        let mut w = Worker::new(
             c,
             Arc::new(coord.clone()) as Arc<dyn Coordinator>,
             self.store.clone(),
         )
         .expect("worker");
         let metrics = w.metrics();
+        let sends = w.sends();
         // The worker's API, as far as file links go, on a port of its own.
         let files = w.files();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -302,6 +309,7 @@ impl Harness {
             coord,
             metrics,
             api_url,
+            sends,
             files_task,
         }
     }
@@ -315,7 +323,7 @@ impl Harness {
 }
 
 /// A tenant's webhook: answers the text, after 1 s for texts starting with `slow`.
-async fn slow_hook() -> (String, JoinHandle<()>) {
+pub(crate) async fn slow_hook() -> (String, JoinHandle<()>) {
     use axum::{routing::post, Json, Router};
     let app = Router::new().route(
         "/hook",
@@ -547,6 +555,92 @@ pub async fn chats_keep_order_and_do_not_wait_for_each_other<F: PlatformFixture>
         "a message to another chat waited {quick:?} for a slow chat"
     );
     w.shutdown().await;
+    server.abort();
+}
+
+/// Sends from the backend. Accepted by a worker that does not run the bot, they go out from
+/// the one that does: behind the reply in progress in their chat, in the order accepted,
+/// once (a repeat of a key sends nothing). The owner killed right after a send was accepted:
+/// the next owner sends it, once.
+pub async fn sends_from_the_backend_go_out_once_in_the_chats_order<F: PlatformFixture>(f: &F) {
+    let mut bot = f.bot(0);
+    let (hook, server) = slow_hook().await;
+    bot.handler = HandlerSpec::Webhook {
+        url: hook,
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let mut workers = vec![Some(h.start("a")), Some(h.start("b"))];
+    connected(f).await;
+    let coord = h.coordinator();
+    // The worker that runs the bot now, and the other one.
+    let owner = || async {
+        let o = coord.owner(&bot.id).await.ok()??;
+        o.live.then(|| usize::from(o.worker.as_str() == "b"))
+    };
+    let run = wait_for("the bot's owner", Duration::from_secs(15), owner).await;
+    let other = 1 - run;
+    let through: Vec<botfleet_runtime::Sends> = workers
+        .iter()
+        .map(|w| w.as_ref().expect("running").sends.clone())
+        .collect();
+    // A reply in progress in chat 1 (its handler takes 1 s) when the sends come.
+    f.user_writes(0, 1, "slow-1");
+    let store = h.store().clone();
+    let one = f.chat_id(1);
+    wait_for("the message journaled", Duration::from_secs(10), || async {
+        let p = store.inbox_pending(&bot.id, 10).await.ok()?;
+        p.iter().any(|e| e.chat == one).then_some(())
+    })
+    .await;
+    let submit = |k: usize, chat: String, key: &'static str, text: &'static str| {
+        let sends = through[k].clone();
+        let bot = bot.clone();
+        async move {
+            let body = serde_json::json!({ "text": text }).to_string();
+            sends
+                .submit(&bot, &chat, key, &body)
+                .await
+                .expect("accepted")
+        }
+    };
+    assert!(submit(other, one.clone(), "desk-1", "desk 1").await.new);
+    assert!(submit(other, one.clone(), "desk-2", "desk 2").await.new);
+    let again = submit(run, one.clone(), "desk-1", "desk 1").await;
+    assert!(!again.new, "a repeat of a key is known wherever it comes");
+    wait_for("the sends out", Duration::from_secs(20), || async {
+        (f.sent(0).iter().filter(|(c, _)| *c == 1).count() >= 3).then_some(())
+    })
+    .await;
+    // The owner dies right after it is told of a send.
+    let two = f.chat_id(2);
+    assert!(submit(other, two.clone(), "desk-3", "desk 3").await.new);
+    let dead = workers[run].take().expect("running");
+    h.crash(dead);
+    // Accepted while the dead owner still looks alive: its nudge is lost, the journal not.
+    assert!(submit(other, two, "desk-4", "desk 4").await.new);
+    wait_for(
+        "the sends after the crash",
+        Duration::from_secs(20),
+        || async { (f.sent(0).iter().filter(|(c, _)| *c == 2).count() >= 2).then_some(()) },
+    )
+    .await;
+    // What a lost nudge or a replay could double would show by now: later work of the same
+    // bot is done.
+    f.user_writes(0, 3, "later");
+    until_sent(f, 0, "later", Duration::from_secs(20)).await;
+    let chats = by_chat(&f.sent(0));
+    assert_eq!(chats[&1], ["slow-1", "desk 1", "desk 2"], "{chats:?}");
+    assert_eq!(chats[&2], ["desk 3", "desk 4"], "{chats:?}");
+    // A turn ends with its record, a moment after its send.
+    wait_for("every entry ended", Duration::from_secs(10), || async {
+        let p = h.store().inbox_pending(&bot.id, 10).await.ok()?;
+        p.is_empty().then_some(())
+    })
+    .await;
+    for w in workers.into_iter().flatten() {
+        w.shutdown().await;
+    }
     server.abort();
 }
 
@@ -1128,6 +1222,7 @@ macro_rules! connector_conformance {
             a_photo_in_has_a_link_that_serves_its_bytes,
             files_out_reach_the_platform,
             commands_are_registered_when_they_change,
+            sends_from_the_backend_go_out_once_in_the_chats_order,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -667,6 +667,13 @@ pub async fn backend_sends_are_entries_found_again_by_their_key(s: Arc<dyn Store
         first.message, send.message,
         "the repeat finds the first body"
     );
+    let by_key = s.inbox_entry(&bot, &key).await.unwrap().unwrap();
+    assert_eq!(
+        (by_key.chat.as_str(), by_key.message.as_str()),
+        ("c1", send.message.as_str()),
+        "found by its key alone"
+    );
+    assert!(s.inbox_entry(&bot, "send:none").await.unwrap().is_none());
     let pending = s.inbox_pending(&bot, 10).await.unwrap();
     let kinds: Vec<_> = pending.iter().map(|e| (e.key.as_str(), e.kind())).collect();
     assert_eq!(

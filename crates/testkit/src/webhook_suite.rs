@@ -45,6 +45,8 @@ pub struct HookWorker {
     pub files: botfleet_runtime::Files,
     /// Its metrics.
     pub metrics: Arc<Metrics>,
+    /// Sends from the backend through it.
+    pub sends: botfleet_runtime::Sends,
 }
 
 impl HookWorker {
@@ -78,6 +80,7 @@ pub async fn start(
     let mut w = Worker::new(cfg, coord, store).expect("worker");
     let metrics = w.metrics();
     let router = w.hooks().router();
+    let sends = w.sends();
     let addr = "127.0.0.1:0".parse().expect("address");
     let (addr, http) = botfleet_runtime::http::serve_router(addr, router)
         .await
@@ -108,6 +111,7 @@ pub async fn start(
         api_url,
         files,
         metrics,
+        sends,
     }
 }
 
@@ -485,6 +489,72 @@ pub async fn long_turns_by_webhook(f: &impl WebhookFixture) {
     for w in workers {
         w.shutdown().await;
     }
+}
+
+/// Sends from the backend to a webhook bot, through any worker: each takes its chat's turn
+/// (behind the reply in progress), in the order accepted, once (a repeat of a key, through
+/// another worker, sends nothing); the worker that accepted one dies at once: another takes
+/// its turn over and sends it, once.
+pub async fn sends_by_webhook(f: &impl WebhookFixture) {
+    let (hook, server) = crate::connector_suite::slow_hook().await;
+    let bot = f.bot(&hook);
+    let (_dir, store, proxy, mut workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
+    let (platform, id) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
+        .await;
+    // A reply in progress in the chat (its handler takes 1 s) when the sends come.
+    f.user_writes(1, "slow-1");
+    let chat = wait_for("the message journaled", Duration::from_secs(20), || async {
+        let p = store.inbox_pending(&bot.id, 10).await.ok()?;
+        p.first().map(|e| e.chat.clone())
+    })
+    .await;
+    let submit = |w: &HookWorker, key: &'static str, text: &'static str| {
+        let (sends, bot, chat) = (w.sends.clone(), bot.clone(), chat.clone());
+        async move {
+            let body = serde_json::json!({ "text": text }).to_string();
+            sends
+                .submit(&bot, &chat, key, &body)
+                .await
+                .expect("accepted")
+        }
+    };
+    assert!(submit(&workers[1], "desk-1", "desk 1").await.new);
+    assert!(submit(&workers[1], "desk-2", "desk 2").await.new);
+    let again = submit(&workers[0], "desk-1", "desk 1").await;
+    assert!(!again.new, "a repeat of a key is known on every worker");
+    let of_chat = || -> Vec<String> {
+        f.replies()
+            .into_iter()
+            .filter(|(c, _)| *c == chat)
+            .map(|(_, t)| t)
+            .collect()
+    };
+    until("the sends out", 20, || of_chat().len() >= 3 && f.settled()).await;
+    // A send queued behind a slow turn; the worker that accepted it dies at once: its
+    // ticket is taken over.
+    f.user_writes(1, "slow-2");
+    wait_for("the message journaled", Duration::from_secs(20), || async {
+        let p = store.inbox_pending(&bot.id, 10).await.ok()?;
+        p.iter().any(|e| e.message.contains("slow-2")).then_some(())
+    })
+    .await;
+    assert!(submit(&workers[0], "desk-3", "desk 3").await.new);
+    workers.remove(0).abort();
+    until("the send after the death", 30, || of_chat().len() >= 5).await;
+    f.user_writes(2, "later");
+    until("later work done", 20, || {
+        f.replies().iter().any(|(_, t)| t == "later") && f.settled()
+    })
+    .await;
+    assert_eq!(
+        of_chat(),
+        ["slow-1", "desk 1", "desk 2", "slow-2", "desk 3"]
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+    server.abort();
 }
 
 /// A token the platform refuses holds its bot's chats, as a failed polling bot's are held:

@@ -47,6 +47,10 @@ fn message_name(id: &str) -> String {
 fn value_name(key: &str) -> String {
     format!("v:{key}")
 }
+/// A send from the backend (its entry's key) → the platform's ids of what it sent (JSON).
+pub(crate) fn sent_name(key: &str) -> String {
+    format!("s:{key}")
+}
 /// A message made by answering an event → until when (Unix ms) and through which answer
 /// handle it can still be changed ([`Act::Edit::via`]).
 fn hook_name(id: &str) -> String {
@@ -75,6 +79,9 @@ struct Progress {
     /// Whether the event was answered (an `answer` action, or the turn's acknowledgement).
     #[serde(default)]
     answered: bool,
+    /// The platform's ids of the messages sent so far.
+    #[serde(default)]
+    ids: Vec<String>,
 }
 
 /// Whether `reply` is a plain text answer (handled by the one-send path).
@@ -293,6 +300,11 @@ pub(super) async fn run(
     }
     end.notes = (!p.notes.is_empty()).then(|| p.notes.join("; "));
     end.refs = p.refs;
+    if botfleet_store::InboxEntry::kind_of(end.key) == botfleet_store::EntryKind::Send {
+        // What a send from the backend made, for its status.
+        let ids = serde_json::to_string(&p.ids).unwrap_or_else(|_| "[]".into());
+        end.refs.push((sent_name(end.key), ids));
+    }
     let sent = p.sent.then(Instant::now);
     end.record(ctx, hold, slot, InboxOutcome::Done, sent, state)
         .await
@@ -701,6 +713,9 @@ impl Run<'_> {
     /// Remembers what a send made: its ref `name` → message `id` and back, and, for an
     /// answer made `in_place`, until when its event's answer handle can change it.
     fn named(&mut self, name: Option<&str>, id: Option<&str>, in_place: bool) {
+        if let Some(id) = id {
+            self.p.ids.push(id.to_owned());
+        }
         match (name, id) {
             (Some(n), Some(id)) => {
                 self.p.refs.push((ref_name(n), id.to_owned()));

@@ -1,0 +1,356 @@
+//! Sends from the backend: a message to a chat that no inbound message started (a person
+//! answering from a desk, a finished job, a reminder). Each is a journal entry of its chat,
+//! of kind `send`, keyed by the client's `Idempotency-Key`, and runs in the chat's turn like
+//! an inbound message, on the worker that holds the turn (`turn::run_send` runs its actions
+//! without a handler):
+//!
+//! ```text
+//! webhook bot:   journal and a turn ticket, on any worker → its turn, after the chat's
+//!                earlier tickets (here, or taken over from a worker that died)
+//! connector bot: journal, on any worker → a nudge to the unit's owner (a worker command,
+//!                or this worker's own mailbox) → its bot task queues the entry behind the
+//!                chat's messages
+//! ```
+//!
+//! The journal comes first and is all that counts: a nudge lost (the owner died, the unit
+//! moved) leaves the entry pending, and whoever claims the unit next replays it. A repeat of
+//! a key finds the entry the first one made and journals nothing.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use botfleet_coord::{Coordinator, WorkerCommand};
+use botfleet_core::{BotId, BotSpec, Platform, WorkerId};
+use botfleet_platform::Connector;
+use botfleet_store::{send_key, InboxItem, InboxState, Store, StoreError};
+use tokio::sync::Notify;
+use tracing::debug;
+
+/// Why a send was not accepted: nothing was recorded, and a retry with the same key is safe.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The store could not journal it.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The chat's turn queue could not be joined (the coordinator is unreachable).
+    #[error("cannot join the chat's turn queue: {0}")]
+    Coordinator(String),
+    /// The key was used before for another chat or body: the first send stands.
+    #[error("this Idempotency-Key was used for another send to this bot")]
+    KeyReused,
+}
+
+/// A send from the backend as its client sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SendStatus {
+    /// Its id: what [`Sends::submit`] and the API answer for it.
+    pub id: String,
+    /// `queued` (waiting for, or in, its chat's turn), `sent`, or `failed`.
+    pub status: &'static str,
+    /// The platform's ids of the messages it sent, in order.
+    pub platform_ids: Vec<String>,
+    /// Why it failed (what the platform or the fleet refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What [`Sends::submit`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// The unit whose journal holds the entry (the bot, or slice 0 of a bot in slices).
+    pub unit: BotId,
+    /// The entry's key: `send:` and the hashed `Idempotency-Key`.
+    pub key: String,
+    /// False when the key was known: the send it made first is the one that counts.
+    pub new: bool,
+}
+
+impl Submitted {
+    /// The send's id for its client: the key without its `send:` prefix.
+    pub fn id(&self) -> &str {
+        self.key
+            .strip_prefix(botfleet_store::SEND_KEY_PREFIX)
+            .unwrap_or(&self.key)
+    }
+}
+
+/// Sends from the backend through this worker. Cheap to clone.
+#[derive(Clone)]
+pub struct Sends {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    me: WorkerId,
+    store: Arc<dyn Store>,
+    coord: Arc<dyn Coordinator>,
+    connectors: HashMap<Platform, Arc<dyn Connector>>,
+    hooks: Option<crate::Hooks>,
+    mailboxes: Arc<Mailboxes>,
+}
+
+impl Sends {
+    pub(crate) fn new(
+        me: WorkerId,
+        store: Arc<dyn Store>,
+        coord: Arc<dyn Coordinator>,
+        connectors: HashMap<Platform, Arc<dyn Connector>>,
+        hooks: Option<crate::Hooks>,
+        mailboxes: Arc<Mailboxes>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                me,
+                store,
+                coord,
+                connectors,
+                hooks,
+                mailboxes,
+            }),
+        }
+    }
+
+    /// Journals `body` (a handler's answer: `{"text"}` or `{"actions": [...]}`) as a send
+    /// to `chat` of `spec`'s bot under `idempotency_key`, and gets it into the chat's turn
+    /// queue wherever that is held. Once this answers, the send is recorded: it goes out
+    /// once, in the chat's order, whichever worker dies meanwhile.
+    ///
+    /// # Errors
+    /// [`SendError`] when the entry could not be recorded: nothing was accepted, and a retry
+    /// with the same key is safe.
+    pub async fn submit(
+        &self,
+        spec: &BotSpec,
+        chat: &str,
+        idempotency_key: &str,
+        body: &str,
+    ) -> Result<Submitted, SendError> {
+        let i = &self.inner;
+        let unit = unit_of(spec);
+        let item = InboxItem {
+            key: send_key(idempotency_key),
+            chat: chat.to_owned(),
+            message: body.to_owned(),
+        };
+        let webhook = i
+            .connectors
+            .get(&spec.platform)
+            .is_some_and(|c| c.descriptor().is_webhook(spec));
+        let injected = match (&i.hooks, webhook) {
+            (Some(h), true) => Some(h.inject(Arc::new(spec.clone()), &item).await?),
+            _ => None,
+        };
+        let new = match injected {
+            Some(new) => new,
+            None => {
+                let (new, _) = i
+                    .store
+                    .journal_put(&unit, std::slice::from_ref(&item), None, None)
+                    .await?;
+                new.first().copied().unwrap_or(false)
+            }
+        };
+        if !new {
+            // A repeat: the same send, or a key reused for another.
+            let first = i.store.inbox_entry(&unit, &item.key).await?;
+            if !first.is_some_and(|e| e.chat == item.chat && same_body(&e.message, &item.message)) {
+                return Err(SendError::KeyReused);
+            }
+        }
+        if injected.is_some() {
+            return Ok(Submitted {
+                unit,
+                key: item.key,
+                new,
+            });
+        }
+        // A webhook bot's entry without hooks here: a worker's sweeper serves it.
+        let key = item.key.clone();
+        if !webhook {
+            self.nudge(&unit, item).await;
+        }
+        Ok(Submitted { unit, key, new })
+    }
+
+    /// The send `id` of `spec`'s bot (what [`Submitted::id`] answered), if it is known
+    /// (sends are kept 24 hours after they end).
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn status(&self, spec: &BotSpec, id: &str) -> Result<Option<SendStatus>, StoreError> {
+        if id.len() != 64 || !id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Ok(None);
+        }
+        let i = &self.inner;
+        let unit = unit_of(spec);
+        let key = format!("{}{id}", botfleet_store::SEND_KEY_PREFIX);
+        let Some(e) = i.store.inbox_entry(&unit, &key).await? else {
+            return Ok(None);
+        };
+        let platform_ids: Vec<String> = if e.state == InboxState::Pending {
+            Vec::new()
+        } else {
+            let name = crate::turn::sent_name(&key);
+            i.store
+                .refs_get(&unit, &e.chat, &[name])
+                .await?
+                .into_iter()
+                .flatten()
+                .next()
+                .and_then(|v| serde_json::from_str(&v).ok())
+                .unwrap_or_default()
+        };
+        let (status, reason) = match e.state {
+            InboxState::Pending => ("queued", None),
+            InboxState::Undeliverable => ("failed", e.error),
+            // Done, though nothing went out: every action was refused.
+            InboxState::Done if platform_ids.is_empty() && e.error.is_some() => ("failed", e.error),
+            InboxState::Done => ("sent", None),
+        };
+        Ok(Some(SendStatus {
+            id: id.to_owned(),
+            status,
+            platform_ids,
+            reason,
+        }))
+    }
+
+    /// Tells the unit's owner about entry `item`, if it has a live one.
+    async fn nudge(&self, unit: &BotId, item: InboxItem) {
+        let i = &self.inner;
+        let owner = match i.coord.owner(unit).await {
+            Ok(Some(o)) if o.live => o.worker,
+            // Nobody runs it now: whoever claims it replays the entry.
+            Ok(_) => return,
+            Err(e) => {
+                debug!(bot = %unit, error = %e, "cannot read the unit's owner; its next claim replays the send");
+                return;
+            }
+        };
+        if owner == i.me {
+            i.mailboxes.post(unit, &item.chat);
+            return;
+        }
+        let cmd = WorkerCommand::Inbox {
+            bot: unit.clone(),
+            chat: item.chat,
+            key: item.key,
+        };
+        if let Err(e) = i.coord.send_command(&owner, &cmd).await {
+            debug!(bot = %unit, error = %e, "cannot tell the unit's owner about a send; its next claim replays it");
+        }
+    }
+}
+
+/// Whether two send bodies say the same (as JSON values: spacing and key order aside).
+fn same_body(a: &str, b: &str) -> bool {
+    match (
+        serde_json::from_str::<serde_json::Value>(a),
+        serde_json::from_str::<serde_json::Value>(b),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The unit whose journal a send to `spec`'s bot goes in: the bot, or slice 0 of a bot in
+/// slices (which then sends it; the chat's order is kept among the sends).
+fn unit_of(spec: &BotSpec) -> BotId {
+    if spec.is_sliced() {
+        spec.id.slice(0)
+    } else {
+        spec.id.clone()
+    }
+}
+
+/// The mailboxes of the units whose bot tasks run on this worker: where entries journaled
+/// elsewhere reach them.
+#[derive(Default, Debug)]
+pub(crate) struct Mailboxes {
+    open: Mutex<HashMap<BotId, Arc<Mailbox>>>,
+}
+
+/// One unit's mailbox: the chats with entries posted, and a wake-up for its task.
+#[derive(Default, Debug)]
+pub(crate) struct Mailbox {
+    chats: Mutex<Vec<String>>,
+    notify: Notify,
+}
+
+impl Mailboxes {
+    /// Opens the mailbox of `unit` for its bot task, until the guard is dropped.
+    pub(crate) fn open(self: &Arc<Self>, unit: &BotId) -> MailboxGuard {
+        let mb = Arc::new(Mailbox::default());
+        lock(&self.open).insert(unit.clone(), mb.clone());
+        MailboxGuard {
+            boxes: self.clone(),
+            unit: unit.clone(),
+            mailbox: mb,
+        }
+    }
+
+    /// Tells `unit`'s task, if it runs here, that `chat` has entries journaled elsewhere
+    /// (dropped otherwise: they are in the journal for whoever runs the unit). The task
+    /// reads the chat's pending entries and queues those it has not, in the journal's order,
+    /// so a nudge that overtakes another cannot reorder the sends.
+    pub(crate) fn post(&self, unit: &BotId, chat: &str) {
+        let Some(mb) = lock(&self.open).get(unit).cloned() else {
+            return;
+        };
+        {
+            let mut chats = lock(&mb.chats);
+            if !chats.iter().any(|c| c == chat) {
+                chats.push(chat.to_owned());
+            }
+        }
+        mb.notify.notify_one();
+    }
+}
+
+/// A unit's open mailbox, closed when dropped.
+pub(crate) struct MailboxGuard {
+    boxes: Arc<Mailboxes>,
+    unit: BotId,
+    mailbox: Arc<Mailbox>,
+}
+
+impl MailboxGuard {
+    /// When something was posted.
+    pub(crate) async fn posted(&self) {
+        self.mailbox.notify.notified().await;
+    }
+
+    /// The chats posted since the last take, in order.
+    pub(crate) fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.mailbox.chats))
+    }
+
+    /// Posts `chat` again in a second (its entries could not be read now).
+    pub(crate) fn again_later(&self, chat: String) {
+        let mb = self.mailbox.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            lock(&mb.chats).push(chat);
+            mb.notify.notify_one();
+        });
+    }
+}
+
+impl Drop for MailboxGuard {
+    fn drop(&mut self) {
+        let mut open = lock(&self.boxes.open);
+        // A newer task's box (the unit claimed again here) stays.
+        if open
+            .get(&self.unit)
+            .is_some_and(|m| Arc::ptr_eq(m, &self.mailbox))
+        {
+            open.remove(&self.unit);
+        }
+    }
+}
