@@ -62,21 +62,6 @@ fn script(ev: &Value) -> Value {
     json!({ "actions": actions })
 }
 
-/// The worker's HTTP address, from its first lines.
-async fn api_url(w: &Proc) -> String {
-    let log = w.log.clone();
-    wait_for("the worker's address", Duration::from_secs(20), || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let url = text.lines().find_map(|l| {
-            l.split(" listening on ")
-                .nth(1)
-                .map(|u| u.trim().to_owned())
-        });
-        async move { url }
-    })
-    .await
-}
-
 /// The chats' echoes (`n{k}`), in the order the fake received them: (token, chat) → ks.
 fn echoes(fake: &FakeTelegram) -> HashMap<(String, String), Vec<u64>> {
     let mut out: HashMap<(String, String), Vec<u64>> = HashMap::new();
@@ -134,7 +119,7 @@ async fn every_action_once_in_order_through_a_kill_and_a_sigterm() {
         vec![Some(spawn("a0")), Some(spawn("a1")), Some(spawn("a2"))];
     let mut backends = Vec::new();
     for p in procs.iter().flatten() {
-        backends.push(api_url(p).await);
+        backends.push(p.api_url().await);
     }
     api.set_backends(backends);
     let tg = fake.state();

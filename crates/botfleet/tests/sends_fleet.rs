@@ -29,21 +29,6 @@ fn token(i: usize) -> String {
     format!("{}:sends-{i}", 8300 + i)
 }
 
-/// The worker's HTTP address, from its first lines.
-async fn api_url(w: &Proc) -> String {
-    let log = w.log.clone();
-    wait_for("the worker's address", Duration::from_secs(20), || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let url = text.lines().find_map(|l| {
-            l.split(" listening on ")
-                .nth(1)
-                .map(|u| u.trim().to_owned())
-        });
-        async move { url }
-    })
-    .await
-}
-
 /// POSTs send `text` to `CHAT` of bot `i` through the API at `url` under `key`: its id.
 async fn post(http: &reqwest::Client, url: &str, i: usize, key: &str, text: &str) -> String {
     let r = http
@@ -97,7 +82,7 @@ async fn sends_go_out_once_in_order_through_any_worker_and_a_kill() {
     let mut procs = [Some(spawn("s0")), Some(spawn("s1"))];
     let mut urls = Vec::new();
     for p in procs.iter().flatten() {
-        urls.push(api_url(p).await);
+        urls.push(p.api_url().await);
     }
     let tg = fake.state();
     // Every bot polling, each on one worker (both hold some: the test needs both ways).

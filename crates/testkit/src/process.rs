@@ -171,6 +171,25 @@ impl Proc {
         }
     }
 
+    /// A `botfleet worker`'s HTTP address (`http://…`), from its first lines (within 20 s).
+    pub async fn api_url(&self) -> String {
+        let log = self.log.clone();
+        crate::wait_for(
+            "the worker's address",
+            std::time::Duration::from_secs(20),
+            || {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let url = text.lines().find_map(|l| {
+                    l.split(" listening on ")
+                        .nth(1)
+                        .map(|u| u.trim().to_owned())
+                });
+                async move { url }
+            },
+        )
+        .await
+    }
+
     /// The last 30 lines of its log.
     pub fn log_tail(&self) -> String {
         tail(&std::fs::read_to_string(&self.log).unwrap_or_default(), 30)
