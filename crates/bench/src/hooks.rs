@@ -370,7 +370,7 @@ async fn post(
     Ok(r.status().as_u16())
 }
 
-fn spawn_logged(
+pub(crate) fn spawn_logged(
     bin: &std::path::Path,
     args: &[&str],
     log: &std::path::Path,
@@ -386,6 +386,21 @@ fn spawn_logged(
     Ok(crate::Worker(
         cmd.spawn().context("starting botfleet worker")?,
     ))
+}
+
+/// A worker's HTTP address (its API), from its log.
+pub(crate) async fn http_url(log: &std::path::Path) -> anyhow::Result<String> {
+    let t = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(m) = text.lines().find_map(|l| l.split(" listening on ").nth(1)) {
+            return Ok(m.trim().to_owned());
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("no HTTP address in {}:\n{text}", log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn hooks_url(log: &std::path::Path) -> anyhow::Result<String> {

@@ -866,14 +866,18 @@ async fn send_message(
         }
     };
     count(if done.new { "accepted" } else { "repeated" });
-    let view = match sends.status(&rec.spec, done.id()).await {
-        Ok(Some(st)) => SendView::from(st),
-        // Recorded; its status is read on the next look.
-        _ => SendView {
-            id: done.id().to_owned(),
-            status: "queued".into(),
-            platform_ids: None,
-            reason: None,
+    let queued = SendView {
+        id: done.id().to_owned(),
+        status: "queued".into(),
+        platform_ids: None,
+        reason: None,
+    };
+    // A new send is queued; a repeat says how the first one went.
+    let view = match done.new {
+        true => queued,
+        false => match sends.status(&rec.spec, done.id()).await {
+            Ok(Some(st)) => SendView::from(st),
+            _ => queued,
         },
     };
     Ok((StatusCode::ACCEPTED, Json(view)))

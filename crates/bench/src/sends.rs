@@ -1,0 +1,191 @@
+//! Sends from the backend (`--only sends [--workers N] [--store sqlite|postgres] [--rate R]
+//! [--seconds S] [--embedded]`): N `botfleet worker` processes (release build) on a private
+//! Redis and a SQLite file (or a Postgres schema of `BOTFLEET_TEST_POSTGRES_URL`); 20 Telegram
+//! bots polling the fake Bot API. `POST /api/v1/bots/{id}/messages` at R per second (open
+//! loop) for S seconds, round-robin over the workers' APIs and 100 chats per bot, each with
+//! a fresh `Idempotency-Key`: so most land on a worker that does not run the bot, which
+//! journals the send and nudges the owner. Reported: request to 202 (recorded) and request to
+//! the fake's receipt of the message, p50/p99, and the rate the sends went out at. With
+//! `--store sqlite --workers 1 --embedded` the worker runs without Redis.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+use botfleet_core::{BotId, BotSpec, Platform};
+use botfleet_testkit::{nonce, FakeTelegram, PgSchema, RedisServer};
+
+use crate::{botfleet_bin, Dir};
+
+const BOTS: usize = 20;
+const CHATS: usize = 100;
+
+fn arg(name: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != name).nth(1)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// `--only sends`.
+pub(crate) async fn api_sends() -> anyhow::Result<()> {
+    let workers: usize = arg("--workers").map_or(Ok(1), |s| s.parse())?;
+    let store_kind = arg("--store").unwrap_or_else(|| "sqlite".into());
+    let rate: f64 = arg("--rate").map_or(Ok(1_000.0 * workers as f64), |s| s.parse())?;
+    let seconds: f64 = arg("--seconds").map_or(Ok(10.0), |s| s.parse())?;
+    let embedded = std::env::args().any(|a| a == "--embedded");
+    let threads = arg("--worker-threads").unwrap_or_else(|| "2".into());
+    let bin = botfleet_bin()?;
+    let fake = FakeTelegram::start().await?;
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-sends-{}", nonce())));
+    std::fs::create_dir_all(&dir.0)?;
+    let pg = if store_kind == "postgres" {
+        Some(PgSchema::create().await)
+    } else {
+        None
+    };
+    let db = match &pg {
+        Some(s) => s.url(),
+        None => format!("sqlite://{}", dir.0.join("bots.db").display()),
+    };
+    let store = botfleet_store::open(&db).await?;
+    let token = |i: usize| format!("{}:sends-{i}", 21_000 + i);
+    for i in 0..BOTS {
+        fake.state().add_bot(&token(i));
+        let mut s = BotSpec::new(BotId::new(format!("s{i}"))?, Platform::Telegram, token(i));
+        s.options.api_url = Some(fake.url());
+        store.add_bot(&s).await?;
+    }
+    let redis = if embedded {
+        None
+    } else {
+        Some(RedisServer::start()?)
+    };
+    let mut procs = Vec::new();
+    let mut apis = Vec::new();
+    for w in 0..workers {
+        let log = dir.0.join(format!("w{w}.log"));
+        let mut args: Vec<String> = vec![
+            "--worker-id".into(),
+            format!("w{w}"),
+            "--database-url".into(),
+            db.clone(),
+            "--worker-threads".into(),
+            threads.clone(),
+            "--poll-timeout-s".into(),
+            "2".into(),
+        ];
+        if let Some(r) = &redis {
+            args.extend(["--redis-url".into(), r.url()]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        procs.push(crate::hooks::spawn_logged(&bin, &refs, &log)?);
+        apis.push(crate::hooks::http_url(&log).await?);
+    }
+    let t = Instant::now();
+    while (0..BOTS).any(|i| !fake.state().is_polling(&token(i))) {
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("the bots never all polled");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(512)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let total = (rate * seconds) as usize;
+    let posted_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let accepted: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(1_024));
+    let pids: Vec<u32> = procs.iter().map(|p| p.0.id()).collect();
+    let cpu0: u64 = pids.iter().map(|p| crate::cpu_ticks(*p)).sum();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let permit = gate.clone().acquire_owned().await?;
+        let (http, api) = (http.clone(), apis[i % apis.len()].clone());
+        let (posted_at, accepted, failures) =
+            (posted_at.clone(), accepted.clone(), failures.clone());
+        tasks.spawn(async move {
+            let text = format!("m{i}");
+            let body = serde_json::json!({"chat": (1_000 + (i / BOTS) % CHATS).to_string(),
+                "text": text});
+            let t = Instant::now();
+            posted_at.lock().unwrap().insert(text, t);
+            let r = http
+                .post(format!("{api}/api/v1/bots/s{}/messages", i % BOTS))
+                .header("idempotency-key", format!("bench-{i}"))
+                .json(&body)
+                .send()
+                .await;
+            match r.map(|r| r.status().as_u16()) {
+                Ok(202) => accepted
+                    .lock()
+                    .unwrap()
+                    .push(t.elapsed().as_secs_f64() * 1e3),
+                _ => {
+                    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    let offered = start.elapsed();
+    while tasks.join_next().await.is_some() {}
+    let refused = failures.load(std::sync::atomic::Ordering::Relaxed);
+    let want = total - refused;
+    let t = Instant::now();
+    loop {
+        let n = fake.state().sent_count();
+        if n >= want {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            bail!("only {n} of {want} sent");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cpu_s = (pids.iter().map(|p| crate::cpu_ticks(*p)).sum::<u64>() - cpu0) as f64 / 100.0;
+    let sent = fake.state().sent();
+    let mut lat: Vec<f64> = {
+        let at = posted_at.lock().unwrap();
+        sent.iter()
+            .filter_map(|s| Some((s.at - *at.get(&s.text)?).as_secs_f64() * 1e3))
+            .collect()
+    };
+    let last = sent.iter().map(|s| s.at).max().unwrap_or(start);
+    let elapsed = (last - start).as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let mut acc = accepted.lock().unwrap().clone();
+    acc.sort_by(f64::total_cmp);
+    println!(
+        "API sends, {workers} worker(s) x {threads} threads, {store_kind} store{}, {BOTS} polling bots x {CHATS} chats: offered {:.0}/s for {:.1} s, accepted {} ({refused} refused), sent {} at {:.0}/s ({:.0}/s per worker); request to 202 p50 {:.1} ms p99 {:.1} ms; request to sent p50 {:.1} ms p99 {:.1} ms; worker CPU {:.0} % of a core per 1,000 sends/s",
+        if embedded { " (embedded, no Redis)" } else { " + Redis" },
+        total as f64 / offered.as_secs_f64(),
+        offered.as_secs_f64(),
+        acc.len(),
+        lat.len(),
+        lat.len() as f64 / elapsed,
+        lat.len() as f64 / elapsed / workers as f64,
+        pct(&acc, 0.5),
+        pct(&acc, 0.99),
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        cpu_s / lat.len().max(1) as f64 * 1000.0 * 100.0,
+    );
+    drop(procs);
+    drop(store);
+    Ok(())
+}
