@@ -18,22 +18,14 @@ use anyhow::bail;
 use botfleet_core::{BotId, BotSpec, Platform};
 use botfleet_testkit::{nonce, FakeTelegram, PgSchema, RedisServer};
 
-use crate::{botfleet_bin, Dir};
+use crate::{
+    botfleet_bin,
+    hooks::{arg, pct},
+    Dir,
+};
 
 const BOTS: usize = 20;
 const CHATS: usize = 100;
-
-fn arg(name: &str) -> Option<String> {
-    std::env::args().skip_while(|a| a != name).nth(1)
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
 
 /// `--only sends`.
 pub(crate) async fn api_sends() -> anyhow::Result<()> {
