@@ -101,6 +101,33 @@ pub(crate) async fn turn_overhead() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A registry for a benchmark named `name`: a temp directory (removed on drop), and in it a
+/// SQLite file, or (`kind` `postgres`) a Postgres schema of `BOTFLEET_TEST_POSTGRES_URL`
+/// (dropped with the guard): the directory, the schema's guard, the URL and the store.
+pub(crate) async fn registry(
+    name: &str,
+    kind: &str,
+) -> anyhow::Result<(
+    Dir,
+    Option<PgSchema>,
+    String,
+    Arc<dyn botfleet_store::Store>,
+)> {
+    let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-{name}-{}", nonce())));
+    std::fs::create_dir_all(&dir.0)?;
+    let pg = if kind == "postgres" {
+        Some(PgSchema::create().await)
+    } else {
+        None
+    };
+    let db = match &pg {
+        Some(s) => s.url(),
+        None => format!("sqlite://{}", dir.0.join("bots.db").display()),
+    };
+    let store = botfleet_store::open(&db).await?;
+    Ok((dir, pg, db, store))
+}
+
 /// `--only hooks`.
 pub(crate) async fn throughput() -> anyhow::Result<()> {
     let workers: usize = arg("--workers").map_or(Ok(1), |s| s.parse())?;
@@ -132,18 +159,7 @@ pub(crate) async fn throughput() -> anyhow::Result<()> {
     };
     let bin = botfleet_bin()?;
     let fake = FakeTelegram::start().await?;
-    let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-hooks-{}", nonce())));
-    std::fs::create_dir_all(&dir.0)?;
-    let pg = if store_kind == "postgres" {
-        Some(PgSchema::create().await)
-    } else {
-        None
-    };
-    let db = match &pg {
-        Some(s) => s.url(),
-        None => format!("sqlite://{}", dir.0.join("bots.db").display()),
-    };
-    let store = botfleet_store::open(&db).await?;
+    let (dir, _pg, db, store) = registry("hooks", &store_kind).await?;
     for i in 0..BOTS {
         let token = format!("{}:hooks-{i}", 20_000 + i);
         fake.state().add_bot(&token);

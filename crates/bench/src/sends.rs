@@ -16,12 +16,11 @@ use std::{
 
 use anyhow::bail;
 use botfleet_core::{BotId, BotSpec, Platform};
-use botfleet_testkit::{nonce, FakeTelegram, PgSchema, RedisServer};
+use botfleet_testkit::{FakeTelegram, RedisServer};
 
 use crate::{
     botfleet_bin,
     hooks::{arg, pct},
-    Dir,
 };
 
 const BOTS: usize = 20;
@@ -37,18 +36,7 @@ pub(crate) async fn api_sends() -> anyhow::Result<()> {
     let threads = arg("--worker-threads").unwrap_or_else(|| "2".into());
     let bin = botfleet_bin()?;
     let fake = FakeTelegram::start().await?;
-    let dir = Dir(std::env::temp_dir().join(format!("botfleet-bench-sends-{}", nonce())));
-    std::fs::create_dir_all(&dir.0)?;
-    let pg = if store_kind == "postgres" {
-        Some(PgSchema::create().await)
-    } else {
-        None
-    };
-    let db = match &pg {
-        Some(s) => s.url(),
-        None => format!("sqlite://{}", dir.0.join("bots.db").display()),
-    };
-    let store = botfleet_store::open(&db).await?;
+    let (dir, _pg, db, store) = crate::hooks::registry("sends", &store_kind).await?;
     let token = |i: usize| format!("{}:sends-{i}", 21_000 + i);
     for i in 0..BOTS {
         fake.state().add_bot(&token(i));

@@ -649,6 +649,17 @@ async fn polling_bot(token: &str, id: &str) -> (FakeTelegram, Dir, PathBuf, Work
     (fake, dir, token_file, w, api)
 }
 
+/// Send `id` of `bot` once its status is `status` (within 20 s): what `GET` answers.
+async fn until_status(api: &Api, bot: &str, id: &str, status: &str) -> Value {
+    wait_for(status, Duration::from_secs(20), || async {
+        let (_, v) = api
+            .call("GET", &format!("/bots/{bot}/messages/{id}"), None)
+            .await;
+        (v["status"] == status).then_some(v)
+    })
+    .await
+}
+
 /// `POST /bots/{id}/messages` with `body`, under `Idempotency-Key: key` when given.
 async fn post_send(api: &Api, bot: &str, key: Option<&str>, body: String) -> (u16, Value) {
     let mut r = api
@@ -723,13 +734,7 @@ async fn sends_from_the_backend_go_out_once_and_say_how_they_went() {
     let other = json!({"chat": "77", "text": "something else"}).to_string();
     let (s, v) = post_send(&api, "desk", Some("ticket-9 reply 1"), other).await;
     assert_eq!((s, code(&v)), (422, "key_reused"), "{v}");
-    let sent = wait_for("sent", Duration::from_secs(20), || async {
-        let (_, v) = api
-            .call("GET", &format!("/bots/desk/messages/{id}"), None)
-            .await;
-        (v["status"] == "sent").then_some(v)
-    })
-    .await;
+    let sent = until_status(&api, "desk", &id, "sent").await;
     let ids = sent["platform_ids"].as_array().unwrap();
     assert_eq!(ids.len(), 1, "{sent}");
     let out: Vec<_> = fake
@@ -755,13 +760,7 @@ async fn sends_from_the_backend_go_out_once_and_say_how_they_went() {
     let (s, v) = post_send(&api, "desk", Some("edit-nope"), bad.to_string()).await;
     assert_eq!(s, 202, "{v}");
     let bad_id = v["id"].as_str().unwrap().to_owned();
-    let failed = wait_for("failed", Duration::from_secs(20), || async {
-        let (_, v) = api
-            .call("GET", &format!("/bots/desk/messages/{bad_id}"), None)
-            .await;
-        (v["status"] == "failed").then_some(v)
-    })
-    .await;
+    let failed = until_status(&api, "desk", &bad_id, "failed").await;
     assert!(
         failed["reason"].as_str().unwrap().contains("unknown ref"),
         "{failed}"

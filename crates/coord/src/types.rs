@@ -186,16 +186,15 @@ pub enum WorkerCommand {
         /// The worker that is leaving.
         worker: WorkerId,
     },
-    /// A journal entry of the unit `bot` you run was recorded by another worker (a send
-    /// from the backend): queue it behind its chat's messages. Only a nudge: a worker that
-    /// does not run the unit drops it, and the unit's next owner finds the entry pending.
+    /// Another worker journaled an entry of `chat` of the unit `bot` you run (a send from
+    /// the backend): queue the chat's pending entries behind its messages. Only a nudge: a
+    /// worker that does not run the unit drops it, and the unit's next owner finds the
+    /// entry pending.
     Inbox {
         /// The unit (a bot, or a slice of one).
         bot: BotId,
         /// The entry's chat.
         chat: String,
-        /// The entry's key.
-        key: String,
     },
 }
 

@@ -570,6 +570,26 @@ impl BotCtx {
         }))
     }
 
+    /// Queues the sends journaled elsewhere for the chats posted to `mailbox`: each chat's
+    /// pending entries its queue does not have yet, behind what it has, in the journal's
+    /// order.
+    async fn queue_posted(&self, mailbox: &crate::sends::MailboxGuard, chats: &mut Chats) {
+        let bot = &self.spec.id;
+        for chat in mailbox.take() {
+            match self
+                .store
+                .inbox_pending_chat(bot, &chat, MAILBOX_READ)
+                .await
+            {
+                Ok(pending) => chats.dispatch_unknown(pending),
+                Err(e) => {
+                    warn!(bot = %bot, error = %e, "cannot read a chat's sends; trying again in a second");
+                    mailbox.again_later(chat);
+                }
+            }
+        }
+    }
+
     /// Replays what a predecessor recorded but did not answer, then receives until told to
     /// stop or no longer allowed to act.
     async fn receive(
@@ -613,20 +633,7 @@ impl BotCtx {
                     tokio::select! {
                         r = &mut next => break Ok(r),
                         halt = chats.progress() => if let Some(halt) = halt { break Err(halt) },
-                        // Sends journaled elsewhere: behind what their chats have queued,
-                        // in the journal's order.
-                        () = posted(mailbox) => {
-                            let Some(mailbox) = mailbox else { continue };
-                            for chat in mailbox.take() {
-                                match self.store.inbox_pending_chat(&bot, &chat, MAILBOX_READ).await {
-                                    Ok(pending) => chats.dispatch_unknown(pending),
-                                    Err(e) => {
-                                        warn!(bot = %bot, error = %e, "cannot read a chat's sends; trying again in a second");
-                                        mailbox.again_later(chat);
-                                    }
-                                }
-                            }
-                        }
+                        m = posted(mailbox) => self.queue_posted(m, chats).await,
                         () = stopped(self.stop.clone()) => break Err(Halt::Stopped),
                         why = self.lease.lost() => break Err(Halt::Fenced(why.to_string())),
                     }
@@ -766,10 +773,13 @@ impl BotCtx {
 /// How many pending entries of a chat a nudge reads at most.
 const MAILBOX_READ: usize = 1_000;
 
-/// When something is posted to `mailbox` (never without one).
-async fn posted(mailbox: Option<&crate::sends::MailboxGuard>) {
+/// `mailbox`, once something is posted to it (never without one).
+async fn posted(mailbox: Option<&crate::sends::MailboxGuard>) -> &crate::sends::MailboxGuard {
     match mailbox {
-        Some(m) => m.posted().await,
+        Some(m) => {
+            m.posted().await;
+            m
+        }
         None => std::future::pending().await,
     }
 }

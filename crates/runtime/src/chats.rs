@@ -8,7 +8,7 @@
 //! (its task ends) and made again by the next message of its chat.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashMap, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -48,6 +48,15 @@ struct Job {
 struct Queue {
     jobs: VecDeque<Job>,
     busy: bool,
+    /// The key of the message being answered, if one is.
+    answering: Option<String>,
+}
+
+impl Queue {
+    /// Whether the entry `key` is queued here or being answered.
+    fn has(&self, key: &str) -> bool {
+        self.answering.as_deref() == Some(key) || self.jobs.iter().any(|j| j.key == key)
+    }
 }
 
 /// The chat queues of one bot, driven by the bot's task: a chat with messages has one task
@@ -58,11 +67,8 @@ pub(crate) struct Chats {
     /// Per chat with messages not done: its queue (the front one is being answered while
     /// `busy`). A chat is here only while it has some.
     waiting: HashMap<String, Queue>,
-    /// One task per chat whose message is being answered; each answers with its chat and
-    /// the message's key.
-    answering: JoinSet<(String, String, Result<(), Halt>)>,
-    /// The keys of the messages queued or being answered (so an entry is queued once).
-    keys: HashSet<String>,
+    /// One task per chat whose message is being answered; each answers with its chat.
+    answering: JoinSet<(String, Result<(), Halt>)>,
     /// Chats whose next message waits for one of the worker's turn slots (in order): no
     /// task is made for a turn before it has one, so a burst costs `slots` turns at a time.
     ready: VecDeque<String>,
@@ -81,7 +87,6 @@ impl Chats {
             ctx: Arc::new(ctx),
             waiting: HashMap::new(),
             answering: JoinSet::new(),
-            keys: HashSet::new(),
             ready: VecDeque::new(),
             in_flight: 0,
             deadlines: Vec::new(),
@@ -128,19 +133,18 @@ impl Chats {
         self.push(item.chat, job);
     }
 
-    /// Queues the entries of `pending` (a chat's pending entries, oldest first) that are not
-    /// queued yet: entries journaled by other workers (sends from the backend) join their
-    /// chat's queue in the journal's order.
+    /// Queues the entries of `pending` (a chat's pending entries, oldest first) that its
+    /// queue does not have yet: entries journaled by other workers (sends from the backend)
+    /// join their chat's queue in the journal's order.
     pub(crate) fn dispatch_unknown(&mut self, pending: Vec<InboxEntry>) {
         for e in pending {
-            if !self.keys.contains(&e.key) {
+            if !self.waiting.get(&e.chat).is_some_and(|q| q.has(&e.key)) {
                 self.dispatch(e);
             }
         }
     }
 
     fn push(&mut self, chat: String, job: Job) {
-        self.keys.insert(job.key.clone());
         self.in_flight += 1;
         let q = self.waiting.entry(chat.clone()).or_default();
         q.jobs.push_back(job);
@@ -173,14 +177,17 @@ impl Chats {
 
     /// Starts the task answering the chat's oldest message, with the turn slot it got.
     fn spawn(&mut self, chat: String, slot: OwnedSemaphorePermit) {
-        let Some(job) = self.waiting.get_mut(&chat).and_then(|q| q.jobs.pop_front()) else {
+        let Some(q) = self.waiting.get_mut(&chat) else {
             return; // the queues were ended meanwhile
         };
+        let Some(job) = q.jobs.pop_front() else {
+            return;
+        };
+        q.answering = Some(job.key.clone());
         let ctx = self.ctx.clone();
         self.answering.spawn(async move {
-            let key = job.key.clone();
             let r = answer(&ctx, &chat, job, slot).await;
-            (chat, key, r)
+            (chat, r)
         });
     }
 
@@ -210,19 +217,15 @@ impl Chats {
                 }
                 else => return std::future::pending().await,
             };
-            let Ok((chat, key, result)) = done else {
+            let Ok((chat, result)) = done else {
                 continue; // aborted (shutting down)
             };
             match result {
                 Ok(()) => {
                     self.in_flight = self.in_flight.saturating_sub(1);
-                    self.keys.remove(&key);
-                    if self.keys.is_empty() {
-                        // An idle bot keeps no table.
-                        self.keys = HashSet::new();
-                    }
                     if let Some(q) = self.waiting.get_mut(&chat) {
                         q.busy = false;
+                        q.answering = None;
                     }
                     self.start_next(chat);
                     return None;
@@ -252,7 +255,6 @@ impl Chats {
     /// stays pending in the inbox for the next owner.
     pub(crate) async fn finish(mut self, limit: Duration) {
         self.waiting.clear();
-        self.keys.clear();
         self.ready.clear();
         self.deadlines.clear();
         if let Some(set) = self.acknowledging.as_mut() {

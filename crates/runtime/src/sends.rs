@@ -142,12 +142,10 @@ impl Sends {
             .connectors
             .get(&spec.platform)
             .is_some_and(|c| c.descriptor().is_webhook(spec));
-        let injected = match (&i.hooks, webhook) {
-            (Some(h), true) => Some(h.inject(Arc::new(spec.clone()), &item).await?),
-            _ => None,
-        };
-        let new = match injected {
-            Some(new) => new,
+        // A webhook bot's send takes its chat's ticket here (without hooks here, a worker's
+        // sweeper serves it); a connector bot's is journaled, and its owner told.
+        let new = match i.hooks.as_ref().filter(|_| webhook) {
+            Some(h) => h.inject(Arc::new(spec.clone()), &item).await?,
             None => {
                 let (new, _) = i
                     .store
@@ -163,19 +161,14 @@ impl Sends {
                 return Err(SendError::KeyReused);
             }
         }
-        if injected.is_some() {
-            return Ok(Submitted {
-                unit,
-                key: item.key,
-                new,
-            });
-        }
-        // A webhook bot's entry without hooks here: a worker's sweeper serves it.
-        let key = item.key.clone();
         if !webhook {
-            self.nudge(&unit, item).await;
+            self.nudge(&unit, &item.chat).await;
         }
-        Ok(Submitted { unit, key, new })
+        Ok(Submitted {
+            unit,
+            key: item.key,
+            new,
+        })
     }
 
     /// The send `id` of `spec`'s bot (what [`Submitted::id`] answered), if it is known
@@ -221,8 +214,8 @@ impl Sends {
         }))
     }
 
-    /// Tells the unit's owner about entry `item`, if it has a live one.
-    async fn nudge(&self, unit: &BotId, item: InboxItem) {
+    /// Tells the unit's owner, if it has a live one, that `chat` has an entry journaled.
+    async fn nudge(&self, unit: &BotId, chat: &str) {
         let i = &self.inner;
         let owner = match i.coord.owner(unit).await {
             Ok(Some(o)) if o.live => o.worker,
@@ -234,13 +227,12 @@ impl Sends {
             }
         };
         if owner == i.me {
-            i.mailboxes.post(unit, &item.chat);
+            i.mailboxes.post(unit, chat);
             return;
         }
         let cmd = WorkerCommand::Inbox {
             bot: unit.clone(),
-            chat: item.chat,
-            key: item.key,
+            chat: chat.to_owned(),
         };
         if let Err(e) = i.coord.send_command(&owner, &cmd).await {
             debug!(bot = %unit, error = %e, "cannot tell the unit's owner about a send; its next claim replays it");

@@ -870,7 +870,7 @@ impl State {
                 self.let_go(&bot, After::HandOver(to));
                 true
             }
-            Signal::Command(WorkerCommand::Inbox { bot, chat, .. }) => {
+            Signal::Command(WorkerCommand::Inbox { bot, chat }) => {
                 // Dropped unless the unit's task runs here: its next owner replays the entry.
                 self.w.mailboxes.post(&bot, &chat);
                 false

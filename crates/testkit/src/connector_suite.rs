@@ -594,15 +594,8 @@ pub async fn sends_from_the_backend_go_out_once_in_the_chats_order<F: PlatformFi
     })
     .await;
     let submit = |k: usize, chat: String, key: &'static str, text: &'static str| {
-        let sends = through[k].clone();
-        let bot = bot.clone();
-        async move {
-            let body = serde_json::json!({ "text": text }).to_string();
-            sends
-                .submit(&bot, &chat, key, &body)
-                .await
-                .expect("accepted")
-        }
+        let (sends, bot) = (through[k].clone(), bot.clone());
+        async move { send_text(&sends, &bot, &chat, key, text).await }
     };
     assert!(submit(other, one.clone(), "desk-1", "desk 1").await.new);
     assert!(submit(other, one.clone(), "desk-2", "desk 2").await.new);
@@ -642,6 +635,19 @@ pub async fn sends_from_the_backend_go_out_once_in_the_chats_order<F: PlatformFi
         w.shutdown().await;
     }
     server.abort();
+}
+
+/// Sends `text` to `chat` of `bot` from the backend through `sends` under `key`; it must be
+/// accepted.
+pub(crate) async fn send_text(
+    sends: &botfleet_runtime::Sends,
+    bot: &BotSpec,
+    chat: &str,
+    key: &str,
+    text: &str,
+) -> botfleet_runtime::Submitted {
+    let body = serde_json::json!({ "text": text }).to_string();
+    sends.submit(bot, chat, key, &body).await.expect("accepted")
 }
 
 /// A worker dies in the middle of a chat's messages: the next worker answers the rest from

@@ -511,13 +511,7 @@ pub async fn sends_by_webhook(f: &impl WebhookFixture) {
     .await;
     let submit = |w: &HookWorker, key: &'static str, text: &'static str| {
         let (sends, bot, chat) = (w.sends.clone(), bot.clone(), chat.clone());
-        async move {
-            let body = serde_json::json!({ "text": text }).to_string();
-            sends
-                .submit(&bot, &chat, key, &body)
-                .await
-                .expect("accepted")
-        }
+        async move { crate::connector_suite::send_text(&sends, &bot, &chat, key, text).await }
     };
     assert!(submit(&workers[1], "desk-1", "desk 1").await.new);
     assert!(submit(&workers[1], "desk-2", "desk 2").await.new);

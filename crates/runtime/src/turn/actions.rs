@@ -616,7 +616,8 @@ impl Run<'_> {
                     text: text.as_deref(),
                     buttons: &rows,
                 };
-                self.done(hold, slot, &act, &key, started).await
+                let r = self.done(hold, slot, &act, &key, started).await?;
+                Ok(r.map(|_| ()))
             }
             Action::Delete { target } => {
                 if !caps.delete {
@@ -633,7 +634,8 @@ impl Run<'_> {
                     message_id: &id,
                     via: via.as_deref(),
                 };
-                self.done(hold, slot, &act, &key, started).await
+                let r = self.done(hold, slot, &act, &key, started).await?;
+                Ok(r.map(|_| ()))
             }
             Action::Typing {} => {
                 if !caps.typing {
@@ -703,7 +705,7 @@ impl Run<'_> {
             buttons: a.buttons,
             files: a.files,
         };
-        let r = self.done_with_id(hold, slot, &act, key, started).await?;
+        let r = self.done(hold, slot, &act, key, started).await?;
         if r.is_ok() {
             answering.done();
         }
@@ -777,21 +779,9 @@ impl Run<'_> {
             && self.arrived.elapsed() < ANSWER_TOKEN_LIFE
     }
 
-    /// Does `act` (one that makes no new message).
+    /// Does `act` (one that makes no new message of the chat's own; an answer may make
+    /// one: its id).
     async fn done(
-        &mut self,
-        hold: &impl Hold,
-        slot: &mut Slot,
-        act: &Act<'_>,
-        key: &str,
-        started: Instant,
-    ) -> Result<Result<(), String>, Halt> {
-        let r = self.done_with_id(hold, slot, act, key, started).await?;
-        Ok(r.map(|_| ()))
-    }
-
-    /// [`Self::done`], answering the id of a message `act` made (an answer may make one).
-    async fn done_with_id(
         &mut self,
         hold: &impl Hold,
         slot: &mut Slot,
