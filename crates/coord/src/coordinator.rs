@@ -18,6 +18,10 @@ use crate::{
 /// for that registration. Unregistered handles can still do the administrative calls (list
 /// workers, look up owners, publish events, send commands).
 ///
+/// A call acts for the registration current when it is first polled (it reads it before it
+/// awaits anything): a caller that reads [`registration`](Coordinator::registration) just
+/// before knows which registration a grant belongs to, across a re-registration.
+///
 /// Every backend (in-memory, Redis) passes the same conformance suite in `botfleet-testkit`.
 #[async_trait]
 pub trait Coordinator: Send + Sync + std::fmt::Debug {

@@ -278,6 +278,13 @@ impl Hooks {
         !self.closed() && self.lease().is_some_and(|l| l.check().is_ok())
     }
 
+    /// [`Hooks::may_act`] for what was granted to the registration `inc`: never once the
+    /// worker registered again (that registration's turns are others' to take over, while a
+    /// task from before may still run here).
+    fn may_act_as(&self, inc: &Option<Incarnation>) -> bool {
+        self.may_act() && self.same_registration(inc)
+    }
+
     /// Dispatches this worker's turn wake-ups to the tickets waiting here.
     async fn wakeups(self) {
         let mut lease = self.inner.lease.clone();
@@ -355,12 +362,14 @@ impl Hooks {
                 }
                 info!(%bot, key = %e.key, "replaying a journaled entry whose turn was lost");
                 let ck = chat_key(&bot, &e.chat);
-                match self.inner.coord.turn_take(&ck, &e.key).await {
+                let (inc, taken) = self.take_now(&ck, &e.key).await;
+                match taken {
                     Ok((ticket, turn)) => {
                         let h = self.clone();
                         let (spec, chat, key) = (spec.clone(), e.chat.clone(), e.key.clone());
                         tokio::spawn(async move {
-                            h.run_ticket(spec, ck, chat, key, ticket, turn, Instant::now(), None)
+                            let t = Taken { ticket, turn, inc };
+                            h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
                                 .await;
                         });
                     }
@@ -473,7 +482,6 @@ impl Hooks {
         // entry never got journaled is released empty when its turn comes.
         let mut tickets = Vec::with_capacity(messages.len());
         let mut failed = false;
-        let inc = self.incarnation();
         for (idx, m) in messages.iter().enumerate() {
             // Served here already (a redelivery reaching the same worker): its task has it.
             if !self.claim_local(&spec.id, &m.key) {
@@ -487,17 +495,18 @@ impl Hooks {
                 continue;
             }
             let ck = chat_key(&spec.id, &m.message.chat.chat);
-            match self.inner.coord.turn_take(&ck, &m.key).await {
+            let (inc, taken) = self.take_now(&ck, &m.key).await;
+            match taken {
                 Ok((_, Turn::NotLive)) => {
                     self.unclaim_local(&spec.id, &m.key);
                     failed = true;
                     break;
                 }
-                Ok((ticket, turn)) => tickets.push((idx, ck, ticket, turn)),
+                Ok((ticket, turn)) => tickets.push((idx, ck, Taken { ticket, turn, inc })),
                 Err(e) => {
                     warn!(bot = %spec.id, error = %e, "cannot take a turn ticket; answering 503");
                     let chat = m.message.chat.chat.clone();
-                    self.retake(spec.clone(), ck, chat, m.key.clone(), inc.clone());
+                    self.retake(spec.clone(), ck, chat, m.key.clone(), inc);
                     failed = true;
                     break;
                 }
@@ -515,7 +524,7 @@ impl Hooks {
         // store call as the journal write: its turn is held, nothing else can change it.
         let first_granted = tickets
             .iter()
-            .find(|(_, _, _, t)| matches!(t, Turn::Granted { .. }))
+            .find(|(_, _, t)| matches!(t.turn, Turn::Granted { .. }))
             .map(|(idx, ..)| *idx);
         let mut preload = None;
         let journaled = if failed {
@@ -538,7 +547,7 @@ impl Hooks {
             }
         };
         // Every ticket taken is served, journaled or not (an empty one is just released).
-        for (idx, ck, ticket, turn) in tickets {
+        for (idx, ck, taken) in tickets {
             let h = self.clone();
             let item = &items[idx];
             let (spec, chat, key) = (spec.clone(), item.chat.clone(), item.key.clone());
@@ -548,7 +557,7 @@ impl Hooks {
                 None
             };
             tokio::spawn(async move {
-                h.run_ticket(spec, ck, chat, key, ticket, turn, arrived, view)
+                h.run_ticket(spec, ck, chat, key, taken, arrived, view)
                     .await;
             });
         }
@@ -594,7 +603,8 @@ impl Hooks {
         tokio::spawn(async move {
             match h.take(&ck, &key, &inc).await {
                 Some((ticket, turn)) => {
-                    h.run_ticket(spec, ck, chat, key, ticket, turn, Instant::now(), None)
+                    let t = Taken { ticket, turn, inc };
+                    h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
                         .await;
                 }
                 None => h.unclaim_local(&spec.id, &key),
@@ -619,17 +629,18 @@ impl Hooks {
     ) -> Result<bool, crate::sends::SendError> {
         let ck = chat_key(&spec.id, &item.chat);
         let ticket = if self.claim_local(&spec.id, &item.key) {
-            match self.inner.coord.turn_take(&ck, &item.key).await {
+            let (inc, taken) = self.take_now(&ck, &item.key).await;
+            match taken {
                 Ok((_, Turn::NotLive)) => {
                     self.unclaim_local(&spec.id, &item.key);
                     None
                 }
-                Ok((ticket, turn)) => Some((ticket, turn)),
+                Ok((ticket, turn)) => Some(Taken { ticket, turn, inc }),
                 Err(e) => {
                     // Not journaled meanwhile: that ticket's turn could come and go before
                     // the entry exists.
                     let (chat, key) = (item.chat.clone(), item.key.clone());
-                    self.retake(spec, ck, chat, key, self.incarnation());
+                    self.retake(spec, ck, chat, key, inc);
                     return Err(crate::sends::SendError::Coordinator(e.to_string()));
                 }
             }
@@ -645,7 +656,7 @@ impl Hooks {
         };
         let granted = ticket
             .as_ref()
-            .is_some_and(|(_, t)| matches!(t, Turn::Granted { .. }));
+            .is_some_and(|t| matches!(t.turn, Turn::Granted { .. }));
         let journaled = self
             .inner
             .store
@@ -661,19 +672,21 @@ impl Hooks {
             Err(e) => (Err(e.into()), None),
         };
         // Every ticket taken is served, journaled or not (an empty one is just released).
-        if let Some((ticket, turn)) = ticket {
+        if let Some(taken) = ticket {
             let h = self.clone();
             let (chat, key) = (item.chat.clone(), item.key.clone());
             tokio::spawn(async move {
-                h.run_ticket(spec, ck, chat, key, ticket, turn, Instant::now(), view)
+                h.run_ticket(spec, ck, chat, key, taken, Instant::now(), view)
                     .await;
             });
         }
         new
     }
 
-    /// Waits for `ticket`'s turn (replaying dead workers' tickets before it), handles its
-    /// entry, releases the turn.
+    /// Waits for the turn of the ticket `taken` (replaying dead workers' tickets before it),
+    /// handles its entry, releases the turn. Everything is asked and done as the registration
+    /// the ticket was taken under: once the worker registered again, that registration's
+    /// tickets and turns are others' (or this worker's newer tasks') to take over.
     #[allow(clippy::too_many_arguments)]
     async fn run_ticket(
         &self,
@@ -681,14 +694,17 @@ impl Hooks {
         ck: String,
         chat: String,
         key: String,
-        mut ticket: u64,
-        mut turn: Turn,
+        taken: Taken,
         arrived: Instant,
         mut preload: Option<TurnView>,
     ) {
+        let Taken {
+            mut ticket,
+            mut turn,
+            inc,
+        } = taken;
         let mark = (spec.id.clone(), key.clone());
         let waiter = self.waiter(&ck);
-        let inc = self.incarnation();
         let coord = &self.inner.coord;
         let p = spec.platform;
         let waited_from = Instant::now();
@@ -746,7 +762,9 @@ impl Hooks {
                         .await
                     {
                         Served::Stop => break,
-                        Served::Done | Served::Again(_) => coord.turn_try(&ck, ticket).await,
+                        Served::Done | Served::Again(_) => {
+                            self.try_as(&inc, coord.turn_try(&ck, ticket)).await
+                        }
                     }
                 }
                 // Leaving: this ticket is taken over once the worker unregisters.
@@ -762,10 +780,10 @@ impl Hooks {
                     notified.as_mut().enable();
                     // Asked once more after arming: a release between the last answer and
                     // now is not missed.
-                    match coord.turn_try(&ck, ticket).await {
+                    match self.try_as(&inc, coord.turn_try(&ck, ticket)).await {
                         Ok(Turn::Wait) => {
                             let _ = tokio::time::timeout(recheck, notified).await;
-                            coord.turn_try(&ck, ticket).await
+                            self.try_as(&inc, coord.turn_try(&ck, ticket)).await
                         }
                         other => other,
                     }
@@ -850,7 +868,7 @@ impl Hooks {
             // A taken-over turn's holder may still be frozen somewhere: the fence is recorded
             // first, so its late state write (for this entry or an older one) is refused.
             let accepted = if takeover {
-                match self.accept(spec, chat, fence).await {
+                match self.accept(spec, chat, fence, inc).await {
                     Accepted::Yes => Handled::Done,
                     // A newer turn of the chat was granted: this one is void.
                     Accepted::Superseded => return Served::Done,
@@ -863,13 +881,13 @@ impl Hooks {
                 Handled::Done if after_loss => {
                     // Read before older entries may change the chat's state: read again.
                     preload = None;
-                    self.serve_older(spec, chat, entry, fence).await
+                    self.serve_older(spec, chat, entry, fence, inc).await
                 }
                 other => other,
             };
             let done = match older {
                 Handled::Done => {
-                    self.handle_entry(spec, chat, entry, fence, arrived, preload.take())
+                    self.handle_entry(spec, chat, entry, fence, inc, arrived, preload.take())
                         .await
                 }
                 other => other,
@@ -966,10 +984,11 @@ impl Hooks {
         chat: &str,
         entry: &str,
         fence: Fence,
+        inc: &Option<Incarnation>,
     ) -> Handled {
         let mut attempt = 0;
         let pending = loop {
-            if !self.may_act() {
+            if !self.may_act_as(inc) {
                 return Handled::Fenced;
             }
             match self
@@ -1000,7 +1019,7 @@ impl Hooks {
                 .metrics
                 .count(TURN_OLDER_FIRST_TOTAL, spec.platform, 1);
             let done = self
-                .handle_entry(spec, chat, &e.key, fence, None, None)
+                .handle_entry(spec, chat, &e.key, fence, inc, None, None)
                 .await;
             if !matches!(done, Handled::Done) {
                 return done;
@@ -1010,27 +1029,36 @@ impl Hooks {
     }
 
     /// `handle`, or nothing for an empty entry (a ticket whose journal write failed).
+    #[allow(clippy::too_many_arguments)]
     async fn handle_entry(
         &self,
         spec: &Arc<BotSpec>,
         chat: &str,
         entry: &str,
         fence: Fence,
+        inc: &Option<Incarnation>,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
     ) -> Handled {
         if entry.is_empty() {
             return Handled::Done;
         }
-        self.handle(spec, chat, entry, fence, arrived, preload)
+        self.handle(spec, chat, entry, fence, inc, arrived, preload)
             .await
     }
 
-    /// Records a taken-over turn's fence in the store, through store failures.
-    async fn accept(&self, spec: &BotSpec, chat: &str, fence: Fence) -> Accepted {
+    /// Records a taken-over turn's fence in the store, through store failures, while this
+    /// worker may act under the registration `inc`.
+    async fn accept(
+        &self,
+        spec: &BotSpec,
+        chat: &str,
+        fence: Fence,
+        inc: &Option<Incarnation>,
+    ) -> Accepted {
         let mut attempt = 0;
         loop {
-            if !self.may_act() {
+            if !self.may_act_as(inc) {
                 return Accepted::Fenced;
             }
             match self.inner.store.turn_accept(&spec.id, chat, fence).await {
@@ -1059,13 +1087,14 @@ impl Hooks {
     {
         let mut attempt = 0;
         loop {
+            // Checked just before the call: it acts for the registration current as it starts.
+            if !self.same_registration(inc) {
+                return None;
+            }
             match op().await {
                 Ok(t) => return Some(t),
                 Err(e) => {
                     debug!(error = %e, "{what}: turn queue unavailable; retrying");
-                    if !self.same_registration(inc) {
-                        return None;
-                    }
                     tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
                     attempt += 1;
                 }
@@ -1181,9 +1210,37 @@ impl Hooks {
             .map_or_else(|| Arc::from(""), |l| Arc::from(l.worker().to_string()))
     }
 
-    /// The current registration's incarnation, if registered.
+    /// The coordinator's current registration's incarnation, if registered: what its calls
+    /// act for.
     fn incarnation(&self) -> Option<Incarnation> {
-        self.lease().map(|l| l.incarnation().clone())
+        self.inner.coord.registration().map(|(_, inc)| inc)
+    }
+
+    /// Takes a ticket for `key` in the chat `ck`: the answer, and the registration it was
+    /// taken under (read just before the call, which acts for the registration current as
+    /// it starts).
+    async fn take_now(
+        &self,
+        ck: &str,
+        key: &str,
+    ) -> (Option<Incarnation>, botfleet_coord::Result<(u64, Turn)>) {
+        let inc = self.incarnation();
+        (inc, self.inner.coord.turn_take(ck, key).await)
+    }
+
+    /// The turn-queue ask `call` as the registration `inc`; [`Turn::NotLive`] without asking
+    /// once the worker registered again (checked just before the call, which acts for the
+    /// registration current as it starts).
+    async fn try_as(
+        &self,
+        inc: &Option<Incarnation>,
+        call: impl std::future::Future<Output = botfleet_coord::Result<Turn>>,
+    ) -> botfleet_coord::Result<Turn> {
+        if self.same_registration(inc) {
+            call.await
+        } else {
+            Ok(Turn::NotLive)
+        }
     }
 
     /// Whether the worker is still registered as `inc` (and not past its leave).
@@ -1191,14 +1248,17 @@ impl Hooks {
         inc.is_some() && self.incarnation() == *inc
     }
 
-    /// Handles the journaled entry `key` under the turn's `fence`: handler with the chat's
-    /// state, send (unless the outbox has it), then outbox, state and entry end at once.
+    /// Handles the journaled entry `key` under the turn's `fence`, granted to the registration
+    /// `inc`: handler with the chat's state, send (unless the outbox has it), then outbox,
+    /// state and entry end at once.
+    #[allow(clippy::too_many_arguments)]
     async fn handle(
         &self,
         spec: &Arc<BotSpec>,
         chat: &str,
         key: &str,
         fence: Fence,
+        inc: &Option<Incarnation>,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
     ) -> Handled {
@@ -1209,7 +1269,7 @@ impl Hooks {
             // Leaving: this turn is taken over once the worker unregisters.
             Handled::Fenced
         } else {
-            self.handle_inner(spec, chat, key, fence, arrived, preload)
+            self.handle_inner(spec, chat, key, fence, inc, arrived, preload)
                 .await
         };
         if self
@@ -1223,12 +1283,14 @@ impl Hooks {
         done
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn handle_inner(
         &self,
         spec: &Arc<BotSpec>,
         chat: &str,
         key: &str,
         fence: Fence,
+        inc: &Option<Incarnation>,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
     ) -> Handled {
@@ -1249,7 +1311,8 @@ impl Hooks {
             slot: None,
             armed: armed.clone(),
         };
-        let r = turn::run(&ctx, self, job).await;
+        let hold = TurnHold { hooks: self, inc };
+        let r = turn::run(&ctx, &hold, job).await;
         if let (Ok(()), Some(a)) = (&r, armed) {
             // Over: its timer has nothing left to do.
             a.disarm();
@@ -1267,6 +1330,61 @@ impl Hooks {
                 Handled::Refused
             }
             Err(Halt::Stopped | Halt::Fenced(_)) => Handled::Fenced,
+        }
+    }
+}
+
+/// A ticket just taken: its number, its turn as first answered, and the registration it was
+/// taken under (which alone may act on it).
+struct Taken {
+    ticket: u64,
+    turn: Turn,
+    inc: Option<Incarnation>,
+}
+
+/// A turn's hold here: this worker may act for it while its lease is safe, under the
+/// registration the turn was granted to. A worker whose liveness was lost (a failover that
+/// lost its renewals) registers again at once; the turns of its earlier registration are
+/// then taken over by others, so a task still running one of them must act on nothing, even
+/// though the new registration's lease is safe.
+struct TurnHold<'a> {
+    hooks: &'a Hooks,
+    inc: &'a Option<Incarnation>,
+}
+
+impl Hold for TurnHold<'_> {
+    fn check(&self) -> Result<(), Halt> {
+        self.hooks.check()?;
+        if self.hooks.same_registration(self.inc) {
+            Ok(())
+        } else {
+            Err(Halt::Fenced(
+                "this worker registered again since the turn was granted".into(),
+            ))
+        }
+    }
+
+    fn stop(&self) -> watch::Receiver<bool> {
+        self.hooks.stop()
+    }
+
+    /// Once the worker registered again: the turn was the earlier registration's.
+    fn gone(&self) -> impl std::future::Future<Output = ()> + Send {
+        let mut lease = self.hooks.inner.lease.clone();
+        let inc = self.inc.clone();
+        async move {
+            loop {
+                let now = lease
+                    .borrow_and_update()
+                    .as_ref()
+                    .map(|l| l.incarnation().clone());
+                if now.is_some() && now != inc {
+                    return;
+                }
+                if lease.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
         }
     }
 }

@@ -81,6 +81,12 @@ pub(crate) trait Hold: Sync {
     /// What says a stop is asked for (a hand-over, a shutdown).
     fn stop(&self) -> watch::Receiver<bool>;
 
+    /// Resolves once the turn is surely lost for good (not merely unsafe for a while): a
+    /// handler still running for it is then given up. Never, unless the hold says otherwise.
+    fn gone(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+
     /// Waits `d`, ending at once when a stop is asked for.
     ///
     /// # Errors
@@ -507,17 +513,29 @@ async fn answer(
             deadline,
             &mut waiting,
         ));
-        let r = if slot.is_some() {
-            match tokio::time::timeout(QUICK_HANDLER, &mut call).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // A slow handler: the slot goes to others until it answers.
-                    *slot = None;
-                    call.await
+        let run = async {
+            if slot.is_some() {
+                match tokio::time::timeout(QUICK_HANDLER, &mut call).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        // A slow handler: the slot goes to others until it answers.
+                        *slot = None;
+                        call.await
+                    }
                 }
+            } else {
+                call.await
             }
-        } else {
-            call.await
+        };
+        // A turn that is others' now: its handler's answer could never be used, and the
+        // handler should not work on the chat beside the turn's new holder.
+        let r = tokio::select! {
+            r = run => r,
+            () = hold.gone() => {
+                return Err(Halt::Fenced(
+                    "the turn was lost while its handler ran (the worker registered again)".into(),
+                ))
+            }
         };
         if let Err(crate::HandlerError::TimedOut(_)) = &r {
             ctx.metrics.count(HANDLER_TIMEOUTS_TOTAL, ctx.platform, 1);

@@ -1305,6 +1305,74 @@ impl LossBackend {
             LossBackend::Redis(r) => r.flushall().unwrap(),
         }
     }
+
+    /// Telegram webhook bot `id` (token `token`) whose handler keeps a count per chat and
+    /// takes `delay` a call, on two workers of this backend behind a balancer, its webhook
+    /// registered.
+    async fn fleet(&self, id: &str, token: &str, delay: Duration) -> LossFleet {
+        let (dir, store) = store().await;
+        let fake = FakeTelegram::start().await.unwrap();
+        let handler = StateHandler::start(delay).await;
+        let proxy = RoundRobinProxy::start(Vec::new()).await;
+        fake.state().add_bot(token);
+        store
+            .add_bot(&webhook_bot(id, token, &fake, &handler.url()))
+            .await
+            .unwrap();
+        let mut workers = Vec::new();
+        for name in ["a", "b"] {
+            let c = self.coordinator().await;
+            workers.push(start(config(name, &proxy.url()), c, store.clone()).await);
+        }
+        proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+        until("the webhook is registered", 10, || {
+            fake.state().webhook(token).is_some()
+        })
+        .await;
+        LossFleet {
+            _dir: dir,
+            store,
+            fake,
+            handler,
+            _proxy: proxy,
+            workers,
+            bot: BotId::new(id).unwrap(),
+        }
+    }
+
+    /// Loses everything, then waits until both workers registered again.
+    async fn lose_and_reregister(&self) {
+        self.lose_everything();
+        let observer = self.coordinator().await;
+        wait_for(
+            "both workers registered again",
+            Duration::from_secs(10),
+            || async {
+                let live = observer.live_workers().await.unwrap_or_default();
+                (live.len() == 2).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// What [`LossBackend::fleet`] starts (the directory and the balancer kept while it runs).
+struct LossFleet {
+    _dir: botfleet_testkit::TempDir,
+    store: Arc<dyn Store>,
+    fake: FakeTelegram,
+    handler: StateHandler,
+    _proxy: RoundRobinProxy,
+    workers: Vec<Running>,
+    bot: BotId,
+}
+
+impl LossFleet {
+    async fn shutdown(self) {
+        for w in self.workers {
+            w.shutdown().await;
+        }
+    }
 }
 
 /// The coordinator loses everything while one message of a chat is in its handler and the
@@ -1314,54 +1382,28 @@ impl LossBackend {
 /// Every message is answered, in order, each seeing the state its predecessor left, never two
 /// at once.
 async fn data_loss_under_a_held_turn(backend: LossBackend) {
-    let (_dir, store) = store().await;
     // One chat's updates delivered one after another (each after the last was acknowledged,
     // as Telegram does): the journal's order is the chat's order. (Racing deliveries of one
-    // chat have no order between them to keep.)
-    let fake = FakeTelegram::start().await.unwrap();
-    // Shorter than the grace window (the lease, 1.5 s): the first call of m0, cut off by the
-    // loss, has ended before anything of the chat may be granted again.
-    let handler = StateHandler::start(Duration::from_millis(1200)).await;
-    let proxy = RoundRobinProxy::start(Vec::new()).await;
+    // chat have no order between them to keep.) The handler is shorter than the grace window
+    // (the lease, 1.5 s): the first call of m0, cut off by the loss, has ended before anything
+    // of the chat may be granted again.
     let token = "4646:loss-token";
-    fake.state().add_bot(token);
-    let bot = BotId::new("lossy").unwrap();
-    store
-        .add_bot(&webhook_bot("lossy", token, &fake, &handler.url()))
-        .await
-        .unwrap();
-    let mut workers = Vec::new();
-    for name in ["a", "b"] {
-        let c = backend.coordinator().await;
-        workers.push(start(config(name, &proxy.url()), c, store.clone()).await);
-    }
-    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
-    until("the webhook is registered", 10, || {
-        fake.state().webhook(token).is_some()
-    })
-    .await;
+    let f = backend
+        .fleet("lossy", token, Duration::from_millis(1200))
+        .await;
+    let (store, fake, handler, bot) = (&f.store, &f.fake, &f.handler, &f.bot);
     fake.state().user_writes(token, 91, "m0");
     fake.state().user_writes(token, 91, "m1");
     wait_for(
         "m0 in the handler and m1 journaled",
         Duration::from_secs(10),
         || async {
-            let pending = store.inbox_pending(&bot, 10).await.unwrap().len();
+            let pending = store.inbox_pending(bot, 10).await.unwrap().len();
             (handler.calls() == 1 && pending == 2).then_some(())
         },
     )
     .await;
-    backend.lose_everything();
-    let observer = backend.coordinator().await;
-    wait_for(
-        "both workers registered again",
-        Duration::from_secs(10),
-        || async {
-            let live = observer.live_workers().await.unwrap_or_default();
-            (live.len() == 2).then_some(())
-        },
-    )
-    .await;
+    backend.lose_and_reregister().await;
     fake.state().user_writes(token, 91, "m2");
     wait_for("three answers", Duration::from_secs(30), || async {
         let texts: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
@@ -1376,7 +1418,7 @@ async fn data_loss_under_a_held_turn(backend: LossBackend) {
     .await;
     wait_for("the journal settles", Duration::from_secs(10), || async {
         store
-            .inbox_pending(&bot, 10)
+            .inbox_pending(bot, 10)
             .await
             .unwrap()
             .is_empty()
@@ -1400,9 +1442,7 @@ async fn data_loss_under_a_held_turn(backend: LossBackend) {
         "repeats only from the send window (a lease lost between a send and its record): {texts:?}"
     );
     assert_eq!(handler.max_concurrency_per_chat(), 1, "one turn at a time");
-    for w in workers {
-        w.shutdown().await;
-    }
+    f.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1414,4 +1454,56 @@ async fn a_hub_data_loss_under_a_held_turn_keeps_the_chats_order() {
 async fn a_redis_flushall_under_a_held_turn_keeps_the_chats_order() {
     let redis = botfleet_testkit::RedisServer::start().unwrap();
     data_loss_under_a_held_turn(LossBackend::Redis(redis)).await;
+}
+
+/// The coordinator loses everything while a slow handler (slower than the loss's grace
+/// window) runs a chat's turn: its worker registers again, and the turn is others' — this
+/// worker's newer tasks' or another worker's. The handler call of the lost turn is given up
+/// when the worker registers again (so the chat's next holder never runs beside it) and its
+/// answer is never sent: the earlier registration's task acts on nothing, though the new
+/// registration's lease is safe. Every message is answered once, in order.
+async fn a_turn_lost_to_a_new_registration(backend: LossBackend) {
+    // The handler takes far past the grace window (the lease, 1.5 s) and the registrations
+    // that follow the loss.
+    let token = "4747:lost-turn";
+    let f = backend
+        .fleet("lost-turn", token, Duration::from_secs(6))
+        .await;
+    let (store, fake, handler, bot) = (&f.store, &f.fake, &f.handler, &f.bot);
+    fake.state().user_writes(token, 92, "m0");
+    wait_for("m0 in the handler", Duration::from_secs(10), || async {
+        (handler.calls() == 1).then_some(())
+    })
+    .await;
+    backend.lose_and_reregister().await;
+    fake.state().user_writes(token, 92, "m1");
+    wait_for("the journal settles", Duration::from_secs(40), || async {
+        let pending = store.inbox_pending(bot, 10).await.unwrap().len();
+        (pending == 0 && handler.calls() >= 3).then_some(())
+    })
+    .await;
+    assert_eq!(
+        handler.max_concurrency_per_chat(),
+        1,
+        "the lost turn's handler call ran beside the next holder's: {:?}",
+        handler.overlaps()
+    );
+    let texts: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(
+        texts,
+        ["1:m0", "2:m1"],
+        "each once, in order: the lost turn's answer is never sent"
+    );
+    f.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_lost_to_a_hub_data_loss_is_given_up_mid_handler() {
+    a_turn_lost_to_a_new_registration(LossBackend::Memory(MemoryHub::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_lost_to_a_redis_flushall_is_given_up_mid_handler() {
+    let redis = botfleet_testkit::RedisServer::start().unwrap();
+    a_turn_lost_to_a_new_registration(LossBackend::Redis(redis)).await;
 }

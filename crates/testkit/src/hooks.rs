@@ -224,6 +224,13 @@ async fn handle(State(s): State<HandlerState>, Json(msg): Json<Value>) -> Respon
         }
         now.push(text.clone());
     }
+    // The call ends here, or where its caller went away (a worker killed mid-call: the
+    // server drops this future, and that caller can never use the answer).
+    let _call = CallEnds {
+        s: s.clone(),
+        chat,
+        text: text.clone(),
+    };
     if !s.delay.is_zero() {
         tokio::time::sleep(s.delay).await;
     }
@@ -232,15 +239,27 @@ async fn handle(State(s): State<HandlerState>, Json(msg): Json<Value>) -> Respon
     if text == "big" {
         state["pad"] = Value::String("x".repeat(s.big));
     }
-    if let Some(e) = s.in_flight.lock().unwrap().get_mut(&chat) {
-        e.0 -= 1;
-    }
-    if let Some(now) = s.running.lock().unwrap().get_mut(&chat) {
-        if let Some(i) = now.iter().position(|t| *t == text) {
-            now.remove(i);
+    Json(json!({ "text": format!("{n}:{text}"), "state": state })).into_response()
+}
+
+/// Takes a [`StateHandler`] call off its chat's calls in flight when dropped.
+struct CallEnds {
+    s: HandlerState,
+    chat: String,
+    text: String,
+}
+
+impl Drop for CallEnds {
+    fn drop(&mut self) {
+        if let Some(e) = self.s.in_flight.lock().unwrap().get_mut(&self.chat) {
+            e.0 -= 1;
+        }
+        if let Some(now) = self.s.running.lock().unwrap().get_mut(&self.chat) {
+            if let Some(i) = now.iter().position(|t| *t == self.text) {
+                now.remove(i);
+            }
         }
     }
-    Json(json!({ "text": format!("{n}:{text}"), "state": state })).into_response()
 }
 
 /// A webhook handler that records every request it gets and answers what the event was:
@@ -376,4 +395,56 @@ async fn serve_loopback(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>
         let _ = axum::serve(listener, app).await;
     });
     (addr, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn call(h: &StateHandler, text: &str, timeout: Duration) -> Option<Value> {
+        let body = json!({"chat": {"bot": "b", "chat": "c"}, "text": text, "state": null});
+        let r = reqwest::Client::new()
+            .post(h.url())
+            .json(&body)
+            .timeout(timeout)
+            .send()
+            .await
+            .ok()?;
+        r.json().await.ok()
+    }
+
+    #[tokio::test]
+    async fn a_call_whose_caller_went_away_no_longer_runs() {
+        let h = StateHandler::start(Duration::from_millis(400)).await;
+        // The caller gives up (as a killed worker does) while the call sleeps.
+        assert!(call(&h, "m0", Duration::from_millis(50)).await.is_none());
+        crate::wait_for("the abandoned call ended", Duration::from_secs(10), || {
+            let ended = h
+                .state
+                .running
+                .lock()
+                .unwrap()
+                .get("\"b\"/\"c\"")
+                .is_none_or(Vec::is_empty);
+            async move { ended.then_some(()) }
+        })
+        .await;
+        // The next call of the chat runs alone.
+        let answer = call(&h, "m1", Duration::from_secs(10)).await.unwrap();
+        assert_eq!(answer["text"], "1:m1");
+        assert!(h.overlaps().is_empty(), "{:?}", h.overlaps());
+        assert_eq!(h.max_concurrency_per_chat(), 1);
+    }
+
+    #[tokio::test]
+    async fn calls_of_one_chat_at_once_are_seen() {
+        let h = StateHandler::start(Duration::from_secs(2)).await;
+        let (a, b) = tokio::join!(
+            call(&h, "m0", Duration::from_secs(10)),
+            call(&h, "m1", Duration::from_secs(10))
+        );
+        assert!(a.is_some() && b.is_some());
+        assert_eq!(h.overlaps().len(), 1, "{:?}", h.overlaps());
+        assert_eq!(h.max_concurrency_per_chat(), 2);
+    }
 }
