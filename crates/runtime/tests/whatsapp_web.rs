@@ -83,6 +83,7 @@ struct Running {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     metrics: Arc<botfleet_runtime::Metrics>,
+    sends: botfleet_runtime::Sends,
 }
 
 impl Running {
@@ -100,8 +101,9 @@ fn start(name: &str, coord: Arc<dyn Coordinator>, store: Arc<dyn Store>) -> Runn
     c.lease = Duration::from_millis(1500);
     c.reconcile_every = Duration::from_millis(200);
     c.whatsapp_web_version = Some(format!("{}.{}.{}", VERSION.0, VERSION.1, VERSION.2));
-    let w = Worker::new(c, coord, store).unwrap();
+    let mut w = Worker::new(c, coord, store).unwrap();
     let metrics = w.metrics();
+    let sends = w.sends();
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         w.run(async {
@@ -114,6 +116,7 @@ fn start(name: &str, coord: Arc<dyn Coordinator>, store: Arc<dyn Store>) -> Runn
         stop: Some(tx),
         task,
         metrics,
+        sends,
     }
 }
 
@@ -606,4 +609,75 @@ async fn a_long_turn_shows_the_contact_typing() {
         "the typing action shows it"
     );
     w.shutdown().await;
+}
+
+/// Sends from the backend to a contact of a linked device go out on the bot's owner (the one
+/// worker connected as the device), whichever worker accepted them: once each, in the order
+/// accepted, a repeat of a key through the owner sending nothing, the contact's next message
+/// answered after them; each send's status says `sent` with the message's WhatsApp id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_from_the_backend_go_out_on_the_devices_owner() {
+    let (user, contact) = ("15550000008", "15557770008");
+    let (standin, _dir, store) = linked_bot("wa-8", user).await;
+    let hub = MemoryHub::new();
+    let workers = [
+        start("a", Arc::new(hub.coordinator()), store.clone()),
+        start("b", Arc::new(hub.coordinator()), store.clone()),
+    ];
+    connected_and_running(&standin, &store, "wa-8", user, None).await;
+    let bot = BotId::new("wa-8").unwrap();
+    let spec = store.get_bot(&bot).await.unwrap().unwrap().spec;
+    let coord = hub.coordinator();
+    let owner = wait_for("the bot's owner", Duration::from_secs(15), || async {
+        let o = coord.owner(&bot).await.ok()??;
+        o.live.then(|| usize::from(o.worker.as_str() == "b"))
+    })
+    .await;
+    let other = &workers[1 - owner].sends;
+    standin.send_text(contact, user, "m0").await.unwrap();
+    wait_for("m0 answered", Duration::from_secs(30), || async {
+        (standin.replies_to(user, contact).len() == 1).then_some(())
+    })
+    .await;
+    let chat = format!("{contact}@s.whatsapp.net");
+    let send = |sends: &botfleet_runtime::Sends, key: &'static str, text: &'static str| {
+        let (sends, spec, chat) = (sends.clone(), spec.clone(), chat.clone());
+        async move {
+            let body = serde_json::json!({ "text": text }).to_string();
+            sends
+                .submit(&spec, &chat, key, &body)
+                .await
+                .expect("accepted")
+        }
+    };
+    let first = send(other, "desk-1", "desk 1").await;
+    let second = send(other, "desk-2", "desk 2").await;
+    assert!(first.new && second.new);
+    let again = send(&workers[owner].sends, "desk-1", "desk 1").await;
+    assert!(!again.new, "a repeat of a key is known on the owner too");
+    assert_eq!(again.id(), first.id());
+    standin.send_text(contact, user, "m1").await.unwrap();
+    wait_for("every message out", Duration::from_secs(30), || async {
+        (standin.replies_to(user, contact).len() >= 4).then_some(())
+    })
+    .await;
+    for s in [&first, &second] {
+        let st = wait_for("the send's status", Duration::from_secs(10), || async {
+            let st = other.status(&spec, s.id()).await.ok()??;
+            (st.status != "queued").then_some(st)
+        })
+        .await;
+        assert_eq!(st.status, "sent", "{st:?}");
+        assert_eq!(st.platform_ids.len(), 1, "{st:?}");
+    }
+    // A send the owner could double would show by now: the contact's later message is
+    // answered after it.
+    assert_eq!(
+        standin.replies_to(user, contact),
+        ["m0", "desk 1", "desk 2", "m1"],
+        "once each, in order"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
 }
