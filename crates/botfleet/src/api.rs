@@ -592,6 +592,7 @@ fn file_link() {}
         BotList,
         BotView,
         crate::registry::SliceView,
+        crate::registry::SendsView,
         Change,
         ImportReport,
         LineResult,

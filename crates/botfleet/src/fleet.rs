@@ -93,6 +93,7 @@ fn print(doc: &serde_json::Value, json: bool) {
                 b["reason"].as_str().unwrap_or("?")
             );
         }
+        print_senders(doc);
         return;
     }
     println!(
@@ -130,6 +131,28 @@ fn print(doc: &serde_json::Value, json: bool) {
             u["why"].as_str().unwrap_or_default()
         );
     }
+    print_senders(doc);
+}
+
+/// The bots with the most sends from the backend, when there are any.
+fn print_senders(doc: &serde_json::Value) {
+    let sends = doc["sends"].as_array().cloned().unwrap_or_default();
+    if sends.is_empty() {
+        return;
+    }
+    println!(
+        "
+sends from the backend in the last 24 h, most first:"
+    );
+    for s in &sends {
+        println!(
+            "  {}: {} sent, {} queued, {} failed",
+            s["id"].as_str().unwrap_or_default(),
+            s["sent"],
+            s["queued"],
+            s["failed"]
+        );
+    }
 }
 
 /// The fleet as one JSON document: workers (heartbeat age, capacity, bots held), enabled
@@ -158,6 +181,7 @@ pub(crate) async fn status_doc(
             .or_default() += 1;
     }
     let by_platform = serde_json::to_value(&by_platform)?;
+    let sends = top_senders(store).await?;
     let Some(coord) = coord else {
         // Embedded: the coordinator lives inside the worker process; the store says enough.
         let running = bots
@@ -175,6 +199,7 @@ pub(crate) async fn status_doc(
             "running": running,
             "failed": failed,
             "by_platform": by_platform,
+            "sends": sends,
         }));
     };
     let live = coord.live_workers().await.context("listing workers")?;
@@ -275,5 +300,33 @@ pub(crate) async fn status_doc(
             "after_loss": e.after_loss,
         })),
         "unowned": unowned,
+        "sends": sends,
     }))
+}
+
+/// How many bots [`top_senders`] shows.
+const TOP_SENDERS: usize = 20;
+
+/// The bots with the most sends from the backend of the last 24 hours, most first (at most
+/// [`TOP_SENDERS`]): `{id, queued, sent, failed}` each. A bot in slices is its own (its
+/// sends go through slice 0).
+async fn top_senders(store: &dyn Store) -> anyhow::Result<Vec<serde_json::Value>> {
+    let stats = store.inbox_stats().await?;
+    let mut by_bot: std::collections::BTreeMap<String, botfleet_store::SendCounts> =
+        std::collections::BTreeMap::new();
+    for (unit, s) in stats {
+        if s.sends.total() > 0 {
+            *by_bot.entry(unit.base().to_owned()).or_default() += s.sends;
+        }
+    }
+    let mut top: Vec<(String, botfleet_store::SendCounts)> = by_bot.into_iter().collect();
+    // Most first; the ids (sorted already) break ties.
+    top.sort_by_key(|(_, s)| std::cmp::Reverse(s.total()));
+    top.truncate(TOP_SENDERS);
+    Ok(top
+        .into_iter()
+        .map(|(id, s)| {
+            serde_json::json!({"id": id, "queued": s.queued, "sent": s.sent, "failed": s.failed})
+        })
+        .collect())
 }

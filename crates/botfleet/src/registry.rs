@@ -82,6 +82,28 @@ pub(crate) enum Change {
     Unchanged,
 }
 
+/// A bot's sends from the backend of the last 24 hours (they are kept a day after they end),
+/// by how they stand.
+#[derive(Debug, Clone, Copy, Default, Serialize, utoipa::ToSchema)]
+pub(crate) struct SendsView {
+    /// Waiting for, or in, their chat's turn.
+    queued: u64,
+    /// Sent.
+    sent: u64,
+    /// Given up on: the platform refused, or failing past the retry window.
+    failed: u64,
+}
+
+impl From<botfleet_store::SendCounts> for SendsView {
+    fn from(s: botfleet_store::SendCounts) -> Self {
+        Self {
+            queued: s.queued,
+            sent: s.sent,
+            failed: s.failed,
+        }
+    }
+}
+
 /// A bot as the CLI's `bots list --json` and the API show it: never a credential.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct BotView {
@@ -95,6 +117,8 @@ pub(crate) struct BotView {
     pub(crate) pending: u64,
     /// Messages given up on (handler or send failed past the retry time, or refused).
     pub(crate) undeliverable: u64,
+    /// Its sends from the backend of the last 24 hours, by how they stand.
+    pub(crate) sends: SendsView,
     pub(crate) last_error: Option<String>,
     pub(crate) handler: String,
     pub(crate) webhook_url: Option<String>,
@@ -463,6 +487,7 @@ impl Registry {
         let mut slices = Vec::new();
         let mut owners: Vec<String> = Vec::new();
         let (mut pending, mut undeliverable) = (0, 0);
+        let mut sends = botfleet_store::SendCounts::default();
         let total = b.spec.shard_total().unwrap_or(1);
         for u in b.spec.units() {
             let owner = match &self.fleet {
@@ -485,6 +510,7 @@ impl Registry {
             if let Some(s) = inbox.get(&u.id) {
                 pending += s.pending;
                 undeliverable += s.undeliverable;
+                sends += s.sends;
             }
             let r = u.shard_range(total);
             slices.push(SliceView {
@@ -504,6 +530,7 @@ impl Registry {
         let mut v = view(b, owner, inbox);
         v.pending = pending;
         v.undeliverable = undeliverable;
+        v.sends = sends.into();
         v.slices = slices;
         Ok(v)
     }
@@ -549,6 +576,7 @@ fn view(
         owner,
         pending: stats.map_or(0, |s| s.pending),
         undeliverable: stats.map_or(0, |s| s.undeliverable),
+        sends: stats.map(|s| s.sends).unwrap_or_default().into(),
         last_error: b.last_error,
         handler: b.spec.handler.kind().to_owned(),
         webhook_url: match &b.spec.handler {

@@ -779,6 +779,14 @@ async fn sends_from_the_backend_go_out_once_and_say_how_they_went() {
     );
     let (s, v) = api.call("GET", "/bots/desk/messages/0123", None).await;
     assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
+    // Counted per bot: in its view, and among the fleet's senders.
+    let counts = json!({"queued": 0, "sent": 2, "failed": 1});
+    let (_, v) = api.call("GET", "/bots/desk", None).await;
+    assert_eq!(v["sends"], counts, "{v}");
+    let (_, v) = api.call("GET", "/fleet", None).await;
+    let mut row = counts.clone();
+    row["id"] = json!("desk");
+    assert_eq!(v["sends"], json!([row]), "{v}");
 
     // A disabled bot takes no sends.
     let (s, _) = api.call("POST", "/bots/desk/disable", None).await;
@@ -886,4 +894,15 @@ async fn the_cli_sends_through_a_workers_api() {
     let (code, _, err) = send(&["nobody", "77", "x"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("not_found"), "{err}");
+    // `fleet status` counts them for the bot.
+    let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(["fleet", "status", "--api-url", &w.url])
+        .arg("--api-token-file")
+        .arg(&token_file)
+        .env_remove("BOTFLEET_API_TOKEN")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("clisend: 2 sent, 0 queued, 1 failed"), "{out}");
 }

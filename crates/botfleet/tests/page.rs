@@ -1,6 +1,6 @@
 //! The live fleet page in a real headless Chromium, driven over the DevTools protocol: it
-//! loads, shows the workers, and — without a reload — shows a worker killed with SIGKILL as
-//! gone, with the departure in its event list.
+//! loads, shows the workers and a bot's sends from the backend, and — without a reload —
+//! shows a worker killed with SIGKILL as gone, with the departure in its event list.
 //!
 //! Needs `chromium` (or `chromium-browser`, `google-chrome`) on PATH; `.ci/run` installs it.
 //! Without one the test says so and passes, unless `BOTFLEET_REQUIRE_CHROMIUM` is set.
@@ -213,6 +213,20 @@ async fn the_page_shows_the_workers_and_a_killed_one_going() {
         page.until(running, |s| s == "20").await,
         "20",
         "running bots on the page"
+    );
+    // A send from the backend, through the CLI: the page counts it for its bot.
+    let o = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(["send", "bot-3", "900", "from the desk", "--api-url", &url])
+        .args(["--idempotency-key", "page-1", "--wait"])
+        .env_remove("BOTFLEET_API_TOKEN")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sends = r#"Array.from(document.querySelectorAll('#sends tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent).join(' ')).join(',')"#;
+    assert_eq!(
+        page.until(sends, |s| s == "bot-3 1 0 0").await,
+        "bot-3 1 0 0",
+        "the send counted for its bot (sent, queued, failed)"
     );
     // Mark this page: a reload would lose the mark.
     page.eval("window.__notReloaded = true").await;

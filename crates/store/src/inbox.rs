@@ -139,8 +139,37 @@ pub enum InboxOutcome {
 /// A bot's inbox at a glance.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InboxStats {
-    /// Entries waiting to be answered.
+    /// Entries waiting to be answered (sends from the backend among them).
     pub pending: u64,
     /// Entries given up on (kept until pruned).
     pub undeliverable: u64,
+    /// The bot's sends from the backend kept now (each is kept [`SEND_KEEP_MS`] after it
+    /// ends), by how they stand.
+    pub sends: SendCounts,
+}
+
+/// A bot's sends from the backend, by how they stand.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendCounts {
+    /// Waiting for, or in, their chat's turn.
+    pub queued: u64,
+    /// Sent.
+    pub sent: u64,
+    /// Given up on (the platform refused, or failing past the retry window).
+    pub failed: u64,
+}
+
+impl SendCounts {
+    /// Every send counted.
+    pub fn total(&self) -> u64 {
+        self.queued + self.sent + self.failed
+    }
+}
+
+impl std::ops::AddAssign for SendCounts {
+    fn add_assign(&mut self, o: Self) {
+        self.queued += o.queued;
+        self.sent += o.sent;
+        self.failed += o.failed;
+    }
 }

@@ -17,8 +17,8 @@ mod turns;
 
 pub use error::{Result, StoreError};
 pub use inbox::{
-    send_key, EntryKind, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, SEND_KEEP_MS,
-    SEND_KEY_PREFIX,
+    send_key, EntryKind, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, SendCounts,
+    SEND_KEEP_MS, SEND_KEY_PREFIX,
 };
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;

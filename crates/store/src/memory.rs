@@ -292,6 +292,13 @@ impl Store for MemoryStore {
                     InboxState::Undeliverable => s.undeliverable += 1,
                     InboxState::Done => {}
                 }
+                if e.key.starts_with(crate::SEND_KEY_PREFIX) {
+                    match e.state {
+                        InboxState::Pending => s.sends.queued += 1,
+                        InboxState::Done => s.sends.sent += 1,
+                        InboxState::Undeliverable => s.sends.failed += 1,
+                    }
+                }
             }
             if s != InboxStats::default() {
                 out.insert(bot.clone(), s);

@@ -850,16 +850,12 @@ impl Store for PostgresStore {
     async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
         let c = self.client().await?;
         let rows = c
-            .query(
-                "SELECT bot_id, state, COUNT(*)::BIGINT FROM inbox \
-                 WHERE state IN ('pending', 'undeliverable') GROUP BY bot_id, state",
-                &[],
-            )
+            .query(crate::schema::INBOX_STATS, &[])
             .await
             .map_err(db("inbox stats"))?;
         stats_from_rows(
             rows.iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .map(|r| (r.get(0), r.get(1), r.get::<_, i32>(2).into(), r.get(3)))
                 .collect(),
         )
     }

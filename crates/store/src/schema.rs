@@ -105,7 +105,19 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (bot_id, chat, name)
     );
     CREATE INDEX refs_by_expiry ON refs (expires_at_ms);",
+    // 13: sends from the backend counted per bot and state (`inbox_stats`) without reading
+    // every answered message the inbox keeps.
+    "CREATE INDEX inbox_sends ON inbox (bot_id, state) WHERE key >= 'send:' AND key < 'send;';",
 ];
+
+/// Per bot and state, `(bot, state, is_send, count)`: the pending and undeliverable entries
+/// (`is_send` 0), and the sends from the backend in every state (1, through `inbox_sends`).
+pub(crate) const INBOX_STATS: &str =
+    "SELECT bot_id, state, 0, COUNT(*) FROM inbox WHERE state IN ('pending', 'undeliverable') \
+     GROUP BY bot_id, state \
+     UNION ALL \
+     SELECT bot_id, state, 1, COUNT(*) FROM inbox WHERE key >= 'send:' AND key < 'send;' \
+     GROUP BY bot_id, state";
 
 /// Writes a turn's progress row (`$1` bot, `$2` progress key, `$3` fence, `$4` now, `$5` the
 /// progress).
@@ -405,20 +417,23 @@ impl InboxRow {
     }
 }
 
-/// Per-bot inbox counts from `(bot, state, count)` rows.
+/// Per-bot inbox counts from the `(bot, state, is_send, count)` rows of [`INBOX_STATS`].
 pub(crate) fn stats_from_rows(
-    rows: Vec<(String, String, i64)>,
+    rows: Vec<(String, String, i64, i64)>,
 ) -> crate::Result<std::collections::HashMap<botfleet_core::BotId, crate::InboxStats>> {
     let mut out: std::collections::HashMap<botfleet_core::BotId, crate::InboxStats> =
         std::collections::HashMap::new();
-    for (bot, state, n) in rows {
+    for (bot, state, is_send, n) in rows {
         let bot = botfleet_core::BotId::new(bot)
             .map_err(|e| crate::StoreError::Corrupt(e.to_string()))?;
         let s = out.entry(bot).or_default();
         let n = n.max(0).unsigned_abs();
-        match state.as_str() {
-            "pending" => s.pending = n,
-            "undeliverable" => s.undeliverable = n,
+        match (is_send != 0, state.as_str()) {
+            (false, "pending") => s.pending = n,
+            (false, "undeliverable") => s.undeliverable = n,
+            (true, "pending") => s.sends.queued = n,
+            (true, "done") => s.sends.sent = n,
+            (true, "undeliverable") => s.sends.failed = n,
             _ => {}
         }
     }

@@ -1064,16 +1064,13 @@ impl Store for SqliteStore {
     }
 
     async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
-        let rows: Vec<(String, String, i64)> = self
+        let rows: Vec<(String, String, i64, i64)> = self
             .read("inbox stats", |c| {
                 let mut st = c
-                    .prepare(
-                        "SELECT bot_id, state, COUNT(*) FROM inbox \
-                         WHERE state IN ('pending', 'undeliverable') GROUP BY bot_id, state",
-                    )
+                    .prepare(crate::schema::INBOX_STATS)
                     .map_err(|e| StoreError::backend("inbox stats", e))?;
                 let rows = st
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
                     .map_err(|e| StoreError::backend("inbox stats", e))?
                     .collect::<rusqlite::Result<Vec<_>>>()
                     .map_err(|e| StoreError::backend("inbox stats", e))?;

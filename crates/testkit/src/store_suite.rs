@@ -577,7 +577,8 @@ pub async fn inbox_records_once_in_order(s: Arc<dyn Store>) {
         stats.get(&bot),
         Some(&InboxStats {
             pending: 2,
-            undeliverable: 1
+            undeliverable: 1,
+            ..InboxStats::default()
         })
     );
     let bad = s.inbox_undeliverable(&bot, 10).await.unwrap();
@@ -696,6 +697,46 @@ pub async fn backend_sends_are_entries_found_again_by_their_key(s: Arc<dyn Store
     assert_eq!(hook_put(&s, &bot, &[send]).await, [false], "still known");
 }
 
+/// Sends from the backend are counted per bot by how they stand, beside the pending and
+/// undeliverable entries (a queued send counts among the pending); a bot with neither is not
+/// listed.
+pub async fn sends_are_counted_per_bot_by_state(s: Arc<dyn Store>) {
+    let bot = bid("cnt");
+    s.accept_fence(&bot, Fence(1)).await.unwrap();
+    let sends: Vec<InboxItem> = ["a", "b", "c"]
+        .iter()
+        .map(|k| InboxItem {
+            key: botfleet_store::send_key(k),
+            chat: "c1".into(),
+            message: r#"{"text":"x"}"#.into(),
+        })
+        .collect();
+    put(&s, &bot, &[item("e1", "c1"), item("e2", "c1")], 1).await;
+    hook_put(&s, &bot, &sends).await;
+    end(&s, &bot, "e1", InboxOutcome::Done, 1).await.unwrap();
+    end(&s, &bot, &sends[0].key, InboxOutcome::Done, 1)
+        .await
+        .unwrap();
+    let refused = InboxOutcome::Undeliverable("refused".into());
+    end(&s, &bot, &sends[1].key, refused, 1).await.unwrap();
+    let quiet = bid("quiet");
+    s.accept_fence(&quiet, Fence(1)).await.unwrap();
+    put(&s, &quiet, &[item("e9", "c1")], 1).await;
+    end(&s, &quiet, "e9", InboxOutcome::Done, 1).await.unwrap();
+    let stats = s.inbox_stats().await.unwrap();
+    let want = InboxStats {
+        pending: 2,
+        undeliverable: 1,
+        sends: botfleet_store::SendCounts {
+            queued: 1,
+            sent: 1,
+            failed: 1,
+        },
+    };
+    assert_eq!(stats.get(&bot), Some(&want));
+    assert_eq!(stats.get(&quiet), None);
+}
+
 /// A worker that lost the bot can neither record nor end entries.
 pub async fn inbox_writes_are_fenced(s: Arc<dyn Store>) {
     let bot = bid("b1");
@@ -750,7 +791,8 @@ pub async fn inbox_prune_forgets_finished_entries(s: Arc<dyn Store>) {
         stats[&bot],
         InboxStats {
             pending: 1,
-            undeliverable: 1
+            undeliverable: 1,
+            ..InboxStats::default()
         }
     );
     assert_eq!(s.inbox_prune(future, future).await.unwrap(), 1);
@@ -1398,6 +1440,7 @@ macro_rules! store_conformance {
             inbox_records_once_in_order,
             entry_sequences_are_arrival_times,
             backend_sends_are_entries_found_again_by_their_key,
+            sends_are_counted_per_bot_by_state,
             inbox_writes_are_fenced,
             inbox_prune_forgets_finished_entries,
             app_tokens_round_trip_and_stay_secret,

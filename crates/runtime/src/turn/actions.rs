@@ -300,14 +300,21 @@ pub(super) async fn run(
     }
     end.notes = (!p.notes.is_empty()).then(|| p.notes.join("; "));
     end.refs = p.refs;
+    let mut outcome = InboxOutcome::Done;
     if botfleet_store::InboxEntry::kind_of(end.key) == botfleet_store::EntryKind::Send {
         // What a send from the backend made, for its status.
         let ids = serde_json::to_string(&p.ids).unwrap_or_else(|_| "[]".into());
         end.refs.push((sent_name(end.key), ids));
+        if p.ids.is_empty() {
+            if let Some(why) = &end.notes {
+                // Every action it had was refused: the send failed (and is counted so).
+                ctx.metrics.undeliverable(ctx.platform);
+                outcome = InboxOutcome::Undeliverable(why.clone());
+            }
+        }
     }
     let sent = p.sent.then(Instant::now);
-    end.record(ctx, hold, slot, InboxOutcome::Done, sent, state)
-        .await
+    end.record(ctx, hold, slot, outcome, sent, state).await
 }
 
 /// Counts a refused action.
