@@ -858,6 +858,20 @@ async fn send_message(
                 "this Idempotency-Key was used for another send to this bot (another chat or body): the first stands".into(),
             ))
         }
+        Err(botfleet_runtime::SendError::UnknownChat(why)) => {
+            return Err(refuse(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_chat",
+                format!("{platform} knows no such chat: {why}"),
+            ))
+        }
+        Err(e @ botfleet_runtime::SendError::Platform(_)) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "platform_unavailable",
+                format!("not recorded, retry with the same key: {e}"),
+            ))
+        }
         Err(e) => {
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

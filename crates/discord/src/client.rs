@@ -201,6 +201,27 @@ impl DiscordClient {
         serde_json::from_value(v).map_err(|e| DiscordError::Malformed(format!("gateway/bot: {e}")))
     }
 
+    /// `GET /channels/{channel}`: the id of the guild the channel is in (`None` for a DM or a
+    /// group DM).
+    ///
+    /// # Errors
+    /// As [`DiscordClient::me`]; 403/404 are [`DiscordError::Rejected`].
+    pub async fn channel_guild(
+        &self,
+        api: &DiscordApi,
+        channel: &str,
+    ) -> Result<Option<String>, DiscordError> {
+        check_snowflakes("get channel", &[channel])?;
+        let v = self
+            .call(
+                api,
+                "get channel",
+                self.http.get(format!("{}/channels/{channel}", api.base)),
+            )
+            .await?;
+        Ok(v.get("guild_id").and_then(Value::as_str).map(str::to_owned))
+    }
+
     /// `POST /channels/{channel}/messages` with `content`, answering `reply_to` when given.
     ///
     /// # Errors

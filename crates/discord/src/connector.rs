@@ -74,6 +74,24 @@ pub struct DiscordConnector {
     client: DiscordClient,
     gate: Arc<dyn IdentifyGate>,
     counters: Arc<Counters>,
+    /// Channel → its guild (`None`: a DM), as Discord answered.
+    guilds: Arc<Mutex<HashMap<String, Option<String>>>>,
+}
+
+/// Channels whose guilds are remembered at most (forgotten all at once past it).
+const GUILDS_REMEMBERED: usize = 100_000;
+
+/// The shard Discord routes a guild's events to, on `total` shards: `(guild_id >> 22) %
+/// total`; a DM's (no guild) come on shard 0.
+pub fn shard_of_guild(guild: Option<&str>, total: u32) -> u32 {
+    let Some(id) = guild.and_then(|g| g.parse::<u64>().ok()) else {
+        return 0;
+    };
+    u32::try_from((id >> 22) % u64::from(total.max(1))).unwrap_or(0)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl DiscordConnector {
@@ -86,6 +104,7 @@ impl DiscordConnector {
             client: DiscordClient::new(config)?,
             gate,
             counters: Arc::new(Counters::default()),
+            guilds: Arc::default(),
         })
     }
 
@@ -137,6 +156,29 @@ impl Connector for DiscordConnector {
     async fn recommended_shards(&self, spec: &BotSpec) -> Result<Option<u32>, PlatformError> {
         let info = self.client.gateway_bot(&Self::api(spec)).await?;
         Ok(Some(info.shards.max(1)))
+    }
+
+    async fn shard_of_chat(
+        &self,
+        spec: &BotSpec,
+        chat: &str,
+        total: u32,
+    ) -> Result<Option<u32>, PlatformError> {
+        // A channel never changes guilds: asked once per channel while this process lasts.
+        let known = lock(&self.guilds).get(chat).cloned();
+        let guild = match known {
+            Some(g) => g,
+            None => {
+                let g = self.client.channel_guild(&Self::api(spec), chat).await?;
+                let mut guilds = lock(&self.guilds);
+                if guilds.len() >= GUILDS_REMEMBERED {
+                    guilds.clear();
+                }
+                guilds.insert(chat.to_owned(), g.clone());
+                g
+            }
+        };
+        Ok(Some(shard_of_guild(guild.as_deref(), total)))
     }
 
     async fn connect(

@@ -7,8 +7,9 @@
 //! and a count of sessions attached per shard (two at once is a failure of the host).
 //!
 //! Bots are registered with [`FakeDiscordState::add_bot`]; a user writes with
-//! [`FakeDiscordState::user_writes`], which this fake routes to shard `channel % shards`
-//! (Discord routes by guild; here every channel is its own guild). Sessions live for the
+//! [`FakeDiscordState::user_writes`], which this fake routes as Discord does, by guild:
+//! every channel is its own guild, [`guild_of`] it, so it lands on shard `channel % shards`.
+//! `GET /channels/{id}` names a channel's guild. Sessions live for the
 //! fake's life, so a host killed mid-session can RESUME, as Discord allows for a while.
 
 use std::{
@@ -174,6 +175,12 @@ impl std::fmt::Debug for FakeDiscordState {
     }
 }
 
+/// The guild of `channel` here: `channel << 22`, so that Discord's routing,
+/// `(guild_id >> 22) % shards`, sends it to shard `channel % shards`.
+pub fn guild_of(channel: u64) -> u64 {
+    channel << 22
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -245,7 +252,7 @@ impl FakeDiscordState {
     pub fn user_writes(&self, token: &str, channel: u64, text: &str) -> String {
         let id = self.id().to_string();
         let d = json!({
-            "id": id, "channel_id": channel.to_string(), "guild_id": channel.to_string(),
+            "id": id, "channel_id": channel.to_string(), "guild_id": guild_of(channel).to_string(),
             "author": {"id": "4242", "username": "user"}, "content": text,
         });
         self.user_dispatch(token, channel, "MESSAGE_CREATE", d);
@@ -262,7 +269,7 @@ impl FakeDiscordState {
             *last
         };
         let d = json!({
-            "id": id, "channel_id": channel.to_string(), "guild_id": channel.to_string(),
+            "id": id, "channel_id": channel.to_string(), "guild_id": guild_of(channel).to_string(),
             "author": {"id": "4242", "username": "user"}, "content": text,
             "edited_timestamp": crate::inbound::iso_of_unix_ms(at),
         });
@@ -276,7 +283,8 @@ impl FakeDiscordState {
             let Some(b) = bots.get(token) else {
                 return;
             };
-            let shard = u32::try_from(channel % u64::from(b.shards)).unwrap_or(0);
+            let guild = guild_of(channel).to_string();
+            let shard = crate::shard_of_guild(Some(&guild), b.shards);
             (shard, b.current.get(&shard).cloned())
         };
         match session {
@@ -527,6 +535,29 @@ async fn gateway_bot(State(s): State<FakeDiscordState>, headers: HeaderMap) -> R
             .into_response()
         }
         None => unauthorized(),
+    }
+}
+
+/// `GET /channels/{id}`: a guild text channel (every channel is its own guild here); an id
+/// that is not a snowflake is Discord's 404 `10003` (Unknown Channel).
+async fn get_channel(
+    State(s): State<FakeDiscordState>,
+    Path(channel): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if s.auth(&headers).is_none() {
+        return unauthorized();
+    }
+    match channel.parse::<u64>() {
+        Ok(id) => Json(json!({
+            "id": channel, "type": 0, "guild_id": guild_of(id).to_string(),
+        }))
+        .into_response(),
+        Err(_) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"message": "Unknown Channel", "code": 10003})),
+        )
+            .into_response(),
     }
 }
 
@@ -966,6 +997,7 @@ pub fn app(state: FakeDiscordState) -> Router {
     Router::new()
         .route("/api/v10/users/@me", get(me))
         .route("/api/v10/gateway/bot", get(gateway_bot))
+        .route("/api/v10/channels/{channel}", get(get_channel))
         .route("/api/v10/channels/{channel}/messages", post(create_message))
         .route(
             "/api/v10/channels/{channel}/messages/{id}",

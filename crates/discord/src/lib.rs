@@ -21,7 +21,7 @@ mod outbound;
 
 pub use client::{DiscordApi, DiscordClient, GatewayInfo, DEFAULT_API_URL};
 pub use config::DiscordConfig;
-pub use connector::{DiscordConnector, IdentifyGate, LocalGate};
+pub use connector::{shard_of_guild, DiscordConnector, IdentifyGate, LocalGate};
 pub use descriptor::DESCRIPTOR;
 pub use error::DiscordError;
 pub use gateway::{Checkpoint, ShardSession, INTENTS};

@@ -83,6 +83,23 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// The shard whose session receives the events of `chat`, for a bot on `total` shards
+    /// (Discord: the shard of the channel's guild, shard 0 for a direct message); `None` for a
+    /// platform without shards.
+    ///
+    /// # Errors
+    /// As [`Connector::verify`]; [`ErrorKind::Rejected`](crate::ErrorKind::Rejected) when the
+    /// platform knows no such chat (or the bot cannot see it).
+    async fn shard_of_chat(
+        &self,
+        spec: &BotSpec,
+        chat: &str,
+        total: u32,
+    ) -> Result<Option<u32>, PlatformError> {
+        let _ = (spec, chat, total);
+        Ok(None)
+    }
+
     /// Checks the bot's credentials with the platform.
     ///
     /// # Errors

@@ -23,7 +23,7 @@ use std::{
 
 use botfleet_coord::{Coordinator, WorkerCommand};
 use botfleet_core::{BotId, BotSpec, Platform, WorkerId};
-use botfleet_platform::Connector;
+use botfleet_platform::{Connector, ErrorKind};
 use botfleet_store::{send_key, InboxItem, InboxState, Store, StoreError};
 use tokio::sync::Notify;
 use tracing::debug;
@@ -40,6 +40,13 @@ pub enum SendError {
     /// The key was used before for another chat or body: the first send stands.
     #[error("this Idempotency-Key was used for another send to this bot")]
     KeyReused,
+    /// The platform knows no such chat (or the bot cannot see it): a bot in slices asks it
+    /// where a chat's events come from.
+    #[error("the platform knows no such chat: {0}")]
+    UnknownChat(String),
+    /// The platform could not say where the chat's events come from (a bot in slices).
+    #[error("cannot ask the platform where the chat is: {0}")]
+    Platform(String),
 }
 
 /// A send from the backend as its client sees it.
@@ -63,7 +70,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// What [`Sends::submit`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submitted {
-    /// The unit whose journal holds the entry (the bot, or slice 0 of a bot in slices).
+    /// The unit whose journal holds the entry (the bot, or for a bot in slices its chat's slice).
     pub unit: BotId,
     /// The entry's key: `send:` and the hashed `Idempotency-Key`.
     pub key: String,
@@ -132,12 +139,27 @@ impl Sends {
         body: &str,
     ) -> Result<Submitted, SendError> {
         let i = &self.inner;
-        let unit = unit_of(spec);
         let item = InboxItem {
             key: send_key(idempotency_key),
             chat: chat.to_owned(),
             message: body.to_owned(),
         };
+        let unit = self.unit_for(spec, chat).await?;
+        if spec.is_sliced() {
+            // The key may be known on another slice (another chat's): the first send stands.
+            for other in spec.units().iter().map(|u| &u.id).filter(|u| **u != unit) {
+                if let Some(first) = i.store.inbox_entry(other, &item.key).await? {
+                    if first.chat == item.chat && same_body(&first.message, &item.message) {
+                        return Ok(Submitted {
+                            unit: other.clone(),
+                            key: item.key,
+                            new: false,
+                        });
+                    }
+                    return Err(SendError::KeyReused);
+                }
+            }
+        }
         let webhook = i
             .connectors
             .get(&spec.platform)
@@ -181,9 +203,16 @@ impl Sends {
             return Ok(None);
         }
         let i = &self.inner;
-        let unit = unit_of(spec);
         let key = format!("{}{id}", botfleet_store::SEND_KEY_PREFIX);
-        let Some(e) = i.store.inbox_entry(&unit, &key).await? else {
+        // A bot in slices journals each send on the slice of its chat.
+        let mut found = None;
+        for unit in spec.units().into_iter().map(|u| u.id) {
+            if let Some(e) = i.store.inbox_entry(&unit, &key).await? {
+                found = Some((unit, e));
+                break;
+            }
+        }
+        let Some((unit, e)) = found else {
             return Ok(None);
         };
         let platform_ids: Vec<String> = if e.state == InboxState::Pending {
@@ -212,6 +241,26 @@ impl Sends {
             platform_ids,
             reason,
         }))
+    }
+
+    /// The unit whose turns answer `chat`: the bot, or for a bot in slices the slice running
+    /// the shard that `chat`'s events come on (so a send takes its place behind the chat's
+    /// messages, and finds the refs its turns gave).
+    async fn unit_for(&self, spec: &BotSpec, chat: &str) -> Result<BotId, SendError> {
+        let (Some(total), Some(k)) = (
+            spec.shard_total(),
+            spec.options.shards_per_slice.filter(|k| *k > 0),
+        ) else {
+            return Ok(spec.id.clone());
+        };
+        let Some(c) = self.inner.connectors.get(&spec.platform) else {
+            return Ok(spec.id.slice(0));
+        };
+        match c.shard_of_chat(spec, chat, total).await {
+            Ok(shard) => Ok(spec.id.slice(shard.unwrap_or(0) / k)),
+            Err(e) if e.kind() == ErrorKind::Rejected => Err(SendError::UnknownChat(e.to_string())),
+            Err(e) => Err(SendError::Platform(e.to_string())),
+        }
     }
 
     /// Tells the unit's owner, if it has a live one, that `chat` has an entry journaled.
@@ -248,16 +297,6 @@ fn same_body(a: &str, b: &str) -> bool {
     ) {
         (Ok(x), Ok(y)) => x == y,
         _ => a == b,
-    }
-}
-
-/// The unit whose journal a send to `spec`'s bot goes in: the bot, or slice 0 of a bot in
-/// slices (which then sends it; the chat's order is kept among the sends).
-fn unit_of(spec: &BotSpec) -> BotId {
-    if spec.is_sliced() {
-        spec.id.slice(0)
-    } else {
-        spec.id.clone()
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use botfleet_core::{BotId, BotSpec, Platform};
+use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform};
 use botfleet_discord::fake::FakeDiscord;
 use botfleet_testkit::{connector_suite::Harness, wait_for};
 
@@ -408,4 +408,82 @@ async fn an_auto_sliced_bot_is_not_counted_again_while_an_old_slice_is_held() {
     .await;
     assert_eq!(fake.state().max_sessions_per_shard(T), 1);
     a.shutdown().await;
+}
+
+/// A send from the backend to a channel of a bot in slices joins the turns of the slice whose
+/// shard receives that channel (Discord routes by guild), wherever it is accepted: it waits
+/// behind the reply in progress there and goes out after it, once, its status found through
+/// either worker; a repeat of its key is known through the other worker; a chat Discord
+/// cannot have is refused as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_to_a_bot_in_slices_joins_its_channels_slice() {
+    const T: &str = "DISCORD.sends.SECRET";
+    let fake = FakeDiscord::start().await.unwrap();
+    fake.state().add_bot(T, 8, 8);
+    let (hook, server) = botfleet_testkit::connector_suite::slow_hook().await;
+    let mut spec = BotSpec::new(BotId::new("sliced-sends").unwrap(), Platform::Discord, T);
+    spec.options.api_url = Some(fake.url());
+    spec.options.shards = Some(8);
+    spec.options.shards_per_slice = Some(2);
+    spec.handler = HandlerSpec::Webhook {
+        url: hook,
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    let (a, b) = (h.start("a"), h.start("b"));
+    wait_for("every shard connected", Duration::from_secs(30), || async {
+        (fake.state().connected_shards(T) == 8).then_some(())
+    })
+    .await;
+    // Channel 5 comes on shard 5, which slice 2 runs.
+    let slice = spec.id.slice(2);
+    fake.state().user_writes(T, 5, "slow-5");
+    let store = h.store().clone();
+    wait_for(
+        "the message journaled on its slice",
+        Duration::from_secs(10),
+        || async {
+            let p = store.inbox_pending(&slice, 10).await.ok()?;
+            (!p.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let body = serde_json::json!({ "text": "desk 5" }).to_string();
+    let sent = a.sends.submit(&spec, "5", "desk-5", &body).await.unwrap();
+    assert!(sent.new);
+    assert_eq!(sent.unit, slice, "journaled on the channel's slice");
+    let in_five = || -> Vec<String> {
+        fake.state()
+            .sent_by(T)
+            .into_iter()
+            .filter(|p| p.channel == "5")
+            .map(|p| p.content)
+            .collect()
+    };
+    wait_for("both out", Duration::from_secs(20), || async {
+        (in_five().len() >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        in_five(),
+        ["slow-5", "desk 5"],
+        "after the reply in progress"
+    );
+    let status = wait_for("the send's status", Duration::from_secs(10), || async {
+        let st = b.sends.status(&spec, sent.id()).await.ok()??;
+        (st.status != "queued").then_some(st)
+    })
+    .await;
+    assert_eq!(status.status, "sent", "{status:?}");
+    let again = b.sends.submit(&spec, "5", "desk-5", &body).await.unwrap();
+    assert!(!again.new && again.unit == slice, "{again:?}");
+    let refused = a.sends.submit(&spec, "no-channel", "desk-x", &body).await;
+    assert!(
+        matches!(refused, Err(botfleet_runtime::SendError::UnknownChat(_))),
+        "{refused:?}"
+    );
+    assert_eq!(in_five().len(), 2, "nothing sent twice");
+    a.shutdown().await;
+    b.shutdown().await;
+    server.abort();
 }

@@ -322,8 +322,9 @@ impl Harness {
     }
 }
 
-/// A tenant's webhook: answers the text, after 1 s for texts starting with `slow`.
-pub(crate) async fn slow_hook() -> (String, JoinHandle<()>) {
+/// A tenant's webhook: answers the text, after 1 s for texts starting with `slow`. Its URL,
+/// and the task serving it.
+pub async fn slow_hook() -> (String, JoinHandle<()>) {
     use axum::{routing::post, Json, Router};
     let app = Router::new().route(
         "/hook",

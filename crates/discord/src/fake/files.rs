@@ -118,7 +118,7 @@ impl FakeDiscordState {
         let size = data.len();
         lock(&self.inner.attachments).insert(att.clone(), (data, 0));
         let d = json!({
-            "id": id, "channel_id": channel.to_string(), "guild_id": channel.to_string(),
+            "id": id, "channel_id": channel.to_string(), "guild_id": super::guild_of(channel).to_string(),
             "author": {"id": "4242", "username": "user"}, "content": text,
             "attachments": [{"id": att, "filename": name, "content_type": mime, "size": size,
                 "url": format!("{base}/attachments/{channel}/{att}/{name}?ex=1&is=1&hm=fake"),

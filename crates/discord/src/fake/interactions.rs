@@ -163,7 +163,7 @@ impl FakeDiscordState {
         let mut d = json!({
             "id": id, "application_id": app, "type": if command { 2 } else { 3 },
             "token": itoken, "version": 1, "channel_id": channel.to_string(),
-            "guild_id": channel.to_string(),
+            "guild_id": super::guild_of(channel).to_string(),
             "member": {"user": {"id": "4242", "username": "user"}},
         });
         for (k, v) in data.as_object().into_iter().flatten() {
