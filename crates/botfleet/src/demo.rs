@@ -67,6 +67,8 @@ struct DemoWorker {
     hooks_url: String,
     hooks_task: JoinHandle<()>,
     alive: bool,
+    /// Sends from the backend through it.
+    sends: botfleet_runtime::Sends,
 }
 
 /// One demo bot: which platform, its tokens.
@@ -100,6 +102,7 @@ async fn start_worker(
     let mut worker = Worker::new(cfg, Arc::new(handle.clone()) as Arc<dyn Coordinator>, store)?
         .with_journal(journal.clone());
     let metrics = worker.metrics();
+    let sends = worker.sends();
     let (hooks_addr, hooks_task) = botfleet_runtime::http::serve_router(
         "127.0.0.1:0".parse().context("loopback")?,
         worker.hooks().router(),
@@ -126,6 +129,7 @@ async fn start_worker(
         hooks_url: format!("http://{hooks_addr}"),
         hooks_task,
         alive: true,
+        sends,
     })
 }
 
@@ -359,25 +363,6 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     let hub = MemoryHub::new();
     let lease = Duration::from_millis(a.lease_ms);
     let journal = Journal::new(botfleet_runtime::JOURNAL_CAPACITY);
-    // The live page and the API, over the demo's own registry and coordination.
-    let probe: Arc<dyn Coordinator> = Arc::new(hub.coordinator());
-    let router = crate::api::routes(crate::api::ApiState {
-        registry: crate::registry::Registry {
-            store: store.clone(),
-            fleet: Some(probe.clone()),
-        },
-        coord: probe,
-        mode: "demo",
-        journal: journal.clone(),
-        token_digest: None,
-        fleet_cache: Default::default(),
-        sends: None,
-        metrics: None,
-    });
-    let (addr, http_task) = botfleet_runtime::http::serve_router(a.http_addr, router)
-        .await
-        .with_context(|| format!("binding {} (--http-addr)", a.http_addr))?;
-    println!("watch it live: http://{addr}/");
     let balancer = Balancer::default();
     let (public_url, balancer_task) = serve_balancer(balancer.clone()).await?;
     let mut ws = Vec::new();
@@ -394,6 +379,26 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             .await?,
         );
     }
+    // The live page and the API, over the demo's own registry and coordination; sends from
+    // the backend go through worker-0 (the run kills worker-1).
+    let probe: Arc<dyn Coordinator> = Arc::new(hub.coordinator());
+    let router = crate::api::routes(crate::api::ApiState {
+        registry: crate::registry::Registry {
+            store: store.clone(),
+            fleet: Some(probe.clone()),
+        },
+        coord: probe,
+        mode: "demo",
+        journal: journal.clone(),
+        token_digest: None,
+        fleet_cache: Default::default(),
+        sends: Some(ws[0].sends.clone()),
+        metrics: None,
+    });
+    let (addr, http_task) = botfleet_runtime::http::serve_router(a.http_addr, router)
+        .await
+        .with_context(|| format!("binding {} (--http-addr)", a.http_addr))?;
+    println!("watch it live: http://{addr}/");
     balancer.set(ws.iter().map(|w| w.hooks_url.clone()).collect());
     println!(
         "botfleet demo: {} bots ({} Telegram of which {webhook_bots} by webhook through a balancer to every worker, {slack_bots} Slack, {discord_bots} Discord of 2 shards), 3 workers, users writing {} msg/s for {} s, lease {} ms",

@@ -467,14 +467,42 @@ fn the_demo_runs_and_reports_nothing_lost() {
         }
     };
     // Still serving after the report.
-    let mut conn = std::net::TcpStream::connect(&page).unwrap();
-    std::io::Write::write_all(&mut conn, b"GET / HTTP/1.0\r\nHost: demo\r\n\r\n").unwrap();
-    let mut answer = String::new();
-    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    let answer = http_10(&page, "GET / HTTP/1.0\r\nHost: demo\r\n\r\n");
     assert!(
         answer.lines().next().is_some_and(|l| l.contains(" 200 ")),
         "{answer:.200}"
     );
+    // Its API takes sends from the backend, and they go out.
+    let body = r#"{"chat": "1001", "text": "from the desk"}"#;
+    let answer = http_10(
+        &page,
+        &format!(
+            "POST /api/v1/bots/demo-29/messages HTTP/1.0\r\nHost: demo\r\nContent-Type: application/json\r\nIdempotency-Key: demo-1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert!(
+        answer.lines().next().is_some_and(|l| l.contains(" 202 ")),
+        "{answer}"
+    );
+    let id = answer
+        .split("\"id\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap()
+        .to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = http_10(
+            &page,
+            &format!("GET /api/v1/bots/demo-29/messages/{id} HTTP/1.0\r\nHost: demo\r\n\r\n"),
+        );
+        if status.contains("\"status\":\"sent\"") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Ctrl-C ends it, with the run's verdict as its exit status.
     let kill = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -1454,4 +1482,13 @@ async fn the_worker_takes_its_tuning_flags() {
         assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
         assert!(err.contains(flag), "{flag}: {err}");
     }
+}
+
+/// One HTTP/1.0 exchange with `addr`: the whole answer.
+fn http_10(addr: &str, request: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(&mut conn, request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    answer
 }
