@@ -11,6 +11,7 @@ mod journal;
 mod lock;
 pub mod metrics;
 mod platforms;
+mod reply_token;
 mod reporter;
 mod retry;
 mod sends;
