@@ -36,6 +36,59 @@ pub(crate) fn arg(name: &str) -> Option<String> {
     std::env::args().skip_while(|a| a != name).nth(1)
 }
 
+/// What [`offer`] did: when it began, how long offering took, the latencies (ms) of the
+/// requests answered as hoped, and how many were not.
+pub(crate) struct Offered {
+    pub(crate) start: Instant,
+    pub(crate) took: Duration,
+    pub(crate) accepted: Vec<f64>,
+    pub(crate) failed: usize,
+}
+
+/// An open-loop load: `total` requests at `rate` a second whatever the answers (at most 1,024
+/// in flight), request `i` made by `request(i)` (true when answered as hoped), each timed;
+/// waits until every one is answered.
+pub(crate) async fn offer<F, Fut>(total: usize, rate: f64, request: F) -> anyhow::Result<Offered>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    let accepted: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(1_024));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let permit = gate.clone().acquire_owned().await?;
+        let (accepted, failed, call) = (accepted.clone(), failed.clone(), request(i));
+        tasks.spawn(async move {
+            let t = Instant::now();
+            if call.await {
+                accepted
+                    .lock()
+                    .unwrap()
+                    .push(t.elapsed().as_secs_f64() * 1e3);
+            } else {
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    let took = start.elapsed();
+    while tasks.join_next().await.is_some() {}
+    let mut accepted = accepted.lock().unwrap().clone();
+    accepted.sort_by(f64::total_cmp);
+    Ok(Offered {
+        start,
+        took,
+        accepted,
+        failed: failed.load(std::sync::atomic::Ordering::Relaxed),
+    })
+}
+
 pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -228,38 +281,28 @@ pub(crate) async fn throughput() -> anyhow::Result<()> {
     let warm = fake.state().sent_count();
     let total = (rate * seconds) as usize;
     let sent_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let acks: Arc<Mutex<Vec<f64>>> = Arc::default();
-    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(1_024));
     let pids: Vec<u32> = procs.iter().map(|p| p.0.id()).collect();
     let cpu0: u64 = pids.iter().map(|p| crate::cpu_ticks(*p)).sum();
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(i as f64 / rate);
-        tokio::time::sleep_until(due.into()).await;
-        let permit = gate.clone().acquire_owned().await?;
-        let (http, h) = (http.clone(), hooks[i % hooks.len()].clone());
-        let (sent_at, acks, failures) = (sent_at.clone(), acks.clone(), failures.clone());
-        tasks.spawn(async move {
+    let run = offer(total, rate, |i| {
+        let (http, h, sent_at) = (
+            http.clone(),
+            hooks[i % hooks.len()].clone(),
+            sent_at.clone(),
+        );
+        async move {
             let id = i + 1;
-            let bot = i % BOTS;
-            let chat = (i / BOTS) % CHATS;
-            let t = Instant::now();
-            sent_at.lock().unwrap().insert(id.to_string(), t);
-            match post(&http, &h, bot, chat, id).await {
-                Ok(200) => acks.lock().unwrap().push(t.elapsed().as_secs_f64() * 1e3),
-                _ => {
-                    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-            drop(permit);
-        });
-        while tasks.try_join_next().is_some() {}
-    }
-    let offered = start.elapsed();
-    while tasks.join_next().await.is_some() {}
-    let want = warm + total - failures.load(std::sync::atomic::Ordering::Relaxed);
+            sent_at
+                .lock()
+                .unwrap()
+                .insert(id.to_string(), Instant::now());
+            post(&http, &h, i % BOTS, (i / BOTS) % CHATS, id)
+                .await
+                .is_ok_and(|s| s == 200)
+        }
+    })
+    .await?;
+    let (start, offered, failures) = (run.start, run.took, run.failed);
+    let want = warm + total - failures;
     let actions = handler_kind == "actions";
     // What marks an update answered: its reply, or (actions) the edit of its reply.
     let answers = || -> Vec<(String, Instant)> {
@@ -304,8 +347,7 @@ pub(crate) async fn throughput() -> anyhow::Result<()> {
     let last = sent.iter().map(|s| s.1).max().unwrap_or(start);
     let elapsed = (last - start).as_secs_f64();
     lat.sort_by(f64::total_cmp);
-    let mut acks = acks.lock().unwrap().clone();
-    acks.sort_by(f64::total_cmp);
+    let acks = run.accepted;
     let mut window = (0.0, 0u64);
     for i in 0..hooks.len() {
         if let Some((s, c)) = outbox_window(&http, i).await {
@@ -320,7 +362,7 @@ pub(crate) async fn throughput() -> anyhow::Result<()> {
         total as f64 / offered.as_secs_f64(),
         offered.as_secs_f64(),
         lat.len(),
-        failures.load(std::sync::atomic::Ordering::Relaxed),
+        failures,
         lat.len() as f64 / elapsed,
         lat.len() as f64 / elapsed / workers as f64,
         pct(&lat, 0.5),

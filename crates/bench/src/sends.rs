@@ -83,48 +83,30 @@ pub(crate) async fn api_sends() -> anyhow::Result<()> {
         .build()?;
     let total = (rate * seconds) as usize;
     let posted_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let accepted: Arc<Mutex<Vec<f64>>> = Arc::default();
-    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(1_024));
     let pids: Vec<u32> = procs.iter().map(|p| p.0.id()).collect();
     let cpu0: u64 = pids.iter().map(|p| crate::cpu_ticks(*p)).sum();
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(i as f64 / rate);
-        tokio::time::sleep_until(due.into()).await;
-        let permit = gate.clone().acquire_owned().await?;
-        let (http, api) = (http.clone(), apis[i % apis.len()].clone());
-        let (posted_at, accepted, failures) =
-            (posted_at.clone(), accepted.clone(), failures.clone());
-        tasks.spawn(async move {
+    let run = crate::hooks::offer(total, rate, |i| {
+        let (http, api, posted_at) = (
+            http.clone(),
+            apis[i % apis.len()].clone(),
+            posted_at.clone(),
+        );
+        async move {
             let text = format!("m{i}");
             let body = serde_json::json!({"chat": (1_000 + (i / BOTS) % CHATS).to_string(),
                 "text": text});
-            let t = Instant::now();
-            posted_at.lock().unwrap().insert(text, t);
+            posted_at.lock().unwrap().insert(text, Instant::now());
             let r = http
                 .post(format!("{api}/api/v1/bots/s{}/messages", i % BOTS))
                 .header("idempotency-key", format!("bench-{i}"))
                 .json(&body)
                 .send()
                 .await;
-            match r.map(|r| r.status().as_u16()) {
-                Ok(202) => accepted
-                    .lock()
-                    .unwrap()
-                    .push(t.elapsed().as_secs_f64() * 1e3),
-                _ => {
-                    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-            drop(permit);
-        });
-        while tasks.try_join_next().is_some() {}
-    }
-    let offered = start.elapsed();
-    while tasks.join_next().await.is_some() {}
-    let refused = failures.load(std::sync::atomic::Ordering::Relaxed);
+            r.is_ok_and(|r| r.status().as_u16() == 202)
+        }
+    })
+    .await?;
+    let (start, offered, refused) = (run.start, run.took, run.failed);
     let want = total - refused;
     let t = Instant::now();
     loop {
@@ -148,8 +130,7 @@ pub(crate) async fn api_sends() -> anyhow::Result<()> {
     let last = sent.iter().map(|s| s.at).max().unwrap_or(start);
     let elapsed = (last - start).as_secs_f64();
     lat.sort_by(f64::total_cmp);
-    let mut acc = accepted.lock().unwrap().clone();
-    acc.sort_by(f64::total_cmp);
+    let acc = run.accepted;
     println!(
         "API sends, {workers} worker(s) x {threads} threads, {store_kind} store{}, {BOTS} polling bots x {CHATS} chats: offered {:.0}/s for {:.1} s, accepted {} ({refused} refused), sent {} at {:.0}/s ({:.0}/s per worker); request to 202 p50 {:.1} ms p99 {:.1} ms; request to sent p50 {:.1} ms p99 {:.1} ms; worker CPU {:.0} % of a core per 1,000 sends/s",
         if embedded { " (embedded, no Redis)" } else { " + Redis" },

@@ -462,12 +462,7 @@ fn a_bad_api_token_is_a_clear_error_at_start() {
 async fn the_cli_manages_bots_through_a_workers_api() {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot("7:SECRET-CLI");
-    let dir = Dir(std::env::temp_dir().join(format!("botfleet-api-{}", nonce())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let db = format!("sqlite://{}", dir.0.join("bots.db").display());
-    let token_file = dir.0.join("api-token");
-    std::fs::write(&token_file, API_TOKEN).unwrap();
-    let w = start_worker(&db, Some(&token_file));
+    let (dir, token_file, w) = token_worker();
     // The CLI runs elsewhere: no database of its own (none is created), only the API.
     let cwd = dir.0.join("cli");
     std::fs::create_dir_all(&cwd).unwrap();
@@ -622,18 +617,25 @@ async fn the_cli_manages_bots_through_a_workers_api() {
     );
 }
 
-/// An embedded worker with an API token, and the Telegram bot `id` of `token` on a fake,
-/// added through the API and polling: the fake, the worker's directory, the token's file, the
-/// worker and its API.
-async fn polling_bot(token: &str, id: &str) -> (FakeTelegram, Dir, PathBuf, Worker, Api) {
-    let fake = FakeTelegram::start().await.unwrap();
-    fake.state().add_bot(token);
+/// An embedded worker with an API token, in a directory of its own: the directory, the
+/// token's file, the worker.
+fn token_worker() -> (Dir, PathBuf, Worker) {
     let dir = Dir(std::env::temp_dir().join(format!("botfleet-api-{}", nonce())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let db = format!("sqlite://{}", dir.0.join("bots.db").display());
     let token_file = dir.0.join("api-token");
     std::fs::write(&token_file, API_TOKEN).unwrap();
     let w = start_worker(&db, Some(&token_file));
+    (dir, token_file, w)
+}
+
+/// An embedded worker with an API token, and the Telegram bot `id` of `token` on a fake,
+/// added through the API and polling: the fake, the worker's directory, the token's file, the
+/// worker and its API.
+async fn polling_bot(token: &str, id: &str) -> (FakeTelegram, Dir, PathBuf, Worker, Api) {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(token);
+    let (dir, token_file, w) = token_worker();
     let api = Api {
         http: reqwest::Client::new(),
         url: w.url.clone(),

@@ -182,8 +182,8 @@ impl BotSpec {
     /// What the fleet places and claims for this bot: the bot itself, or for a bot split
     /// into slices one spec per slice (id `{bot}#{k}`, `options.slice = Some(k)`).
     pub fn units(&self) -> Vec<BotSpec> {
-        match (self.shard_total(), self.options.shards_per_slice) {
-            (Some(s), Some(k)) if k > 0 => (0..s.div_ceil(k))
+        match self.slice_count() {
+            Some(n) => (0..n)
                 .map(|i| {
                     let mut u = self.clone();
                     u.id = self.id.slice(i);
@@ -191,7 +191,23 @@ impl BotSpec {
                     u
                 })
                 .collect(),
-            _ => vec![self.clone()],
+            None => vec![self.clone()],
+        }
+    }
+
+    /// The ids of [`BotSpec::units`], without copying the spec.
+    pub fn unit_ids(&self) -> Vec<BotId> {
+        match self.slice_count() {
+            Some(n) => (0..n).map(|i| self.id.slice(i)).collect(),
+            None => vec![self.id.clone()],
+        }
+    }
+
+    /// How many slices the bot runs as, when it is split into slices.
+    fn slice_count(&self) -> Option<u32> {
+        match (self.shard_total(), self.options.shards_per_slice) {
+            (Some(s), Some(k)) if k > 0 => Some(s.div_ceil(k)),
+            _ => None,
         }
     }
 

@@ -24,6 +24,7 @@ use tracing::warn;
 
 use crate::{
     gateway::{Checkpoint, Counters, Shard, ShardEvent},
+    lock,
     outbound::send,
     DiscordApi, DiscordClient, DiscordConfig, DiscordError,
 };
@@ -88,10 +89,6 @@ pub fn shard_of_guild(guild: Option<&str>, total: u32) -> u32 {
         return 0;
     };
     u32::try_from((id >> 22) % u64::from(total.max(1))).unwrap_or(0)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl DiscordConnector {

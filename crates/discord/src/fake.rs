@@ -36,6 +36,8 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::lock;
+
 mod files;
 mod interactions;
 pub use files::SentFile;
@@ -179,10 +181,6 @@ impl std::fmt::Debug for FakeDiscordState {
 /// `(guild_id >> 22) % shards`, sends it to shard `channel % shards`.
 pub fn guild_of(channel: u64) -> u64 {
     channel << 22
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl FakeDiscordState {

@@ -30,3 +30,8 @@ pub use inbound::iso_of_unix_ms;
 pub use inbound::{parse_edit, parse_message};
 pub use interactions::parse_interaction;
 pub use outbound::CAPS;
+
+/// The guard of `m`, also after a panic elsewhere poisoned it (what it guards stays usable).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

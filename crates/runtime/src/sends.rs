@@ -147,16 +147,16 @@ impl Sends {
         let unit = self.unit_for(spec, chat).await?;
         if spec.is_sliced() {
             // The key may be known on another slice (another chat's): the first send stands.
-            for other in spec.units().iter().map(|u| &u.id).filter(|u| **u != unit) {
-                if let Some(first) = i.store.inbox_entry(other, &item.key).await? {
-                    if first.chat == item.chat && same_body(&first.message, &item.message) {
-                        return Ok(Submitted {
-                            unit: other.clone(),
-                            key: item.key,
-                            new: false,
-                        });
+            for other in spec.unit_ids().into_iter().filter(|u| *u != unit) {
+                if let Some(first) = i.store.inbox_entry(&other, &item.key).await? {
+                    if !repeats(&first, &item) {
+                        return Err(SendError::KeyReused);
                     }
-                    return Err(SendError::KeyReused);
+                    return Ok(Submitted {
+                        unit: other,
+                        key: item.key,
+                        new: false,
+                    });
                 }
             }
         }
@@ -179,7 +179,7 @@ impl Sends {
         if !new {
             // A repeat: the same send, or a key reused for another.
             let first = i.store.inbox_entry(&unit, &item.key).await?;
-            if !first.is_some_and(|e| e.chat == item.chat && same_body(&e.message, &item.message)) {
+            if !first.is_some_and(|e| repeats(&e, &item)) {
                 return Err(SendError::KeyReused);
             }
         }
@@ -206,7 +206,7 @@ impl Sends {
         let key = format!("{}{id}", botfleet_store::SEND_KEY_PREFIX);
         // A bot in slices journals each send on the slice of its chat.
         let mut found = None;
-        for unit in spec.units().into_iter().map(|u| u.id) {
+        for unit in spec.unit_ids() {
             if let Some(e) = i.store.inbox_entry(&unit, &key).await? {
                 found = Some((unit, e));
                 break;
@@ -287,6 +287,12 @@ impl Sends {
             debug!(bot = %unit, error = %e, "cannot tell the unit's owner about a send; its next claim replays it");
         }
     }
+}
+
+/// Whether `first`, the entry a send's key names already, is that very send again (the same
+/// chat and body), not the key reused for another.
+fn repeats(first: &botfleet_store::InboxEntry, item: &InboxItem) -> bool {
+    first.chat == item.chat && same_body(&first.message, &item.message)
 }
 
 /// Whether two send bodies say the same (as JSON values: spacing and key order aside).

@@ -6,7 +6,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform};
+use botfleet_core::{BotId, BotSpec, Platform};
 use botfleet_discord::fake::FakeDiscord;
 use botfleet_testkit::{connector_suite::Harness, wait_for};
 
@@ -420,15 +420,11 @@ async fn a_send_to_a_bot_in_slices_joins_its_channels_slice() {
     const T: &str = "DISCORD.sends.SECRET";
     let fake = FakeDiscord::start().await.unwrap();
     fake.state().add_bot(T, 8, 8);
-    let (hook, server) = botfleet_testkit::connector_suite::slow_hook().await;
     let mut spec = BotSpec::new(BotId::new("sliced-sends").unwrap(), Platform::Discord, T);
     spec.options.api_url = Some(fake.url());
     spec.options.shards = Some(8);
     spec.options.shards_per_slice = Some(2);
-    spec.handler = HandlerSpec::Webhook {
-        url: hook,
-        secret: None,
-    };
+    let server = botfleet_testkit::connector_suite::answer_slowly(&mut spec).await;
     let h = Harness::new(std::slice::from_ref(&spec)).await;
     let (a, b) = (h.start("a"), h.start("b"));
     wait_for("every shard connected", Duration::from_secs(30), || async {

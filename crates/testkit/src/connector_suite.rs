@@ -346,6 +346,13 @@ pub async fn slow_hook() -> (String, JoinHandle<()>) {
     (url, task)
 }
 
+/// Points `bot`'s handler at a new [`slow_hook`]: the task serving it.
+pub async fn answer_slowly(bot: &mut BotSpec) -> JoinHandle<()> {
+    let (url, server) = slow_hook().await;
+    bot.handler = HandlerSpec::Webhook { url, secret: None };
+    server
+}
+
 /// Bot `bot` answering through the webhook handler at `url`, registered and run by worker
 /// `a`, once connected.
 async fn answered_by<F: PlatformFixture>(
@@ -516,11 +523,7 @@ pub async fn transient_send_faults_back_off<F: PlatformFixture>(f: &F) {
 /// Each chat's messages are answered once, in order; a slow chat does not hold up another.
 pub async fn chats_keep_order_and_do_not_wait_for_each_other<F: PlatformFixture>(f: &F) {
     let mut bot = f.bot(0);
-    let (hook, server) = slow_hook().await;
-    bot.handler = HandlerSpec::Webhook {
-        url: hook,
-        secret: None,
-    };
+    let server = answer_slowly(&mut bot).await;
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let w = h.start("w");
     connected(f).await;
@@ -565,11 +568,7 @@ pub async fn chats_keep_order_and_do_not_wait_for_each_other<F: PlatformFixture>
 /// the next owner sends it, once.
 pub async fn sends_from_the_backend_go_out_once_in_the_chats_order<F: PlatformFixture>(f: &F) {
     let mut bot = f.bot(0);
-    let (hook, server) = slow_hook().await;
-    bot.handler = HandlerSpec::Webhook {
-        url: hook,
-        secret: None,
-    };
+    let server = answer_slowly(&mut bot).await;
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let mut workers = vec![Some(h.start("a")), Some(h.start("b"))];
     connected(f).await;
@@ -655,11 +654,7 @@ pub(crate) async fn send_text(
 /// the inbox, and nothing is answered twice.
 pub async fn a_crash_mid_batch_replays_without_a_second_reply<F: PlatformFixture>(f: &F) {
     let mut bot = f.bot(0);
-    let (hook, server) = slow_hook().await;
-    bot.handler = HandlerSpec::Webhook {
-        url: hook,
-        secret: None,
-    };
+    let server = answer_slowly(&mut bot).await;
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let a = h.start("a");
     connected(f).await;
