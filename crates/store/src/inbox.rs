@@ -38,14 +38,7 @@ pub const SEND_KEEP_MS: i64 = 24 * 3_600_000;
 /// The journal key of a backend send under the client's `Idempotency-Key` (per bot: keys
 /// are a bot's own): the key hashed, so what a client chose is not stored as it is.
 pub fn send_key(idempotency_key: &str) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(idempotency_key.as_bytes());
-    let mut out = String::with_capacity(SEND_KEY_PREFIX.len() + 64);
-    out.push_str(SEND_KEY_PREFIX);
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    format!("{SEND_KEY_PREFIX}{}", crate::held::digest(idempotency_key))
 }
 
 /// Where an inbox entry is in its life.
@@ -143,6 +136,8 @@ pub struct InboxStats {
     pub pending: u64,
     /// Entries given up on (kept until pruned).
     pub undeliverable: u64,
+    /// Pending entries whose turn is held open for an answer that comes later.
+    pub held: u64,
     /// The bot's sends from the backend kept now (each is kept [`SEND_KEEP_MS`] after it
     /// ends), by how they stand.
     pub sends: SendCounts,

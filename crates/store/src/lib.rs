@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 mod error;
+mod held;
 mod inbox;
 mod memory;
 mod postgres;
@@ -16,6 +17,7 @@ mod store;
 mod turns;
 
 pub use error::{Result, StoreError};
+pub use held::{PostAnswer, PostedReply, ReplyPost, TurnHold};
 pub use inbox::{
     send_key, EntryKind, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, SendCounts,
     SEND_KEEP_MS, SEND_KEY_PREFIX,

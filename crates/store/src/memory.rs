@@ -31,6 +31,19 @@ struct State {
     sessions: BTreeMap<BotId, BTreeMap<(String, String), Vec<u8>>>,
     /// Fleet-wide secrets by name.
     secrets: HashMap<String, Vec<u8>>,
+    /// (bot, entry key) → its held turn and the parts posted to it.
+    held: BTreeMap<(BotId, String), Held>,
+}
+
+/// An entry's answer that comes later: the SQL backends' `held_until_ms`, `posts`,
+/// `posts_closed` and `replies` rows.
+#[derive(Debug, Default)]
+struct Held {
+    until_ms: Option<i64>,
+    posts: u64,
+    closed: bool,
+    /// (number, hashed key, body digest, part).
+    parts: Vec<(u64, String, String, crate::PostedReply)>,
 }
 
 impl State {
@@ -63,6 +76,22 @@ impl State {
                 true
             })
             .collect()
+    }
+
+    /// `Ok` while `fence` holds the chat's turn: the bot's accepted fence for a claim's
+    /// turn, the chat's for a chat's turn.
+    fn check_turn(&self, bot: &BotId, chat: &str, fence: crate::TurnFence) -> Result<()> {
+        match fence {
+            crate::TurnFence::Claim(f) => self.check_fence(bot, f),
+            crate::TurnFence::Chat(f) => match self.chats.get(&(bot.clone(), chat.to_owned())) {
+                Some((_, current, _)) if *current > f => Err(StoreError::StaleFence {
+                    bot: bot.clone(),
+                    offered: f,
+                    current: *current,
+                }),
+                _ => Ok(()),
+            },
+        }
     }
 
     fn check_fence(&self, id: &BotId, fence: Fence) -> Result<()> {
@@ -292,6 +321,13 @@ impl Store for MemoryStore {
                     InboxState::Undeliverable => s.undeliverable += 1,
                     InboxState::Done => {}
                 }
+                let held = st
+                    .held
+                    .get(&(bot.clone(), e.key.clone()))
+                    .is_some_and(|h| h.until_ms.is_some());
+                if held && e.state == InboxState::Pending {
+                    s.held += 1;
+                }
                 if e.key.starts_with(crate::SEND_KEY_PREFIX) {
                     match e.state {
                         InboxState::Pending => s.sends.queued += 1,
@@ -420,12 +456,83 @@ impl Store for MemoryStore {
             .outbox
             .get(bot)
             .is_some_and(|o| o.contains_key(&reply_key(key)));
+        let held_until_ms = st
+            .held
+            .get(&(bot.clone(), key.to_owned()))
+            .and_then(|h| h.until_ms);
         Ok(TurnView {
             entry,
             state,
             revision,
             sent,
+            held_until_ms,
         })
+    }
+
+    async fn turn_hold(&self, bot: &BotId, hold: &crate::TurnHold) -> Result<Option<i64>> {
+        let mut st = self.st();
+        st.check_turn(bot, &hold.chat, hold.fence)?;
+        let pending = st
+            .inbox
+            .get(bot)
+            .and_then(|i| i.get(&hold.key))
+            .is_some_and(|(e, _)| e.state == InboxState::Pending);
+        if !pending {
+            return Ok(None);
+        }
+        let h = st.held.entry((bot.clone(), hold.key.clone())).or_default();
+        Ok(Some(*h.until_ms.get_or_insert(hold.until_ms)))
+    }
+
+    async fn reply_post(&self, bot: &BotId, post: &crate::ReplyPost) -> Result<crate::PostAnswer> {
+        use crate::PostAnswer;
+        let mut st = self.st();
+        let now = botfleet_core::unix_ms();
+        let pending = match st.inbox.get(bot).and_then(|i| i.get(&post.key)) {
+            None => return Ok(PostAnswer::Unknown),
+            Some((e, _)) => e.state == InboxState::Pending,
+        };
+        let (key, digest) = (
+            crate::held::digest(&post.idempotency_key),
+            crate::held::digest(&post.body),
+        );
+        let h = st.held.entry((bot.clone(), post.key.clone())).or_default();
+        if let Some((seq, _, d, _)) = h.parts.iter().find(|(_, k, _, _)| *k == key) {
+            return Ok(crate::held::answer_again(*seq, d, &digest));
+        }
+        if !pending || h.closed || h.until_ms.is_some_and(|u| u <= now) {
+            return Ok(PostAnswer::Ended);
+        }
+        h.posts += 1;
+        h.closed = post.last;
+        let part = crate::PostedReply {
+            seq: h.posts,
+            body: post.body.clone(),
+            last: post.last,
+            posted_at_ms: now,
+        };
+        h.parts.push((h.posts, key, digest, part));
+        Ok(PostAnswer::Accepted(h.posts))
+    }
+
+    async fn posted_replies(
+        &self,
+        bot: &BotId,
+        key: &str,
+        after_seq: u64,
+    ) -> Result<Vec<crate::PostedReply>> {
+        Ok(self
+            .st()
+            .held
+            .get(&(bot.clone(), key.to_owned()))
+            .map(|h| {
+                h.parts
+                    .iter()
+                    .filter(|(seq, ..)| *seq > after_seq)
+                    .map(|(.., p)| p.clone())
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()> {
@@ -508,21 +615,7 @@ impl Store for MemoryStore {
 
     async fn turn_step(&self, bot: &BotId, step: &crate::TurnStep) -> Result<()> {
         let mut st = self.st();
-        let fence = step.fence.fence();
-        match step.fence.claim() {
-            Some(f) => st.check_fence(bot, f)?,
-            None => {
-                if let Some((_, current, _)) = st.chats.get(&(bot.clone(), step.chat.clone())) {
-                    if *current > fence {
-                        return Err(StoreError::StaleFence {
-                            bot: bot.clone(),
-                            offered: fence,
-                            current: *current,
-                        });
-                    }
-                }
-            }
-        }
+        st.check_turn(bot, &step.chat, step.fence)?;
         st.progress.insert(
             (bot.clone(), step.key.clone()),
             (step.progress.clone(), botfleet_core::unix_ms()),
@@ -579,6 +672,18 @@ impl Store for MemoryStore {
             sent.retain(|_, (_, at)| *at >= done_before_ms);
         }
         st.progress.retain(|_, (_, at)| *at >= done_before_ms);
+        let State { held, inbox, .. } = &mut *st;
+        held.retain(|(bot, key), h| {
+            let pending = inbox
+                .get(bot)
+                .and_then(|i| i.get(key))
+                .is_some_and(|(e, _)| e.state == InboxState::Pending);
+            if !pending {
+                h.parts.retain(|(.., p)| p.posted_at_ms >= done_before_ms);
+            }
+            // The counters go with the entry.
+            inbox.get(bot).is_some_and(|i| i.contains_key(key))
+        });
         let now = botfleet_core::unix_ms();
         st.refs.retain(|_, (_, exp)| *exp > now);
         Ok(gone)

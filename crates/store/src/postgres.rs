@@ -34,7 +34,8 @@ const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq
      FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
      ON CONFLICT DO NOTHING RETURNING key) \
      SELECT ARRAY(SELECT key FROM ins), i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
-     s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $9) \
+     s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $9), \
+     i.held_until_ms \
      FROM (SELECT 1 AS one) AS one \
      LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $7 \
      LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $8";
@@ -525,6 +526,7 @@ impl PostgresStore {
                 .unsigned_abs(),
             state: r.get(8),
             sent: r.get(9),
+            held_until_ms: r.get(10),
         };
         Ok((new, Some(view)))
     }
@@ -862,21 +864,26 @@ impl Store for PostgresStore {
 
     async fn inbox_prune(&self, done_before_ms: i64, undeliverable_before_ms: i64) -> Result<u64> {
         let c = self.client().await?;
-        c.execute(
-            "WITH sent AS (DELETE FROM outbox WHERE sent_at_ms < $1), \
+        let gone = c
+            .execute(
+                "WITH sent AS (DELETE FROM outbox WHERE sent_at_ms < $1), \
              old_refs AS (DELETE FROM refs WHERE expires_at_ms <= $3) \
              DELETE FROM inbox WHERE ((state = 'done' AND finished_at_ms < $1) \
              OR (state = 'undeliverable' AND finished_at_ms < $2)) \
              AND (substr(key, 1, 5) <> 'send:' OR finished_at_ms < $4)",
-            &[
-                &done_before_ms,
-                &undeliverable_before_ms,
-                &botfleet_core::unix_ms(),
-                &(botfleet_core::unix_ms() - crate::SEND_KEEP_MS),
-            ],
-        )
-        .await
-        .map_err(db("prune inbox"))
+                &[
+                    &done_before_ms,
+                    &undeliverable_before_ms,
+                    &botfleet_core::unix_ms(),
+                    &(botfleet_core::unix_ms() - crate::SEND_KEEP_MS),
+                ],
+            )
+            .await
+            .map_err(db("prune inbox"))?;
+        c.execute(crate::schema::REPLIES_PRUNE, &[&done_before_ms])
+            .await
+            .map_err(db("prune inbox"))?;
+        Ok(gone)
     }
 
     async fn session_write(
@@ -1049,7 +1056,145 @@ impl Store for PostgresStore {
                 .unsigned_abs(),
             state: r.get(7),
             sent: r.get(8),
+            held_until_ms: r.get(9),
         })
+    }
+
+    async fn turn_hold(&self, bot: &BotId, hold: &crate::TurnHold) -> Result<Option<i64>> {
+        let c = self.client().await?;
+        let fence = hold.fence.fence();
+        let claim = hold.fence.claim().is_some();
+        let row = c
+            .query_opt(
+                crate::schema::TURN_HOLD,
+                &[
+                    &bot.as_str(),
+                    &hold.key,
+                    &hold.chat,
+                    &fence_i64(fence),
+                    &hold.until_ms,
+                    &claim,
+                ],
+            )
+            .await
+            .map_err(db("hold a turn"))?;
+        if let Some(r) = row {
+            return Ok(Some(r.get(0)));
+        }
+        // Not written: a stale fence, or an entry that is not pending.
+        if claim {
+            let current = self.current_fence(&c, bot.as_str()).await?;
+            if current > fence {
+                return Err(StoreError::StaleFence {
+                    bot: bot.clone(),
+                    offered: fence,
+                    current,
+                });
+            }
+            return Ok(None);
+        }
+        let current: i64 = c
+            .query_opt(
+                "SELECT fence FROM chat_state WHERE bot_id = $1 AND chat = $2",
+                &[&bot.as_str(), &hold.chat],
+            )
+            .await
+            .map_err(db("hold a turn"))?
+            .map_or(0, |r| r.get(0));
+        if current > fence_i64(fence) {
+            return Err(StoreError::StaleFence {
+                bot: bot.clone(),
+                offered: fence,
+                current: Fence(current.max(0).unsigned_abs()),
+            });
+        }
+        Ok(None)
+    }
+
+    async fn reply_post(&self, bot: &BotId, post: &crate::ReplyPost) -> Result<crate::PostAnswer> {
+        use crate::PostAnswer;
+        let c = self.client().await?;
+        let (key, digest) = (
+            crate::held::digest(&post.idempotency_key),
+            crate::held::digest(&post.body),
+        );
+        // One statement: the entry's row is updated to number the part, so concurrent posts
+        // (many workers) queue on it and each sees the one before. Two posts of one key at
+        // once: the second's insert does nothing (and leaves a gap in the numbers), and it is
+        // answered as a repeat on the next round (a client posting one key with two bodies at
+        // once, one of them final, may so close the entry with no last part kept: it then
+        // expires).
+        for _ in 0..3 {
+            let r = c
+                .query_one(
+                    "WITH prior AS (SELECT seq, digest FROM replies \
+                       WHERE bot_id = $1 AND entry = $2 AND post_key = $3), \
+                     num AS (UPDATE inbox SET posts = posts + 1, posts_closed = $6 \
+                       WHERE bot_id = $1 AND key = $2 AND state = 'pending' AND NOT posts_closed \
+                       AND (held_until_ms IS NULL OR held_until_ms > $7) \
+                       AND NOT EXISTS (SELECT 1 FROM prior) RETURNING posts), \
+                     ins AS (INSERT INTO replies (bot_id, entry, seq, post_key, digest, body, \
+                       is_final, posted_at_ms) SELECT $1, $2, posts, $3, $4, $5, $6, $7 FROM num \
+                       ON CONFLICT DO NOTHING RETURNING seq) \
+                     SELECT (SELECT seq FROM prior), (SELECT digest FROM prior), \
+                       (SELECT seq FROM ins), (SELECT posts FROM num), \
+                       EXISTS (SELECT 1 FROM inbox WHERE bot_id = $1 AND key = $2)",
+                    &[
+                        &bot.as_str(),
+                        &post.key,
+                        &key,
+                        &digest,
+                        &post.body,
+                        &post.last,
+                        &botfleet_core::unix_ms(),
+                    ],
+                )
+                .await
+                .map_err(db("keep a posted reply"))?;
+            let seq = |v: i64| v.max(0).unsigned_abs();
+            match (
+                r.get::<_, Option<i64>>(0),
+                r.get::<_, Option<String>>(1),
+                r.get::<_, Option<i64>>(2),
+                r.get::<_, Option<i64>>(3),
+                r.get::<_, bool>(4),
+            ) {
+                (Some(s), Some(d), ..) => {
+                    return Ok(crate::held::answer_again(seq(s), &d, &digest))
+                }
+                (_, _, Some(s), ..) => return Ok(PostAnswer::Accepted(seq(s))),
+                (_, _, None, Some(_), _) => {} // the same key, posted at the same moment
+                (_, _, None, None, true) => return Ok(PostAnswer::Ended),
+                (_, _, None, None, false) => return Ok(PostAnswer::Unknown),
+            }
+        }
+        Err(StoreError::backend(
+            "keep a posted reply",
+            std::io::Error::other("the same key kept being posted at once"),
+        ))
+    }
+
+    async fn posted_replies(
+        &self,
+        bot: &BotId,
+        key: &str,
+        after_seq: u64,
+    ) -> Result<Vec<crate::PostedReply>> {
+        let c = self.client().await?;
+        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        let rows = c
+            .query(crate::schema::REPLIES_AFTER, &[&bot.as_str(), &key, &after])
+            .await
+            .map_err(db("read posted replies"))?;
+        Ok(rows
+            .iter()
+            .map(|r| crate::PostedReply {
+                seq: r.get::<_, i64>(0).max(0).unsigned_abs(),
+                body: r.get(1),
+                last: r.get(2),
+                posted_at_ms: r.get(3),
+            })
+            .collect())
     }
 
     async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()> {

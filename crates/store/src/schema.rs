@@ -108,16 +108,73 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // 13: sends from the backend counted per bot and state (`inbox_stats`) without reading
     // every answered message the inbox keeps.
     "CREATE INDEX inbox_sends ON inbox (bot_id, state) WHERE key >= 'send:' AND key < 'send;';",
+    // 14: answers that come later. An entry's turn held open (`held_until_ms`: when the hold
+    // expires), how many parts of its answer were posted (`posts`, what numbers the next one:
+    // an update of the entry's row, so concurrent posts through many workers queue on it) and
+    // whether the last one was (`posts_closed`); the parts themselves, under the client's key
+    // (hashed) and a digest of the body (a repeat with another body is refused).
+    "ALTER TABLE inbox ADD COLUMN held_until_ms BIGINT;
+    ALTER TABLE inbox ADD COLUMN posts BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE inbox ADD COLUMN posts_closed BOOLEAN NOT NULL DEFAULT FALSE;
+    CREATE INDEX inbox_held ON inbox (bot_id) WHERE state = 'pending' AND held_until_ms IS NOT NULL;
+    CREATE TABLE replies (
+        bot_id TEXT NOT NULL,
+        entry TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        post_key TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        body TEXT NOT NULL,
+        is_final BOOLEAN NOT NULL,
+        posted_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (bot_id, entry, seq),
+        UNIQUE (bot_id, entry, post_key)
+    );
+    CREATE INDEX replies_by_time ON replies (posted_at_ms);",
 ];
 
+/// Holds an entry's turn (`$1` bot, `$2` entry key, `$3` chat, `$4` fence, `$5` until, `$6`
+/// whether the bot's claim holds the turn): the first hold's expiry stays. Answers the
+/// expiry in effect; no row when the entry is not pending or the fence is stale.
+pub(crate) const TURN_HOLD: &str = "UPDATE inbox SET held_until_ms = COALESCE(held_until_ms, $5) \
+     WHERE bot_id = $1 AND key = $2 AND state = 'pending' AND CASE WHEN $6 \
+     THEN COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $4 \
+     ELSE NOT EXISTS (SELECT 1 FROM chat_state WHERE bot_id = $1 AND chat = $3 AND fence > $4) END \
+     RETURNING held_until_ms";
+
+/// Numbers a posted part (`$1` bot, `$2` entry key, `$3` whether it is the last, `$4` now):
+/// the entry's count of parts goes up while it takes parts. Answers the part's number; no row
+/// when the entry takes no more.
+pub(crate) const REPLY_NUMBER: &str = "UPDATE inbox SET posts = posts + 1, posts_closed = $3 \
+     WHERE bot_id = $1 AND key = $2 AND state = 'pending' AND NOT posts_closed \
+     AND (held_until_ms IS NULL OR held_until_ms > $4) RETURNING posts";
+
+/// Keeps a numbered part (`$1` bot, `$2` entry key, `$3` number, `$4` hashed key, `$5` body
+/// digest, `$6` body, `$7` last, `$8` now).
+pub(crate) const REPLY_INSERT: &str =
+    "INSERT INTO replies (bot_id, entry, seq, post_key, digest, body, is_final, posted_at_ms) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// The parts of an entry after a number (`$1` bot, `$2` entry key, `$3` number), in order.
+pub(crate) const REPLIES_AFTER: &str = "SELECT seq, body, is_final, posted_at_ms FROM replies \
+     WHERE bot_id = $1 AND entry = $2 AND seq > $3 ORDER BY seq";
+
+/// Forgets the parts of entries no longer pending, posted before `$1`.
+pub(crate) const REPLIES_PRUNE: &str =
+    "DELETE FROM replies WHERE posted_at_ms < $1 AND NOT EXISTS (SELECT 1 FROM inbox i \
+     WHERE i.bot_id = replies.bot_id AND i.key = replies.entry AND i.state = 'pending')";
+
 /// Per bot and state, `(bot, state, is_send, count)`: the pending and undeliverable entries
-/// (`is_send` 0), and the sends from the backend in every state (1, through `inbox_sends`).
+/// (`is_send` 0), the sends from the backend in every state (1, through `inbox_sends`), and
+/// the held turns (2, through `inbox_held`).
 pub(crate) const INBOX_STATS: &str =
     "SELECT bot_id, state, 0, COUNT(*) FROM inbox WHERE state IN ('pending', 'undeliverable') \
      GROUP BY bot_id, state \
      UNION ALL \
      SELECT bot_id, state, 1, COUNT(*) FROM inbox WHERE key >= 'send:' AND key < 'send;' \
-     GROUP BY bot_id, state";
+     GROUP BY bot_id, state \
+     UNION ALL \
+     SELECT bot_id, 'held', 2, COUNT(*) FROM inbox WHERE state = 'pending' \
+     AND held_until_ms IS NOT NULL GROUP BY bot_id";
 
 /// Writes a turn's progress row (`$1` bot, `$2` progress key, `$3` fence, `$4` now, `$5` the
 /// progress).
@@ -196,7 +253,8 @@ pub(crate) const TURN_ACCEPT: &str =
 /// What a turn starts from (`$1` bot, `$2` entry key, `$3` chat, `$4` reply key).
 pub(crate) const TURN_VIEW: &str =
     "SELECT i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
-     s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $4) \
+     s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $4), \
+     i.held_until_ms \
      FROM (SELECT 1 AS one) AS one \
      LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $2 \
      LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $3";
@@ -428,12 +486,13 @@ pub(crate) fn stats_from_rows(
             .map_err(|e| crate::StoreError::Corrupt(e.to_string()))?;
         let s = out.entry(bot).or_default();
         let n = n.max(0).unsigned_abs();
-        match (is_send != 0, state.as_str()) {
-            (false, "pending") => s.pending = n,
-            (false, "undeliverable") => s.undeliverable = n,
-            (true, "pending") => s.sends.queued = n,
-            (true, "done") => s.sends.sent = n,
-            (true, "undeliverable") => s.sends.failed = n,
+        match (is_send, state.as_str()) {
+            (0, "pending") => s.pending = n,
+            (0, "undeliverable") => s.undeliverable = n,
+            (1, "pending") => s.sends.queued = n,
+            (1, "done") => s.sends.sent = n,
+            (1, "undeliverable") => s.sends.failed = n,
+            (2, _) => s.held = n,
             _ => {}
         }
     }

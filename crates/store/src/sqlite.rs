@@ -983,21 +983,7 @@ impl Store for SqliteStore {
             let fence = step.fence.fence();
             let tx = write_tx(c, &bot, step.fence.claim(), "record a turn's step")?;
             if step.fence.claim().is_none() {
-                let current: Option<i64> = tx
-                    .query_row(
-                        "SELECT fence FROM chat_state WHERE bot_id = ?1 AND chat = ?2",
-                        params![bot.as_str(), step.chat],
-                        |r| r.get(0),
-                    )
-                    .optional()
-                    .map_err(fail)?;
-                if let Some(cur) = current.filter(|c| *c > fence_i64(fence)) {
-                    return Err(StoreError::StaleFence {
-                        bot,
-                        offered: fence,
-                        current: Fence(cur.max(0).unsigned_abs()),
-                    });
-                }
+                chat_fence_holds(&tx, &bot, &step.chat, fence, "record a turn's step")?;
             }
             tx.execute(
                 &crate::schema::PROGRESS_PUT.replace('$', "?"),
@@ -1012,6 +998,134 @@ impl Store for SqliteStore {
             .map_err(fail)?;
             tx.commit().map_err(fail)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn turn_hold(&self, bot: &BotId, hold: &crate::TurnHold) -> Result<Option<i64>> {
+        let (bot, hold) = (bot.clone(), hold.clone());
+        self.with("hold a turn", move |c| {
+            let fail = |e| StoreError::backend("hold a turn", e);
+            let fence = hold.fence.fence();
+            let tx = write_tx(c, &bot, hold.fence.claim(), "hold a turn")?;
+            if hold.fence.claim().is_none() {
+                chat_fence_holds(&tx, &bot, &hold.chat, fence, "hold a turn")?;
+            }
+            let until = tx
+                .query_row(
+                    &crate::schema::TURN_HOLD.replace('$', "?"),
+                    params![
+                        bot.as_str(),
+                        hold.key,
+                        hold.chat,
+                        fence_i64(fence),
+                        hold.until_ms,
+                        hold.fence.claim().is_some()
+                    ],
+                    |r| r.get::<_, i64>(0),
+                )
+                .optional()
+                .map_err(fail)?;
+            tx.commit().map_err(fail)?;
+            Ok(until)
+        })
+        .await
+    }
+
+    async fn reply_post(&self, bot: &BotId, post: &crate::ReplyPost) -> Result<crate::PostAnswer> {
+        use crate::PostAnswer;
+        let (bot, post) = (bot.clone(), post.clone());
+        self.with("keep a posted reply", move |c| {
+            let fail = |e| StoreError::backend("keep a posted reply", e);
+            let tx = write_tx(c, &bot, None, "keep a posted reply")?;
+            let now = botfleet_core::unix_ms();
+            let (key, digest) = (
+                crate::held::digest(&post.idempotency_key),
+                crate::held::digest(&post.body),
+            );
+            let known: bool = tx
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM inbox WHERE bot_id = ?1 AND key = ?2)",
+                    params![bot.as_str(), post.key],
+                    |r| r.get(0),
+                )
+                .map_err(fail)?;
+            if !known {
+                return Ok(PostAnswer::Unknown);
+            }
+            let before: Option<(i64, String)> = tx
+                .query_row(
+                    "SELECT seq, digest FROM replies WHERE bot_id = ?1 AND entry = ?2 \
+                     AND post_key = ?3",
+                    params![bot.as_str(), post.key, key],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(fail)?;
+            if let Some((seq, d)) = before {
+                return Ok(crate::held::answer_again(
+                    seq.max(0).unsigned_abs(),
+                    &d,
+                    &digest,
+                ));
+            }
+            let seq: Option<i64> = tx
+                .query_row(
+                    &crate::schema::REPLY_NUMBER.replace('$', "?"),
+                    params![bot.as_str(), post.key, post.last, now],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(fail)?;
+            let Some(seq) = seq else {
+                return Ok(PostAnswer::Ended);
+            };
+            tx.execute(
+                &crate::schema::REPLY_INSERT.replace('$', "?"),
+                params![
+                    bot.as_str(),
+                    post.key,
+                    seq,
+                    key,
+                    digest,
+                    post.body,
+                    post.last,
+                    now
+                ],
+            )
+            .map_err(fail)?;
+            tx.commit().map_err(fail)?;
+            Ok(PostAnswer::Accepted(seq.max(0).unsigned_abs()))
+        })
+        .await
+    }
+
+    async fn posted_replies(
+        &self,
+        bot: &BotId,
+        key: &str,
+        after_seq: u64,
+    ) -> Result<Vec<crate::PostedReply>> {
+        let (bot, key) = (bot.as_str().to_owned(), key.to_owned());
+        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        self.read("read posted replies", move |c| {
+            let fail = |e| StoreError::backend("read posted replies", e);
+            let mut st = c
+                .prepare_cached(&crate::schema::REPLIES_AFTER.replace('$', "?"))
+                .map_err(fail)?;
+            let rows = st
+                .query_map(params![bot, key, after], |r| {
+                    Ok(crate::PostedReply {
+                        seq: r.get::<_, i64>(0)?.max(0).unsigned_abs(),
+                        body: r.get(1)?,
+                        last: r.get(2)?,
+                        posted_at_ms: r.get(3)?,
+                    })
+                })
+                .map_err(fail)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(fail)?;
+            Ok(rows)
         })
         .await
     }
@@ -1097,6 +1211,10 @@ impl Store for SqliteStore {
                 c.execute(
                     "DELETE FROM refs WHERE expires_at_ms <= ?1",
                     [botfleet_core::unix_ms()],
+                )?;
+                c.execute(
+                    &crate::schema::REPLIES_PRUNE.replace('$', "?"),
+                    [done_before_ms],
                 )?;
                 Ok(n as u64)
             })
@@ -1186,7 +1304,7 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
     let mut st = c
         .prepare_cached(&crate::schema::TURN_VIEW.replace('$', "?"))
         .map_err(fail)?;
-    let (row, revision, state, sent) = st
+    let (row, revision, state, sent, held_until_ms) = st
         .query_row(params![bot.as_str(), key, chat, reply], |r| {
             let row = match r.get::<_, Option<i64>>(0)? {
                 Some(seq) => Some(InboxRow {
@@ -1205,6 +1323,7 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
                 r.get::<_, Option<i64>>(6)?,
                 r.get::<_, Option<String>>(7)?,
                 r.get::<_, bool>(8)?,
+                r.get::<_, Option<i64>>(9)?,
             ))
         })
         .map_err(fail)?;
@@ -1213,6 +1332,7 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
         state,
         revision: revision.unwrap_or(0).max(0).unsigned_abs(),
         sent,
+        held_until_ms,
     })
 }
 
@@ -1257,6 +1377,32 @@ fn insert_inbox(
 /// An IMMEDIATE transaction (the write lock first: a deferred one that reads and then writes
 /// fails at once, with no busy wait, when another process wrote in between); with a `fence`,
 /// one in which `bot`'s accepted fence is not above it (a stale writer is refused).
+/// `Ok` while no fence above `fence` was accepted for the chat's turn.
+fn chat_fence_holds(
+    c: &Connection,
+    bot: &BotId,
+    chat: &str,
+    fence: Fence,
+    op: &'static str,
+) -> Result<()> {
+    let current: Option<i64> = c
+        .query_row(
+            "SELECT fence FROM chat_state WHERE bot_id = ?1 AND chat = ?2",
+            params![bot.as_str(), chat],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| StoreError::backend(op, e))?;
+    match current.filter(|c| *c > fence_i64(fence)) {
+        Some(cur) => Err(StoreError::StaleFence {
+            bot: bot.clone(),
+            offered: fence,
+            current: Fence(cur.max(0).unsigned_abs()),
+        }),
+        None => Ok(()),
+    }
+}
+
 fn write_tx<'c>(
     c: &'c mut Connection,
     bot: &BotId,

@@ -228,7 +228,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Forgets done entries finished before `done_before_ms` and undeliverable ones finished
     /// before `undeliverable_before_ms` (unix ms); a backend send's entry stays at least
     /// [`SEND_KEEP_MS`](crate::SEND_KEEP_MS) after it ended (a repeat of its key finds it).
-    /// Answers how many went.
+    /// The parts posted to a held turn go with their entry: once it ended, those posted before
+    /// `done_before_ms`. Answers how many entries went.
     ///
     /// # Errors
     /// Backend failures.
@@ -324,6 +325,36 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Backend failures.
     async fn turn_progress(&self, bot: &BotId, key: &str) -> Result<Option<String>>;
+
+    /// Holds the entry's turn open for an answer that comes later (its handler answered
+    /// `202`), under the turn's fence (checked like [`Store::turn_step`]'s). The first hold
+    /// of an entry sets when it expires; a later one (a worker taking the turn over) keeps it.
+    /// Answers when the hold expires, or `None` when the entry is not pending (ended, or
+    /// never journaled).
+    ///
+    /// # Errors
+    /// `StaleFence` when the turn is superseded (nothing is written); backend failures.
+    async fn turn_hold(&self, bot: &BotId, hold: &crate::TurnHold) -> Result<Option<i64>>;
+
+    /// Keeps a part of a held turn's answer, posted by any worker, after the parts posted
+    /// before it: see [`PostAnswer`](crate::PostAnswer). A part is taken while the entry is
+    /// pending (held or not yet: a client may post before its `202` is read), the hold has
+    /// not expired and no last part was posted; a key posted before answers as it did then.
+    ///
+    /// # Errors
+    /// Backend failures (then it may or may not have been kept: post it again).
+    async fn reply_post(&self, bot: &BotId, post: &crate::ReplyPost) -> Result<crate::PostAnswer>;
+
+    /// The parts posted to the entry `key` after `after_seq`, in order.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn posted_replies(
+        &self,
+        bot: &BotId,
+        key: &str,
+        after_seq: u64,
+    ) -> Result<Vec<crate::PostedReply>>;
 
     /// The values of `names` in the bot's chat, as turns recorded them
     /// ([`TurnRecord::refs`](crate::TurnRecord::refs)); `None` for a name never given or

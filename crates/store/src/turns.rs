@@ -20,6 +20,9 @@ pub struct TurnView {
     pub revision: u64,
     /// Whether the entry's reply is in the outbox (sent before).
     pub sent: bool,
+    /// When the entry's turn is held open for an answer that comes later: unix ms when the
+    /// hold expires (see [`Store::turn_hold`](crate::Store::turn_hold)).
+    pub held_until_ms: Option<i64>,
 }
 
 /// Who holds a chat's turn, and so what fences the turn's writes.

@@ -732,9 +732,228 @@ pub async fn sends_are_counted_per_bot_by_state(s: Arc<dyn Store>) {
             sent: 1,
             failed: 1,
         },
+        held: 0,
     };
     assert_eq!(stats.get(&bot), Some(&want));
     assert_eq!(stats.get(&quiet), None);
+}
+
+fn hold(key: &str, fence: botfleet_store::TurnFence, until_ms: i64) -> botfleet_store::TurnHold {
+    botfleet_store::TurnHold {
+        key: key.into(),
+        chat: "c1".into(),
+        fence,
+        until_ms,
+    }
+}
+
+fn part(key: &str, idem: &str, body: &str, last: bool) -> botfleet_store::ReplyPost {
+    botfleet_store::ReplyPost {
+        key: key.into(),
+        idempotency_key: idem.into(),
+        body: body.into(),
+        last,
+    }
+}
+
+/// A held turn takes the parts of its answer in the order posted, each key once (a repeat
+/// answers as the first post did, another body under it is refused), until its last part;
+/// then, and once the entry ended or the hold expired, nothing more. The hold is written
+/// under the turn's fence, keeps its first expiry, and is counted per bot.
+pub async fn held_turns_take_posted_parts_once_in_order(s: Arc<dyn Store>) {
+    use botfleet_store::{PostAnswer, TurnFence};
+    let bot = bid("held");
+    s.accept_fence(&bot, Fence(2)).await.unwrap();
+    put(
+        &s,
+        &bot,
+        &[item("e1", "c1"), item("e2", "c1"), item("e3", "c1")],
+        2,
+    )
+    .await;
+    let soon = botfleet_core::unix_ms() + 60_000;
+    // A part may come before the hold is written (the client was quicker than the 202).
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k1", r#"{"n":1}"#, false))
+            .await
+            .unwrap(),
+        PostAnswer::Accepted(1)
+    );
+    assert!(matches!(
+        s.turn_hold(&bot, &hold("e1", TurnFence::Claim(Fence(1)), soon))
+            .await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    assert_eq!(
+        s.turn_view(&bot, "e1", "c1").await.unwrap().held_until_ms,
+        None
+    );
+    let held = hold("e1", TurnFence::Claim(Fence(2)), soon);
+    assert_eq!(s.turn_hold(&bot, &held).await.unwrap(), Some(soon));
+    // A worker taking the turn over keeps the first expiry.
+    let again = hold("e1", TurnFence::Claim(Fence(2)), soon + 5_000);
+    assert_eq!(s.turn_hold(&bot, &again).await.unwrap(), Some(soon));
+    assert_eq!(
+        s.turn_view(&bot, "e1", "c1").await.unwrap().held_until_ms,
+        Some(soon)
+    );
+    assert_eq!(s.inbox_stats().await.unwrap()[&bot].held, 1);
+    // A repeat answers as the first post; another body under the key is refused.
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k1", r#"{"n":1}"#, false))
+            .await
+            .unwrap(),
+        PostAnswer::Repeat(1)
+    );
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k1", r#"{"n":9}"#, false))
+            .await
+            .unwrap(),
+        PostAnswer::Conflict
+    );
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k2", r#"{"n":2}"#, false))
+            .await
+            .unwrap(),
+        PostAnswer::Accepted(2)
+    );
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k3", r#"{"n":3}"#, true))
+            .await
+            .unwrap(),
+        PostAnswer::Accepted(3)
+    );
+    // After the last part, no more (a repeat still answers as before).
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k4", r#"{"n":4}"#, false))
+            .await
+            .unwrap(),
+        PostAnswer::Ended
+    );
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k3", r#"{"n":3}"#, true))
+            .await
+            .unwrap(),
+        PostAnswer::Repeat(3)
+    );
+    let parts = s.posted_replies(&bot, "e1", 0).await.unwrap();
+    let got: Vec<(u64, &str, bool)> = parts
+        .iter()
+        .map(|p| (p.seq, p.body.as_str(), p.last))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, r#"{"n":1}"#, false),
+            (2, r#"{"n":2}"#, false),
+            (3, r#"{"n":3}"#, true)
+        ]
+    );
+    let rest = s.posted_replies(&bot, "e1", 2).await.unwrap();
+    assert_eq!(rest.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![3]);
+    // Parts are the entry's own; an unknown entry takes none.
+    assert!(s.posted_replies(&bot, "e2", 0).await.unwrap().is_empty());
+    assert_eq!(
+        s.reply_post(&bot, &part("nope", "k1", "{}", false))
+            .await
+            .unwrap(),
+        PostAnswer::Unknown
+    );
+    assert_eq!(
+        s.reply_post(&bid("other"), &part("e1", "k9", "{}", false))
+            .await
+            .unwrap(),
+        PostAnswer::Unknown
+    );
+    // The entry ends: nothing more is taken, repeats still answer, the count goes.
+    end(&s, &bot, "e1", InboxOutcome::Done, 2).await.unwrap();
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k2", r#"{"n":2}"#, false))
+            .await
+            .unwrap(),
+        PostAnswer::Repeat(2)
+    );
+    assert_eq!(
+        s.turn_hold(&bot, &hold("e1", TurnFence::Claim(Fence(2)), soon))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(s.inbox_stats().await.unwrap()[&bot].held, 0);
+    // An expired hold takes nothing.
+    let past = botfleet_core::unix_ms() - 1;
+    let h = hold("e2", TurnFence::Claim(Fence(2)), past);
+    assert_eq!(s.turn_hold(&bot, &h).await.unwrap(), Some(past));
+    assert_eq!(
+        s.reply_post(&bot, &part("e2", "k1", "{}", true))
+            .await
+            .unwrap(),
+        PostAnswer::Ended
+    );
+    // A chat's turn (webhook bots) is fenced by the chat.
+    s.turn_accept(&bot, "c1", Fence(7)).await.unwrap();
+    assert!(matches!(
+        s.turn_hold(&bot, &hold("e3", TurnFence::Chat(Fence(6)), soon))
+            .await,
+        Err(StoreError::StaleFence { .. })
+    ));
+    let h = hold("e3", TurnFence::Chat(Fence(7)), soon);
+    assert_eq!(s.turn_hold(&bot, &h).await.unwrap(), Some(soon));
+    // Pruned with their entry, once it ended.
+    assert_eq!(s.inbox_prune(i64::MAX, i64::MAX).await.unwrap(), 1);
+    assert!(s.posted_replies(&bot, "e1", 0).await.unwrap().is_empty());
+    assert_eq!(
+        s.reply_post(&bot, &part("e1", "k1", r#"{"n":1}"#, false))
+            .await
+            .unwrap(),
+        PostAnswer::Unknown
+    );
+    assert_eq!(
+        s.reply_post(&bot, &part("e3", "k1", "{}", false))
+            .await
+            .unwrap(),
+        PostAnswer::Accepted(1)
+    );
+    assert_eq!(s.posted_replies(&bot, "e3", 0).await.unwrap().len(), 1);
+}
+
+/// Parts posted at once through many workers are each kept once, numbered apart, and the
+/// turn reads them all; a key posted at once by several is kept once.
+pub async fn parts_posted_at_once_are_each_kept_once(s: Arc<dyn Store>) {
+    use botfleet_store::PostAnswer;
+    let bot = bid("heldmany");
+    s.accept_fence(&bot, Fence(1)).await.unwrap();
+    put(&s, &bot, &[item("e1", "c1")], 1).await;
+    let posts = (0..24).map(|i| {
+        let s = s.clone();
+        let bot = bot.clone();
+        // Keys 0..16, the first eight twice.
+        let k = format!("k{}", i % 16);
+        tokio::spawn(async move {
+            s.reply_post(&bot, &part("e1", &k, &format!("{{\"k\":\"{k}\"}}"), false))
+                .await
+                .unwrap()
+        })
+    });
+    let mut accepted = Vec::new();
+    let mut repeats = 0;
+    for p in posts.collect::<Vec<_>>() {
+        match p.await.unwrap() {
+            PostAnswer::Accepted(n) => accepted.push(n),
+            PostAnswer::Repeat(_) => repeats += 1,
+            other => panic!("a part was answered {other:?}"),
+        }
+    }
+    assert_eq!((accepted.len(), repeats), (16, 8));
+    accepted.sort_unstable();
+    accepted.dedup();
+    assert_eq!(accepted.len(), 16, "two parts got one number");
+    let kept = s.posted_replies(&bot, "e1", 0).await.unwrap();
+    let mut keys: Vec<&str> = kept.iter().map(|p| p.body.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!((kept.len(), keys.len()), (16, 16));
+    assert!(kept.windows(2).all(|w| w[0].seq < w[1].seq));
 }
 
 /// A worker that lost the bot can neither record nor end entries.
@@ -1453,6 +1672,8 @@ macro_rules! store_conformance {
             action_progress_and_refs_are_fenced,
             pending_entries_of_one_chat,
             fleet_secrets_are_made_once_and_shared,
+            held_turns_take_posted_parts_once_in_order,
+            parts_posted_at_once_are_each_kept_once,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
