@@ -89,6 +89,22 @@ where
     })
 }
 
+/// Of the messages the fake received (`sent`), those posted at a known instant (`posted_at`,
+/// by text): how long after, in ms, sorted; and when the last one came (`start` if none).
+pub(crate) fn sent_after(
+    sent: &[botfleet_testkit::Sent],
+    posted_at: &std::collections::HashMap<String, Instant>,
+    start: Instant,
+) -> (Vec<f64>, Instant) {
+    let mut lat: Vec<f64> = sent
+        .iter()
+        .filter_map(|s| Some((s.at - *posted_at.get(&s.text)?).as_secs_f64() * 1e3))
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let last = sent.iter().map(|s| s.at).max().unwrap_or(start);
+    (lat, last)
+}
+
 pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;

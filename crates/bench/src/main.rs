@@ -2,7 +2,7 @@
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
 //! (`--quick` for 1,000 bots only;
-//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks|sends|files|whatsapp-idle`
+//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks|sends|held|files|whatsapp-idle`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
@@ -17,6 +17,7 @@
 
 mod discord;
 mod files;
+mod held;
 mod hooks;
 mod moves;
 mod sends;
@@ -475,6 +476,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref().is_none_or(|o| o == "sends") {
         sends::api_sends().await?;
+    }
+    if only.as_deref().is_none_or(|o| o == "held") {
+        held::held_turns().await?;
     }
     if only.as_deref().is_none_or(|o| o == "files") {
         files::pass_through(arg("--mib").unwrap_or(10)).await?;

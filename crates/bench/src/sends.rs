@@ -121,15 +121,8 @@ pub(crate) async fn api_sends() -> anyhow::Result<()> {
     }
     let cpu_s = (pids.iter().map(|p| crate::cpu_ticks(*p)).sum::<u64>() - cpu0) as f64 / 100.0;
     let sent = fake.state().sent();
-    let mut lat: Vec<f64> = {
-        let at = posted_at.lock().unwrap();
-        sent.iter()
-            .filter_map(|s| Some((s.at - *at.get(&s.text)?).as_secs_f64() * 1e3))
-            .collect()
-    };
-    let last = sent.iter().map(|s| s.at).max().unwrap_or(start);
+    let (lat, last) = crate::hooks::sent_after(&sent, &posted_at.lock().unwrap(), start);
     let elapsed = (last - start).as_secs_f64();
-    lat.sort_by(f64::total_cmp);
     let acc = run.accepted;
     println!(
         "API sends, {workers} worker(s) x {threads} threads, {store_kind} store{}, {BOTS} polling bots x {CHATS} chats: offered {:.0}/s for {:.1} s, accepted {} ({refused} refused), sent {} at {:.0}/s ({:.0}/s per worker); request to 202 p50 {:.1} ms p99 {:.1} ms; request to sent p50 {:.1} ms p99 {:.1} ms; worker CPU {:.0} % of a core per 1,000 sends/s",

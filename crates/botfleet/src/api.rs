@@ -556,6 +556,37 @@ async fn page() -> Response {
 #[allow(dead_code)]
 fn file_link() {}
 
+/// A part of a later answer (`{"actions": [...], "state"?, "final": true|false}`).
+#[derive(Deserialize, ToSchema)]
+#[allow(dead_code)]
+struct ReplyPart {
+    /// Actions of the handler contract, done in the held turn in the order posted.
+    #[schema(value_type = Option<Vec<Object>>)]
+    actions: Option<Vec<Value>>,
+    /// The chat's new state, recorded like a handler's answer's.
+    #[schema(value_type = Option<Object>)]
+    state: Option<Value>,
+    /// `true` ends the turn (the chat's next event is handled); `false` waits for more.
+    #[serde(rename = "final")]
+    last: bool,
+}
+
+/// `POST /api/v1/replies/{reply_token}`, served by the runtime (`botfleet_runtime::Replies`)
+/// beside this API; documented here.
+#[utoipa::path(post, path = "/api/v1/replies/{reply_token}",
+    params(("reply_token" = String, Path, description = "the `reply_token` of the handler request the handler answered `202`"),
+           ("Idempotency-Key" = String, Header, description = "1 to 200 printable characters, one per part: a repeat answers as the first post and does nothing again")),
+    request_body = ReplyPart,
+    responses(
+        (status = 202, description = "Kept: its actions run in the held turn, after the parts before it, under the turn's fence. `{\"status\": \"accepted\", \"seq\", \"repeated\"}`. Needs no API token: the reply token is the permission"),
+        (status = 400, description = "`invalid`: the body, or the `Idempotency-Key` header", body = ApiError),
+        (status = 404, description = "`unknown_token`: not this fleet's token, or its turn is unknown (the same answer for both)", body = ApiError),
+        (status = 409, description = "`key_reused`: the key was posted to this turn with another body", body = ApiError),
+        (status = 410, description = "`turn_ended`: the turn already ended, expired, or had its last part", body = ApiError),
+        (status = 503, description = "`store_failed`: post again with the same key", body = ApiError)))]
+#[allow(dead_code)]
+fn post_reply() {}
+
 /// The API's OpenAPI document, generated from the handlers and their types.
 #[derive(OpenApi)]
 #[openapi(
@@ -580,10 +611,12 @@ fn file_link() {}
         event_stream,
         fleet_events,
         fleet_event_stream,
-        file_link
+        file_link,
+        post_reply
     ),
     components(schemas(
         ApiError,
+        ReplyPart,
         SendRequest,
         SendView,
         BotLine,
@@ -1014,7 +1047,13 @@ mod tests {
         }];
         for ev in [plain, command, edited, pressed, photo] {
             let caps = botfleet_telegram::CAPS;
-            let body = botfleet_runtime::handler_request(&ev, Some(r#"{"n":1}"#), &caps).unwrap();
+            let body = botfleet_runtime::handler_request_in_turn(
+                &ev,
+                Some(r#"{"n":1}"#),
+                &caps,
+                Some("r1.token"),
+            )
+            .unwrap();
             assert!(
                 !body.to_string().contains("query-secret"),
                 "what answers an event is not shown to the handler"

@@ -92,7 +92,7 @@ impl UpdateArgs {
         };
         self.hook.fill_patch(&mut patch);
         if patch.is_empty() {
-            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands, --handler-timeout-s, --typing");
+            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands, --handler-timeout-s, --typing, --async-reply-ttl-s");
         }
         Ok(patch)
     }
@@ -188,6 +188,10 @@ pub(crate) struct HookArgs {
     /// `false`) [default: true, where the platform has typing].
     #[arg(long, value_name = "BOOL")]
     typing: Option<bool>,
+    /// How long a turn whose handler answered 202 waits for its answer, in seconds
+    /// (10-86400) [default: the workers' --async-reply-ttl-s].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(i64::from(*botfleet_core::ASYNC_REPLY_TTL_S.start())..=i64::from(*botfleet_core::ASYNC_REPLY_TTL_S.end())))]
+    async_reply_ttl_s: Option<u32>,
 }
 
 /// The commands read from `--commands FILE`: one value to clap (an `Option<Vec<_>>` field
@@ -221,6 +225,7 @@ impl HookArgs {
         line.commands = self.commands.map(|c| c.0);
         line.handler_timeout_s = self.handler_timeout_s;
         line.typing = self.typing;
+        line.async_reply_ttl_s = self.async_reply_ttl_s;
     }
 
     /// The flags as a change's fields (an empty text clears).
@@ -235,6 +240,7 @@ impl HookArgs {
         patch.commands = self.commands.map(|c| Some(c.0));
         patch.handler_timeout_s = self.handler_timeout_s.map(Some);
         patch.typing = self.typing.map(Some);
+        patch.async_reply_ttl_s = self.async_reply_ttl_s.map(Some);
     }
 }
 
@@ -471,13 +477,14 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {:<14} LAST ERROR",
+                    "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>5} {:>13} {:<14} LAST ERROR",
                     "ID",
                     "PLATFORM",
                     "ENABLED",
                     "STATUS",
                     "OWNER",
                     "PENDING",
+                    "HELD",
                     "UNDELIVERABLE",
                     "SHARDS"
                 );
@@ -490,13 +497,14 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                         r["status"].as_str().unwrap_or_default()
                     };
                     println!(
-                        "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>13} {:<14} {}",
+                        "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>5} {:>13} {:<14} {}",
                         r["id"].as_str().unwrap_or_default(),
                         r["platform"].as_str().unwrap_or_default(),
                         r["enabled"].to_string(),
                         status,
                         r["owner"].as_str().unwrap_or("-"),
                         r["pending"],
+                        r["held"],
                         r["undeliverable"],
                         shards_cell(&r),
                         r["last_error"].as_str().unwrap_or(""),

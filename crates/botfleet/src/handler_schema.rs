@@ -267,11 +267,16 @@ pub(crate) struct HandlerEvent {
     /// The chat's state as the handler last answered it (absent until it answers one).
     #[schema(value_type = Option<Object>)]
     state: Option<serde_json::Value>,
+    /// What finishes this event's turn later (`POST /api/v1/replies/{reply_token}`, on any
+    /// worker) after the handler answered `202`: signed by the fleet, bound to the bot, chat
+    /// and event, valid until the turn ends or the bot's `async_reply_ttl_s` passes.
+    reply_token: String,
 }
 
 /// What a handler answers: `200` with this JSON (or an empty body: nothing to send). Any other
-/// 2xx is taken the same way; 429 and 5xx are retried with backoff; other statuses and
-/// unreadable answers end the event as undeliverable.
+/// 2xx but `202` is taken the same way; `202` (body ignored) holds the chat's turn open for an
+/// answer that comes later through the event's `reply_token`; 429 and 5xx are retried with
+/// backoff; other statuses and unreadable answers end the event as undeliverable.
 #[derive(Serialize, ToSchema)]
 #[schema(example = json!({"text": "Welcome! You are user 3.", "state": {"n": 4},
     "actions": [{"type": "send", "text": "Menu", "ref": "menu", "buttons": [[{"text": "Help", "value": "help"}]]},

@@ -37,6 +37,7 @@ pub(crate) const BOT_FIELDS: &[&str] = &[
     "commands",
     "handler_timeout_s",
     "typing",
+    "async_reply_ttl_s",
 ];
 
 /// The fields of a change (`PATCH /api/v1/bots/{id}`): every bot field but the two that name
@@ -61,6 +62,7 @@ pub(crate) const PATCH_FIELDS: &[&str] = &[
     "commands",
     "handler_timeout_s",
     "typing",
+    "async_reply_ttl_s",
 ];
 
 /// One bot as `bots add` flags, a `bots import` line or `POST /api/v1/bots` describe it.
@@ -142,6 +144,10 @@ pub(crate) struct BotLine {
     /// it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) typing: Option<bool>,
+    /// How long a turn whose handler answered `202` waits for its answer, in seconds
+    /// (10-86400; default: the workers' `--async-reply-ttl-s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) async_reply_ttl_s: Option<u32>,
 }
 
 /// What a change may touch (`bots update`, `PATCH /api/v1/bots/{id}`): a field left out is
@@ -277,6 +283,14 @@ pub(crate) struct BotPatch {
     )]
     #[schema(value_type = Option<bool>)]
     pub(crate) typing: Option<Option<bool>>,
+    /// A new time to live of held turns in seconds; `null` goes back to the workers'.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<u32>)]
+    pub(crate) async_reply_ttl_s: Option<Option<u32>>,
 }
 
 /// Names the fields that are set, never their values.
@@ -348,6 +362,7 @@ fn expected(field: &str) -> &'static str {
         "max_connections" => "must be 1-100",
         "handler_timeout_s" => "must be a number of seconds from 1 to 900",
         "typing" => "must be true or false",
+        "async_reply_ttl_s" => "must be a number of seconds from 10 to 86400",
         f if f.starts_with("commands") => {
             "must be a list of {name, description, options: [{name, description, type, required}]}"
         }
@@ -554,6 +569,7 @@ impl BotLine {
                 commands: self.commands.unwrap_or_default(),
                 handler_timeout_s: self.handler_timeout_s,
                 typing: self.typing,
+                async_reply_ttl_s: self.async_reply_ttl_s,
                 ..BotOptions::default()
             },
             hook: HookSecrets::default(),
@@ -630,6 +646,9 @@ impl BotPatch {
         }
         if let Some(t) = self.typing {
             next.options.typing = t;
+        }
+        if let Some(t) = self.async_reply_ttl_s {
+            next.options.async_reply_ttl_s = t;
         }
         let (mut url, mut secret) = match &spec.handler {
             HandlerSpec::Echo | HandlerSpec::Named(_) => (None, None),
@@ -837,5 +856,43 @@ mod tests {
             .apply(&spec)
             .unwrap_err();
         assert!(e.message.contains("1-900"), "{e}");
+    }
+
+    #[test]
+    fn async_reply_ttls_are_per_bot_settings() {
+        let line = |s: &str| BotLine::from_json(s).and_then(BotLine::into_spec);
+        let spec = line(r#"{"id":"t","platform":"telegram","token":"1:a","async_reply_ttl_s":60}"#)
+            .unwrap();
+        let worker = std::time::Duration::from_secs(900);
+        assert_eq!(
+            spec.async_reply_ttl(worker),
+            std::time::Duration::from_secs(60)
+        );
+        for bad in ["9", "86401"] {
+            let e = line(&format!(
+                r#"{{"id":"t","platform":"telegram","token":"1:a","async_reply_ttl_s":{bad}}}"#
+            ))
+            .unwrap_err();
+            assert!(
+                e.message.contains("async_reply_ttl_s: must be 10-86400"),
+                "{e}"
+            );
+        }
+        let e = line(r#"{"id":"t","platform":"telegram","token":"1:a","async_reply_ttl_s":-1}"#)
+            .unwrap_err();
+        assert_eq!(
+            e.message,
+            "field async_reply_ttl_s must be a number of seconds from 10 to 86400"
+        );
+        let changed = BotPatch::from_json(r#"{"async_reply_ttl_s": 86400}"#)
+            .unwrap()
+            .apply(&spec)
+            .unwrap();
+        assert_eq!(changed.options.async_reply_ttl_s, Some(86_400));
+        let back = BotPatch::from_json(r#"{"async_reply_ttl_s": null}"#)
+            .unwrap()
+            .apply(&changed)
+            .unwrap();
+        assert_eq!(back.async_reply_ttl(worker), worker);
     }
 }

@@ -115,6 +115,9 @@ pub(crate) struct BotView {
     pub(crate) owner: Option<String>,
     /// Messages recorded and not yet answered.
     pub(crate) pending: u64,
+    /// Of the pending messages, those whose turn is held open for an answer that comes
+    /// later (their handler answered 202).
+    pub(crate) held: u64,
     /// Messages given up on (handler or send failed past the retry time, or refused).
     pub(crate) undeliverable: u64,
     /// Its sends from the backend of the last 24 hours, by how they stand.
@@ -155,6 +158,9 @@ pub(crate) struct BotView {
     /// Its own handler timeout in seconds, when it has one (else the workers').
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) handler_timeout_s: Option<u32>,
+    /// Its own time to live of held turns in seconds, when it has one (else the workers').
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) async_reply_ttl_s: Option<u32>,
     /// Whether typing is shown while its turns run long (its own `typing`, where its
     /// platform's mode has typing).
     pub(crate) typing: bool,
@@ -486,7 +492,7 @@ impl Registry {
     ) -> Result<BotView, RegistryError> {
         let mut slices = Vec::new();
         let mut owners: Vec<String> = Vec::new();
-        let (mut pending, mut undeliverable) = (0, 0);
+        let (mut pending, mut held, mut undeliverable) = (0, 0, 0);
         let mut sends = botfleet_store::SendCounts::default();
         let total = b.spec.shard_total().unwrap_or(1);
         for u in b.spec.units() {
@@ -509,6 +515,7 @@ impl Registry {
             }
             if let Some(s) = inbox.get(&u.id) {
                 pending += s.pending;
+                held += s.held;
                 undeliverable += s.undeliverable;
                 sends += s.sends;
             }
@@ -529,6 +536,7 @@ impl Registry {
         let owner = (!owners.is_empty()).then(|| owners.join(","));
         let mut v = view(b, owner, inbox);
         v.pending = pending;
+        v.held = held;
         v.undeliverable = undeliverable;
         v.sends = sends.into();
         v.slices = slices;
@@ -575,6 +583,7 @@ fn view(
         status: b.status.as_str().to_owned(),
         owner,
         pending: stats.map_or(0, |s| s.pending),
+        held: stats.map_or(0, |s| s.held),
         undeliverable: stats.map_or(0, |s| s.undeliverable),
         sends: stats.map(|s| s.sends).unwrap_or_default().into(),
         last_error: b.last_error,
@@ -598,6 +607,7 @@ fn view(
         linked: None,
         commands: b.spec.options.commands.clone(),
         handler_timeout_s: b.spec.options.handler_timeout_s,
+        async_reply_ttl_s: b.spec.options.async_reply_ttl_s,
         typing: b.spec.shows_typing()
             && botfleet_runtime::descriptor(b.spec.platform)
                 .and_then(|d| d.mode_of(&b.spec))

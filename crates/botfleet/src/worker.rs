@@ -71,6 +71,13 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_HANDLER_TIMEOUT_S", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=u64::from(botfleet_core::MAX_HANDLER_TIMEOUT_S)))]
     handler_timeout_s: u64,
+    /// How long a turn whose handler answered 202 waits for its answer through
+    /// `POST /api/v1/replies/{token}`, in seconds (10-86400), before the event is recorded
+    /// undeliverable (`async reply expired`) and the chat goes on; a bot's `async_reply_ttl_s`
+    /// overrides it.
+    #[arg(long, env = "BOTFLEET_ASYNC_REPLY_TTL_S", default_value_t = 900,
+          value_parser = clap::value_parser!(u64).range(u64::from(*botfleet_core::ASYNC_REPLY_TTL_S.start())..=u64::from(*botfleet_core::ASYNC_REPLY_TTL_S.end())))]
+    async_reply_ttl_s: u64,
     /// How long one message's handler (or send) is retried through transient failures, in
     /// seconds (0-86400), before it is recorded as undeliverable.
     #[arg(long, env = "BOTFLEET_HANDLER_RETRY_S", default_value_t = 300,
@@ -226,6 +233,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         }
     }
     cfg.handler_timeout = Duration::from_secs(a.handler_timeout_s);
+    cfg.async_reply_ttl = Duration::from_secs(a.async_reply_ttl_s);
     cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
     cfg.turn_slots = a.turn_slots as usize;
     cfg.transport_down = Duration::from_millis(a.transport_down_ms);
@@ -268,6 +276,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let hooks = worker.hooks();
     let sends = worker.sends();
     let files = worker.files();
+    let replies = worker.replies();
     worker.metrics().set_top_bots(a.metrics_top_bots);
     let router = http::app(http::HttpState {
         metrics: worker.metrics(),
@@ -287,7 +296,8 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         sends: Some(sends),
         metrics: Some(worker.metrics()),
     }))
-    .merge(files.router());
+    .merge(files.router())
+    .merge(replies.router());
     let (addr, http_task) = http::serve_router(a.http_addr, router)
         .await
         .with_context(|| format!("binding the HTTP address {} (--http-addr)", a.http_addr))?;

@@ -1388,6 +1388,8 @@ fn bots_add_and_update_take_their_remaining_flags() {
             "--disabled",
             "--handler-timeout-s",
             "30",
+            "--async-reply-ttl-s",
+            "120",
         ],
     );
     assert!(o.status.success(), "{:?}", text(&o));
@@ -1395,6 +1397,7 @@ fn bots_add_and_update_take_their_remaining_flags() {
     assert_eq!(b["has_app_token"], true, "{b}");
     assert_eq!(b["enabled"], false, "{b}");
     assert_eq!(b["handler_timeout_s"], 30, "{b}");
+    assert_eq!(b["async_reply_ttl_s"], 120, "{b}");
     let shown = list_json(&db).0;
     assert!(
         !shown.contains("FIRST-SECRET") && !shown.contains("HOOK-SECRET"),
@@ -1410,11 +1413,14 @@ fn bots_add_and_update_take_their_remaining_flags() {
         "HOOK-SECRET-2",
         "--handler-timeout-s",
         "60",
+        "--async-reply-ttl-s",
+        "86400",
         "--database-url",
         &db,
     ]);
     assert!(o.status.success(), "{:?}", text(&o));
     assert_eq!(bot("sl")["handler_timeout_s"], 60);
+    assert_eq!(bot("sl")["async_reply_ttl_s"], 86_400);
     // Typing, on a platform that has it.
     let o = bots_add(&db, "tg", "telegram", "1:flags", &["--typing", "false"]);
     assert!(o.status.success(), "{:?}", text(&o));
@@ -1434,6 +1440,8 @@ fn bots_add_and_update_take_their_remaining_flags() {
     for bad in [
         ["--handler-timeout-s", "0"],
         ["--handler-timeout-s", "901"],
+        ["--async-reply-ttl-s", "9"],
+        ["--async-reply-ttl-s", "86401"],
         ["--typing", "maybe"],
     ] {
         let o = botfleet(&[
@@ -1457,12 +1465,13 @@ fn bots_add_and_update_take_their_remaining_flags() {
 async fn the_worker_takes_its_tuning_flags() {
     let dir = tempdir();
     let db = db(&dir);
-    let tuning: [(&str, &str); 13] = [
+    let tuning: [(&str, &str); 14] = [
         ("--capacity", "500"),
         ("--telegram-connect-rate", "50"),
         ("--slack-connect-rate", "5"),
         ("--discord-connect-rate", "5"),
         ("--handler-timeout-s", "60"),
+        ("--async-reply-ttl-s", "30"),
         ("--handler-retry-s", "30"),
         ("--turn-slots", "64"),
         ("--file-link-ttl-s", "600"),
@@ -1481,6 +1490,13 @@ async fn the_worker_takes_its_tuning_flags() {
         let (_, err) = text(&o);
         assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
         assert!(err.contains(flag), "{flag}: {err}");
+    }
+    // A held turn lives 10 s to 24 h.
+    for bad in ["9", "86401"] {
+        let o = botfleet(&["worker", "--async-reply-ttl-s", bad, "--database-url", &db]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--async-reply-ttl-s"), "{bad}: {err}");
     }
 }
 

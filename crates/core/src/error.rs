@@ -109,6 +109,9 @@ pub enum InvalidSpec {
     /// `handler_timeout_s` is out of its range.
     #[error("invalid handler_timeout_s: must be 1-900 seconds")]
     HandlerTimeout,
+    /// `async_reply_ttl_s` is out of its range.
+    #[error("invalid async_reply_ttl_s: must be 10-86400 seconds")]
+    AsyncReplyTtl,
     /// The bot's commands break a rule (see [`check_commands`](crate::check_commands)).
     #[error("invalid commands: {0}")]
     Commands(String),

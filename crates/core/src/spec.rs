@@ -124,10 +124,18 @@ pub struct BotOptions {
     /// (`None`: yes, where the platform has one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub typing: Option<bool>,
+    /// How long a turn whose handler answered `202` waits for its answer, in seconds
+    /// (10-86,400); `None` takes the worker's `--async-reply-ttl-s`. Then the event is given
+    /// up on (`async reply expired`) and the chat goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub async_reply_ttl_s: Option<u32>,
 }
 
 /// The longest a handler call may be given, in seconds.
 pub const MAX_HANDLER_TIMEOUT_S: u32 = 900;
+
+/// The range of a held turn's time to live (`async_reply_ttl_s`), in seconds.
+pub const ASYNC_REPLY_TTL_S: std::ops::RangeInclusive<u32> = 10..=86_400;
 
 /// What verifies a webhook bot's deliveries. Never printed.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
@@ -219,6 +227,14 @@ impl BotSpec {
             .map_or(default, |s| std::time::Duration::from_secs(u64::from(s)))
     }
 
+    /// How long a turn whose handler answered `202` waits for its answer: its own
+    /// `async_reply_ttl_s`, or `default` (the worker's).
+    pub fn async_reply_ttl(&self, default: std::time::Duration) -> std::time::Duration {
+        self.options
+            .async_reply_ttl_s
+            .map_or(default, |s| std::time::Duration::from_secs(u64::from(s)))
+    }
+
     /// Whether the fleet shows typing while its turns run long (see [`BotOptions::typing`]).
     pub fn shows_typing(&self) -> bool {
         self.options.typing != Some(false)
@@ -278,6 +294,11 @@ impl BotSpec {
         if let Some(t) = self.options.handler_timeout_s {
             if !(1..=MAX_HANDLER_TIMEOUT_S).contains(&t) {
                 return Err(InvalidSpec::HandlerTimeout);
+            }
+        }
+        if let Some(t) = self.options.async_reply_ttl_s {
+            if !ASYNC_REPLY_TTL_S.contains(&t) {
+                return Err(InvalidSpec::AsyncReplyTtl);
             }
         }
         let token = self.token.expose();

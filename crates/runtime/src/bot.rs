@@ -92,6 +92,8 @@ pub(crate) struct BotSettings {
     pub(crate) slots: crate::turn::Slots,
     /// The worker's file links.
     pub(crate) files: crate::Files,
+    /// The worker's answers that come later.
+    pub(crate) later: crate::later::Later,
     /// Where entries journaled by other workers (sends from the backend) reach the bot.
     pub(crate) mailboxes: Arc<crate::sends::Mailboxes>,
 }
@@ -440,6 +442,7 @@ impl BotCtx {
                     retry_for: self.settings.retry_for,
                     slots: self.settings.slots.clone(),
                     files: self.settings.files.clone(),
+                    later: self.settings.later.clone(),
                 },
             ),
             fence: self.fence,

@@ -38,6 +38,10 @@ pub struct WorkerConfig {
     /// attempt (`--handler-timeout-s`); a bot's own `handler_timeout_s` overrides it.
     /// Default 120 s; 1 s - 900 s.
     pub handler_timeout: Duration,
+    /// How long a turn whose handler answered `202` waits for its answer
+    /// (`--async-reply-ttl-s`) before the event is given up on (`async reply expired`); a
+    /// bot's own `async_reply_ttl_s` overrides it. Default 900 s; 10 s - 24 h.
+    pub async_reply_ttl: Duration,
     /// Handlers compiled into this worker, by the name a bot's `--handler NAME` gives (a
     /// worker built as a library adds its own). Default none.
     pub handlers: crate::HandlerRegistry,
@@ -111,6 +115,7 @@ impl WorkerConfig {
             registry_refresh: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(1),
             handler_timeout: Duration::from_secs(120),
+            async_reply_ttl: Duration::from_secs(900),
             handlers: crate::HandlerRegistry::default(),
             handler_retry_for: Duration::from_secs(300),
             max_in_flight: 1_000,

@@ -94,6 +94,10 @@ pub struct TurnContext {
     /// What reads the event's files (none outside a worker's turn).
     files: Option<crate::Files>,
     bot: Option<botfleet_core::BotId>,
+    /// What finishes this turn later, through `POST /api/v1/replies/{token}` on any worker.
+    reply_token: Option<String>,
+    /// What takes the parts of a later answer on this worker (none outside a worker's turn).
+    replies: Option<crate::Replies>,
 }
 
 impl TurnContext {
@@ -105,7 +109,36 @@ impl TurnContext {
             reply: Reply::default(),
             files: None,
             bot: None,
+            reply_token: None,
+            replies: None,
         }
+    }
+
+    /// What finishes this turn later from Rust, after [`Self::answer_later`]: a handle that
+    /// outlives `handle` (move it into a task), posting parts as
+    /// `POST /api/v1/replies/{reply_token}` does. `None` outside a worker's turn.
+    pub fn later(&self) -> Option<LaterReply> {
+        Some(LaterReply {
+            token: self.reply_token.clone()?,
+            replies: self.replies.clone()?,
+        })
+    }
+
+    /// The reply token of this turn (in a worker's turn): what
+    /// `POST /api/v1/replies/{token}` takes, on any worker, to finish the turn after
+    /// [`Self::answer_later`]. Bound to the bot, the chat and the event; valid until the turn
+    /// ends or its time to live passes.
+    pub fn reply_token(&self) -> Option<&str> {
+        self.reply_token.as_deref()
+    }
+
+    /// Holds the chat's turn open: the answer comes later, through the reply token (what a
+    /// webhook handler's `202` says). The chat's next events wait until a part posted with
+    /// `"final": true` ends the turn, or its time to live passes. What this context was
+    /// asked to do besides is not done.
+    pub fn answer_later(&mut self) -> &mut Self {
+        self.reply.later = true;
+        self
     }
 
     /// The bytes of `attachment`, a file of the event (at most
@@ -250,6 +283,40 @@ impl TurnContext {
     }
 }
 
+/// A turn's later answer, from Rust ([`TurnContext::later`]): cheap to clone, valid until
+/// the turn ends or its time to live passes.
+#[derive(Clone)]
+pub struct LaterReply {
+    token: String,
+    replies: crate::Replies,
+}
+
+impl std::fmt::Debug for LaterReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a credential for the turn.
+        f.debug_struct("LaterReply").finish_non_exhaustive()
+    }
+}
+
+impl LaterReply {
+    /// The turn's reply token (what another process posts to, on any worker).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Posts a part, `{"actions": [...], "state"?, "final": bool}`, under `idempotency_key`.
+    ///
+    /// # Errors
+    /// As the API answers ([`crate::ReplyError`]).
+    pub async fn post(
+        &self,
+        idempotency_key: &str,
+        part: &serde_json::Value,
+    ) -> Result<crate::Posted, crate::ReplyError> {
+        self.replies.post(&self.token, idempotency_key, part).await
+    }
+}
+
 /// `echo`: the text back to the chat.
 #[derive(Debug, Default)]
 pub struct Echo;
@@ -347,6 +414,20 @@ pub fn request(
     state: Option<&str>,
     caps: &Caps,
 ) -> Result<serde_json::Value, HandlerError> {
+    request_in_turn(msg, state, caps, None)
+}
+
+/// [`request`] as a worker's turn POSTs it: with the turn's `reply_token` (what finishes the
+/// turn later, after a `202`).
+///
+/// # Errors
+/// A stored state that is not JSON.
+pub fn request_in_turn(
+    msg: &Inbound,
+    state: Option<&str>,
+    caps: &Caps,
+    reply_token: Option<&str>,
+) -> Result<serde_json::Value, HandlerError> {
     let mut doc = serde_json::to_value(msg).map_err(|e| HandlerError::BadReply(e.to_string()))?;
     if let Some(obj) = doc.as_object_mut() {
         obj.remove("answer_handle");
@@ -365,6 +446,9 @@ pub fn request(
         obj.insert("caps".into(), caps);
         // Outside a worker's turn (which counts them) a call is the first.
         obj.insert("attempt".into(), msg.attempt.max(1).into());
+        if let Some(t) = reply_token {
+            obj.insert("reply_token".into(), t.into());
+        }
     }
     Ok(doc)
 }
@@ -383,6 +467,9 @@ pub struct Reply {
     /// `text` is shown only to the user who acted, where it answers their interaction (a
     /// Discord command or button press).
     pub ephemeral: bool,
+    /// The answer comes later (a webhook's `202`, [`TurnContext::answer_later`]): the turn
+    /// is held open for it, and the rest of this reply is not done.
+    pub later: bool,
 }
 
 impl Reply {
@@ -429,6 +516,7 @@ impl Reply {
             actions,
             refused,
             ephemeral,
+            later: false,
         })
     }
 }
@@ -480,20 +568,25 @@ impl Handler {
         state: Option<&str>,
         caps: &Caps,
     ) -> Result<Reply, HandlerError> {
-        self.answer_in(msg, state, caps, None).await
+        self.answer_in(msg, state, caps, None, None).await
     }
 
     /// [`Handler::answer_with_state`] in a worker's turn, whose context reads the event's
-    /// files through `files`.
+    /// files through `files` and finishes later through `reply_token`.
     pub(crate) async fn answer_in(
         &self,
         msg: &Inbound,
         state: Option<&str>,
         caps: &Caps,
         files: Option<&crate::Files>,
+        later: Option<(String, crate::Replies)>,
     ) -> Result<Reply, HandlerError> {
         let mut cx = TurnContext::new(*caps, state);
         cx.files = files.cloned();
+        if let Some((token, replies)) = later {
+            cx.reply_token = Some(token);
+            cx.replies = Some(replies);
+        }
         cx.bot = Some(msg.chat.bot.clone());
         tokio::time::timeout(self.timeout, self.imp.handle(msg, &mut cx))
             .await
@@ -505,7 +598,12 @@ impl Handler {
 #[async_trait]
 impl BotHandler for Webhook {
     async fn handle(&self, msg: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
-        let doc = request(msg, cx.state.as_deref(), &cx.caps)?;
+        let doc = request_in_turn(
+            msg,
+            cx.state.as_deref(),
+            &cx.caps,
+            cx.reply_token.as_deref(),
+        )?;
         let body = serde_json::to_vec(&doc).map_err(|e| HandlerError::BadReply(e.to_string()))?;
         let mut req = self
             .http
@@ -524,6 +622,11 @@ impl BotHandler for Webhook {
         };
         let resp = req.body(body).send().await.map_err(failed)?;
         let status = resp.status();
+        if status == reqwest::StatusCode::ACCEPTED {
+            // The answer comes later, through the reply token; the body says nothing.
+            cx.answer_later();
+            return Ok(());
+        }
         if !status.is_success() {
             return Err(HandlerError::Status(status.as_u16()));
         }

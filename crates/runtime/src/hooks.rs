@@ -72,6 +72,8 @@ pub(crate) struct HookSettings {
     pub(crate) slots: crate::turn::Slots,
     /// The worker's file links.
     pub(crate) files: crate::Files,
+    /// The worker's answers that come later.
+    pub(crate) later: crate::later::Later,
 }
 
 /// The webhook side of one worker: serve its [`Hooks::router`] on the hooks address.
@@ -1169,6 +1171,7 @@ impl Hooks {
                 retry_for: self.inner.settings.retry_for,
                 slots: self.inner.settings.slots.clone(),
                 files: self.inner.settings.files.clone(),
+                later: self.inner.settings.later.clone(),
             },
         )
     }

@@ -8,9 +8,11 @@ mod handler;
 mod hooks;
 pub mod http;
 mod journal;
+mod later;
 mod lock;
 pub mod metrics;
 mod platforms;
+mod replies;
 mod reply_token;
 mod reporter;
 mod retry;
@@ -23,8 +25,9 @@ pub use botfleet_store::StoreSession;
 pub use config::{hostname, WorkerConfig};
 pub use files::{Files, FILES_PATH, MAX_READ_BYTES};
 pub use handler::{
-    request as handler_request, sign, BotHandler, Echo, Handler, HandlerError, HandlerRegistry,
-    Reply, TurnContext, Webhook, SIGNATURE_HEADER,
+    request as handler_request, request_in_turn as handler_request_in_turn, sign, BotHandler, Echo,
+    Handler, HandlerError, HandlerRegistry, LaterReply, Reply, TurnContext, Webhook,
+    SIGNATURE_HEADER,
 };
 pub use hooks::{Hooks, MAX_HOOK_BODY};
 pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};
@@ -34,5 +37,6 @@ pub use platforms::{
     capability_table, descriptor, is_webhook, supported as supported_platforms,
     validate as validate_spec, SpecError, DESCRIPTORS,
 };
+pub use replies::{Posted, Replies, ReplyError};
 pub use sends::{SendError, SendStatus, Sends, Submitted};
 pub use worker::{Worker, WorkerError};

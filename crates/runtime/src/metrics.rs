@@ -100,6 +100,10 @@ pub const OUTBOX_WINDOW_SECONDS: &str = "botfleet_outbox_window_seconds";
 pub const HOOK_REPLY_SECONDS: &str = "botfleet_hook_reply_seconds";
 /// Messages received by each of the busiest bots on this worker (bounded: the top N only).
 pub const BOT_MESSAGES_RECEIVED_TOTAL: &str = "botfleet_bot_messages_received_total";
+/// Turns held open on this worker for an answer that comes later (gauge).
+pub const TURNS_HELD: &str = "botfleet_turns_held";
+/// Held turns whose answer did not come within their time to live, per platform.
+pub const ASYNC_EXPIRED_TOTAL: &str = "botfleet_async_expired_total";
 /// The worker process's resident memory.
 pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "botfleet_process_resident_memory_bytes";
 /// The worker process's open file descriptors (every connection is one).
@@ -118,6 +122,8 @@ pub struct Metrics {
     self_fences: AtomicU64,
     registrations: AtomicU64,
     file_links_refused: AtomicU64,
+    /// Turns held open for an answer that comes later.
+    held: AtomicI64,
     /// Unix ms when the grace window the worker last saw ends (0: none).
     grace_until_ms: AtomicI64,
     // std Mutex: held for one map update, never across .await.
@@ -152,6 +158,14 @@ impl Metrics {
     /// Bots of `p` running now.
     pub fn running_now(&self, p: Platform) -> i64 {
         self.running[idx(p)].load(Ordering::Relaxed)
+    }
+    /// A turn began (+1) or stopped (-1) being held open for an answer that comes later.
+    pub fn turns_held(&self, delta: i64) {
+        self.held.fetch_add(delta, Ordering::Relaxed);
+    }
+    /// Turns held open on this worker now.
+    pub fn turns_held_now(&self) -> u64 {
+        self.held.load(Ordering::Relaxed).max(0).unsigned_abs()
     }
     /// Sets the capacity gauge.
     pub fn set_capacity(&self, c: u32) {
@@ -324,7 +338,7 @@ impl Metrics {
             );
         }
         out.push_str(&lines);
-        let simple: [(&str, &str, &str, u64); 7] = [
+        let simple: [(&str, &str, &str, u64); 8] = [
             (
                 WORKER_CAPACITY,
                 "Most bots this worker accepts.",
@@ -366,6 +380,12 @@ impl Metrics {
                 "Times the worker stopped its bots because its lease was not safe.",
                 "counter",
                 self.self_fences.load(Ordering::Relaxed),
+            ),
+            (
+                TURNS_HELD,
+                "Turns held open for an answer that comes later (their handler answered 202).",
+                "gauge",
+                self.turns_held_now(),
             ),
         ];
         let extra: [(&str, &str, &str, u64); 2] = [
@@ -461,6 +481,10 @@ impl Metrics {
             (
                 HANDLER_TIMEOUTS_TOTAL,
                 "Handler calls cut off at the handler timeout (tried again as the next attempt).",
+            ),
+            (
+                ASYNC_EXPIRED_TOTAL,
+                "Held turns whose answer did not come within their time to live (async reply expired).",
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

@@ -7,9 +7,6 @@
 //! It names no fence: the turn may be taken over by another worker (a kill, a hand-over)
 //! and the token still finds it.
 //!
-//! (Issue 38, step 1: the replies API and the handler requests that carry the token come
-//! next; until then nothing here is called outside the tests.)
-#![allow(dead_code)]
 
 use base64::Engine;
 use botfleet_core::BotId;

@@ -23,6 +23,7 @@
 
 mod actions;
 mod deadline;
+mod held;
 
 pub(crate) use actions::sent_name;
 pub(crate) use deadline::Armed;
@@ -183,6 +184,11 @@ pub(crate) struct TurnCtx {
     /// The bot's `typing`: whether the platform's typing indicator (where `caps.typing`) is
     /// shown while a handler runs long.
     pub(crate) typing: bool,
+    /// The reply-token key.
+    pub(crate) later: crate::later::Later,
+    /// How long a turn whose handler answered `202` waits for its answer (the bot's own, or
+    /// the worker's).
+    pub(crate) async_ttl: Duration,
 }
 
 /// What every turn of a worker shares, whatever the bot's transport.
@@ -199,6 +205,8 @@ pub(crate) struct TurnBase {
     pub(crate) slots: Slots,
     /// The worker's file links.
     pub(crate) files: crate::Files,
+    /// The worker's answers that come later.
+    pub(crate) later: crate::later::Later,
 }
 
 impl TurnCtx {
@@ -227,6 +235,8 @@ impl TurnCtx {
             caps: crate::platforms::caps(spec),
             files: base.files,
             typing: spec.shows_typing(),
+            async_ttl: spec.async_reply_ttl(base.later.ttl()),
+            later: base.later,
         }
     }
 }
@@ -301,20 +311,42 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         turn: started,
         event: arrived_at(entry.received_at_ms, started),
     };
-    let answered = answer(
-        ctx,
-        hold,
-        &mut slot,
-        &mut msg,
-        view.state.as_deref(),
-        began,
-        &mut deadline,
-    )
-    .await?;
-    let reply = match answered {
-        Ok(r) => r,
-        Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
+    let (reply, until_ms) = match view.held_until_ms {
+        // Held before (here, or by a worker this turn was taken from): the handler answered
+        // already, and its answer comes through the reply token.
+        Some(until_ms) => (
+            Reply {
+                later: true,
+                ..Reply::default()
+            },
+            until_ms,
+        ),
+        None => match answer(
+            ctx,
+            hold,
+            &mut slot,
+            &mut msg,
+            view.state.as_deref(),
+            began,
+            &mut deadline,
+            (job.chat, job.key),
+        )
+        .await?
+        {
+            Ok(r) => r,
+            Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
+        },
     };
+    if reply.later {
+        let held = held::Held {
+            msg: &msg,
+            until_ms,
+            end,
+            revision: view.revision,
+            since: began.event,
+        };
+        return held::wait(ctx, hold, slot, held, &mut deadline).await;
+    }
     if !actions::is_plain(&reply) || actions::needs_answer(ctx, &msg) {
         let turn = actions::Answered {
             reply,
@@ -484,8 +516,11 @@ struct Began {
 
 /// The handler's answer (`Err` inside: why the message is undeliverable), transient failures
 /// (a timeout among them) retried for `retry_for` while the other chats go on, each call with
-/// the next `attempt`. An event with a platform deadline is acknowledged when the handler
-/// takes past it (`deadline` says so).
+/// the next `attempt` and a reply token for the turn (the entry `entry` of `chat`); with it,
+/// when that token expires (unix ms: what a hold of the turn lasts, if the answer comes
+/// later). An event with a platform
+/// deadline is acknowledged when the handler takes past it (`deadline` says so).
+#[allow(clippy::too_many_arguments)]
 async fn answer(
     ctx: &TurnCtx,
     hold: &impl Hold,
@@ -494,17 +529,35 @@ async fn answer(
     state: Option<&str>,
     began: Began,
     deadline: &mut Deadline,
-) -> Result<Result<Reply, String>, Halt> {
+    (chat, entry): (&str, &str),
+) -> Result<Result<(Reply, i64), String>, Halt> {
     let mut attempt = 0;
     let mut waiting = Waiting::new(ctx, msg, began.event);
+    let replies = crate::Replies::new(ctx.later.clone(), ctx.store.clone());
+    let key = through_store(ctx, hold, "read the reply-token key", || async {
+        ctx.later.key().await.map(<[u8]>::to_vec)
+    })
+    .await?;
     loop {
         hold.check()?;
         msg.attempt = attempt + 1;
         let msg: &Inbound = msg;
+        let ttl_ms = i64::try_from(ctx.async_ttl.as_millis()).unwrap_or(i64::MAX);
+        let claim = crate::reply_token::ReplyClaim {
+            bot: ctx.bot.clone(),
+            chat: chat.to_owned(),
+            entry: entry.to_owned(),
+            expires_ms: botfleet_core::unix_ms().saturating_add(ttl_ms),
+        };
+        let token = crate::reply_token::sign(&key, &claim);
         // Boxed: a webhook call's future is kilobytes, which a waiting turn need not carry.
-        let call = ctx
-            .handler
-            .answer_in(msg, state, &ctx.caps, Some(&ctx.files));
+        let call = ctx.handler.answer_in(
+            msg,
+            state,
+            &ctx.caps,
+            Some(&ctx.files),
+            Some((token, replies.clone())),
+        );
         let mut call = Box::pin(while_handler_runs(
             ctx,
             hold,
@@ -541,7 +594,7 @@ async fn answer(
             ctx.metrics.count(HANDLER_TIMEOUTS_TOTAL, ctx.platform, 1);
         }
         match r {
-            Ok(r) => return Ok(Ok(r)),
+            Ok(r) => return Ok(Ok((r, claim.expires_ms))),
             Err(e) if e.is_transient() && began.turn.elapsed() < ctx.retry_for => {
                 ctx.metrics.handler_retry(ctx.platform);
                 let wait = backoff(attempt);
@@ -768,6 +821,17 @@ struct End<'a> {
 }
 
 impl End<'_> {
+    /// The same entry, with nothing gathered yet (a held turn's next look at its parts).
+    fn again(&self) -> Self {
+        End {
+            key: self.key,
+            chat: self.chat,
+            fence: self.fence,
+            refs: Vec::new(),
+            notes: None,
+        }
+    }
+
     /// Ends the entry as undeliverable (nothing was sent).
     async fn undeliverable(
         self,

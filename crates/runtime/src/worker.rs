@@ -112,6 +112,8 @@ pub struct Worker {
     slots: crate::turn::Slots,
     /// File links: signed for every event's attachments, served by [`Worker::files`].
     files: crate::Files,
+    /// Answers that come later: the reply-token key and the held turns' time to live.
+    later: crate::later::Later,
 }
 
 impl std::fmt::Debug for Worker {
@@ -149,6 +151,7 @@ impl Worker {
             cfg.api_public_url.clone(),
             cfg.file_link_ttl,
         );
+        let later = crate::later::Later::new(store.clone(), cfg.async_reply_ttl);
         Ok(Self {
             cfg,
             coord,
@@ -166,6 +169,7 @@ impl Worker {
             reports: Some(reports),
             slots,
             files,
+            later,
         })
     }
 
@@ -174,6 +178,12 @@ impl Worker {
     /// control API).
     pub fn files(&self) -> crate::Files {
         self.files.clone()
+    }
+
+    /// Answers that come later through this worker (`POST /api/v1/replies/{reply_token}`):
+    /// serve [`Replies::router`](crate::Replies::router) beside the API.
+    pub fn replies(&self) -> crate::Replies {
+        crate::Replies::new(self.later.clone(), self.store.clone())
     }
 
     /// The worker's webhook side: serve [`Hooks::router`](crate::Hooks::router) on the hooks
@@ -203,6 +213,7 @@ impl Worker {
                 retry_for: self.cfg.handler_retry_for,
                 slots: self.slots.clone(),
                 files: self.files.clone(),
+                later: self.later.clone(),
             },
             self.reporter.clone(),
         );

@@ -80,3 +80,16 @@ pub(crate) fn answer_again(seq: u64, kept: &str, posted: &str) -> PostAnswer {
         PostAnswer::Conflict
     }
 }
+
+/// [`Store::replies_since`](crate::Store::replies_since)'s rows as the SQL backends read them.
+pub(crate) fn since_rows(
+    rows: Vec<(String, String, i64)>,
+) -> crate::Result<Vec<(botfleet_core::BotId, String, u64)>> {
+    rows.into_iter()
+        .map(|(bot, entry, seq)| {
+            let bot = botfleet_core::BotId::new(bot)
+                .map_err(|e| crate::StoreError::Corrupt(e.to_string()))?;
+            Ok((bot, entry, seq.max(0).unsigned_abs()))
+        })
+        .collect()
+}

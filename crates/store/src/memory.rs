@@ -515,6 +515,22 @@ impl Store for MemoryStore {
         Ok(PostAnswer::Accepted(h.posts))
     }
 
+    async fn replies_since(&self, since_ms: i64) -> Result<Vec<(BotId, String, u64)>> {
+        Ok(self
+            .st()
+            .held
+            .iter()
+            .filter_map(|((bot, key), h)| {
+                h.parts
+                    .iter()
+                    .filter(|(.., p)| p.posted_at_ms >= since_ms)
+                    .map(|(seq, ..)| *seq)
+                    .max()
+                    .map(|seq| (bot.clone(), key.clone(), seq))
+            })
+            .collect())
+    }
+
     async fn posted_replies(
         &self,
         bot: &BotId,

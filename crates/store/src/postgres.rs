@@ -1174,6 +1174,19 @@ impl Store for PostgresStore {
         ))
     }
 
+    async fn replies_since(&self, since_ms: i64) -> Result<Vec<(BotId, String, u64)>> {
+        let c = self.client().await?;
+        let rows = c
+            .query(crate::schema::REPLIES_SINCE, &[&since_ms])
+            .await
+            .map_err(db("read posted replies"))?;
+        crate::held::since_rows(
+            rows.iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect(),
+        )
+    }
+
     async fn posted_replies(
         &self,
         bot: &BotId,

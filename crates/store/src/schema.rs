@@ -158,6 +158,10 @@ pub(crate) const REPLY_INSERT: &str =
 pub(crate) const REPLIES_AFTER: &str = "SELECT seq, body, is_final, posted_at_ms FROM replies \
      WHERE bot_id = $1 AND entry = $2 AND seq > $3 ORDER BY seq";
 
+/// Entries with parts posted at or after `$1`, with their latest part's number.
+pub(crate) const REPLIES_SINCE: &str =
+    "SELECT bot_id, entry, MAX(seq) FROM replies WHERE posted_at_ms >= $1 GROUP BY bot_id, entry";
+
 /// Forgets the parts of entries no longer pending, posted before `$1`.
 pub(crate) const REPLIES_PRUNE: &str =
     "DELETE FROM replies WHERE posted_at_ms < $1 AND NOT EXISTS (SELECT 1 FROM inbox i \
@@ -217,6 +221,9 @@ struct HookDoc {
     /// Typing shown while turns run long (`None`: yes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     typing: Option<bool>,
+    /// The bot's own time to live of a held turn, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    async_reply_ttl_s: Option<u32>,
 }
 
 /// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
@@ -313,6 +320,7 @@ impl BotRow {
             commands: spec.options.commands.clone(),
             handler_timeout_s: spec.options.handler_timeout_s,
             typing: spec.options.typing,
+            async_reply_ttl_s: spec.options.async_reply_ttl_s,
         };
         let hook = if doc == HookDoc::default() {
             None
@@ -400,6 +408,7 @@ impl BotRow {
                     commands: doc.commands,
                     handler_timeout_s: doc.handler_timeout_s,
                     typing: doc.typing,
+                    async_reply_ttl_s: doc.async_reply_ttl_s,
                 },
                 hook: botfleet_core::HookSecrets {
                     secret: doc.secret.map(Secret::new),

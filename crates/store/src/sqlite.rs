@@ -1100,6 +1100,24 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn replies_since(&self, since_ms: i64) -> Result<Vec<(BotId, String, u64)>> {
+        let rows: Vec<(String, String, i64)> = self
+            .read("read posted replies", move |c| {
+                let fail = |e| StoreError::backend("read posted replies", e);
+                let mut st = c
+                    .prepare_cached(&crate::schema::REPLIES_SINCE.replace('$', "?"))
+                    .map_err(fail)?;
+                let rows = st
+                    .query_map([since_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .map_err(fail)?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(fail)?;
+                Ok(rows)
+            })
+            .await?;
+        crate::held::since_rows(rows)
+    }
+
     async fn posted_replies(
         &self,
         bot: &BotId,

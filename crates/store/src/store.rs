@@ -356,6 +356,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         after_seq: u64,
     ) -> Result<Vec<crate::PostedReply>>;
 
+    /// Which entries, of every bot, had parts posted at or after `since_ms` (unix ms, as the
+    /// posting worker's clock said), each with the number of its latest part: one query
+    /// however many turns are held (what wakes the turns a worker holds when another worker
+    /// took their parts).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn replies_since(&self, since_ms: i64) -> Result<Vec<(BotId, String, u64)>>;
+
     /// The values of `names` in the bot's chat, as turns recorded them
     /// ([`TurnRecord::refs`](crate::TurnRecord::refs)); `None` for a name never given or
     /// expired.

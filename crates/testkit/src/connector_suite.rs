@@ -284,15 +284,16 @@ impl Harness {
         .expect("worker");
         let metrics = w.metrics();
         let sends = w.sends();
-        // The worker's API, as far as file links go, on a port of its own.
+        // The worker's API, as far as file links and replies go, on a port of its own.
         let files = w.files();
+        let replies = w.replies();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let api_url = format!("http://{}", listener.local_addr().expect("addr"));
         files.set_public_url(&api_url);
         let files_task = tokio::spawn(async move {
             if let Ok(l) = tokio::net::TcpListener::from_std(listener) {
-                let _ = axum::serve(l, files.router()).await;
+                let _ = axum::serve(l, files.router().merge(replies.router())).await;
             }
         });
         let (tx, rx) = oneshot::channel();
@@ -953,6 +954,190 @@ pub async fn long_turns_come_again_and_show_typing<F: PlatformFixture>(f: &F) {
     w.shutdown().await;
 }
 
+/// A handler that answers `202` holds its chat's turn open for an answer that comes later
+/// (a reply token in every request): the chat's next message waits, other chats go on, no
+/// turn slot is held, typing is kept up where the mode has it, and the handler is not called
+/// again, also by the worker that takes the bot over when the one holding the turn dies; the
+/// bot's `async_reply_ttl_s` passing with no answer ends the event as undeliverable (`async
+/// reply expired`) and the chat goes on.
+pub async fn a_later_answer_holds_its_chat_until_its_time_to_live<F: PlatformFixture>(f: &F) {
+    let mut bot = f.bot(0);
+    let caps = caps_of(f, &bot);
+    bot.options.async_reply_ttl_s = Some(10);
+    let handler = later_handler().await;
+    let (h, w) = answered_by(f, &mut bot, handler.url()).await;
+    f.user_writes(0, 1, "later");
+    wait_for("the turn held", Duration::from_secs(15), || async {
+        let stats = h.store().inbox_stats().await.ok()?;
+        (stats.get(&bot.id)?.held == 1).then_some(())
+    })
+    .await;
+    let held_at = tokio::time::Instant::now();
+    f.user_writes(0, 1, "next");
+    f.user_writes(0, 2, "other");
+    until_sent(f, 0, "other", Duration::from_secs(8)).await;
+    let text = w.metrics.render("w");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("botfleet_turns_held{") && l.ends_with(" 1")),
+        "{text}"
+    );
+    // The worker dies while the turn is held: the next one holds it on.
+    h.crash(w);
+    let w = h.start("b");
+    until_sent(f, 0, "next", Duration::from_secs(40)).await;
+    let waited = held_at.elapsed();
+    assert!(
+        waited >= Duration::from_secs(8),
+        "the chat's next message was answered {waited:?} into a 10 s hold"
+    );
+    let sent: Vec<(u32, String)> = f.sent(0);
+    assert!(
+        !sent.iter().any(|(_, t)| t == "ignored"),
+        "a 202's body was sent: {sent:?}"
+    );
+    let gone = h
+        .store()
+        .inbox_undeliverable(&bot.id, 10)
+        .await
+        .expect("inbox");
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!(gone[0].error.as_deref(), Some("async reply expired"));
+    // Called once, with a reply token.
+    let calls: Vec<serde_json::Value> = handler
+        .seen()
+        .into_iter()
+        .filter(|e| e["text"] == "later")
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let token = calls[0]["reply_token"].as_str().unwrap_or_default();
+    assert!(token.starts_with("r1."), "{:?}", calls[0]);
+    assert_eq!(
+        f.typing_shown(0) >= 1,
+        caps.typing,
+        "typing shows while the turn is held, where the mode has it"
+    );
+    let text = w.metrics.render("b");
+    for want in ["botfleet_turns_held{", "botfleet_async_expired_total{"] {
+        let want_n = if want.contains("held") { " 0" } else { " 1" };
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(want) && l.ends_with(want_n)),
+            "{want}…{want_n} in {text}"
+        );
+    }
+    wait_for("nothing held", Duration::from_secs(5), || async {
+        let stats = h.store().inbox_stats().await.ok()?;
+        (stats.get(&bot.id).map_or(0, |s| s.held) == 0).then_some(())
+    })
+    .await;
+    w.shutdown().await;
+}
+
+/// The handler of the later-answer cases: `202` (with a body, which is ignored) to "later"
+/// and "ask"; the text back to anything else, with the chat's state after it when there is
+/// one ("next after {\"n\":2}").
+pub async fn later_handler() -> crate::ScriptedHandler {
+    use serde_json::json;
+    crate::ScriptedHandler::start(|ev: &serde_json::Value| match ev["text"].as_str() {
+        Some("later" | "ask") => json!({"_status": 202, "text": "ignored"}),
+        Some(t) if ev["state"].is_null() => json!({ "text": t }),
+        Some(t) => json!({ "text": format!("{t} after {}", ev["state"]) }),
+        None => json!({}),
+    })
+    .await
+}
+
+/// Posts a part of a later answer through the API at `api_url`: the status and the answer.
+pub async fn post_part(
+    api_url: &str,
+    token: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{api_url}/api/v1/replies/{token}"))
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .expect("the API answers");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
+/// A later answer in three parts, posted through both workers' APIs (the one running the
+/// bot and the other): the parts' actions go out once, in the order posted; the chat's next
+/// message is answered only after the last part, with the state the parts left; a repeat of a
+/// key answers as the first post and sends nothing, another body under a key is refused
+/// (409), a part after the last is refused (410), a forged token is unknown (404).
+pub async fn a_later_answer_comes_in_parts_through_any_worker<F: PlatformFixture>(f: &F) {
+    use serde_json::json;
+    let mut bot = f.bot(0);
+    let handler = later_handler().await;
+    bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let (a, b) = (h.start("a"), h.start("b"));
+    connected(f).await;
+    f.user_writes(0, 1, "ask");
+    let token = wait_for("the handler asked", Duration::from_secs(15), || async {
+        handler
+            .seen()
+            .iter()
+            .find(|e| e["text"] == "ask")
+            .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
+    })
+    .await;
+    wait_for("the turn held", Duration::from_secs(15), || async {
+        let stats = h.store().inbox_stats().await.ok()?;
+        (stats.get(&bot.id)?.held == 1).then_some(())
+    })
+    .await;
+    f.user_writes(0, 1, "next");
+    let send = |t: &str| json!([{"type": "send", "text": t}]);
+    let one = json!({"actions": send("one"), "final": false});
+    assert_eq!(post_part(&a.api_url, &token, "k1", &one).await.0, 202);
+    until_sent(f, 0, "one", Duration::from_secs(10)).await;
+    let two = json!({"actions": send("two"), "state": {"n": 2}, "final": false});
+    let (status, answer) = post_part(&b.api_url, &token, "k2", &two).await;
+    assert_eq!((status, answer["seq"].as_u64()), (202, Some(2)), "{answer}");
+    // A repeat through the other worker: as the first, nothing again.
+    let (status, answer) = post_part(&a.api_url, &token, "k2", &two).await;
+    assert_eq!(
+        (status, answer["repeated"].as_bool()),
+        (202, Some(true)),
+        "{answer}"
+    );
+    let other = json!({"actions": send("other"), "final": false});
+    assert_eq!(post_part(&a.api_url, &token, "k1", &other).await.0, 409);
+    let three = json!({"actions": send("three"), "final": true});
+    assert_eq!(post_part(&b.api_url, &token, "k3", &three).await.0, 202);
+    let after = json!({"actions": send("after"), "final": true});
+    assert_eq!(post_part(&a.api_url, &token, "k4", &after).await.0, 410);
+    let forged = format!("{}x", &token[..token.len() - 1]);
+    let (status, answer) = post_part(&a.api_url, &forged, "k5", &three).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (404, Some("unknown_token"))
+    );
+    let next = "next after {\"n\":2}";
+    until_sent(f, 0, next, Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let chat: Vec<String> = by_chat(&f.sent(0)).remove(&1).unwrap_or_default();
+    assert_eq!(chat, ["one", "two", "three", next], "{chat:?}");
+    wait_for("nothing held", Duration::from_secs(5), || async {
+        let stats = h.store().inbox_stats().await.ok()?;
+        (stats.get(&bot.id).map_or(0, |s| s.held) == 0).then_some(())
+    })
+    .await;
+    nothing_pending(&h, &bot).await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// Buttons out and presses in, through the one handler contract: a send with buttons (one
 /// value too long for the platform) under a `ref`, typing; the press comes to the handler with
 /// its own value and the message's ref, is answered within the platform's deadline, and edits
@@ -1225,6 +1410,8 @@ macro_rules! connector_conformance {
             files_out_reach_the_platform,
             commands_are_registered_when_they_change,
             sends_from_the_backend_go_out_once_in_the_chats_order,
+            a_later_answer_holds_its_chat_until_its_time_to_live,
+            a_later_answer_comes_in_parts_through_any_worker,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -302,7 +302,8 @@ fn echo_kind(ev: &Value) -> Value {
 pub(crate) type Script = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
 
 /// A `webhook` handler that answers each event as its script says, recording the requests.
-/// An answer with `"_delay_ms": N` is sent N ms late (without that key): a slow handler.
+/// An answer with `"_delay_ms": N` is sent N ms late (without that key): a slow handler; one
+/// with `"_status": S` is sent with status S (`202`: the answer comes later).
 pub struct ScriptedHandler {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Value>>>,
@@ -366,7 +367,16 @@ async fn scripted(
     if let Some(ms) = delay {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    Json(answer).into_response()
+    let status = answer
+        .as_object_mut()
+        .and_then(|o| o.remove("_status"))
+        .and_then(|s| s.as_u64())
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| axum::http::StatusCode::from_u16(s).ok());
+    match status {
+        Some(s) => (s, Json(answer)).into_response(),
+        None => Json(answer).into_response(),
+    }
 }
 
 /// Serves `bytes` as `mime` at every path of a free loopback port (a handler's file

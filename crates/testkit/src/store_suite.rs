@@ -851,6 +851,14 @@ pub async fn held_turns_take_posted_parts_once_in_order(s: Arc<dyn Store>) {
     );
     let rest = s.posted_replies(&bot, "e1", 2).await.unwrap();
     assert_eq!(rest.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![3]);
+    // What wakes the turns held elsewhere: the entries with parts since a time, and the last.
+    let since = parts[0].posted_at_ms;
+    assert_eq!(
+        s.replies_since(since).await.unwrap(),
+        vec![(bot.clone(), "e1".to_owned(), 3)]
+    );
+    let later = parts.iter().map(|p| p.posted_at_ms).max().unwrap_or(since) + 1;
+    assert!(s.replies_since(later).await.unwrap().is_empty());
     // Parts are the entry's own; an unknown entry takes none.
     assert!(s.posted_replies(&bot, "e2", 0).await.unwrap().is_empty());
     assert_eq!(

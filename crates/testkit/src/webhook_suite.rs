@@ -47,6 +47,9 @@ pub struct HookWorker {
     pub metrics: Arc<Metrics>,
     /// Sends from the backend through it.
     pub sends: botfleet_runtime::Sends,
+    /// Its coordinator handle on the hub, when it is on one (what [`HookWorker::crash`]
+    /// fails).
+    hub: Option<(MemoryHub, botfleet_coord::MemoryCoordinator)>,
 }
 
 impl HookWorker {
@@ -69,6 +72,17 @@ impl HookWorker {
         self.http.abort();
         self.api.abort();
     }
+
+    /// Dies as a process does (kill -9): [`HookWorker::abort`], and every call of its
+    /// coordinator handle fails from now on, so a turn it had spawned cannot act once its
+    /// lease is unsafe (a dead process's turns do nothing at all; its liveness lasts until
+    /// its lease ends, as its Redis key would).
+    pub fn crash(mut self) {
+        if let Some((hub, coord)) = self.hub.take() {
+            hub.crash(&coord);
+        }
+        self.abort();
+    }
 }
 
 /// Starts a worker on `coord` and `store`, its hooks address on a free loopback port.
@@ -88,7 +102,7 @@ pub async fn start(
     let files = w.files();
     let (api_addr, api) = botfleet_runtime::http::serve_router(
         "127.0.0.1:0".parse().expect("address"),
-        files.router(),
+        files.router().merge(w.replies().router()),
     )
     .await
     .expect("API address");
@@ -112,6 +126,7 @@ pub async fn start(
         files,
         metrics,
         sends,
+        hub: None,
     }
 }
 
@@ -124,14 +139,10 @@ pub async fn fleet(
 ) -> Vec<HookWorker> {
     let mut out = Vec::new();
     for name in names {
-        out.push(
-            start(
-                config(name, public),
-                Arc::new(hub.coordinator()),
-                store.clone(),
-            )
-            .await,
-        );
+        let coord = hub.coordinator();
+        let mut w = start(config(name, public), Arc::new(coord.clone()), store.clone()).await;
+        w.hub = Some((hub.clone(), coord));
+        out.push(w);
     }
     out
 }
@@ -485,6 +496,138 @@ pub async fn long_turns_by_webhook(f: &impl WebhookFixture) {
         f.typing_shown() >= 1,
         caps.typing,
         "typing shows while the handler runs, where the mode has it"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// Which of `workers` holds a turn open for a later answer.
+fn holding(workers: &[HookWorker]) -> Option<usize> {
+    workers.iter().position(|w| w.metrics.turns_held_now() == 1)
+}
+
+/// A later answer by webhook (see the connector suite's case): two workers behind the proxy;
+/// a handler answers `202` with a reply token in its request; the chat's next message waits,
+/// another chat goes on. The worker holding the turn dies: the survivor takes the held turn
+/// over without calling the handler again, and when the bot's 10 s `async_reply_ttl_s` has
+/// passed the event ends undeliverable (`async reply expired`) and the next message is
+/// answered.
+pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
+    let handler = crate::connector_suite::later_handler().await;
+    let mut bot = f.bot(&handler.url());
+    bot.options.async_reply_ttl_s = Some(10);
+    let (_dir, store, proxy, mut workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
+    let (platform, id) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
+        .await;
+    f.user_writes(0, "later");
+    until("the turn held", 20, || holding(&workers).is_some()).await;
+    let held_at = tokio::time::Instant::now();
+    f.user_writes(0, "next");
+    f.user_writes(1, "other");
+    until("the other chat answered", 10, || {
+        f.replies().iter().any(|(_, t)| t == "other")
+    })
+    .await;
+    let holder = holding(&workers).expect("a worker holds the turn");
+    workers.remove(holder).crash();
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    until("the next message answered", 40, || {
+        f.replies().iter().any(|(_, t)| t == "next")
+    })
+    .await;
+    let waited = held_at.elapsed();
+    assert!(
+        waited >= Duration::from_secs(8),
+        "the chat's next message was answered {waited:?} into a 10 s hold"
+    );
+    let calls: Vec<serde_json::Value> = handler
+        .seen()
+        .into_iter()
+        .filter(|e| e["text"] == "later")
+        .collect();
+    assert_eq!(calls.len(), 1, "the handler was called again: {calls:?}");
+    let token = calls[0]["reply_token"].as_str().unwrap_or_default();
+    assert!(token.starts_with("r1."), "{:?}", calls[0]);
+    let gone = store.inbox_undeliverable(&bot.id, 10).await.expect("inbox");
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!(gone[0].error.as_deref(), Some("async reply expired"));
+    let replies: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
+    let mut sorted = replies.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["next", "other"], "once each: {replies:?}");
+    let text = workers[0].metrics.render("survivor");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("botfleet_async_expired_total{") && l.ends_with(" 1")),
+        "{text}"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// A later answer in parts by webhook: two workers behind the proxy; the worker holding the
+/// turn is killed right after its handler answered `202`; three parts posted through the
+/// survivor's API go out once, in order, and the chat's next message is answered after the
+/// last, with the state the parts left.
+pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
+    use serde_json::json;
+    let handler = crate::connector_suite::later_handler().await;
+    let bot = f.bot(&handler.url());
+    let (_dir, store, proxy, mut workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
+    let (platform, id) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
+        .await;
+    f.user_writes(0, "ask");
+    until("the turn held", 20, || holding(&workers).is_some()).await;
+    let token = handler
+        .seen()
+        .iter()
+        .find(|e| e["text"] == "ask")
+        .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
+        .expect("a reply token");
+    let holder = holding(&workers).expect("a worker holds the turn");
+    workers.remove(holder).crash();
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    f.user_writes(0, "next");
+    // The survivor takes the held turn over (once the dead worker's lease ended), without
+    // calling the handler again.
+    until("the held turn taken over", 20, || {
+        workers[0].metrics.turns_held_now() == 1
+    })
+    .await;
+    let api = workers[0].api_url.clone();
+    let send = |t: &str| json!([{"type": "send", "text": t}]);
+    for (key, body) in [
+        ("p1", json!({"actions": send("one"), "final": false})),
+        (
+            "p2",
+            json!({"actions": send("two"), "state": {"n": 2}, "final": false}),
+        ),
+        ("p3", json!({"actions": send("three"), "final": true})),
+    ] {
+        let (status, answer) = crate::connector_suite::post_part(&api, &token, key, &body).await;
+        assert_eq!(status, 202, "{key}: {answer}");
+    }
+    let next = "next after {\"n\":2}";
+    until("the next message answered", 30, || {
+        f.replies().iter().any(|(_, t)| t == next)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let replies: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(replies, ["one", "two", "three", next], "{replies:?}");
+    let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();
+    assert_eq!(asked, 1, "the handler was called again");
+    assert!(
+        store
+            .inbox_pending(&bot.id, 10)
+            .await
+            .expect("inbox")
+            .is_empty(),
+        "nothing left pending"
     );
     for w in workers {
         w.shutdown().await;

@@ -82,6 +82,57 @@ struct Progress {
     /// The platform's ids of the messages sent so far.
     #[serde(default)]
     ids: Vec<String>,
+    /// A held turn: the number of the last part of its answer taken in (its actions added
+    /// to `actions`).
+    #[serde(default)]
+    parts: u64,
+    /// A held turn: its last part was taken in.
+    #[serde(default)]
+    last: bool,
+}
+
+impl Progress {
+    /// What a handler's `reply` starts (its `text` as the first `send`), its refused actions
+    /// counted.
+    fn from_reply(ctx: &TurnCtx, reply: Reply) -> Self {
+        let mut actions = Vec::with_capacity(reply.actions.len() + 1);
+        if let Some(t) = reply.text {
+            actions.push(Action::Send {
+                text: t,
+                buttons: Vec::new(),
+                // As a plain reply goes (quoting or threading where the platform does).
+                thread: true,
+                ref_name: None,
+                attachments: Vec::new(),
+                ephemeral: reply.ephemeral,
+            });
+        }
+        actions.extend(reply.actions);
+        let notes = reply.refused;
+        for _ in &notes {
+            refuse_metric(ctx);
+        }
+        Progress {
+            actions,
+            state: reply.state,
+            notes,
+            ..Progress::default()
+        }
+    }
+}
+
+/// What a held turn's look at the parts posted to it came to.
+pub(super) enum Parts {
+    /// The entry ended: its last part was done (or it had ended already), or it expired.
+    Ended {
+        /// It ended for its time to live.
+        expired: bool,
+    },
+    /// Waiting for more parts; whether a message went out so far.
+    Waiting {
+        /// A message went out.
+        sent: bool,
+    },
 }
 
 /// Whether `reply` is a plain text answer (handled by the one-send path).
@@ -193,7 +244,7 @@ pub(super) async fn run(
     mut slot: Slot,
     msg: &Inbound,
     answered: Answered,
-    mut end: End<'_>,
+    end: End<'_>,
     started: Instant,
 ) -> Result<(), Halt> {
     let Answered {
@@ -203,118 +254,214 @@ pub(super) async fn run(
         deadline,
         arrived,
     } = answered;
-    let key_base = botfleet_core::Outbound::reply_key(msg);
     let earlier = read_progress(ctx, hold, end.key).await?;
     let p = match earlier {
         Some(p) => p,
-        None => {
-            let mut actions = Vec::with_capacity(reply.actions.len() + 1);
-            if let Some(t) = reply.text {
-                actions.push(Action::Send {
-                    text: t,
-                    buttons: Vec::new(),
-                    // As a plain reply goes (quoting or threading where the platform does).
-                    thread: true,
-                    ref_name: None,
-                    attachments: Vec::new(),
-                    ephemeral: reply.ephemeral,
-                });
-            }
-            actions.extend(reply.actions);
-            let notes = reply.refused;
-            for _ in &notes {
-                refuse_metric(ctx);
-            }
-            Progress {
-                actions,
-                state: reply.state,
-                notes,
-                ..Progress::default()
-            }
-        }
+        None => Progress::from_reply(ctx, reply),
     };
-    let mut run = Run {
-        ctx,
-        msg,
-        p,
-        dirty: false,
-        key_base,
-        deadline,
-        arrived,
-    };
+    let mut run = Run::new(ctx, msg, p, deadline, arrived);
     if already_sent {
         // A superseded chat turn did them all and recorded only that: not again.
         run.p.done = run.p.actions.len();
     }
-    while run.p.done < run.p.actions.len() {
-        let i = run.p.done;
-        let action = run.p.actions[i].clone();
-        if run.dirty && changes_something(&action) {
-            run.step(hold, &end).await?;
-        }
-        match run.one(hold, &mut slot, i, &action, started).await? {
-            Ok(()) => {}
+    run.drive(hold, &mut slot, &end, started).await?;
+    run.finish(hold, slot, end, (revision, started), None).await
+}
+
+/// A held turn: takes in the parts posted to it since it last looked (their actions after
+/// the ones taken before, their state as the chat's new one) and does their actions; the last
+/// part ends the entry. With `expired`, the entry ends whatever came (undeliverable, [`EXPIRED`](super::held::EXPIRED),
+/// keeping what its parts did).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_parts(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    msg: &Inbound,
+    deadline: &mut Deadline,
+    arrived: Instant,
+    end: End<'_>,
+    revision: u64,
+    expired: bool,
+) -> Result<Parts, Halt> {
+    let started = Instant::now();
+    let mut p = read_progress(ctx, hold, end.key).await?.unwrap_or_default();
+    let parts = through_store(ctx, hold, "read the parts posted", || {
+        ctx.store.posted_replies(&ctx.bot, end.key, p.parts)
+    })
+    .await?;
+    let mut taken = false;
+    for part in parts {
+        taken = true;
+        p.parts = part.seq;
+        p.last |= part.last;
+        let read = serde_json::from_str::<serde_json::Value>(&part.body)
+            .map_err(|e| e.to_string())
+            .and_then(|v| Reply::from_json(&v).map_err(|e| e.to_string()));
+        match read {
+            Ok(reply) => {
+                let next = Progress::from_reply(ctx, reply);
+                p.actions.extend(next.actions);
+                p.notes.extend(next.notes);
+                if next.state.is_some() {
+                    p.state = next.state;
+                }
+            }
             Err(why) => {
-                let note = format!("action {i} ({}): {why}", action.kind());
-                warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %note, "action refused");
                 refuse_metric(ctx);
-                run.p.notes.push(note);
+                p.notes
+                    .push(format!("part {}: unreadable: {why}", part.seq));
             }
         }
-        run.p.done += 1;
     }
-    if !run.p.answered && needs_answer(ctx, msg) {
-        // Nothing answered the press or the command: acknowledged, so the user's client
-        // stops waiting.
-        let key = format!("{}:ack", run.key_base);
-        let ack = Answer {
-            text: None,
-            alert: false,
-            ephemeral: false,
-            buttons: &[],
-            files: &[],
-        };
-        match run.answer(hold, &mut slot, ack, &key, started).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(why)) => {
-                warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %why, "cannot acknowledge an unanswered event");
-            }
-            // Stopping (a hand-over): what the turn did is still recorded below; only the
-            // acknowledgement is left out.
-            Err(Halt::Stopped) => {
-                debug!(bot = %ctx.bot, chat = %msg.chat.chat, "stopping: an unanswered event is left unacknowledged");
-            }
-            Err(halt) => return Err(halt),
+    let mut run = Run::new(ctx, msg, p, std::mem::take(deadline), arrived);
+    // What was taken in is recorded before it is done: a replay goes on from it.
+    run.dirty |= taken;
+    let mut slot: Slot = None;
+    let driven = run.drive(hold, &mut slot, &end, started).await;
+    *deadline = std::mem::take(&mut run.deadline);
+    driven?;
+    if run.p.last {
+        run.finish(hold, slot, end, (revision, started), None)
+            .await?;
+        return Ok(Parts::Ended { expired: false });
+    }
+    if expired {
+        let why = super::held::EXPIRED.to_owned();
+        run.finish(hold, slot, end, (revision, started), Some(why))
+            .await?;
+        return Ok(Parts::Ended { expired: true });
+    }
+    if run.dirty {
+        run.step(hold, &end).await?;
+    }
+    Ok(Parts::Waiting { sent: run.p.sent })
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        ctx: &'a TurnCtx,
+        msg: &'a Inbound,
+        p: Progress,
+        deadline: Deadline,
+        arrived: Instant,
+    ) -> Self {
+        Self {
+            ctx,
+            msg,
+            p,
+            dirty: false,
+            key_base: botfleet_core::Outbound::reply_key(msg),
+            deadline,
+            arrived,
         }
     }
-    let Run { p, .. } = run;
-    let state = checked_state(ctx, end.chat, p.state).map(|s| (revision, s));
-    if !p.notes.is_empty() {
-        // Shown in `bots list`; the bot keeps running.
-        ctx.reporter.report(
-            &ctx.bot,
-            botfleet_core::BotStatus::Running,
-            Some(&p.notes.join("; ")),
-            &ctx.worker,
-        );
+
+    /// Does the actions not done yet, in order, recording the progress before each one that
+    /// changes something after one that did.
+    async fn drive(
+        &mut self,
+        hold: &impl Hold,
+        slot: &mut Slot,
+        end: &End<'_>,
+        started: Instant,
+    ) -> Result<(), Halt> {
+        let ctx = self.ctx;
+        let msg = self.msg;
+        let run = self;
+        while run.p.done < run.p.actions.len() {
+            let i = run.p.done;
+            let action = run.p.actions[i].clone();
+            if run.dirty && changes_something(&action) {
+                run.step(hold, end).await?;
+            }
+            match run.one(hold, slot, i, &action, started).await? {
+                Ok(()) => {}
+                Err(why) => {
+                    let note = format!("action {i} ({}): {why}", action.kind());
+                    warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %note, "action refused");
+                    refuse_metric(ctx);
+                    run.p.notes.push(note);
+                }
+            }
+            run.p.done += 1;
+        }
+        Ok(())
     }
-    end.notes = (!p.notes.is_empty()).then(|| p.notes.join("; "));
-    end.refs = p.refs;
-    let mut outcome = InboxOutcome::Done;
-    if botfleet_store::InboxEntry::kind_of(end.key) == botfleet_store::EntryKind::Send {
-        // What a send from the backend made, for its status.
-        let ids = serde_json::to_string(&p.ids).unwrap_or_else(|_| "[]".into());
-        end.refs.push((sent_name(end.key), ids));
-        if p.ids.is_empty() {
-            if let Some(why) = &end.notes {
-                // Every action it had was refused: the send failed (and is counted so).
+
+    /// Ends the entry with what the actions did: acknowledges an event nothing answered,
+    /// records the refs, the notes, the state (computed from `revision`) and the outcome
+    /// (`undeliverable`: given up on with that reason, keeping what was done).
+    async fn finish(
+        self,
+        hold: &impl Hold,
+        slot: Slot,
+        mut end: End<'_>,
+        (revision, started): (u64, Instant),
+        undeliverable: Option<String>,
+    ) -> Result<(), Halt> {
+        let ctx = self.ctx;
+        let msg = self.msg;
+        let mut run = self;
+        let mut slot = slot;
+        if !run.p.answered && needs_answer(ctx, msg) {
+            // Nothing answered the press or the command: acknowledged, so the user's client
+            // stops waiting.
+            let key = format!("{}:ack", run.key_base);
+            let ack = Answer {
+                text: None,
+                alert: false,
+                ephemeral: false,
+                buttons: &[],
+                files: &[],
+            };
+            match run.answer(hold, &mut slot, ack, &key, started).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(why)) => {
+                    warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %why, "cannot acknowledge an unanswered event");
+                }
+                // Stopping (a hand-over): what the turn did is still recorded below; only the
+                // acknowledgement is left out.
+                Err(Halt::Stopped) => {
+                    debug!(bot = %ctx.bot, chat = %msg.chat.chat, "stopping: an unanswered event is left unacknowledged");
+                }
+                Err(halt) => return Err(halt),
+            }
+        }
+        let Run { p, .. } = run;
+        let state = checked_state(ctx, end.chat, p.state).map(|s| (revision, s));
+        if !p.notes.is_empty() {
+            // Shown in `bots list`; the bot keeps running.
+            ctx.reporter.report(
+                &ctx.bot,
+                botfleet_core::BotStatus::Running,
+                Some(&p.notes.join("; ")),
+                &ctx.worker,
+            );
+        }
+        end.notes = (!p.notes.is_empty()).then(|| p.notes.join("; "));
+        end.refs = p.refs;
+        let mut outcome = match undeliverable {
+            Some(why) => {
                 ctx.metrics.undeliverable(ctx.platform);
-                outcome = InboxOutcome::Undeliverable(why.clone());
+                InboxOutcome::Undeliverable(why)
+            }
+            None => InboxOutcome::Done,
+        };
+        if botfleet_store::InboxEntry::kind_of(end.key) == botfleet_store::EntryKind::Send {
+            // What a send from the backend made, for its status.
+            let ids = serde_json::to_string(&p.ids).unwrap_or_else(|_| "[]".into());
+            end.refs.push((sent_name(end.key), ids));
+            if p.ids.is_empty() {
+                if let Some(why) = &end.notes {
+                    // Every action it had was refused: the send failed (and is counted so).
+                    ctx.metrics.undeliverable(ctx.platform);
+                    outcome = InboxOutcome::Undeliverable(why.clone());
+                }
             }
         }
+        let sent = p.sent.then(Instant::now);
+        end.record(ctx, hold, slot, outcome, sent, state).await
     }
-    let sent = p.sent.then(Instant::now);
-    end.record(ctx, hold, slot, outcome, sent, state).await
 }
 
 /// Counts a refused action.

@@ -564,6 +564,7 @@ impl State {
                         shard_recount: self.w.cfg.shard_recount_every,
                         slots: self.w.slots.clone(),
                         files: self.w.files.clone(),
+                        later: self.w.later.clone(),
                         mailboxes: self.w.mailboxes.clone(),
                     },
                     stop: stop_rx,

@@ -1,0 +1,175 @@
+//! Turns held open for answers that come later (`--only held [--chats N]`): one embedded
+//! `botfleet worker` process (release build, SQLite, no Redis), one Telegram bot polling the
+//! fake Bot API, and a handler that answers `202` to every message. N chats (default 1,000)
+//! each write once: N turns held open. Reported: the worker's RSS per held turn (above the
+//! same worker after N answered messages, so what the allocator kept from a burst is not
+//! counted as holding), then the parts posted through the worker's API — one final part per
+//! turn, 32 at a time — per second, and request to the part's message at the fake, p50/p99.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform};
+use botfleet_testkit::FakeTelegram;
+
+use crate::{botfleet_bin, hooks::pct};
+
+/// `--only held`.
+pub(crate) async fn held_turns() -> anyhow::Result<()> {
+    let chats: usize = crate::hooks::arg("--chats").map_or(Ok(1_000), |s| s.parse())?;
+    let bin = botfleet_bin()?;
+    let fake = FakeTelegram::start().await?;
+    // "warm …" is answered at once; anything else is answered later (202), its token kept.
+    let tokens: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let kept = tokens.clone();
+    let handler = botfleet_testkit::ScriptedHandler::start(move |ev: &serde_json::Value| {
+        let text = ev["text"].as_str().unwrap_or_default();
+        if text.starts_with("warm") {
+            return serde_json::json!({ "text": text });
+        }
+        let token = ev["reply_token"].as_str().unwrap_or_default().to_owned();
+        kept.lock().unwrap().push((text.to_owned(), token));
+        serde_json::json!({"_status": 202})
+    })
+    .await;
+    let (dir, _pg, db, store) = crate::hooks::registry("held", "sqlite").await?;
+    let token = "31000:held";
+    fake.state().add_bot(token);
+    let mut spec = BotSpec::new(BotId::new("held")?, Platform::Telegram, token);
+    spec.options.api_url = Some(fake.url());
+    spec.options.async_reply_ttl_s = Some(3_600);
+    spec.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    store.add_bot(&spec).await?;
+    let log = dir.0.join("w.log");
+    let args = [
+        "--worker-id",
+        "w0",
+        "--database-url",
+        &db,
+        "--worker-threads",
+        "2",
+        "--poll-timeout-s",
+        "2",
+    ];
+    let proc = crate::hooks::spawn_logged(&bin, &args, &log)?;
+    let api = crate::hooks::http_url(&log).await?;
+    let pid = proc.0.id();
+    let t = Instant::now();
+    while !fake.state().is_polling(token) {
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("the bot never polled");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let chat = |i: usize| 500_000 + i as i64;
+    // The same burst answered at once first: the allocator's high-water of N turns at work.
+    for i in 0..chats {
+        fake.state()
+            .user_writes(token, chat(i), &format!("warm {i}"));
+    }
+    crate::wait_count("warm-up answered", chats, Duration::from_secs(120), || {
+        fake.state().sent_count()
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = botfleet_testkit::rss_kib(pid);
+    for i in 0..chats {
+        fake.state()
+            .user_writes(token, chat(i), &format!("ask {i}"));
+    }
+    crate::wait_count("turns held", chats, Duration::from_secs(120), || {
+        tokens.lock().unwrap().len()
+    })
+    .await?;
+    // Held (each hold written once its handler answered), as the worker counts them.
+    let t = Instant::now();
+    loop {
+        let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
+        let held = text
+            .lines()
+            .find(|l| l.starts_with("botfleet_turns_held{"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+            .unwrap_or(0);
+        if held >= chats {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("only {held} of {chats} turns held");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held_rss = botfleet_testkit::rss_kib(pid);
+    let per_turn = held_rss.saturating_sub(before) as f64 * 1024.0 / chats as f64;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let posts: Vec<(String, String)> = tokens.lock().unwrap().clone();
+    let posted_at: Arc<Mutex<std::collections::HashMap<String, Instant>>> = Arc::default();
+    let sent_before = fake.state().sent_count();
+    let start = Instant::now();
+    let mut lat_202 = Vec::with_capacity(posts.len());
+    for batch in posts.chunks(32) {
+        let mut calls = Vec::new();
+        for (text, tok) in batch {
+            let (http, api, posted_at) = (http.clone(), api.clone(), posted_at.clone());
+            let (text, tok) = (text.clone(), tok.clone());
+            calls.push(tokio::spawn(async move {
+                let answer = format!("answer to {text}");
+                let body = serde_json::json!({
+                    "actions": [{"type": "send", "text": answer}], "final": true
+                });
+                let t = Instant::now();
+                posted_at.lock().unwrap().insert(answer, t);
+                let r = http
+                    .post(format!("{api}/api/v1/replies/{tok}"))
+                    .header("idempotency-key", "final")
+                    .json(&body)
+                    .send()
+                    .await;
+                (r.is_ok_and(|r| r.status().as_u16() == 202), t.elapsed())
+            }));
+        }
+        for c in calls {
+            let (ok, took) = c.await?;
+            if !ok {
+                bail!("a part was refused");
+            }
+            lat_202.push(took.as_secs_f64() * 1e3);
+        }
+    }
+    let posting = start.elapsed();
+    crate::wait_count(
+        "answers sent",
+        sent_before + posts.len(),
+        Duration::from_secs(120),
+        || fake.state().sent_count(),
+    )
+    .await?;
+    let sent = fake.state().sent();
+    let (lat, last) = crate::hooks::sent_after(&sent, &posted_at.lock().unwrap(), start);
+    lat_202.sort_by(f64::total_cmp);
+    println!(
+        "held turns, one embedded worker (SQLite), one Telegram bot, {chats} chats: RSS {:.1} MiB after {chats} answered, {:.1} MiB with {chats} held: {per_turn:.0} bytes per held turn; {} final parts posted 32 at a time in {:.2} s ({:.0}/s), request to 202 p50 {:.1} ms p99 {:.1} ms, request to sent p50 {:.1} ms p99 {:.1} ms, all sent {:.2} s after the first post",
+        before as f64 / 1024.0,
+        held_rss as f64 / 1024.0,
+        posts.len(),
+        posting.as_secs_f64(),
+        posts.len() as f64 / posting.as_secs_f64(),
+        pct(&lat_202, 0.5),
+        pct(&lat_202, 0.99),
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        (last - start).as_secs_f64(),
+    );
+    drop(proc);
+    drop(store);
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! What a worker's turns share for answers that come later (a handler that answers `202`):
+//! the fleet's reply-token key, read once, the worker's time to live of a held turn, and
+//! what wakes a held turn when a part of its answer is posted.
+//!
+//! A part posted through this worker wakes its turn at once when the turn is held here. Parts
+//! posted through other workers are found by one store query per [`POLL_EVERY`] for all the
+//! turns held here ([`Store::replies_since`]), made only while some are held: a thousand held
+//! turns cost one query per interval, none per turn.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use botfleet_core::BotId;
+use botfleet_store::{Store, StoreError};
+use tokio::sync::Notify;
+use tracing::debug;
+
+/// How often a worker holding turns looks for parts posted through other workers.
+pub(crate) const POLL_EVERY: Duration = Duration::from_millis(250);
+
+/// How far back each look reaches, beyond the last: the workers' clocks may differ by this
+/// much and a part is still found.
+const CLOCK_SLACK_MS: i64 = 5_000;
+
+/// A held turn's entry.
+type EntryOf = (BotId, String);
+
+/// The worker's side of answers that come later (cheap to clone).
+#[derive(Clone)]
+pub(crate) struct Later {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    /// `--async-reply-ttl-s`: a bot's own `async_reply_ttl_s` overrides it.
+    ttl: Duration,
+    key: tokio::sync::OnceCell<Vec<u8>>,
+    // std Mutex: one map operation at a time, never across .await.
+    held: Mutex<Held>,
+}
+
+/// The turns held on this worker and what wakes them.
+#[derive(Default)]
+struct Held {
+    /// Each held entry: its waker, how many turns watch it, the latest part number woken for.
+    watched: HashMap<EntryOf, (Arc<Notify>, usize, u64)>,
+    /// Whether the poller runs.
+    polling: bool,
+}
+
+impl std::fmt::Debug for Later {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Later")
+            .field("ttl", &self.inner.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Later {
+    /// Reply tokens signed with the fleet's key in `store`; held turns live `ttl` unless their
+    /// bot says otherwise.
+    pub(crate) fn new(store: Arc<dyn Store>, ttl: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                ttl,
+                key: tokio::sync::OnceCell::new(),
+                held: Mutex::default(),
+            }),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.inner.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Watches the entry `key` of `bot` while the returned guard lives: it is notified when a
+    /// part of its answer is posted (through this worker at once, through others within a
+    /// poll).
+    pub(crate) fn watch(&self, bot: &BotId, key: &str) -> Watch {
+        let entry = (bot.clone(), key.to_owned());
+        let (notify, start) = {
+            let mut held = self.held();
+            let w = held
+                .watched
+                .entry(entry.clone())
+                .or_insert_with(|| (Arc::new(Notify::new()), 0, 0));
+            w.1 += 1;
+            let notify = w.0.clone();
+            let start = !held.polling;
+            held.polling = true;
+            (notify, start)
+        };
+        if start {
+            let me = self.clone();
+            tokio::spawn(async move { me.poll().await });
+        }
+        Watch {
+            later: self.clone(),
+            entry,
+            notify,
+        }
+    }
+
+    /// A part of the entry `key` of `bot` was posted (through this worker).
+    pub(crate) fn wake(&self, bot: &BotId, key: &str) {
+        if let Some((n, ..)) = self.held().watched.get(&(bot.clone(), key.to_owned())) {
+            n.notify_one();
+        }
+    }
+
+    /// While turns are held here: wakes those whose parts came through other workers.
+    async fn poll(self) {
+        let mut since = botfleet_core::unix_ms() - CLOCK_SLACK_MS;
+        loop {
+            tokio::time::sleep(POLL_EVERY).await;
+            if self.held().watched.is_empty() {
+                let mut held = self.held();
+                if held.watched.is_empty() {
+                    held.polling = false;
+                    return;
+                }
+            }
+            let now = botfleet_core::unix_ms();
+            match self.inner.store.replies_since(since).await {
+                Ok(rows) => {
+                    let mut held = self.held();
+                    for (bot, key, seq) in rows {
+                        if let Some((n, _, woken)) = held.watched.get_mut(&(bot, key)) {
+                            if seq > *woken {
+                                *woken = seq;
+                                n.notify_one();
+                            }
+                        }
+                    }
+                    since = now - CLOCK_SLACK_MS;
+                }
+                Err(e) => debug!(error = %e, "cannot look for posted replies; trying again"),
+            }
+        }
+    }
+
+    /// The worker's time to live of a held turn.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The fleet's reply-token key (read from the store once, made there by the first worker
+    /// that needs it).
+    ///
+    /// # Errors
+    /// The store's failures.
+    pub(crate) async fn key(&self) -> Result<&[u8], StoreError> {
+        let k = self
+            .inner
+            .key
+            .get_or_try_init(|| crate::reply_token::key(self.inner.store.as_ref()))
+            .await?;
+        Ok(k.as_slice())
+    }
+}
+
+/// A held turn's watch of its entry (see [`Later::watch`]).
+pub(crate) struct Watch {
+    later: Later,
+    entry: EntryOf,
+    notify: Arc<Notify>,
+}
+
+impl Watch {
+    /// Resolves when a part may have been posted since the last call (or since the watch
+    /// began: a post in between is not missed).
+    pub(crate) async fn posted(&self) {
+        self.notify.notified().await;
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut held = self.later.held();
+        if let Some(w) = held.watched.get_mut(&self.entry) {
+            w.1 -= 1;
+            if w.1 == 0 {
+                held.watched.remove(&self.entry);
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Answers that come later from a handler in Rust: `TurnContext::answer_later` holds the
+//! chat's turn, and the `LaterReply` handle, moved into a task that outlives `handle`, posts
+//! the answer in parts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use botfleet_core::{BotId, BotSpec, HandlerSpec, Inbound, Platform};
+use botfleet_runtime::{BotHandler, HandlerError, TurnContext};
+use botfleet_testkit::{connector_suite::Harness, wait_for, FakeTelegram};
+
+const TOKEN: &str = "5200:later-SECRET";
+
+/// "ask": answered later, in two parts, by a task (what the task's posts were answered goes
+/// to `posts`); anything else: the text and the state.
+struct Agent {
+    posts: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl BotHandler for Agent {
+    async fn handle(&self, event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        if event.text != "ask" {
+            let state = cx.state().map(|s| s.to_string()).unwrap_or_default();
+            cx.reply(format!("{} {state}", event.text));
+            return Ok(());
+        }
+        let later = cx.later().expect("a worker's turn has a later handle");
+        assert!(later.token().starts_with("r1."));
+        assert!(
+            !format!("{later:?}").contains("r1."),
+            "the token stays out of Debug"
+        );
+        cx.answer_later();
+        let posts = self.posts.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let one = serde_json::json!({"actions": [{"type": "send", "text": "part one"}],
+                "final": false});
+            let two = serde_json::json!({"actions": [{"type": "send", "text": "part two"}],
+                "state": {"k": 1}, "final": true});
+            for (key, part) in [("p1", &one), ("p2", &two), ("p2", &two), ("p3", &one)] {
+                let answer = match later.post(key, part).await {
+                    Ok(p) => format!("{key}: {} repeated {}", p.seq, p.repeated),
+                    Err(e) => format!("{key}: {e}"),
+                };
+                posts.lock().unwrap().push(answer);
+            }
+        });
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_handler_answers_later_in_parts() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let tg = fake.state();
+    tg.add_bot(TOKEN);
+    let mut bot = BotSpec::new(BotId::new("agent").unwrap(), Platform::Telegram, TOKEN);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = HandlerSpec::Named("agent".into());
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let posts: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let agent = Arc::new(Agent {
+        posts: posts.clone(),
+    });
+    let w = h.start_with("a", |c| {
+        let handlers: HashMap<String, Arc<dyn BotHandler>> =
+            HashMap::from([("agent".to_owned(), agent as Arc<dyn BotHandler>)]);
+        c.handlers = Arc::new(handlers);
+    });
+    wait_for("polling", Duration::from_secs(20), || async {
+        tg.is_polling(TOKEN).then_some(())
+    })
+    .await;
+    tg.user_writes(TOKEN, 9, "ask");
+    tg.user_writes(TOKEN, 9, "next");
+    wait_for(
+        "the next message answered",
+        Duration::from_secs(20),
+        || async {
+            tg.sent()
+                .iter()
+                .any(|s| s.text.starts_with("next"))
+                .then_some(())
+        },
+    )
+    .await;
+    let texts: Vec<String> = tg.sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(
+        texts,
+        ["part one", "part two", r#"next {"k":1}"#],
+        "{texts:?}"
+    );
+    let posts = wait_for("every post answered", Duration::from_secs(10), || async {
+        let p = posts.lock().unwrap().clone();
+        (p.len() == 4).then_some(p)
+    })
+    .await;
+    assert_eq!(
+        posts,
+        [
+            "p1: 1 repeated false",
+            "p2: 2 repeated false",
+            "p2: 2 repeated true",
+            "p3: the turn already ended or expired",
+        ],
+        "{posts:?}"
+    );
+    w.shutdown().await;
+}
