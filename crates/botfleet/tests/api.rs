@@ -908,3 +908,102 @@ async fn the_cli_sends_through_a_workers_api() {
     assert!(o.status.success(), "{out}");
     assert!(out.contains("clisend: 2 sent, 0 queued, 1 failed"), "{out}");
 }
+
+/// Answers that come later through the worker binary: a webhook handler answers `202`; the
+/// bot shows the held turn (`held` in `GET /api/v1/bots/{id}`, `botfleet_turns_held` in the
+/// metrics); its parts are posted to `POST /api/v1/replies/{reply_token}` with no API token
+/// (the reply token is the permission), where a forged token is unknown and a bad body is
+/// refused; the last part ends the turn and the chat's next message is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_answers_are_posted_to_the_workers_api_without_an_api_token() {
+    let handler = botfleet_testkit::connector_suite::later_handler().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot("6:SECRET-LATER");
+    let (_dir, _token_file, w) = token_worker();
+    let api = Api {
+        http: reqwest::Client::new(),
+        url: w.url.clone(),
+        token: Some(API_TOKEN.to_owned()),
+    };
+    let bot = json!({"id": "agent", "platform": "telegram", "token": "6:SECRET-LATER",
+        "api_url": fake.url(), "handler": "webhook", "webhook_url": handler.url()});
+    let (s, v) = api.call("POST", "/bots", Some(bot.to_string())).await;
+    assert_eq!(s, 201, "{v}");
+    wait_for("polling", Duration::from_secs(15), || async {
+        fake.state().is_polling("6:SECRET-LATER").then_some(())
+    })
+    .await;
+    fake.state().user_writes("6:SECRET-LATER", 31, "ask");
+    let token = wait_for("the handler asked", Duration::from_secs(20), || async {
+        handler
+            .seen()
+            .iter()
+            .find(|e| e["text"] == "ask")
+            .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
+    })
+    .await;
+    wait_for("the turn shown held", Duration::from_secs(20), || async {
+        let (_, v) = api.call("GET", "/bots/agent", None).await;
+        (v["held"] == 1).then_some(())
+    })
+    .await;
+    let metrics = reqwest::get(format!("{}/metrics", w.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("botfleet_turns_held{") && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    fake.state().user_writes("6:SECRET-LATER", 31, "next");
+    let http = reqwest::Client::new();
+    let post = |token: String, key: &'static str, body: Value| {
+        let http = http.clone();
+        let url = format!("{}/api/v1/replies/{token}", w.url);
+        async move {
+            let r = http
+                .post(url)
+                .header("idempotency-key", key)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            let s = r.status().as_u16();
+            (s, r.json::<Value>().await.unwrap_or_default())
+        }
+    };
+    let (s, v) = post("r1.forged.token".into(), "k", json!({"final": true})).await;
+    assert_eq!((s, code(&v)), (404, "unknown_token"), "{v}");
+    let (s, v) = post(token.clone(), "k", json!({"text": "no"})).await;
+    assert_eq!((s, code(&v)), (400, "invalid"), "{v}");
+    let one = json!({"actions": [{"type": "send", "text": "one"}], "final": false});
+    let (s, v) = post(token.clone(), "p1", one).await;
+    assert_eq!((s, v["seq"].as_u64()), (202, Some(1)), "{v}");
+    let two = json!({"actions": [{"type": "send", "text": "two"}], "state": {"n": 2},
+        "final": true});
+    let (s, v) = post(token.clone(), "p2", two).await;
+    assert_eq!(s, 202, "{v}");
+    let next = r#"next after {"n":2}"#;
+    wait_for(
+        "the next message answered",
+        Duration::from_secs(20),
+        || async {
+            fake.state()
+                .sent()
+                .iter()
+                .any(|m| m.text == next)
+                .then_some(())
+        },
+    )
+    .await;
+    let texts: Vec<String> = fake.state().sent().into_iter().map(|m| m.text).collect();
+    assert_eq!(texts, ["one", "two", next], "{texts:?}");
+    let (s, v) = post(token, "p3", json!({"final": true})).await;
+    assert_eq!((s, code(&v)), (410, "turn_ended"), "{v}");
+    let (_, v) = api.call("GET", "/bots/agent", None).await;
+    assert_eq!(v["held"], 0, "{v}");
+}
