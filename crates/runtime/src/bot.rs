@@ -448,6 +448,8 @@ impl BotCtx {
             fence: self.fence,
             lease: self.lease.clone(),
             stop: self.stop.clone(),
+            held: std::sync::atomic::AtomicUsize::new(0),
+            held_changed: tokio::sync::Notify::new(),
         });
         // Slice 0 of a bot on the recommended count watches the recommendation.
         let _watch = self.watch_recommendation().map(AbortOnDrop);

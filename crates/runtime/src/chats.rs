@@ -30,6 +30,11 @@ pub(crate) struct ChatsCtx {
     pub(crate) fence: Fence,
     pub(crate) lease: LeaseHandle,
     pub(crate) stop: watch::Receiver<bool>,
+    /// Turns held open for an answer that comes later: not counted in flight (a thousand
+    /// of them cost memory only, and keep no bot from receiving).
+    pub(crate) held: std::sync::atomic::AtomicUsize,
+    /// Told when a turn begins or stops being held.
+    pub(crate) held_changed: tokio::sync::Notify,
 }
 
 /// A recorded message waiting in its chat's queue.
@@ -94,9 +99,11 @@ impl Chats {
         }
     }
 
-    /// Messages received and not done yet.
+    /// Messages received and not done yet, but those whose turns are held open for an
+    /// answer that comes later.
     pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight
+        let held = self.ctx.held.load(std::sync::atomic::Ordering::Relaxed);
+        self.in_flight.saturating_sub(held)
     }
 
     /// Queues a recorded entry (a replay of what a predecessor left pending): its turn reads
@@ -215,6 +222,8 @@ impl Chats {
                     }
                     continue;
                 }
+                // A turn held or let go: what counts in flight changed.
+                () = ctx.held_changed.notified() => return None,
                 else => return std::future::pending().await,
             };
             let Ok((chat, result)) = done else {
@@ -285,6 +294,16 @@ impl Hold for ChatsCtx {
 
     fn stop(&self) -> watch::Receiver<bool> {
         self.stop.clone()
+    }
+
+    fn holding(&self, held: bool) {
+        use std::sync::atomic::Ordering;
+        if held {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.held_changed.notify_one();
     }
 }
 

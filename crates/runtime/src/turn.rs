@@ -88,6 +88,10 @@ pub(crate) trait Hold: Sync {
         std::future::pending()
     }
 
+    /// A turn of this hold began (`true`) or stopped (`false`) being held open for an
+    /// answer that comes later.
+    fn holding(&self, _held: bool) {}
+
     /// Waits `d`, ending at once when a stop is asked for.
     ///
     /// # Errors

@@ -111,3 +111,39 @@ async fn a_rust_handler_answers_later_in_parts() {
     );
     w.shutdown().await;
 }
+
+/// Held turns are not messages in flight: a bot whose every allowed in-flight message is
+/// held open still receives, and its other chats are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_turns_keep_no_bot_from_receiving() {
+    const T: &str = "5201:held-SECRET";
+    let fake = FakeTelegram::start().await.unwrap();
+    let tg = fake.state();
+    tg.add_bot(T);
+    let handler = botfleet_testkit::connector_suite::later_handler().await;
+    let mut bot = BotSpec::new(BotId::new("busy").unwrap(), Platform::Telegram, T);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start_with("a", |c| c.max_in_flight = 2);
+    wait_for("polling", Duration::from_secs(20), || async {
+        tg.is_polling(T).then_some(())
+    })
+    .await;
+    for chat in 1..=3 {
+        tg.user_writes(T, chat, "ask");
+    }
+    wait_for("three turns held", Duration::from_secs(20), || async {
+        (w.metrics.turns_held_now() == 3).then_some(())
+    })
+    .await;
+    tg.user_writes(T, 4, "hello");
+    wait_for("another chat answered", Duration::from_secs(20), || async {
+        tg.sent().iter().any(|m| m.text == "hello").then_some(())
+    })
+    .await;
+    w.shutdown().await;
+}

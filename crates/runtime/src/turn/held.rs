@@ -31,19 +31,21 @@ use crate::metrics::ASYNC_EXPIRED_TOTAL;
 /// Why a held turn whose time ran out is given up on.
 pub(crate) const EXPIRED: &str = "async reply expired";
 
-/// Counts a held turn in `botfleet_turns_held` while it lives.
-struct Counted<'a>(&'a TurnCtx);
+/// Counts a held turn in `botfleet_turns_held` and with its hold while it lives.
+struct Counted<'a, H: Hold>(&'a TurnCtx, &'a H);
 
-impl<'a> Counted<'a> {
-    fn new(ctx: &'a TurnCtx) -> Self {
+impl<'a, H: Hold> Counted<'a, H> {
+    fn new(ctx: &'a TurnCtx, hold: &'a H) -> Self {
         ctx.metrics.turns_held(1);
-        Self(ctx)
+        hold.holding(true);
+        Self(ctx, hold)
     }
 }
 
-impl Drop for Counted<'_> {
+impl<H: Hold> Drop for Counted<'_, H> {
     fn drop(&mut self) {
         self.0.metrics.turns_held(-1);
+        self.1.holding(false);
     }
 }
 
@@ -96,7 +98,7 @@ pub(super) async fn wait(
     let Some(until_ms) = held_until else {
         return Ok(()); // ended meanwhile
     };
-    let _counted = Counted::new(ctx);
+    let _counted = Counted::new(ctx, hold);
     let watch = ctx.later.watch(&ctx.bot, end.key);
     debug!(bot = %ctx.bot, chat = %end.chat, key = %end.key, until_ms, "turn held for an answer that comes later");
     let mut sent = false;
