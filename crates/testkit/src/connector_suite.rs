@@ -1048,6 +1048,27 @@ pub async fn later_handler() -> crate::ScriptedHandler {
     .await
 }
 
+/// What [`later_handler`] answers "next" after [`post_three_parts`] left the state.
+pub const NEXT_AFTER_PARTS: &str = r#"next after {"n":2}"#;
+
+/// Posts the later answer of the turn `token` in three parts through the API at `api_url`:
+/// "one", "two" (with the state `{"n": 2}`) and, last, "three"; each must be taken (`202`).
+pub async fn post_three_parts(api_url: &str, token: &str) {
+    use serde_json::json;
+    let send = |t: &str| json!([{"type": "send", "text": t}]);
+    for (key, body) in [
+        ("p1", json!({"actions": send("one"), "final": false})),
+        (
+            "p2",
+            json!({"actions": send("two"), "state": {"n": 2}, "final": false}),
+        ),
+        ("p3", json!({"actions": send("three"), "final": true})),
+    ] {
+        let (status, answer) = post_part(api_url, token, key, &body).await;
+        assert_eq!(status, 202, "{key}: {answer}");
+    }
+}
+
 /// Posts a part of a later answer through the API at `api_url`: the status and the answer.
 pub async fn post_part(
     api_url: &str,

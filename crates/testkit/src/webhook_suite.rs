@@ -573,7 +573,6 @@ pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
 /// survivor's API go out once, in order, and the chat's next message is answered after the
 /// last, with the state the parts left.
 pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
-    use serde_json::json;
     let handler = crate::connector_suite::later_handler().await;
     let bot = f.bot(&handler.url());
     let (_dir, store, proxy, mut workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
@@ -598,20 +597,8 @@ pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
         workers[0].metrics.turns_held_now() == 1
     })
     .await;
-    let api = workers[0].api_url.clone();
-    let send = |t: &str| json!([{"type": "send", "text": t}]);
-    for (key, body) in [
-        ("p1", json!({"actions": send("one"), "final": false})),
-        (
-            "p2",
-            json!({"actions": send("two"), "state": {"n": 2}, "final": false}),
-        ),
-        ("p3", json!({"actions": send("three"), "final": true})),
-    ] {
-        let (status, answer) = crate::connector_suite::post_part(&api, &token, key, &body).await;
-        assert_eq!(status, 202, "{key}: {answer}");
-    }
-    let next = "next after {\"n\":2}";
+    crate::connector_suite::post_three_parts(&workers[0].api_url, &token).await;
+    let next = crate::connector_suite::NEXT_AFTER_PARTS;
     until("the next message answered", 30, || {
         f.replies().iter().any(|(_, t)| t == next)
     })
