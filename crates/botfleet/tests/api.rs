@@ -934,14 +934,7 @@ async fn later_answers_are_posted_to_the_workers_api_without_an_api_token() {
     })
     .await;
     fake.state().user_writes("6:SECRET-LATER", 31, "ask");
-    let token = wait_for("the handler asked", Duration::from_secs(20), || async {
-        handler
-            .seen()
-            .iter()
-            .find(|e| e["text"] == "ask")
-            .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
-    })
-    .await;
+    let token = botfleet_testkit::connector_suite::asked_token(&handler, "ask").await;
     wait_for("the turn shown held", Duration::from_secs(20), || async {
         let (_, v) = api.call("GET", "/bots/agent", None).await;
         (v["held"] == 1).then_some(())

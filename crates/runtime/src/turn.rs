@@ -479,12 +479,43 @@ async fn read_view(
     .await
 }
 
-/// One store call of a turn (`what` it does, for the log), tried again with backoff through
-/// store failures while the worker may act; a write refused for a newer fence halts the turn.
+/// Calls the store (`call`, which does `what`), retrying through its failures while the
+/// worker may act; a write refused for a newer fence halts the turn.
 async fn through_store<T, F, Fut>(
     ctx: &TurnCtx,
     hold: &impl Hold,
     what: &str,
+    call: F,
+) -> Result<T, Halt>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    retry_store(ctx, hold, what, false, call).await
+}
+
+/// [`through_store`] for a write that records what was done already (an answer came): a stop
+/// asked for meanwhile (a hand-over, a shutdown) does not cut it short, so the next owner
+/// finds it and does not do it again; a few tries, then the stop wins. A fenced worker gives
+/// up at once (its successor replays).
+pub(super) async fn while_recording<T, F, Fut>(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    what: &str,
+    call: F,
+) -> Result<T, Halt>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    retry_store(ctx, hold, what, true, call).await
+}
+
+async fn retry_store<T, F, Fut>(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    what: &str,
+    recording: bool,
     mut call: F,
 ) -> Result<T, Halt>
 where
@@ -493,7 +524,11 @@ where
 {
     let mut attempt = 0;
     loop {
-        hold.check()?;
+        match hold.check() {
+            Err(Halt::Stopped) if recording && attempt < 6 => {}
+            Err(halt) => return Err(halt),
+            Ok(()) => {}
+        }
         match call().await {
             Ok(v) => return Ok(v),
             Err(StoreError::StaleFence { current, .. }) => {
@@ -503,8 +538,12 @@ where
             }
             Err(e) => {
                 warn!(bot = %ctx.bot, error = %e, "cannot {what}; retrying");
-                hold.pause(backoff(attempt).min(Duration::from_secs(5)))
-                    .await?;
+                if recording {
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(2))).await;
+                } else {
+                    hold.pause(backoff(attempt).min(Duration::from_secs(5)))
+                        .await?;
+                }
                 attempt += 1;
             }
         }

@@ -147,3 +147,61 @@ async fn held_turns_keep_no_bot_from_receiving() {
     .await;
     w.shutdown().await;
 }
+
+/// A worker stopped (SIGTERM: its bots handed over) while a handler is working on a message
+/// that it then answers `202`: the hold is still written, so the next owner holds the turn on
+/// and does not ask the handler again; a part posted through it finishes the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_202_during_a_hand_over_is_not_asked_again() {
+    const T: &str = "5202:handover-SECRET";
+    let fake = FakeTelegram::start().await.unwrap();
+    let tg = fake.state();
+    tg.add_bot(T);
+    let handler = botfleet_testkit::ScriptedHandler::start(|ev: &serde_json::Value| {
+        match ev["text"].as_str() {
+            Some("ask") => serde_json::json!({"_status": 202, "_delay_ms": 1_500}),
+            Some(t) => serde_json::json!({ "text": t }),
+            None => serde_json::json!({}),
+        }
+    })
+    .await;
+    let mut bot = BotSpec::new(BotId::new("moving").unwrap(), Platform::Telegram, T);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let a = h.start("a");
+    wait_for("polling", Duration::from_secs(20), || async {
+        tg.is_polling(T).then_some(())
+    })
+    .await;
+    tg.user_writes(T, 5, "ask");
+    let token = botfleet_testkit::connector_suite::asked_token(&handler, "ask").await;
+    // The handler is still working (1.5 s) when the worker stops and hands the bot over.
+    let b = h.start("b");
+    a.shutdown().await;
+    tg.user_writes(T, 5, "next");
+    wait_for(
+        "the turn held on the next owner",
+        Duration::from_secs(20),
+        || async { (b.metrics.turns_held_now() == 1).then_some(()) },
+    )
+    .await;
+    let last = serde_json::json!({"actions": [{"type": "send", "text": "done"}], "final": true});
+    let (status, answer) =
+        botfleet_testkit::connector_suite::post_part(&b.api_url, &token, "k", &last).await;
+    assert_eq!(status, 202, "{answer}");
+    wait_for(
+        "the next message answered",
+        Duration::from_secs(20),
+        || async { tg.sent().iter().any(|m| m.text == "next").then_some(()) },
+    )
+    .await;
+    let texts: Vec<String> = tg.sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(texts, ["done", "next"], "{texts:?}");
+    let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();
+    assert_eq!(asked, 1, "the handler was asked again after the hand-over");
+    b.shutdown().await;
+}

@@ -1048,6 +1048,18 @@ pub async fn later_handler() -> crate::ScriptedHandler {
     .await
 }
 
+/// The reply token `handler` got with the event of text `text`, once it got one (within 20 s).
+pub async fn asked_token(handler: &crate::ScriptedHandler, text: &str) -> String {
+    wait_for("the handler asked", Duration::from_secs(20), || async {
+        handler
+            .seen()
+            .iter()
+            .find(|e| e["text"] == text)
+            .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
+    })
+    .await
+}
+
 /// What [`later_handler`] answers "next" after [`post_three_parts`] left the state.
 pub const NEXT_AFTER_PARTS: &str = r#"next after {"n":2}"#;
 
@@ -1104,14 +1116,7 @@ pub async fn a_later_answer_comes_in_parts_through_any_worker<F: PlatformFixture
     let (a, b) = (h.start("a"), h.start("b"));
     connected(f).await;
     f.user_writes(0, 1, "ask");
-    let token = wait_for("the handler asked", Duration::from_secs(15), || async {
-        handler
-            .seen()
-            .iter()
-            .find(|e| e["text"] == "ask")
-            .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
-    })
-    .await;
+    let token = asked_token(&handler, "ask").await;
     wait_for("the turn held", Duration::from_secs(15), || async {
         let stats = h.store().inbox_stats().await.ok()?;
         (stats.get(&bot.id)?.held == 1).then_some(())

@@ -19,7 +19,7 @@ use std::{
 };
 
 use botfleet_core::{Act, Action, Button, Caps, EventKind, Inbound, OutFile, Target, Upload};
-use botfleet_store::{InboxOutcome, StoreError, TurnStep};
+use botfleet_store::{InboxOutcome, TurnStep};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
@@ -506,28 +506,10 @@ impl Run<'_> {
             progress,
         };
         let ctx = self.ctx;
-        let mut attempt = 0;
-        loop {
-            match hold.check() {
-                Err(Halt::Stopped) if attempt < 6 => {}
-                Err(halt) => return Err(halt),
-                Ok(()) => {}
-            }
-            match ctx.store.turn_step(&ctx.bot, &step).await {
-                Ok(()) => break,
-                Err(StoreError::StaleFence { current, .. }) => {
-                    return Err(Halt::Fenced(format!(
-                        "a newer fence {current} owns this turn"
-                    )))
-                }
-                Err(e) => {
-                    warn!(bot = %ctx.bot, error = %e, "cannot record a turn's progress; retrying");
-                    tokio::time::sleep(crate::retry::backoff(attempt).min(Duration::from_secs(2)))
-                        .await;
-                    attempt += 1;
-                }
-            }
-        }
+        super::while_recording(ctx, hold, "record a turn's progress", || {
+            ctx.store.turn_step(&ctx.bot, &step)
+        })
+        .await?;
         self.dirty = false;
         Ok(())
     }

@@ -24,7 +24,7 @@ use tracing::debug;
 use super::{
     actions::{self, Parts},
     deadline::Deadline,
-    through_store, while_handler_runs, End, Halt, Hold, Slot, TurnCtx, Waiting,
+    while_handler_runs, while_recording, End, Halt, Hold, Slot, TurnCtx, Waiting,
 };
 use crate::metrics::ASYNC_EXPIRED_TOTAL;
 
@@ -91,7 +91,9 @@ pub(super) async fn wait(
         fence: end.fence,
         until_ms,
     };
-    let held_until = through_store(ctx, hold, "hold a turn", || {
+    // The handler answered: the hold is what keeps a replay from asking it again, so a stop
+    // (a hand-over) does not cut its write short.
+    let held_until = while_recording(ctx, hold, "hold a turn", || {
         ctx.store.turn_hold(&ctx.bot, &h)
     })
     .await?;
