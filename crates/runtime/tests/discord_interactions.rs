@@ -504,3 +504,61 @@ async fn an_answer_whose_interaction_ran_out_is_edited_in_its_channel() {
     answered_as(&answered, 4, &[("response", "still here", false)]);
     w.shutdown().await;
 }
+
+const LATER: &str = "DISCORD.later.SECRET";
+
+/// A command whose handler answers `202`: deferred within Discord's 3 s like a slow
+/// handler's, and the later answer's `answer` action, posted through the reply token, is the
+/// interaction's answer (the original response edited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_answer_meets_the_interaction_deadline() {
+    let fake = FakeDiscord::start().await.unwrap();
+    fake.state().add_bot(LATER, 1, 1);
+    let handler = ScriptedHandler::start(|ev: &Value| match ev["kind"].as_str() {
+        Some("command") => json!({"_status": 202}),
+        _ => json!({}),
+    })
+    .await;
+    let spec = bot("later", LATER, &fake, webhook(&handler));
+    let h = Harness::new(std::slice::from_ref(&spec)).await;
+    let w = h.start("a");
+    let state = fake.state();
+    wait_for("connected", Duration::from_secs(20), || async {
+        (state.connected_shards(LATER) == 1).then_some(())
+    })
+    .await;
+    let cmd = state.user_runs_command(LATER, 7, "think", json!([]));
+    let token = wait_for("the handler asked", Duration::from_secs(20), || async {
+        handler
+            .seen()
+            .iter()
+            .find_map(|e| e["reply_token"].as_str().map(str::to_owned))
+    })
+    .await;
+    let deferred = wait_for("the command deferred", Duration::from_secs(20), || async {
+        state
+            .interaction_of(&cmd)
+            .filter(|i| !i.callbacks.is_empty())
+    })
+    .await;
+    let (kind, after) = deferred.callbacks[0];
+    assert_eq!(kind, 5, "deferred: Discord shows the bot thinking");
+    assert!(
+        after < Duration::from_secs(3),
+        "within the deadline: {after:?}"
+    );
+    let part = json!({"actions": [{"type": "answer", "text": "thought it over"}], "final": true});
+    let (status, answer) =
+        botfleet_testkit::connector_suite::post_part(&w.api_url, &token, "k", &part).await;
+    assert_eq!(status, 202, "{answer}");
+    let done = wait_for("the command answered", Duration::from_secs(20), || async {
+        state.interaction_of(&cmd).filter(|i| !i.answers.is_empty())
+    })
+    .await;
+    assert_eq!(done.callbacks.len(), 1, "{:?}", done.callbacks);
+    assert_eq!(
+        (done.answers[0].how, done.answers[0].text.as_str()),
+        ("original", "thought it over")
+    );
+    w.shutdown().await;
+}
