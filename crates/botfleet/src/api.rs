@@ -726,9 +726,6 @@ impl From<botfleet_runtime::SendStatus> for SendView {
     }
 }
 
-/// The longest `Idempotency-Key`, in characters.
-const MAX_IDEMPOTENCY_KEY: usize = 200;
-
 /// The request's `Idempotency-Key`: 1 to 200 printable characters.
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<String> {
     let bad = |why: &str| {
@@ -744,8 +741,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<String> {
     let k = v
         .to_str()
         .map_err(|_| bad("must be printable ASCII characters"))?;
-    let n = k.chars().count();
-    if n == 0 || n > MAX_IDEMPOTENCY_KEY || !k.chars().all(|c| c.is_ascii_graphic() || c == ' ') {
+    if !botfleet_runtime::idempotency_key_fits(k) {
         return Err(bad("must be 1 to 200 printable characters"));
     }
     Ok(k.to_owned())

@@ -72,7 +72,7 @@ pub(crate) struct WorkerArgs {
           value_parser = clap::value_parser!(u64).range(1..=u64::from(botfleet_core::MAX_HANDLER_TIMEOUT_S)))]
     handler_timeout_s: u64,
     /// How long a turn whose handler answered 202 waits for its answer through
-    /// `POST /api/v1/replies/{token}`, in seconds (10-86400), before the event is recorded
+    /// `POST /api/v1/replies/{reply_token}`, in seconds (10-86400), before the event is recorded
     /// undeliverable (`async reply expired`) and the chat goes on; a bot's `async_reply_ttl_s`
     /// overrides it.
     #[arg(long, env = "BOTFLEET_ASYNC_REPLY_TTL_S", default_value_t = 900,

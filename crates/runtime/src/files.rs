@@ -191,12 +191,7 @@ impl Files {
         let k = self
             .inner
             .key
-            .get_or_try_init(|| async {
-                let mut fresh = [0u8; 32];
-                getrandom::fill(&mut fresh)
-                    .map_err(|e| StoreError::Secrets(format!("no randomness for a key: {e}")))?;
-                self.inner.store.fleet_secret(LINK_KEY, &fresh).await
-            })
+            .get_or_try_init(|| crate::reply_token::fleet_key(self.inner.store.as_ref(), LINK_KEY))
             .await?;
         Ok(k.as_slice())
     }

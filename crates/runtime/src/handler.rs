@@ -94,7 +94,7 @@ pub struct TurnContext {
     /// What reads the event's files (none outside a worker's turn).
     files: Option<crate::Files>,
     bot: Option<botfleet_core::BotId>,
-    /// What finishes this turn later, through `POST /api/v1/replies/{token}` on any worker.
+    /// What finishes this turn later, through `POST /api/v1/replies/{reply_token}` on any worker.
     reply_token: Option<String>,
     /// What takes the parts of a later answer on this worker (none outside a worker's turn).
     replies: Option<crate::Replies>,
@@ -125,7 +125,7 @@ impl TurnContext {
     }
 
     /// The reply token of this turn (in a worker's turn): what
-    /// `POST /api/v1/replies/{token}` takes, on any worker, to finish the turn after
+    /// `POST /api/v1/replies/{reply_token}` takes, on any worker, to finish the turn after
     /// [`Self::answer_later`]. Bound to the bot, the chat and the event; valid until the turn
     /// ends or its time to live passes.
     pub fn reply_token(&self) -> Option<&str> {

@@ -118,7 +118,7 @@ impl Later {
         let mut since = botfleet_core::unix_ms() - CLOCK_SLACK_MS;
         loop {
             tokio::time::sleep(POLL_EVERY).await;
-            if self.held().watched.is_empty() {
+            {
                 let mut held = self.held();
                 if held.watched.is_empty() {
                     held.polling = false;
@@ -142,6 +142,11 @@ impl Later {
                 Err(e) => debug!(error = %e, "cannot look for posted replies; trying again"),
             }
         }
+    }
+
+    /// The store the parts are kept in.
+    pub(crate) fn store(&self) -> &dyn Store {
+        self.inner.store.as_ref()
     }
 
     /// The worker's time to live of a held turn.

@@ -37,6 +37,6 @@ pub use platforms::{
     capability_table, descriptor, is_webhook, supported as supported_platforms,
     validate as validate_spec, SpecError, DESCRIPTORS,
 };
-pub use replies::{Posted, Replies, ReplyError};
+pub use replies::{idempotency_key_fits, Posted, Replies, ReplyError, MAX_IDEMPOTENCY_KEY};
 pub use sends::{SendError, SendStatus, Sends, Submitted};
 pub use worker::{Worker, WorkerError};

@@ -10,8 +10,6 @@
 //!
 //! The token is the permission (like a file link's signature): no API token is asked for.
 
-use std::sync::Arc;
-
 use axum::{
     body::Bytes,
     extract::{Path, State},
@@ -21,19 +19,25 @@ use axum::{
     Json, Router,
 };
 use botfleet_core::Action;
-use botfleet_store::{PostAnswer, ReplyPost, Store, StoreError, MAX_STATE_BYTES};
+use botfleet_store::{PostAnswer, ReplyPost, StoreError, MAX_STATE_BYTES};
 use serde_json::Value;
 
 use crate::{later::Later, reply_token::TokenRefusal};
 
-/// Longest `Idempotency-Key` taken (characters).
-const MAX_KEY: usize = 200;
+/// Longest `Idempotency-Key` the API takes (characters).
+pub const MAX_IDEMPOTENCY_KEY: usize = 200;
+
+/// Whether `key` is an `Idempotency-Key` the API takes (sends and replies alike): 1 to
+/// [`MAX_IDEMPOTENCY_KEY`] printable ASCII characters.
+pub fn idempotency_key_fits(key: &str) -> bool {
+    let n = key.chars().count();
+    n > 0 && n <= MAX_IDEMPOTENCY_KEY && key.chars().all(|c| c.is_ascii_graphic() || c == ' ')
+}
 
 /// Takes the parts of answers that come later, on this worker (cheap to clone).
 #[derive(Clone)]
 pub struct Replies {
     later: Later,
-    store: Arc<dyn Store>,
 }
 
 impl std::fmt::Debug for Replies {
@@ -86,8 +90,8 @@ impl ReplyError {
 }
 
 impl Replies {
-    pub(crate) fn new(later: Later, store: Arc<dyn Store>) -> Self {
-        Self { later, store }
+    pub(crate) fn new(later: Later) -> Self {
+        Self { later }
     }
 
     /// Keeps a part of the answer of the turn `token` names, posted under `idempotency_key`:
@@ -101,13 +105,7 @@ impl Replies {
         idempotency_key: &str,
         body: &Value,
     ) -> Result<Posted, ReplyError> {
-        let n = idempotency_key.chars().count();
-        if n == 0
-            || n > MAX_KEY
-            || !idempotency_key
-                .chars()
-                .all(|c| c.is_ascii_graphic() || c == ' ')
-        {
+        if !idempotency_key_fits(idempotency_key) {
             return Err(ReplyError::Invalid(
                 "the `Idempotency-Key` header must be 1 to 200 printable characters".into(),
             ));
@@ -126,7 +124,7 @@ impl Replies {
             body,
             last,
         };
-        match self.store.reply_post(&claim.bot, &post).await? {
+        match self.later.store().reply_post(&claim.bot, &post).await? {
             PostAnswer::Accepted(seq) => {
                 self.later.wake(&claim.bot, &claim.entry);
                 Ok(Posted {
@@ -148,7 +146,7 @@ impl Replies {
     /// the reply token is the permission).
     pub fn router(&self) -> Router {
         Router::new()
-            .route("/api/v1/replies/{token}", post(post_reply))
+            .route("/api/v1/replies/{reply_token}", post(post_reply))
             .with_state(self.clone())
     }
 }
@@ -202,7 +200,7 @@ fn part_body(v: &Value) -> Result<(String, bool), String> {
 
 async fn post_reply(
     State(r): State<Replies>,
-    Path(token): Path<String>,
+    Path(reply_token): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -212,7 +210,7 @@ async fn post_reply(
         .unwrap_or_default()
         .to_owned();
     let answer = match serde_json::from_slice::<Value>(&body) {
-        Ok(v) => r.post(&token, &key, &v).await,
+        Ok(v) => r.post(&reply_token, &key, &v).await,
         Err(e) => Err(ReplyError::Invalid(format!("the body is not JSON: {e}"))),
     };
     match answer {

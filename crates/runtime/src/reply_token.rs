@@ -1,5 +1,5 @@
 //! Reply tokens: what a handler that answers later (a `202`) finishes its turn with, through
-//! `POST /api/v1/replies/{token}` on any worker. A token names the turn it belongs to — the
+//! `POST /api/v1/replies/{reply_token}` on any worker. A token names the turn it belongs to — the
 //! bot (its unit), the chat and the event's journal entry — and until when it may be used;
 //! it is signed with a key the whole fleet shares (made once, kept in the store), so any
 //! worker can check it without asking anyone, and nobody can make one for another turn.
@@ -69,10 +69,19 @@ struct Payload {
 /// # Errors
 /// The store's failures.
 pub(crate) async fn key(store: &dyn Store) -> Result<Vec<u8>, StoreError> {
+    fleet_key(store, REPLY_KEY).await
+}
+
+/// The fleet's signing key `name` (32 random bytes, made by the first worker that asks and
+/// kept in the store, so every worker signs and checks with the same one).
+///
+/// # Errors
+/// The store's failures; no randomness.
+pub(crate) async fn fleet_key(store: &dyn Store, name: &str) -> Result<Vec<u8>, StoreError> {
     let mut fresh = [0u8; 32];
     getrandom::fill(&mut fresh)
         .map_err(|e| StoreError::Secrets(format!("no randomness for a key: {e}")))?;
-    store.fleet_secret(REPLY_KEY, &fresh).await
+    store.fleet_secret(name, &fresh).await
 }
 
 fn mac(key: &[u8], payload: &str) -> Vec<u8> {

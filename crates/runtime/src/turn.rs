@@ -576,7 +576,7 @@ async fn answer(
 ) -> Result<Result<(Reply, i64), String>, Halt> {
     let mut attempt = 0;
     let mut waiting = Waiting::new(ctx, msg, began.event);
-    let replies = crate::Replies::new(ctx.later.clone(), ctx.store.clone());
+    let replies = crate::Replies::new(ctx.later.clone());
     let key = through_store(ctx, hold, "read the reply-token key", || async {
         ctx.later.key().await.map(<[u8]>::to_vec)
     })

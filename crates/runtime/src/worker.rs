@@ -183,7 +183,7 @@ impl Worker {
     /// Answers that come later through this worker (`POST /api/v1/replies/{reply_token}`):
     /// serve [`Replies::router`](crate::Replies::router) beside the API.
     pub fn replies(&self) -> crate::Replies {
-        crate::Replies::new(self.later.clone(), self.store.clone())
+        crate::Replies::new(self.later.clone())
     }
 
     /// The worker's webhook side: serve [`Hooks::router`](crate::Hooks::router) on the hooks

@@ -9,7 +9,10 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use botfleet_core::{BotId, BotSpec, HandlerSpec, Inbound, Platform};
 use botfleet_runtime::{BotHandler, HandlerError, TurnContext};
-use botfleet_testkit::{connector_suite::Harness, wait_for, FakeTelegram};
+use botfleet_testkit::{
+    connector_suite::{Harness, RunningWorker},
+    wait_for, FakeTelegram, ScriptedHandler,
+};
 
 const TOKEN: &str = "5200:later-SECRET";
 
@@ -53,28 +56,49 @@ impl BotHandler for Agent {
     }
 }
 
+/// A Telegram bot `id` of `token` on a new fake, answered by `handler`, in a new registry;
+/// worker "a" (with `tune` applied to its configuration) runs it, polling.
+async fn running(
+    id: &str,
+    token: &str,
+    handler: HandlerSpec,
+    tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
+) -> (FakeTelegram, Harness, RunningWorker) {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(token);
+    let mut bot = BotSpec::new(BotId::new(id).unwrap(), Platform::Telegram, token);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = handler;
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start_with("a", tune);
+    let tg = fake.state();
+    wait_for("polling", Duration::from_secs(20), || async {
+        tg.is_polling(token).then_some(())
+    })
+    .await;
+    (fake, h, w)
+}
+
+fn webhook(handler: &ScriptedHandler) -> HandlerSpec {
+    HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rust_handler_answers_later_in_parts() {
-    let fake = FakeTelegram::start().await.unwrap();
-    let tg = fake.state();
-    tg.add_bot(TOKEN);
-    let mut bot = BotSpec::new(BotId::new("agent").unwrap(), Platform::Telegram, TOKEN);
-    bot.options.api_url = Some(fake.url());
-    bot.handler = HandlerSpec::Named("agent".into());
-    let h = Harness::new(std::slice::from_ref(&bot)).await;
     let posts: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
     let agent = Arc::new(Agent {
         posts: posts.clone(),
     });
-    let w = h.start_with("a", |c| {
+    let (fake, _h, w) = running("agent", TOKEN, HandlerSpec::Named("agent".into()), |c| {
         let handlers: HashMap<String, Arc<dyn BotHandler>> =
             HashMap::from([("agent".to_owned(), agent as Arc<dyn BotHandler>)]);
         c.handlers = Arc::new(handlers);
-    });
-    wait_for("polling", Duration::from_secs(20), || async {
-        tg.is_polling(TOKEN).then_some(())
     })
     .await;
+    let tg = fake.state();
     tg.user_writes(TOKEN, 9, "ask");
     tg.user_writes(TOKEN, 9, "next");
     wait_for(
@@ -117,22 +141,9 @@ async fn a_rust_handler_answers_later_in_parts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_turns_keep_no_bot_from_receiving() {
     const T: &str = "5201:held-SECRET";
-    let fake = FakeTelegram::start().await.unwrap();
-    let tg = fake.state();
-    tg.add_bot(T);
     let handler = botfleet_testkit::connector_suite::later_handler().await;
-    let mut bot = BotSpec::new(BotId::new("busy").unwrap(), Platform::Telegram, T);
-    bot.options.api_url = Some(fake.url());
-    bot.handler = HandlerSpec::Webhook {
-        url: handler.url(),
-        secret: None,
-    };
-    let h = Harness::new(std::slice::from_ref(&bot)).await;
-    let w = h.start_with("a", |c| c.max_in_flight = 2);
-    wait_for("polling", Duration::from_secs(20), || async {
-        tg.is_polling(T).then_some(())
-    })
-    .await;
+    let (fake, _h, w) = running("busy", T, webhook(&handler), |c| c.max_in_flight = 2).await;
+    let tg = fake.state();
     for chat in 1..=3 {
         tg.user_writes(T, chat, "ask");
     }
@@ -154,29 +165,14 @@ async fn held_turns_keep_no_bot_from_receiving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_202_during_a_hand_over_is_not_asked_again() {
     const T: &str = "5202:handover-SECRET";
-    let fake = FakeTelegram::start().await.unwrap();
+    let handler = ScriptedHandler::start(|ev: &serde_json::Value| match ev["text"].as_str() {
+        Some("ask") => serde_json::json!({"_status": 202, "_delay_ms": 1_500}),
+        Some(t) => serde_json::json!({ "text": t }),
+        None => serde_json::json!({}),
+    })
+    .await;
+    let (fake, h, a) = running("moving", T, webhook(&handler), |_| {}).await;
     let tg = fake.state();
-    tg.add_bot(T);
-    let handler = botfleet_testkit::ScriptedHandler::start(|ev: &serde_json::Value| {
-        match ev["text"].as_str() {
-            Some("ask") => serde_json::json!({"_status": 202, "_delay_ms": 1_500}),
-            Some(t) => serde_json::json!({ "text": t }),
-            None => serde_json::json!({}),
-        }
-    })
-    .await;
-    let mut bot = BotSpec::new(BotId::new("moving").unwrap(), Platform::Telegram, T);
-    bot.options.api_url = Some(fake.url());
-    bot.handler = HandlerSpec::Webhook {
-        url: handler.url(),
-        secret: None,
-    };
-    let h = Harness::new(std::slice::from_ref(&bot)).await;
-    let a = h.start("a");
-    wait_for("polling", Duration::from_secs(20), || async {
-        tg.is_polling(T).then_some(())
-    })
-    .await;
     tg.user_writes(T, 5, "ask");
     let token = botfleet_testkit::connector_suite::asked_token(&handler, "ask").await;
     // The handler is still working (1.5 s) when the worker stops and hands the bot over.

@@ -1,6 +1,6 @@
 //! Turns held open for an answer that comes later: a handler answered `202`, and its answer
 //! is posted afterwards, in one or more parts, through any worker
-//! (`POST /api/v1/replies/{token}`). The entry stays pending while held (the chat's next
+//! (`POST /api/v1/replies/{reply_token}`). The entry stays pending while held (the chat's next
 //! messages wait behind it); the parts posted are kept in order under the client's keys until
 //! the turn that holds the chat runs them, and the last one ends the turn.
 
