@@ -19,8 +19,8 @@ use botfleet_coord::{Coordinator, RedisConfig, RedisCoordinator};
 use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
-    fleet_worker, wait_for, FakeTelegram, Proc, RedisServer, RoundRobinProxy, ScriptedHandler,
-    TempDir,
+    fleet_worker, wait_for, wait_for_or, FakeTelegram, Proc, RedisServer, RoundRobinProxy,
+    ScriptedHandler, TempDir,
 };
 use serde_json::{json, Value};
 
@@ -123,9 +123,20 @@ async fn every_action_once_in_order_through_a_kill_and_a_sigterm() {
     }
     api.set_backends(backends);
     let tg = fake.state();
-    wait_for("every bot polling", Duration::from_secs(30), || async {
-        (0..BOTS).all(|i| tg.is_polling(&token(i))).then_some(())
-    })
+    // Once timed out on a clean clone's first run (not since): the message says which bots
+    // were not polling and what the workers logged.
+    wait_for_or(
+        "every bot polling",
+        Duration::from_secs(30),
+        || async { (0..BOTS).all(|i| tg.is_polling(&token(i))).then_some(()) },
+        || {
+            let idle: Vec<usize> = (0..BOTS).filter(|i| !tg.is_polling(&token(*i))).collect();
+            format!(
+                "not polling: {idle:?}\n{}",
+                botfleet_testkit::log_tails(&dir.0)
+            )
+        },
+    )
     .await;
 
     // Users write n0, n1, … in every chat, press the menus they see, and one sends a photo.
