@@ -449,7 +449,17 @@ pub(crate) fn spawn_logged(
     args: &[&str],
     log: &std::path::Path,
 ) -> anyhow::Result<crate::Worker> {
-    let mut cmd = std::process::Command::new(bin);
+    // `$BOTFLEET_BENCH_WRAP` runs it under a profiler, as for `spawn`.
+    let wrap = std::env::var("BOTFLEET_BENCH_WRAP").unwrap_or_default();
+    let mut wrap = wrap.split_whitespace();
+    let mut cmd = match wrap.next() {
+        Some(tool) => {
+            let mut c = std::process::Command::new(tool);
+            c.args(wrap).arg(bin);
+            c
+        }
+        None => std::process::Command::new(bin),
+    };
     cmd.arg("worker")
         .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
         .args(args)

@@ -191,11 +191,8 @@ impl Chats {
             return;
         };
         q.answering = Some(job.key.clone());
-        let ctx = self.ctx.clone();
-        self.answering.spawn(async move {
-            let r = answer(&ctx, &chat, job, slot).await;
-            (chat, r)
-        });
+        self.answering
+            .spawn(answer(self.ctx.clone(), chat, job, slot));
     }
 
     /// Waits for a chat's message to be done, and starts that chat's next. Answers `Some`
@@ -307,50 +304,57 @@ impl Hold for ChatsCtx {
     }
 }
 
-/// Answers one message through the turn pipeline, under the unit's claim.
-async fn answer(
-    ctx: &ChatsCtx,
-    chat: &str,
+/// Answers one message of `chat` through the turn pipeline, under the unit's claim: the
+/// chat, and how it went.
+///
+/// An async block, not an async fn (which would keep a second copy of its arguments): a
+/// turn held open for an answer that comes later keeps this task, so it is kept small.
+#[allow(clippy::manual_async_fn)] // an async fn would keep its arguments twice
+fn answer(
+    ctx: Arc<ChatsCtx>,
+    chat: String,
     job: Job,
     slot: OwnedSemaphorePermit,
-) -> Result<(), Halt> {
-    // A message just received, for a handler that keeps no state: nothing to read first (it
-    // is pending, its reply cannot be in the outbox yet, and no state is sent). Otherwise the
-    // turn reads the chat's state and the outbox.
-    let view = match job.message {
-        Some(message) if !ctx.turn.handler.takes_state() => Some(TurnView {
-            entry: Some(InboxEntry {
-                bot: ctx.turn.bot.clone(),
-                key: job.key.clone(),
-                seq: 0,
-                chat: chat.to_owned(),
-                message,
-                state: InboxState::Pending,
-                error: None,
-                received_at_ms: job.received_at_ms,
+) -> impl std::future::Future<Output = (String, Result<(), Halt>)> + Send + 'static {
+    async move {
+        // A message just received, for a handler that keeps no state: nothing to read first (it
+        // is pending, its reply cannot be in the outbox yet, and no state is sent). Otherwise the
+        // turn reads the chat's state and the outbox.
+        let view = match job.message {
+            Some(message) if !ctx.turn.handler.takes_state() => Some(TurnView {
+                entry: Some(InboxEntry {
+                    bot: ctx.turn.bot.clone(),
+                    key: job.key.clone(),
+                    seq: 0,
+                    chat: chat.clone(),
+                    message,
+                    state: InboxState::Pending,
+                    error: None,
+                    received_at_ms: job.received_at_ms,
+                }),
+                ..TurnView::default()
             }),
-            ..TurnView::default()
-        }),
-        _ => None,
-    };
-    let armed = job.armed.clone();
-    let j = turn::Job {
-        key: &job.key,
-        chat,
-        fence: TurnFence::Claim(ctx.fence),
-        view,
-        arrived: None,
-        slot: Some(slot),
-        armed: job.armed,
-    };
-    let r = turn::run(&ctx.turn, ctx, j).await;
-    if r.is_ok() {
-        // Over: answered, or nothing can answer it now.
-        if let Some(a) = armed {
-            a.disarm();
+            _ => None,
+        };
+        let armed = job.armed.clone();
+        let j = turn::Job {
+            key: &job.key,
+            chat: &chat,
+            fence: TurnFence::Claim(ctx.fence),
+            view,
+            arrived: None,
+            slot: Some(slot),
+            armed: job.armed,
+        };
+        let r = turn::run(&ctx.turn, &*ctx, j).await;
+        if r.is_ok() {
+            // Over: answered, or nothing can answer it now.
+            if let Some(a) = armed {
+                a.disarm();
+            }
         }
+        (chat, r)
     }
-    r
 }
 
 /// When one of the acknowledgements in `set` is done (`None` when there are none).

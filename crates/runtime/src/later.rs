@@ -25,8 +25,10 @@ pub(crate) const POLL_EVERY: Duration = Duration::from_millis(250);
 /// much and a part is still found.
 const CLOCK_SLACK_MS: i64 = 5_000;
 
-/// A held turn's entry.
-type EntryOf = (BotId, String);
+/// A held turn's entry, as a hash of its bot and key: what a watch costs is a number, not
+/// two strings (two entries that hash alike only wake each other for nothing: a woken turn
+/// finds no part of its own and waits on).
+type EntryOf = u64;
 
 /// The worker's side of answers that come later (cheap to clone).
 #[derive(Clone)]
@@ -39,6 +41,8 @@ struct Inner {
     /// `--async-reply-ttl-s`: a bot's own `async_reply_ttl_s` overrides it.
     ttl: Duration,
     key: tokio::sync::OnceCell<Vec<u8>>,
+    /// Hashes entries (keyed per worker: no one can choose entries that hash alike).
+    hasher: std::collections::hash_map::RandomState,
     // std Mutex: one map operation at a time, never across .await.
     held: Mutex<Held>,
 }
@@ -69,9 +73,15 @@ impl Later {
                 store,
                 ttl,
                 key: tokio::sync::OnceCell::new(),
+                hasher: std::collections::hash_map::RandomState::new(),
                 held: Mutex::default(),
             }),
         }
+    }
+
+    fn entry(&self, bot: &BotId, key: &str) -> EntryOf {
+        use std::hash::BuildHasher;
+        self.inner.hasher.hash_one((bot.as_str(), key))
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -82,12 +92,12 @@ impl Later {
     /// part of its answer is posted (through this worker at once, through others within a
     /// poll).
     pub(crate) fn watch(&self, bot: &BotId, key: &str) -> Watch {
-        let entry = (bot.clone(), key.to_owned());
+        let entry = self.entry(bot, key);
         let (notify, start) = {
             let mut held = self.held();
             let w = held
                 .watched
-                .entry(entry.clone())
+                .entry(entry)
                 .or_insert_with(|| (Arc::new(Notify::new()), 0, 0));
             w.1 += 1;
             let notify = w.0.clone();
@@ -108,7 +118,8 @@ impl Later {
 
     /// A part of the entry `key` of `bot` was posted (through this worker).
     pub(crate) fn wake(&self, bot: &BotId, key: &str) {
-        if let Some((n, ..)) = self.held().watched.get(&(bot.clone(), key.to_owned())) {
+        let entry = self.entry(bot, key);
+        if let Some((n, ..)) = self.held().watched.get(&entry) {
             n.notify_one();
         }
     }
@@ -128,9 +139,13 @@ impl Later {
             let now = botfleet_core::unix_ms();
             match self.inner.store.replies_since(since).await {
                 Ok(rows) => {
+                    let entries: Vec<_> = rows
+                        .into_iter()
+                        .map(|(bot, key, seq)| (self.entry(&bot, &key), seq))
+                        .collect();
                     let mut held = self.held();
-                    for (bot, key, seq) in rows {
-                        if let Some((n, _, woken)) = held.watched.get_mut(&(bot, key)) {
+                    for (entry, seq) in entries {
+                        if let Some((n, _, woken)) = held.watched.get_mut(&entry) {
                             if seq > *woken {
                                 *woken = seq;
                                 n.notify_one();

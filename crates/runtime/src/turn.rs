@@ -268,7 +268,34 @@ pub(crate) struct Job<'a> {
 ///
 /// # Errors
 /// Why the entry was left pending ([`Halt`]).
-pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result<(), Halt> {
+pub(crate) fn run<'a, H: Hold>(
+    ctx: &'a TurnCtx,
+    hold: &'a H,
+    job: Job<'a>,
+) -> impl Future<Output = Result<(), Halt>> + Send + 'a {
+    // Each stage boxed (the job moved into the first at once), the first gone before the
+    // second: a turn held open for an answer that comes later keeps only what its wait
+    // needs, not the frame of the turn that held it (kilobytes; a thousand held turns would
+    // keep a thousand of them).
+    let answering = Box::pin(answer_turn(ctx, hold, job));
+    async move {
+        match answering.await? {
+            None => Ok(()),
+            Some(waiting) => waiting.await,
+        }
+    }
+}
+
+/// A held turn's wait ([`held::wait`]), boxed.
+type HeldWait<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), Halt>> + Send + 'a>>;
+
+/// [`run`] up to the end of its entry, or to its hold: `Some` (the wait) when the handler
+/// answers later.
+async fn answer_turn<'a, H: Hold>(
+    ctx: &'a TurnCtx,
+    hold: &'a H,
+    job: Job<'a>,
+) -> Result<Option<HeldWait<'a>>, Halt> {
     let mut slot = job.slot;
     ctx.slots.ensure(&mut slot, hold).await?;
     let view = match job.view {
@@ -276,10 +303,10 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         None => read_view(ctx, hold, job.key, job.chat).await?,
     };
     let Some(entry) = view.entry.as_ref() else {
-        return Ok(()); // never journaled (the delivery was refused)
+        return Ok(None); // never journaled (the delivery was refused)
     };
     if entry.state != InboxState::Pending {
-        return Ok(()); // ended already (a redelivery's ticket, a replay)
+        return Ok(None); // ended already (a redelivery's ticket, a replay)
     }
     debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, fence = job.fence.fence().get(), revision = view.revision, has_state = view.state.is_some(), sent = view.sent, "answering a message");
     let end = End {
@@ -291,7 +318,9 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
     };
     let started = Instant::now();
     if entry.kind() == EntryKind::Send {
-        return run_send(ctx, hold, slot, &view, &entry.message, end, started).await;
+        return run_send(ctx, hold, slot, &view, &entry.message, end, started)
+            .await
+            .map(|()| None);
     }
     let mut msg: Inbound = match serde_json::from_str::<Inbound>(&entry.message) {
         Ok(mut m) => {
@@ -301,7 +330,7 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         }
         Err(e) => {
             let why = format!("recorded message unreadable: {e}");
-            return end.undeliverable(ctx, hold, slot, why).await;
+            return end.undeliverable(ctx, hold, slot, why).await.map(|()| None);
         }
     };
     actions::resolve_event(ctx, hold, &mut msg).await?;
@@ -338,18 +367,21 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
         .await?
         {
             Ok(r) => r,
-            Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
+            Err(why) => return end.undeliverable(ctx, hold, slot, why).await.map(|()| None),
         },
     };
     if reply.later {
+        // A held turn holds no slot: a thousand of them cost memory only.
+        drop(slot);
         let held = held::Held {
-            msg: &msg,
+            msg,
             until_ms,
             end,
             revision: view.revision,
             since: began.event,
+            deadline,
         };
-        return held::wait(ctx, hold, slot, held, &mut deadline).await;
+        return Ok(Some(Box::pin(held::wait(ctx, hold, held))));
     }
     if !actions::is_plain(&reply) || actions::needs_answer(ctx, &msg) {
         let turn = actions::Answered {
@@ -359,7 +391,9 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
             deadline,
             arrived: began.event,
         };
-        return actions::run(ctx, hold, slot, &msg, turn, end, started).await;
+        return actions::run(ctx, hold, slot, &msg, turn, end, started)
+            .await
+            .map(|()| None);
     }
     let mut sent = None;
     if let Some(text) = reply.text {
@@ -383,13 +417,14 @@ pub(crate) async fn run(ctx: &TurnCtx, hold: &impl Hold, job: Job<'_>) -> Result
                     }
                     sent = Some(at);
                 }
-                Err(why) => return end.undeliverable(ctx, hold, slot, why).await,
+                Err(why) => return end.undeliverable(ctx, hold, slot, why).await.map(|()| None),
             }
         }
     }
     let state = checked_state(ctx, job.chat, reply.state).map(|s| (view.revision, s));
     end.record(ctx, hold, slot, InboxOutcome::Done, sent, state)
         .await
+        .map(|()| None)
 }
 
 /// A backend send's turn: no handler is called; the body the API accepted, read as a
@@ -725,12 +760,9 @@ async fn while_handler_runs<F: Future>(
     tokio::pin!(call);
     let mut defer_tried = false;
     loop {
-        let defer_at = match &ctx.sender {
-            Ok(s) if !deadline.deferred && !defer_tried => {
-                s.defer_after(msg).map(|after| waiting.since + after)
-            }
-            _ => None,
-        };
+        let defer_at = (!defer_tried)
+            .then(|| defer_at(ctx, msg, deadline, waiting.since))
+            .flatten();
         let at = match (defer_at, waiting.next) {
             (Some(d), Some(t)) => d.min(t),
             (Some(at), None) | (None, Some(at)) => at,
@@ -754,6 +786,15 @@ async fn while_handler_runs<F: Future>(
                 () = sleep_until_some(defer_at) => {}
             }
         }
+    }
+}
+
+/// When `msg` (arrived at `since`) is to be acknowledged to its platform unless answered by
+/// then ([`Sender::defer_after`]); `None` when it needs no acknowledgement or has had it.
+fn defer_at(ctx: &TurnCtx, msg: &Inbound, deadline: &Deadline, since: Instant) -> Option<Instant> {
+    match &ctx.sender {
+        Ok(s) if !deadline.deferred => s.defer_after(msg).map(|after| since + after),
+        _ => None,
     }
 }
 

@@ -15,7 +15,10 @@
 //!
 //! The chat's next events wait behind the held turn like behind any other; other chats go on.
 
-use std::time::{Duration, Instant};
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
 
 use botfleet_core::Inbound;
 use botfleet_store::TurnHold;
@@ -24,7 +27,7 @@ use tracing::debug;
 use super::{
     actions::{self, Parts},
     deadline::Deadline,
-    while_handler_runs, while_recording, End, Halt, Hold, Slot, TurnCtx, Waiting,
+    defer_at, while_recording, End, Halt, Hold, TurnCtx, Waiting,
 };
 use crate::metrics::ASYNC_EXPIRED_TOTAL;
 
@@ -49,10 +52,11 @@ impl<H: Hold> Drop for Counted<'_, H> {
     }
 }
 
-/// What a held turn needs of the turn that held it.
-pub(super) struct Held<'a, 'e> {
+/// A turn held open: what its wait needs of the turn that held it (owned, so the held
+/// turn keeps nothing else of it).
+pub(super) struct Held<'e> {
     /// The event.
-    pub(super) msg: &'a Inbound,
+    pub(super) msg: Inbound,
     /// When the hold expires (unix ms): the token's expiry, or the hold a predecessor wrote.
     pub(super) until_ms: i64,
     /// The entry it ends.
@@ -61,83 +65,125 @@ pub(super) struct Held<'a, 'e> {
     pub(super) revision: u64,
     /// When the event arrived (typing and the platform deadline count from it).
     pub(super) since: Instant,
+    /// The event's platform deadline.
+    pub(super) deadline: Deadline,
 }
 
 /// Holds the turn open, doing the parts of its answer as they are posted, until the last
 /// part ends it or its time to live passes (then it ends as undeliverable, [`EXPIRED`]).
 /// `Ok` once the entry ended (also when it had ended already).
 ///
+/// What waits between parts is kept small (one timer, the watch of the entry, the stop): a
+/// thousand held turns cost memory only, and little of it.
+///
 /// # Errors
 /// Why the entry was left pending, still held, for whoever answers the chat next ([`Halt`]).
-pub(super) async fn wait(
+#[allow(clippy::manual_async_fn)] // an async fn would keep its arguments twice
+pub(super) fn wait<'a, H: Hold>(
+    ctx: &'a TurnCtx,
+    hold: &'a H,
+    mut held: Held<'a>,
+) -> impl Future<Output = Result<(), Halt>> + Send + 'a {
+    // An async block, not an async fn (which would keep a second copy of its arguments), with
+    // `held` used in place, not taken apart: the future keeps one copy of it.
+    async move {
+        let h = &mut held;
+        let (msg, end, since) = (&h.msg, &h.end, h.since);
+        let deadline = &mut h.deadline;
+        let Some(until_ms) = Box::pin(write_hold(ctx, hold, end, h.until_ms)).await? else {
+            return Ok(()); // ended meanwhile
+        };
+        let _counted = Counted::new(ctx, hold);
+        let watch = ctx.later.watch(&ctx.bot, end.key);
+        debug!(bot = %ctx.bot, chat = %end.chat, key = %end.key, until_ms, "turn held for an answer that comes later");
+        let mut typing = Waiting::new(ctx, msg, since);
+        let stop = hold.stop();
+        // The platform's deadline is tried once while held (as once per handler call).
+        let mut defer_tried = false;
+        loop {
+            let due = botfleet_core::unix_ms() >= until_ms;
+            // Boxed: doing parts takes kilobytes that the wait between them need not keep.
+            let parts = actions::run_parts(
+                ctx,
+                hold,
+                msg,
+                deadline,
+                since,
+                end.again(),
+                h.revision,
+                due,
+            );
+            match Box::pin(parts).await? {
+                Parts::Ended { expired } => {
+                    if expired {
+                        ctx.metrics.count(ASYNC_EXPIRED_TOTAL, ctx.platform, 1);
+                    }
+                    return Ok(());
+                }
+                // Typing is kept up until the first message of the answer.
+                Parts::Waiting { sent: true } => typing.next = None,
+                Parts::Waiting { sent: false } => {}
+            }
+            // Until a part may have come, or the time to live passed; typing and the platform's
+            // deadline kept meanwhile.
+            loop {
+                let left = (until_ms - botfleet_core::unix_ms()).max(0).unsigned_abs();
+                let expiry = Instant::now() + Duration::from_millis(left);
+                let defer_at = (!defer_tried)
+                    .then(|| defer_at(ctx, msg, deadline, since))
+                    .flatten();
+                let at = [Some(expiry), defer_at, typing.next]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(expiry);
+                tokio::select! {
+                    () = watch.posted() => break,
+                    () = tokio::time::sleep_until(at.into()) => {}
+                    () = hold.gone() => {
+                        return Err(Halt::Fenced(
+                            "the held turn was lost (the worker registered again)".into(),
+                        ))
+                    }
+                    () = crate::retry::stopped(stop.clone()) => return Err(Halt::Stopped),
+                }
+                let now = Instant::now();
+                if expiry <= now {
+                    break;
+                }
+                if defer_at.is_some_and(|d| d <= now) {
+                    defer_tried = true;
+                    Box::pin(deadline.defer(ctx, hold, msg)).await;
+                } else if typing.next.is_some_and(|t| t <= now) {
+                    // A slow typing call gives way to a part.
+                    tokio::select! {
+                        () = Box::pin(typing.show(ctx, hold, msg)) => {}
+                        () = watch.posted() => break,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes the hold under the turn's fence: the time it ends (unix ms; the first hold's, if
+/// the turn was held before), `None` when the entry ended meanwhile. The handler answered:
+/// the hold is what keeps a replay from asking it again, so a stop (a hand-over) does not cut
+/// its write short.
+async fn write_hold(
     ctx: &TurnCtx,
     hold: &impl Hold,
-    slot: Slot,
-    held: Held<'_, '_>,
-    deadline: &mut Deadline,
-) -> Result<(), Halt> {
-    // A held turn holds no slot: a thousand of them cost memory only.
-    drop(slot);
-    let Held {
-        msg,
-        until_ms,
-        end,
-        revision,
-        since,
-    } = held;
+    end: &End<'_>,
+    until_ms: i64,
+) -> Result<Option<i64>, Halt> {
     let h = TurnHold {
         key: end.key.to_owned(),
         chat: end.chat.to_owned(),
         fence: end.fence,
         until_ms,
     };
-    // The handler answered: the hold is what keeps a replay from asking it again, so a stop
-    // (a hand-over) does not cut its write short.
-    let held_until = while_recording(ctx, hold, "hold a turn", || {
+    while_recording(ctx, hold, "hold a turn", || {
         ctx.store.turn_hold(&ctx.bot, &h)
     })
-    .await?;
-    let Some(until_ms) = held_until else {
-        return Ok(()); // ended meanwhile
-    };
-    let _counted = Counted::new(ctx, hold);
-    let watch = ctx.later.watch(&ctx.bot, end.key);
-    debug!(bot = %ctx.bot, chat = %end.chat, key = %end.key, until_ms, "turn held for an answer that comes later");
-    let mut sent = false;
-    loop {
-        let due = botfleet_core::unix_ms() >= until_ms;
-        match actions::run_parts(ctx, hold, msg, deadline, since, end.again(), revision, due)
-            .await?
-        {
-            Parts::Ended { expired } => {
-                if expired {
-                    ctx.metrics.count(ASYNC_EXPIRED_TOTAL, ctx.platform, 1);
-                }
-                return Ok(());
-            }
-            Parts::Waiting { sent: s } => sent |= s,
-        }
-        let left =
-            Duration::from_millis((until_ms - botfleet_core::unix_ms()).max(0).unsigned_abs());
-        let mut waiting = Waiting::new(ctx, msg, since);
-        if sent {
-            // Typing is kept up until the first message of the answer.
-            waiting.next = None;
-        }
-        let next = async {
-            tokio::select! {
-                () = tokio::time::sleep(left) => {}
-                () = watch.posted() => {}
-            }
-        };
-        tokio::select! {
-            () = while_handler_runs(ctx, hold, msg, next, deadline, &mut waiting) => {}
-            () = hold.gone() => {
-                return Err(Halt::Fenced(
-                    "the held turn was lost (the worker registered again)".into(),
-                ))
-            }
-            () = crate::retry::stopped(hold.stop()) => return Err(Halt::Stopped),
-        }
-    }
+    .await
 }
