@@ -31,6 +31,10 @@ pub const PLATFORM_ERRORS_TOTAL: &str = "botfleet_platform_errors_total";
 /// Sends from the backend taken by this worker's API, by platform and status (`accepted`,
 /// `repeated`: a known key, `refused`).
 pub const API_SENDS_TOTAL: &str = "botfleet_api_sends_total";
+/// Edits of one message a handler asked for, by platform and outcome: `sent`, `coalesced`
+/// (a later edit of the message went instead), `skipped` (it would show what the message
+/// shows).
+pub const STREAM_EDITS_TOTAL: &str = "botfleet_stream_edits_total";
 /// Bots that should run but no live worker has room for.
 pub const BOTS_UNPLACED: &str = "botfleet_bots_unplaced";
 /// Times this worker stopped all bots because its lease was not safe.
@@ -138,6 +142,7 @@ pub struct Metrics {
     connections: Mutex<BTreeMap<Platform, u64>>,
     errors: Mutex<BTreeMap<(Platform, &'static str), u64>>,
     api_sends: Mutex<BTreeMap<(Platform, &'static str), u64>>,
+    stream_edits: Mutex<BTreeMap<(Platform, &'static str), u64>>,
     /// Messages received per bot id (only bots that received any).
     per_bot: Mutex<std::collections::HashMap<String, u64>>,
     /// How many of the busiest bots `render` shows (0: none).
@@ -319,6 +324,20 @@ impl Metrics {
     /// or `refused`.
     pub fn api_send(&self, p: Platform, status: &'static str) {
         *lock(&self.api_sends).entry((p, status)).or_default() += 1;
+    }
+
+    /// An edit a handler asked for was `sent`, `coalesced` or `skipped`
+    /// ([`STREAM_EDITS_TOTAL`]).
+    pub fn stream_edit(&self, p: Platform, outcome: &'static str) {
+        *lock(&self.stream_edits).entry((p, outcome)).or_default() += 1;
+    }
+
+    /// How many edits of `p` came to `outcome` ([`Metrics::stream_edit`]).
+    pub fn stream_edits(&self, p: Platform, outcome: &str) -> u64 {
+        lock(&self.stream_edits)
+            .iter()
+            .find(|((q, o), _)| *q == p && *o == outcome)
+            .map_or(0, |(_, v)| *v)
     }
 
     /// The Prometheus text exposition of every metric.
@@ -556,6 +575,16 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "{API_SENDS_TOTAL}{{worker_id=\"{w}\",platform=\"{p}\",status=\"{status}\"}} {v}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP {STREAM_EDITS_TOTAL} Edits of one message asked for, by outcome.\n# TYPE {STREAM_EDITS_TOTAL} counter"
+        );
+        for ((p, outcome), v) in lock(&self.stream_edits).iter() {
+            let _ = writeln!(
+                out,
+                "{STREAM_EDITS_TOTAL}{{worker_id=\"{w}\",platform=\"{p}\",outcome=\"{outcome}\"}} {v}"
             );
         }
         let top = usize::try_from(self.top_bots.load(Ordering::Relaxed)).unwrap_or(0);

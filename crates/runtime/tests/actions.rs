@@ -26,18 +26,7 @@ async fn a_crash_mid_reply_does_each_action_once_in_order() {
         _ => json!({}),
     })
     .await;
-    let mut bot = BotSpec::new(BotId::new("acts").unwrap(), Platform::Telegram, TOKEN);
-    bot.options.api_url = Some(fake.url());
-    bot.handler = HandlerSpec::Webhook {
-        url: handler.url(),
-        secret: None,
-    };
-    let h = Harness::new(std::slice::from_ref(&bot)).await;
-    let a = h.start("a");
-    wait_for("polling", Duration::from_secs(20), || async {
-        tg.is_polling(TOKEN).then_some(())
-    })
-    .await;
+    let (bot, h, a) = polling_bot("acts", TOKEN, &fake, &handler).await;
     // "one" goes through; "two" keeps failing (a platform outage) until the worker dies in
     // its backoff, after the turn recorded that "one" is done. (A worker dying after the
     // platform took a request and before its progress is written sends that one again: the
@@ -97,4 +86,92 @@ async fn a_crash_mid_reply_does_each_action_once_in_order() {
         "the replay asked the handler again"
     );
     b.shutdown().await;
+}
+
+/// A reply that edits one message many times (an answer built up in one go) reaches the
+/// platform as one edit, on the last text (a last edit of buttons alone keeps that text);
+/// an edit to what a message shows is not sent at all; counted in
+/// `botfleet_stream_edits_total` by outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_of_one_message_in_a_reply_go_as_the_last() {
+    const TOKEN: &str = "3101:coalesce-SECRET";
+    let fake = FakeTelegram::start().await.unwrap();
+    let tg = fake.state();
+    tg.add_bot(TOKEN);
+    let handler = ScriptedHandler::start(|ev| match ev["text"].as_str() {
+        Some("go") => {
+            let mut actions = vec![
+                json!({"type": "send", "text": "thinking", "ref": "s"}),
+                json!({"type": "send", "text": "hello", "ref": "h"}),
+            ];
+            for i in 0..50 {
+                actions.push(json!({"type": "edit", "ref": "s", "text": format!("part {i}")}));
+            }
+            actions.push(json!({"type": "edit", "ref": "h", "text": "hello"}));
+            actions.push(
+                json!({"type": "edit", "ref": "s", "buttons": [[{"text": "ok", "value": "ok"}]]}),
+            );
+            actions.push(json!({"type": "send", "text": "done"}));
+            json!({ "actions": actions })
+        }
+        _ => json!({}),
+    })
+    .await;
+    let (_bot, _h, a) = polling_bot("coalesce", TOKEN, &fake, &handler).await;
+    tg.user_writes(TOKEN, 7, "go");
+    wait_for("the whole reply", Duration::from_secs(30), || async {
+        tg.sent().iter().any(|s| s.text == "done").then_some(())
+    })
+    .await;
+    let sent = tg.sent();
+    let texts: Vec<&str> = sent.iter().map(|s| s.text.as_str()).collect();
+    assert_eq!(texts, ["thinking", "hello", "done"]);
+    let s = tg.bot_message(TOKEN, "7", sent[0].message_id).unwrap();
+    assert_eq!(
+        (s.text.as_str(), s.edits),
+        ("part 49", 1),
+        "51 edits of one message go as one, on the last text"
+    );
+    assert!(s.reply_markup.is_some(), "with the last edit's buttons");
+    let hello = tg.bot_message(TOKEN, "7", sent[1].message_id).unwrap();
+    assert_eq!(
+        hello.edits, 0,
+        "an edit to what the message shows is not sent"
+    );
+    let metrics = a.metrics.render("a");
+    for (outcome, n) in [("sent", 1), ("coalesced", 50), ("skipped", 1)] {
+        let line = format!(
+            "botfleet_stream_edits_total{{worker_id=\"a\",platform=\"telegram\",outcome=\"{outcome}\"}} {n}"
+        );
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+    a.shutdown().await;
+}
+
+/// A Telegram bot `id` of `token` on `fake`, answered by `handler`, polling on worker "a" of
+/// a harness of its own.
+async fn polling_bot(
+    id: &str,
+    token: &str,
+    fake: &FakeTelegram,
+    handler: &ScriptedHandler,
+) -> (
+    BotSpec,
+    Harness,
+    botfleet_testkit::connector_suite::RunningWorker,
+) {
+    let mut bot = BotSpec::new(BotId::new(id).unwrap(), Platform::Telegram, token);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let a = h.start("a");
+    let tg = fake.state();
+    wait_for("polling", Duration::from_secs(20), || async {
+        tg.is_polling(token).then_some(())
+    })
+    .await;
+    (bot, h, a)
 }

@@ -530,6 +530,12 @@ pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
         f.replies().iter().any(|(_, t)| t == "other")
     })
     .await;
+    // Held by one worker (a worker starved past its lease on busy cores lets the turn go
+    // for a moment, and it is held again).
+    until("one worker holds the turn", 10, || {
+        holding(&workers).is_some()
+    })
+    .await;
     let holder = holding(&workers).expect("a worker holds the turn");
     workers.remove(holder).crash();
     proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());

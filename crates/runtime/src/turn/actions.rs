@@ -32,6 +32,11 @@ use crate::{
     metrics::{ACTION_REFUSED_TOTAL, FILES_SENT_TOTAL},
 };
 
+/// Outcomes of an edit asked for ([`crate::metrics::STREAM_EDITS_TOTAL`]).
+const SENT: &str = "sent";
+const COALESCED: &str = "coalesced";
+const SKIPPED: &str = "skipped";
+
 /// The prefix of a long button value's stand-in on the wire (a value that starts with it is
 /// always stood in for, so a handler's own value is never mistaken for a key).
 const VALUE_KEY_PREFIX: &str = "bf~";
@@ -235,7 +240,13 @@ struct Run<'a> {
     deadline: Deadline,
     /// When the event arrived.
     arrived: Instant,
+    /// What the messages this run sent or edited show (by the target a later edit names
+    /// them with): an edit that would show the same is not sent.
+    shown: Vec<(Target, Shown)>,
 }
+
+/// What a message shows: its text and its buttons.
+type Shown = (String, Vec<Vec<Button>>);
 
 /// Does `reply`'s actions for `msg` and ends the entry.
 pub(super) async fn run(
@@ -353,6 +364,7 @@ impl<'a> Run<'a> {
             key_base: botfleet_core::Outbound::reply_key(msg),
             deadline,
             arrived,
+            shown: Vec::new(),
         }
     }
 
@@ -370,12 +382,19 @@ impl<'a> Run<'a> {
         let run = self;
         while run.p.done < run.p.actions.len() {
             let i = run.p.done;
+            if let Some(outcome) = run.coalesce(i) {
+                // Not sent: a later edit of the message goes instead, or it would show what
+                // the message shows.
+                ctx.metrics.stream_edit(ctx.platform, outcome);
+                run.p.done += 1;
+                continue;
+            }
             let action = run.p.actions[i].clone();
             if run.dirty && changes_something(&action) {
                 run.step(hold, end).await?;
             }
             match run.one(hold, slot, i, &action, started).await? {
-                Ok(()) => {}
+                Ok(()) => run.showing(&action),
                 Err(why) => {
                     let note = format!("action {i} ({}): {why}", action.kind());
                     warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %note, "action refused");
@@ -870,6 +889,83 @@ impl Run<'_> {
             self.p
                 .refs
                 .push((hook_name(id), format!("{until} {handle}")));
+        }
+    }
+
+    /// Whether action `i`, an edit, is not to be sent: `coalesced` when a later edit of the
+    /// same message in this reply goes instead (taking this one's text if it gives none: a
+    /// message ends on what the last edit says), `skipped` when it would show what the message
+    /// shows. `None` for anything else.
+    fn coalesce(&mut self, i: usize) -> Option<&'static str> {
+        let Action::Edit {
+            target,
+            text,
+            buttons,
+        } = &self.p.actions[i]
+        else {
+            return None;
+        };
+        if target.ref_name.is_some() == target.message_id.is_some() {
+            return None; // refused with its reason when done
+        }
+        let later = self.p.actions[i + 1..]
+            .iter()
+            .position(|a| matches!(a, Action::Edit { target: t, .. } if t == target));
+        if let Some(k) = later {
+            let text = text.clone();
+            if let Action::Edit { text: next, .. } = &mut self.p.actions[i + 1 + k] {
+                if next.is_none() {
+                    *next = text;
+                }
+            }
+            return Some(COALESCED);
+        }
+        let shown = self
+            .shown
+            .iter()
+            .find(|(t, _)| t == target)
+            .map(|(_, s)| s)?;
+        let text = text.as_ref().unwrap_or(&shown.0);
+        (*text == shown.0 && *buttons == shown.1).then_some(SKIPPED)
+    }
+
+    /// Keeps what a message sent or edited by `action` (done) shows, for the edits after it.
+    fn showing(&mut self, action: &Action) {
+        let (target, text, buttons) = match action {
+            Action::Send {
+                text,
+                buttons,
+                ref_name: Some(name),
+                ..
+            } => (
+                Target {
+                    ref_name: Some(name.clone()),
+                    message_id: None,
+                },
+                Some(text),
+                buttons,
+            ),
+            Action::Edit {
+                target,
+                text,
+                buttons,
+            } => {
+                self.ctx.metrics.stream_edit(self.ctx.platform, SENT);
+                (target.clone(), text.as_ref(), buttons)
+            }
+            _ => return,
+        };
+        let before = self.shown.iter().position(|(t, _)| *t == target);
+        let text = match (text, before) {
+            (Some(t), _) => t.clone(),
+            (None, Some(k)) => self.shown[k].1 .0.clone(),
+            // An edit of buttons alone, on a message whose text is not known here.
+            (None, None) => return,
+        };
+        let shown = (text, buttons.clone());
+        match before {
+            Some(k) => self.shown[k].1 = shown,
+            None => self.shown.push((target, shown)),
         }
     }
 
