@@ -111,6 +111,13 @@ async fn edits_of_one_message_in_a_reply_go_as_the_last() {
             actions.push(
                 json!({"type": "edit", "ref": "s", "buttons": [[{"text": "ok", "value": "ok"}]]}),
             );
+            // A ref given to another message: the edits before it are the first one's.
+            actions.extend([
+                json!({"type": "send", "text": "first", "ref": "r"}),
+                json!({"type": "edit", "ref": "r", "text": "first, edited"}),
+                json!({"type": "send", "text": "second", "ref": "r"}),
+                json!({"type": "edit", "ref": "r", "text": "second, edited"}),
+            ]);
             actions.push(json!({"type": "send", "text": "done"}));
             json!({ "actions": actions })
         }
@@ -125,7 +132,11 @@ async fn edits_of_one_message_in_a_reply_go_as_the_last() {
     .await;
     let sent = tg.sent();
     let texts: Vec<&str> = sent.iter().map(|s| s.text.as_str()).collect();
-    assert_eq!(texts, ["thinking", "hello", "done"]);
+    assert_eq!(texts, ["thinking", "hello", "first", "second", "done"]);
+    for (k, text) in [(2, "first, edited"), (3, "second, edited")] {
+        let m = tg.bot_message(TOKEN, "7", sent[k].message_id).unwrap();
+        assert_eq!((m.text.as_str(), m.edits), (text, 1), "a ref given anew");
+    }
     let s = tg.bot_message(TOKEN, "7", sent[0].message_id).unwrap();
     assert_eq!(
         (s.text.as_str(), s.edits),
@@ -139,7 +150,7 @@ async fn edits_of_one_message_in_a_reply_go_as_the_last() {
         "an edit to what the message shows is not sent"
     );
     let metrics = a.metrics.render("a");
-    for (outcome, n) in [("sent", 1), ("coalesced", 50), ("skipped", 1)] {
+    for (outcome, n) in [("sent", 3), ("coalesced", 50), ("skipped", 1)] {
         let line = format!(
             "botfleet_stream_edits_total{{worker_id=\"a\",platform=\"telegram\",outcome=\"{outcome}\"}} {n}"
         );

@@ -908,8 +908,15 @@ impl Run<'_> {
         if target.ref_name.is_some() == target.message_id.is_some() {
             return None; // refused with its reason when done
         }
+        // A later edit of the same message: not past a send that gives its ref to another
+        // message, nor past a delete of it.
         let later = self.p.actions[i + 1..]
             .iter()
+            .take_while(|a| match a {
+                Action::Send { ref_name, .. } => ref_name.is_none() || *ref_name != target.ref_name,
+                Action::Delete { target: t } => t != target,
+                _ => true,
+            })
             .position(|a| matches!(a, Action::Edit { target: t, .. } if t == target));
         if let Some(k) = later {
             let text = text.clone();
