@@ -332,14 +332,6 @@ impl Metrics {
         *lock(&self.stream_edits).entry((p, outcome)).or_default() += 1;
     }
 
-    /// How many edits of `p` came to `outcome` ([`Metrics::stream_edit`]).
-    pub fn stream_edits(&self, p: Platform, outcome: &str) -> u64 {
-        lock(&self.stream_edits)
-            .iter()
-            .find(|((q, o), _)| *q == p && *o == outcome)
-            .map_or(0, |(_, v)| *v)
-    }
-
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, worker_id: &str) -> String {
         let mut out = String::new();
@@ -547,45 +539,40 @@ impl Metrics {
                 "{PLATFORM_CONNECTIONS}{{worker_id=\"{w}\",platform=\"{p}\"}} {n}"
             );
         }
-        for (name, help, map) in [
+        // Counters by platform and one label of their own.
+        for (name, help, label, map) in [
             (
                 START_FAILURES_TOTAL,
                 "Bots that failed to start or run.",
+                "reason",
                 &self.failures,
             ),
             (
                 PLATFORM_ERRORS_TOTAL,
                 "Platform call failures.",
+                "reason",
                 &self.errors,
+            ),
+            (
+                API_SENDS_TOTAL,
+                "Sends from the backend taken by the API.",
+                "status",
+                &self.api_sends,
+            ),
+            (
+                STREAM_EDITS_TOTAL,
+                "Edits of one message asked for, by outcome.",
+                "outcome",
+                &self.stream_edits,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for ((p, reason), v) in lock(map).iter() {
+            for ((p, value), v) in lock(map).iter() {
                 let _ = writeln!(
                     out,
-                    "{name}{{worker_id=\"{w}\",platform=\"{p}\",reason=\"{reason}\"}} {v}"
+                    "{name}{{worker_id=\"{w}\",platform=\"{p}\",{label}=\"{value}\"}} {v}"
                 );
             }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {API_SENDS_TOTAL} Sends from the backend taken by the API.\n# TYPE {API_SENDS_TOTAL} counter"
-        );
-        for ((p, status), v) in lock(&self.api_sends).iter() {
-            let _ = writeln!(
-                out,
-                "{API_SENDS_TOTAL}{{worker_id=\"{w}\",platform=\"{p}\",status=\"{status}\"}} {v}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {STREAM_EDITS_TOTAL} Edits of one message asked for, by outcome.\n# TYPE {STREAM_EDITS_TOTAL} counter"
-        );
-        for ((p, outcome), v) in lock(&self.stream_edits).iter() {
-            let _ = writeln!(
-                out,
-                "{STREAM_EDITS_TOTAL}{{worker_id=\"{w}\",platform=\"{p}\",outcome=\"{outcome}\"}} {v}"
-            );
         }
         let top = usize::try_from(self.top_bots.load(Ordering::Relaxed)).unwrap_or(0);
         if top > 0 {

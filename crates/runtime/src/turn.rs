@@ -717,6 +717,11 @@ impl Waiting {
         }
     }
 
+    /// When typing or the platform's deadline (`defer_at`) comes first, if either does.
+    fn due(&self, defer_at: Option<Instant>) -> Option<Instant> {
+        [defer_at, self.next].into_iter().flatten().min()
+    }
+
     /// Shows typing in `msg`'s chat, when the worker may act; a failure is logged and counted
     /// (the turn goes on).
     async fn show(&mut self, ctx: &TurnCtx, hold: &impl Hold, msg: &Inbound) {
@@ -763,10 +768,8 @@ async fn while_handler_runs<F: Future>(
         let defer_at = (!defer_tried)
             .then(|| defer_at(ctx, msg, deadline, waiting.since))
             .flatten();
-        let at = match (defer_at, waiting.next) {
-            (Some(d), Some(t)) => d.min(t),
-            (Some(at), None) | (None, Some(at)) => at,
-            (None, None) => return call.await,
+        let Some(at) = waiting.due(defer_at) else {
+            return call.await;
         };
         tokio::select! {
             r = &mut call => return r,

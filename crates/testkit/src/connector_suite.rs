@@ -996,22 +996,7 @@ pub async fn a_later_answer_holds_its_chat_until_its_time_to_live<F: PlatformFix
         !sent.iter().any(|(_, t)| t == "ignored"),
         "a 202's body was sent: {sent:?}"
     );
-    let gone = h
-        .store()
-        .inbox_undeliverable(&bot.id, 10)
-        .await
-        .expect("inbox");
-    assert_eq!(gone.len(), 1, "{gone:?}");
-    assert_eq!(gone[0].error.as_deref(), Some("async reply expired"));
-    // Called once, with a reply token.
-    let calls: Vec<serde_json::Value> = handler
-        .seen()
-        .into_iter()
-        .filter(|e| e["text"] == "later")
-        .collect();
-    assert_eq!(calls.len(), 1, "{calls:?}");
-    let token = calls[0]["reply_token"].as_str().unwrap_or_default();
-    assert!(token.starts_with("r1."), "{:?}", calls[0]);
+    expired_once(&handler, h.store().as_ref(), &bot.id).await;
     assert_eq!(
         f.typing_shown(0) >= 1,
         caps.typing,
@@ -1046,6 +1031,43 @@ pub async fn later_handler() -> crate::ScriptedHandler {
         None => json!({}),
     })
     .await
+}
+
+/// The later answer of "later" expired as the bot's only undeliverable event (`async reply
+/// expired`), its handler ([`later_handler`]) asked once, with a reply token: not again by a
+/// worker that took the held turn over.
+pub async fn expired_once(
+    handler: &crate::ScriptedHandler,
+    store: &dyn botfleet_store::Store,
+    bot: &botfleet_core::BotId,
+) {
+    let gone = store.inbox_undeliverable(bot, 10).await.expect("inbox");
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!(gone[0].error.as_deref(), Some("async reply expired"));
+    let calls: Vec<serde_json::Value> = handler
+        .seen()
+        .into_iter()
+        .filter(|e| e["text"] == "later")
+        .collect();
+    assert_eq!(calls.len(), 1, "the handler was called again: {calls:?}");
+    let token = calls[0]["reply_token"].as_str().unwrap_or_default();
+    assert!(token.starts_with("r1."), "{:?}", calls[0]);
+}
+
+/// Waits (up to 15 s) until no entry of `bot` is pending or held: every turn is over, so
+/// nothing more is sent, and what was sent can be counted.
+pub async fn all_over(store: &dyn botfleet_store::Store, bot: &botfleet_core::BotId) {
+    wait_for("every turn over", Duration::from_secs(15), || async {
+        let pending = store.inbox_pending(bot, 10).await.ok()?;
+        let held = store
+            .inbox_stats()
+            .await
+            .ok()?
+            .get(bot)
+            .map_or(0, |s| s.held);
+        (pending.is_empty() && held == 0).then_some(())
+    })
+    .await;
 }
 
 /// The reply token `handler` got with the event of text `text`, once it got one (within 20 s).
@@ -1151,14 +1173,9 @@ pub async fn a_later_answer_comes_in_parts_through_any_worker<F: PlatformFixture
     );
     let next = "next after {\"n\":2}";
     until_sent(f, 0, next, Duration::from_secs(15)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    all_over(h.store().as_ref(), &bot.id).await;
     let chat: Vec<String> = by_chat(&f.sent(0)).remove(&1).unwrap_or_default();
     assert_eq!(chat, ["one", "two", "three", next], "{chat:?}");
-    wait_for("nothing held", Duration::from_secs(5), || async {
-        let stats = h.store().inbox_stats().await.ok()?;
-        (stats.get(&bot.id).map_or(0, |s| s.held) == 0).then_some(())
-    })
-    .await;
     nothing_pending(&h, &bot).await;
     a.shutdown().await;
     b.shutdown().await;

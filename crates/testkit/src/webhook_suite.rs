@@ -532,11 +532,12 @@ pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
     .await;
     // Held by one worker (a worker starved past its lease on busy cores lets the turn go
     // for a moment, and it is held again).
-    until("one worker holds the turn", 10, || {
-        holding(&workers).is_some()
-    })
+    let holder = crate::wait_for(
+        "one worker holds the turn",
+        Duration::from_secs(10),
+        || async { holding(&workers) },
+    )
     .await;
-    let holder = holding(&workers).expect("a worker holds the turn");
     workers.remove(holder).crash();
     proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
     until("the next message answered", 40, || {
@@ -548,17 +549,7 @@ pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
         waited >= Duration::from_secs(8),
         "the chat's next message was answered {waited:?} into a 10 s hold"
     );
-    let calls: Vec<serde_json::Value> = handler
-        .seen()
-        .into_iter()
-        .filter(|e| e["text"] == "later")
-        .collect();
-    assert_eq!(calls.len(), 1, "the handler was called again: {calls:?}");
-    let token = calls[0]["reply_token"].as_str().unwrap_or_default();
-    assert!(token.starts_with("r1."), "{:?}", calls[0]);
-    let gone = store.inbox_undeliverable(&bot.id, 10).await.expect("inbox");
-    assert_eq!(gone.len(), 1, "{gone:?}");
-    assert_eq!(gone[0].error.as_deref(), Some("async reply expired"));
+    crate::connector_suite::expired_once(&handler, store.as_ref(), &bot.id).await;
     let replies: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
     let mut sorted = replies.clone();
     sorted.sort();
@@ -587,12 +578,7 @@ pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
         .await;
     f.user_writes(0, "ask");
     until("the turn held", 20, || holding(&workers).is_some()).await;
-    let token = handler
-        .seen()
-        .iter()
-        .find(|e| e["text"] == "ask")
-        .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
-        .expect("a reply token");
+    let token = crate::connector_suite::asked_token(&handler, "ask").await;
     let holder = holding(&workers).expect("a worker holds the turn");
     workers.remove(holder).crash();
     proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
@@ -609,7 +595,7 @@ pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
         f.replies().iter().any(|(_, t)| t == next)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    crate::connector_suite::all_over(store.as_ref(), &bot.id).await;
     let replies: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
     assert_eq!(replies, ["one", "two", "three", next], "{replies:?}");
     let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();

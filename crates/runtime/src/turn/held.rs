@@ -132,11 +132,7 @@ pub(super) fn wait<'a, H: Hold>(
                 let defer_at = (!defer_tried)
                     .then(|| defer_at(ctx, msg, deadline, since))
                     .flatten();
-                let at = [Some(expiry), defer_at, typing.next]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .unwrap_or(expiry);
+                let at = typing.due(defer_at).map_or(expiry, |t| t.min(expiry));
                 tokio::select! {
                     () = watch.posted() => break,
                     () = tokio::time::sleep_until(at.into()) => {}
