@@ -81,6 +81,21 @@ pub struct Shown {
     pub files: Vec<String>,
     /// Edits made through an interaction's webhook (of [`Shown::edits`]).
     pub hook_edits: u32,
+    /// When it last changed through the channel's routes (created or edited).
+    pub changed_at: Option<Instant>,
+}
+
+/// An edit of a bot's message the fake took (`PATCH /channels/{channel}/messages/{id}`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Edited {
+    /// The channel.
+    pub channel: String,
+    /// The message.
+    pub id: String,
+    /// Its content after the edit.
+    pub content: String,
+    /// When the fake took it.
+    pub at: Instant,
 }
 
 /// A fault to answer the next message create of a bot with.
@@ -141,6 +156,12 @@ struct BotState {
     nonces: HashMap<String, String>,
     duplicates: u64,
     faults: VecDeque<SendFault>,
+    /// Faults for edits of messages only.
+    edit_faults: VecDeque<SendFault>,
+    /// The edits taken, in order.
+    edited: Vec<Edited>,
+    /// Edits answered 429 for the pace.
+    edits_paced: u64,
     /// The application commands last registered.
     commands: Option<Value>,
     command_writes: u64,
@@ -163,6 +184,8 @@ struct Inner {
     attachments: Mutex<HashMap<String, (Vec<u8>, usize)>>,
     /// Interactions dispatched, by id.
     interactions: Mutex<HashMap<String, Interaction>>,
+    /// Edits of one message closer than this to its last change are answered 429.
+    edit_pace: Mutex<Option<Duration>>,
 }
 
 /// The fake's state, shared with the test. Cloning shares it.
@@ -370,6 +393,31 @@ impl FakeDiscordState {
         if let Some(b) = lock(&self.inner.bots).get_mut(token) {
             b.muted.insert(channel.to_string());
         }
+    }
+
+    /// The next edit of a message of the bot fails with `fault`.
+    pub fn inject_edit(&self, token: &str, fault: SendFault) {
+        if let Some(b) = lock(&self.inner.bots).get_mut(token) {
+            b.edit_faults.push_back(fault);
+        }
+    }
+
+    /// Paces the edits of each message as Discord's per-route limit does (about one a
+    /// second per message over a stream): an edit within `every` of the message's last change
+    /// is answered 429 with the seconds left as `retry_after` (counted in
+    /// [`Self::edits_paced`]). `None`: no pace (the default).
+    pub fn pace_edits(&self, every: Option<Duration>) {
+        *lock(&self.inner.edit_pace) = every;
+    }
+
+    /// The bot's edits answered 429 for the pace of [`Self::pace_edits`].
+    pub fn edits_paced(&self, token: &str) -> u64 {
+        self.read(token, |b| b.edits_paced).unwrap_or(0)
+    }
+
+    /// The bot's edits of its messages the fake took, in order.
+    pub fn edits(&self, token: &str) -> Vec<Edited> {
+        self.read(token, |b| b.edited.clone()).unwrap_or_default()
     }
 
     /// The next message create of the bot fails with `fault`.
@@ -678,6 +726,7 @@ fn take_message(
             content: content.to_owned(),
             buttons,
             channel: channel.clone(),
+            changed_at: Some(Instant::now()),
             ..Shown::default()
         },
     );
@@ -723,6 +772,31 @@ async fn change_message(
         m.deleted = true;
         return StatusCode::NO_CONTENT.into_response();
     }
+    let rate_limited = |secs: f64| {
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(json!({"message": "You are being rate limited.", "retry_after": secs, "global": false})),
+        )
+            .into_response()
+    };
+    match b.edit_faults.pop_front() {
+        Some(SendFault::TooManyRequests(secs)) => return rate_limited(secs),
+        Some(SendFault::ServerError) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Some(SendFault::AnswerLost) | None => {}
+    }
+    let now = Instant::now();
+    let pace = *lock(&s.inner.edit_pace);
+    let left = m
+        .changed_at
+        .zip(pace)
+        .and_then(|(at, pace)| pace.checked_sub(now.saturating_duration_since(at)));
+    if let Some(left) = left {
+        b.edits_paced += 1;
+        return rate_limited((left.as_secs_f64() * 1000.0).ceil() / 1000.0);
+    }
+    let Some(m) = b.shown.get_mut(&id) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
     let body = body.map(|Json(b)| b).unwrap_or_default();
     if let Some(c) = body["content"].as_str() {
         if c.is_empty() || c.chars().count() > 2000 {
@@ -747,7 +821,15 @@ async fn change_message(
         }
     }
     m.edits += 1;
-    Json(json!({"id": id, "content": m.content})).into_response()
+    m.changed_at = Some(now);
+    let content = m.content.clone();
+    b.edited.push(Edited {
+        channel: m.channel.clone(),
+        id: id.clone(),
+        content: content.clone(),
+        at: now,
+    });
+    Json(json!({"id": id, "content": content})).into_response()
 }
 
 /// `POST /channels/{id}/typing`.

@@ -1,152 +1,193 @@
 //! Edits of one message coalesced to its platform's pace: a handler may change a message as
-//! fast as it likes (an AI agent streaming its answer token by token); the platform sees at
-//! most one edit per interval, always with the latest text, and the last text asked for is
-//! always the one the message ends on.
+//! fast as it likes (an AI agent streaming its answer token by token, in one reply or in the
+//! parts of a later answer); the platform sees at most one change of the message per
+//! interval, always the latest, and the message ends on the last text asked for.
 //!
 //! ```text
-//! offer(text) → equal to what the message shows (or will, once the edit going out lands):
-//!   skipped → else the latest, replacing one not sent yet (that one: coalesced)
-//! take(now) → the latest, once the interval since the last edit passed → sent(now), or
-//!   refused(now, wait) (a 429: the text goes again after the wait, unless a newer one came)
-//! settled() → nothing left to send: the message shows the last text offered
+//! the turn's next action, an edit of message M:
+//!   a later edit of M follows among the turn's actions (not past a send that gives M's ref
+//!     to another message, nor past a delete of M) → coalesced (the later one takes its text
+//!     when it gives none)
+//!   it would show what M shows → skipped
+//!   M changed less than the pace ago → waits: until the pace is over (a reply, the last
+//!     part), or until then or a newer part, whichever comes first (a held turn: the newer
+//!     part may coalesce it)
+//!   else → sent
+//! a send with a ref, an edit done → M's mark: what it shows (hashed), when it changed
 //! ```
 //!
-//! A pure unit: time is given, nothing is sent here. What drives it waits until [`due`]
-//! and sends what [`take`] gives.
-//!
-//! [`due`]: Coalescer::due
-//! [`take`]: Coalescer::take
+//! The marks are recorded with the turn's progress: the parts of a later answer, and a worker
+//! that takes the turn over, keep the pace and know what each message shows. A 429 all the
+//! same (another writer, a platform stricter than its pace) is waited out by the send's
+//! retry: the last text is delayed, never dropped.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// What became of a text offered.
+use botfleet_core::{Action, Button, Platform, Target};
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Outcomes of an edit asked for ([`crate::metrics::STREAM_EDITS_TOTAL`]).
+pub(crate) const SENT: &str = "sent";
+/// See [`SENT`].
+pub(crate) const COALESCED: &str = "coalesced";
+/// See [`SENT`].
+pub(crate) const SKIPPED: &str = "skipped";
+
+/// The least time between two changes of one message (its send and edits) that `platform`
+/// takes without a 429 over a stream of them: Telegram, Discord, Slack's `chat.update` and
+/// WhatsApp all about one a second.
+pub(crate) fn pace(platform: Platform) -> Duration {
+    match platform {
+        Platform::Telegram | Platform::Slack | Platform::Discord | Platform::Whatsapp => {
+            Duration::from_secs(1)
+        }
+    }
+}
+
+/// What becomes of a turn's next action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Offered {
-    /// It is what the message shows (or is being edited to): nothing to send.
+pub(crate) enum Next {
+    /// An edit a later edit of the same message goes instead of ([`COALESCED`]).
+    Coalesced,
+    /// An edit that would show what the message shows ([`SKIPPED`]).
     Skipped,
-    /// It is the latest, to be sent when due; `replaced` says whether it replaced a text
-    /// not sent yet (that one is coalesced away).
-    Pending { replaced: bool },
+    /// An edit too soon after the message's last change: not before this wait.
+    Wait(Duration),
+    /// To be done now (anything but an edit, or an edit due).
+    Go,
 }
 
-/// The edits of one message (see the module's description).
-#[derive(Debug, Clone)]
-pub(crate) struct Coalescer {
-    /// The platform's interval between two edits of one message.
-    every: Duration,
-    /// What the message shows, as far as is known.
-    shown: Option<String>,
-    /// The edit going out now, taken and neither sent nor refused yet.
-    sending: Option<String>,
-    /// The latest text asked for, not taken yet.
-    latest: Option<String>,
-    /// No edit goes before this (the last edit's time plus the interval, or a 429's wait).
-    not_before: Option<Instant>,
+/// What one message of the turn shows and when it last changed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+struct Mark {
+    /// How later edits name it.
+    target: Target,
+    /// Its text's hash, when known (an edit of buttons alone, of a message sent before the
+    /// turn, leaves it unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    text: Option<u64>,
+    /// Its buttons' hash.
+    buttons: u64,
+    /// When it changed (unix ms).
+    at_ms: i64,
 }
 
-impl Coalescer {
-    /// A message showing `shown` (its text when it was sent, if known), edited at most once
-    /// per `every`.
-    pub(crate) fn new(every: Duration, shown: Option<String>) -> Self {
-        Self {
-            every,
-            shown,
-            sending: None,
-            latest: None,
-            not_before: None,
+/// The marks of the messages a turn sent or edited (recorded with its progress).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(transparent)]
+pub(crate) struct Marks(Vec<Mark>);
+
+fn text_hash(text: &str) -> u64 {
+    xxh3_64(text.as_bytes())
+}
+
+fn buttons_hash(buttons: &[Vec<Button>]) -> u64 {
+    xxh3_64(&serde_json::to_vec(buttons).unwrap_or_default())
+}
+
+impl Marks {
+    fn get(&self, target: &Target) -> Option<&Mark> {
+        self.0.iter().find(|m| m.target == *target)
+    }
+
+    /// What becomes of action `i` of `actions` at `now_ms`, each message changing at most
+    /// once per `pace`. A coalesced edit without a text gives its text to the edit that goes
+    /// instead (a message ends on what the last text asked for says).
+    pub(crate) fn next(
+        &self,
+        actions: &mut [Action],
+        i: usize,
+        now_ms: i64,
+        pace: Duration,
+    ) -> Next {
+        let Some(Action::Edit {
+            target,
+            text,
+            buttons,
+        }) = actions.get(i)
+        else {
+            return Next::Go;
+        };
+        if target.ref_name.is_some() == target.message_id.is_some() {
+            return Next::Go; // refused with its reason when done
         }
-    }
-
-    /// A message just sent with `text` at `at`: its first edit waits for the interval too.
-    pub(crate) fn sent_at(every: Duration, text: String, at: Instant) -> Self {
-        let mut c = Self::new(every, Some(text));
-        c.not_before = Some(at + every);
-        c
-    }
-
-    /// The message is to show `text`.
-    pub(crate) fn offer(&mut self, text: String) -> Offered {
-        // What the message will show once nothing else is sent.
-        let ahead = self.sending.as_ref().or(self.shown.as_ref());
-        if ahead == Some(&text) {
-            let replaced = self.latest.take().is_some();
-            return if replaced {
-                // Back to what is shown: the pending text is dropped, and nothing is sent.
-                Offered::Pending { replaced: true }
-            } else {
-                Offered::Skipped
-            };
-        }
-        let replaced = self.latest.replace(text).is_some();
-        Offered::Pending { replaced }
-    }
-
-    /// When the next edit may go (`now` when it may go at once), if one waits.
-    pub(crate) fn due(&self, now: Instant) -> Option<Instant> {
-        if self.latest.is_none() || self.sending.is_some() {
-            return None;
-        }
-        Some(self.not_before.map_or(now, |t| t.max(now)))
-    }
-
-    /// The text to send now, if one is due (the caller reports how it went: [`sent`] or
-    /// [`refused`]).
-    ///
-    /// [`sent`]: Coalescer::sent
-    /// [`refused`]: Coalescer::refused
-    pub(crate) fn take(&mut self, now: Instant) -> Option<String> {
-        if self.due(now)? > now {
-            return None;
-        }
-        let text = self.latest.take()?;
-        self.sending = Some(text.clone());
-        Some(text)
-    }
-
-    /// The edit taken last went out at `now`.
-    pub(crate) fn sent(&mut self, now: Instant) {
-        if let Some(text) = self.sending.take() {
-            self.shown = Some(text);
-        }
-        self.not_before = Some(now + self.every);
-    }
-
-    /// The edit taken last was refused at `now`, to be tried again after `wait` (a 429's
-    /// retry-after): it goes again then, unless a newer text came meanwhile (which goes
-    /// instead). Never dropped for being refused.
-    pub(crate) fn refused(&mut self, now: Instant, wait: Duration) {
-        if let Some(text) = self.sending.take() {
-            if self.latest.is_none() && self.shown.as_ref() != Some(&text) {
-                self.latest = Some(text);
+        let later = actions[i + 1..]
+            .iter()
+            .take_while(|a| match a {
+                Action::Send { ref_name, .. } => ref_name.is_none() || *ref_name != target.ref_name,
+                Action::Delete { target: t } => t != target,
+                _ => true,
+            })
+            .position(|a| matches!(a, Action::Edit { target: t, .. } if t == target));
+        if let Some(k) = later {
+            let text = text.clone();
+            if let Some(Action::Edit { text: next, .. }) = actions.get_mut(i + 1 + k) {
+                if next.is_none() {
+                    *next = text;
+                }
             }
+            return Next::Coalesced;
         }
-        self.not_before = Some(now + wait.max(self.every));
-        self.forget_shown();
-    }
-
-    /// The edit taken last cannot be made at all (refused as it is): the message keeps what
-    /// it shows; a newer text still goes.
-    pub(crate) fn dropped(&mut self) {
-        self.sending = None;
-        self.forget_shown();
-    }
-
-    /// With nothing going out, a latest text equal to what is shown needs no edit.
-    fn forget_shown(&mut self) {
-        if self.sending.is_none() && self.latest.is_some() && self.latest == self.shown {
-            self.latest = None;
+        let Some(mark) = self.get(target) else {
+            return Next::Go;
+        };
+        let shows = text.as_deref().map(text_hash).or(mark.text);
+        if shows.is_some() && shows == mark.text && buttons_hash(buttons) == mark.buttons {
+            return Next::Skipped;
         }
+        let pace_ms = i64::try_from(pace.as_millis()).unwrap_or(i64::MAX);
+        let wait = mark.at_ms.saturating_add(pace_ms).saturating_sub(now_ms);
+        if wait > 0 {
+            return Next::Wait(Duration::from_millis(wait.unsigned_abs()));
+        }
+        Next::Go
     }
 
-    /// Nothing is left to send: the message shows the last text offered (or the last one
-    /// that could be made).
-    pub(crate) fn settled(&self) -> bool {
-        self.latest.is_none() && self.sending.is_none()
-    }
-
-    /// What the message shows, as far as is known.
-    pub(crate) fn shown(&self) -> Option<&str> {
-        self.shown.as_deref()
+    /// Notes what `action`, done when the clock read `now_ms`, made a message show.
+    pub(crate) fn changed(&mut self, action: &Action, now_ms: i64) {
+        let (target, text, buttons) = match action {
+            Action::Send {
+                text,
+                buttons,
+                ref_name: Some(name),
+                ..
+            } => (
+                Target {
+                    ref_name: Some(name.clone()),
+                    message_id: None,
+                },
+                Some(text_hash(text)),
+                buttons,
+            ),
+            Action::Edit {
+                target,
+                text,
+                buttons,
+            } => {
+                let before = self.get(target).and_then(|m| m.text);
+                (
+                    target.clone(),
+                    text.as_deref().map(text_hash).or(before),
+                    buttons,
+                )
+            }
+            Action::Delete { target } => {
+                self.0.retain(|m| m.target != *target);
+                return;
+            }
+            _ => return,
+        };
+        let mark = Mark {
+            buttons: buttons_hash(buttons),
+            target,
+            text,
+            at_ms: now_ms,
+        };
+        match self.0.iter_mut().find(|m| m.target == mark.target) {
+            Some(m) => *m = mark,
+            None => self.0.push(mark),
+        }
     }
 }
 
@@ -154,101 +195,191 @@ impl Coalescer {
 mod tests {
     use super::*;
 
-    const SEC: Duration = Duration::from_secs(1);
+    const PACE: Duration = Duration::from_secs(1);
+
+    fn send(text: &str) -> Action {
+        Action::Send {
+            text: text.into(),
+            buttons: Vec::new(),
+            thread: false,
+            ref_name: Some("s".into()),
+            attachments: Vec::new(),
+            ephemeral: false,
+        }
+    }
+
+    fn edit(text: Option<&str>, buttons: usize) -> Action {
+        Action::Edit {
+            target: Target {
+                ref_name: Some("s".into()),
+                message_id: None,
+            },
+            text: text.map(str::to_owned),
+            buttons: (0..buttons)
+                .map(|b| {
+                    vec![Button {
+                        text: format!("b{b}"),
+                        value: Some(format!("v{b}")),
+                        url: None,
+                    }]
+                })
+                .collect(),
+        }
+    }
+
+    /// The platform's side of message "s": what it shows, when it last changed, its edits.
+    #[derive(Default)]
+    struct Platform {
+        text: String,
+        buttons: usize,
+        changed_ms: Option<i64>,
+        edits: Vec<(i64, String)>,
+    }
+
+    /// Drives `posted` (actions appended at their times) as a held turn does: coalesced and
+    /// skipped edits dropped, an edit not due waiting for its pace or the next part, an edit
+    /// refused by `refuse` (its wait) done again after it. The platform's messages, checked:
+    /// one change per pace, none to what is shown.
+    fn drive(posted: &[(i64, Action)], mut refuse: impl FnMut() -> Option<i64>) -> Platform {
+        let mut actions: Vec<Action> = Vec::new();
+        let mut marks = Marks::default();
+        let mut p = Platform::default();
+        let (mut now, mut taken, mut done) = (0_i64, 0, 0);
+        loop {
+            while posted.get(taken).is_some_and(|(at, _)| *at <= now) {
+                actions.push(posted[taken].1.clone());
+                taken += 1;
+            }
+            let next_part = posted.get(taken).map(|(at, _)| *at);
+            if done == actions.len() {
+                match next_part {
+                    Some(at) => now = at,
+                    None => return p,
+                }
+                continue;
+            }
+            match marks.next(&mut actions, done, now, PACE) {
+                Next::Coalesced | Next::Skipped => done += 1,
+                Next::Wait(w) => {
+                    let due = now + i64::try_from(w.as_millis()).unwrap();
+                    now = next_part.map_or(due, |at| at.min(due));
+                }
+                Next::Go => {
+                    let action = actions[done].clone();
+                    let changes = matches!(action, Action::Send { .. } | Action::Edit { .. });
+                    if let (Some(c), true) = (p.changed_ms, changes) {
+                        assert!(now - c >= 1_000, "two changes within the pace at {now}");
+                    }
+                    if let Some(wait) = refuse() {
+                        now += wait; // the send's retry waits it out, then goes again
+                        continue;
+                    }
+                    match &action {
+                        Action::Send { text, .. } => {
+                            (p.text, p.buttons) = (text.clone(), 0);
+                        }
+                        Action::Edit { text, buttons, .. } => {
+                            let t = text.clone().unwrap_or_else(|| p.text.clone());
+                            assert!(
+                                t != p.text || buttons.len() != p.buttons,
+                                "an edit to what is shown at {now}"
+                            );
+                            (p.text, p.buttons) = (t.clone(), buttons.len());
+                            p.edits.push((now, t));
+                        }
+                        _ => {}
+                    }
+                    if changes {
+                        p.changed_ms = Some(now);
+                    }
+                    marks.changed(&action, now);
+                    done += 1;
+                }
+            }
+        }
+    }
 
     #[test]
     fn fifty_edits_in_five_seconds_make_at_most_seven_ending_on_the_last() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::sent_at(SEC, "".into(), t0);
-        let mut sent = Vec::new();
-        let mut offers = (0..50).map(|i| (t0 + Duration::from_millis(100 * i), i));
-        let mut next = offers.next();
-        let mut now = t0;
-        loop {
-            let due = c.due(now);
-            now = match (next, due) {
-                (Some((at, _)), Some(d)) => at.min(d),
-                (Some((at, _)), None) => at,
-                (None, Some(d)) => d,
-                (None, None) => break,
-            };
-            while let Some((at, i)) = next.filter(|(at, _)| *at <= now) {
-                let _ = at;
-                c.offer(format!("part {i}"));
-                next = offers.next();
-            }
-            if let Some(text) = c.take(now) {
-                sent.push((now, text));
-                c.sent(now);
-            }
+        let mut posted = vec![(0, send("…"))];
+        for k in 1..=50 {
+            posted.push((k * 100, edit(Some(&format!("part {k}")), 0)));
         }
-        assert!(sent.len() <= 7, "{} edits: {sent:?}", sent.len());
-        assert_eq!(sent.last().map(|(_, t)| t.as_str()), Some("part 49"));
-        assert_eq!(c.shown(), Some("part 49"));
-        for w in sent.windows(2) {
-            assert!(w[1].0 - w[0].0 >= SEC, "two edits within the interval");
-        }
+        let p = drive(&posted, || None);
+        assert!(p.edits.len() <= 7, "{:?}", p.edits);
+        assert_eq!(p.text, "part 50");
+        assert_eq!(p.edits.last().map(|e| e.1.as_str()), Some("part 50"));
     }
 
     #[test]
     fn an_edit_to_what_is_shown_is_not_sent() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SEC, Some("hello".into()));
-        assert_eq!(c.offer("hello".into()), Offered::Skipped);
-        assert!(c.settled());
-        assert_eq!(c.take(t0), None);
-        // A text offered then taken back before it went: nothing goes.
+        let mut marks = Marks::default();
+        marks.changed(&send("a"), 0);
+        let mut actions = vec![edit(Some("a"), 0)];
+        assert_eq!(marks.next(&mut actions, 0, 5_000, PACE), Next::Skipped);
+        // The same text with a button: it changes something.
+        let mut actions = vec![edit(Some("a"), 1)];
+        assert_eq!(marks.next(&mut actions, 0, 5_000, PACE), Next::Go);
+        marks.changed(&actions[0], 5_000);
+        // Buttons alone, the text kept: the same as shown.
+        let mut actions = vec![edit(None, 1)];
+        assert_eq!(marks.next(&mut actions, 0, 9_000, PACE), Next::Skipped);
+    }
+
+    #[test]
+    fn an_edit_waits_out_the_pace_of_its_message_only() {
+        let mut marks = Marks::default();
+        marks.changed(&send("a"), 10_000);
+        let mut actions = vec![edit(Some("b"), 0)];
         assert_eq!(
-            c.offer("hello!".into()),
-            Offered::Pending { replaced: false }
+            marks.next(&mut actions, 0, 10_400, PACE),
+            Next::Wait(Duration::from_millis(600))
         );
-        assert_eq!(c.offer("hello".into()), Offered::Pending { replaced: true });
-        assert!(c.settled());
-        assert_eq!(c.take(t0 + SEC), None);
+        assert_eq!(marks.next(&mut actions, 0, 11_000, PACE), Next::Go);
+        let mut other = vec![Action::Edit {
+            target: Target {
+                ref_name: Some("t".into()),
+                message_id: None,
+            },
+            text: Some("x".into()),
+            buttons: Vec::new(),
+        }];
+        assert_eq!(marks.next(&mut other, 0, 10_400, PACE), Next::Go);
+        // Deleted: forgotten.
+        marks.changed(
+            &Action::Delete {
+                target: Target {
+                    ref_name: Some("s".into()),
+                    message_id: None,
+                },
+            },
+            10_500,
+        );
+        assert_eq!(marks, Marks::default());
     }
 
     #[test]
-    fn a_refused_last_edit_goes_again_after_its_wait() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SEC, Some("a".into()));
-        c.offer("final".into());
-        assert_eq!(c.take(t0).as_deref(), Some("final"));
-        let wait = Duration::from_secs(3);
-        c.refused(t0, wait);
-        assert!(!c.settled(), "a refused final text is not dropped");
-        assert_eq!(c.due(t0), Some(t0 + wait));
-        assert_eq!(c.take(t0 + SEC), None, "not before the retry-after");
-        assert_eq!(c.take(t0 + wait).as_deref(), Some("final"));
-        c.sent(t0 + wait);
-        assert!(c.settled());
-        assert_eq!(c.shown(), Some("final"));
+    fn a_coalesced_edit_gives_its_text_to_a_later_edit_of_buttons() {
+        let marks = Marks::default();
+        let mut actions = vec![edit(Some("new"), 0), send("other"), edit(None, 2)];
+        // `send("other")` names "s" again: a new message, the first edit is not coalesced.
+        assert_eq!(marks.next(&mut actions, 0, 0, PACE), Next::Go);
+        let mut actions = vec![edit(Some("new"), 0), Action::Typing {}, edit(None, 2)];
+        assert_eq!(marks.next(&mut actions, 0, 0, PACE), Next::Coalesced);
+        assert_eq!(actions[2], edit(Some("new"), 2));
     }
 
     #[test]
-    fn a_newer_text_replaces_a_refused_one() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SEC, None);
-        c.offer("one".into());
-        assert_eq!(c.take(t0).as_deref(), Some("one"));
-        // Offered while "one" is going out: pending behind it.
-        assert_eq!(c.offer("two".into()), Offered::Pending { replaced: false });
-        c.refused(t0, Duration::from_secs(2));
-        assert_eq!(c.take(t0 + Duration::from_secs(2)).as_deref(), Some("two"));
-    }
-
-    #[test]
-    fn an_edit_that_cannot_be_made_leaves_the_message_as_it_was() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SEC, Some("a".into()));
-        c.offer("b".into());
-        assert_eq!(c.take(t0).as_deref(), Some("b"));
-        // Offered back while "b" went out: it would undo "b", so it waits behind it.
-        c.offer("a".into());
-        c.dropped();
-        assert!(c.settled(), "\"b\" was never shown: \"a\" needs no edit");
-        assert_eq!(c.shown(), Some("a"));
-        c.offer("c".into());
-        assert_eq!(c.take(t0).as_deref(), Some("c"), "a newer text still goes");
+    fn marks_read_back_from_a_recorded_progress() {
+        let mut marks = Marks::default();
+        marks.changed(&send("a"), 7);
+        let text = serde_json::to_string(&marks).unwrap();
+        let back: Marks = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, marks);
+        assert_eq!(
+            serde_json::from_str::<Marks>("[]").unwrap(),
+            Marks::default()
+        );
     }
 
     /// A small deterministic generator (xorshift) for the property runs.
@@ -261,90 +392,47 @@ mod tests {
             self.0 ^= self.0 << 17;
             self.0
         }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
+        fn below(&mut self, n: u64) -> i64 {
+            i64::try_from(self.next() % n).unwrap()
         }
     }
 
-    /// Random streams of offers (texts repeating at times), driven as a turn would drive
-    /// them, the platform refusing some edits with a wait: the edits sent are in the order
-    /// offered, one per interval at most (and none before a refusal's wait), none equal to
-    /// what the message showed, and the message ends on the last text offered.
+    /// Random streams of edits of one message (texts repeating, edits of buttons alone,
+    /// typing between), posted at random times, the platform refusing some changes with a
+    /// wait: the platform sees at most one change per pace and none to what it shows (both
+    /// checked in [`drive`]), and the message ends on the last text and buttons asked for.
     #[test]
     fn property_ordered_paced_and_final() {
         for seed in 1..=500u64 {
             let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-            let t0 = Instant::now();
-            let every = Duration::from_millis(200 + g.below(1_000));
-            let mut c = Coalescer::new(every, Some("t0".into()));
-            let n = 1 + g.below(80);
-            let mut at = t0;
-            let mut offers = Vec::new();
-            for _ in 0..n {
-                at += Duration::from_millis(g.below(400));
-                // Few distinct texts, so repeats and returns to the shown text happen.
-                offers.push((at, format!("t{}", g.below(6))));
-            }
-            let last = offers.last().map(|(_, t)| t.clone()).unwrap_or_default();
-            let mut shown = "t0".to_owned();
-            let mut sent: Vec<(Instant, String)> = Vec::new();
-            let mut earliest = t0;
-            let mut refusals = 0;
-            let mut i = 0;
-            let mut now = t0;
-            loop {
-                let due = c.due(now);
-                let next_offer = offers.get(i).map(|(at, _)| *at);
-                now = match (next_offer, due) {
-                    (Some(a), Some(d)) => a.min(d),
-                    (Some(a), None) => a,
-                    (None, Some(d)) => d,
-                    (None, None) => break,
-                };
-                while offers.get(i).is_some_and(|(at, _)| *at <= now) {
-                    c.offer(offers[i].1.clone());
-                    i += 1;
-                }
-                if let Some(text) = c.take(now) {
-                    assert!(
-                        now >= earliest,
-                        "seed {seed}: an edit before its interval or wait"
-                    );
-                    assert_ne!(text, shown, "seed {seed}: an edit to what was shown");
-                    if refusals < 5 && g.below(4) == 0 {
-                        refusals += 1;
-                        let wait = Duration::from_millis(g.below(3_000));
-                        c.refused(now, wait);
-                        earliest = now + wait.max(every);
-                    } else {
-                        c.sent(now);
-                        shown = text.clone();
-                        sent.push((now, text));
-                        earliest = now + every;
+            let mut posted = vec![(0, send("t0"))];
+            let mut at = 0;
+            let (mut text, mut buttons) = ("t0".to_owned(), 0);
+            for _ in 0..g.below(80) {
+                at += g.below(400);
+                let action = match g.below(8) {
+                    0 => Action::Typing {},
+                    1 => {
+                        buttons = usize::try_from(g.below(3)).unwrap();
+                        edit(None, buttons)
                     }
-                }
+                    _ => {
+                        // Few distinct texts, so repeats and returns to the shown text happen.
+                        text = format!("t{}", g.below(6));
+                        buttons = 0;
+                        edit(Some(&text), 0)
+                    }
+                };
+                posted.push((at, action));
             }
-            assert!(c.settled(), "seed {seed}");
-            assert_eq!(
-                shown, last,
-                "seed {seed}: the message does not end on the last text"
-            );
-            assert_eq!(c.shown(), Some(last.as_str()), "seed {seed}");
-            // In the order offered: each sent text is offered after the previous one's.
-            let mut from = 0;
-            for (_, text) in &sent {
-                let k = offers[from..]
-                    .iter()
-                    .position(|(_, t)| t == text)
-                    .unwrap_or_else(|| panic!("seed {seed}: {text} sent out of order"));
-                from += k;
-            }
-            for w in sent.windows(2) {
-                assert!(
-                    w[1].0 - w[0].0 >= every,
-                    "seed {seed}: two edits in one interval"
-                );
-            }
+            let mut refusals = 0;
+            let p = drive(&posted, || {
+                (refusals < 5 && g.below(4) == 0).then(|| {
+                    refusals += 1;
+                    g.below(3_000)
+                })
+            });
+            assert_eq!((&p.text, p.buttons), (&text, buttons), "seed {seed}");
         }
     }
 }

@@ -315,6 +315,87 @@ impl LaterReply {
     ) -> Result<crate::Posted, crate::ReplyError> {
         self.replies.post(&self.token, idempotency_key, part).await
     }
+
+    /// An answer streamed into one message, named `ref_name` (as a `send`'s `ref`): the first
+    /// push sends it, each next one edits it, and [`AnswerStream::finish`] gives its final
+    /// text and ends the turn. Push as fast as the text grows: the fleet coalesces the edits
+    /// to the platform's pace and always ends on the final text.
+    pub fn stream(&self, ref_name: impl Into<String>) -> AnswerStream {
+        AnswerStream {
+            later: self.clone(),
+            ref_name: ref_name.into(),
+            text: String::new(),
+            parts: 0,
+        }
+    }
+}
+
+/// An answer streamed into one message ([`LaterReply::stream`]). Each push is a part of the
+/// turn's later answer (its key `stream:{ref}:{n}`): kept by the fleet, done in order on
+/// whichever worker holds the turn.
+#[derive(Debug)]
+pub struct AnswerStream {
+    later: LaterReply,
+    ref_name: String,
+    text: String,
+    parts: u64,
+}
+
+impl AnswerStream {
+    /// Adds `delta` to the text shown (a token of a model's answer, say).
+    ///
+    /// # Errors
+    /// As [`LaterReply::post`] (the text stays added: the next push shows it).
+    pub async fn append(&mut self, delta: &str) -> Result<crate::Posted, crate::ReplyError> {
+        self.text.push_str(delta);
+        self.post(false, None).await
+    }
+
+    /// Shows `text` in place of what the message shows.
+    ///
+    /// # Errors
+    /// As [`LaterReply::post`].
+    pub async fn set(&mut self, text: &str) -> Result<crate::Posted, crate::ReplyError> {
+        text.clone_into(&mut self.text);
+        self.post(false, None).await
+    }
+
+    /// The text shown so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Ends the turn with the text as it stands (and the chat's new `state`, if any): the
+    /// turn is over once the platform shows it.
+    ///
+    /// # Errors
+    /// As [`LaterReply::post`].
+    pub async fn finish(
+        mut self,
+        state: Option<&serde_json::Value>,
+    ) -> Result<crate::Posted, crate::ReplyError> {
+        self.post(true, state).await
+    }
+
+    async fn post(
+        &mut self,
+        last: bool,
+        state: Option<&serde_json::Value>,
+    ) -> Result<crate::Posted, crate::ReplyError> {
+        let action = if self.parts == 0 {
+            serde_json::json!({"type": "send", "text": self.text, "ref": self.ref_name})
+        } else {
+            serde_json::json!({"type": "edit", "text": self.text, "ref": self.ref_name})
+        };
+        let mut part = serde_json::json!({"actions": [action], "final": last});
+        if let Some(s) = state {
+            part["state"] = s.clone();
+        }
+        let key = format!("stream:{}:{}", self.ref_name, self.parts);
+        let posted = self.later.post(&key, &part).await?;
+        self.parts += 1;
+        Ok(posted)
+    }
 }
 
 /// `echo`: the text back to the chat.

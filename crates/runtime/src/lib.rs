@@ -28,9 +28,9 @@ pub use botfleet_store::StoreSession;
 pub use config::{hostname, WorkerConfig};
 pub use files::{Files, FILES_PATH, MAX_READ_BYTES};
 pub use handler::{
-    request as handler_request, request_in_turn as handler_request_in_turn, sign, BotHandler, Echo,
-    Handler, HandlerError, HandlerRegistry, LaterReply, Reply, TurnContext, Webhook,
-    SIGNATURE_HEADER,
+    request as handler_request, request_in_turn as handler_request_in_turn, sign, AnswerStream,
+    BotHandler, Echo, Handler, HandlerError, HandlerRegistry, LaterReply, Reply, TurnContext,
+    Webhook, SIGNATURE_HEADER,
 };
 pub use hooks::{Hooks, MAX_HOOK_BODY};
 pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};

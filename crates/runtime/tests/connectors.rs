@@ -105,6 +105,26 @@ impl PlatformFixture for Telegram {
     fn shown(&self, i: usize) -> Vec<Shown> {
         botfleet_testkit::connector_suite::telegram_shown(self.fake.state(), &Self::token(i))
     }
+    fn pace_edits(&self, every: std::time::Duration) -> bool {
+        self.fake.state().pace_edits(Some(every));
+        true
+    }
+    fn edits_paced(&self) -> u64 {
+        self.fake.state().edits_paced()
+    }
+    fn edits(&self, i: usize) -> Vec<(u32, String)> {
+        self.fake
+            .state()
+            .edits(&Self::token(i))
+            .into_iter()
+            .map(|e| (e.chat_id.parse().unwrap(), e.text))
+            .collect()
+    }
+    fn rate_limit_next_edit(&self, i: usize, secs: u64) {
+        self.fake
+            .state()
+            .inject_edit(&Self::token(i), Fault::TooManyRequests(secs));
+    }
     fn user_presses(&self, i: usize, chat: u32, message_id: &str, value: &str) -> bool {
         let Ok(id) = message_id.parse() else {
             return false;
@@ -282,6 +302,26 @@ impl PlatformFixture for Slack {
             .state()
             .inject_send(&Self::bot_token(i), SlackSendFault::ServerError);
     }
+    fn pace_edits(&self, every: std::time::Duration) -> bool {
+        self.fake.state().pace_updates(Some(every));
+        true
+    }
+    fn edits_paced(&self) -> u64 {
+        self.fake.state().updates_paced()
+    }
+    fn edits(&self, i: usize) -> Vec<(u32, String)> {
+        self.fake
+            .state()
+            .updates(&Self::bot_token(i))
+            .into_iter()
+            .map(|u| (u.channel.trim_start_matches('C').parse().unwrap(), u.text))
+            .collect()
+    }
+    fn rate_limit_next_edit(&self, i: usize, secs: u64) {
+        self.fake
+            .state()
+            .inject_update(&Self::bot_token(i), SlackSendFault::TooManyRequests(secs));
+    }
     fn requests(&self, i: usize) -> u64 {
         self.fake.state().requests_of(&Self::bot_token(i))
             + self.fake.state().requests_of(&Self::app_token(i))
@@ -423,6 +463,27 @@ impl PlatformFixture for Discord {
         self.fake.state().inject_send(
             &Self::token(i),
             botfleet_discord::fake::SendFault::ServerError,
+        );
+    }
+    fn pace_edits(&self, every: std::time::Duration) -> bool {
+        self.fake.state().pace_edits(Some(every));
+        true
+    }
+    fn edits_paced(&self) -> u64 {
+        self.fake.state().edits_paced(&Self::token(0))
+    }
+    fn edits(&self, i: usize) -> Vec<(u32, String)> {
+        self.fake
+            .state()
+            .edits(&Self::token(i))
+            .into_iter()
+            .map(|e| (e.channel.parse().unwrap(), e.content))
+            .collect()
+    }
+    fn rate_limit_next_edit(&self, i: usize, secs: u64) {
+        self.fake.state().inject_edit(
+            &Self::token(i),
+            botfleet_discord::fake::SendFault::TooManyRequests(secs as f64),
         );
     }
     fn requests(&self, i: usize) -> u64 {

@@ -123,6 +123,21 @@ impl WebhookFixture for TelegramHooksFixture {
     fn settled(&self) -> bool {
         self.fake.state().pending_updates(TG_TOKEN) == 0
     }
+    fn pace_edits(&self, every: Duration) -> bool {
+        self.fake.state().pace_edits(Some(every));
+        true
+    }
+    fn edits_paced(&self) -> u64 {
+        self.fake.state().edits_paced()
+    }
+    fn edits(&self) -> Vec<(String, String)> {
+        self.fake
+            .state()
+            .edits(TG_TOKEN)
+            .into_iter()
+            .map(|e| (e.chat_id, e.text))
+            .collect()
+    }
     fn shown(&self) -> Vec<botfleet_testkit::Shown> {
         botfleet_testkit::connector_suite::telegram_shown(self.fake.state(), TG_TOKEN)
     }
@@ -985,6 +1000,21 @@ impl WebhookFixture for SlackEventsFixture {
     fn settled(&self) -> bool {
         self.slack.state().events_undelivered() == 0
     }
+    fn pace_edits(&self, every: Duration) -> bool {
+        self.slack.state().pace_updates(Some(every));
+        true
+    }
+    fn edits_paced(&self) -> u64 {
+        self.slack.state().updates_paced()
+    }
+    fn edits(&self) -> Vec<(String, String)> {
+        self.slack
+            .state()
+            .updates(SL_TOKEN)
+            .into_iter()
+            .map(|u| (u.channel, u.text))
+            .collect()
+    }
     fn user_sends_photo(&self, chat: usize, data: Vec<u8>, caption: &str) -> bool {
         self.slack.state().user_shares_file(
             SL_TOKEN,
@@ -1307,6 +1337,22 @@ async fn slack_later_parts_by_webhook() {
         slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
     };
     botfleet_testkit::webhook_suite::later_parts_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_streamed_parts_by_webhook() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::streamed_parts_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_streamed_parts_by_webhook() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::streamed_parts_by_webhook(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -79,6 +79,23 @@ async fn running(
     (fake, h, w)
 }
 
+/// In `chat` of `token`'s bot, "ask" then "next": waits until "next" is answered.
+async fn ask_then_next(tg: &botfleet_testkit::FakeState, token: &str, chat: i64) {
+    tg.user_writes(token, chat, "ask");
+    tg.user_writes(token, chat, "next");
+    wait_for(
+        "the next message answered",
+        Duration::from_secs(20),
+        || async {
+            tg.sent()
+                .iter()
+                .any(|s| s.text.starts_with("next"))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 fn webhook(handler: &ScriptedHandler) -> HandlerSpec {
     HandlerSpec::Webhook {
         url: handler.url(),
@@ -99,19 +116,7 @@ async fn a_rust_handler_answers_later_in_parts() {
     })
     .await;
     let tg = fake.state();
-    tg.user_writes(TOKEN, 9, "ask");
-    tg.user_writes(TOKEN, 9, "next");
-    wait_for(
-        "the next message answered",
-        Duration::from_secs(20),
-        || async {
-            tg.sent()
-                .iter()
-                .any(|s| s.text.starts_with("next"))
-                .then_some(())
-        },
-    )
-    .await;
+    ask_then_next(tg, TOKEN, 9).await;
     let texts: Vec<String> = tg.sent().into_iter().map(|s| s.text).collect();
     assert_eq!(
         texts,
@@ -200,4 +205,68 @@ async fn a_202_during_a_hand_over_is_not_asked_again() {
     let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();
     assert_eq!(asked, 1, "the handler was asked again after the hand-over");
     b.shutdown().await;
+}
+
+/// "ask": streamed into one message by a task, 30 words 50 ms apart, then finished with a
+/// state; anything else: the text and the state.
+struct Streamer;
+
+/// What [`Streamer`]'s stream ends on.
+fn streamed_text() -> String {
+    (0..30).map(|w| format!("w{w} ")).collect()
+}
+
+#[async_trait]
+impl BotHandler for Streamer {
+    async fn handle(&self, event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        if event.text != "ask" {
+            let state = cx.state().map(|s| s.to_string()).unwrap_or_default();
+            cx.reply(format!("{} {state}", event.text));
+            return Ok(());
+        }
+        let mut stream = cx.later().expect("a worker's turn").stream("answer");
+        cx.answer_later();
+        tokio::spawn(async move {
+            for w in 0..30 {
+                stream
+                    .append(&format!("w{w} "))
+                    .await
+                    .expect("a part taken");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(stream.text(), streamed_text());
+            stream
+                .finish(Some(&serde_json::json!({"streamed": true})))
+                .await
+                .expect("the last part taken");
+        });
+        Ok(())
+    }
+}
+
+/// A Rust handler streams its answer word by word into one message, on a fake that paces a
+/// message's edits as Telegram does: one message, a few edits (none refused for the pace),
+/// ending on the whole text; the chat's next message is answered after, with the state the
+/// stream's end left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_handler_streams_its_answer_into_one_message() {
+    const T: &str = "5203:stream-SECRET";
+    let (fake, _h, w) = running("streamer", T, HandlerSpec::Named("streamer".into()), |c| {
+        let handlers: HashMap<String, Arc<dyn BotHandler>> = HashMap::from([(
+            "streamer".to_owned(),
+            Arc::new(Streamer) as Arc<dyn BotHandler>,
+        )]);
+        c.handlers = Arc::new(handlers);
+    })
+    .await;
+    let tg = fake.state();
+    tg.pace_edits(Some(Duration::from_secs(1)));
+    ask_then_next(tg, T, 3).await;
+    let texts: Vec<String> = tg.sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(texts, ["w0 ", r#"next {"streamed":true}"#], "{texts:?}");
+    let edits: Vec<String> = tg.edits(T).into_iter().map(|e| e.text).collect();
+    assert!(!edits.is_empty() && edits.len() <= 4, "{edits:?}");
+    assert_eq!(edits.last(), Some(&streamed_text()));
+    assert_eq!(tg.edits_paced(), 0, "an edit went faster than the pace");
+    w.shutdown().await;
 }

@@ -65,6 +65,23 @@ pub struct Posted {
     pub edits: u32,
     /// Whether it was deleted.
     pub deleted: bool,
+    /// When it last changed (posted or updated).
+    pub changed_at: Instant,
+}
+
+/// A `chat.update` the fake took.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Updated {
+    /// The bot token it was made with.
+    pub token: String,
+    /// The channel.
+    pub channel: String,
+    /// The message's `ts`.
+    pub ts: String,
+    /// Its text after the update.
+    pub text: String,
+    /// When the fake took it.
+    pub at: Instant,
 }
 
 /// A POST to an interaction's `response_url`, with when the interaction happened.
@@ -125,6 +142,8 @@ struct App {
     last_hello: Option<Instant>,
     link_disabled: bool,
     post_faults: VecDeque<SendFault>,
+    /// Faults for `chat.update` only.
+    update_faults: VecDeque<SendFault>,
 }
 
 #[derive(Default)]
@@ -133,6 +152,12 @@ struct Inner {
     sockets: HashMap<u64, SocketRec>,
     in_flight: HashMap<String, InFlight>,
     posts: Vec<Sent>,
+    /// The `chat.update`s taken, in order.
+    updated: Vec<Updated>,
+    /// Updates of one message closer than this to its last change are answered 429.
+    update_pace: Option<Duration>,
+    /// Updates answered 429 for that pace.
+    updates_paced: u64,
     ack_latencies: Vec<Duration>,
     tickets: HashMap<String, String>,
     revoked: std::collections::HashSet<String>,
@@ -694,6 +719,36 @@ impl FakeSlackState {
         }
     }
 
+    /// Answers the next `chat.update` of `bot_token` with `fault`.
+    pub fn inject_update(&self, bot_token: &str, fault: SendFault) {
+        if let Some(a) = self.lock().apps.get_mut(bot_token) {
+            a.update_faults.push_back(fault);
+        }
+    }
+
+    /// Paces the updates of each message as Slack does (`chat.update`, about one a second
+    /// per message): an update within `every` of the message's last change is answered 429
+    /// with the seconds left in `Retry-After` (counted in [`Self::updates_paced`]). `None`: no
+    /// pace (the default).
+    pub fn pace_updates(&self, every: Option<Duration>) {
+        self.lock().update_pace = every;
+    }
+
+    /// Updates answered 429 for the pace set by [`Self::pace_updates`].
+    pub fn updates_paced(&self) -> u64 {
+        self.lock().updates_paced
+    }
+
+    /// The `chat.update`s of `bot_token` the fake took, in order.
+    pub fn updates(&self, bot_token: &str) -> Vec<Updated> {
+        self.lock()
+            .updated
+            .iter()
+            .filter(|u| u.token == bot_token)
+            .cloned()
+            .collect()
+    }
+
     /// How long a delivery may go unacknowledged before it is made again. Default 3 s.
     pub fn set_ack_deadline(&self, d: Duration) {
         self.ack_deadline_ms.store(
@@ -959,18 +1014,7 @@ async fn web_api(
                 return slack_error("invalid_auth");
             };
             if let Some(f) = app.post_faults.pop_front() {
-                return match f {
-                    SendFault::TooManyRequests(s) => (
-                        StatusCode::TOO_MANY_REQUESTS,
-                        [("retry-after", s.to_string())],
-                        Json(json!({"ok": false, "error": "ratelimited"})),
-                    )
-                        .into_response(),
-                    SendFault::ServerError => {
-                        (StatusCode::INTERNAL_SERVER_ERROR, "upstream failure").into_response()
-                    }
-                    SendFault::Error(code) => slack_error(&code),
-                };
+                return send_fault(f);
             }
             let (Some(channel), Some(text)) = (args["channel"].as_str(), args["text"].as_str())
             else {
@@ -992,6 +1036,7 @@ async fn web_api(
                     blocks,
                     edits: 0,
                     deleted: false,
+                    changed_at: Instant::now(),
                 },
             );
             g.posts.push(Sent {
@@ -1007,8 +1052,13 @@ async fn web_api(
             .into_response()
         }
         "chat.update" | "chat.delete" => {
-            if !g.apps.contains_key(&token) {
+            let Some(app) = g.apps.get_mut(&token) else {
                 return slack_error("invalid_auth");
+            };
+            if method == "chat.update" {
+                if let Some(f) = app.update_faults.pop_front() {
+                    return send_fault(f);
+                }
             }
             let (Some(channel), Some(ts)) = (args["channel"].as_str(), args["ts"].as_str()) else {
                 return slack_error("message_not_found");
@@ -1028,16 +1078,52 @@ async fn web_api(
                 if let Err(code) = check_blocks(b) {
                     return slack_error(code);
                 }
+            }
+            let now = Instant::now();
+            let since = now.saturating_duration_since(m.changed_at);
+            if let Some(left) = g.update_pace.and_then(|p| p.checked_sub(since)) {
+                g.updates_paced += 1;
+                let secs = left.as_secs_f64().ceil().max(1.0) as u64;
+                return send_fault(SendFault::TooManyRequests(secs));
+            }
+            let Some(m) = g.messages.get_mut(&key) else {
+                return slack_error("message_not_found");
+            };
+            if let Some(b) = args.get("blocks") {
                 m.blocks = b.clone();
             }
             m.text = text.to_owned();
             m.edits += 1;
+            m.changed_at = now;
+            g.updated.push(Updated {
+                token: token.clone(),
+                channel: channel.to_owned(),
+                ts: ts.to_owned(),
+                text: text.to_owned(),
+                at: now,
+            });
             Json(json!({"ok": true, "channel": channel, "ts": ts, "text": text})).into_response()
         }
         "files.getUploadURLExternal" | "files.completeUploadExternal" => {
             files::web_method(&mut g, &base, &token, &method, &args)
         }
         _ => slack_error("unknown_method"),
+    }
+}
+
+/// The answer of a Web API call given `f`.
+fn send_fault(f: SendFault) -> Response {
+    match f {
+        SendFault::TooManyRequests(s) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", s.to_string())],
+            Json(json!({"ok": false, "error": "ratelimited"})),
+        )
+            .into_response(),
+        SendFault::ServerError => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "upstream failure").into_response()
+        }
+        SendFault::Error(code) => slack_error(&code),
     }
 }
 

@@ -72,6 +72,23 @@ pub struct BotMessage {
     pub edits: u32,
     /// Whether it was deleted.
     pub deleted: bool,
+    /// When it last changed (sent or edited).
+    pub changed_at: std::time::Instant,
+}
+
+/// An edit of a bot's message the fake took (`editMessageText`, `editMessageReplyMarkup`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Edited {
+    /// The token it was made with.
+    pub token: String,
+    /// `chat_id` as text.
+    pub chat_id: String,
+    /// The message.
+    pub message_id: i64,
+    /// Its text after the edit.
+    pub text: String,
+    /// When the fake took it.
+    pub at: std::time::Instant,
 }
 
 /// A call of a method other than `getUpdates`/`sendMessage` (`sendChatAction`,
@@ -118,6 +135,8 @@ struct TokenState {
     faults: VecDeque<Fault>,
     /// Faults for `sendMessage` only.
     send_faults: VecDeque<Fault>,
+    /// Faults for edits only (`editMessageText`, `editMessageReplyMarkup`).
+    edit_faults: VecDeque<Fault>,
     webhook: Option<String>,
     /// `setWebhook`'s secret token, sent with every delivery.
     webhook_secret: Option<String>,
@@ -175,6 +194,7 @@ impl Inner {
                 reply_markup,
                 edits: 0,
                 deleted: false,
+                changed_at: std::time::Instant::now(),
             },
         );
         message_id
@@ -200,6 +220,12 @@ struct Inner {
     downloads: Vec<String>,
     /// The bots' uploads.
     files_sent: Vec<SentFile>,
+    /// The edits taken, in order.
+    edited: Vec<Edited>,
+    /// Edits of one message closer than this to its last change are answered 429.
+    edit_pace: Option<Duration>,
+    /// Edits answered 429 for that pace.
+    edits_paced: u64,
 }
 
 /// What the fake's webhook deliveries did.
@@ -318,12 +344,43 @@ impl FakeState {
         }
     }
 
-    /// Drops the faults still queued for `token` (any call's and `sendMessage`'s).
+    /// Answers the next edit (`editMessageText`, `editMessageReplyMarkup`) of `token` with
+    /// `fault`.
+    pub fn inject_edit(&self, token: &str, fault: Fault) {
+        if let Some(t) = self.lock().tokens.get_mut(token) {
+            t.edit_faults.push_back(fault);
+        }
+    }
+
+    /// Drops the faults still queued for `token` (any call's, `sendMessage`'s and edits').
     pub fn clear_faults(&self, token: &str) {
         if let Some(t) = self.lock().tokens.get_mut(token) {
             t.faults.clear();
             t.send_faults.clear();
+            t.edit_faults.clear();
         }
+    }
+
+    /// Paces the edits of each message as Telegram does: an edit within `every` of the
+    /// message's last change (its send or edit) is answered 429 with the seconds left as
+    /// `retry_after` (counted in [`Self::edits_paced`]). `None`: no pace (the default).
+    pub fn pace_edits(&self, every: Option<Duration>) {
+        self.lock().edit_pace = every;
+    }
+
+    /// Edits answered 429 for the pace set by [`Self::pace_edits`].
+    pub fn edits_paced(&self) -> u64 {
+        self.lock().edits_paced
+    }
+
+    /// The edits of `token`'s messages the fake took, in order.
+    pub fn edits(&self, token: &str) -> Vec<Edited> {
+        self.lock()
+            .edited
+            .iter()
+            .filter(|e| e.token == token)
+            .cloned()
+            .collect()
     }
 
     /// A user writes `text` in chat `chat_id` to the bot of `token`; returns the update id.
@@ -836,6 +893,8 @@ async fn handle(
         let send_fault =
             if method == "sendMessage" || (method.starts_with("send") && !parts.is_empty()) {
                 t.send_faults.pop_front()
+            } else if method == "editMessageText" || method == "editMessageReplyMarkup" {
+                t.edit_faults.pop_front()
             } else {
                 None
             };
@@ -1040,6 +1099,8 @@ fn check_markup(m: &Value) -> Result<(), String> {
 fn act(state: &FakeState, token: &str, method: &str, args: Value) -> Response {
     let bad = |d: &str| tg_error(StatusCode::BAD_REQUEST, &format!("Bad Request: {d}"), None);
     let mut g = state.lock();
+    // Fields borrowed apart (a message and the fake's counters).
+    let g = &mut *g;
     g.calls.push(Call {
         token: token.to_owned(),
         method: method.to_owned(),
@@ -1073,7 +1134,7 @@ fn act(state: &FakeState, token: &str, method: &str, args: Value) -> Response {
     };
     let Some(m) = g
         .messages
-        .get_mut(&(token.to_owned(), chat_id, id))
+        .get_mut(&(token.to_owned(), chat_id.clone(), id))
         .filter(|m| !m.deleted)
     else {
         return bad(if method == "deleteMessage" {
@@ -1104,9 +1165,30 @@ fn act(state: &FakeState, token: &str, method: &str, args: Value) -> Response {
     if text == m.text && markup == m.reply_markup {
         return bad("message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message");
     }
+    let now = std::time::Instant::now();
+    if let Some(pace) = g.edit_pace {
+        let since = now.saturating_duration_since(m.changed_at);
+        if since < pace {
+            let left = (pace - since).as_secs_f64().ceil().max(1.0) as u64;
+            g.edits_paced += 1;
+            return tg_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!("Too Many Requests: retry after {left}"),
+                Some(left),
+            );
+        }
+    }
     m.text = text.clone();
     m.reply_markup = markup;
     m.edits += 1;
+    m.changed_at = now;
+    g.edited.push(Edited {
+        token: token.to_owned(),
+        chat_id: chat_id.clone(),
+        message_id: id,
+        text: text.clone(),
+        at: now,
+    });
     ok(json!({"message_id": id, "chat": {"id": args["chat_id"]}, "text": text}))
 }
 

@@ -109,6 +109,22 @@ pub trait PlatformFixture: Send + Sync {
     fn chat_id(&self, chat: u32) -> String {
         chat.to_string()
     }
+    /// Paces the edits of each message as the platform does: an edit within `every` of the
+    /// message's last change is answered 429 with the wait left. False where the fake cannot
+    /// (the cases that need it are skipped there).
+    fn pace_edits(&self, _every: Duration) -> bool {
+        false
+    }
+    /// Edits answered 429 for the pace of [`Self::pace_edits`].
+    fn edits_paced(&self) -> u64 {
+        0
+    }
+    /// The edits of bot `i`'s messages the platform took, in order: their chats and texts.
+    fn edits(&self, _i: usize) -> Vec<(u32, String)> {
+        Vec::new()
+    }
+    /// Answers bot `i`'s next edit with a 429 asking to wait `secs`.
+    fn rate_limit_next_edit(&self, _i: usize, _secs: u64) {}
 }
 
 /// What the bot of `token` sent on the Telegram fake, as shown now.
@@ -1181,6 +1197,155 @@ pub async fn a_later_answer_comes_in_parts_through_any_worker<F: PlatformFixture
     b.shutdown().await;
 }
 
+/// The final text of the streams of [`a_streamed_answer_is_paced_and_ends_on_its_final_text`]
+/// and the webhook suite's `streamed_parts_by_webhook`.
+pub(crate) const STREAM_FINAL: &str = "the whole answer, at last";
+
+/// A stream of "part 1" … "part 49" and [`STREAM_FINAL`] edited into one message, as the
+/// platform took it (`edits`, with `paced` edits refused for the pace): at most 7 edits, in
+/// order, none refused, ending on the final text.
+pub(crate) fn paced_to_the_final_text(edits: &[String], paced: u64) {
+    assert!(
+        !edits.is_empty() && edits.len() <= 7,
+        "{} edits: {edits:?}",
+        edits.len()
+    );
+    assert_eq!(edits.last().map(String::as_str), Some(STREAM_FINAL));
+    let order: Vec<u64> = edits
+        .iter()
+        .map(|t| {
+            t.strip_prefix("part ")
+                .map_or(51, |n| n.parse().unwrap_or(0))
+        })
+        .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "out of order: {edits:?}"
+    );
+    assert_eq!(paced, 0, "an edit went faster than the pace");
+}
+
+/// The reply token the handler got with "ask" in `chat`, once it got one (within 20 s).
+async fn asked_in<F: PlatformFixture>(
+    f: &F,
+    handler: &crate::ScriptedHandler,
+    chat: u32,
+) -> String {
+    let id = f.chat_id(chat);
+    wait_for("the handler asked", Duration::from_secs(20), || async {
+        handler
+            .seen()
+            .iter()
+            .find(|e| e["text"] == "ask" && e["chat"]["chat"] == id.as_str())
+            .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
+    })
+    .await
+}
+
+/// A later answer streamed the way an AI agent streams it, on a fake that paces the edits of
+/// a message as the platform does: a send, then 50 parts in 5 s each editing it (the last one
+/// final) reach the platform as at most 7 edits, in order, none refused for the pace, ending
+/// on the exact final text, and the turn ends (the chat's next message is answered) only once
+/// the final text is shown. Then, in another chat, the platform answers the stream's last edit
+/// with a 429: the final text still arrives, after the retry-after. Runs where the fake paces
+/// edits.
+pub async fn a_streamed_answer_is_paced_and_ends_on_its_final_text<F: PlatformFixture>(f: &F) {
+    use serde_json::json;
+    if !f.pace_edits(Duration::from_secs(1)) {
+        return;
+    }
+    let mut bot = f.bot(0);
+    let handler = later_handler().await;
+    let (h, a) = answered_by(f, &mut bot, handler.url()).await;
+    let edit = |text: &str, last: bool| json!({"actions": [{"type": "edit", "ref": "answer", "text": text}], "final": last});
+    let start_stream =
+        json!({"actions": [{"type": "send", "text": "…", "ref": "answer"}], "final": false});
+    f.user_writes(0, 1, "ask");
+    let token = asked_in(f, &handler, 1).await;
+    assert_eq!(
+        post_part(&a.api_url, &token, "s0", &start_stream).await.0,
+        202
+    );
+    let start = tokio::time::Instant::now();
+    for k in 1..=50u64 {
+        tokio::time::sleep_until(start + Duration::from_millis(100 * k)).await;
+        let body = if k == 50 {
+            edit(STREAM_FINAL, true)
+        } else {
+            edit(&format!("part {k}"), false)
+        };
+        let (status, answer) = post_part(&a.api_url, &token, &format!("s{k}"), &body).await;
+        assert_eq!(status, 202, "part {k}: {answer}");
+    }
+    f.user_writes(0, 1, "next");
+    // Edits read before sends: "next" out while the final text was not shown is caught.
+    wait_for(
+        "the next message answered",
+        Duration::from_secs(20),
+        || async {
+            let shown = f.edits(0).iter().any(|(c, t)| *c == 1 && t == STREAM_FINAL);
+            let next = f.sent(0).iter().any(|(c, t)| *c == 1 && t == "next");
+            assert!(
+                !next || shown,
+                "the turn ended before its final text was shown"
+            );
+            next.then_some(())
+        },
+    )
+    .await;
+    let edits: Vec<String> = f
+        .edits(0)
+        .into_iter()
+        .filter(|(c, _)| *c == 1)
+        .map(|(_, t)| t)
+        .collect();
+    paced_to_the_final_text(&edits, f.edits_paced());
+    // The last edit answered 429: delayed by its retry-after, not dropped.
+    f.user_writes(0, 2, "ask");
+    let token = asked_in(f, &handler, 2).await;
+    assert_eq!(
+        post_part(&a.api_url, &token, "t0", &start_stream).await.0,
+        202
+    );
+    wait_for(
+        "the second stream started",
+        Duration::from_secs(15),
+        || async {
+            f.sent(0)
+                .iter()
+                .any(|(c, t)| *c == 2 && t == "…")
+                .then_some(())
+        },
+    )
+    .await;
+    f.rate_limit_next_edit(0, 2);
+    let posted = tokio::time::Instant::now();
+    assert_eq!(
+        post_part(&a.api_url, &token, "t1", &edit(STREAM_FINAL, true))
+            .await
+            .0,
+        202
+    );
+    wait_for(
+        "the final text after the 429",
+        Duration::from_secs(20),
+        || async {
+            f.edits(0)
+                .iter()
+                .any(|(c, t)| *c == 2 && t == STREAM_FINAL)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        posted.elapsed() >= Duration::from_secs(2),
+        "the retry-after was not waited out"
+    );
+    all_over(h.store().as_ref(), &bot.id).await;
+    nothing_pending(&h, &bot).await;
+    a.shutdown().await;
+}
+
 /// Buttons out and presses in, through the one handler contract: a send with buttons (one
 /// value too long for the platform) under a `ref`, typing; the press comes to the handler with
 /// its own value and the message's ref, is answered within the platform's deadline, and edits
@@ -1455,6 +1620,7 @@ macro_rules! connector_conformance {
             sends_from_the_backend_go_out_once_in_the_chats_order,
             a_later_answer_holds_its_chat_until_its_time_to_live,
             a_later_answer_comes_in_parts_through_any_worker,
+            a_streamed_answer_is_paced_and_ends_on_its_final_text,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

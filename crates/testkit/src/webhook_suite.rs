@@ -172,6 +172,19 @@ pub trait WebhookFixture: Send + Sync {
     fn settled(&self) -> bool;
     /// A delivery signed with the wrong secret.
     fn forged(&self, http: &reqwest::Client, hook: &str) -> reqwest::RequestBuilder;
+    /// Paces the edits of each message as the platform does (a 429 with the wait left to an
+    /// edit within `every` of the message's last change); false where the fake cannot.
+    fn pace_edits(&self, _every: Duration) -> bool {
+        false
+    }
+    /// Edits answered 429 for that pace.
+    fn edits_paced(&self) -> u64 {
+        0
+    }
+    /// The edits of the bot's messages the platform took, as (chat, text), in order.
+    fn edits(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// A user uses the bot's command `/name args` in chat `chat`; false where the platform
     /// (or its fake) has no commands to give this way.
     fn user_commands(&self, _chat: usize, _name: &str, _args: &str) -> bool {
@@ -565,20 +578,38 @@ pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
     }
 }
 
+/// Two workers behind the proxy running `f`'s bot, answered by `handler` (the connector
+/// suite's `later_handler`); "ask" written in chat 0 and its turn held: the registry's
+/// directory, the store, the proxy, the workers, the bot and the turn's reply token.
+async fn asked_and_held(
+    f: &impl WebhookFixture,
+    handler: &crate::ScriptedHandler,
+) -> (
+    TempDir,
+    Arc<dyn Store>,
+    RoundRobinProxy,
+    Vec<HookWorker>,
+    BotSpec,
+    String,
+) {
+    let bot = f.bot(&handler.url());
+    let (dir, store, proxy, workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
+    let (platform, id) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
+        .await;
+    f.user_writes(0, "ask");
+    until("the turn held", 20, || holding(&workers).is_some()).await;
+    let token = crate::connector_suite::asked_token(handler, "ask").await;
+    (dir, store, proxy, workers, bot, token)
+}
+
 /// A later answer in parts by webhook: two workers behind the proxy; the worker holding the
 /// turn is killed right after its handler answered `202`; three parts posted through the
 /// survivor's API go out once, in order, and the chat's next message is answered after the
 /// last, with the state the parts left.
 pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
     let handler = crate::connector_suite::later_handler().await;
-    let bot = f.bot(&handler.url());
-    let (_dir, store, proxy, mut workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
-    let (platform, id) = f.path();
-    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
-        .await;
-    f.user_writes(0, "ask");
-    until("the turn held", 20, || holding(&workers).is_some()).await;
-    let token = crate::connector_suite::asked_token(&handler, "ask").await;
+    let (_dir, store, proxy, mut workers, bot, token) = asked_and_held(f, &handler).await;
     let holder = holding(&workers).expect("a worker holds the turn");
     workers.remove(holder).crash();
     proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
@@ -608,6 +639,75 @@ pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
             .is_empty(),
         "nothing left pending"
     );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// A later answer streamed by webhook (see the connector suite's case), through both
+/// workers' APIs, on a fake that paces a message's edits as the platform does: a send, then
+/// 50 parts in 5 s each editing it, the last final; the worker holding the turn is killed
+/// halfway. The survivor takes the held turn over and the stream goes on: the platform gets
+/// at most 7 edits, in order, none refused for the pace, ending on the exact final text, and
+/// the chat's next message is answered after it. Runs where the fake paces edits.
+pub async fn streamed_parts_by_webhook(f: &impl WebhookFixture) {
+    use serde_json::json;
+    const FINAL: &str = crate::connector_suite::STREAM_FINAL;
+    if !f.pace_edits(Duration::from_secs(1)) {
+        return;
+    }
+    let handler = crate::connector_suite::later_handler().await;
+    let (_dir, store, proxy, mut workers, bot, token) = asked_and_held(f, &handler).await;
+    let apis: Vec<String> = workers.iter().map(|w| w.api_url.clone()).collect();
+    let start_stream =
+        json!({"actions": [{"type": "send", "text": "…", "ref": "answer"}], "final": false});
+    let (status, _) =
+        crate::connector_suite::post_part(&apis[0], &token, "s0", &start_stream).await;
+    assert_eq!(status, 202);
+    let start = tokio::time::Instant::now();
+    let mut dead: Option<usize> = None;
+    for k in 1..=50u64 {
+        tokio::time::sleep_until(start + Duration::from_millis(100 * k)).await;
+        if k == 25 {
+            let holder = holding(&workers).expect("a worker holds the turn");
+            workers.remove(holder).crash();
+            proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+            dead = Some(holder);
+        }
+        let text = if k == 50 {
+            FINAL.to_owned()
+        } else {
+            format!("part {k}")
+        };
+        let body = json!({"actions": [{"type": "edit", "ref": "answer", "text": text}],
+            "final": k == 50});
+        // Through one worker, then the other (only the survivor once one is dead).
+        let api = match dead {
+            Some(d) => &apis[1 - d],
+            None => &apis[usize::try_from(k % 2).unwrap_or(0)],
+        };
+        let (status, answer) =
+            crate::connector_suite::post_part(api, &token, &format!("s{k}"), &body).await;
+        assert_eq!(status, 202, "part {k}: {answer}");
+    }
+    f.user_writes(0, "next");
+    until("the next message answered", 40, || {
+        let shown = f.edits().iter().any(|(_, t)| t == FINAL);
+        let next = f.replies().iter().any(|(_, t)| t == "next");
+        assert!(
+            !next || shown,
+            "the turn ended before its final text was shown"
+        );
+        next
+    })
+    .await;
+    crate::connector_suite::all_over(store.as_ref(), &bot.id).await;
+    let edits: Vec<String> = f.edits().into_iter().map(|(_, t)| t).collect();
+    crate::connector_suite::paced_to_the_final_text(&edits, f.edits_paced());
+    let replies: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(replies, ["…", "next"], "{replies:?}");
+    let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();
+    assert_eq!(asked, 1, "the handler was called again");
     for w in workers {
         w.shutdown().await;
     }

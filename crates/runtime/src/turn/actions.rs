@@ -28,14 +28,10 @@ use super::{
     attempt, checked_state, deadline::Deadline, through_store, End, Halt, Hold, Slot, TurnCtx,
 };
 use crate::{
+    coalesce::{self, Marks, Next},
     handler::Reply,
     metrics::{ACTION_REFUSED_TOTAL, FILES_SENT_TOTAL},
 };
-
-/// Outcomes of an edit asked for ([`crate::metrics::STREAM_EDITS_TOTAL`]).
-const SENT: &str = "sent";
-const COALESCED: &str = "coalesced";
-const SKIPPED: &str = "skipped";
 
 /// The prefix of a long button value's stand-in on the wire (a value that starts with it is
 /// always stood in for, so a handler's own value is never mistaken for a key).
@@ -94,6 +90,10 @@ struct Progress {
     /// A held turn: its last part was taken in.
     #[serde(default)]
     last: bool,
+    /// What the messages sent or edited show and when they changed: an edit that would show
+    /// the same is not sent, and a message changes at most once per the platform's pace.
+    #[serde(default)]
+    marks: Marks,
 }
 
 impl Progress {
@@ -137,6 +137,8 @@ pub(super) enum Parts {
     Waiting {
         /// A message went out.
         sent: bool,
+        /// An edit waits for its message's pace: look again then, if no part came first.
+        due: Option<Instant>,
     },
 }
 
@@ -240,13 +242,16 @@ struct Run<'a> {
     deadline: Deadline,
     /// When the event arrived.
     arrived: Instant,
-    /// What the messages this run sent or edited show (by the target a later edit names
-    /// them with): an edit that would show the same is not sent.
-    shown: Vec<(Target, Shown)>,
 }
 
-/// What a message shows: its text and its buttons.
-type Shown = (String, Vec<Vec<Button>>);
+/// What an edit not due yet does ([`Next::Wait`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    /// Waits for it (a reply, the last part of a later answer: nothing newer can come).
+    Wait,
+    /// Gives way: a newer part may come first and coalesce it.
+    Yield,
+}
 
 /// Does `reply`'s actions for `msg` and ends the entry.
 pub(super) async fn run(
@@ -275,7 +280,8 @@ pub(super) async fn run(
         // A superseded chat turn did them all and recorded only that: not again.
         run.p.done = run.p.actions.len();
     }
-    run.drive(hold, &mut slot, &end, started).await?;
+    run.drive(hold, &mut slot, &end, started, Pace::Wait)
+        .await?;
     run.finish(hold, slot, end, (revision, started), None).await
 }
 
@@ -328,9 +334,14 @@ pub(super) async fn run_parts(
     // What was taken in is recorded before it is done: a replay goes on from it.
     run.dirty |= taken;
     let mut slot: Slot = None;
-    let driven = run.drive(hold, &mut slot, &end, started).await;
+    let pace = if run.p.last || expired {
+        Pace::Wait
+    } else {
+        Pace::Yield
+    };
+    let driven = run.drive(hold, &mut slot, &end, started, pace).await;
     *deadline = std::mem::take(&mut run.deadline);
-    driven?;
+    let due = driven?;
     if run.p.last {
         run.finish(hold, slot, end, (revision, started), None)
             .await?;
@@ -345,7 +356,10 @@ pub(super) async fn run_parts(
     if run.dirty {
         run.step(hold, &end).await?;
     }
-    Ok(Parts::Waiting { sent: run.p.sent })
+    Ok(Parts::Waiting {
+        sent: run.p.sent,
+        due,
+    })
 }
 
 impl<'a> Run<'a> {
@@ -364,37 +378,62 @@ impl<'a> Run<'a> {
             key_base: botfleet_core::Outbound::reply_key(msg),
             deadline,
             arrived,
-            shown: Vec::new(),
         }
     }
 
     /// Does the actions not done yet, in order, recording the progress before each one that
-    /// changes something after one that did.
+    /// changes something after one that did. An edit not due yet (its message's pace) is
+    /// waited for, or with [`Pace::Yield`] left for the next look: when it is due.
     async fn drive(
         &mut self,
         hold: &impl Hold,
         slot: &mut Slot,
         end: &End<'_>,
         started: Instant,
-    ) -> Result<(), Halt> {
+        pace: Pace,
+    ) -> Result<Option<Instant>, Halt> {
         let ctx = self.ctx;
         let msg = self.msg;
         let run = self;
+        let every = coalesce::pace(ctx.platform);
         while run.p.done < run.p.actions.len() {
             let i = run.p.done;
-            if let Some(outcome) = run.coalesce(i) {
-                // Not sent: a later edit of the message goes instead, or it would show what
-                // the message shows.
-                ctx.metrics.stream_edit(ctx.platform, outcome);
-                run.p.done += 1;
-                continue;
+            let now = botfleet_core::unix_ms();
+            match run.p.marks.next(&mut run.p.actions, i, now, every) {
+                Next::Go => {}
+                outcome @ (Next::Coalesced | Next::Skipped) => {
+                    // Not sent: a later edit of the message goes instead, or it would show
+                    // what the message shows.
+                    let outcome = if outcome == Next::Skipped {
+                        coalesce::SKIPPED
+                    } else {
+                        coalesce::COALESCED
+                    };
+                    ctx.metrics.stream_edit(ctx.platform, outcome);
+                    run.p.done += 1;
+                    continue;
+                }
+                Next::Wait(wait) => {
+                    if pace == Pace::Yield {
+                        return Ok(Some(Instant::now() + wait));
+                    }
+                    // No slot across the wait.
+                    *slot = None;
+                    hold.pause(wait).await?;
+                    continue;
+                }
             }
             let action = run.p.actions[i].clone();
             if run.dirty && changes_something(&action) {
                 run.step(hold, end).await?;
             }
             match run.one(hold, slot, i, &action, started).await? {
-                Ok(()) => run.showing(&action),
+                Ok(()) => {
+                    if matches!(action, Action::Edit { .. }) {
+                        ctx.metrics.stream_edit(ctx.platform, coalesce::SENT);
+                    }
+                    run.p.marks.changed(&action, botfleet_core::unix_ms());
+                }
                 Err(why) => {
                     let note = format!("action {i} ({}): {why}", action.kind());
                     warn!(bot = %ctx.bot, chat = %msg.chat.chat, reason = %note, "action refused");
@@ -404,7 +443,7 @@ impl<'a> Run<'a> {
             }
             run.p.done += 1;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Ends the entry with what the actions did: acknowledges an event nothing answered,
@@ -889,90 +928,6 @@ impl Run<'_> {
             self.p
                 .refs
                 .push((hook_name(id), format!("{until} {handle}")));
-        }
-    }
-
-    /// Whether action `i`, an edit, is not to be sent: `coalesced` when a later edit of the
-    /// same message in this reply goes instead (taking this one's text if it gives none: a
-    /// message ends on what the last edit says), `skipped` when it would show what the message
-    /// shows. `None` for anything else.
-    fn coalesce(&mut self, i: usize) -> Option<&'static str> {
-        let Action::Edit {
-            target,
-            text,
-            buttons,
-        } = &self.p.actions[i]
-        else {
-            return None;
-        };
-        if target.ref_name.is_some() == target.message_id.is_some() {
-            return None; // refused with its reason when done
-        }
-        // A later edit of the same message: not past a send that gives its ref to another
-        // message, nor past a delete of it.
-        let later = self.p.actions[i + 1..]
-            .iter()
-            .take_while(|a| match a {
-                Action::Send { ref_name, .. } => ref_name.is_none() || *ref_name != target.ref_name,
-                Action::Delete { target: t } => t != target,
-                _ => true,
-            })
-            .position(|a| matches!(a, Action::Edit { target: t, .. } if t == target));
-        if let Some(k) = later {
-            let text = text.clone();
-            if let Action::Edit { text: next, .. } = &mut self.p.actions[i + 1 + k] {
-                if next.is_none() {
-                    *next = text;
-                }
-            }
-            return Some(COALESCED);
-        }
-        let shown = self
-            .shown
-            .iter()
-            .find(|(t, _)| t == target)
-            .map(|(_, s)| s)?;
-        let text = text.as_ref().unwrap_or(&shown.0);
-        (*text == shown.0 && *buttons == shown.1).then_some(SKIPPED)
-    }
-
-    /// Keeps what a message sent or edited by `action` (done) shows, for the edits after it.
-    fn showing(&mut self, action: &Action) {
-        let (target, text, buttons) = match action {
-            Action::Send {
-                text,
-                buttons,
-                ref_name: Some(name),
-                ..
-            } => (
-                Target {
-                    ref_name: Some(name.clone()),
-                    message_id: None,
-                },
-                Some(text),
-                buttons,
-            ),
-            Action::Edit {
-                target,
-                text,
-                buttons,
-            } => {
-                self.ctx.metrics.stream_edit(self.ctx.platform, SENT);
-                (target.clone(), text.as_ref(), buttons)
-            }
-            _ => return,
-        };
-        let before = self.shown.iter().position(|(t, _)| *t == target);
-        let text = match (text, before) {
-            (Some(t), _) => t.clone(),
-            (None, Some(k)) => self.shown[k].1 .0.clone(),
-            // An edit of buttons alone, on a message whose text is not known here.
-            (None, None) => return,
-        };
-        let shown = (text, buttons.clone());
-        match before {
-            Some(k) => self.shown[k].1 = shown,
-            None => self.shown.push((target, shown)),
         }
     }
 

@@ -113,22 +113,27 @@ pub(super) fn wait<'a, H: Hold>(
                 h.revision,
                 due,
             );
-            match Box::pin(parts).await? {
+            let paced = match Box::pin(parts).await? {
                 Parts::Ended { expired } => {
                     if expired {
                         ctx.metrics.count(ASYNC_EXPIRED_TOTAL, ctx.platform, 1);
                     }
                     return Ok(());
                 }
-                // Typing is kept up until the first message of the answer.
-                Parts::Waiting { sent: true } => typing.next = None,
-                Parts::Waiting { sent: false } => {}
-            }
-            // Until a part may have come, or the time to live passed; typing and the platform's
-            // deadline kept meanwhile.
+                Parts::Waiting { sent, due } => {
+                    // Typing is kept up until the first message of the answer.
+                    if sent {
+                        typing.next = None;
+                    }
+                    due
+                }
+            };
+            // Until a part may have come, an edit waiting for its message's pace is due, or
+            // the time to live passed; typing and the platform's deadline kept meanwhile.
             loop {
                 let left = (until_ms - botfleet_core::unix_ms()).max(0).unsigned_abs();
                 let expiry = Instant::now() + Duration::from_millis(left);
+                let expiry = paced.map_or(expiry, |d| d.min(expiry));
                 let defer_at = (!defer_tried)
                     .then(|| defer_at(ctx, msg, deadline, since))
                     .flatten();
