@@ -17,57 +17,129 @@ use botfleet_testkit::FakeTelegram;
 
 use crate::{botfleet_bin, hooks::pct};
 
+/// One embedded worker process (SQLite) running one Telegram bot that polls the fake, and a
+/// handler answering "warm …" at once and anything else later (`202`), keeping its token.
+pub(crate) struct LaterBot {
+    pub(crate) fake: FakeTelegram,
+    /// (the text asked, its reply token), in the order asked.
+    pub(crate) tokens: Arc<Mutex<Vec<(String, String)>>>,
+    pub(crate) token: &'static str,
+    /// The worker (ended on drop).
+    _proc: crate::Worker,
+    pub(crate) api: String,
+    pub(crate) pid: u32,
+    _handler: botfleet_testkit::ScriptedHandler,
+    _registry: (crate::Dir, Arc<dyn botfleet_store::Store>),
+}
+
+impl LaterBot {
+    /// Starts it (registry `name`), once the bot polls.
+    pub(crate) async fn start(name: &str, token: &'static str) -> anyhow::Result<Self> {
+        let bin = botfleet_bin()?;
+        let fake = FakeTelegram::start().await?;
+        let tokens: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let kept = tokens.clone();
+        let handler = botfleet_testkit::ScriptedHandler::start(move |ev: &serde_json::Value| {
+            let text = ev["text"].as_str().unwrap_or_default();
+            if text.starts_with("warm") {
+                return serde_json::json!({ "text": text });
+            }
+            let token = ev["reply_token"].as_str().unwrap_or_default().to_owned();
+            kept.lock().unwrap().push((text.to_owned(), token));
+            serde_json::json!({"_status": 202})
+        })
+        .await;
+        let (dir, _pg, db, store) = crate::hooks::registry(name, "sqlite").await?;
+        fake.state().add_bot(token);
+        let mut spec = BotSpec::new(BotId::new(name)?, Platform::Telegram, token);
+        spec.options.api_url = Some(fake.url());
+        spec.options.async_reply_ttl_s = Some(3_600);
+        spec.handler = HandlerSpec::Webhook {
+            url: handler.url(),
+            secret: None,
+        };
+        store.add_bot(&spec).await?;
+        let log = dir.0.join("w.log");
+        let args = [
+            "--worker-id",
+            "w0",
+            "--database-url",
+            &db,
+            "--worker-threads",
+            "2",
+            "--poll-timeout-s",
+            "2",
+        ];
+        let proc = crate::hooks::spawn_logged(&bin, &args, &log)?;
+        let api = crate::hooks::http_url(&log).await?;
+        let pid = proc.0.id();
+        let t = Instant::now();
+        while !fake.state().is_polling(token) {
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("the bot never polled");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(Self {
+            fake,
+            tokens,
+            token,
+            _proc: proc,
+            api,
+            pid,
+            _handler: handler,
+            _registry: (dir, store),
+        })
+    }
+
+    /// Writes `text(i)` in chats 0..n and waits until the worker holds n turns (by its
+    /// metrics).
+    pub(crate) async fn hold(
+        &self,
+        n: usize,
+        text: impl Fn(usize) -> String,
+    ) -> anyhow::Result<()> {
+        let asked = self.tokens.lock().unwrap().len();
+        for i in 0..n {
+            self.fake.state().user_writes(self.token, chat(i), &text(i));
+        }
+        crate::wait_count("turns held", asked + n, Duration::from_secs(120), || {
+            self.tokens.lock().unwrap().len()
+        })
+        .await?;
+        // Held (each hold written once its handler answered), as the worker counts them.
+        let t = Instant::now();
+        loop {
+            let text = reqwest::get(format!("{}/metrics", self.api))
+                .await?
+                .text()
+                .await?;
+            let held = text
+                .lines()
+                .find(|l| l.starts_with("botfleet_turns_held{"))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+                .unwrap_or(0);
+            if held >= n {
+                return Ok(());
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("only {held} of {n} turns held");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The chat of the `i`-th user.
+fn chat(i: usize) -> i64 {
+    500_000 + i as i64
+}
+
 /// `--only held`.
 pub(crate) async fn held_turns() -> anyhow::Result<()> {
     let chats: usize = crate::hooks::arg("--chats").map_or(Ok(1_000), |s| s.parse())?;
-    let bin = botfleet_bin()?;
-    let fake = FakeTelegram::start().await?;
-    // "warm …" is answered at once; anything else is answered later (202), its token kept.
-    let tokens: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let kept = tokens.clone();
-    let handler = botfleet_testkit::ScriptedHandler::start(move |ev: &serde_json::Value| {
-        let text = ev["text"].as_str().unwrap_or_default();
-        if text.starts_with("warm") {
-            return serde_json::json!({ "text": text });
-        }
-        let token = ev["reply_token"].as_str().unwrap_or_default().to_owned();
-        kept.lock().unwrap().push((text.to_owned(), token));
-        serde_json::json!({"_status": 202})
-    })
-    .await;
-    let (dir, _pg, db, store) = crate::hooks::registry("held", "sqlite").await?;
-    let token = "31000:held";
-    fake.state().add_bot(token);
-    let mut spec = BotSpec::new(BotId::new("held")?, Platform::Telegram, token);
-    spec.options.api_url = Some(fake.url());
-    spec.options.async_reply_ttl_s = Some(3_600);
-    spec.handler = HandlerSpec::Webhook {
-        url: handler.url(),
-        secret: None,
-    };
-    store.add_bot(&spec).await?;
-    let log = dir.0.join("w.log");
-    let args = [
-        "--worker-id",
-        "w0",
-        "--database-url",
-        &db,
-        "--worker-threads",
-        "2",
-        "--poll-timeout-s",
-        "2",
-    ];
-    let proc = crate::hooks::spawn_logged(&bin, &args, &log)?;
-    let api = crate::hooks::http_url(&log).await?;
-    let pid = proc.0.id();
-    let t = Instant::now();
-    while !fake.state().is_polling(token) {
-        if t.elapsed() > Duration::from_secs(60) {
-            bail!("the bot never polled");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let chat = |i: usize| 500_000 + i as i64;
+    let bot = LaterBot::start("held", "31000:held").await?;
+    let (fake, tokens, token, pid, api) = (&bot.fake, &bot.tokens, bot.token, bot.pid, &bot.api);
     // The same burst answered at once first: the allocator's high-water of N turns at work.
     for i in 0..chats {
         fake.state()
@@ -79,31 +151,7 @@ pub(crate) async fn held_turns() -> anyhow::Result<()> {
     .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = botfleet_testkit::rss_kib(pid);
-    for i in 0..chats {
-        fake.state()
-            .user_writes(token, chat(i), &format!("ask {i}"));
-    }
-    crate::wait_count("turns held", chats, Duration::from_secs(120), || {
-        tokens.lock().unwrap().len()
-    })
-    .await?;
-    // Held (each hold written once its handler answered), as the worker counts them.
-    let t = Instant::now();
-    loop {
-        let text = reqwest::get(format!("{api}/metrics")).await?.text().await?;
-        let held = text
-            .lines()
-            .find(|l| l.starts_with("botfleet_turns_held{"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
-            .unwrap_or(0);
-        if held >= chats {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            bail!("only {held} of {chats} turns held");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    bot.hold(chats, |i| format!("ask {i}")).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let held_rss = botfleet_testkit::rss_kib(pid);
     let per_turn = held_rss.saturating_sub(before) as f64 * 1024.0 / chats as f64;
@@ -169,7 +217,6 @@ pub(crate) async fn held_turns() -> anyhow::Result<()> {
         pct(&lat, 0.99),
         (last - start).as_secs_f64(),
     );
-    drop(proc);
-    drop(store);
+    drop(bot);
     Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
 //! (`--quick` for 1,000 bots only;
-//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks|sends|held|files|whatsapp-idle`
+//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks|sends|held|streams|files|whatsapp-idle`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
@@ -23,6 +23,7 @@ mod moves;
 mod sends;
 mod shards;
 mod slack;
+mod streams;
 mod whatsapp;
 
 use std::{
@@ -479,6 +480,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref().is_none_or(|o| o == "held") {
         held::held_turns().await?;
+    }
+    if only.as_deref().is_none_or(|o| o == "streams") {
+        streams::streams().await?;
     }
     if only.as_deref().is_none_or(|o| o == "files") {
         files::pass_through(arg("--mib").unwrap_or(10)).await?;

@@ -69,7 +69,7 @@ struct Mark {
     text: Option<u64>,
     /// Its buttons' hash.
     buttons: u64,
-    /// When it changed (unix ms).
+    /// When it changed (unix ms, rounded up).
     at_ms: i64,
 }
 
@@ -182,7 +182,9 @@ impl Marks {
             buttons: buttons_hash(buttons),
             target,
             text,
-            at_ms: now_ms,
+            // From the end of the millisecond the clock read: the clock's rounding never cuts
+            // a pace short (a platform counts from when it took the change, before that).
+            at_ms: now_ms.saturating_add(1),
         };
         match self.0.iter_mut().find(|m| m.target == mark.target) {
             Some(m) => *m = mark,
@@ -333,9 +335,14 @@ mod tests {
         let mut actions = vec![edit(Some("b"), 0)];
         assert_eq!(
             marks.next(&mut actions, 0, 10_400, PACE),
-            Next::Wait(Duration::from_millis(600))
+            Next::Wait(Duration::from_millis(601))
         );
-        assert_eq!(marks.next(&mut actions, 0, 11_000, PACE), Next::Go);
+        // A whole pace after the millisecond the change was seen in.
+        assert_eq!(
+            marks.next(&mut actions, 0, 11_000, PACE),
+            Next::Wait(Duration::from_millis(1))
+        );
+        assert_eq!(marks.next(&mut actions, 0, 11_001, PACE), Next::Go);
         let mut other = vec![Action::Edit {
             target: Target {
                 ref_name: Some("t".into()),
