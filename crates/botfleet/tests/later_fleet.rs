@@ -14,7 +14,7 @@ use std::time::Duration;
 use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
-    connector_suite::{later_handler, post_three_parts, NEXT_AFTER_PARTS},
+    connector_suite::{all_over, later_handler, post_three_parts, NEXT_AFTER_PARTS},
     fleet_worker, wait_for, FakeTelegram, Proc, RedisServer, RoundRobinProxy, ScriptedHandler,
     TempDir,
 };
@@ -29,6 +29,8 @@ struct Fleet {
     proxy: RoundRobinProxy,
     dir: TempDir,
     db: String,
+    /// The registry the workers share (their inbox too), read by the test.
+    store: SqliteStore,
     redis: RedisServer,
     /// Each live worker, with its hooks and API addresses.
     workers: Vec<(Proc, String, String)>,
@@ -65,6 +67,7 @@ impl Fleet {
             proxy,
             dir,
             db,
+            store,
             redis,
             workers: Vec::new(),
         };
@@ -179,7 +182,9 @@ impl Fleet {
             async move { done.then_some(()) }
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Every turn over: nothing more is sent, what was sent can be counted.
+        let bot = BotId::new(if token == POLL { "poll" } else { "hook" }).unwrap();
+        all_over(&self.store, &bot).await;
         assert_eq!(
             self.sent(token, chat),
             ["one", "two", "three", next],

@@ -96,6 +96,30 @@ async fn ask_then_next(tg: &botfleet_testkit::FakeState, token: &str, chat: i64)
     .await;
 }
 
+/// The last part, "done", posted through the API at `api_url`: "done" then the waiting "next"
+/// are sent, and the handler was asked "ask" once (not again by a worker that took the turn).
+async fn done_then_next(
+    tg: &botfleet_testkit::FakeState,
+    handler: &ScriptedHandler,
+    api_url: &str,
+    token: &str,
+) {
+    let last = serde_json::json!({"actions": [{"type": "send", "text": "done"}], "final": true});
+    let (status, answer) =
+        botfleet_testkit::connector_suite::post_part(api_url, token, "k", &last).await;
+    assert_eq!(status, 202, "{answer}");
+    wait_for(
+        "the next message answered",
+        Duration::from_secs(20),
+        || async { tg.sent().iter().any(|m| m.text == "next").then_some(()) },
+    )
+    .await;
+    let texts: Vec<String> = tg.sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(texts, ["done", "next"], "{texts:?}");
+    let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();
+    assert_eq!(asked, 1, "the handler was asked again after the hand-over");
+}
+
 fn webhook(handler: &ScriptedHandler) -> HandlerSpec {
     HandlerSpec::Webhook {
         url: handler.url(),
@@ -190,20 +214,7 @@ async fn a_202_during_a_hand_over_is_not_asked_again() {
         || async { (b.metrics.turns_held_now() == 1).then_some(()) },
     )
     .await;
-    let last = serde_json::json!({"actions": [{"type": "send", "text": "done"}], "final": true});
-    let (status, answer) =
-        botfleet_testkit::connector_suite::post_part(&b.api_url, &token, "k", &last).await;
-    assert_eq!(status, 202, "{answer}");
-    wait_for(
-        "the next message answered",
-        Duration::from_secs(20),
-        || async { tg.sent().iter().any(|m| m.text == "next").then_some(()) },
-    )
-    .await;
-    let texts: Vec<String> = tg.sent().into_iter().map(|s| s.text).collect();
-    assert_eq!(texts, ["done", "next"], "{texts:?}");
-    let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();
-    assert_eq!(asked, 1, "the handler was asked again after the hand-over");
+    done_then_next(tg, &handler, &b.api_url, &token).await;
     b.shutdown().await;
 }
 
@@ -269,4 +280,47 @@ async fn a_rust_handler_streams_its_answer_into_one_message() {
     assert_eq!(edits.last(), Some(&streamed_text()));
     assert_eq!(tg.edits_paced(), 0, "an edit went faster than the pace");
     w.shutdown().await;
+}
+
+/// A worker joins whose place on the ring is where the bot should run: its owner hands the
+/// bot over while a turn of it is held. The newcomer holds the turn on (not asking the handler
+/// again), a part posted through the old owner's API finishes it, and the chat's next message
+/// is answered after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_turn_moves_with_its_bot_to_a_worker_that_joins() {
+    use botfleet_coord::placement::{Ring, RingConfig};
+    use botfleet_core::WorkerId;
+    const T: &str = "5204:join-SECRET";
+    let handler = botfleet_testkit::connector_suite::later_handler().await;
+    let (fake, h, a) = running("joined", T, webhook(&handler), |_| {}).await;
+    // A name whose worker the ring gives the bot once it joins beside "a".
+    let bot = BotId::new("joined").unwrap();
+    let first = WorkerId::new("a").unwrap();
+    let name = (0..100)
+        .map(|i| format!("b{i}"))
+        .find(|n| {
+            let next = WorkerId::new(n.as_str()).unwrap();
+            Ring::new([&first, &next], RingConfig::default()).owner_of(&bot) == Some(&next)
+        })
+        .expect("a name the ring gives the bot");
+    let tg = fake.state();
+    tg.user_writes(T, 6, "ask");
+    let token = botfleet_testkit::connector_suite::asked_token(&handler, "ask").await;
+    wait_for("the turn held", Duration::from_secs(20), || async {
+        (a.metrics.turns_held_now() == 1).then_some(())
+    })
+    .await;
+    let b = h.start(&name);
+    wait_for(
+        "the bot and its held turn on the newcomer",
+        Duration::from_secs(30),
+        || async {
+            (b.metrics.turns_held_now() == 1 && a.metrics.turns_held_now() == 0).then_some(())
+        },
+    )
+    .await;
+    tg.user_writes(T, 6, "next");
+    done_then_next(tg, &handler, &a.api_url, &token).await;
+    a.shutdown().await;
+    b.shutdown().await;
 }
