@@ -69,6 +69,8 @@ struct DemoWorker {
     alive: bool,
     /// Sends from the backend through it.
     sends: botfleet_runtime::Sends,
+    /// The parts of answers that come later, taken in through it.
+    replies: botfleet_runtime::Replies,
 }
 
 /// One demo bot: which platform, its tokens.
@@ -103,6 +105,7 @@ async fn start_worker(
         .with_journal(journal.clone());
     let metrics = worker.metrics();
     let sends = worker.sends();
+    let replies = worker.replies();
     let (hooks_addr, hooks_task) = botfleet_runtime::http::serve_router(
         "127.0.0.1:0".parse().context("loopback")?,
         worker.hooks().router(),
@@ -130,6 +133,7 @@ async fn start_worker(
         hooks_task,
         alive: true,
         sends,
+        replies,
     })
 }
 
@@ -394,7 +398,9 @@ pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         fleet_cache: Default::default(),
         sends: Some(ws[0].sends.clone()),
         metrics: None,
-    });
+    })
+    // Later answers' parts too, through worker-0 as any worker takes them.
+    .merge(ws[0].replies.router());
     let (addr, http_task) = botfleet_runtime::http::serve_router(a.http_addr, router)
         .await
         .with_context(|| format!("binding {} (--http-addr)", a.http_addr))?;

@@ -503,6 +503,20 @@ fn the_demo_runs_and_reports_nothing_lost() {
         assert!(std::time::Instant::now() < deadline, "{status}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // And the parts of answers that come later: a token not of this fleet is unknown.
+    let body = r#"{"final": true}"#;
+    let answer = http_10(
+        &page,
+        &format!(
+            "POST /api/v1/replies/r1.forged HTTP/1.0\r\nHost: demo\r\nContent-Type: application/json\r\nIdempotency-Key: k\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert!(
+        answer.lines().next().is_some_and(|l| l.contains(" 404 "))
+            && answer.contains("unknown_token"),
+        "{answer}"
+    );
     // Ctrl-C ends it, with the run's verdict as its exit status.
     let kill = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
