@@ -5,7 +5,9 @@
 //! answered after the last part, with the state the parts left — for a polling Telegram bot
 //! (the bot's claim moves to the survivor, which holds the turn on) and for a Telegram
 //! webhook bot behind the balancer (the chat's turn is taken over). Then a SIGTERM of the
-//! worker holding a turn: it hands its bots over, and the turn is held on by the next.
+//! worker holding a turn: it hands its bots over, and the turn is held on by the next. Last,
+//! a kill of the worker holding a turn of a Discord bot (its gateway session moves to the
+//! survivor, which holds the turn on).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -15,16 +17,18 @@ use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
     connector_suite::{all_over, later_handler, post_three_parts, NEXT_AFTER_PARTS},
-    fleet_worker, wait_for, FakeTelegram, Proc, RedisServer, RoundRobinProxy, ScriptedHandler,
-    TempDir,
+    fleet_worker, wait_for, FakeDiscord, FakeTelegram, Proc, RedisServer, RoundRobinProxy,
+    ScriptedHandler, TempDir,
 };
 
 const POLL: &str = "7100:later-poll";
 const HOOK: &str = "7101:later-hook";
+const DISC: &str = "DISCORD.later.SECRET";
 const SECRET: &str = "later-secret_1";
 
 struct Fleet {
     tg: FakeTelegram,
+    dc: FakeDiscord,
     handler: ScriptedHandler,
     proxy: RoundRobinProxy,
     dir: TempDir,
@@ -61,8 +65,15 @@ impl Fleet {
             }
             store.add_bot(&s).await.unwrap();
         }
+        let dc = FakeDiscord::start().await.unwrap();
+        dc.state().add_bot(DISC, 1, 1);
+        let mut s = BotSpec::new(BotId::new("disc").unwrap(), Platform::Discord, DISC);
+        s.options.api_url = Some(dc.url());
+        s.handler = hook.clone();
+        store.add_bot(&s).await.unwrap();
         let mut fleet = Self {
             tg,
+            dc,
             handler,
             proxy,
             dir,
@@ -76,7 +87,9 @@ impl Fleet {
         let public = format!("{}/hooks/telegram/hook", fleet.proxy.url());
         wait_for("the bots running", Duration::from_secs(30), || async {
             let s = fleet.tg.state();
-            (s.is_polling(POLL) && s.webhook(HOOK).as_deref() == Some(public.as_str()))
+            (s.is_polling(POLL)
+                && s.webhook(HOOK).as_deref() == Some(public.as_str())
+                && fleet.dc.state().connected_shards(DISC) == 1)
                 .then_some(())
         })
         .await;
@@ -156,25 +169,45 @@ impl Fleet {
 
     /// What `token`'s bot sent to `chat`, in order.
     fn sent(&self, token: &str, chat: i64) -> Vec<String> {
+        let chat = chat.to_string();
+        if token == DISC {
+            return self
+                .dc
+                .state()
+                .shown_in_channels(DISC)
+                .into_iter()
+                .filter(|(c, _)| *c == chat)
+                .map(|(_, t)| t)
+                .collect();
+        }
         self.tg
             .state()
             .sent()
             .into_iter()
-            .filter(|s| s.token == token && s.chat_id == chat.to_string())
+            .filter(|s| s.token == token && s.chat_id == chat)
             .map(|s| s.text)
             .collect()
+    }
+
+    /// A user of `token`'s bot writes `text` in `chat`.
+    fn user_writes(&self, token: &str, chat: i64, text: &str) {
+        if token == DISC {
+            self.dc.state().user_writes(DISC, chat.unsigned_abs(), text);
+        } else {
+            self.tg.state().user_writes(token, chat, text);
+        }
     }
 
     /// In `chat` of `token`'s bot: "ask" held, the holder taken down by `signal`, "next"
     /// written, three parts posted through a survivor: all answered once, in order.
     async fn drill(&mut self, token: &str, chat: i64, signal: &str) {
-        self.tg.state().user_writes(token, chat, "ask");
+        self.user_writes(token, chat, "ask");
         let reply_token = self.token(chat).await;
         let holder = self.holder().await;
         let (w, _, _) = self.workers.remove(holder);
         w.signal(signal);
         self.balance();
-        self.tg.state().user_writes(token, chat, "next");
+        self.user_writes(token, chat, "next");
         post_three_parts(&self.workers[0].2, &reply_token).await;
         let next = NEXT_AFTER_PARTS;
         wait_for("the next message answered", Duration::from_secs(40), || {
@@ -183,7 +216,12 @@ impl Fleet {
         })
         .await;
         // Every turn over: nothing more is sent, what was sent can be counted.
-        let bot = BotId::new(if token == POLL { "poll" } else { "hook" }).unwrap();
+        let bot = match token {
+            POLL => "poll",
+            HOOK => "hook",
+            _ => "disc",
+        };
+        let bot = BotId::new(bot).unwrap();
         all_over(&self.store, &bot).await;
         assert_eq!(
             self.sent(token, chat),
@@ -210,4 +248,6 @@ async fn a_held_turn_outlives_a_kill_and_a_sigterm_of_its_worker() {
     fleet.drill(HOOK, 12, "-KILL").await;
     fleet.add("d").await;
     fleet.drill(POLL, 13, "-TERM").await;
+    fleet.add("e").await;
+    fleet.drill(DISC, 14, "-KILL").await;
 }
