@@ -172,3 +172,62 @@ async fn link_disabled_fails_the_bot() {
     assert_eq!(fake.state().sockets(&tokens(0).0), 0);
     let _ = stop.send(());
 }
+
+/// Slack's streaming methods, as the client calls them and the fake checks them: a stream
+/// starts only as a reply in a thread, outside a DM only to a named recipient; appends add to
+/// the message, the stop adds the last text and ends it; nothing is appended after the stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_streams_start_append_and_stop() {
+    use botfleet_slack::{SlackApi, SlackClient, SlackConfig, SlackError};
+    let fake = FakeSlack::start().await.unwrap();
+    let (bot, app) = tokens(90);
+    fake.state().add_app(&bot, &app);
+    let api = SlackApi::new(
+        Some(&fake.url()),
+        &Secret::new(bot.as_str()),
+        &Secret::new(app.as_str()),
+    );
+    let client = SlackClient::new(SlackConfig::default()).unwrap();
+    let refused = |r: Result<String, SlackError>| match r {
+        Err(SlackError::Refused { code, .. }) => code,
+        other => panic!("{other:?}"),
+    };
+    // In a channel, no recipient: refused; in a DM, none needed.
+    let no_one = client
+        .start_stream(&api, "C1", "1700000000.000001", None, Some("Hel"))
+        .await;
+    assert_eq!(refused(no_one), "invalid_arguments");
+    let dm = client
+        .start_stream(&api, "D1", "1700000000.000001", None, None)
+        .await;
+    assert!(dm.is_ok(), "{dm:?}");
+    let ts = client
+        .start_stream(
+            &api,
+            "C1",
+            "1700000000.000001",
+            Some(("T1", "U1")),
+            Some("Hel"),
+        )
+        .await
+        .unwrap();
+    client.append_stream(&api, "C1", &ts, "lo, ").await.unwrap();
+    client.append_stream(&api, "C1", &ts, "wor").await.unwrap();
+    let shown = fake.state().posted(&bot, "C1", &ts).unwrap();
+    assert_eq!((shown.text.as_str(), shown.streaming), ("Hello, wor", true));
+    client
+        .stop_stream(&api, "C1", &ts, Some("ld"))
+        .await
+        .unwrap();
+    let shown = fake.state().posted(&bot, "C1", &ts).unwrap();
+    assert_eq!(
+        (shown.text.as_str(), shown.streaming),
+        ("Hello, world", false)
+    );
+    let after = client
+        .append_stream(&api, "C1", &ts, "!")
+        .await
+        .map(|()| String::new());
+    assert_eq!(refused(after), "message_not_in_streaming_state");
+    assert_eq!(fake.state().streams(&bot).len(), 2);
+}

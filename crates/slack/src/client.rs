@@ -258,6 +258,72 @@ impl SlackClient {
         Ok(())
     }
 
+    /// `chat.startStream`: a message streamed into the thread `thread_ts` of `channel`
+    /// (streamed messages answer a user, in a thread), starting with `markdown_text` when
+    /// given; `recipient` (team id, user id) is who reads it, which Slack requires outside a
+    /// DM. The message's `ts`.
+    ///
+    /// # Errors
+    /// See [`SlackError`].
+    pub async fn start_stream(
+        &self,
+        api: &SlackApi,
+        channel: &str,
+        thread_ts: &str,
+        recipient: Option<(&str, &str)>,
+        markdown_text: Option<&str>,
+    ) -> Result<String, SlackError> {
+        let mut body = json!({ "channel": channel, "thread_ts": thread_ts });
+        if let Some((team, user)) = recipient {
+            body["recipient_team_id"] = json!(team);
+            body["recipient_user_id"] = json!(user);
+        }
+        if let Some(t) = markdown_text {
+            body["markdown_text"] = json!(t);
+        }
+        let r: Value = self.call(api, "chat.startStream", false, body).await?;
+        r["ts"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| SlackError::Malformed("chat.startStream: no ts".into()))
+    }
+
+    /// `chat.appendStream`: `markdown_text` added to what the streamed message `ts` shows.
+    ///
+    /// # Errors
+    /// See [`SlackError`].
+    pub async fn append_stream(
+        &self,
+        api: &SlackApi,
+        channel: &str,
+        ts: &str,
+        markdown_text: &str,
+    ) -> Result<(), SlackError> {
+        let body = json!({ "channel": channel, "ts": ts, "markdown_text": markdown_text });
+        let _: Value = self.call(api, "chat.appendStream", false, body).await?;
+        Ok(())
+    }
+
+    /// `chat.stopStream`: ends the stream of message `ts`, `markdown_text` added last when
+    /// given.
+    ///
+    /// # Errors
+    /// See [`SlackError`].
+    pub async fn stop_stream(
+        &self,
+        api: &SlackApi,
+        channel: &str,
+        ts: &str,
+        markdown_text: Option<&str>,
+    ) -> Result<(), SlackError> {
+        let mut body = json!({ "channel": channel, "ts": ts });
+        if let Some(t) = markdown_text {
+            body["markdown_text"] = json!(t);
+        }
+        let _: Value = self.call(api, "chat.stopStream", false, body).await?;
+        Ok(())
+    }
+
     /// A Web API `method` (`chat.postMessage`, `chat.update`, `chat.delete`) with the bot
     /// token and a JSON `body`: the reply.
     ///

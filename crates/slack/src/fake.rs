@@ -67,6 +67,8 @@ pub struct Posted {
     pub deleted: bool,
     /// When it last changed (posted or updated).
     pub changed_at: Instant,
+    /// A message of `chat.startStream` that `chat.stopStream` has not ended yet.
+    pub streaming: bool,
 }
 
 /// A `chat.update` the fake took.
@@ -158,6 +160,8 @@ struct Inner {
     update_pace: Option<Duration>,
     /// Updates answered 429 for that pace.
     updates_paced: u64,
+    /// The messages `chat.startStream` began, as (token, channel, ts), in order.
+    streams: Vec<(String, String, String)>,
     ack_latencies: Vec<Duration>,
     tickets: HashMap<String, String>,
     revoked: std::collections::HashSet<String>,
@@ -739,6 +743,17 @@ impl FakeSlackState {
         self.lock().updates_paced
     }
 
+    /// The messages `chat.startStream` began for `bot_token`, as (channel, ts), in order; what
+    /// each shows now is [`Self::posted`].
+    pub fn streams(&self, bot_token: &str) -> Vec<(String, String)> {
+        self.lock()
+            .streams
+            .iter()
+            .filter(|(t, _, _)| t == bot_token)
+            .map(|(_, c, ts)| (c.clone(), ts.clone()))
+            .collect()
+    }
+
     /// The `chat.update`s of `bot_token` the fake took, in order.
     pub fn updates(&self, bot_token: &str) -> Vec<Updated> {
         self.lock()
@@ -1037,6 +1052,7 @@ async fn web_api(
                     edits: 0,
                     deleted: false,
                     changed_at: Instant::now(),
+                    streaming: false,
                 },
             );
             g.posts.push(Sent {
@@ -1104,11 +1120,89 @@ async fn web_api(
             });
             Json(json!({"ok": true, "channel": channel, "ts": ts, "text": text})).into_response()
         }
+        "chat.startStream" | "chat.appendStream" | "chat.stopStream" => {
+            if !g.apps.contains_key(&token) {
+                return slack_error("invalid_auth");
+            }
+            stream(&mut g, &token, &method, &args)
+        }
         "files.getUploadURLExternal" | "files.completeUploadExternal" => {
             files::web_method(&mut g, &base, &token, &method, &args)
         }
         _ => slack_error("unknown_method"),
     }
+}
+
+/// The longest `markdown_text` a streaming method takes.
+const MAX_MARKDOWN: usize = 12_000;
+
+/// `chat.startStream` (a reply in a thread, to a named recipient outside a DM),
+/// `chat.appendStream` (text added to a message still streaming) and `chat.stopStream` (the
+/// stream ended, with its last text), as Slack checks them.
+fn stream(g: &mut Inner, token: &str, method: &str, args: &Value) -> Response {
+    let Some(channel) = args["channel"].as_str().filter(|c| !c.is_empty()) else {
+        return slack_error("channel_not_found");
+    };
+    let markdown = args["markdown_text"].as_str();
+    if markdown.is_some_and(|m| m.chars().count() > MAX_MARKDOWN) {
+        return slack_error("msg_too_long");
+    }
+    if method == "chat.startStream" {
+        // Streamed messages answer a user: always in a thread, and outside a DM to a named
+        // recipient.
+        let thread = args["thread_ts"].as_str().filter(|t| !t.is_empty());
+        let recipient = args["recipient_user_id"].as_str().is_some()
+            && args["recipient_team_id"].as_str().is_some();
+        if thread.is_none() || (!channel.starts_with('D') && !recipient) {
+            return slack_error("invalid_arguments");
+        }
+        g.next_id += 1;
+        let ts = format!("1700000002.{:06}", g.next_id);
+        g.messages.insert(
+            (token.to_owned(), channel.to_owned(), ts.clone()),
+            Posted {
+                text: markdown.unwrap_or_default().to_owned(),
+                blocks: json!([]),
+                edits: 0,
+                deleted: false,
+                changed_at: Instant::now(),
+                streaming: true,
+            },
+        );
+        g.streams
+            .push((token.to_owned(), channel.to_owned(), ts.clone()));
+        return Json(json!({"ok": true, "channel": channel, "ts": ts})).into_response();
+    }
+    let Some(ts) = args["ts"].as_str() else {
+        return slack_error("invalid_arguments");
+    };
+    let Some(m) = g
+        .messages
+        .get_mut(&(token.to_owned(), channel.to_owned(), ts.to_owned()))
+        .filter(|m| !m.deleted)
+    else {
+        return slack_error("message_not_found");
+    };
+    if !m.streaming {
+        return slack_error("message_not_in_streaming_state");
+    }
+    if method == "chat.appendStream" {
+        let Some(more) = markdown.filter(|t| !t.is_empty()) else {
+            return slack_error("invalid_arguments");
+        };
+        m.text.push_str(more);
+        m.edits += 1;
+        m.changed_at = Instant::now();
+        return Json(json!({"ok": true, "channel": channel, "ts": ts})).into_response();
+    }
+    if let Some(last) = markdown {
+        m.text.push_str(last);
+    }
+    m.streaming = false;
+    m.changed_at = Instant::now();
+    Json(json!({"ok": true, "channel": channel, "ts": ts,
+        "message": {"type": "message", "text": m.text, "ts": ts}}))
+    .into_response()
 }
 
 /// The answer of a Web API call given `f`.
