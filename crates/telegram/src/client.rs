@@ -217,6 +217,25 @@ impl TelegramClient {
         self.send_message_body(api, body).await.map(|_| ())
     }
 
+    /// `sendMessageDraft`: shows `text` as the draft `draft_id` (non-zero; changes of one
+    /// draft are animated) of a message being written in the private chat `chat_id` — a
+    /// preview that lasts seconds, not a message: the answer itself goes by `sendMessage`.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn send_message_draft(
+        &self,
+        api: &BotApi,
+        chat_id: &str,
+        draft_id: i64,
+        text: &str,
+    ) -> Result<(), TelegramError> {
+        let body = json!({ "chat_id": chat_id, "draft_id": draft_id, "text": text });
+        self.call_method(api, "sendMessageDraft", body)
+            .await
+            .map(|_| ())
+    }
+
     /// Any Bot API `method` of the bot with a JSON `body`: its `result`. The URL is derived
     /// from one the bot keeps parsed, so no more are kept per bot.
     ///

@@ -76,6 +76,21 @@ pub struct BotMessage {
     pub changed_at: std::time::Instant,
 }
 
+/// A draft of a message the fake showed (`sendMessageDraft`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Draft {
+    /// The token it was made with.
+    pub token: String,
+    /// `chat_id` as text (a private chat).
+    pub chat_id: String,
+    /// Its `draft_id`.
+    pub draft_id: i64,
+    /// The text shown.
+    pub text: String,
+    /// When the fake took it.
+    pub at: std::time::Instant,
+}
+
 /// An edit of a bot's message the fake took (`editMessageText`, `editMessageReplyMarkup`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Edited {
@@ -222,6 +237,8 @@ struct Inner {
     files_sent: Vec<SentFile>,
     /// The edits taken, in order.
     edited: Vec<Edited>,
+    /// The drafts shown, in order.
+    drafts: Vec<Draft>,
     /// Edits of one message closer than this to its last change are answered 429.
     edit_pace: Option<Duration>,
     /// Edits answered 429 for that pace.
@@ -371,6 +388,16 @@ impl FakeState {
     /// Edits answered 429 for the pace set by [`Self::pace_edits`].
     pub fn edits_paced(&self) -> u64 {
         self.lock().edits_paced
+    }
+
+    /// The drafts `token`'s bot showed, in order.
+    pub fn drafts(&self, token: &str) -> Vec<Draft> {
+        self.lock()
+            .drafts
+            .iter()
+            .filter(|d| d.token == token)
+            .cloned()
+            .collect()
     }
 
     /// The edits of `token`'s messages the fake took, in order.
@@ -973,6 +1000,7 @@ async fn handle(
                 json!({"message_id": message_id, "date": 1_700_000_000, "chat": {"id": chat_id}, "text": text}),
             )
         }
+        "sendMessageDraft" => draft(&state, &token, &args),
         "getFile" => files::get_file(&state, &token, &args),
         "setMyCommands" | "deleteMyCommands" | "getMyCommands" => {
             my_commands(&state, &token, &method, &args)
@@ -1190,6 +1218,39 @@ fn act(state: &FakeState, token: &str, method: &str, args: Value) -> Response {
         at: now,
     });
     ok(json!({"message_id": id, "chat": {"id": args["chat_id"]}, "text": text}))
+}
+
+/// `sendMessageDraft`, as Telegram checks it: a private chat (a user's id, positive), a
+/// non-zero `draft_id`, a text of at most 4,096 characters.
+fn draft(state: &FakeState, token: &str, args: &Value) -> Response {
+    let bad = |d: &str| tg_error(StatusCode::BAD_REQUEST, &format!("Bad Request: {d}"), None);
+    let chat = match &args["chat_id"] {
+        Value::String(s) => s.parse::<i64>().ok(),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    };
+    let Some(chat) = chat else {
+        return bad("chat_id is empty");
+    };
+    if chat <= 0 {
+        return bad("drafts can be sent only to private chats");
+    }
+    let draft_id = args["draft_id"].as_i64().unwrap_or(0);
+    if draft_id == 0 {
+        return bad("draft_id must be non-zero");
+    }
+    let text = args["text"].as_str().unwrap_or_default();
+    if text.chars().count() > 4096 {
+        return bad("text is too long");
+    }
+    state.lock().drafts.push(Draft {
+        token: token.to_owned(),
+        chat_id: chat.to_string(),
+        draft_id,
+        text: text.to_owned(),
+        at: std::time::Instant::now(),
+    });
+    ok(json!(true))
 }
 
 async fn get_updates(state: FakeState, token: String, args: Value) -> Response {

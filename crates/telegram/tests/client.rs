@@ -298,3 +298,34 @@ async fn a_deferred_press_is_answered_empty_and_its_late_answer_is_a_message() {
     assert!(id.is_some(), "the late answer is a message");
     assert!(tg.sent().iter().any(|s| s.text == "thanks, noted"));
 }
+
+/// `sendMessageDraft` as the fake checks it: drafts in a private chat are shown in order;
+/// in a group, or with a zero `draft_id`, they are refused (not retried).
+#[tokio::test]
+async fn drafts_stream_into_private_chats_only() {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(TOKEN);
+    let c = client(Duration::from_secs(1));
+    let bot = api(&fake.url(), TOKEN);
+    for text in ["", "Hel", "Hello, wor", "Hello, world"] {
+        c.send_message_draft(&bot, "42", 7, text).await.unwrap();
+    }
+    let drafts: Vec<(String, i64, String)> = fake
+        .state()
+        .drafts(TOKEN)
+        .into_iter()
+        .map(|d| (d.chat_id, d.draft_id, d.text))
+        .collect();
+    assert_eq!(drafts.len(), 4);
+    assert_eq!(drafts[3], ("42".to_owned(), 7, "Hello, world".to_owned()));
+    for (chat, id) in [("-100123", 7), ("42", 0)] {
+        let e = c.send_message_draft(&bot, chat, id, "x").await.unwrap_err();
+        assert!(matches!(e, TelegramError::Refused { .. }), "{e:?}");
+        assert!(!e.is_transient(), "{e:?}");
+    }
+    assert_eq!(
+        fake.state().drafts(TOKEN).len(),
+        4,
+        "nothing refused was shown"
+    );
+}

@@ -23,7 +23,8 @@ pub use botfleet_slack::fake::{
     FakeSlack, FakeSlackState, SendFault as SlackSendFault, Sent as SlackSent,
 };
 pub use botfleet_telegram::fake::{
-    app as fake_telegram_app, DeliveryStats, Edited, FakeState, FakeTelegram, Fault, PollSpan, Sent,
+    app as fake_telegram_app, DeliveryStats, Draft, Edited, FakeState, FakeTelegram, Fault,
+    PollSpan, Sent,
 };
 pub use botfleet_whatsapp::fake::{
     FakeGraph, FakeGraphState, SendFault as WhatsappSendFault, Sent as WhatsappSent,
