@@ -91,10 +91,12 @@ pub(crate) async fn streams() -> anyhow::Result<()> {
     }
     let posting = start.elapsed();
     let state = bot.fake.state();
-    let finals =
-        |e: &[botfleet_testkit::Edited]| e.iter().filter(|e| e.text.starts_with("final ")).count();
     crate::wait_count("final texts shown", n, Duration::from_secs(300), || {
-        finals(&state.edits(bot.token))
+        state
+            .edits(bot.token)
+            .iter()
+            .filter(|e| e.text.starts_with("final "))
+            .count()
     })
     .await?;
     let done = start.elapsed();

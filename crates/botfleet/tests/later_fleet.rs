@@ -16,7 +16,7 @@ use std::time::Duration;
 use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret};
 use botfleet_store::{SqliteStore, Store};
 use botfleet_testkit::{
-    connector_suite::{all_over, later_handler, post_three_parts, NEXT_AFTER_PARTS},
+    connector_suite::{all_over, asked_in, later_handler, post_three_parts, NEXT_AFTER_PARTS},
     fleet_worker, wait_for, FakeDiscord, FakeTelegram, Proc, RedisServer, RoundRobinProxy,
     ScriptedHandler, TempDir,
 };
@@ -154,19 +154,6 @@ impl Fleet {
         .await
     }
 
-    /// The reply token the handler got for "ask" in `chat`, once it got one.
-    async fn token(&self, chat: i64) -> String {
-        let id = chat.to_string();
-        wait_for("the handler asked", Duration::from_secs(20), || async {
-            self.handler
-                .seen()
-                .iter()
-                .find(|e| e["text"] == "ask" && e["chat"]["chat"] == id.as_str())
-                .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
-        })
-        .await
-    }
-
     /// What `token`'s bot sent to `chat`, in order.
     fn sent(&self, token: &str, chat: i64) -> Vec<String> {
         let chat = chat.to_string();
@@ -202,7 +189,7 @@ impl Fleet {
     /// written, three parts posted through a survivor: all answered once, in order.
     async fn drill(&mut self, token: &str, chat: i64, signal: &str) {
         self.user_writes(token, chat, "ask");
-        let reply_token = self.token(chat).await;
+        let reply_token = asked_in(&self.handler, &chat.to_string()).await;
         let holder = self.holder().await;
         let (w, _, _) = self.workers.remove(holder);
         w.signal(signal);

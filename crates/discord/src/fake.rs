@@ -646,15 +646,7 @@ fn take_message(
     }
     let mut lost = false;
     match b.faults.pop_front() {
-        Some(SendFault::TooManyRequests(secs)) => {
-            return answer(
-                (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    Json(json!({"message": "You are being rate limited.", "retry_after": secs, "global": false})),
-                )
-                    .into_response(),
-            )
-        }
+        Some(SendFault::TooManyRequests(secs)) => return answer(rate_limited(secs)),
         Some(SendFault::ServerError) => {
             return answer(StatusCode::INTERNAL_SERVER_ERROR.into_response())
         }
@@ -737,6 +729,17 @@ fn take_message(
     )
 }
 
+/// Discord's 429 for a route, asking to wait `secs`.
+fn rate_limited(secs: f64) -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        Json(
+            json!({"message": "You are being rate limited.", "retry_after": secs, "global": false}),
+        ),
+    )
+        .into_response()
+}
+
 /// `PATCH` and `DELETE` of a bot's message, as Discord checks them: 404 `Unknown Message`
 /// (code 10008) for one it does not have.
 async fn change_message(
@@ -772,13 +775,6 @@ async fn change_message(
         m.deleted = true;
         return StatusCode::NO_CONTENT.into_response();
     }
-    let rate_limited = |secs: f64| {
-        (
-            StatusCode::TOO_MANY_REQUESTS,
-            Json(json!({"message": "You are being rate limited.", "retry_after": secs, "global": false})),
-        )
-            .into_response()
-    };
     match b.edit_faults.pop_front() {
         Some(SendFault::TooManyRequests(secs)) => return rate_limited(secs),
         Some(SendFault::ServerError) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),

@@ -917,7 +917,7 @@ async fn handle(
         if t.revoked {
             return tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
         }
-        let send_fault =
+        let method_fault =
             if method == "sendMessage" || (method.starts_with("send") && !parts.is_empty()) {
                 t.send_faults.pop_front()
             } else if method == "editMessageText" || method == "editMessageReplyMarkup" {
@@ -925,7 +925,7 @@ async fn handle(
             } else {
                 None
             };
-        if let Some(f) = t.faults.pop_front().or(send_fault) {
+        if let Some(f) = t.faults.pop_front().or(method_fault) {
             return match f {
                 Fault::Unauthorized => tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None),
                 Fault::TooManyRequests(s) => tg_error(

@@ -1088,11 +1088,21 @@ pub async fn all_over(store: &dyn botfleet_store::Store, bot: &botfleet_core::Bo
 
 /// The reply token `handler` got with the event of text `text`, once it got one (within 20 s).
 pub async fn asked_token(handler: &crate::ScriptedHandler, text: &str) -> String {
+    asked(handler, text, None).await
+}
+
+/// [`asked_token`] for "ask" written in the chat of id `chat` (the platform's id, as events
+/// carry it).
+pub async fn asked_in(handler: &crate::ScriptedHandler, chat: &str) -> String {
+    asked(handler, "ask", Some(chat)).await
+}
+
+async fn asked(handler: &crate::ScriptedHandler, text: &str, chat: Option<&str>) -> String {
     wait_for("the handler asked", Duration::from_secs(20), || async {
         handler
             .seen()
             .iter()
-            .find(|e| e["text"] == text)
+            .find(|e| e["text"] == text && chat.is_none_or(|c| e["chat"]["chat"] == c))
             .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
     })
     .await
@@ -1225,21 +1235,29 @@ pub(crate) fn paced_to_the_final_text(edits: &[String], paced: u64) {
     assert_eq!(paced, 0, "an edit went faster than the pace");
 }
 
-/// The reply token the handler got with "ask" in `chat`, once it got one (within 20 s).
-async fn asked_in<F: PlatformFixture>(
-    f: &F,
-    handler: &crate::ScriptedHandler,
-    chat: u32,
-) -> String {
-    let id = f.chat_id(chat);
-    wait_for("the handler asked", Duration::from_secs(20), || async {
-        handler
-            .seen()
-            .iter()
-            .find(|e| e["text"] == "ask" && e["chat"]["chat"] == id.as_str())
-            .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
-    })
-    .await
+/// The edits of the test streams: parts 1 to 50, 100 ms apart, the last one final.
+pub(crate) const STREAM_EDITS: u64 = 50;
+
+/// Part `k` of the test streams: 0 sends "…" named "answer"; 1 to [`STREAM_EDITS`] edit it to
+/// "part k", the last to [`STREAM_FINAL`], ending the turn.
+pub(crate) fn stream_part(k: u64) -> serde_json::Value {
+    use serde_json::json;
+    if k == 0 {
+        return json!({"actions": [{"type": "send", "text": "…", "ref": "answer"}], "final": false});
+    }
+    let last = k == STREAM_EDITS;
+    let text = if last {
+        STREAM_FINAL.to_owned()
+    } else {
+        format!("part {k}")
+    };
+    json!({"actions": [{"type": "edit", "ref": "answer", "text": text}], "final": last})
+}
+
+/// Posts [`stream_part`] `k` to the turn `token` through the API at `api_url`: taken (`202`).
+pub(crate) async fn post_stream_part(api_url: &str, token: &str, k: u64) {
+    let (status, answer) = post_part(api_url, token, &format!("s{k}"), &stream_part(k)).await;
+    assert_eq!(status, 202, "part {k}: {answer}");
 }
 
 /// A later answer streamed the way an AI agent streams it, on a fake that paces the edits of
@@ -1250,32 +1268,19 @@ async fn asked_in<F: PlatformFixture>(
 /// with a 429: the final text still arrives, after the retry-after. Runs where the fake paces
 /// edits.
 pub async fn a_streamed_answer_is_paced_and_ends_on_its_final_text<F: PlatformFixture>(f: &F) {
-    use serde_json::json;
     if !f.pace_edits(Duration::from_secs(1)) {
         return;
     }
     let mut bot = f.bot(0);
     let handler = later_handler().await;
     let (h, a) = answered_by(f, &mut bot, handler.url()).await;
-    let edit = |text: &str, last: bool| json!({"actions": [{"type": "edit", "ref": "answer", "text": text}], "final": last});
-    let start_stream =
-        json!({"actions": [{"type": "send", "text": "…", "ref": "answer"}], "final": false});
     f.user_writes(0, 1, "ask");
-    let token = asked_in(f, &handler, 1).await;
-    assert_eq!(
-        post_part(&a.api_url, &token, "s0", &start_stream).await.0,
-        202
-    );
+    let token = asked_in(&handler, &f.chat_id(1)).await;
+    post_stream_part(&a.api_url, &token, 0).await;
     let start = tokio::time::Instant::now();
-    for k in 1..=50u64 {
+    for k in 1..=STREAM_EDITS {
         tokio::time::sleep_until(start + Duration::from_millis(100 * k)).await;
-        let body = if k == 50 {
-            edit(STREAM_FINAL, true)
-        } else {
-            edit(&format!("part {k}"), false)
-        };
-        let (status, answer) = post_part(&a.api_url, &token, &format!("s{k}"), &body).await;
-        assert_eq!(status, 202, "part {k}: {answer}");
+        post_stream_part(&a.api_url, &token, k).await;
     }
     f.user_writes(0, 1, "next");
     // Edits read before sends: "next" out while the final text was not shown is caught.
@@ -1302,11 +1307,8 @@ pub async fn a_streamed_answer_is_paced_and_ends_on_its_final_text<F: PlatformFi
     paced_to_the_final_text(&edits, f.edits_paced());
     // The last edit answered 429: delayed by its retry-after, not dropped.
     f.user_writes(0, 2, "ask");
-    let token = asked_in(f, &handler, 2).await;
-    assert_eq!(
-        post_part(&a.api_url, &token, "t0", &start_stream).await.0,
-        202
-    );
+    let token = asked_in(&handler, &f.chat_id(2)).await;
+    post_stream_part(&a.api_url, &token, 0).await;
     wait_for(
         "the second stream started",
         Duration::from_secs(15),
@@ -1320,12 +1322,7 @@ pub async fn a_streamed_answer_is_paced_and_ends_on_its_final_text<F: PlatformFi
     .await;
     f.rate_limit_next_edit(0, 2);
     let posted = tokio::time::Instant::now();
-    assert_eq!(
-        post_part(&a.api_url, &token, "t1", &edit(STREAM_FINAL, true))
-            .await
-            .0,
-        202
-    );
+    post_stream_part(&a.api_url, &token, STREAM_EDITS).await;
     wait_for(
         "the final text after the 429",
         Duration::from_secs(20),

@@ -651,44 +651,30 @@ pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
 /// at most 7 edits, in order, none refused for the pace, ending on the exact final text, and
 /// the chat's next message is answered after it. Runs where the fake paces edits.
 pub async fn streamed_parts_by_webhook(f: &impl WebhookFixture) {
-    use serde_json::json;
-    const FINAL: &str = crate::connector_suite::STREAM_FINAL;
+    use crate::connector_suite::{post_stream_part, STREAM_EDITS, STREAM_FINAL as FINAL};
     if !f.pace_edits(Duration::from_secs(1)) {
         return;
     }
     let handler = crate::connector_suite::later_handler().await;
     let (_dir, store, proxy, mut workers, bot, token) = asked_and_held(f, &handler).await;
     let apis: Vec<String> = workers.iter().map(|w| w.api_url.clone()).collect();
-    let start_stream =
-        json!({"actions": [{"type": "send", "text": "…", "ref": "answer"}], "final": false});
-    let (status, _) =
-        crate::connector_suite::post_part(&apis[0], &token, "s0", &start_stream).await;
-    assert_eq!(status, 202);
+    post_stream_part(&apis[0], &token, 0).await;
     let start = tokio::time::Instant::now();
     let mut dead: Option<usize> = None;
-    for k in 1..=50u64 {
+    for k in 1..=STREAM_EDITS {
         tokio::time::sleep_until(start + Duration::from_millis(100 * k)).await;
-        if k == 25 {
+        if k == STREAM_EDITS / 2 {
             let holder = holding(&workers).expect("a worker holds the turn");
             workers.remove(holder).crash();
             proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
             dead = Some(holder);
         }
-        let text = if k == 50 {
-            FINAL.to_owned()
-        } else {
-            format!("part {k}")
-        };
-        let body = json!({"actions": [{"type": "edit", "ref": "answer", "text": text}],
-            "final": k == 50});
         // Through one worker, then the other (only the survivor once one is dead).
         let api = match dead {
             Some(d) => &apis[1 - d],
             None => &apis[usize::try_from(k % 2).unwrap_or(0)],
         };
-        let (status, answer) =
-            crate::connector_suite::post_part(api, &token, &format!("s{k}"), &body).await;
-        assert_eq!(status, 202, "part {k}: {answer}");
+        post_stream_part(api, &token, k).await;
     }
     f.user_writes(0, "next");
     until("the next message answered", 40, || {

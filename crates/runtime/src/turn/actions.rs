@@ -399,20 +399,12 @@ impl<'a> Run<'a> {
         while run.p.done < run.p.actions.len() {
             let i = run.p.done;
             let now = botfleet_core::unix_ms();
-            match run.p.marks.next(&mut run.p.actions, i, now, every) {
-                Next::Go => {}
-                outcome @ (Next::Coalesced | Next::Skipped) => {
-                    // Not sent: a later edit of the message goes instead, or it would show
-                    // what the message shows.
-                    let outcome = if outcome == Next::Skipped {
-                        coalesce::SKIPPED
-                    } else {
-                        coalesce::COALESCED
-                    };
-                    ctx.metrics.stream_edit(ctx.platform, outcome);
-                    run.p.done += 1;
-                    continue;
-                }
+            let not_sent = match run.p.marks.next(&mut run.p.actions, i, now, every) {
+                Next::Go => None,
+                // A later edit of the message goes instead, or it would show what the message
+                // shows.
+                Next::Coalesced => Some(coalesce::COALESCED),
+                Next::Skipped => Some(coalesce::SKIPPED),
                 Next::Wait(wait) => {
                     if pace == Pace::Yield {
                         return Ok(Some(Instant::now() + wait));
@@ -422,6 +414,11 @@ impl<'a> Run<'a> {
                     hold.pause(wait).await?;
                     continue;
                 }
+            };
+            if let Some(outcome) = not_sent {
+                ctx.metrics.stream_edit(ctx.platform, outcome);
+                run.p.done += 1;
+                continue;
             }
             let action = run.p.actions[i].clone();
             if run.dirty && changes_something(&action) {

@@ -133,11 +133,12 @@ pub(super) fn wait<'a, H: Hold>(
             loop {
                 let left = (until_ms - botfleet_core::unix_ms()).max(0).unsigned_abs();
                 let expiry = Instant::now() + Duration::from_millis(left);
-                let expiry = paced.map_or(expiry, |d| d.min(expiry));
+                // The parts are looked at again at the expiry, or sooner for a paced edit.
+                let look = paced.map_or(expiry, |d| d.min(expiry));
                 let defer_at = (!defer_tried)
                     .then(|| defer_at(ctx, msg, deadline, since))
                     .flatten();
-                let at = typing.due(defer_at).map_or(expiry, |t| t.min(expiry));
+                let at = typing.due(defer_at).map_or(look, |t| t.min(look));
                 tokio::select! {
                     () = watch.posted() => break,
                     () = tokio::time::sleep_until(at.into()) => {}
@@ -149,7 +150,7 @@ pub(super) fn wait<'a, H: Hold>(
                     () = crate::retry::stopped(stop.clone()) => return Err(Halt::Stopped),
                 }
                 let now = Instant::now();
-                if expiry <= now {
+                if look <= now {
                     break;
                 }
                 if defer_at.is_some_and(|d| d <= now) {
