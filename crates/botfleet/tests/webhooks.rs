@@ -299,15 +299,24 @@ impl HookFleet {
     }
 
     /// Every worker's log lines that name `chat` (its last part, the platform's chat id).
+    /// Each worker's log lines about `chat`, and about its own liveness (its lease, its
+    /// registrations, the primary it follows): what a failure of a drill is read from.
     fn logs_about(&self, chat: &str) -> String {
+        let id = chat.rsplit('/').next().unwrap_or("");
         self.workers
             .iter()
             .map(|w| {
-                format!(
-                    "--- {}\n{}",
-                    w.name,
-                    w.log_about(chat.rsplit('/').next().unwrap_or(""))
-                )
+                let text = std::fs::read_to_string(&w.log).unwrap_or_default();
+                let lines: Vec<&str> = text
+                    .lines()
+                    .filter(|l| {
+                        l.contains(id)
+                            || ["liveness", "lease", "regist", "primary", "grace"]
+                                .iter()
+                                .any(|w| l.contains(w))
+                    })
+                    .collect();
+                format!("--- {}\n{}", w.name, lines.join("\n"))
             })
             .collect::<Vec<_>>()
             .join("\n")

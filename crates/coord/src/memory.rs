@@ -175,6 +175,12 @@ impl State {
             }
             None => false,
         };
+        if !self.turns.contains_key(chat) {
+            return Turn::Passed;
+        }
+        // A grant is a write of the caller's registration (as turn.lua's).
+        let seq = self.bump(&me.0, known.seq());
+        known.saw_seq(seq);
         let f = (self.turn_fence + 1).max(now.saturating_mul(1000));
         self.turn_fence = f;
         let Some(q) = self.turns.get_mut(chat) else {
@@ -938,10 +944,17 @@ impl Coordinator for MemoryCoordinator {
         q.serving = ticket + 1;
         q.since_ms = self.hub.clock.now_ms();
         q.holder = None;
-        if q.serving >= q.next {
+        let done = q.serving >= q.next;
+        // A release is a write of the caller's registration (as turn.lua's).
+        let seq = st.bump(&me.0, self.known.seq());
+        self.known.saw_seq(seq);
+        if done {
             st.turns.remove(chat);
             return Ok(true);
         }
+        let Some(q) = st.turns.get_mut(chat) else {
+            return Ok(true);
+        };
         let next = q.tickets.get(&q.serving).map(|t| t.0.clone());
         if let Some(w) = next {
             if let Some(txs) = st.turn_wakers.get_mut(&w) {

@@ -271,6 +271,7 @@ impl RedisCoordinator {
             .key(self.ks.deadlines())
             .key(self.ks.turn(chat))
             .key(self.ks.epoch())
+            .key(self.ks.seqs())
             .arg(op)
             .arg(reg.worker.as_str())
             .arg(reg.incarnation.as_str())
@@ -282,8 +283,16 @@ impl RedisCoordinator {
             .arg(self.known.epoch())
             .arg(grace)
             .arg(nonce())
-            .arg(after_loss_settle_ms(grace));
+            .arg(after_loss_settle_ms(grace))
+            .arg(self.known.seq());
         self.run("turn", inv).await
+    }
+
+    /// A turn answer (`r`), the caller's new write sequence noted.
+    fn turn_answer(&self, r: &[String]) -> Result<Turn> {
+        let (turn, seq) = parse_turn(r)?;
+        self.known.saw_seq(seq);
+        Ok(turn)
     }
 
     fn membership_keys<'a, 's>(
@@ -858,20 +867,23 @@ impl Coordinator for RedisCoordinator {
                     what: "turn take",
                     detail: format!("reply {r:?}"),
                 })?;
-        Ok((ticket, parse_turn(&r[1..])?))
+        Ok((ticket, self.turn_answer(&r[1..])?))
     }
 
     async fn turn_try(&self, chat: &str, ticket: u64) -> Result<Turn> {
         let r = self
             .turn_call("try", chat, &ticket.to_string(), Fence::ZERO)
             .await?;
-        parse_turn(&r)
+        self.turn_answer(&r)
     }
 
     async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
         let r = self
             .turn_call("release", chat, &ticket.to_string(), fence)
             .await?;
+        if let Some(seq) = r.get(1).and_then(|s| s.parse().ok()) {
+            self.known.saw_seq(seq);
+        }
         Ok(r.first().is_some_and(|v| v == "1"))
     }
 
@@ -1096,27 +1108,34 @@ pub(crate) fn after_loss_settle_ms(grace_ms: u64) -> u64 {
 }
 
 /// Reads a turn answer (see `lua/turn.lua`).
-fn parse_turn(r: &[String]) -> Result<Turn> {
+/// A turn answer of turn.lua and, for a grant, the caller's new write sequence (0 otherwise).
+fn parse_turn(r: &[String]) -> Result<(Turn, u64)> {
     let bad = || CoordError::Protocol {
         what: "turn",
         detail: format!("reply {r:?}"),
     };
     let num = |s: &String| s.parse::<u64>().map_err(|_| bad());
     match r.first().map(String::as_str) {
-        Some("granted") if r.len() == 4 => Ok(Turn::Granted {
-            ticket: num(&r[1])?,
-            fence: Fence(num(&r[2])?),
-            after_loss: r[3] == "1",
-        }),
-        Some("takeover") if r.len() == 5 => Ok(Turn::TakeOver {
-            ticket: num(&r[1])?,
-            entry: r[2].clone(),
-            fence: Fence(num(&r[3])?),
-            after_loss: r[4] == "1",
-        }),
-        Some("wait") => Ok(Turn::Wait),
-        Some("passed") => Ok(Turn::Passed),
-        Some("notlive") => Ok(Turn::NotLive),
+        Some("granted") if r.len() == 5 => Ok((
+            Turn::Granted {
+                ticket: num(&r[1])?,
+                fence: Fence(num(&r[2])?),
+                after_loss: r[3] == "1",
+            },
+            num(&r[4])?,
+        )),
+        Some("takeover") if r.len() == 6 => Ok((
+            Turn::TakeOver {
+                ticket: num(&r[1])?,
+                entry: r[2].clone(),
+                fence: Fence(num(&r[3])?),
+                after_loss: r[4] == "1",
+            },
+            num(&r[5])?,
+        )),
+        Some("wait") => Ok((Turn::Wait, 0)),
+        Some("passed") => Ok((Turn::Passed, 0)),
+        Some("notlive") => Ok((Turn::NotLive, 0)),
         _ => Err(bad()),
     }
 }

@@ -1028,6 +1028,31 @@ pub async fn avoidances_are_shared_and_expire<F: CoordFixture>(f: &F) {
 }
 
 /// The fence of a grant made with no loss in sight.
+/// Asks for `chat`'s turn as `asker` with `ticket` until the grace window after a loss ends
+/// (renewing `asker` and `others` meanwhile): the grant's fence and whether it says the loss
+/// was recent.
+async fn granted_once_the_window_ends(
+    asker: &Arc<dyn Coordinator>,
+    others: &[&Arc<dyn Coordinator>],
+    chat: &str,
+    ticket: u64,
+) -> (Fence, bool) {
+    wait_for("the grace window ends", LEASE * 3, || async {
+        assert_eq!(asker.renew(0).await.unwrap(), Renewal::Renewed);
+        for o in others {
+            assert_eq!(o.renew(0).await.unwrap(), Renewal::Renewed);
+        }
+        match asker.turn_try(chat, ticket).await.unwrap() {
+            Turn::Granted {
+                fence, after_loss, ..
+            } => Some((fence, after_loss)),
+            Turn::Wait => None,
+            other => panic!("{other:?}"),
+        }
+    })
+    .await
+}
+
 fn granted_turn(t: Turn) -> Fence {
     match t {
         Turn::Granted {
@@ -1068,18 +1093,7 @@ pub async fn a_forgotten_turn_queue_grants_nothing_during_the_grace_window<F: Co
         Turn::Wait,
         "so does every chat: nothing says which ones had a holder"
     );
-    let (fence, recent) = wait_for("the grace window ends", LEASE * 3, || async {
-        assert_eq!(b.renew(0).await.unwrap(), Renewal::Renewed);
-        assert_eq!(a.renew(0).await.unwrap(), Renewal::Renewed);
-        match b.turn_try("bot/c", t1).await.unwrap() {
-            Turn::Granted {
-                fence, after_loss, ..
-            } => Some((fence, after_loss)),
-            Turn::Wait => None,
-            other => panic!("{other:?}"),
-        }
-    })
-    .await;
+    let (fence, recent) = granted_once_the_window_ends(&b, &[&a], "bot/c", t1).await;
     let waited = lost_at.elapsed();
     assert!(waited >= LEASE / 2, "granted after only {waited:?}");
     assert!(recent, "the grant says the loss was recent");
@@ -1092,6 +1106,51 @@ pub async fn a_forgotten_turn_queue_grants_nothing_during_the_grace_window<F: Co
         "the old holder's late release is refused"
     );
     assert!(b.turn_release("bot/c", t1, fence).await.unwrap());
+}
+
+/// A failover to a replica that missed a chat's turn grant (or release), and nothing else: the
+/// worker it was granted to is told `Lost` at its next renewal (it must give the turn up), and
+/// no chat's turn is granted for a grace window — the forgotten holder may still be acting by
+/// its own clock; then the grant says the loss was recent. Another worker that wrote nothing
+/// since goes on.
+pub async fn lost_turn_grants_are_detected<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Renewed);
+    assert_eq!(b.renew(0).await.unwrap(), Renewal::Renewed);
+    let snap = f.snapshot().await;
+    let (_, first) = a.turn_take("bot/c", "k0").await.unwrap();
+    let f0 = granted_turn(first);
+    f.roll_back(&snap).await;
+    let lost_at = tokio::time::Instant::now();
+    assert_eq!(
+        a.renew(0).await.unwrap(),
+        Renewal::Lost,
+        "a's turn grant was lost: it may not go on with it"
+    );
+    assert_eq!(b.renew(0).await.unwrap(), Renewal::Renewed);
+    let (t1, next) = b.turn_take("bot/c", "k1").await.unwrap();
+    assert_eq!(
+        next,
+        Turn::Wait,
+        "nobody is granted the chat while a may still act"
+    );
+    let (fence, recent) = granted_once_the_window_ends(&b, &[], "bot/c", t1).await;
+    assert!(
+        lost_at.elapsed() >= LEASE / 2,
+        "granted after only {:?}",
+        lost_at.elapsed()
+    );
+    assert!(recent, "the grant says the loss was recent");
+    assert!(
+        fence > f0,
+        "fences grow past the loss: {f0:?} then {fence:?}"
+    );
+    // A lost release is found the same way: b's release goes, then Redis forgets it.
+    let snap = f.snapshot().await;
+    assert!(b.turn_release("bot/c", t1, fence).await.unwrap());
+    f.roll_back(&snap).await;
+    assert_eq!(b.renew(0).await.unwrap(), Renewal::Lost);
 }
 
 /// A chat's tickets are served in order, one holder at a time; a release wakes the next
@@ -1303,6 +1362,7 @@ macro_rules! coordinator_conformance {
             many_bots_one_owner_each,
             data_loss_waits_for_old_owners,
             lost_writes_are_detected,
+            lost_turn_grants_are_detected,
             a_fresh_fleet_starts_at_once,
             avoidances_are_shared_and_expire,
             the_journal_is_shared_and_bounded,

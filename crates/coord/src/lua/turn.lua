@@ -6,6 +6,7 @@
 --                   and the ticket it asked with), f (last fence),
 --                   t<n> = "worker|incarnation|entry" per ticket not yet served
 -- KEYS[4] epoch     hash  (see epoch.lua)
+-- KEYS[5] seqs      hash  worker -> write sequence of its registration (see register.lua)
 -- ARGV[1] op: 'take' | 'try' | 'release'
 -- ARGV[2] caller worker id, ARGV[3] caller incarnation
 -- ARGV[4] take: the journal entry key; try/release: the ticket
@@ -17,9 +18,16 @@
 -- ARGV[9] the epoch id the caller knows ('' if none), ARGV[10] grace ms (the longest lease
 --         the caller knows), ARGV[11] id for a new epoch
 -- ARGV[12] ms after a loss's grace window during which grants say 'after loss'
--- Returns take: {ticket, answer...}; try: {answer...}; release: {'1'|'0'} where answer is
--- 'granted', ticket, fence, after_loss | 'wait' | 'takeover', ticket, entry, fence,
--- after_loss | 'passed' | 'notlive'.
+-- ARGV[13] the highest write sequence the caller was answered
+-- Returns take: {ticket, answer...}; try: {answer...}; release: {'1', seq} | {'0'} where
+-- answer is 'granted', ticket, fence, after_loss, seq | 'wait' | 'takeover', ticket, entry,
+-- fence, after_loss, seq | 'passed' | 'notlive', and seq the caller's new write sequence.
+--
+-- A grant and a release are writes of the caller's registration like a claim: each moves its
+-- write sequence on (unless Redis lost earlier writes of the caller: then the sequence stays
+-- behind, so its next renewal finds the loss). A failover that lost a grant or a release is
+-- found so, and the fleet holds grants for a grace window (see renew.lua): the worker whose
+-- grant Redis forgot may still be acting on it.
 --
 -- Fences are max(last + 1, server time in µs): a chat forgotten when its queue empties (or
 -- by a data loss) still gets fences above the ones granted before. Ticket numbers start at
@@ -44,6 +52,13 @@ local function live(w, inc)
   return tonumber(redis.call('ZSCORE', KEYS[2], w) or '0') > ms_now
 end
 local me, inc = ARGV[2], ARGV[3]
+-- Moves the caller's write sequence on, unless Redis lost earlier writes of it ('0').
+local function bump()
+  if tonumber(redis.call('HGET', KEYS[5], me) or '0') < tonumber(ARGV[13]) then
+    return '0'
+  end
+  return string.format('%d', redis.call('HINCRBY', KEYS[5], me, 1))
+end
 local function taker(field)
   local v = redis.call('HGET', KEYS[3], field)
   if not v then
@@ -75,9 +90,9 @@ local function grant(kind, ticket, entry, asker)
   local fs = string.format('%d', f)
   redis.call('HSET', KEYS[3], 'hw', me, 'hi', inc, 'hk', asker, 'f', fs)
   if kind == 'granted' then
-    return { 'granted', ticket, fs, recent }
+    return { 'granted', ticket, fs, recent, bump() }
   end
-  return { 'takeover', ticket, entry or '', fs, recent }
+  return { 'takeover', ticket, entry or '', fs, recent, bump() }
 end
 local function try(ticket)
   local h = redis.call('HMGET', KEYS[3], 'next', 'serving', 'hw', 'hi', 'hk')
@@ -159,7 +174,7 @@ redis.call('HDEL', KEYS[3], 't' .. h[2], 'hw', 'hi', 'hk')
 if serving >= tonumber(h[1]) then
   -- Nothing waits: forget the chat (its fences stay above by the clock).
   redis.call('DEL', KEYS[3])
-  return { '1' }
+  return { '1', bump() }
 end
 local s = string.format('%d', serving)
 redis.call('HSET', KEYS[3], 'serving', s, 'ss', string.format('%d', ms_now))
@@ -167,4 +182,4 @@ local w = taker('t' .. s)
 if w then
   redis.call('PUBLISH', ARGV[6] .. w, ARGV[7])
 end
-return { '1' }
+return { '1', bump() }
