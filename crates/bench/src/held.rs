@@ -54,6 +54,9 @@ impl LaterBot {
         let mut spec = BotSpec::new(BotId::new(name)?, Platform::Telegram, token);
         spec.options.api_url = Some(fake.url());
         spec.options.async_reply_ttl_s = Some(3_600);
+        // The streams benchmark measures edits paced to Telegram's limit (its chats are
+        // private, where the default would stream as drafts).
+        spec.options.stream = Some(botfleet_core::StreamMode::Edits);
         spec.handler = HandlerSpec::Webhook {
             url: handler.url(),
             secret: None,

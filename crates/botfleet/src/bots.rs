@@ -92,7 +92,7 @@ impl UpdateArgs {
         };
         self.hook.fill_patch(&mut patch);
         if patch.is_empty() {
-            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands, --handler-timeout-s, --typing, --async-reply-ttl-s");
+            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands, --handler-timeout-s, --typing, --async-reply-ttl-s, --stream");
         }
         Ok(patch)
     }
@@ -192,6 +192,16 @@ pub(crate) struct HookArgs {
     /// (10-86400) [default: the workers' --async-reply-ttl-s].
     #[arg(long, value_parser = clap::value_parser!(u32).range(i64::from(*botfleet_core::ASYNC_REPLY_TTL_S.start())..=i64::from(*botfleet_core::ASYNC_REPLY_TTL_S.end())))]
     async_reply_ttl_s: Option<u32>,
+    /// How a streamed answer (a message sent with a ref, then edited as it grows) reaches the
+    /// platform: `native` (the platform's own streams where the chat has them: Slack threads,
+    /// Telegram private chats; edits elsewhere) or `edits` [default: native].
+    #[arg(long, value_name = "MODE", value_parser = stream_mode)]
+    stream: Option<botfleet_core::StreamMode>,
+}
+
+/// `--stream native|edits`.
+fn stream_mode(s: &str) -> Result<botfleet_core::StreamMode, String> {
+    s.parse()
 }
 
 /// The commands read from `--commands FILE`: one value to clap (an `Option<Vec<_>>` field
@@ -226,6 +236,7 @@ impl HookArgs {
         line.handler_timeout_s = self.handler_timeout_s;
         line.typing = self.typing;
         line.async_reply_ttl_s = self.async_reply_ttl_s;
+        line.stream = self.stream;
     }
 
     /// The flags as a change's fields (an empty text clears).
@@ -241,6 +252,7 @@ impl HookArgs {
         patch.handler_timeout_s = self.handler_timeout_s.map(Some);
         patch.typing = self.typing.map(Some);
         patch.async_reply_ttl_s = self.async_reply_ttl_s.map(Some);
+        patch.stream = self.stream.map(Some);
     }
 }
 
@@ -302,7 +314,8 @@ pub(crate) enum BotsCommand {
     /// Register many bots from a JSON-lines file (fields of `add`: id, platform, token,
     /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards, shards_per_slice,
     /// mode, secret_token, signing_secret, app_secret, verify_token, phone_number_id,
-    /// max_connections, commands, handler_timeout_s, typing); `-` reads standard input.
+    /// max_connections, commands, handler_timeout_s, typing, async_reply_ttl_s, stream); `-`
+    /// reads standard input.
     Import {
         #[command(flatten)]
         backends: Backends,

@@ -73,6 +73,10 @@ pub(crate) struct HandlerCaps {
     max_text: u32,
     /// The bot's commands are registered with the platform's command menu.
     commands: bool,
+    /// A streamed answer (a send with a `ref`, then edits that extend it) goes as the
+    /// platform's own stream where the chat has one (Slack: a thread; Telegram: a private
+    /// chat), unless the bot's `stream` is `edits`.
+    streams: bool,
 }
 
 /// What a file is.

@@ -38,6 +38,7 @@ pub(crate) const BOT_FIELDS: &[&str] = &[
     "handler_timeout_s",
     "typing",
     "async_reply_ttl_s",
+    "stream",
 ];
 
 /// The fields of a change (`PATCH /api/v1/bots/{id}`): every bot field but the two that name
@@ -63,6 +64,7 @@ pub(crate) const PATCH_FIELDS: &[&str] = &[
     "handler_timeout_s",
     "typing",
     "async_reply_ttl_s",
+    "stream",
 ];
 
 /// One bot as `bots add` flags, a `bots import` line or `POST /api/v1/bots` describe it.
@@ -148,6 +150,11 @@ pub(crate) struct BotLine {
     /// (10-86400; default: the workers' `--async-reply-ttl-s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) async_reply_ttl_s: Option<u32>,
+    /// How a streamed answer goes: `native` (default: the platform's own streams where the
+    /// chat has them, edits elsewhere) or `edits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub(crate) stream: Option<botfleet_core::StreamMode>,
 }
 
 /// What a change may touch (`bots update`, `PATCH /api/v1/bots/{id}`): a field left out is
@@ -291,6 +298,14 @@ pub(crate) struct BotPatch {
     )]
     #[schema(value_type = Option<u32>)]
     pub(crate) async_reply_ttl_s: Option<Option<u32>>,
+    /// How streamed answers go (`native` or `edits`); `null` goes back to `native`.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>)]
+    pub(crate) stream: Option<Option<botfleet_core::StreamMode>>,
 }
 
 /// Names the fields that are set, never their values.
@@ -363,6 +378,7 @@ fn expected(field: &str) -> &'static str {
         "handler_timeout_s" => "must be a number of seconds from 1 to 900",
         "typing" => "must be true or false",
         "async_reply_ttl_s" => "must be a number of seconds from 10 to 86400",
+        "stream" => "must be \"native\" or \"edits\"",
         f if f.starts_with("commands") => {
             "must be a list of {name, description, options: [{name, description, type, required}]}"
         }
@@ -570,6 +586,7 @@ impl BotLine {
                 handler_timeout_s: self.handler_timeout_s,
                 typing: self.typing,
                 async_reply_ttl_s: self.async_reply_ttl_s,
+                stream: self.stream,
                 ..BotOptions::default()
             },
             hook: HookSecrets::default(),
@@ -649,6 +666,9 @@ impl BotPatch {
         }
         if let Some(t) = self.async_reply_ttl_s {
             next.options.async_reply_ttl_s = t;
+        }
+        if let Some(m) = self.stream {
+            next.options.stream = m;
         }
         let (mut url, mut secret) = match &spec.handler {
             HandlerSpec::Echo | HandlerSpec::Named(_) => (None, None),
@@ -856,6 +876,28 @@ mod tests {
             .apply(&spec)
             .unwrap_err();
         assert!(e.message.contains("1-900"), "{e}");
+    }
+
+    #[test]
+    fn streams_are_native_unless_a_bot_asks_for_edits() {
+        let line = |s: &str| BotLine::from_json(s).and_then(BotLine::into_spec);
+        let spec =
+            line(r#"{"id":"t","platform":"slack","token":"xoxb-1","app_token":"xapp-1"}"#).unwrap();
+        assert_eq!(spec.stream_mode(), botfleet_core::StreamMode::Native);
+        let spec = line(
+            r#"{"id":"t","platform":"slack","token":"xoxb-1","app_token":"xapp-1","stream":"edits"}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.stream_mode(), botfleet_core::StreamMode::Edits);
+        let e = line(r#"{"id":"t","platform":"telegram","token":"1:a","stream":"chunks"}"#)
+            .unwrap_err();
+        assert_eq!(e.message, "field stream must be \"native\" or \"edits\"");
+        let back = BotPatch::from_json(r#"{"stream": null}"#)
+            .unwrap()
+            .apply(&spec)
+            .unwrap();
+        assert_eq!(back.stream_mode(), botfleet_core::StreamMode::Native);
+        assert_eq!(back.options.stream, None);
     }
 
     #[test]

@@ -164,6 +164,9 @@ pub(crate) struct BotView {
     /// Whether typing is shown while its turns run long (its own `typing`, where its
     /// platform's mode has typing).
     pub(crate) typing: bool,
+    /// How its streamed answers go: `native` (the platform's own streams where the chat has
+    /// them, edits elsewhere) or `edits`.
+    pub(crate) stream: &'static str,
 }
 
 /// One slice of a bot split into slices.
@@ -612,6 +615,7 @@ fn view(
             && botfleet_runtime::descriptor(b.spec.platform)
                 .and_then(|d| d.mode_of(&b.spec))
                 .is_some_and(|m| m.caps.typing),
+        stream: b.spec.stream_mode().as_str(),
     }
 }
 

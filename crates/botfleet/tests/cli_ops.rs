@@ -1450,6 +1450,19 @@ fn bots_add_and_update_take_their_remaining_flags() {
     ]);
     assert!(o.status.success(), "{:?}", text(&o));
     assert_eq!(bot("tg")["typing"], true);
+    // Streamed answers: natively where the platform can, unless the bot asks for edits.
+    assert_eq!(bot("sl")["stream"], "native");
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "sl",
+        "--stream",
+        "edits",
+        "--database-url",
+        &db,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(bot("sl")["stream"], "edits");
     // Out of range and malformed values are usage errors that change nothing.
     for bad in [
         ["--handler-timeout-s", "0"],
@@ -1457,6 +1470,7 @@ fn bots_add_and_update_take_their_remaining_flags() {
         ["--async-reply-ttl-s", "9"],
         ["--async-reply-ttl-s", "86401"],
         ["--typing", "maybe"],
+        ["--stream", "chunks"],
     ] {
         let o = botfleet(&[
             "bots",
@@ -1470,6 +1484,7 @@ fn bots_add_and_update_take_their_remaining_flags() {
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {:?}", text(&o));
     }
     assert_eq!(bot("sl")["handler_timeout_s"], 60);
+    assert_eq!(bot("sl")["stream"], "edits");
 }
 
 /// The worker's tuning flags no other test runs, through the binary: a worker given all of

@@ -251,6 +251,11 @@ pub struct Caps {
     /// The bot's commands (`--commands`) are registered with the platform, which shows them
     /// in its command menu.
     pub commands: bool,
+    /// A streamed answer (a message sent with a `ref`, then edited as it grows) goes as the
+    /// platform's own stream in some chats (Slack: in a thread; Telegram: a private chat),
+    /// unless the bot's `stream` is `edits`; elsewhere as paced edits of one message.
+    #[serde(default)]
+    pub streams: bool,
 }
 
 impl Caps {
@@ -270,10 +275,11 @@ impl Caps {
         max_file_bytes: 0,
         max_text: 4096,
         commands: false,
+        streams: false,
     };
 
     /// The capabilities by name, in a fixed order (for the README's table and for reasons).
-    pub fn flags(&self) -> [(&'static str, bool); 9] {
+    pub fn flags(&self) -> [(&'static str, bool); 10] {
         [
             ("buttons", self.buttons),
             ("edit", self.edit),
@@ -284,6 +290,7 @@ impl Caps {
             ("threads", self.threads),
             ("files", self.files),
             ("commands", self.commands),
+            ("streams", self.streams),
         ]
     }
 }

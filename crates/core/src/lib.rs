@@ -25,8 +25,8 @@ pub use message::{Command, EventKind, Inbound, Outbound};
 pub use platform::Platform;
 pub use secret::Secret;
 pub use spec::{
-    BotOptions, BotRecord, BotSpec, BotStatus, HandlerSpec, HookSecrets, ASYNC_REPLY_TTL_S,
-    MAX_HANDLER_TIMEOUT_S,
+    BotOptions, BotRecord, BotSpec, BotStatus, HandlerSpec, HookSecrets, StreamMode,
+    ASYNC_REPLY_TTL_S, MAX_HANDLER_TIMEOUT_S,
 };
 
 /// Milliseconds since the Unix epoch, from the wall clock; for timestamps shown to people,

@@ -129,6 +129,46 @@ pub struct BotOptions {
     /// up on (`async reply expired`) and the chat goes on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub async_reply_ttl_s: Option<u32>,
+    /// How a message the handler keeps editing (a streamed answer) reaches the platform:
+    /// `None` is [`StreamMode::Native`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamMode>,
+}
+
+/// How a streamed answer (a message sent with a `ref` and then edited as it grows) reaches
+/// the platform.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamMode {
+    /// Through the platform's own streaming where it has one for the chat (Slack's
+    /// `chat.startStream` in a thread, Telegram's `sendMessageDraft` in a private chat), and
+    /// edits elsewhere.
+    #[default]
+    Native,
+    /// Always as edits of one message, paced to the platform's edit limit.
+    Edits,
+}
+
+impl std::str::FromStr for StreamMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "native" => Ok(StreamMode::Native),
+            "edits" => Ok(StreamMode::Edits),
+            _ => Err("must be native or edits".into()),
+        }
+    }
+}
+
+impl StreamMode {
+    /// Its name on the wire: `native` or `edits`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamMode::Native => "native",
+            StreamMode::Edits => "edits",
+        }
+    }
 }
 
 /// The longest a handler call may be given, in seconds.
@@ -233,6 +273,11 @@ impl BotSpec {
         self.options
             .async_reply_ttl_s
             .map_or(default, |s| std::time::Duration::from_secs(u64::from(s)))
+    }
+
+    /// How its streamed answers reach the platform (see [`BotOptions::stream`]).
+    pub fn stream_mode(&self) -> StreamMode {
+        self.options.stream.unwrap_or_default()
     }
 
     /// Whether the fleet shows typing while its turns run long (see [`BotOptions::typing`]).

@@ -27,6 +27,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_file_bytes: 10 * 1024 * 1024,
     max_text: MAX_CONTENT as u32,
     commands: true,
+    streams: false,
     ..botfleet_core::Caps::TEXT_ONLY
 };
 

@@ -339,6 +339,62 @@ pub trait Sender: Send + Sync {
             other => Err(unsupported(other)),
         }
     }
+
+    /// Whether a streamed answer to `event` can go as the platform's own stream
+    /// ([`Sender::stream`]) in the event's chat: `false` (the default) where the platform has
+    /// none there, and the answer goes as edits of one message.
+    fn streams_in(&self, event: &botfleet_core::Inbound) -> bool {
+        let _ = event;
+        false
+    }
+
+    /// Does one step of a native stream answering `event` (see [`Sender::streams_in`]);
+    /// `key` is the step's idempotency key. Answers the streamed message's id for
+    /// [`StreamStep::Start`], and for [`StreamStep::Stop`] the id of the message that shows the
+    /// answer from then on when it is another one (Telegram's drafts end as a message of their
+    /// own).
+    ///
+    /// # Errors
+    /// As [`Sender::act`]; `Rejected` where the platform has no streams (the default).
+    async fn stream(
+        &self,
+        event: &botfleet_core::Inbound,
+        step: StreamStep<'_>,
+        key: &str,
+    ) -> Result<Option<String>, PlatformError> {
+        let _ = (event, step, key);
+        Err(PlatformError::new(
+            crate::ErrorKind::Rejected,
+            "unsupported",
+            "this platform's mode has no native streams",
+        ))
+    }
+}
+
+/// One step of a streamed answer done through the platform's own streaming.
+#[derive(Clone, Copy, Debug)]
+pub enum StreamStep<'a> {
+    /// A message that shows `text` and grows, answering the event.
+    Start {
+        /// What it shows first.
+        text: &'a str,
+    },
+    /// `added` appended to the streamed message `message_id`, which then shows `text`.
+    Append {
+        /// The streamed message.
+        message_id: &'a str,
+        /// Its whole text now.
+        text: &'a str,
+        /// What was added to it.
+        added: &'a str,
+    },
+    /// The stream of `message_id` ends, showing `text` (what it shows).
+    Stop {
+        /// The streamed message.
+        message_id: &'a str,
+        /// Its whole text.
+        text: &'a str,
+    },
 }
 
 /// The refusal of an action a platform cannot do.

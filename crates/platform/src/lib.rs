@@ -8,7 +8,7 @@ mod session;
 
 pub use connector::{
     unsupported, Ack, Batch, Connection, Connector, Identity, MayAct, Received, Receiver, Sender,
-    Stat,
+    Stat, StreamStep,
 };
 pub use error::{ErrorKind, PlatformError};
 pub use files::{no_files, too_large, upload_body, upload_part, FileBody};

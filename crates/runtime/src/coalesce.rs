@@ -71,6 +71,17 @@ struct Mark {
     buttons: u64,
     /// When it changed (unix ms, rounded up).
     at_ms: i64,
+    /// Its text's length in bytes, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    len: Option<usize>,
+    /// It is a native stream of the platform's, not ended yet: an edit that extends its text
+    /// appends to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    streaming: bool,
+    /// A stream's whole text (kept while it streams: a platform whose stream ends as a
+    /// message of its own sends it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shown: Option<String>,
 }
 
 /// The marks of the messages a turn sent or edited (recorded with its progress).
@@ -144,9 +155,48 @@ impl Marks {
         Next::Go
     }
 
+    /// Whether the message `target` is a native stream not ended yet.
+    pub(crate) fn streaming(&self, target: &Target) -> bool {
+        self.get(target).is_some_and(|m| m.streaming)
+    }
+
+    /// Notes that the message `target` began being a native stream showing `text` (`Some`),
+    /// or ended being one (`None`).
+    pub(crate) fn set_streaming(&mut self, target: &Target, text: Option<&str>) {
+        if let Some(m) = self.0.iter_mut().find(|m| m.target == *target) {
+            m.streaming = text.is_some();
+            m.shown = text.map(str::to_owned);
+        }
+    }
+
+    /// The whole text of the native stream `target` (empty when unknown).
+    pub(crate) fn stream_text(&self, target: &Target) -> &str {
+        self.get(target)
+            .and_then(|m| m.shown.as_deref())
+            .unwrap_or_default()
+    }
+
+    /// The messages that are native streams not ended yet.
+    pub(crate) fn streams(&self) -> Vec<Target> {
+        self.0
+            .iter()
+            .filter(|m| m.streaming)
+            .map(|m| m.target.clone())
+            .collect()
+    }
+
+    /// Where `text` goes on from what the message `target` shows (the byte offset of what
+    /// it adds), when it starts with all of it and adds something.
+    pub(crate) fn extends(&self, target: &Target, text: &str) -> Option<usize> {
+        let m = self.get(target)?;
+        let len = m.len?;
+        (text.len() > len && text.is_char_boundary(len) && Some(text_hash(&text[..len])) == m.text)
+            .then_some(len)
+    }
+
     /// Notes what `action`, done when the clock read `now_ms`, made a message show.
     pub(crate) fn changed(&mut self, action: &Action, now_ms: i64) {
-        let (target, text, buttons) = match action {
+        let (target, (text, len), buttons, (streaming, shown)) = match action {
             Action::Send {
                 text,
                 buttons,
@@ -157,20 +207,28 @@ impl Marks {
                     ref_name: Some(name.clone()),
                     message_id: None,
                 },
-                Some(text_hash(text)),
+                (Some(text_hash(text)), Some(text.len())),
                 buttons,
+                (false, None),
             ),
             Action::Edit {
                 target,
                 text,
                 buttons,
             } => {
-                let before = self.get(target).and_then(|m| m.text);
-                (
-                    target.clone(),
-                    text.as_deref().map(text_hash).or(before),
-                    buttons,
-                )
+                let before = self.get(target);
+                let shows = match text {
+                    Some(t) => (Some(text_hash(t)), Some(t.len())),
+                    None => (before.and_then(|m| m.text), before.and_then(|m| m.len)),
+                };
+                let streaming = before.is_some_and(|m| m.streaming);
+                let shown = streaming
+                    .then(|| {
+                        text.clone()
+                            .or_else(|| before.and_then(|m| m.shown.clone()))
+                    })
+                    .flatten();
+                (target.clone(), shows, buttons, (streaming, shown))
             }
             Action::Delete { target } => {
                 self.0.retain(|m| m.target != *target);
@@ -182,6 +240,9 @@ impl Marks {
             buttons: buttons_hash(buttons),
             target,
             text,
+            len,
+            streaming,
+            shown,
             // From the end of the millisecond the clock read: the clock's rounding never cuts
             // a pace short (a platform counts from when it took the change, before that).
             at_ms: now_ms.saturating_add(1),

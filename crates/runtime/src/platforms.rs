@@ -36,8 +36,8 @@ pub fn descriptor(p: Platform) -> Option<&'static Descriptor> {
 pub fn capability_table() -> String {
     let yes = |b: bool| if b { "yes" } else { "—" };
     let mut out = String::from(
-        "| platform · mode | buttons (most, value bytes) | edit | delete | typing | answer | ephemeral | threads | files (most a send, MiB each) | text chars |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| platform · mode | buttons (most, value bytes) | edit | delete | typing | answer | ephemeral | threads | files (most a send, MiB each) | text chars | native streams |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for d in DESCRIPTORS {
         for m in d.modes {
@@ -53,7 +53,7 @@ pub fn capability_table() -> String {
                 "—".to_owned()
             };
             out.push_str(&format!(
-                "| {} · `{}` | {buttons} | {} | {} | {} | {} | {} | {} | {files} | {} |\n",
+                "| {} · `{}` | {buttons} | {} | {} | {} | {} | {} | {} | {files} | {} | {} |\n",
                 d.title,
                 m.name,
                 yes(c.edit),
@@ -62,7 +62,8 @@ pub fn capability_table() -> String {
                 yes(c.answer),
                 yes(c.ephemeral),
                 yes(c.threads),
-                c.max_text
+                c.max_text,
+                yes(c.streams)
             ));
         }
     }

@@ -188,6 +188,9 @@ pub(crate) struct TurnCtx {
     /// The bot's `typing`: whether the platform's typing indicator (where `caps.typing`) is
     /// shown while a handler runs long.
     pub(crate) typing: bool,
+    /// The bot's `stream`: whether a streamed answer goes through the platform's own streams
+    /// where the chat has them.
+    pub(crate) native_streams: bool,
     /// The reply-token key.
     pub(crate) later: crate::later::Later,
     /// How long a turn whose handler answered `202` waits for its answer (the bot's own, or
@@ -239,6 +242,7 @@ impl TurnCtx {
             caps: crate::platforms::caps(spec),
             files: base.files,
             typing: spec.shows_typing(),
+            native_streams: spec.stream_mode() == botfleet_core::StreamMode::Native,
             async_ttl: spec.async_reply_ttl(base.later.ttl()),
             later: base.later,
         }

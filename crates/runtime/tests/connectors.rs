@@ -105,6 +105,22 @@ impl PlatformFixture for Telegram {
     fn shown(&self, i: usize) -> Vec<Shown> {
         botfleet_testkit::connector_suite::telegram_shown(self.fake.state(), &Self::token(i))
     }
+    fn user_writes_where_streams_are_native(
+        &self,
+        i: usize,
+        chat: u32,
+        text: &str,
+    ) -> Option<String> {
+        // A user's own chat with the bot (private: a positive id).
+        self.user_writes(i, chat, text);
+        Some(chat.to_string())
+    }
+    fn native_streams(&self, i: usize) -> Vec<(u32, String, bool)> {
+        botfleet_testkit::connector_suite::telegram_streams(self.fake.state(), &Self::token(i))
+            .into_iter()
+            .map(|(chat, text, on)| (chat.parse().unwrap(), text, on))
+            .collect()
+    }
     fn pace_edits(&self, every: std::time::Duration) -> bool {
         self.fake.state().pace_edits(Some(every));
         true
@@ -321,6 +337,33 @@ impl PlatformFixture for Slack {
         self.fake
             .state()
             .inject_update(&Self::bot_token(i), SlackSendFault::TooManyRequests(secs));
+    }
+    fn user_writes_where_streams_are_native(
+        &self,
+        i: usize,
+        chat: u32,
+        text: &str,
+    ) -> Option<String> {
+        // One thread of the channel.
+        let (channel, thread) = (format!("C{chat}"), "1700000000.000777");
+        self.fake
+            .state()
+            .user_writes(&Self::bot_token(i), &channel, Some(thread), text);
+        Some(format!("{channel}/{thread}"))
+    }
+    fn native_streams(&self, i: usize) -> Vec<(u32, String, bool)> {
+        let (fake, token) = (self.fake.state(), Self::bot_token(i));
+        fake.streams(&token)
+            .into_iter()
+            .filter_map(|(channel, ts)| {
+                let p = fake.posted(&token, &channel, &ts)?;
+                Some((
+                    channel.trim_start_matches('C').parse().unwrap(),
+                    p.text,
+                    p.streaming,
+                ))
+            })
+            .collect()
     }
     fn requests(&self, i: usize) -> u64 {
         self.fake.state().requests_of(&Self::bot_token(i))

@@ -138,6 +138,14 @@ impl WebhookFixture for TelegramHooksFixture {
             .map(|e| (e.chat_id, e.text))
             .collect()
     }
+    fn user_writes_where_streams_are_native(&self, chat: usize, text: &str) -> bool {
+        // Private chats (positive ids), as every chat of this fixture.
+        self.user_writes(chat, text);
+        true
+    }
+    fn native_streams(&self) -> Vec<(String, String, bool)> {
+        botfleet_testkit::connector_suite::telegram_streams(self.fake.state(), TG_TOKEN)
+    }
     fn shown(&self) -> Vec<botfleet_testkit::Shown> {
         botfleet_testkit::connector_suite::telegram_shown(self.fake.state(), TG_TOKEN)
     }
@@ -1015,6 +1023,25 @@ impl WebhookFixture for SlackEventsFixture {
             .map(|u| (u.channel, u.text))
             .collect()
     }
+    fn user_writes_where_streams_are_native(&self, chat: usize, text: &str) -> bool {
+        self.slack.state().user_writes(
+            SL_TOKEN,
+            &format!("C00{chat}"),
+            Some("1700000000.000777"),
+            text,
+        );
+        true
+    }
+    fn native_streams(&self) -> Vec<(String, String, bool)> {
+        let fake = self.slack.state();
+        fake.streams(SL_TOKEN)
+            .into_iter()
+            .filter_map(|(channel, ts)| {
+                let p = fake.posted(SL_TOKEN, &channel, &ts)?;
+                Some((channel, p.text, p.streaming))
+            })
+            .collect()
+    }
     fn user_sends_photo(&self, chat: usize, data: Vec<u8>, caption: &str) -> bool {
         self.slack.state().user_shares_file(
             SL_TOKEN,
@@ -1353,6 +1380,22 @@ async fn slack_streamed_parts_by_webhook() {
         slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
     };
     botfleet_testkit::webhook_suite::streamed_parts_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_native_stream_by_webhook() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::a_native_stream_by_webhook(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_native_stream_by_webhook() {
+    let f = SlackEventsFixture {
+        slack: botfleet_testkit::FakeSlack::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::a_native_stream_by_webhook(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -255,30 +255,68 @@ impl BotHandler for Streamer {
     }
 }
 
-/// A Rust handler streams its answer word by word into one message, on a fake that paces a
-/// message's edits as Telegram does: one message, a few edits (none refused for the pace),
-/// ending on the whole text; the chat's next message is answered after, with the state the
-/// stream's end left.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rust_handler_streams_its_answer_into_one_message() {
-    const T: &str = "5203:stream-SECRET";
-    let (fake, _h, w) = running("streamer", T, HandlerSpec::Named("streamer".into()), |c| {
+/// The bot `id` of `token` answered by [`Streamer`], on a running worker.
+async fn running_streamer(id: &str, token: &str) -> (FakeTelegram, Harness, RunningWorker) {
+    running(id, token, HandlerSpec::Named("streamer".into()), |c| {
         let handlers: HashMap<String, Arc<dyn BotHandler>> = HashMap::from([(
             "streamer".to_owned(),
             Arc::new(Streamer) as Arc<dyn BotHandler>,
         )]);
         c.handlers = Arc::new(handlers);
     })
-    .await;
+    .await
+}
+
+/// A Rust handler streams its answer word by word into one message of a group (where
+/// Telegram has no drafts), on a fake that paces a message's edits as Telegram does: one
+/// message, a few edits (none refused for the pace), ending on the whole text; the chat's
+/// next message is answered after, with the state the stream's end left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_handler_streams_its_answer_into_one_message() {
+    const T: &str = "5203:stream-SECRET";
+    let (fake, _h, w) = running_streamer("streamer", T).await;
     let tg = fake.state();
     tg.pace_edits(Some(Duration::from_secs(1)));
-    ask_then_next(tg, T, 3).await;
+    ask_then_next(tg, T, -3).await;
     let texts: Vec<String> = tg.sent().into_iter().map(|s| s.text).collect();
     assert_eq!(texts, ["w0 ", r#"next {"streamed":true}"#], "{texts:?}");
     let edits: Vec<String> = tg.edits(T).into_iter().map(|e| e.text).collect();
     assert!(!edits.is_empty() && edits.len() <= 4, "{edits:?}");
     assert_eq!(edits.last(), Some(&streamed_text()));
     assert_eq!(tg.edits_paced(), 0, "an edit went faster than the pace");
+    assert!(tg.drafts(T).is_empty(), "no drafts in a group");
+    w.shutdown().await;
+}
+
+/// The same stream in a private chat goes as Telegram's message drafts (the bot's `stream` is
+/// `native`, the default): one draft, shown growing a few times (each a longer text of the
+/// answer), then one message with the whole text at the turn's end — no edit — and the chat's
+/// next message after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_handler_streams_its_answer_as_a_draft_in_a_private_chat() {
+    const T: &str = "5205:drafts-SECRET";
+    let (fake, _h, w) = running_streamer("drafter", T).await;
+    let tg = fake.state();
+    ask_then_next(tg, T, 3).await;
+    let texts: Vec<String> = tg.sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(
+        texts,
+        [streamed_text(), r#"next {"streamed":true}"#.to_owned()],
+        "{texts:?}"
+    );
+    assert!(tg.edits(T).is_empty(), "{:?}", tg.edits(T));
+    let drafts = tg.drafts(T);
+    assert!(!drafts.is_empty() && drafts.len() <= 5, "{drafts:?}");
+    assert!(drafts
+        .iter()
+        .all(|d| d.draft_id == drafts[0].draft_id && d.chat_id == "3"));
+    assert!(
+        drafts
+            .windows(2)
+            .all(|p| p[1].text.starts_with(&p[0].text) && p[1].text.len() > p[0].text.len()),
+        "each draft shows more of the answer: {drafts:?}"
+    );
+    assert!(streamed_text().starts_with(&drafts.last().unwrap().text));
     w.shutdown().await;
 }
 

@@ -92,10 +92,7 @@ impl Connector for SlackConnector {
         if crate::DESCRIPTOR.is_webhook(spec) {
             return Ok(Connection {
                 receiver: Box::new(botfleet_platform::NoDeliveries),
-                sender: Arc::new(SlackSender {
-                    client: self.client.clone(),
-                    api,
-                }),
+                sender: Arc::new(SlackSender::new(self.client.clone(), api, info.team_id)),
             });
         }
         let mut receiver = SocketReceiver::new(
@@ -112,10 +109,7 @@ impl Connector for SlackConnector {
         receiver.open_now().await?;
         Ok(Connection {
             receiver: Box::new(receiver),
-            sender: Arc::new(SlackSender {
-                client: self.client.clone(),
-                api,
-            }),
+            sender: Arc::new(SlackSender::new(self.client.clone(), api, info.team_id)),
         })
     }
 
@@ -131,8 +125,33 @@ impl Connector for SlackConnector {
 }
 
 pub(crate) struct SlackSender {
-    pub(crate) client: SlackClient,
-    pub(crate) api: SlackApi,
+    client: SlackClient,
+    api: SlackApi,
+    /// The bot's workspace (`auth.test`'s `team_id`): the recipient's team of a stream
+    /// outside a DM. Asked for when first needed when the connection did not tell it.
+    team: tokio::sync::OnceCell<String>,
+}
+
+impl SlackSender {
+    pub(crate) fn new(client: SlackClient, api: SlackApi, team: Option<String>) -> Self {
+        Self {
+            client,
+            api,
+            team: tokio::sync::OnceCell::new_with(team),
+        }
+    }
+
+    async fn team(&self) -> Result<&str, SlackError> {
+        let team = self
+            .team
+            .get_or_try_init(|| async {
+                let info = self.client.auth_test(&self.api).await?;
+                info.team_id
+                    .ok_or_else(|| SlackError::Malformed("auth.test: no team_id".into()))
+            })
+            .await?;
+        Ok(team)
+    }
 }
 
 #[async_trait]
@@ -148,5 +167,42 @@ impl Sender for SlackSender {
         _key: &str,
     ) -> Result<Option<String>, PlatformError> {
         Ok(crate::outbound::act(&self.client, &self.api, &chat.chat, act).await?)
+    }
+
+    /// In a thread (where the answer goes anyway: Slack streams only replies in a thread),
+    /// to the user who wrote.
+    fn streams_in(&self, event: &botfleet_core::Inbound) -> bool {
+        crate::outbound::channel_and_thread(&event.chat.chat)
+            .1
+            .is_some()
+            && event.sender.is_some()
+    }
+
+    async fn stream(
+        &self,
+        event: &botfleet_core::Inbound,
+        step: botfleet_platform::StreamStep<'_>,
+        _key: &str,
+    ) -> Result<Option<String>, PlatformError> {
+        let (channel, thread) = crate::outbound::channel_and_thread(&event.chat.chat);
+        let user = event.sender.as_deref();
+        let (Some(thread), Some(user)) = (thread, user) else {
+            return Err(PlatformError::new(
+                ErrorKind::Rejected,
+                "unsupported",
+                "a Slack stream answers a user in a thread",
+            ));
+        };
+        let recipient = if channel.starts_with('D') {
+            None
+        } else {
+            Some((self.team().await?, user))
+        };
+        let streams = crate::outbound::Streams {
+            client: &self.client,
+            api: &self.api,
+            channel,
+        };
+        Ok(streams.step(thread, recipient, step).await?)
     }
 }

@@ -153,10 +153,11 @@ impl Webhooks for SlackEvents {
     }
 
     fn sender(&self, spec: &BotSpec) -> Result<Arc<dyn Sender>, PlatformError> {
-        Ok(Arc::new(crate::connector::SlackSender {
-            client: self.client.clone(),
-            api: crate::SlackConnector::api(spec)?,
-        }))
+        Ok(Arc::new(crate::connector::SlackSender::new(
+            self.client.clone(),
+            crate::SlackConnector::api(spec)?,
+            None,
+        )))
     }
 }
 

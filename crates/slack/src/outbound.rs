@@ -51,6 +51,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_text: MAX_TEXT_CHARS as u32,
     // Slash commands are set in the Slack app's configuration, not by the bot.
     commands: false,
+    streams: true,
 };
 
 /// A section block's longest text.
@@ -187,6 +188,93 @@ pub async fn act(
     }
 }
 
+/// The longest `markdown_text` one streaming call takes; a longer text goes in pieces.
+pub(crate) const MAX_STREAM_CHUNK_CHARS: usize = 12_000;
+
+/// The streamed messages of one channel: `chat.startStream`, `chat.appendStream` and
+/// `chat.stopStream` on the bot's behalf.
+pub(crate) struct Streams<'a> {
+    pub(crate) client: &'a SlackClient,
+    pub(crate) api: &'a SlackApi,
+    pub(crate) channel: &'a str,
+}
+
+impl Streams<'_> {
+    /// Does `step` of a message streamed in `thread` to `recipient` (team, user; `None` in a
+    /// DM): the new message's `ts` for a start.
+    pub(crate) async fn step(
+        &self,
+        thread: &str,
+        recipient: Option<(&str, &str)>,
+        step: botfleet_platform::StreamStep<'_>,
+    ) -> Result<Option<String>, SlackError> {
+        use botfleet_platform::StreamStep;
+        match step {
+            StreamStep::Start { text } => {
+                let mut pieces = pieces(text);
+                let first = pieces.next();
+                let ts = self
+                    .client
+                    .start_stream(self.api, self.channel, thread, recipient, first)
+                    .await?;
+                self.append(&ts, pieces).await?;
+                Ok(Some(ts))
+            }
+            StreamStep::Append {
+                message_id, added, ..
+            } => {
+                self.append(message_id, pieces(added)).await?;
+                Ok(None)
+            }
+            StreamStep::Stop { message_id, .. } => {
+                match self
+                    .client
+                    .stop_stream(self.api, self.channel, message_id, None)
+                    .await
+                {
+                    // Ended before (a replayed stop): done.
+                    Err(SlackError::Refused { code, .. })
+                        if code == "message_not_in_streaming_state" =>
+                    {
+                        Ok(None)
+                    }
+                    r => r.map(|()| None),
+                }
+            }
+        }
+    }
+
+    async fn append<'t>(
+        &self,
+        ts: &str,
+        pieces: impl Iterator<Item = &'t str>,
+    ) -> Result<(), SlackError> {
+        for piece in pieces {
+            self.client
+                .append_stream(self.api, self.channel, ts, piece)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `text` in pieces of at most [`MAX_STREAM_CHUNK_CHARS`] characters (none for an empty one).
+fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let cut = rest
+            .char_indices()
+            .nth(MAX_STREAM_CHUNK_CHARS)
+            .map_or(rest.len(), |(i, _)| i);
+        let (piece, more) = rest.split_at(cut);
+        rest = more;
+        Some(piece)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +284,18 @@ mod tests {
         assert_eq!(channel_and_thread("C1"), ("C1", None));
         assert_eq!(channel_and_thread("C1/1.2"), ("C1", Some("1.2")));
         assert_eq!(channel_and_thread("C1/"), ("C1/", None));
+    }
+
+    #[test]
+    fn long_stream_texts_go_in_pieces_of_whole_characters() {
+        assert_eq!(pieces("").count(), 0);
+        assert_eq!(pieces("abc").collect::<Vec<_>>(), ["abc"]);
+        let long = "é".repeat(MAX_STREAM_CHUNK_CHARS * 2 + 5);
+        let p: Vec<&str> = pieces(&long).collect();
+        assert_eq!(
+            p.iter().map(|s| s.chars().count()).collect::<Vec<_>>(),
+            [MAX_STREAM_CHUNK_CHARS, MAX_STREAM_CHUNK_CHARS, 5]
+        );
+        assert_eq!(p.concat(), long);
     }
 }

@@ -224,6 +224,9 @@ struct HookDoc {
     /// The bot's own time to live of a held turn, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     async_reply_ttl_s: Option<u32>,
+    /// How its streamed answers go (`None`: natively where the platform can).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stream: Option<botfleet_core::StreamMode>,
 }
 
 /// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
@@ -321,6 +324,7 @@ impl BotRow {
             handler_timeout_s: spec.options.handler_timeout_s,
             typing: spec.options.typing,
             async_reply_ttl_s: spec.options.async_reply_ttl_s,
+            stream: spec.options.stream,
         };
         let hook = if doc == HookDoc::default() {
             None
@@ -409,6 +413,7 @@ impl BotRow {
                     handler_timeout_s: doc.handler_timeout_s,
                     typing: doc.typing,
                     async_reply_ttl_s: doc.async_reply_ttl_s,
+                    stream: doc.stream,
                 },
                 hook: botfleet_core::HookSecrets {
                     secret: doc.secret.map(Secret::new),

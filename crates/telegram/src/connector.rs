@@ -288,6 +288,20 @@ impl Sender for TelegramSender {
     ) -> Result<Option<String>, PlatformError> {
         Ok(crate::act(&self.client, &self.api, &chat.chat, act).await?)
     }
+
+    /// In a private chat, as message drafts.
+    fn streams_in(&self, event: &botfleet_core::Inbound) -> bool {
+        crate::outbound::drafts_in(&event.chat.chat)
+    }
+
+    async fn stream(
+        &self,
+        event: &botfleet_core::Inbound,
+        step: botfleet_platform::StreamStep<'_>,
+        key: &str,
+    ) -> Result<Option<String>, PlatformError> {
+        Ok(crate::outbound::stream(&self.client, &self.api, &event.chat.chat, step, key).await?)
+    }
 }
 
 /// Telegram's webhook mode: deliveries carry the bot's secret token in

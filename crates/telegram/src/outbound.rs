@@ -57,7 +57,83 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_file_bytes: MAX_UPLOAD_BYTES,
     max_text: MAX_TEXT_CHARS as u32,
     commands: true,
+    streams: true,
 };
+
+/// Whether a streamed answer in chat `chat` goes as message drafts: a private chat (a
+/// user's own id, positive; groups and channels are negative), where Telegram has
+/// `sendMessageDraft`.
+pub(crate) fn drafts_in(chat: &str) -> bool {
+    chat.parse::<i64>().is_ok_and(|id| id > 0)
+}
+
+/// The prefix of a streamed answer's id while it is a draft (before its message is sent).
+const DRAFT_PREFIX: &str = "draft:";
+
+/// A draft id for the stream whose first step had the key `key`: stable across replays
+/// (a worker that takes the turn over shows the same draft), non-zero, 31 bits.
+fn draft_id(key: &str) -> i64 {
+    // FNV-1a: stable across builds and processes.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    i64::try_from(h % 0x7fff_ffff).unwrap_or(0) + 1
+}
+
+/// Does one step of a streamed answer in the private chat `chat_id` as message drafts:
+/// the start and each addition show the whole text so far as the draft (`sendMessageDraft`,
+/// one `draft_id` per stream); the stop sends it as a message (`sendMessage`), whose id it
+/// answers. The start answers the draft's stand-in id.
+///
+/// # Errors
+/// See [`TelegramError`].
+pub(crate) async fn stream(
+    client: &TelegramClient,
+    api: &BotApi,
+    chat_id: &str,
+    step: botfleet_platform::StreamStep<'_>,
+    key: &str,
+) -> Result<Option<String>, TelegramError> {
+    use botfleet_platform::StreamStep;
+    let draft = |id: &str| {
+        id.strip_prefix(DRAFT_PREFIX)
+            .and_then(|n| n.parse::<i64>().ok())
+            .ok_or_else(|| TelegramError::Refused {
+                status: 400,
+                description: "not a draft of a streamed answer".into(),
+            })
+    };
+    match step {
+        StreamStep::Start { text } => {
+            let id = draft_id(key);
+            client
+                .send_message_draft(api, chat_id, id, &fit(text))
+                .await?;
+            Ok(Some(format!("{DRAFT_PREFIX}{id}")))
+        }
+        StreamStep::Append {
+            message_id, text, ..
+        } => {
+            client
+                .send_message_draft(api, chat_id, draft(message_id)?, &fit(text))
+                .await?;
+            Ok(None)
+        }
+        StreamStep::Stop { message_id, text } => {
+            if draft(message_id).is_err() {
+                // Sent before (a replayed stop): done.
+                return Ok(None);
+            }
+            let body = serde_json::json!({ "chat_id": chat_id, "text": fit(text) });
+            Ok(client
+                .send_message_body(api, body)
+                .await?
+                .map(|id| id.to_string()))
+        }
+    }
+}
 
 /// `text` cut to [`MAX_TEXT_CHARS`] (and marked) when longer.
 fn fit(text: &str) -> std::borrow::Cow<'_, str> {

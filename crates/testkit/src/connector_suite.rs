@@ -125,6 +125,23 @@ pub trait PlatformFixture: Send + Sync {
     }
     /// Answers bot `i`'s next edit with a 429 asking to wait `secs`.
     fn rate_limit_next_edit(&self, _i: usize, _secs: u64) {}
+    /// A user writes `text` to bot `i` in chat number `chat`, made one where the platform
+    /// streams natively (a Slack thread, a Telegram private chat): the chat's id as the
+    /// handler sees it. `None` where the platform has no native streams (the cases that need
+    /// them are skipped there).
+    fn user_writes_where_streams_are_native(
+        &self,
+        _i: usize,
+        _chat: u32,
+        _text: &str,
+    ) -> Option<String> {
+        None
+    }
+    /// The native streams bot `i` began, in order: their chat numbers, what they show, and
+    /// whether they still stream.
+    fn native_streams(&self, _i: usize) -> Vec<(u32, String, bool)> {
+        Vec::new()
+    }
 }
 
 /// What the bot of `token` sent on the Telegram fake, as shown now.
@@ -148,6 +165,41 @@ pub fn telegram_shown(fake: &crate::FakeState, token: &str) -> Vec<Shown> {
                 buttons,
                 deleted: m.deleted,
             })
+        })
+        .collect()
+}
+
+/// The streamed answers of the bot of `token` on the Telegram fake, as message drafts, in
+/// order: each draft's chat, the text shown — the message that ended it, as it stands now,
+/// once one was sent with the draft's last text; else the draft's last text — and whether it
+/// still streams (no message ended it yet).
+pub fn telegram_streams(fake: &crate::FakeState, token: &str) -> Vec<(String, String, bool)> {
+    let mut streams: Vec<(String, i64, String, std::time::Instant)> = Vec::new();
+    for d in fake.drafts(token) {
+        match streams
+            .iter_mut()
+            .find(|(c, id, ..)| *c == d.chat_id && *id == d.draft_id)
+        {
+            Some(s) => (s.2, s.3) = (d.text, d.at),
+            None => streams.push((d.chat_id, d.draft_id, d.text, d.at)),
+        }
+    }
+    let sent: Vec<crate::Sent> = fake
+        .sent()
+        .into_iter()
+        .filter(|s| s.token == token)
+        .collect();
+    streams
+        .into_iter()
+        .map(|(chat, _, text, at)| {
+            let ended = sent
+                .iter()
+                .find(|s| s.chat_id == chat && s.at >= at && s.text == text)
+                .and_then(|s| fake.bot_message(token, &s.chat_id, s.message_id));
+            match ended {
+                Some(m) => (chat, m.text, false),
+                None => (chat, text, true),
+            }
         })
         .collect()
 }
@@ -1265,13 +1317,15 @@ pub(crate) async fn post_stream_part(api_url: &str, token: &str, k: u64) {
 /// final) reach the platform as at most 7 edits, in order, none refused for the pace, ending
 /// on the exact final text, and the turn ends (the chat's next message is answered) only once
 /// the final text is shown. Then, in another chat, the platform answers the stream's last edit
-/// with a 429: the final text still arrives, after the retry-after. Runs where the fake paces
-/// edits.
+/// with a 429: the final text still arrives, after the retry-after. The bot's `stream` is
+/// `edits`. Runs where the fake paces edits.
 pub async fn a_streamed_answer_is_paced_and_ends_on_its_final_text<F: PlatformFixture>(f: &F) {
     if !f.pace_edits(Duration::from_secs(1)) {
         return;
     }
     let mut bot = f.bot(0);
+    // Edits, also where the platform would stream natively.
+    bot.options.stream = Some(botfleet_core::StreamMode::Edits);
     let handler = later_handler().await;
     let (h, a) = answered_by(f, &mut bot, handler.url()).await;
     f.user_writes(0, 1, "ask");
@@ -1341,6 +1395,145 @@ pub async fn a_streamed_answer_is_paced_and_ends_on_its_final_text<F: PlatformFi
     all_over(h.store().as_ref(), &bot.id).await;
     nothing_pending(&h, &bot).await;
     a.shutdown().await;
+}
+
+/// The words of [`grown`]'s streams.
+const GROWING: [&str; 12] = [
+    "A", "streamed", "answer", "grows", "word", "by", "word", "and", "ends", "on", "its", "text.",
+];
+
+/// The text of part `k` of a growing stream: its first `k + 1` words.
+fn grown(k: usize) -> String {
+    GROWING[..=k.min(GROWING.len() - 1)].join(" ")
+}
+
+/// A streamed answer in a chat where the platform streams natively (a Slack thread, a
+/// Telegram private chat): a send with a ref, then parts that extend it, 100 ms apart, go as
+/// one native stream (begun, added to, ended with the turn) that shows the exact final text —
+/// no edit, no part as a message of its own — and the chat's next message is answered only
+/// once the stream has ended. A later
+/// turn's edit that does not extend its stream ends it and edits the message it made. Runs
+/// where the platform has native streams.
+pub async fn a_native_stream_grows_and_ends_with_its_turn<F: PlatformFixture>(f: &F) {
+    use serde_json::json;
+    let mut bot = f.bot(0);
+    let handler = later_handler().await;
+    let (h, a) = answered_by(f, &mut bot, handler.url()).await;
+    let Some(chat) = f.user_writes_where_streams_are_native(0, 1, "ask") else {
+        a.shutdown().await;
+        return;
+    };
+    let token = asked_in(&handler, &chat).await;
+    let part = |k: usize, last: bool| {
+        let action = if k == 0 {
+            json!({"type": "send", "text": grown(0), "ref": "answer"})
+        } else {
+            json!({"type": "edit", "ref": "answer", "text": grown(k)})
+        };
+        json!({"actions": [action], "final": last})
+    };
+    let start = tokio::time::Instant::now();
+    for k in 0..GROWING.len() {
+        tokio::time::sleep_until(start + Duration::from_millis(100 * k as u64)).await;
+        let body = part(k, k + 1 == GROWING.len());
+        let (status, answer) = post_part(&a.api_url, &token, &format!("g{k}"), &body).await;
+        assert_eq!(status, 202, "part {k}: {answer}");
+    }
+    let last = grown(GROWING.len() - 1);
+    f.user_writes_where_streams_are_native(0, 1, "next");
+    wait_for(
+        "the next message answered",
+        Duration::from_secs(20),
+        || async {
+            let ended = f.native_streams(0) == [(1, last.clone(), false)];
+            let next = f.sent(0).iter().any(|(c, t)| *c == 1 && t == "next");
+            assert!(
+                !next || ended,
+                "the turn ended before its stream: {:?}",
+                f.native_streams(0)
+            );
+            next.then_some(())
+        },
+    )
+    .await;
+    assert!(f.edits(0).is_empty(), "{:?}", f.edits(0));
+    // No part went as a message of its own; the whole answer at most once (where the
+    // platform's stream ends as a message).
+    let sent = f.sent(0);
+    assert!(
+        !sent
+            .iter()
+            .any(|(_, t)| (0..GROWING.len() - 1).any(|k| *t == grown(k))),
+        "a part of a streamed answer went as a message: {sent:?}"
+    );
+    assert!(
+        sent.iter().filter(|(_, t)| *t == last).count() <= 1,
+        "{sent:?}"
+    );
+    // An edit that does not extend the stream ends it, then edits its message.
+    f.user_writes_where_streams_are_native(0, 1, "ask");
+    let token = wait_for("asked again", Duration::from_secs(20), || async {
+        handler
+            .seen()
+            .iter()
+            .filter(|e| e["text"] == "ask")
+            .nth(1)
+            .and_then(|e| e["reply_token"].as_str().map(str::to_owned))
+    })
+    .await;
+    let body = json!({"actions": [
+        {"type": "send", "text": "Thinking", "ref": "draft"},
+        {"type": "edit", "ref": "draft", "text": "Rewritten"},
+    ], "final": true});
+    assert_eq!(post_part(&a.api_url, &token, "r0", &body).await.0, 202);
+    wait_for("rewritten", Duration::from_secs(20), || async {
+        f.edits(0)
+            .iter()
+            .any(|(c, t)| *c == 1 && t == "Rewritten")
+            .then_some(())
+    })
+    .await;
+    all_over(h.store().as_ref(), &bot.id).await;
+    let streams = f.native_streams(0);
+    assert_eq!(
+        streams,
+        [(1, last, false), (1, "Rewritten".to_owned(), false)],
+        "{streams:?}"
+    );
+    nothing_pending(&h, &bot).await;
+    a.shutdown().await;
+    // A bot whose `stream` is `edits` edits one message there instead.
+    let mut edits_bot = f.bot(1);
+    edits_bot.options.stream = Some(botfleet_core::StreamMode::Edits);
+    edits_bot.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let h = Harness::new(std::slice::from_ref(&edits_bot)).await;
+    let b = h.start("b");
+    wait_for("bot 1 connected", Duration::from_secs(15), || async {
+        f.connected(1).then_some(())
+    })
+    .await;
+    let chat = f
+        .user_writes_where_streams_are_native(1, 2, "ask")
+        .expect("as for bot 0");
+    let token = asked_in(&handler, &chat).await;
+    let body = json!({"actions": [
+        {"type": "send", "text": grown(0), "ref": "answer"},
+        {"type": "edit", "ref": "answer", "text": grown(1)},
+    ], "final": true});
+    assert_eq!(post_part(&b.api_url, &token, "e0", &body).await.0, 202);
+    wait_for("edited", Duration::from_secs(20), || async {
+        f.edits(1)
+            .iter()
+            .any(|(c, t)| *c == 2 && *t == grown(1))
+            .then_some(())
+    })
+    .await;
+    all_over(h.store().as_ref(), &edits_bot.id).await;
+    assert!(f.native_streams(1).is_empty(), "{:?}", f.native_streams(1));
+    b.shutdown().await;
 }
 
 /// Buttons out and presses in, through the one handler contract: a send with buttons (one
@@ -1618,6 +1811,7 @@ macro_rules! connector_conformance {
             a_later_answer_holds_its_chat_until_its_time_to_live,
             a_later_answer_comes_in_parts_through_any_worker,
             a_streamed_answer_is_paced_and_ends_on_its_final_text,
+            a_native_stream_grows_and_ends_with_its_turn,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

@@ -40,6 +40,8 @@ pub async fn bots_round_trip(s: Arc<dyn Store>) {
     // And so do the long-turn settings.
     b.options.handler_timeout_s = Some(600);
     b.options.typing = Some(false);
+    b.options.async_reply_ttl_s = Some(60);
+    b.options.stream = Some(botfleet_core::StreamMode::Edits);
     b.handler = HandlerSpec::Webhook {
         url: "http://127.0.0.1:9/hook".into(),
         secret: Some(Secret::new("hmac-key")),

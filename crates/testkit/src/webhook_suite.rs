@@ -227,6 +227,16 @@ pub trait WebhookFixture: Send + Sync {
     fn rotate(&self, _spec: &mut BotSpec) -> bool {
         false
     }
+    /// A user writes `text` in chat `chat`, made one where the platform streams natively (a
+    /// Slack thread); false where the platform has no native streams.
+    fn user_writes_where_streams_are_native(&self, _chat: usize, _text: &str) -> bool {
+        false
+    }
+    /// The native streams the bot began, in order: their chats, what they show, and whether
+    /// they still stream.
+    fn native_streams(&self) -> Vec<(String, String, bool)> {
+        Vec::new()
+    }
 }
 
 /// A fresh registry with the fixture's bot answering through `handler`, and workers `names`
@@ -584,6 +594,7 @@ pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
 async fn asked_and_held(
     f: &impl WebhookFixture,
     handler: &crate::ScriptedHandler,
+    stream: botfleet_core::StreamMode,
 ) -> (
     TempDir,
     Arc<dyn Store>,
@@ -592,7 +603,8 @@ async fn asked_and_held(
     BotSpec,
     String,
 ) {
-    let bot = f.bot(&handler.url());
+    let mut bot = f.bot(&handler.url());
+    bot.options.stream = Some(stream);
     let (dir, store, proxy, workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
     let (platform, id) = f.path();
     f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
@@ -609,7 +621,8 @@ async fn asked_and_held(
 /// last, with the state the parts left.
 pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
     let handler = crate::connector_suite::later_handler().await;
-    let (_dir, store, proxy, mut workers, bot, token) = asked_and_held(f, &handler).await;
+    let (_dir, store, proxy, mut workers, bot, token) =
+        asked_and_held(f, &handler, botfleet_core::StreamMode::Native).await;
     let holder = holding(&workers).expect("a worker holds the turn");
     workers.remove(holder).crash();
     proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
@@ -649,33 +662,23 @@ pub async fn later_parts_by_webhook(f: &impl WebhookFixture) {
 /// 50 parts in 5 s each editing it, the last final; the worker holding the turn is killed
 /// halfway. The survivor takes the held turn over and the stream goes on: the platform gets
 /// at most 7 edits, in order, none refused for the pace, ending on the exact final text, and
-/// the chat's next message is answered after it. Runs where the fake paces edits.
+/// the chat's next message is answered after it. The bot's `stream` is `edits`. Runs where
+/// the fake paces edits.
 pub async fn streamed_parts_by_webhook(f: &impl WebhookFixture) {
     use crate::connector_suite::{post_stream_part, STREAM_EDITS, STREAM_FINAL as FINAL};
     if !f.pace_edits(Duration::from_secs(1)) {
         return;
     }
     let handler = crate::connector_suite::later_handler().await;
-    let (_dir, store, proxy, mut workers, bot, token) = asked_and_held(f, &handler).await;
-    let apis: Vec<String> = workers.iter().map(|w| w.api_url.clone()).collect();
-    post_stream_part(&apis[0], &token, 0).await;
-    let start = tokio::time::Instant::now();
-    let mut dead: Option<usize> = None;
-    for k in 1..=STREAM_EDITS {
-        tokio::time::sleep_until(start + Duration::from_millis(100 * k)).await;
-        if k == STREAM_EDITS / 2 {
-            let holder = holding(&workers).expect("a worker holds the turn");
-            workers.remove(holder).crash();
-            proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
-            dead = Some(holder);
-        }
-        // Through one worker, then the other (only the survivor once one is dead).
-        let api = match dead {
-            Some(d) => &apis[1 - d],
-            None => &apis[usize::try_from(k % 2).unwrap_or(0)],
-        };
-        post_stream_part(api, &token, k).await;
-    }
+    let (_dir, store, proxy, mut workers, bot, token) =
+        asked_and_held(f, &handler, botfleet_core::StreamMode::Edits).await;
+    post_stream_part(&workers[0].api_url, &token, 0).await;
+    let parts = usize::try_from(STREAM_EDITS).unwrap_or(0);
+    post_parts_killing_the_holder(&mut workers, &proxy, &token, parts, 100, |i| {
+        let k = i as u64 + 1;
+        (format!("s{k}"), crate::connector_suite::stream_part(k))
+    })
+    .await;
     f.user_writes(0, "next");
     until("the next message answered", 40, || {
         let shown = f.edits().iter().any(|(_, t)| t == FINAL);
@@ -692,6 +695,110 @@ pub async fn streamed_parts_by_webhook(f: &impl WebhookFixture) {
     crate::connector_suite::paced_to_the_final_text(&edits, f.edits_paced());
     let replies: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
     assert_eq!(replies, ["…", "next"], "{replies:?}");
+    let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();
+    assert_eq!(asked, 1, "the handler was called again");
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// Posts the parts `part(k)` (its idempotency key and body) for `k` in `0..n` to the held
+/// turn `token`, `every_ms` apart, through one worker's API then the other's; at part `n / 2`
+/// the worker holding the turn is killed and the balancer left with the survivor, which takes
+/// the rest. Each must be taken (`202`).
+async fn post_parts_killing_the_holder(
+    workers: &mut Vec<HookWorker>,
+    proxy: &RoundRobinProxy,
+    token: &str,
+    n: usize,
+    every_ms: u64,
+    part: impl Fn(usize) -> (String, serde_json::Value),
+) {
+    let apis: Vec<String> = workers.iter().map(|w| w.api_url.clone()).collect();
+    let start = tokio::time::Instant::now();
+    let mut dead: Option<usize> = None;
+    for k in 0..n {
+        tokio::time::sleep_until(start + Duration::from_millis(every_ms * k as u64)).await;
+        if k == n / 2 {
+            let holder = holding(workers).expect("a worker holds the turn");
+            workers.remove(holder).crash();
+            proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+            dead = Some(holder);
+        }
+        // Through one worker, then the other (only the survivor once one is dead).
+        let api = match dead {
+            Some(d) => &apis[1 - d],
+            None => &apis[k % 2],
+        };
+        let (key, body) = part(k);
+        let (status, answer) = crate::connector_suite::post_part(api, token, &key, &body).await;
+        assert_eq!(status, 202, "part {k}: {answer}");
+    }
+}
+
+/// A streamed answer by webhook in a chat where the platform streams natively (a Slack
+/// thread, a Telegram private chat; see the connector suite's case): a send with a ref, then parts extending it through both workers'
+/// APIs, the worker holding the turn killed halfway. The survivor takes the held turn over
+/// and goes on with the same stream: one stream, never an edit, showing the exact final text
+/// and ended with the turn, before the chat's next message is answered. Runs where the
+/// platform has native streams.
+pub async fn a_native_stream_by_webhook(f: &impl WebhookFixture) {
+    use serde_json::json;
+    let handler = crate::connector_suite::later_handler().await;
+    let bot = f.bot(&handler.url());
+    let (_dir, store, proxy, mut workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
+    let (platform, id) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
+        .await;
+    if !f.user_writes_where_streams_are_native(0, "ask") {
+        for w in workers {
+            w.shutdown().await;
+        }
+        return;
+    }
+    until("the turn held", 20, || holding(&workers).is_some()).await;
+    let token = crate::connector_suite::asked_token(&handler, "ask").await;
+    const PARTS: usize = 16;
+    let text = |k: usize| {
+        format!(
+            "word{}",
+            (0..=k).map(|i| format!(" {i}")).collect::<String>()
+        )
+    };
+    post_parts_killing_the_holder(&mut workers, &proxy, &token, PARTS, 150, |k| {
+        let action = if k == 0 {
+            json!({"type": "send", "text": text(0), "ref": "answer"})
+        } else {
+            json!({"type": "edit", "ref": "answer", "text": text(k)})
+        };
+        let body = json!({"actions": [action], "final": k + 1 == PARTS});
+        (format!("n{k}"), body)
+    })
+    .await;
+    let last = text(PARTS - 1);
+    f.user_writes_where_streams_are_native(0, "next");
+    until("the next message answered", 40, || {
+        let streams = f.native_streams();
+        let ended = streams.len() == 1 && streams[0].1 == last && !streams[0].2;
+        let next = f.replies().iter().any(|(_, t)| t == "next");
+        assert!(
+            !next || ended,
+            "the turn ended before its stream: {streams:?}"
+        );
+        next
+    })
+    .await;
+    crate::connector_suite::all_over(store.as_ref(), &bot.id).await;
+    assert!(f.edits().is_empty(), "{:?}", f.edits());
+    // Nothing but "next" as a message of its own, and the whole answer where the platform's
+    // stream ends as a message.
+    let replies: Vec<String> = f.replies().into_iter().map(|(_, t)| t).collect();
+    let others: Vec<&String> = replies.iter().filter(|t| **t != last).collect();
+    assert_eq!(others, ["next"], "{replies:?}");
+    assert!(
+        replies.iter().filter(|t| **t == last).count() <= 1,
+        "{replies:?}"
+    );
     let asked = handler.seen().iter().filter(|e| e["text"] == "ask").count();
     assert_eq!(asked, 1, "the handler was called again");
     for w in workers {

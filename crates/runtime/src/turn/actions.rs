@@ -19,6 +19,7 @@ use std::{
 };
 
 use botfleet_core::{Act, Action, Button, Caps, EventKind, Inbound, OutFile, Target, Upload};
+use botfleet_platform::StreamStep;
 use botfleet_store::{InboxOutcome, TurnStep};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -242,6 +243,12 @@ struct Run<'a> {
     deadline: Deadline,
     /// When the event arrived.
     arrived: Instant,
+    /// The last action began a native stream.
+    streamed: bool,
+    /// The turn is held for an answer that comes later (in parts, as an agent streams it):
+    /// only then does a send with a ref begin a native stream (a reply given at once goes
+    /// as it is).
+    held: bool,
 }
 
 /// What an edit not due yet does ([`Next::Wait`]).
@@ -331,6 +338,7 @@ pub(super) async fn run_parts(
         }
     }
     let mut run = Run::new(ctx, msg, p, std::mem::take(deadline), arrived);
+    run.held = true;
     // What was taken in is recorded before it is done: a replay goes on from it.
     run.dirty |= taken;
     let mut slot: Slot = None;
@@ -378,6 +386,8 @@ impl<'a> Run<'a> {
             key_base: botfleet_core::Outbound::reply_key(msg),
             deadline,
             arrived,
+            streamed: false,
+            held: false,
         }
     }
 
@@ -430,6 +440,11 @@ impl<'a> Run<'a> {
                         ctx.metrics.stream_edit(ctx.platform, coalesce::SENT);
                     }
                     run.p.marks.changed(&action, botfleet_core::unix_ms());
+                    if let (true, Action::Send { text, .. }, Some(t)) =
+                        (std::mem::take(&mut run.streamed), &action, shown(&action))
+                    {
+                        run.p.marks.set_streaming(&t, Some(text));
+                    }
                 }
                 Err(why) => {
                     let note = format!("action {i} ({}): {why}", action.kind());
@@ -458,6 +473,8 @@ impl<'a> Run<'a> {
         let msg = self.msg;
         let mut run = self;
         let mut slot = slot;
+        // Native streams end with the turn: the user's client stops showing them as growing.
+        run.end_streams(hold, &mut slot, started).await?;
         if !run.p.answered && needs_answer(ctx, msg) {
             // Nothing answered the press or the command: acknowledged, so the user's client
             // stops waiting.
@@ -522,6 +539,21 @@ impl<'a> Run<'a> {
 /// Counts a refused action.
 fn refuse_metric(ctx: &TurnCtx) {
     ctx.metrics.count(ACTION_REFUSED_TOTAL, ctx.platform, 1);
+}
+
+/// The message `a` sends (by its ref) or edits, as its marks name it.
+fn shown(a: &Action) -> Option<Target> {
+    match a {
+        Action::Send {
+            ref_name: Some(name),
+            ..
+        } => Some(Target {
+            ref_name: Some(name.clone()),
+            message_id: None,
+        }),
+        Action::Edit { target, .. } => Some(target.clone()),
+        _ => None,
+    }
 }
 
 /// Whether doing `a` twice would show (everything but typing).
@@ -747,6 +779,15 @@ impl Run<'_> {
                     }
                     return Ok(r.map(|_| ()));
                 }
+                if self.streams(action) {
+                    let step = StreamStep::Start { text };
+                    let r = self.stream(hold, slot, step, &key, started).await?;
+                    return Ok(r.map(|id| {
+                        self.p.sent = true;
+                        self.named(name.as_deref(), id.as_deref(), false);
+                        self.streamed = true;
+                    }));
+                }
                 let rows = match self.buttons(buttons, &caps) {
                     Ok(r) => r,
                     Err(why) => return Ok(Err(why)),
@@ -792,10 +833,34 @@ impl Run<'_> {
                 if text.as_deref() == Some("") {
                     return Ok(Err("an edit's text cannot be empty".into()));
                 }
-                let id = match self.target(hold, target).await? {
+                let mut id = match self.target(hold, target).await? {
                     Ok(id) => id,
                     Err(why) => return Ok(Err(why)),
                 };
+                if self.p.marks.streaming(target) {
+                    let from = text
+                        .as_deref()
+                        .filter(|_| buttons.is_empty())
+                        .and_then(|t| self.p.marks.extends(target, t).map(|at| (t, at)));
+                    if let Some((text, at)) = from {
+                        // What it adds goes on the stream.
+                        let step = StreamStep::Append {
+                            message_id: &id,
+                            text,
+                            added: &text[at..],
+                        };
+                        let r = self.stream(hold, slot, step, &key, started).await?;
+                        return Ok(r.map(|_| ()));
+                    }
+                    // Anything else ends the stream, then edits the message it made.
+                    match self
+                        .end_stream(hold, slot, target, &id, &format!("{key}:end"), started)
+                        .await?
+                    {
+                        Ok(now) => id = now,
+                        Err(why) => return Ok(Err(why)),
+                    }
+                }
                 let rows = match self.buttons(buttons, &caps) {
                     Ok(r) => r,
                     Err(why) => return Ok(Err(why)),
@@ -816,10 +881,20 @@ impl Run<'_> {
                         "this platform's mode cannot delete (caps.delete)".into()
                     ));
                 }
-                let id = match self.target(hold, target).await? {
+                let mut id = match self.target(hold, target).await? {
                     Ok(id) => id,
                     Err(why) => return Ok(Err(why)),
                 };
+                if self.p.marks.streaming(target) {
+                    // Ended first: a platform's stream may not be a message until it ends.
+                    match self
+                        .end_stream(hold, slot, target, &id, &format!("{key}:end"), started)
+                        .await?
+                    {
+                        Ok(now) => id = now,
+                        Err(why) => return Ok(Err(why)),
+                    }
+                }
                 let via = self.via(hold, &id).await?;
                 let act = Act::Delete {
                     message_id: &id,
@@ -901,6 +976,125 @@ impl Run<'_> {
             answering.done();
         }
         Ok(r)
+    }
+
+    /// Whether send `action` goes as a native stream of the platform's: the bot streams
+    /// natively, the event's chat has streams, the turn's answer comes later, and the send is
+    /// a text with a ref (what a streamed answer starts with) and nothing a stream cannot
+    /// carry.
+    fn streams(&self, action: &Action) -> bool {
+        let Action::Send {
+            text,
+            buttons,
+            ref_name: Some(_),
+            attachments,
+            ..
+        } = action
+        else {
+            return false;
+        };
+        let Ok(sender) = &self.ctx.sender else {
+            return false;
+        };
+        self.held
+            && self.ctx.native_streams
+            && !text.is_empty()
+            && buttons.is_empty()
+            && attachments.is_empty()
+            && sender.streams_in(self.msg)
+    }
+
+    /// Does `step` of a native stream answering the event.
+    async fn stream(
+        &mut self,
+        hold: &impl Hold,
+        slot: &mut Slot,
+        step: StreamStep<'_>,
+        key: &str,
+        started: Instant,
+    ) -> Result<Result<Option<String>, String>, Halt> {
+        let msg: &Inbound = self.msg;
+        let r = attempt(self.ctx, hold, slot, started, |s| async move {
+            s.stream(msg, step, key).await
+        })
+        .await?;
+        if r.is_ok() {
+            self.dirty = true;
+        }
+        Ok(r)
+    }
+
+    /// Ends the native streams the turn began and has not ended. One that cannot be ended
+    /// is noted (the platform ends it by itself in time).
+    async fn end_streams(
+        &mut self,
+        hold: &impl Hold,
+        slot: &mut Slot,
+        started: Instant,
+    ) -> Result<(), Halt> {
+        for (j, target) in self.p.marks.streams().into_iter().enumerate() {
+            let key = format!("{}:end{j}", self.key_base);
+            let ended = match self.target(hold, &target).await? {
+                Ok(id) => {
+                    self.end_stream(hold, slot, &target, &id, &key, started)
+                        .await?
+                }
+                Err(why) => Err(why),
+            };
+            if let Err(why) = ended {
+                let note = format!("ending a stream: {why}");
+                warn!(bot = %self.ctx.bot, chat = %self.msg.chat.chat, reason = %note, "action refused");
+                refuse_metric(self.ctx);
+                self.p.notes.push(note);
+                self.p.marks.set_streaming(&target, None);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the native stream `target` (the message `id`): the id of the message that shows
+    /// it from then on (another one where the platform's stream ends as a message of its own:
+    /// its ref names that one then).
+    async fn end_stream(
+        &mut self,
+        hold: &impl Hold,
+        slot: &mut Slot,
+        target: &Target,
+        id: &str,
+        key: &str,
+        started: Instant,
+    ) -> Result<Result<String, String>, Halt> {
+        let text = self.p.marks.stream_text(target).to_owned();
+        let step = StreamStep::Stop {
+            message_id: id,
+            text: &text,
+        };
+        let now = match self.stream(hold, slot, step, key, started).await? {
+            Ok(Some(now)) if now != id => {
+                self.renamed(target, id, &now);
+                now
+            }
+            Ok(_) => id.to_owned(),
+            Err(why) => return Ok(Err(why)),
+        };
+        self.p.marks.set_streaming(target, None);
+        Ok(Ok(now))
+    }
+
+    /// The message `was` of `target` is `now` from here on: its ref names it, and what the
+    /// turn made lists it.
+    fn renamed(&mut self, target: &Target, was: &str, now: &str) {
+        for id in &mut self.p.ids {
+            if id == was {
+                now.clone_into(id);
+            }
+        }
+        if let Some(name) = &target.ref_name {
+            let (by_name, by_id) = (ref_name(name), message_name(was));
+            self.p.refs.retain(|(n, _)| *n != by_name && *n != by_id);
+            self.p.refs.push((by_name, now.to_owned()));
+            self.p.refs.push((message_name(now), name.clone()));
+        }
     }
 
     /// Remembers what a send made: its ref `name` → message `id` and back, and, for an
