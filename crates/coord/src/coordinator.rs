@@ -182,6 +182,26 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn acquire_rate_many(&self, key: &str, limit: RateLimit, n: u32) -> Result<RateGrant>;
 
+    /// Takes a token from every send bucket of `scopes` (a platform call's: its chat, its
+    /// group, its bot, its route…, each with its limit) at once, or from none: one round trip
+    /// for all of them, shared by every worker of the fleet. Answers [`Duration::ZERO`] when
+    /// taken, else how long until every bucket could give one (a paused bucket counts its
+    /// pause).
+    ///
+    /// # Errors
+    /// [`CoordError::InvalidArgument`](crate::CoordError) for a bad key or no scope; backend
+    /// failures.
+    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<Duration>;
+
+    /// Pauses the send bucket `key` for `for_` (the platform's retry-after of a 429) for every
+    /// worker of the fleet: no token from it before then (one at its end); a longer pause
+    /// already set stays.
+    ///
+    /// # Errors
+    /// [`CoordError::InvalidArgument`](crate::CoordError) for a bad key or pause; backend
+    /// failures.
+    async fn pause_bucket(&self, key: &str, for_: Duration) -> Result<()>;
+
     /// The fleet's current epoch, or `None` before any worker registered on this backend.
     /// Read-only: operators' tools call it to show a grace window after a data loss.
     ///
@@ -294,6 +314,30 @@ pub(crate) fn check_ttl(what: &str, d: Duration) -> Result<u64> {
         )));
     }
     Ok(ms)
+}
+
+/// A send bucket's pause: 1 ms to a day (a platform may ask for hours), in ms.
+pub(crate) fn check_pause(d: Duration) -> Result<u64> {
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if !(1..=86_400_000).contains(&ms) {
+        return Err(crate::CoordError::InvalidArgument(format!(
+            "a bucket's pause must be between 1 ms and a day, got {ms} ms"
+        )));
+    }
+    Ok(ms)
+}
+
+/// The scopes of one take of send buckets: 1–64, each key checked.
+pub(crate) fn check_scopes(scopes: &[(&str, RateLimit)]) -> Result<()> {
+    if scopes.is_empty() || scopes.len() > 64 {
+        return Err(crate::CoordError::InvalidArgument(format!(
+            "a take of send buckets names 1-64 scopes, not {}",
+            scopes.len()
+        )));
+    }
+    scopes
+        .iter()
+        .try_for_each(|(key, _)| check_key("send bucket key", key))
 }
 
 /// Checks a rate-limiter or lock key: 1–200 bytes, no white space or braces.

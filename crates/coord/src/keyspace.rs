@@ -90,6 +90,11 @@ impl KeySpace {
     pub fn rate(&self, name: &str) -> String {
         self.key(&["rate", name])
     }
+    /// Hash: a send bucket of a platform scope (tokens, and the time they were counted at or
+    /// a pause ends).
+    pub fn bucket(&self, name: &str) -> String {
+        self.key(&["bucket", name])
+    }
     /// Hash: a fenced lock.
     pub fn lock(&self, name: &str) -> String {
         self.key(&["lock", name])

@@ -103,6 +103,8 @@ struct State {
     next_event: u64,
     commands: HashMap<WorkerId, VecDeque<WorkerCommand>>,
     buckets: HashMap<String, (f64, u64)>,
+    /// Send buckets: tokens, and when they were counted (in the future while paused).
+    send_buckets: HashMap<String, (f64, u64)>,
     locks: HashMap<String, Lock>,
     lock_counters: HashMap<String, u64>,
     /// (bot, worker) → unix ms until which placement keeps them apart.
@@ -811,6 +813,47 @@ impl Coordinator for MemoryCoordinator {
             Duration::ZERO
         };
         Ok(RateGrant { taken, wait })
+    }
+
+    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<Duration> {
+        crate::coordinator::check_scopes(scopes)?;
+        let now = self.now();
+        let mut st = self.state()?;
+        // As buckets.lua: every bucket's tokens now, and the longest wait for one.
+        let mut have = Vec::with_capacity(scopes.len());
+        let mut wait = 0.0_f64;
+        for (key, limit) in scopes {
+            let burst = f64::from(limit.burst);
+            let per_ms = limit.per_second / 1000.0;
+            let (tokens, ts) = st.send_buckets.get(*key).copied().unwrap_or((burst, now));
+            let (tokens, w) = if ts > now {
+                (tokens, (ts - now) as f64)
+            } else {
+                let t = (tokens + (now - ts) as f64 * per_ms).min(burst);
+                (t, if t < 1.0 { (1.0 - t) / per_ms } else { 0.0 })
+            };
+            have.push(tokens);
+            wait = wait.max(w);
+        }
+        if wait > 0.0 {
+            return Ok(Duration::from_millis(wait.ceil().max(1.0) as u64));
+        }
+        for ((key, _), tokens) in scopes.iter().zip(have) {
+            st.send_buckets
+                .insert((*key).to_owned(), (tokens - 1.0, now));
+        }
+        Ok(Duration::ZERO)
+    }
+
+    async fn pause_bucket(&self, key: &str, for_: Duration) -> Result<()> {
+        check_key("send bucket key", key)?;
+        let till = self.now() + crate::coordinator::check_pause(for_)?;
+        let mut st = self.state()?;
+        let b = st.send_buckets.entry(key.to_owned()).or_insert((1.0, 0));
+        if till > b.1 {
+            *b = (1.0, till);
+        }
+        Ok(())
     }
 
     async fn epoch(&self) -> Result<Option<EpochInfo>> {

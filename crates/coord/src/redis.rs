@@ -96,6 +96,8 @@ struct Scripts {
     hand_over: Script,
     owner: Script,
     rate: Script,
+    buckets: Script,
+    bucket_pause: Script,
     lock_acquire: Script,
     lock_renew: Script,
     lock_release: Script,
@@ -118,6 +120,8 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scrip
     hand_over: Script::new(include_str!("lua/hand_over.lua")),
     owner: Script::new(include_str!("lua/owner.lua")),
     rate: Script::new(include_str!("lua/rate.lua")),
+    buckets: Script::new(include_str!("lua/buckets.lua")),
+    bucket_pause: Script::new(include_str!("lua/bucket_pause.lua")),
     turn: with_epoch(include_str!("lua/turn.lua")),
     lock_acquire: with_epoch(include_str!("lua/lock_acquire.lua")),
     lock_renew: Script::new(include_str!("lua/lock_renew.lua")),
@@ -1009,6 +1013,27 @@ impl Coordinator for RedisCoordinator {
             taken: u32::try_from(taken.clamp(0, i64::from(n))).unwrap_or(0),
             wait: Duration::from_millis(wait.max(0).unsigned_abs()),
         })
+    }
+
+    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<Duration> {
+        crate::coordinator::check_scopes(scopes)?;
+        let mut inv = SCRIPTS.buckets.prepare_invoke();
+        for (key, limit) in scopes {
+            inv.key(self.ks.bucket(key))
+                .arg(format!("{:.12}", limit.per_second / 1000.0))
+                .arg(limit.burst);
+        }
+        let wait: i64 = self.run("take send buckets", inv).await?;
+        Ok(Duration::from_millis(wait.max(0).unsigned_abs()))
+    }
+
+    async fn pause_bucket(&self, key: &str, for_: Duration) -> Result<()> {
+        check_key("send bucket key", key)?;
+        let ms = crate::coordinator::check_pause(for_)?;
+        let mut inv = SCRIPTS.bucket_pause.prepare_invoke();
+        inv.key(self.ks.bucket(key)).arg(ms);
+        let _: i64 = self.run("pause a send bucket", inv).await?;
+        Ok(())
     }
 
     async fn epoch(&self) -> Result<Option<EpochInfo>> {

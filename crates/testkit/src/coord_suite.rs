@@ -467,6 +467,77 @@ pub async fn commands_reach_one_worker<F: CoordFixture>(f: &F) {
         .is_empty());
 }
 
+/// Send buckets are taken together or not at all, by every coordinator of the fleet: a
+/// platform call's scopes (here a chat's bucket of 2 and the bot's of 30) give one
+/// token each; a scope that has none holds the whole call and takes nothing from the others;
+/// tokens come back at the bucket's rate. Bad keys and empty takes are refused.
+pub async fn send_buckets_are_taken_together_by_the_fleet<F: CoordFixture>(f: &F) {
+    let a = f.handle().await;
+    let b = f.handle().await;
+    // Slow refills, so that a busy machine's pauses between calls change nothing.
+    let chat = ("tg:bot1:chat:7", RateLimit::new(0.2, 2));
+    let bot = ("tg:bot1", RateLimit::new(0.1, 30));
+    assert_eq!(a.take_buckets(&[chat, bot]).await.unwrap(), Duration::ZERO);
+    assert_eq!(b.take_buckets(&[chat, bot]).await.unwrap(), Duration::ZERO);
+    // The chat's burst is spent, through either coordinator: the call waits for its next token.
+    let wait = a.take_buckets(&[chat, bot]).await.unwrap();
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_secs(5),
+        "{wait:?}"
+    );
+    // Nothing was taken from the bot's bucket meanwhile: 28 of its 30 are left.
+    let other = ("tg:bot1:chat:8", RateLimit::new(100.0, 100));
+    for i in 0..28 {
+        assert_eq!(
+            b.take_buckets(&[other, bot]).await.unwrap(),
+            Duration::ZERO,
+            "take {i}"
+        );
+    }
+    assert!(b.take_buckets(&[other, bot]).await.unwrap() > Duration::ZERO);
+    // The chat's token comes back at its rate.
+    wait_for("a chat token back", Duration::from_secs(20), || async {
+        (a.take_buckets(&[chat]).await.unwrap() == Duration::ZERO).then_some(())
+    })
+    .await;
+    assert!(a.take_buckets(&[]).await.is_err(), "no scope");
+    assert!(a.take_buckets(&[("bad key", chat.1)]).await.is_err());
+}
+
+/// A 429's retry-after pauses its bucket for the whole fleet: a pause set through one
+/// coordinator holds the takes of another until it ends (then a token is there), and only
+/// that bucket's; a shorter pause does not cut a longer one short.
+pub async fn a_paused_bucket_holds_every_coordinator<F: CoordFixture>(f: &F) {
+    let a = f.handle().await;
+    let b = f.handle().await;
+    let chat = ("tg:bot2:chat:1", RateLimit::new(1.0, 1));
+    let elsewhere = ("tg:bot2:chat:2", RateLimit::new(1.0, 1));
+    let pause = Duration::from_secs(3);
+    let paused_at = tokio::time::Instant::now();
+    a.pause_bucket(chat.0, pause).await.unwrap();
+    a.pause_bucket(chat.0, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let wait = b.take_buckets(&[chat]).await.unwrap();
+    assert!(wait > Duration::ZERO && wait <= pause, "{wait:?}");
+    assert!(
+        b.take_buckets(&[elsewhere, chat]).await.unwrap() > Duration::ZERO,
+        "a call with a paused scope waits"
+    );
+    assert_eq!(b.take_buckets(&[elsewhere]).await.unwrap(), Duration::ZERO);
+    wait_for("the pause ends", Duration::from_secs(15), || async {
+        (b.take_buckets(&[chat]).await.unwrap() == Duration::ZERO).then_some(())
+    })
+    .await;
+    assert!(
+        paused_at.elapsed() >= pause - Duration::from_millis(50),
+        "taken {:?} after a pause of {pause:?}",
+        paused_at.elapsed()
+    );
+    assert!(a.pause_bucket(chat.0, Duration::ZERO).await.is_err());
+    assert!(a.pause_bucket("bad key", pause).await.is_err());
+}
+
 /// The rate limiter is one bucket for the whole fleet.
 pub async fn rate_limiter_is_fleet_wide<F: CoordFixture>(f: &F) {
     let a = f.handle().await;
@@ -1353,6 +1424,8 @@ macro_rules! coordinator_conformance {
             rate_limiter_is_fleet_wide,
             rate_limiter_holds_the_rate,
             rate_limiter_grants_in_batches,
+            send_buckets_are_taken_together_by_the_fleet,
+            a_paused_bucket_holds_every_coordinator,
             fenced_locks,
             leader_election,
             member_watch_sees_joins_and_leaves,

@@ -133,6 +133,14 @@ impl Coordinator for Partition {
         self.check().await?;
         self.inner.acquire_rate_many(k, l, n).await
     }
+    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<Duration> {
+        self.check().await?;
+        self.inner.take_buckets(scopes).await
+    }
+    async fn pause_bucket(&self, k: &str, d: Duration) -> Result<()> {
+        self.check().await?;
+        self.inner.pause_bucket(k, d).await
+    }
     async fn try_lead(&self, n: &str, t: Duration) -> Result<Option<Fence>> {
         self.check().await?;
         self.inner.try_lead(n, t).await

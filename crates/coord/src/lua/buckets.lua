@@ -1,0 +1,38 @@
+-- Send buckets: one token from every bucket of a platform call's scopes at once, or none.
+-- KEYS[1..n] bucket hashes: tokens, ts (server ms; in the future while the bucket is paused:
+--            no token before then, see bucket_pause.lua)
+-- ARGV[2k-1], ARGV[2k] tokens per ms (decimal) and burst (bucket size) of KEYS[k]
+-- Returns the wait in ms: 0 when a token was taken from each; else how long until every
+-- bucket could give one (nothing taken).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local tokens, wait = {}, 0
+for k = 1, #KEYS do
+  local rate = tonumber(ARGV[2 * k - 1])
+  local burst = tonumber(ARGV[2 * k])
+  local b = redis.call('HMGET', KEYS[k], 'tokens', 'ts')
+  local have = tonumber(b[1] or ARGV[2 * k])
+  local ts = tonumber(b[2] or now)
+  local w = 0
+  if ts > now then
+    -- Paused: a token is there when the pause ends.
+    w = ts - now
+  else
+    have = math.min(burst, have + (now - ts) * rate)
+    if have < 1 then
+      w = (1 - have) / rate
+    end
+  end
+  tokens[k] = have
+  if w > wait then wait = w end
+end
+if wait > 0 then
+  return math.max(1, math.ceil(wait))
+end
+for k = 1, #KEYS do
+  local rate = tonumber(ARGV[2 * k - 1])
+  local burst = tonumber(ARGV[2 * k])
+  redis.call('HSET', KEYS[k], 'tokens', tostring(tokens[k] - 1), 'ts', tostring(now))
+  redis.call('PEXPIRE', KEYS[k], math.ceil(burst / rate) + 60000)
+end
+return 0
