@@ -33,8 +33,12 @@ pub(crate) struct LaterBot {
 }
 
 impl LaterBot {
-    /// Starts it (registry `name`), once the bot polls.
-    pub(crate) async fn start(name: &str, token: &'static str) -> anyhow::Result<Self> {
+    /// Starts it (registry `name`, streaming as `stream`), once the bot polls.
+    pub(crate) async fn start(
+        name: &str,
+        token: &'static str,
+        stream: botfleet_core::StreamMode,
+    ) -> anyhow::Result<Self> {
         let bin = botfleet_bin()?;
         let fake = FakeTelegram::start().await?;
         let tokens: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
@@ -54,9 +58,8 @@ impl LaterBot {
         let mut spec = BotSpec::new(BotId::new(name)?, Platform::Telegram, token);
         spec.options.api_url = Some(fake.url());
         spec.options.async_reply_ttl_s = Some(3_600);
-        // The streams benchmark measures edits paced to Telegram's limit (its chats are
-        // private, where the default would stream as drafts).
-        spec.options.stream = Some(botfleet_core::StreamMode::Edits);
+        // Its chats are private: `native` streams as drafts there.
+        spec.options.stream = Some(stream);
         spec.handler = HandlerSpec::Webhook {
             url: handler.url(),
             secret: None,
@@ -141,7 +144,7 @@ fn chat(i: usize) -> i64 {
 /// `--only held`.
 pub(crate) async fn held_turns() -> anyhow::Result<()> {
     let chats: usize = crate::hooks::arg("--chats").map_or(Ok(1_000), |s| s.parse())?;
-    let bot = LaterBot::start("held", "31000:held").await?;
+    let bot = LaterBot::start("held", "31000:held", botfleet_core::StreamMode::Native).await?;
     let (fake, tokens, token, pid, api) = (&bot.fake, &bot.tokens, bot.token, bot.pid, &bot.api);
     // The same burst answered at once first: the allocator's high-water of N turns at work.
     for i in 0..chats {

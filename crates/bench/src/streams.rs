@@ -6,6 +6,10 @@
 //! final (at most 64 posts in flight). Reported: parts posted per second, edits the fake took
 //! per second and per stream, edits refused for the pace (0 expected), the worker's CPU and
 //! RSS while streaming, and how long after the last part the last final text was shown.
+//!
+//! With `--native`, the bot streams natively (its chats are private: Telegram's message
+//! drafts): each part extends the text, and each stream ends as one message. Reported then:
+//! the drafts the fake took and the messages that ended them.
 
 use std::{
     collections::HashMap,
@@ -26,7 +30,13 @@ pub(crate) async fn streams() -> anyhow::Result<()> {
     let every_ms: u64 = crate::hooks::arg("--every-ms").map_or(Ok(250), |s| s.parse())?;
     let secs: u64 = crate::hooks::arg("--secs").map_or(Ok(5), |s| s.parse())?;
     let edits_each = (secs * 1_000 / every_ms.max(1)).max(1);
-    let bot = LaterBot::start("streams", "31001:streams").await?;
+    let native = std::env::args().any(|a| a == "--native");
+    let mode = if native {
+        botfleet_core::StreamMode::Native
+    } else {
+        botfleet_core::StreamMode::Edits
+    };
+    let bot = LaterBot::start("streams", "31001:streams", mode).await?;
     bot.fake.state().pace_edits(Some(Duration::from_secs(1)));
     bot.hold(n, |i| format!("ask {i}")).await?;
     let tokens: HashMap<String, String> = bot.tokens.lock().unwrap().iter().cloned().collect();
@@ -64,7 +74,20 @@ pub(crate) async fn streams() -> anyhow::Result<()> {
             for k in 0..=edits_each {
                 tokio::time::sleep_until(start + offset + Duration::from_millis(every_ms * k))
                     .await;
-                let action = if k == 0 {
+                let action = if native {
+                    // A text that grows: each part adds to the last.
+                    let words: String = (1..=k).map(|w| format!(" part {w}")).collect();
+                    let text = if k == edits_each {
+                        format!("{i}:{words} final")
+                    } else {
+                        format!("{i}:{words}")
+                    };
+                    if k == 0 {
+                        serde_json::json!({"type": "send", "text": text, "ref": "answer"})
+                    } else {
+                        serde_json::json!({"type": "edit", "ref": "answer", "text": text})
+                    }
+                } else if k == 0 {
                     serde_json::json!({"type": "send", "text": "…", "ref": "answer"})
                 } else if k == edits_each {
                     serde_json::json!({"type": "edit", "ref": "answer", "text": format!("final {i}")})
@@ -91,6 +114,17 @@ pub(crate) async fn streams() -> anyhow::Result<()> {
     }
     let posting = start.elapsed();
     let state = bot.fake.state();
+    if native {
+        return native_report(
+            &bot,
+            n,
+            (every_ms, secs, edits_each),
+            &refused,
+            (start, posting),
+            (rss0, cpu0, &peak, sampler),
+        )
+        .await;
+    }
     crate::wait_count("final texts shown", n, Duration::from_secs(300), || {
         state
             .edits(bot.token)
@@ -125,6 +159,69 @@ pub(crate) async fn streams() -> anyhow::Result<()> {
         edits.len() as f64 / n as f64,
         edits.len() as f64 / done.as_secs_f64(),
         state.edits_paced(),
+        done.as_secs_f64(),
+        (done - posting).as_secs_f64(),
+        cpu_s,
+        cpu_s * 100.0 / done.as_secs_f64(),
+        rss0 as f64 / 1024.0,
+        peak.load(Ordering::Relaxed) as f64 / 1024.0,
+    );
+    Ok(())
+}
+
+/// The `--native` run's end: waits until every stream ended as a message, then reports.
+async fn native_report(
+    bot: &LaterBot,
+    n: usize,
+    (every_ms, secs, edits_each): (u64, u64, u64),
+    refused: &AtomicUsize,
+    (start, posting): (tokio::time::Instant, Duration),
+    (rss0, cpu0, peak, sampler): (u64, u64, &AtomicUsize, tokio::task::JoinHandle<()>),
+) -> anyhow::Result<()> {
+    let state = bot.fake.state();
+    crate::wait_count(
+        "streams ended as messages",
+        n,
+        Duration::from_secs(300),
+        || {
+            state
+                .sent()
+                .iter()
+                .filter(|s| s.text.ends_with(" final"))
+                .count()
+        },
+    )
+    .await?;
+    let done = start.elapsed();
+    let cpu_s = (crate::cpu_ticks(bot.pid) - cpu0) as f64 / 100.0;
+    sampler.abort();
+    let drafts = state.drafts(bot.token);
+    let mut per_stream: HashMap<&str, usize> = HashMap::new();
+    for d in &drafts {
+        *per_stream.entry(d.chat_id.as_str()).or_default() += 1;
+    }
+    let most = per_stream.values().copied().max().unwrap_or(0);
+    let messages = state
+        .sent()
+        .iter()
+        .filter(|s| s.text.ends_with(" final"))
+        .count();
+    if per_stream.len() != n || messages != n || !state.edits(bot.token).is_empty() {
+        bail!(
+            "{} streams drafted, {messages} messages, {} edits, of {n}",
+            per_stream.len(),
+            state.edits(bot.token).len()
+        );
+    }
+    let posts = n as u64 * (edits_each + 1);
+    println!(
+        "native streams (Telegram drafts), one embedded worker (SQLite), one Telegram bot, {n} private chats at once, a part every {every_ms} ms for {secs} s each ({posts} parts; {} refused): posted in {:.2} s ({:.0} parts/s); the fake took {} drafts ({:.1} per stream, at most {most}; {:.0}/s) and {messages} messages ending them, no edit; every stream ended {:.2} s after the start ({:.2} s after the last part); worker CPU {:.2} s ({:.0}% of one core), RSS {:.1} MiB before, at most {:.1} MiB while streaming",
+        refused.load(Ordering::Relaxed),
+        posting.as_secs_f64(),
+        posts as f64 / posting.as_secs_f64(),
+        drafts.len(),
+        drafts.len() as f64 / n as f64,
+        drafts.len() as f64 / done.as_secs_f64(),
         done.as_secs_f64(),
         (done - posting).as_secs_f64(),
         cpu_s,
