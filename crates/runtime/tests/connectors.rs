@@ -351,6 +351,13 @@ impl PlatformFixture for Slack {
             .user_writes(&Self::bot_token(i), &channel, Some(thread), text);
         Some(format!("{channel}/{thread}"))
     }
+    fn refuse_native_streams(&self, i: usize) -> bool {
+        self.fake.state().refuse_streams(&Self::bot_token(i));
+        true
+    }
+    fn native_streams_refused(&self, i: usize) -> u64 {
+        self.fake.state().streams_refused(&Self::bot_token(i))
+    }
     fn native_streams(&self, i: usize) -> Vec<(u32, String, bool)> {
         let (fake, token) = (self.fake.state(), Self::bot_token(i));
         fake.streams(&token)

@@ -162,6 +162,9 @@ struct Inner {
     updates_paced: u64,
     /// The messages `chat.startStream` began, as (token, channel, ts), in order.
     streams: Vec<(String, String, String)>,
+    /// Tokens whose `chat.startStream` is answered `missing_scope` (an app not granted it),
+    /// with the number so answered.
+    streams_refused: HashMap<String, u64>,
     ack_latencies: Vec<Duration>,
     tickets: HashMap<String, String>,
     revoked: std::collections::HashSet<String>,
@@ -738,6 +741,24 @@ impl FakeSlackState {
         self.lock().update_pace = every;
     }
 
+    /// From now on `chat.startStream` of `bot_token` is answered `missing_scope`, as for an
+    /// app not granted streaming.
+    pub fn refuse_streams(&self, bot_token: &str) {
+        self.lock()
+            .streams_refused
+            .entry(bot_token.to_owned())
+            .or_default();
+    }
+
+    /// How many `chat.startStream`s of `bot_token` were answered `missing_scope`.
+    pub fn streams_refused(&self, bot_token: &str) -> u64 {
+        self.lock()
+            .streams_refused
+            .get(bot_token)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Updates answered 429 for the pace set by [`Self::pace_updates`].
     pub fn updates_paced(&self) -> u64 {
         self.lock().updates_paced
@@ -1148,6 +1169,10 @@ fn stream(g: &mut Inner, token: &str, method: &str, args: &Value) -> Response {
         return slack_error("msg_too_long");
     }
     if method == "chat.startStream" {
+        if let Some(n) = g.streams_refused.get_mut(token) {
+            *n += 1;
+            return slack_error("missing_scope");
+        }
         // Streamed messages answer a user: always in a thread, and outside a DM to a named
         // recipient.
         let thread = args["thread_ts"].as_str().filter(|t| !t.is_empty());

@@ -142,6 +142,15 @@ pub trait PlatformFixture: Send + Sync {
     fn native_streams(&self, _i: usize) -> Vec<(u32, String, bool)> {
         Vec::new()
     }
+    /// The platform refuses to begin bot `i`'s native streams from now on (an app not granted
+    /// them); false where the fake cannot.
+    fn refuse_native_streams(&self, _i: usize) -> bool {
+        false
+    }
+    /// How many of bot `i`'s native streams the platform refused to begin.
+    fn native_streams_refused(&self, _i: usize) -> u64 {
+        0
+    }
 }
 
 /// What the bot of `token` sent on the Telegram fake, as shown now.
@@ -1505,35 +1514,60 @@ pub async fn a_native_stream_grows_and_ends_with_its_turn<F: PlatformFixture>(f:
     // A bot whose `stream` is `edits` edits one message there instead.
     let mut edits_bot = f.bot(1);
     edits_bot.options.stream = Some(botfleet_core::StreamMode::Edits);
-    edits_bot.handler = HandlerSpec::Webhook {
+    let w = edited_in_a_native_chat(f, &handler, edits_bot, 1).await;
+    assert!(f.native_streams(1).is_empty(), "{:?}", f.native_streams(1));
+    w.shutdown().await;
+    // Where the platform refuses to begin a stream, the answer goes as a message and its
+    // edits as edits: nothing is lost.
+    if !f.refuse_native_streams(2) {
+        return;
+    }
+    let w = edited_in_a_native_chat(f, &handler, f.bot(2), 2).await;
+    assert!(f.sent(2).iter().any(|(c, t)| *c == 3 && *t == grown(0)));
+    assert!(f.native_streams(2).is_empty(), "{:?}", f.native_streams(2));
+    assert!(f.native_streams_refused(2) >= 1, "no stream was asked for");
+    w.shutdown().await;
+}
+
+/// Bot `i` (`bot`, answered by `handler`) on a worker of its own: a user asks in chat `i + 1`,
+/// made one where the platform streams natively, and the later answer sends a message and
+/// edits it (extending it); waits until the platform shows the edit and the turn is over.
+async fn edited_in_a_native_chat<F: PlatformFixture>(
+    f: &F,
+    handler: &crate::ScriptedHandler,
+    mut bot: BotSpec,
+    i: usize,
+) -> RunningWorker {
+    use serde_json::json;
+    bot.handler = HandlerSpec::Webhook {
         url: handler.url(),
         secret: None,
     };
-    let h = Harness::new(std::slice::from_ref(&edits_bot)).await;
-    let b = h.start("b");
-    wait_for("bot 1 connected", Duration::from_secs(15), || async {
-        f.connected(1).then_some(())
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start("b");
+    wait_for("the bot connected", Duration::from_secs(15), || async {
+        f.connected(i).then_some(())
     })
     .await;
+    let n = u32::try_from(i).unwrap_or(0) + 1;
     let chat = f
-        .user_writes_where_streams_are_native(1, 2, "ask")
+        .user_writes_where_streams_are_native(i, n, "ask")
         .expect("as for bot 0");
-    let token = asked_in(&handler, &chat).await;
+    let token = asked_in(handler, &chat).await;
     let body = json!({"actions": [
         {"type": "send", "text": grown(0), "ref": "answer"},
         {"type": "edit", "ref": "answer", "text": grown(1)},
     ], "final": true});
-    assert_eq!(post_part(&b.api_url, &token, "e0", &body).await.0, 202);
+    assert_eq!(post_part(&w.api_url, &token, "e0", &body).await.0, 202);
     wait_for("edited", Duration::from_secs(20), || async {
-        f.edits(1)
+        f.edits(i)
             .iter()
-            .any(|(c, t)| *c == 2 && *t == grown(1))
+            .any(|(c, t)| *c == n && *t == grown(1))
             .then_some(())
     })
     .await;
-    all_over(h.store().as_ref(), &edits_bot.id).await;
-    assert!(f.native_streams(1).is_empty(), "{:?}", f.native_streams(1));
-    b.shutdown().await;
+    all_over(h.store().as_ref(), &bot.id).await;
+    w
 }
 
 /// Buttons out and presses in, through the one handler contract: a send with buttons (one

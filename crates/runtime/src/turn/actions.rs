@@ -781,12 +781,19 @@ impl Run<'_> {
                 }
                 if self.streams(action) {
                     let step = StreamStep::Start { text };
-                    let r = self.stream(hold, slot, step, &key, started).await?;
-                    return Ok(r.map(|id| {
-                        self.p.sent = true;
-                        self.named(name.as_deref(), id.as_deref(), false);
-                        self.streamed = true;
-                    }));
+                    match self.stream(hold, slot, step, &key, started).await? {
+                        Ok(id) => {
+                            self.p.sent = true;
+                            self.named(name.as_deref(), id.as_deref(), false);
+                            self.streamed = true;
+                            return Ok(Ok(()));
+                        }
+                        // Refused (a Slack app without the streaming scope…): the answer goes
+                        // as a message, and its edits as edits.
+                        Err(why) => {
+                            warn!(bot = %self.ctx.bot, chat = %msg.chat.chat, reason = %why, "a native stream could not begin; sending the answer as a message");
+                        }
+                    }
                 }
                 let rows = match self.buttons(buttons, &caps) {
                     Ok(r) => r,
