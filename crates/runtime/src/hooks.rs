@@ -837,7 +837,68 @@ impl Hooks {
             };
         }
         self.forget_waiter(&ck, waiter);
+        if inc.is_some() && !self.same_registration(&inc) && !self.closed() && !self.draining() {
+            // The worker registered again (Redis lost some of its writes): this ticket is the
+            // earlier registration's, taken over in its turn by whoever comes next, but the
+            // entry is still this worker's to see through, also when no later message of its
+            // chat comes (else it would wait for the sweeper).
+            self.again_as_registered(spec, ck, chat, key, inc);
+            return;
+        }
         lock(&self.inner.active).remove(&mark);
+    }
+
+    /// Serves `key` (an entry of `chat`, whose ticket was taken as the registration `was`)
+    /// again once the worker is registered anew: if it is still pending, with a ticket of the
+    /// new registration (the old ticket's turn, when it comes, is taken over and serves it;
+    /// the new one then finds it done). Nothing while the worker stops or drains.
+    fn again_as_registered(
+        &self,
+        spec: Arc<BotSpec>,
+        ck: String,
+        chat: String,
+        key: String,
+        was: Option<Incarnation>,
+    ) {
+        let h = self.clone();
+        tokio::spawn(async move {
+            let mut lease = h.inner.lease.clone();
+            loop {
+                if h.closed() || h.draining() {
+                    h.unclaim_local(&spec.id, &key);
+                    return;
+                }
+                let now = h.incarnation();
+                if now.is_some() && now != was {
+                    break;
+                }
+                if let Ok(Err(_)) =
+                    tokio::time::timeout(Duration::from_secs(1), lease.changed()).await
+                {
+                    // No more lease changes: the worker is stopping.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            let pending = matches!(
+                h.inner.store.turn_view(&spec.id, &key, &chat).await,
+                Ok(v) if v.entry.as_ref().is_some_and(|e| e.state == InboxState::Pending)
+            );
+            if !pending {
+                // Done (by whoever took its turn over), or unreadable: the sweeper's then.
+                h.unclaim_local(&spec.id, &key);
+                return;
+            }
+            info!(bot = %spec.id, chat = %chat, key = %key, "registered again: taking a ticket again for an entry of the earlier registration");
+            match h.take_now(&ck, &key).await {
+                (inc, Ok((ticket, turn))) if turn != Turn::NotLive => {
+                    let t = Taken { ticket, turn, inc };
+                    h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
+                        .await;
+                }
+                // Not live again yet, or the coordinator failing: the sweeper's.
+                _ => h.unclaim_local(&spec.id, &key),
+            }
+        });
     }
 
     /// Handles `entry` under the held turn of `ticket` (its fence, and whether the grant came
