@@ -114,114 +114,64 @@ pub(crate) async fn streams() -> anyhow::Result<()> {
     }
     let posting = start.elapsed();
     let state = bot.fake.state();
-    if native {
-        return native_report(
-            &bot,
-            n,
-            (every_ms, secs, edits_each),
-            &refused,
-            (start, posting),
-            (rss0, cpu0, &peak, sampler),
-        )
-        .await;
-    }
-    crate::wait_count("final texts shown", n, Duration::from_secs(300), || {
-        state
-            .edits(bot.token)
-            .iter()
-            .filter(|e| e.text.starts_with("final "))
-            .count()
-    })
-    .await?;
-    let done = start.elapsed();
-    let cpu_s = (crate::cpu_ticks(bot.pid) - cpu0) as f64 / 100.0;
-    sampler.abort();
-    let edits = state.edits(bot.token);
-    let mut per_stream: HashMap<&str, usize> = HashMap::new();
-    for e in &edits {
-        *per_stream.entry(e.chat_id.as_str()).or_default() += 1;
-    }
-    let most = per_stream.values().copied().max().unwrap_or(0);
-    let sent = state.sent().iter().filter(|s| s.text == "…").count();
-    if sent != n || per_stream.len() != n {
-        bail!(
-            "{sent} streams started, {} edited, of {n}",
-            per_stream.len()
-        );
-    }
-    let posts = n as u64 * (edits_each + 1);
-    println!(
-        "streams, one embedded worker (SQLite), one Telegram bot, {n} at once, an edit every {every_ms} ms for {secs} s each ({posts} parts; {} refused): posted in {:.2} s ({:.0} parts/s); the fake took {} edits ({:.1} per stream, at most {most}; {:.0}/s), {} refused for the pace; every final text shown {:.2} s after the start ({:.2} s after the last part); worker CPU {:.2} s ({:.0}% of one core), RSS {:.1} MiB before, at most {:.1} MiB while streaming",
-        refused.load(Ordering::Relaxed),
-        posting.as_secs_f64(),
-        posts as f64 / posting.as_secs_f64(),
-        edits.len(),
-        edits.len() as f64 / n as f64,
-        edits.len() as f64 / done.as_secs_f64(),
-        state.edits_paced(),
-        done.as_secs_f64(),
-        (done - posting).as_secs_f64(),
-        cpu_s,
-        cpu_s * 100.0 / done.as_secs_f64(),
-        rss0 as f64 / 1024.0,
-        peak.load(Ordering::Relaxed) as f64 / 1024.0,
-    );
-    Ok(())
-}
-
-/// The `--native` run's end: waits until every stream ended as a message, then reports.
-async fn native_report(
-    bot: &LaterBot,
-    n: usize,
-    (every_ms, secs, edits_each): (u64, u64, u64),
-    refused: &AtomicUsize,
-    (start, posting): (tokio::time::Instant, Duration),
-    (rss0, cpu0, peak, sampler): (u64, u64, &AtomicUsize, tokio::task::JoinHandle<()>),
-) -> anyhow::Result<()> {
-    let state = bot.fake.state();
-    crate::wait_count(
-        "streams ended as messages",
-        n,
-        Duration::from_secs(300),
-        || {
+    // Every stream over: its final text shown (an edit), or (native) its draft sent as a
+    // message.
+    let finals = || {
+        if native {
             state
                 .sent()
                 .iter()
                 .filter(|s| s.text.ends_with(" final"))
                 .count()
-        },
-    )
-    .await?;
+        } else {
+            state
+                .edits(bot.token)
+                .iter()
+                .filter(|e| e.text.starts_with("final "))
+                .count()
+        }
+    };
+    crate::wait_count("every stream over", n, Duration::from_secs(300), finals).await?;
     let done = start.elapsed();
     let cpu_s = (crate::cpu_ticks(bot.pid) - cpu0) as f64 / 100.0;
     sampler.abort();
-    let drafts = state.drafts(bot.token);
+    // The changes the platform took of each stream's message: drafts, or edits.
+    let (changes, what): (Vec<String>, &str) = if native {
+        let drafts = state.drafts(bot.token).into_iter().map(|d| d.chat_id);
+        (drafts.collect(), "drafts")
+    } else {
+        let edits = state.edits(bot.token).into_iter().map(|e| e.chat_id);
+        (edits.collect(), "edits")
+    };
     let mut per_stream: HashMap<&str, usize> = HashMap::new();
-    for d in &drafts {
-        *per_stream.entry(d.chat_id.as_str()).or_default() += 1;
+    for chat in &changes {
+        *per_stream.entry(chat.as_str()).or_default() += 1;
     }
     let most = per_stream.values().copied().max().unwrap_or(0);
-    let messages = state
-        .sent()
-        .iter()
-        .filter(|s| s.text.ends_with(" final"))
-        .count();
-    if per_stream.len() != n || messages != n || !state.edits(bot.token).is_empty() {
-        bail!(
-            "{} streams drafted, {messages} messages, {} edits, of {n}",
-            per_stream.len(),
-            state.edits(bot.token).len()
-        );
+    let (started, ended, edits) = if native {
+        (per_stream.len(), finals(), state.edits(bot.token).len())
+    } else {
+        let sent = state.sent().iter().filter(|s| s.text == "…").count();
+        (sent, per_stream.len(), 0)
+    };
+    if started != n || ended != n || edits != 0 {
+        bail!("{started} streams started, {ended} ended, {edits} edits of drafts, of {n}");
     }
+    let (title, how) = if native {
+        ("native streams (Telegram drafts)", "a part")
+    } else {
+        ("streams", "an edit")
+    };
     let posts = n as u64 * (edits_each + 1);
     println!(
-        "native streams (Telegram drafts), one embedded worker (SQLite), one Telegram bot, {n} private chats at once, a part every {every_ms} ms for {secs} s each ({posts} parts; {} refused): posted in {:.2} s ({:.0} parts/s); the fake took {} drafts ({:.1} per stream, at most {most}; {:.0}/s) and {messages} messages ending them, no edit; every stream ended {:.2} s after the start ({:.2} s after the last part); worker CPU {:.2} s ({:.0}% of one core), RSS {:.1} MiB before, at most {:.1} MiB while streaming",
+        "{title}, one embedded worker (SQLite), one Telegram bot, {n} at once, {how} every {every_ms} ms for {secs} s each ({posts} parts; {} refused): posted in {:.2} s ({:.0} parts/s); the fake took {} {what} ({:.1} per stream, at most {most}; {:.0}/s), {} edits refused for the pace; every stream over {:.2} s after the start ({:.2} s after the last part); worker CPU {:.2} s ({:.0}% of one core), RSS {:.1} MiB before, at most {:.1} MiB while streaming",
         refused.load(Ordering::Relaxed),
         posting.as_secs_f64(),
         posts as f64 / posting.as_secs_f64(),
-        drafts.len(),
-        drafts.len() as f64 / n as f64,
-        drafts.len() as f64 / done.as_secs_f64(),
+        changes.len(),
+        changes.len() as f64 / n as f64,
+        changes.len() as f64 / done.as_secs_f64(),
+        state.edits_paced(),
         done.as_secs_f64(),
         (done - posting).as_secs_f64(),
         cpu_s,

@@ -71,17 +71,11 @@ struct Mark {
     buttons: u64,
     /// When it changed (unix ms, rounded up).
     at_ms: i64,
-    /// Its text's length in bytes, when known.
+    /// While it is a native stream of the platform's, not ended yet: its whole text (an edit
+    /// that extends it adds to the stream; a platform whose stream ends as a message of its
+    /// own sends it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    len: Option<usize>,
-    /// It is a native stream of the platform's, not ended yet: an edit that extends its text
-    /// appends to it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    streaming: bool,
-    /// A stream's whole text (kept while it streams: a platform whose stream ends as a
-    /// message of its own sends it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    shown: Option<String>,
+    stream: Option<String>,
 }
 
 /// The marks of the messages a turn sent or edited (recorded with its progress).
@@ -157,46 +151,41 @@ impl Marks {
 
     /// Whether the message `target` is a native stream not ended yet.
     pub(crate) fn streaming(&self, target: &Target) -> bool {
-        self.get(target).is_some_and(|m| m.streaming)
+        self.stream_text(target).is_some()
     }
 
     /// Notes that the message `target` began being a native stream showing `text` (`Some`),
     /// or ended being one (`None`).
     pub(crate) fn set_streaming(&mut self, target: &Target, text: Option<&str>) {
         if let Some(m) = self.0.iter_mut().find(|m| m.target == *target) {
-            m.streaming = text.is_some();
-            m.shown = text.map(str::to_owned);
+            m.stream = text.map(str::to_owned);
         }
     }
 
-    /// The whole text of the native stream `target` (empty when unknown).
-    pub(crate) fn stream_text(&self, target: &Target) -> &str {
-        self.get(target)
-            .and_then(|m| m.shown.as_deref())
-            .unwrap_or_default()
+    /// The whole text of the native stream `target`, while it streams.
+    pub(crate) fn stream_text(&self, target: &Target) -> Option<&str> {
+        self.get(target).and_then(|m| m.stream.as_deref())
     }
 
     /// The messages that are native streams not ended yet.
     pub(crate) fn streams(&self) -> Vec<Target> {
         self.0
             .iter()
-            .filter(|m| m.streaming)
+            .filter(|m| m.stream.is_some())
             .map(|m| m.target.clone())
             .collect()
     }
 
-    /// Where `text` goes on from what the message `target` shows (the byte offset of what
-    /// it adds), when it starts with all of it and adds something.
+    /// Where `text` goes on from what the native stream `target` shows (the byte offset of
+    /// what it adds), when it starts with all of it and adds something.
     pub(crate) fn extends(&self, target: &Target, text: &str) -> Option<usize> {
-        let m = self.get(target)?;
-        let len = m.len?;
-        (text.len() > len && text.is_char_boundary(len) && Some(text_hash(&text[..len])) == m.text)
-            .then_some(len)
+        let shown = self.stream_text(target)?;
+        (text.len() > shown.len() && text.starts_with(shown)).then_some(shown.len())
     }
 
     /// Notes what `action`, done when the clock read `now_ms`, made a message show.
     pub(crate) fn changed(&mut self, action: &Action, now_ms: i64) {
-        let (target, (text, len), buttons, (streaming, shown)) = match action {
+        let (target, text, buttons, stream) = match action {
             Action::Send {
                 text,
                 buttons,
@@ -207,9 +196,9 @@ impl Marks {
                     ref_name: Some(name.clone()),
                     message_id: None,
                 },
-                (Some(text_hash(text)), Some(text.len())),
+                Some(text_hash(text)),
                 buttons,
-                (false, None),
+                None,
             ),
             Action::Edit {
                 target,
@@ -217,18 +206,18 @@ impl Marks {
                 buttons,
             } => {
                 let before = self.get(target);
-                let shows = match text {
-                    Some(t) => (Some(text_hash(t)), Some(t.len())),
-                    None => (before.and_then(|m| m.text), before.and_then(|m| m.len)),
-                };
-                let streaming = before.is_some_and(|m| m.streaming);
-                let shown = streaming
-                    .then(|| {
-                        text.clone()
-                            .or_else(|| before.and_then(|m| m.shown.clone()))
-                    })
-                    .flatten();
-                (target.clone(), shows, buttons, (streaming, shown))
+                // A stream goes on showing the new text (or, without one, what it showed).
+                let stream = before
+                    .and_then(|m| m.stream.as_ref())
+                    .map(|shown| text.clone().unwrap_or_else(|| shown.clone()));
+                (
+                    target.clone(),
+                    text.as_deref()
+                        .map(text_hash)
+                        .or(before.and_then(|m| m.text)),
+                    buttons,
+                    stream,
+                )
             }
             Action::Delete { target } => {
                 self.0.retain(|m| m.target != *target);
@@ -240,9 +229,7 @@ impl Marks {
             buttons: buttons_hash(buttons),
             target,
             text,
-            len,
-            streaming,
-            shown,
+            stream,
             // From the end of the millisecond the clock read: the clock's rounding never cuts
             // a pace short (a platform counts from when it took the change, before that).
             at_ms: now_ms.saturating_add(1),

@@ -126,11 +126,7 @@ pub(crate) async fn stream(
                 // Sent before (a replayed stop): done.
                 return Ok(None);
             }
-            let body = serde_json::json!({ "chat_id": chat_id, "text": fit(text) });
-            Ok(client
-                .send_message_body(api, body)
-                .await?
-                .map(|id| id.to_string()))
+            answer_as_message(client, api, chat_id, Some(text)).await
         }
     }
 }

@@ -588,31 +588,55 @@ pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
     }
 }
 
-/// Two workers behind the proxy running `f`'s bot, answered by `handler` (the connector
-/// suite's `later_handler`); "ask" written in chat 0 and its turn held: the registry's
-/// directory, the store, the proxy, the workers, the bot and the turn's reply token.
-async fn asked_and_held(
-    f: &impl WebhookFixture,
-    handler: &crate::ScriptedHandler,
-    stream: botfleet_core::StreamMode,
-) -> (
+/// The registry's directory, the store, the proxy, the workers, the bot and a held turn's
+/// reply token (see [`asked_and_held`]).
+type Held = (
     TempDir,
     Arc<dyn Store>,
     RoundRobinProxy,
     Vec<HookWorker>,
     BotSpec,
     String,
-) {
+);
+
+/// Two workers behind the proxy running `f`'s bot (its `stream` as given), answered by
+/// `handler` (the connector suite's `later_handler`); "ask" written in chat 0 and its turn
+/// held.
+async fn asked_and_held(
+    f: &impl WebhookFixture,
+    handler: &crate::ScriptedHandler,
+    stream: botfleet_core::StreamMode,
+) -> Held {
+    let asked = asked_and_held_by(f, handler, stream, || {
+        f.user_writes(0, "ask");
+        true
+    });
+    asked.await.expect("every fixture writes")
+}
+
+/// [`asked_and_held`], "ask" written by `ask`; `None` (the workers stopped) when `ask` could
+/// not write it (the fixture cannot).
+async fn asked_and_held_by(
+    f: &impl WebhookFixture,
+    handler: &crate::ScriptedHandler,
+    stream: botfleet_core::StreamMode,
+    ask: impl FnOnce() -> bool,
+) -> Option<Held> {
     let mut bot = f.bot(&handler.url());
     bot.options.stream = Some(stream);
     let (dir, store, proxy, workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
     let (platform, id) = f.path();
     f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
         .await;
-    f.user_writes(0, "ask");
+    if !ask() {
+        for w in workers {
+            w.shutdown().await;
+        }
+        return None;
+    }
     until("the turn held", 20, || holding(&workers).is_some()).await;
     let token = crate::connector_suite::asked_token(handler, "ask").await;
-    (dir, store, proxy, workers, bot, token)
+    Some((dir, store, proxy, workers, bot, token))
 }
 
 /// A later answer in parts by webhook: two workers behind the proxy; the worker holding the
@@ -745,19 +769,13 @@ async fn post_parts_killing_the_holder(
 pub async fn a_native_stream_by_webhook(f: &impl WebhookFixture) {
     use serde_json::json;
     let handler = crate::connector_suite::later_handler().await;
-    let bot = f.bot(&handler.url());
-    let (_dir, store, proxy, mut workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
-    let (platform, id) = f.path();
-    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
-        .await;
-    if !f.user_writes_where_streams_are_native(0, "ask") {
-        for w in workers {
-            w.shutdown().await;
-        }
+    let ask = || f.user_writes_where_streams_are_native(0, "ask");
+    let native = botfleet_core::StreamMode::Native;
+    let Some((_dir, store, proxy, mut workers, bot, token)) =
+        asked_and_held_by(f, &handler, native, ask).await
+    else {
         return;
-    }
-    until("the turn held", 20, || holding(&workers).is_some()).await;
-    let token = crate::connector_suite::asked_token(&handler, "ask").await;
+    };
     const PARTS: usize = 16;
     let text = |k: usize| {
         format!(

@@ -1071,7 +1071,12 @@ impl Run<'_> {
         key: &str,
         started: Instant,
     ) -> Result<Result<String, String>, Halt> {
-        let text = self.p.marks.stream_text(target).to_owned();
+        let text = self
+            .p
+            .marks
+            .stream_text(target)
+            .unwrap_or_default()
+            .to_owned();
         let step = StreamStep::Stop {
             message_id: id,
             text: &text,
