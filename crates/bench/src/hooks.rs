@@ -464,6 +464,7 @@ pub(crate) fn spawn_logged(
         .args(["--http-addr", "127.0.0.1:0", "--hooks-addr", "127.0.0.1:0"])
         .args(args)
         .env("RUST_LOG", "warn")
+        .env("BOTFLEET_RATE_LIMITS", crate::rate_limits())
         .env_remove("BOTFLEET_API_TOKEN")
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(log)?);

@@ -12,6 +12,8 @@
 //! refresh drill at scale; for webhook bots (see `hooks.rs`) what a chat's turn costs and the
 //! updates a worker answers per second end to end; for files (see `files.rs`) a 10 MiB file
 //! in through its link and out again, time and the worker's memory while it streams.
+//! The workers keep no platform's send limits unless `--rate-limits SPEC` (their flag's
+//! value) is given: the fakes keep none either.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -102,6 +104,13 @@ pub(crate) async fn registry_at(
     Ok(format!("sqlite://{}", path.display()))
 }
 
+/// The workers' `--rate-limits`: the bench's own `--rate-limits`, else `off` — the fakes
+/// keep no platform's limits, and the benchmarks measure the fleet's own costs (a Telegram
+/// bot's 30 messages a second would cap the webhook benchmark's 20 bots at 600 a second).
+pub(crate) fn rate_limits() -> String {
+    crate::hooks::arg("--rate-limits").unwrap_or_else(|| "off".to_owned())
+}
+
 /// Starts `botfleet worker ARGS` (on a free HTTP port unless `args` names one). Its log goes
 /// nowhere, or to `$BOTFLEET_BENCH_LOGS/worker-<pid>.log` when that is set, at level
 /// `$BOTFLEET_BENCH_LOG_LEVEL` (default info).
@@ -126,7 +135,9 @@ pub(crate) fn spawn(bin: &Path, args: &[&str]) -> anyhow::Result<Worker> {
     if !args.contains(&"--hooks-addr") {
         cmd.args(["--hooks-addr", "127.0.0.1:0"]);
     }
-    cmd.args(args).stdout(Stdio::null());
+    cmd.args(args)
+        .env("BOTFLEET_RATE_LIMITS", rate_limits())
+        .stdout(Stdio::null());
     let logs = std::env::var_os("BOTFLEET_BENCH_LOGS");
     let log_file = match &logs {
         Some(dir) => Some(

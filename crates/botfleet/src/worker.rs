@@ -78,6 +78,14 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "BOTFLEET_ASYNC_REPLY_TTL_S", default_value_t = 900,
           value_parser = clap::value_parser!(u64).range(u64::from(*botfleet_core::ASYNC_REPLY_TTL_S.start())..=u64::from(*botfleet_core::ASYNC_REPLY_TTL_S.end())))]
     async_reply_ttl_s: u64,
+    /// Changes to the platforms' documented send limits, which the fleet keeps for every bot
+    /// through the coordinator (see docs/platforms.md): comma-separated `off` (none kept),
+    /// `PLATFORM=off`, `PLATFORM.SCOPE=off` or `PLATFORM.SCOPE=CALLS/SECONDS[:BURST]`, e.g.
+    /// `whatsapp.number=250/1,telegram=off` (a Bot API server of one's own)
+    /// [default: every documented limit kept]
+    #[arg(long, env = "BOTFLEET_RATE_LIMITS",
+          value_parser = clap::value_parser!(botfleet_runtime::RateLimits))]
+    rate_limits: Option<botfleet_runtime::RateLimits>,
     /// How long one message's handler (or send) is retried through transient failures, in
     /// seconds (0-86400), before it is recorded as undeliverable.
     #[arg(long, env = "BOTFLEET_HANDLER_RETRY_S", default_value_t = 300,
@@ -234,6 +242,9 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     cfg.handler_timeout = Duration::from_secs(a.handler_timeout_s);
     cfg.async_reply_ttl = Duration::from_secs(a.async_reply_ttl_s);
+    if let Some(r) = &a.rate_limits {
+        cfg.rate_limits = r.clone();
+    }
     cfg.handler_retry_for = Duration::from_secs(a.handler_retry_s);
     cfg.turn_slots = a.turn_slots as usize;
     cfg.transport_down = Duration::from_millis(a.transport_down_ms);

@@ -1494,7 +1494,7 @@ fn bots_add_and_update_take_their_remaining_flags() {
 async fn the_worker_takes_its_tuning_flags() {
     let dir = tempdir();
     let db = db(&dir);
-    let tuning: [(&str, &str); 14] = [
+    let tuning: [(&str, &str); 15] = [
         ("--capacity", "500"),
         ("--telegram-connect-rate", "50"),
         ("--slack-connect-rate", "5"),
@@ -1509,6 +1509,7 @@ async fn the_worker_takes_its_tuning_flags() {
         ("--discord-shard-recount-s", "600"),
         ("--metrics-top-bots", "5"),
         ("--worker-threads", "2"),
+        ("--rate-limits", "whatsapp.number=250/1,telegram=off"),
     ];
     let args: Vec<&str> = tuning.iter().flat_map(|(f, v)| [*f, *v]).collect();
     let w = start_worker_with(&db, &args);
@@ -1527,6 +1528,20 @@ async fn the_worker_takes_its_tuning_flags() {
         assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains("--async-reply-ttl-s"), "{bad}: {err}");
     }
+    // A send limit the platform does not have is named with the ones it has.
+    let o = botfleet(&[
+        "worker",
+        "--rate-limits",
+        "telegram.nope=1/1",
+        "--database-url",
+        &db,
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--rate-limits") && err.contains("it has: chat, group, bot"),
+        "{err}"
+    );
 }
 
 /// One HTTP/1.0 exchange with `addr`: the whole answer.

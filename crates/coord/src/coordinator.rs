@@ -7,8 +7,8 @@ use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use tokio::sync::mpsc;
 
 use crate::{
-    ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard, Owner, Permit,
-    RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    BucketTake, ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard, Owner,
+    Permit, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
 /// One process's handle on the fleet's shared coordination state.
@@ -184,14 +184,14 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
 
     /// Takes a token from every send bucket of `scopes` (a platform call's: its chat, its
     /// group, its bot, its route…, each with its limit) at once, or from none: one round trip
-    /// for all of them, shared by every worker of the fleet. Answers [`Duration::ZERO`] when
-    /// taken, else how long until every bucket could give one (a paused bucket counts its
-    /// pause).
+    /// for all of them, shared by every worker of the fleet. Answers a zero wait when taken,
+    /// else how long until every bucket could give one (a paused bucket counts its pause)
+    /// and which scope holds the call longest.
     ///
     /// # Errors
     /// [`CoordError::InvalidArgument`](crate::CoordError) for a bad key or no scope; backend
     /// failures.
-    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<Duration>;
+    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake>;
 
     /// Pauses the send bucket `key` for `for_` (the platform's retry-after of a 429) for every
     /// worker of the fleet: no token from it before then (one at its end); a longer pause

@@ -28,6 +28,6 @@ pub use membership::MemberWatch;
 pub use memory::{MemoryCoordinator, MemoryHub, MemorySnapshot};
 pub use redis::{RedisConfig, RedisCoordinator};
 pub use types::{
-    ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard, MemberEvent,
-    Owner, Permit, RateGrant, RateLimit, Renewal, Turn, WorkerCommand, WorkerMeta,
+    BucketTake, ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard,
+    MemberEvent, Owner, Permit, RateGrant, RateLimit, Renewal, Turn, WorkerCommand, WorkerMeta,
 };

@@ -16,8 +16,9 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::{
     coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
-    ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent, LiveWorker,
-    LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn, WorkerCommand, WorkerMeta,
+    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent,
+    LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn, WorkerCommand,
+    WorkerMeta,
 };
 
 /// How many lifecycle events the hub keeps.
@@ -815,14 +816,14 @@ impl Coordinator for MemoryCoordinator {
         Ok(RateGrant { taken, wait })
     }
 
-    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<Duration> {
+    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake> {
         crate::coordinator::check_scopes(scopes)?;
         let now = self.now();
         let mut st = self.state()?;
         // As buckets.lua: every bucket's tokens now, and the longest wait for one.
         let mut have = Vec::with_capacity(scopes.len());
-        let mut wait = 0.0_f64;
-        for (key, limit) in scopes {
+        let (mut wait, mut short) = (0.0_f64, 0);
+        for (k, (key, limit)) in scopes.iter().enumerate() {
             let burst = f64::from(limit.burst);
             let per_ms = limit.per_second / 1000.0;
             let (tokens, ts) = st.send_buckets.get(*key).copied().unwrap_or((burst, now));
@@ -833,16 +834,21 @@ impl Coordinator for MemoryCoordinator {
                 (t, if t < 1.0 { (1.0 - t) / per_ms } else { 0.0 })
             };
             have.push(tokens);
-            wait = wait.max(w);
+            if w > wait {
+                (wait, short) = (w, k);
+            }
         }
         if wait > 0.0 {
-            return Ok(Duration::from_millis(wait.ceil().max(1.0) as u64));
+            return Ok(BucketTake {
+                wait: Duration::from_millis(wait.ceil().max(1.0) as u64),
+                short,
+            });
         }
         for ((key, _), tokens) in scopes.iter().zip(have) {
             st.send_buckets
                 .insert((*key).to_owned(), (tokens - 1.0, now));
         }
-        Ok(Duration::ZERO)
+        Ok(BucketTake::TAKEN)
     }
 
     async fn pause_bucket(&self, key: &str, for_: Duration) -> Result<()> {

@@ -14,9 +14,9 @@ use tracing::{debug, warn};
 use crate::{
     coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
     link::{Blocking, Link, RedisMode},
-    ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, KeySpace, LifecycleEvent,
-    LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn, WorkerCommand,
-    WorkerMeta,
+    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, KeySpace,
+    LifecycleEvent, LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn,
+    WorkerCommand, WorkerMeta,
 };
 
 /// Settings of a [`RedisCoordinator`]. `Debug` hides the URL (it may hold a password).
@@ -1015,7 +1015,7 @@ impl Coordinator for RedisCoordinator {
         })
     }
 
-    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<Duration> {
+    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake> {
         crate::coordinator::check_scopes(scopes)?;
         let mut inv = SCRIPTS.buckets.prepare_invoke();
         for (key, limit) in scopes {
@@ -1023,8 +1023,11 @@ impl Coordinator for RedisCoordinator {
                 .arg(format!("{:.12}", limit.per_second / 1000.0))
                 .arg(limit.burst);
         }
-        let wait: i64 = self.run("take send buckets", inv).await?;
-        Ok(Duration::from_millis(wait.max(0).unsigned_abs()))
+        let (wait, short): (i64, i64) = self.run("take send buckets", inv).await?;
+        Ok(BucketTake {
+            wait: Duration::from_millis(wait.max(0).unsigned_abs()),
+            short: usize::try_from(short).unwrap_or(0).min(scopes.len() - 1),
+        })
     }
 
     async fn pause_bucket(&self, key: &str, for_: Duration) -> Result<()> {

@@ -223,6 +223,30 @@ impl RateLimit {
     }
 }
 
+/// Answer of [`Coordinator::take_buckets`](crate::Coordinator::take_buckets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketTake {
+    /// Zero: a token was taken from every bucket. Else how long until every bucket could
+    /// give one (nothing was taken).
+    pub wait: Duration,
+    /// When waiting, the index (in the scopes asked for) of the bucket that holds the call
+    /// longest.
+    pub short: usize,
+}
+
+impl BucketTake {
+    /// A token taken from every bucket.
+    pub const TAKEN: Self = Self {
+        wait: Duration::ZERO,
+        short: 0,
+    };
+
+    /// Whether the tokens were taken.
+    pub fn taken(&self) -> bool {
+        self.wait.is_zero()
+    }
+}
+
 /// Answer of a rate limiter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Permit {

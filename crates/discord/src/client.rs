@@ -136,6 +136,10 @@ impl DiscordClient {
             .get("retry-after")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<f64>().ok());
+        let global = resp
+            .headers()
+            .get("x-ratelimit-global")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let body = resp.bytes().await.map_err(|e| {
             let e = e.without_url();
             DiscordError::network_from(format!("{what}: {e}"), e)
@@ -150,11 +154,15 @@ impl DiscordClient {
             }
             401 => Err(DiscordError::Unauthorized),
             429 => {
-                let from_body = serde_json::from_slice::<Value>(&body)
-                    .ok()
-                    .and_then(|v| v["retry_after"].as_f64());
+                let parsed = serde_json::from_slice::<Value>(&body).ok();
+                let from_body = parsed.as_ref().and_then(|v| v["retry_after"].as_f64());
                 let secs = from_body.or(retry_header).unwrap_or(1.0).clamp(0.0, 3600.0);
-                Err(DiscordError::RateLimited(Duration::from_secs_f64(secs)))
+                let wait = Duration::from_secs_f64(secs);
+                if global || parsed.is_some_and(|v| v["global"] == true) {
+                    Err(DiscordError::GlobalRateLimited(wait))
+                } else {
+                    Err(DiscordError::RateLimited(wait))
+                }
             }
             s @ 500..=599 => Err(DiscordError::Server {
                 what,

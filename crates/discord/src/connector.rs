@@ -36,12 +36,6 @@ use crate::{
 pub trait IdentifyGate: Send + Sync + std::fmt::Debug {
     /// Returns when `bot`'s shard of `bucket` may IDENTIFY.
     async fn wait(&self, bot: &str, bucket: u32, spacing: Duration);
-
-    /// Returns when `bot` may make a REST call under Discord's global limit (50 a second per
-    /// bot); the default does not wait (429 answers are honoured either way).
-    async fn rest(&self, bot: &str) {
-        let _ = bot;
-    }
 }
 
 /// An [`IdentifyGate`] for one process.
@@ -269,8 +263,6 @@ impl Connector for DiscordConnector {
             sender: Arc::new(DiscordSender {
                 client: self.client.clone(),
                 api,
-                gate: self.gate.clone(),
-                bot: spec.id.base().to_owned(),
             }),
         })
     }
@@ -454,9 +446,6 @@ impl Drop for DiscordReceiver {
 struct DiscordSender {
     client: DiscordClient,
     api: DiscordApi,
-    gate: Arc<dyn IdentifyGate>,
-    /// The bot's own id: the REST limit is per bot, whichever slice sends.
-    bot: String,
 }
 
 #[async_trait]
@@ -484,8 +473,15 @@ impl Sender for DiscordSender {
             .then_some(std::time::Duration::from_secs(8))
     }
 
+    fn buckets(
+        &self,
+        chat: &botfleet_core::ChatKey,
+        call: botfleet_platform::Call<'_>,
+    ) -> Vec<botfleet_platform::Bucket> {
+        crate::outbound::limits::buckets(&chat.chat, call)
+    }
+
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {
-        self.gate.rest(&self.bot).await;
         send(&self.client, &self.api, out).await?;
         Ok(())
     }
@@ -496,7 +492,6 @@ impl Sender for DiscordSender {
         act: &botfleet_core::Act<'_>,
         key: &str,
     ) -> Result<Option<String>, PlatformError> {
-        self.gate.rest(&self.bot).await;
         crate::outbound::act(&self.client, &self.api, &chat.chat, act, key).await
     }
 }

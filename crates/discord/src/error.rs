@@ -22,6 +22,10 @@ pub enum DiscordError {
     /// HTTP 429: wait this long.
     #[error("rate limited by Discord, retry after {0:?}")]
     RateLimited(Duration),
+    /// HTTP 429 for the bot's global limit (`"global": true`): every REST call of the bot
+    /// waits this long.
+    #[error("rate limited by Discord (global), retry after {0:?}")]
+    GlobalRateLimited(Duration),
     /// Discord is failing (5xx) or the connection dropped: retry later.
     #[error("Discord server error during {what}: {detail}")]
     Server {
@@ -73,7 +77,7 @@ impl DiscordError {
         match self {
             DiscordError::Unauthorized => "unauthorized",
             DiscordError::Refused { .. } => "gateway_refused",
-            DiscordError::RateLimited(_) => "rate_limited",
+            DiscordError::RateLimited(_) | DiscordError::GlobalRateLimited(_) => "rate_limited",
             DiscordError::Server { .. } => "server_error",
             DiscordError::Rejected { .. } => "rejected",
             DiscordError::Network { .. } => "network",
@@ -120,12 +124,18 @@ impl From<DiscordError> for PlatformError {
     fn from(e: DiscordError) -> Self {
         let kind = match &e {
             DiscordError::Unauthorized | DiscordError::Refused { .. } => ErrorKind::Credentials,
-            DiscordError::RateLimited(d) => ErrorKind::RateLimited(*d),
+            DiscordError::RateLimited(d) | DiscordError::GlobalRateLimited(d) => {
+                ErrorKind::RateLimited(*d)
+            }
             DiscordError::Server { .. } | DiscordError::Network { .. } => ErrorKind::Transient,
             DiscordError::Rejected { .. } => ErrorKind::Rejected,
             DiscordError::Malformed(_) => ErrorKind::Malformed,
         };
-        PlatformError::new(kind, e.reason(), e.to_string()).with_source(e)
+        let global = matches!(e, DiscordError::GlobalRateLimited(_));
+        let out = PlatformError::new(kind, e.reason(), e.to_string());
+        // The bot's global bucket, for the fleet to pause (else the call's route's).
+        let out = if global { out.in_scope("global") } else { out };
+        out.with_source(e)
     }
 }
 

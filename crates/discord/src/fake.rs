@@ -103,6 +103,9 @@ pub struct Edited {
 pub enum SendFault {
     /// HTTP 429 with `retry_after` seconds.
     TooManyRequests(f64),
+    /// HTTP 429 with `retry_after` seconds and `"global": true` (the bot's global limit),
+    /// as Discord answers it (with `X-RateLimit-Global` and `X-RateLimit-Scope: global`).
+    GlobalTooManyRequests(f64),
     /// HTTP 500.
     ServerError,
     /// The message is taken (and shows in `sent`), but its answer is held back for a minute,
@@ -647,6 +650,7 @@ fn take_message(
     let mut lost = false;
     match b.faults.pop_front() {
         Some(SendFault::TooManyRequests(secs)) => return answer(rate_limited(secs)),
+        Some(SendFault::GlobalTooManyRequests(secs)) => return answer(globally_limited(secs)),
         Some(SendFault::ServerError) => {
             return answer(StatusCode::INTERNAL_SERVER_ERROR.into_response())
         }
@@ -740,6 +744,20 @@ fn rate_limited(secs: f64) -> Response {
         .into_response()
 }
 
+fn globally_limited(secs: f64) -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [
+            ("x-ratelimit-global", "true"),
+            ("x-ratelimit-scope", "global"),
+        ],
+        Json(
+            json!({"message": "You are being rate limited.", "retry_after": secs, "global": true}),
+        ),
+    )
+        .into_response()
+}
+
 /// `PATCH` and `DELETE` of a bot's message, as Discord checks them: 404 `Unknown Message`
 /// (code 10008) for one it does not have.
 async fn change_message(
@@ -777,6 +795,7 @@ async fn change_message(
     }
     match b.edit_faults.pop_front() {
         Some(SendFault::TooManyRequests(secs)) => return rate_limited(secs),
+        Some(SendFault::GlobalTooManyRequests(secs)) => return globally_limited(secs),
         Some(SendFault::ServerError) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         Some(SendFault::AnswerLost) | None => {}
     }

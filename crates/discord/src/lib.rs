@@ -29,6 +29,7 @@ pub use gateway::{Checkpoint, ShardSession, INTENTS};
 pub use inbound::iso_of_unix_ms;
 pub use inbound::{parse_edit, parse_message};
 pub use interactions::parse_interaction;
+pub use outbound::limits;
 pub use outbound::CAPS;
 
 /// The guard of `m`, also after a panic elsewhere poisoned it (what it guards stays usable).

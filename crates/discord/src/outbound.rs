@@ -281,3 +281,34 @@ mod tests {
         assert!(nonce_of("a:1:reply", 0).len() <= 25);
     }
 }
+
+/// Discord's documented limits for what a bot sends: 50 requests a second over all of a
+/// bot's REST calls (interactions' answers aside), and per route — the one counted here ahead
+/// of its headers is a channel's messages, 5 every 5 seconds.
+pub mod limits {
+    use botfleet_core::Act;
+    use botfleet_platform::{Bucket, Call, Limit};
+
+    /// Every REST call of a bot (its global limit).
+    pub const GLOBAL: Limit = Limit::every(50, 1, 50);
+    /// Messages posted to one channel.
+    pub const CHANNEL: Limit = Limit::every(5, 5, 5);
+
+    /// Every scope and its limit.
+    pub const SCOPES: &[(&str, Limit)] = &[("channel", CHANNEL), ("global", GLOBAL)];
+
+    /// The buckets `call` in `channel` counts against: an interaction's answer (and its
+    /// deferral) counts against none (Discord leaves interactions out of the global limit);
+    /// every other call against the bot's global bucket, and a message against its
+    /// channel's too.
+    pub fn buckets(channel: &str, call: Call<'_>) -> Vec<Bucket> {
+        match call {
+            Call::Act(Act::Answer { .. } | Act::Defer { .. }) => Vec::new(),
+            Call::Act(Act::Send { .. }) => vec![
+                Bucket::of("channel", channel, CHANNEL),
+                Bucket::bot("global", GLOBAL),
+            ],
+            _ => vec![Bucket::bot("global", GLOBAL)],
+        }
+    }
+}

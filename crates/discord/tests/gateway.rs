@@ -225,24 +225,29 @@ async fn sends_reply_in_the_channel_once_and_honour_rate_limits() {
     );
     assert_eq!(posts[0].reply_to.as_deref(), Some(msg.message_id.as_str()));
     assert_eq!(fake.state().duplicate_sends(token), 1);
-    fake.state()
-        .inject_send(token, SendFault::TooManyRequests(1.5));
-    let e = conn
-        .sender
-        .send(&Outbound::reply_to(msg, "again"))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        e.kind(),
-        ErrorKind::RateLimited(Duration::from_millis(1500))
-    );
-    fake.state().inject_send(token, SendFault::ServerError);
-    let e = conn
-        .sender
-        .send(&Outbound::reply_to(msg, "x"))
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Transient);
+    // A route's 429 names no scope (the fleet pauses the call's channel); the bot's global
+    // limit says so (the fleet pauses the bot's global bucket).
+    for (fault, kind, scope) in [
+        (
+            SendFault::TooManyRequests(1.5),
+            ErrorKind::RateLimited(Duration::from_millis(1500)),
+            None,
+        ),
+        (
+            SendFault::GlobalTooManyRequests(2.0),
+            ErrorKind::RateLimited(Duration::from_secs(2)),
+            Some("global"),
+        ),
+        (SendFault::ServerError, ErrorKind::Transient, None),
+    ] {
+        fake.state().inject_send(token, fault);
+        let e = conn
+            .sender
+            .send(&Outbound::reply_to(msg, "again"))
+            .await
+            .unwrap_err();
+        assert_eq!((e.kind(), e.scope()), (kind, scope));
+    }
     conn.receiver.close().await;
 }
 
@@ -297,43 +302,43 @@ async fn a_shard_that_may_not_act_does_not_come_back() {
     conn.receiver.close().await;
 }
 
-/// Sends draw from the REST gate (the worker backs it with the coordinator: Discord's global
-/// limit per bot, across the fleet).
+/// What a bot sends counts against Discord's limits as documented: a message against its
+/// channel's bucket and the bot's global one, an edit or typing against the global one, an
+/// interaction's answer against none (the runtime takes the tokens fleet-wide).
 #[tokio::test]
-async fn sends_wait_for_the_rest_gate() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    #[derive(Debug, Default)]
-    struct Counting(AtomicU64);
-    #[async_trait::async_trait]
-    impl botfleet_discord::IdentifyGate for Counting {
-        async fn wait(&self, _: &str, _: u32, _: Duration) {}
-        async fn rest(&self, bot: &str) {
-            assert_eq!(bot, "dbot");
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+async fn sends_declare_the_global_and_channel_buckets() {
+    use botfleet_core::Act;
+    use botfleet_platform::Call;
     let fake = FakeDiscord::start().await.unwrap();
     let token = "T.NINE.secret";
     fake.state().add_bot(token, 1, 1);
-    let gate = Arc::new(Counting::default());
-    let c = DiscordConnector::new(DiscordConfig::default(), gate.clone()).unwrap();
+    let c =
+        DiscordConnector::new(DiscordConfig::default(), Arc::new(LocalGate::default())).unwrap();
     let mut conn = c.connect(&spec(&fake, token), None).await.unwrap();
-    let msg = botfleet_core::Inbound::message(
-        Platform::Discord,
-        botfleet_core::ChatKey::new(BotId::new("dbot").unwrap(), "5"),
-        "1",
-        None,
-        "x",
-        None,
+    let chat = botfleet_core::ChatKey::new(BotId::new("dbot").unwrap(), "5");
+    let send = Act::Send {
+        text: "a",
+        buttons: &[],
+        thread_of: None,
+        files: &[],
+    };
+    let scopes = |act: &Act<'_>| -> Vec<(&'static str, String)> {
+        conn.sender
+            .buckets(&chat, Call::Act(act))
+            .into_iter()
+            .map(|b| (b.scope, b.of))
+            .collect()
+    };
+    assert_eq!(
+        scopes(&send),
+        [("channel", "5".to_owned()), ("global", String::new())]
     );
-    conn.sender
-        .send(&Outbound::reply_to(&msg, "a"))
-        .await
-        .unwrap();
-    conn.sender
-        .send(&Outbound::reply_to(&msg, "b"))
-        .await
-        .unwrap();
-    assert_eq!(gate.0.load(Ordering::SeqCst), 2);
+    assert_eq!(scopes(&Act::Typing), [("global", String::new())]);
+    let msg =
+        botfleet_core::Inbound::message(Platform::Discord, chat.clone(), "1", None, "x", None);
+    assert!(scopes(&Act::Defer { event: &msg }).is_empty());
+    let b = conn.sender.buckets(&chat, Call::Act(&send));
+    assert_eq!(b[0].limit, botfleet_discord::limits::CHANNEL);
+    assert_eq!(b[1].limit.burst, 50);
     conn.receiver.close().await;
 }

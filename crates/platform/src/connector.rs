@@ -340,6 +340,16 @@ pub trait Sender: Send + Sync {
         }
     }
 
+    /// The buckets of the platform's rate limits that `call` in `chat` counts against (the
+    /// chat's, the group's, the bot's own…): the runtime takes a token from each, shared by
+    /// every worker of the fleet, before making the call. None (the default) for a platform
+    /// without documented limits, and for calls its limits leave out (an interaction's answer
+    /// is not counted by Discord).
+    fn buckets(&self, chat: &ChatKey, call: crate::Call<'_>) -> Vec<crate::Bucket> {
+        let _ = (chat, call);
+        Vec::new()
+    }
+
     /// Whether a streamed answer to `event` can go as the platform's own stream
     /// ([`Sender::stream`]) in the event's chat: `false` (the default) where the platform has
     /// none there, and the answer goes as edits of one message.

@@ -44,6 +44,8 @@ pub struct PlatformError {
     kind: ErrorKind,
     reason: &'static str,
     message: String,
+    /// The send limit a 429 was for, when the platform says ([`PlatformError::in_scope`]).
+    scope: Option<&'static str>,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
@@ -62,8 +64,23 @@ impl PlatformError {
             kind,
             reason,
             message: message.into(),
+            scope: None,
             source: None,
         }
+    }
+
+    /// Says which of the call's send limits ([`crate::Bucket::scope`]) a rate limit was for,
+    /// when the platform's answer tells (Discord's `global`): the fleet pauses that bucket.
+    /// Without it, a 429 pauses the call's narrowest one (its first).
+    #[must_use]
+    pub fn in_scope(mut self, scope: &'static str) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// The send limit a rate limit was for, when the platform said.
+    pub fn scope(&self) -> Option<&'static str> {
+        self.scope
     }
 
     /// Keeps the underlying error (which must not hold a secret either).

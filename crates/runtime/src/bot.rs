@@ -94,6 +94,8 @@ pub(crate) struct BotSettings {
     pub(crate) files: crate::Files,
     /// The worker's answers that come later.
     pub(crate) later: crate::later::Later,
+    /// The fleet's send buckets.
+    pub(crate) pace: crate::pace::Pace,
     /// Where entries journaled by other workers (sends from the backend) reach the bot.
     pub(crate) mailboxes: Arc<crate::sends::Mailboxes>,
 }
@@ -443,6 +445,7 @@ impl BotCtx {
                     slots: self.settings.slots.clone(),
                     files: self.settings.files.clone(),
                     later: self.settings.later.clone(),
+                    pace: self.settings.pace.clone(),
                 },
             ),
             fence: self.fence,

@@ -42,6 +42,9 @@ pub struct WorkerConfig {
     /// (`--async-reply-ttl-s`) before the event is given up on (`async reply expired`); a
     /// bot's own `async_reply_ttl_s` overrides it. Default 900 s; 10 s - 24 h.
     pub async_reply_ttl: Duration,
+    /// Changes to the platforms' documented send limits, which the fleet keeps for every
+    /// bot (default: none, every documented limit kept).
+    pub rate_limits: crate::RateLimits,
     /// Handlers compiled into this worker, by the name a bot's `--handler NAME` gives (a
     /// worker built as a library adds its own). Default none.
     pub handlers: crate::HandlerRegistry,
@@ -116,6 +119,7 @@ impl WorkerConfig {
             reconcile_every: Duration::from_secs(1),
             handler_timeout: Duration::from_secs(120),
             async_reply_ttl: Duration::from_secs(900),
+            rate_limits: crate::RateLimits::default(),
             handlers: crate::HandlerRegistry::default(),
             handler_retry_for: Duration::from_secs(300),
             max_in_flight: 1_000,

@@ -74,6 +74,8 @@ pub(crate) struct HookSettings {
     pub(crate) files: crate::Files,
     /// The worker's answers that come later.
     pub(crate) later: crate::later::Later,
+    /// The fleet's send buckets.
+    pub(crate) pace: crate::pace::Pace,
 }
 
 /// The webhook side of one worker: serve its [`Hooks::router`] on the hooks address.
@@ -1233,6 +1235,7 @@ impl Hooks {
                 slots: self.inner.settings.slots.clone(),
                 files: self.inner.settings.files.clone(),
                 later: self.inner.settings.later.clone(),
+                pace: self.inner.settings.pace.clone(),
             },
         )
     }

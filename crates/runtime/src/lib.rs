@@ -14,6 +14,7 @@ mod journal;
 mod later;
 mod lock;
 pub mod metrics;
+mod pace;
 mod platforms;
 mod replies;
 mod reply_token;
@@ -36,8 +37,9 @@ pub use hooks::{Hooks, MAX_HOOK_BODY};
 pub use journal::{Journal, JournalEntry, JOURNAL_CAPACITY};
 pub use lock::InstanceLock;
 pub use metrics::Metrics;
+pub use pace::RateLimits;
 pub use platforms::{
-    capability_table, descriptor, is_webhook, supported as supported_platforms,
+    capability_table, descriptor, is_webhook, send_scopes, supported as supported_platforms,
     validate as validate_spec, SpecError, DESCRIPTORS,
 };
 pub use replies::{idempotency_key_fits, Posted, Replies, ReplyError, MAX_IDEMPOTENCY_KEY};

@@ -35,6 +35,15 @@ pub const API_SENDS_TOTAL: &str = "botfleet_api_sends_total";
 /// (a later edit of the message went instead), `skipped` (it would show what the message
 /// shows).
 pub const STREAM_EDITS_TOTAL: &str = "botfleet_stream_edits_total";
+/// Time a platform call waited for the fleet's send buckets (the platform's rate limits), by
+/// platform: zero when every bucket had a token.
+pub const SEND_WAIT_SECONDS: &str = "botfleet_send_wait_seconds";
+/// Platform calls that found a send bucket empty and waited, by platform and the scope that
+/// held them longest (`chat`, `group`, `bot`, `channel`…).
+pub const RATE_BUCKET_WAITS_TOTAL: &str = "botfleet_rate_bucket_waits_total";
+/// Rate limits (429s) platforms answered, by platform and the send limit's scope they paused
+/// for the fleet (`none`: a call counted against no bucket).
+pub const RATE_LIMITED_TOTAL: &str = "botfleet_rate_limited_total";
 /// Bots that should run but no live worker has room for.
 pub const BOTS_UNPLACED: &str = "botfleet_bots_unplaced";
 /// Times this worker stopped all bots because its lease was not safe.
@@ -138,11 +147,14 @@ pub struct Metrics {
     ack: Histograms,
     hook_reply: Histograms,
     outbox_window: Histograms,
+    send_wait: Histograms,
     // std Mutex: held for one map update, never across .await.
     connections: Mutex<BTreeMap<Platform, u64>>,
     errors: Mutex<BTreeMap<(Platform, &'static str), u64>>,
     api_sends: Mutex<BTreeMap<(Platform, &'static str), u64>>,
     stream_edits: Mutex<BTreeMap<(Platform, &'static str), u64>>,
+    bucket_waits: Mutex<BTreeMap<(Platform, &'static str), u64>>,
+    rate_limited: Mutex<BTreeMap<(Platform, &'static str), u64>>,
     /// Messages received per bot id (only bots that received any).
     per_bot: Mutex<std::collections::HashMap<String, u64>>,
     /// How many of the busiest bots `render` shows (0: none).
@@ -330,6 +342,23 @@ impl Metrics {
     /// ([`STREAM_EDITS_TOTAL`]).
     pub fn stream_edit(&self, p: Platform, outcome: &'static str) {
         *lock(&self.stream_edits).entry((p, outcome)).or_default() += 1;
+    }
+
+    /// A platform call waited `d` for its send buckets (zero: none was empty).
+    pub fn send_wait(&self, p: Platform, d: std::time::Duration) {
+        self.send_wait.observe(p, d);
+    }
+
+    /// A platform call found a send bucket empty; `scope` held it longest
+    /// ([`RATE_BUCKET_WAITS_TOTAL`]).
+    pub fn bucket_wait(&self, p: Platform, scope: &'static str) {
+        *lock(&self.bucket_waits).entry((p, scope)).or_default() += 1;
+    }
+
+    /// A platform answered a rate limit (429) for its send limit `scope`
+    /// ([`RATE_LIMITED_TOTAL`]).
+    pub fn rate_limited(&self, p: Platform, scope: &'static str) {
+        *lock(&self.rate_limited).entry((p, scope)).or_default() += 1;
     }
 
     /// The Prometheus text exposition of every metric.
@@ -523,6 +552,12 @@ impl Metrics {
             "Seconds from the platform accepting a reply to its record in the store (a crash in between sends it again on replay), for every bot.",
             &w,
         );
+        self.send_wait.render(
+            &mut out,
+            SEND_WAIT_SECONDS,
+            "Seconds a platform call waited for the fleet's send buckets (the platform's rate limits).",
+            &w,
+        );
         self.ack.render(
             &mut out,
             ACK_SECONDS,
@@ -564,6 +599,18 @@ impl Metrics {
                 "Edits of one message asked for, by outcome.",
                 "outcome",
                 &self.stream_edits,
+            ),
+            (
+                RATE_BUCKET_WAITS_TOTAL,
+                "Platform calls that waited for an empty send bucket, by the scope that held them longest.",
+                "scope",
+                &self.bucket_waits,
+            ),
+            (
+                RATE_LIMITED_TOTAL,
+                "Rate limits (429) platforms answered, by the send limit's scope paused for the fleet.",
+                "scope",
+                &self.rate_limited,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

@@ -109,6 +109,22 @@ pub(crate) fn caps(spec: &BotSpec) -> botfleet_core::Caps {
         .map_or(botfleet_core::Caps::TEXT_ONLY, |m| m.caps)
 }
 
+/// The send limits `platform` documents, by scope (what [`botfleet_platform::Sender::buckets`]
+/// counts calls against); none for a platform not in this build.
+pub fn send_scopes(platform: Platform) -> &'static [(&'static str, botfleet_platform::Limit)] {
+    match platform {
+        Platform::Telegram => botfleet_telegram::limits::SCOPES,
+        #[cfg(feature = "slack")]
+        Platform::Slack => botfleet_slack::limits::SCOPES,
+        #[cfg(feature = "discord")]
+        Platform::Discord => botfleet_discord::limits::SCOPES,
+        #[cfg(feature = "whatsapp")]
+        Platform::Whatsapp => botfleet_whatsapp::limits::SCOPES,
+        #[allow(unreachable_patterns)]
+        _ => &[],
+    }
+}
+
 /// Whether `spec`'s platform POSTs its updates to the fleet's hooks address.
 pub fn is_webhook(spec: &BotSpec) -> bool {
     descriptor(spec.platform).is_some_and(|d| d.is_webhook(spec))
@@ -218,23 +234,6 @@ mod discord {
                         tokio::time::sleep(spacing).await;
                         return;
                     }
-                }
-            }
-        }
-
-        /// Discord's global REST limit, 50 requests a second per bot, kept across the fleet
-        /// (every worker running a slice of the bot draws from one bucket).
-        async fn rest(&self, bot: &str) {
-            let key = format!("rest:discord:{bot}");
-            let limit = RateLimit::new(50.0, 50);
-            for _ in 0..100 {
-                match self.coord.acquire_rate(&key, limit).await {
-                    Ok(Permit::Granted) => return,
-                    Ok(Permit::Wait(d)) => {
-                        tokio::time::sleep(d.max(Duration::from_millis(5))).await
-                    }
-                    // The coordinator is away: Discord's 429s still pace the bot.
-                    Err(_) => return,
                 }
             }
         }

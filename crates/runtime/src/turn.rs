@@ -36,9 +36,9 @@ use std::{
 };
 
 use botfleet_core::{
-    Action, BotId, BotSpec, BotStatus, Caps, ChatKey, Inbound, Outbound, Platform,
+    Act, Action, BotId, BotSpec, BotStatus, Caps, ChatKey, Inbound, Outbound, Platform,
 };
-use botfleet_platform::{ErrorKind, PlatformError, Sender};
+use botfleet_platform::{Bucket, Call, ErrorKind, PlatformError, Sender};
 use botfleet_store::{
     EntryKind, InboxOutcome, InboxState, StateWrite, Store, StoreError, TurnFence, TurnRecord,
     TurnView, MAX_STATE_BYTES,
@@ -196,6 +196,8 @@ pub(crate) struct TurnCtx {
     /// How long a turn whose handler answered `202` waits for its answer (the bot's own, or
     /// the worker's).
     pub(crate) async_ttl: Duration,
+    /// The fleet's send buckets.
+    pub(crate) pace: crate::pace::Pace,
 }
 
 /// What every turn of a worker shares, whatever the bot's transport.
@@ -214,6 +216,8 @@ pub(crate) struct TurnBase {
     pub(crate) files: crate::Files,
     /// The worker's answers that come later.
     pub(crate) later: crate::later::Later,
+    /// The fleet's send buckets.
+    pub(crate) pace: crate::pace::Pace,
 }
 
 impl TurnCtx {
@@ -245,6 +249,7 @@ impl TurnCtx {
             native_streams: spec.stream_mode() == botfleet_core::StreamMode::Native,
             async_ttl: spec.async_reply_ttl(base.later.ttl()),
             later: base.later,
+            pace: base.pace,
         }
     }
 }
@@ -814,26 +819,31 @@ async fn send(
     out: &Outbound,
     started: Instant,
 ) -> Result<Result<Instant, String>, Halt> {
-    let r = attempt(
-        ctx,
-        hold,
-        slot,
-        started,
-        |s| async move { s.send(out).await },
-    )
+    let act = Act::Send {
+        text: &out.text,
+        buttons: &[],
+        thread_of: None,
+        files: &[],
+    };
+    let call = (&out.chat, Call::Act(&act));
+    let r = attempt(ctx, hold, slot, started, call, |s| async move {
+        s.send(out).await
+    })
     .await?;
     Ok(r.map(|()| Instant::now()))
 }
 
-/// Makes one platform call through the bot's sender (`call`): `Ok(Ok(its answer))`,
-/// `Ok(Err(why))` when it cannot succeed (refused as it is, or failing past `retry_for`).
-/// Anything but a refusal is retried, an unreadable answer included (it may hide a sent
-/// message: at least once, not at most).
+/// Makes one platform call through the bot's sender (`call`, which does `what` in its
+/// chat): `Ok(Ok(its answer))`, `Ok(Err(why))` when it cannot succeed (refused as it is, or
+/// failing past `retry_for`). Every try first takes a token from each of the platform's send
+/// buckets the call counts against. Anything but a refusal is retried, an unreadable answer
+/// included (it may hide a sent message: at least once, not at most).
 async fn attempt<T, F, Fut>(
     ctx: &TurnCtx,
     hold: &impl Hold,
     slot: &mut Slot,
     started: Instant,
+    what: (&ChatKey, Call<'_>),
     mut call: F,
 ) -> Result<Result<T, String>, Halt>
 where
@@ -844,8 +854,12 @@ where
         Ok(s) => s,
         Err(why) => return Ok(Err(format!("send: {why}"))),
     };
+    let buckets = ctx.pace.kept(ctx.platform, sender.buckets(what.0, what.1));
     let mut attempt = 0;
     loop {
+        if let Err(why) = paced(ctx, hold, slot, &buckets, started).await? {
+            return Ok(Err(why));
+        }
         ctx.slots.ensure(slot, hold).await?;
         // Checked before every call: a frozen or fenced worker does nothing.
         hold.check()?;
@@ -868,17 +882,93 @@ where
             }
             Err(e) => {
                 ctx.metrics.platform_error(ctx.platform, e.reason());
+                let shared = match e.kind() {
+                    ErrorKind::RateLimited(wait) => shared_pause(ctx, &buckets, &e, wait).await,
+                    _ => false,
+                };
                 if e.kind() == ErrorKind::Rejected || started.elapsed() >= ctx.retry_for {
                     return Ok(Err(format!("send: {e}")));
                 }
                 debug!(bot = %ctx.bot, error = %e, "send failed; retrying");
                 // No slot across the wait (a 429 may ask for minutes).
                 *slot = None;
-                hold.pause(wait_after(&e, attempt)).await?;
+                if !shared {
+                    hold.pause(wait_after(&e, attempt)).await?;
+                }
                 attempt += 1;
             }
         }
     }
+}
+
+/// A 429 (`e`, asking for `wait`) pauses the bucket of `buckets` it was for on every worker:
+/// true when it did, and the retry then waits for the bucket (as any other call of the
+/// bucket does, here or elsewhere); false when the call has no bucket or the coordinator is
+/// away (the retry waits here alone).
+async fn shared_pause(
+    ctx: &TurnCtx,
+    buckets: &[Bucket],
+    e: &PlatformError,
+    wait: Duration,
+) -> bool {
+    let Some(b) = crate::pace::limited(buckets, e.scope()) else {
+        ctx.metrics.rate_limited(ctx.platform, "none");
+        return false;
+    };
+    ctx.metrics.rate_limited(ctx.platform, b.scope);
+    match ctx.pace.pause(ctx.platform, &ctx.bot, b, wait).await {
+        Ok(()) => {
+            debug!(bot = %ctx.bot, scope = b.scope, wait_ms = wait.as_millis() as u64, "rate limited: the bucket paused for the fleet");
+            true
+        }
+        Err(err) => {
+            debug!(bot = %ctx.bot, error = %err, "rate limited: the pause could not be shared");
+            false
+        }
+    }
+}
+
+/// Waits until each of `buckets` (a platform call's) gives a token, the turn's slot given back
+/// meanwhile: `Ok(Err(why))` when the wait would end past the call's `retry_for` (counted
+/// from `started`). Without the coordinator the call goes unpaced: the platform's 429s still
+/// pace it.
+async fn paced(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    slot: &mut Slot,
+    buckets: &[Bucket],
+    started: Instant,
+) -> Result<Result<(), String>, Halt> {
+    if buckets.is_empty() {
+        return Ok(Ok(()));
+    }
+    let since = Instant::now();
+    loop {
+        hold.check()?;
+        match ctx.pace.take(ctx.platform, &ctx.bot, buckets).await {
+            Ok(t) if t.taken() => break,
+            Ok(t) => {
+                let scope = buckets.get(t.short).map_or("?", |b| b.scope);
+                ctx.metrics.bucket_wait(ctx.platform, scope);
+                if started.elapsed() + t.wait > ctx.retry_for {
+                    return Ok(Err(format!(
+                        "send: the platform's {scope} rate limit holds it {} s more, past the {} s a send is tried for",
+                        t.wait.as_secs(),
+                        ctx.retry_for.as_secs()
+                    )));
+                }
+                debug!(bot = %ctx.bot, scope, wait_ms = t.wait.as_millis() as u64, "a send bucket is empty; waiting");
+                *slot = None;
+                hold.pause(t.wait).await?;
+            }
+            Err(e) => {
+                debug!(bot = %ctx.bot, error = %e, "send buckets unreachable; sending unpaced");
+                break;
+            }
+        }
+    }
+    ctx.metrics.send_wait(ctx.platform, since.elapsed());
+    Ok(Ok(()))
 }
 
 /// The handler's new state, unless it is over [`MAX_STATE_BYTES`] (then reported to the

@@ -114,6 +114,8 @@ pub struct Worker {
     files: crate::Files,
     /// Answers that come later: the reply-token key and the held turns' time to live.
     later: crate::later::Later,
+    /// The fleet's send buckets (the platforms' rate limits).
+    pace: crate::pace::Pace,
 }
 
 impl std::fmt::Debug for Worker {
@@ -152,6 +154,7 @@ impl Worker {
             cfg.file_link_ttl,
         );
         let later = crate::later::Later::new(store.clone(), cfg.async_reply_ttl);
+        let pace = crate::pace::Pace::new(coord.clone(), cfg.rate_limits.clone());
         Ok(Self {
             cfg,
             coord,
@@ -170,6 +173,7 @@ impl Worker {
             slots,
             files,
             later,
+            pace,
         })
     }
 
@@ -214,6 +218,7 @@ impl Worker {
                 slots: self.slots.clone(),
                 files: self.files.clone(),
                 later: self.later.clone(),
+                pace: self.pace.clone(),
             },
             self.reporter.clone(),
         );

@@ -169,6 +169,14 @@ impl Sender for SlackSender {
         Ok(crate::outbound::act(&self.client, &self.api, &chat.chat, act).await?)
     }
 
+    fn buckets(
+        &self,
+        chat: &botfleet_core::ChatKey,
+        call: botfleet_platform::Call<'_>,
+    ) -> Vec<botfleet_platform::Bucket> {
+        crate::outbound::limits::buckets(&chat.chat, call)
+    }
+
     /// In a thread (where the answer goes anyway: Slack streams only replies in a thread),
     /// to the user who wrote.
     fn streams_in(&self, event: &botfleet_core::Inbound) -> bool {

@@ -19,4 +19,5 @@ pub use descriptor::DESCRIPTOR;
 pub use error::SlackError;
 pub use events::{sign, SlackEvents, MAX_SKEW_S};
 pub use inbound::{parse_command, parse_event, parse_frame, parse_interactive, Event, Frame, Me};
+pub use outbound::limits;
 pub use outbound::{act, blocks, channel_and_thread, send, CAPS, MAX_TEXT_CHARS};

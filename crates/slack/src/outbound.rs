@@ -299,3 +299,47 @@ mod tests {
         assert_eq!(p.concat(), long);
     }
 }
+
+/// Slack's documented limits for what a bot sends: about one message a second in a channel
+/// (`chat.postMessage`), and the per-method tiers, per app and workspace (`chat.update`,
+/// `chat.delete`: Tier 3, 50 a minute; the file upload calls: Tier 4, 100 a minute).
+pub mod limits {
+    use botfleet_core::Act;
+    use botfleet_platform::{Bucket, Call, Limit, StreamStep};
+
+    /// Messages to one channel.
+    pub const CHANNEL: Limit = Limit::every(1, 1, 1);
+    /// Tier 3 methods.
+    pub const TIER_3: Limit = Limit::every(50, 60, 10);
+    /// Tier 4 methods.
+    pub const TIER_4: Limit = Limit::every(100, 60, 10);
+
+    /// Every scope and its limit.
+    pub const SCOPES: &[(&str, Limit)] = &[
+        ("channel", CHANNEL),
+        ("chat.update", TIER_3),
+        ("chat.delete", TIER_3),
+        ("files", TIER_4),
+    ];
+
+    /// The buckets `call` in `chat` (a channel, or `channel/thread`) counts against. Typing,
+    /// answers through a command's `response_url` and a stream's appends and stop are not
+    /// counted (Slack paces them with its own 429s).
+    pub fn buckets(chat: &str, call: Call<'_>) -> Vec<Bucket> {
+        let (channel, _) = super::channel_and_thread(chat);
+        match call {
+            Call::Act(Act::Send { files, .. }) => {
+                // A message, or files shared in the channel (which show as one).
+                let mut b = vec![Bucket::of("channel", channel, CHANNEL)];
+                if !files.is_empty() {
+                    b.push(Bucket::bot("files", TIER_4));
+                }
+                b
+            }
+            Call::Act(Act::Edit { .. }) => vec![Bucket::bot("chat.update", TIER_3)],
+            Call::Act(Act::Delete { .. }) => vec![Bucket::bot("chat.delete", TIER_3)],
+            Call::Stream(StreamStep::Start { .. }) => vec![Bucket::of("channel", channel, CHANNEL)],
+            _ => Vec::new(),
+        }
+    }
+}

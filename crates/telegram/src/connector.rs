@@ -289,6 +289,14 @@ impl Sender for TelegramSender {
         Ok(crate::act(&self.client, &self.api, &chat.chat, act).await?)
     }
 
+    fn buckets(
+        &self,
+        chat: &ChatKey,
+        call: botfleet_platform::Call<'_>,
+    ) -> Vec<botfleet_platform::Bucket> {
+        crate::outbound::limits::buckets(&chat.chat, call)
+    }
+
     /// In a private chat, as message drafts.
     fn streams_in(&self, event: &botfleet_core::Inbound) -> bool {
         crate::outbound::drafts_in(&event.chat.chat)

@@ -17,4 +17,5 @@ pub use connector::{TelegramConnector, TelegramHooks};
 pub use descriptor::DESCRIPTOR;
 pub use error::TelegramError;
 pub use inbound::{parse_update, split_updates, RawUpdate, Update};
+pub use outbound::limits;
 pub use outbound::{act, keyboard, send, CAPS, MAX_TEXT_CHARS};

@@ -444,3 +444,38 @@ mod tests {
         assert_eq!(method_of(File), ("sendDocument", "document"));
     }
 }
+
+/// Telegram's documented send limits: about one message a second in a chat, 20 a minute in
+/// a group, 30 a second over all of a bot's chats.
+pub mod limits {
+    use botfleet_platform::{Bucket, Call, Limit, StreamStep};
+
+    /// Messages to one chat.
+    pub const CHAT: Limit = Limit::every(1, 1, 1);
+    /// Messages to one group (a chat whose id is negative: groups, supergroups, channels).
+    pub const GROUP: Limit = Limit::every(20, 60, 1);
+    /// Messages from the bot, over all its chats.
+    pub const BOT: Limit = Limit::every(30, 1, 30);
+
+    /// Every scope and its limit.
+    pub const SCOPES: &[(&str, Limit)] = &[("chat", CHAT), ("group", GROUP), ("bot", BOT)];
+
+    /// The buckets `call` in `chat` counts against: a new message (a send, and a draft's
+    /// end, which sends the message) counts against its chat, its group and the bot; edits,
+    /// deletes, typing, answers to presses and a draft's changes are not counted (an edit
+    /// stream is paced per message by the runtime; a draft is made to change often).
+    pub fn buckets(chat: &str, call: Call<'_>) -> Vec<Bucket> {
+        let message = matches!(
+            call,
+            Call::Act(botfleet_core::Act::Send { .. }) | Call::Stream(StreamStep::Stop { .. })
+        );
+        if !message {
+            return Vec::new();
+        }
+        let mut b = vec![Bucket::of("chat", chat, CHAT), Bucket::bot("bot", BOT)];
+        if chat.starts_with('-') {
+            b.push(Bucket::of("group", chat, GROUP));
+        }
+        b
+    }
+}

@@ -477,27 +477,38 @@ pub async fn send_buckets_are_taken_together_by_the_fleet<F: CoordFixture>(f: &F
     // Slow refills, so that a busy machine's pauses between calls change nothing.
     let chat = ("tg:bot1:chat:7", RateLimit::new(0.2, 2));
     let bot = ("tg:bot1", RateLimit::new(0.1, 30));
-    assert_eq!(a.take_buckets(&[chat, bot]).await.unwrap(), Duration::ZERO);
-    assert_eq!(b.take_buckets(&[chat, bot]).await.unwrap(), Duration::ZERO);
-    // The chat's burst is spent, through either coordinator: the call waits for its next token.
-    let wait = a.take_buckets(&[chat, bot]).await.unwrap();
-    assert!(
-        wait > Duration::ZERO && wait <= Duration::from_secs(5),
-        "{wait:?}"
+    assert_eq!(
+        a.take_buckets(&[chat, bot]).await.unwrap().wait,
+        Duration::ZERO
     );
+    assert_eq!(
+        b.take_buckets(&[chat, bot]).await.unwrap().wait,
+        Duration::ZERO
+    );
+    // The chat's burst is spent, through either coordinator: the call waits for its next token.
+    let held = a.take_buckets(&[chat, bot]).await.unwrap();
+    assert!(
+        held.wait > Duration::ZERO && held.wait <= Duration::from_secs(5),
+        "{held:?}"
+    );
+    assert_eq!(held.short, 0, "the chat's bucket holds the call");
     // Nothing was taken from the bot's bucket meanwhile: 28 of its 30 are left.
     let other = ("tg:bot1:chat:8", RateLimit::new(100.0, 100));
     for i in 0..28 {
         assert_eq!(
-            b.take_buckets(&[other, bot]).await.unwrap(),
+            b.take_buckets(&[other, bot]).await.unwrap().wait,
             Duration::ZERO,
             "take {i}"
         );
     }
-    assert!(b.take_buckets(&[other, bot]).await.unwrap() > Duration::ZERO);
+    let held = b.take_buckets(&[other, bot]).await.unwrap();
+    assert!(
+        held.wait > Duration::ZERO && held.short == 1,
+        "the bot's: {held:?}"
+    );
     // The chat's token comes back at its rate.
     wait_for("a chat token back", Duration::from_secs(20), || async {
-        (a.take_buckets(&[chat]).await.unwrap() == Duration::ZERO).then_some(())
+        (a.take_buckets(&[chat]).await.unwrap().wait == Duration::ZERO).then_some(())
     })
     .await;
     assert!(a.take_buckets(&[]).await.is_err(), "no scope");
@@ -518,15 +529,19 @@ pub async fn a_paused_bucket_holds_every_coordinator<F: CoordFixture>(f: &F) {
     a.pause_bucket(chat.0, Duration::from_millis(100))
         .await
         .unwrap();
-    let wait = b.take_buckets(&[chat]).await.unwrap();
+    let wait = b.take_buckets(&[chat]).await.unwrap().wait;
     assert!(wait > Duration::ZERO && wait <= pause, "{wait:?}");
+    let held = b.take_buckets(&[elsewhere, chat]).await.unwrap();
     assert!(
-        b.take_buckets(&[elsewhere, chat]).await.unwrap() > Duration::ZERO,
-        "a call with a paused scope waits"
+        held.wait > Duration::ZERO && held.short == 1,
+        "a call with a paused scope waits for it: {held:?}"
     );
-    assert_eq!(b.take_buckets(&[elsewhere]).await.unwrap(), Duration::ZERO);
+    assert_eq!(
+        b.take_buckets(&[elsewhere]).await.unwrap().wait,
+        Duration::ZERO
+    );
     wait_for("the pause ends", Duration::from_secs(15), || async {
-        (b.take_buckets(&[chat]).await.unwrap() == Duration::ZERO).then_some(())
+        (b.take_buckets(&[chat]).await.unwrap().wait == Duration::ZERO).then_some(())
     })
     .await;
     assert!(

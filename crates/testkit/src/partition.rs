@@ -10,8 +10,8 @@ use std::{
 };
 
 use botfleet_coord::{
-    ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent, LiveWorker,
-    LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent,
+    LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use tokio::sync::mpsc;
@@ -133,7 +133,7 @@ impl Coordinator for Partition {
         self.check().await?;
         self.inner.acquire_rate_many(k, l, n).await
     }
-    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<Duration> {
+    async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake> {
         self.check().await?;
         self.inner.take_buckets(scopes).await
     }

@@ -85,7 +85,7 @@ impl GraphClient {
             .collect();
         Err(match (status, code) {
             (_, 190) | (401, _) => WhatsappError::Credentials { code, message },
-            (_, 4 | 80007 | 130_429) | (429, _) => WhatsappError::RateLimited { code },
+            (_, 4 | 80007 | 130_429 | 131_056) | (429, _) => WhatsappError::RateLimited { code },
             (s, _) if s >= 500 => WhatsappError::Server(s),
             _ => WhatsappError::Refused { code, message },
         })

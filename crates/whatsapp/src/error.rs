@@ -16,7 +16,7 @@ pub enum WhatsappError {
         /// Graph's message.
         message: String,
     },
-    /// Rate limited (codes 4, 80007, 130429, or HTTP 429).
+    /// Rate limited (codes 4, 80007, 130429, 131056 — the pair rate —, or HTTP 429).
     #[error("rate limited by WhatsApp (code {code})")]
     RateLimited {
         /// Graph's error code.
@@ -54,6 +54,36 @@ impl From<WhatsappError> for PlatformError {
             WhatsappError::Network(_) => (ErrorKind::Transient, "network"),
             WhatsappError::Malformed(_) => (ErrorKind::Malformed, "malformed"),
         };
-        PlatformError::new(kind, reason, e.to_string()).with_source(e)
+        let out = PlatformError::new(kind, reason, e.to_string());
+        // The send limit it was for, for the fleet to pause: one user's (the pair rate), or
+        // the number's (its throughput, and the account's and app's call limits).
+        let out = match &e {
+            WhatsappError::RateLimited { code: 131_056 } => out.in_scope("pair"),
+            WhatsappError::RateLimited { .. } => out.in_scope("number"),
+            _ => out,
+        };
+        out.with_source(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limits_name_the_send_limit_they_were_for() {
+        let pair = PlatformError::from(WhatsappError::RateLimited { code: 131_056 });
+        assert!(matches!(pair.kind(), ErrorKind::RateLimited(_)));
+        assert_eq!(pair.scope(), Some("pair"));
+        let number = PlatformError::from(WhatsappError::RateLimited { code: 130_429 });
+        assert_eq!(number.scope(), Some("number"));
+        let refused = PlatformError::from(WhatsappError::Refused {
+            code: 131_047,
+            message: "outside the window".into(),
+        });
+        assert_eq!(
+            (refused.kind(), refused.scope()),
+            (ErrorKind::Rejected, None)
+        );
     }
 }

@@ -22,3 +22,4 @@ pub use connector::{CloudHooks, WhatsappConnector};
 pub use descriptor::{is_device_link, DESCRIPTOR};
 pub use error::WhatsappError;
 pub use inbound::{parse_delivery, sign};
+pub use outbound::limits;

@@ -14,6 +14,14 @@ pub(crate) struct CloudSender {
 
 #[async_trait]
 impl Sender for CloudSender {
+    fn buckets(
+        &self,
+        chat: &ChatKey,
+        call: botfleet_platform::Call<'_>,
+    ) -> Vec<botfleet_platform::Bucket> {
+        limits::buckets(&chat.chat, call)
+    }
+
     fn typing_every(&self, _: &botfleet_core::Inbound) -> Option<std::time::Duration> {
         // Shown until the reply, at most 25 s.
         Some(std::time::Duration::from_secs(20))
@@ -190,3 +198,31 @@ pub(crate) const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_text: crate::MAX_TEXT_CHARS as u32,
     ..botfleet_core::Caps::TEXT_ONLY
 };
+
+/// WhatsApp Cloud's documented limits for what a business number sends: 80 messages a
+/// second (the default throughput of a number), and to one user one message every 6 seconds
+/// on average, in bursts of up to 45 (the pair rate limit).
+pub mod limits {
+    use botfleet_core::Act;
+    use botfleet_platform::{Bucket, Call, Limit};
+
+    /// Messages from the bot's number.
+    pub const NUMBER: Limit = Limit::every(80, 1, 80);
+    /// Messages to one user.
+    pub const PAIR: Limit = Limit::every(1, 6, 45);
+
+    /// Every scope and its limit.
+    pub const SCOPES: &[(&str, Limit)] = &[("pair", PAIR), ("number", NUMBER)];
+
+    /// The buckets `call` to the user `chat` counts against: a message counts against the
+    /// number and the pair; the read receipt that shows typing is not counted.
+    pub fn buckets(chat: &str, call: Call<'_>) -> Vec<Bucket> {
+        match call {
+            Call::Act(Act::Send { .. }) => vec![
+                Bucket::of("pair", chat, PAIR),
+                Bucket::bot("number", NUMBER),
+            ],
+            _ => Vec::new(),
+        }
+    }
+}

@@ -2,11 +2,12 @@
 -- KEYS[1..n] bucket hashes: tokens, ts (server ms; in the future while the bucket is paused:
 --            no token before then, see bucket_pause.lua)
 -- ARGV[2k-1], ARGV[2k] tokens per ms (decimal) and burst (bucket size) of KEYS[k]
--- Returns the wait in ms: 0 when a token was taken from each; else how long until every
--- bucket could give one (nothing taken).
+-- Returns {wait in ms, k}: {0, 0} when a token was taken from each; else how long until every
+-- bucket could give one (nothing taken) and the index (from 0) of the bucket that holds the
+-- call longest.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local tokens, wait = {}, 0
+local tokens, wait, short = {}, 0, 0
 for k = 1, #KEYS do
   local rate = tonumber(ARGV[2 * k - 1])
   local burst = tonumber(ARGV[2 * k])
@@ -24,10 +25,13 @@ for k = 1, #KEYS do
     end
   end
   tokens[k] = have
-  if w > wait then wait = w end
+  if w > wait then
+    wait = w
+    short = k - 1
+  end
 end
 if wait > 0 then
-  return math.max(1, math.ceil(wait))
+  return {math.max(1, math.ceil(wait)), short}
 end
 for k = 1, #KEYS do
   local rate = tonumber(ARGV[2 * k - 1])
@@ -35,4 +39,4 @@ for k = 1, #KEYS do
   redis.call('HSET', KEYS[k], 'tokens', tostring(tokens[k] - 1), 'ts', tostring(now))
   redis.call('PEXPIRE', KEYS[k], math.ceil(burst / rate) + 60000)
 end
-return 0
+return {0, 0}

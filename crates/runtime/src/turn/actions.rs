@@ -19,7 +19,7 @@ use std::{
 };
 
 use botfleet_core::{Act, Action, Button, Caps, EventKind, Inbound, OutFile, Target, Upload};
-use botfleet_platform::StreamStep;
+use botfleet_platform::{Call, StreamStep};
 use botfleet_store::{InboxOutcome, TurnStep};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -809,10 +809,17 @@ impl Run<'_> {
                     thread_of: thread.then_some(msg),
                     files: &uploads,
                 };
-                let r = attempt(self.ctx, hold, slot, started, |s| {
-                    let (act, key) = (&act, key.as_str());
-                    async move { s.act(chat, act, key).await }
-                })
+                let r = attempt(
+                    self.ctx,
+                    hold,
+                    slot,
+                    started,
+                    (chat, Call::Act(&act)),
+                    |s| {
+                        let (act, key) = (&act, key.as_str());
+                        async move { s.act(chat, act, key).await }
+                    },
+                )
                 .await?;
                 match r {
                     Ok(id) => {
@@ -917,7 +924,8 @@ impl Run<'_> {
                     ));
                 }
                 let (msg, key): (&Inbound, &str) = (self.msg, &key);
-                attempt(self.ctx, hold, slot, started, |s| async move {
+                let call = (&msg.chat, Call::Act(&Act::Typing));
+                attempt(self.ctx, hold, slot, started, call, |s| async move {
                     s.show_typing(msg, key).await
                 })
                 .await
@@ -1021,7 +1029,8 @@ impl Run<'_> {
         started: Instant,
     ) -> Result<Result<Option<String>, String>, Halt> {
         let msg: &Inbound = self.msg;
-        let r = attempt(self.ctx, hold, slot, started, |s| async move {
+        let call = (&msg.chat, Call::Stream(step));
+        let r = attempt(self.ctx, hold, slot, started, call, |s| async move {
             s.stream(msg, step, key).await
         })
         .await?;
@@ -1188,9 +1197,14 @@ impl Run<'_> {
     ) -> Result<Result<Option<String>, String>, Halt> {
         let msg: &Inbound = self.msg;
         let chat = &msg.chat;
-        let r = attempt(self.ctx, hold, slot, started, |s| async move {
-            s.act(chat, act, key).await
-        })
+        let r = attempt(
+            self.ctx,
+            hold,
+            slot,
+            started,
+            (chat, Call::Act(act)),
+            |s| async move { s.act(chat, act, key).await },
+        )
         .await?;
         if r.is_ok() && !matches!(act, Act::Typing) {
             self.dirty = true;

@@ -565,6 +565,7 @@ impl State {
                         slots: self.w.slots.clone(),
                         files: self.w.files.clone(),
                         later: self.w.later.clone(),
+                        pace: self.w.pace.clone(),
                         mailboxes: self.w.mailboxes.clone(),
                     },
                     stop: stop_rx,

@@ -1,0 +1,104 @@
+//! The platforms' outbound rate limits, as each platform crate declares them: every call a
+//! bot makes counts against one or more buckets (its chat's, its group's, the bot's own…),
+//! and the runtime takes a token from each — fleet-wide, through the coordinator — before
+//! the call goes out.
+
+use botfleet_core::Act;
+
+use crate::StreamStep;
+
+/// A token bucket: `per_second` calls a second on average, at most `burst` at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limit {
+    /// Calls a second, on average; above 0.
+    pub per_second: f64,
+    /// How many may go at once after a quiet time; at least 1.
+    pub burst: u32,
+}
+
+impl Limit {
+    /// `calls` every `seconds` seconds, `burst` at once.
+    pub const fn every(calls: u32, seconds: u32, burst: u32) -> Self {
+        Self {
+            per_second: calls as f64 / seconds as f64,
+            burst,
+        }
+    }
+}
+
+/// One bucket an outbound call takes a token from: the limit of `scope` for `of`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bucket {
+    /// What the limit is kept per, as metrics name it: `chat`, `group`, `bot`, `channel`,
+    /// `pair`, a method's name…
+    pub scope: &'static str,
+    /// Which one of that scope the call counts against (a chat id; empty for the bot itself).
+    /// The runtime keys the bucket by the bot, the scope and this.
+    pub of: String,
+    /// The platform's limit for it.
+    pub limit: Limit,
+}
+
+impl Bucket {
+    /// The bucket of the bot itself for `scope` (its global limit, a method's tier).
+    pub fn bot(scope: &'static str, limit: Limit) -> Self {
+        Self {
+            scope,
+            of: String::new(),
+            limit,
+        }
+    }
+
+    /// The bucket of `scope` for `of` (a chat, a channel, a user).
+    pub fn of(scope: &'static str, of: &str, limit: Limit) -> Self {
+        Self {
+            scope,
+            of: of.to_owned(),
+            limit,
+        }
+    }
+}
+
+/// An outbound call, as its platform's rate limits see it ([`crate::Sender::buckets`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Call<'a> {
+    /// One action in a chat ([`crate::Sender::act`]; a plain send is an [`Act::Send`] of
+    /// its text).
+    Act(&'a Act<'a>),
+    /// One step of a native stream ([`crate::Sender::stream`]).
+    Stream(StreamStep<'a>),
+}
+
+impl Call<'_> {
+    /// Whether the call makes a new message in the chat (a send, a file; a stream's start,
+    /// and its stop where the platform ends it as a message of its own is the platform's to
+    /// say).
+    pub fn is_message(&self) -> bool {
+        matches!(
+            self,
+            Call::Act(Act::Send { .. }) | Call::Stream(StreamStep::Start { .. })
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_read_as_documented() {
+        let l = Limit::every(20, 60, 1);
+        assert!((l.per_second - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(l.burst, 1);
+        assert_eq!(Bucket::bot("bot", l).of, "");
+        assert_eq!(Bucket::of("chat", "-100", l).of, "-100");
+        let act = Act::Typing;
+        assert!(!Call::Act(&act).is_message());
+        assert!(Call::Stream(StreamStep::Start { text: "a" }).is_message());
+        assert!(!Call::Stream(StreamStep::Stop {
+            message_id: "1",
+            text: "a"
+        })
+        .is_message());
+    }
+}

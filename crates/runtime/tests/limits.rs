@@ -1,0 +1,204 @@
+//! The platforms' send limits kept by the fleet: a bot's calls take a token from each bucket
+//! its platform counts them against (Telegram: the chat's, the group's, the bot's), through
+//! the coordinator every worker shares, and wait — without a turn slot — when one is empty.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use async_trait::async_trait;
+use botfleet_coord::Coordinator;
+use botfleet_core::{BotId, BotSpec, HandlerSpec, Inbound, Platform};
+use botfleet_runtime::{BotHandler, HandlerError, TurnContext};
+use botfleet_testkit::{
+    connector_suite::{Harness, RunningWorker},
+    wait_for, FakeTelegram,
+};
+
+const TOKEN: &str = "5300:limits-SECRET";
+
+/// Answers a message "N" with N messages "reply i of N".
+struct Many;
+
+#[async_trait]
+impl BotHandler for Many {
+    async fn handle(&self, event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        let n: usize = event.text.parse().unwrap_or(1);
+        for i in 1..=n {
+            cx.send(format!("reply {i} of {n}"), Vec::new(), None);
+        }
+        Ok(())
+    }
+}
+
+/// A Telegram bot "lim" answered by [`Many`], run by worker "a" (its configuration changed by
+/// `tune`), polling a new fake.
+async fn running(
+    tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
+) -> (FakeTelegram, Harness, RunningWorker) {
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(TOKEN);
+    let mut bot = BotSpec::new(BotId::new("lim").unwrap(), Platform::Telegram, TOKEN);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = HandlerSpec::Named("many".into());
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start_with("a", |c| {
+        let handlers: HashMap<String, Arc<dyn BotHandler>> =
+            HashMap::from([("many".to_owned(), Arc::new(Many) as Arc<dyn BotHandler>)]);
+        c.handlers = Arc::new(handlers);
+        tune(c);
+    });
+    let tg = fake.state();
+    wait_for("polling", Duration::from_secs(20), || async {
+        tg.is_polling(TOKEN).then_some(())
+    })
+    .await;
+    (fake, h, w)
+}
+
+/// When each of `chat`'s `n` replies reached the fake, once all of them did.
+async fn replies_at(tg: &botfleet_testkit::FakeState, chat: i64, n: usize) -> Vec<Instant> {
+    wait_for("the replies sent", Duration::from_secs(30), || async {
+        let at: Vec<Instant> = tg
+            .sent()
+            .into_iter()
+            .filter(|s| s.chat_id == chat.to_string())
+            .map(|s| s.at)
+            .collect();
+        (at.len() >= n).then_some(at)
+    })
+    .await
+}
+
+/// The gaps between consecutive instants.
+fn gaps(at: &[Instant]) -> Vec<Duration> {
+    at.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// Telegram's documented limits, kept: one message a second in a private chat, one every
+/// 3 s in a group (20 a minute); the waits are counted by scope and timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bots_messages_keep_telegrams_chat_and_group_limits() {
+    let (fake, _h, w) = running(|_| {}).await;
+    let tg = fake.state();
+    tg.user_writes(TOKEN, 7, "3");
+    tg.user_writes(TOKEN, -100_500, "2");
+    let private = replies_at(tg, 7, 3).await;
+    let group = replies_at(tg, -100_500, 2).await;
+    // Lower bounds only (a busy machine makes them longer): the token comes back at the
+    // bucket's rate, and the call goes after it (a little under it for the HTTP call's own
+    // time).
+    for g in gaps(&private) {
+        assert!(g >= Duration::from_millis(900), "private chat: {g:?}");
+    }
+    for g in gaps(&group) {
+        assert!(g >= Duration::from_millis(2_900), "group: {g:?}");
+    }
+    let m = w.metrics.render("a");
+    for scope in ["chat", "group"] {
+        let line = format!(
+            "botfleet_rate_bucket_waits_total{{worker_id=\"a\",platform=\"telegram\",scope=\"{scope}\"}}"
+        );
+        assert!(m.contains(&line), "{scope} waits counted:\n{m}");
+    }
+    assert!(
+        m.contains("botfleet_send_wait_seconds_count{worker_id=\"a\",platform=\"telegram\"} 5"),
+        "every message's wait timed:\n{m}"
+    );
+    w.shutdown().await;
+}
+
+/// A bucket emptied or paused through another coordinator (another worker of the fleet) holds
+/// this worker's sends in that chat, and only there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_paused_elsewhere_in_the_fleet_holds_this_workers_sends() {
+    let (fake, h, w) = running(|_| {}).await;
+    let tg = fake.state();
+    let other = h.coordinator();
+    let pause = Duration::from_secs(4);
+    let paused_at = Instant::now();
+    other
+        .pause_bucket("send:telegram:lim:chat:42", pause)
+        .await
+        .unwrap();
+    tg.user_writes(TOKEN, 42, "1");
+    tg.user_writes(TOKEN, 43, "1");
+    let held = replies_at(tg, 42, 1).await[0];
+    let free = replies_at(tg, 43, 1).await[0];
+    assert!(
+        held - paused_at >= pause - Duration::from_millis(100),
+        "sent {:?} into a pause of {pause:?}",
+        held - paused_at
+    );
+    assert!(
+        free < held,
+        "the other chat did not wait for the paused one"
+    );
+    w.shutdown().await;
+}
+
+/// `off` keeps no limit: nothing waits, nothing is timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_turned_off_take_no_bucket() {
+    let (fake, _h, w) = running(|c| c.rate_limits = "off".parse().unwrap()).await;
+    let tg = fake.state();
+    tg.user_writes(TOKEN, 9, "3");
+    replies_at(tg, 9, 3).await;
+    let m = w.metrics.render("a");
+    assert!(
+        !m.contains("botfleet_rate_bucket_waits_total{")
+            && !m.contains("botfleet_send_wait_seconds_count{"),
+        "no bucket taken:\n{m}"
+    );
+    w.shutdown().await;
+}
+
+/// A 429 pauses the bucket it was for — Telegram's: the chat's — for the whole fleet, for
+/// the platform's `retry_after`: another coordinator sees the pause, the chat's send goes
+/// after it, and another chat does not wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_pauses_its_chats_bucket_for_the_fleet() {
+    let (fake, h, w) = running(|_| {}).await;
+    let tg = fake.state();
+    let retry_after = Duration::from_secs(5);
+    tg.inject_send(
+        TOKEN,
+        botfleet_testkit::Fault::TooManyRequests(retry_after.as_secs()),
+    );
+    let written = Instant::now();
+    tg.user_writes(TOKEN, 42, "1");
+    let counted =
+        "botfleet_rate_limited_total{worker_id=\"a\",platform=\"telegram\",scope=\"chat\"} 1";
+    wait_for("the 429 counted", Duration::from_secs(20), || async {
+        w.metrics.render("a").contains(counted).then_some(())
+    })
+    .await;
+    let other = h.coordinator();
+    let chat = botfleet_coord::RateLimit::new(1.0, 1);
+    let seen = other
+        .take_buckets(&[("send:telegram:lim:chat:42", chat)])
+        .await
+        .unwrap();
+    assert!(
+        seen.wait > Duration::from_millis(500),
+        "the pause is the fleet's: {seen:?}"
+    );
+    tg.user_writes(TOKEN, 43, "1");
+    let free = replies_at(tg, 43, 1).await[0];
+    let held = replies_at(tg, 42, 1).await[0];
+    assert!(
+        free < held,
+        "the other chat did not wait for the paused one"
+    );
+    // The 429 came after the message was written.
+    assert!(
+        held - written >= retry_after - Duration::from_millis(100),
+        "sent {:?} after the message, though the 429 asked for {retry_after:?}",
+        held - written
+    );
+    w.shutdown().await;
+}
