@@ -21,13 +21,16 @@ use botfleet_testkit::{
 
 const TOKEN: &str = "5300:limits-SECRET";
 
-/// Answers a message "N" with N messages "reply i of N".
+/// Answers a message "N" with N messages "reply i of N", anything else with its text.
 struct Many;
 
 #[async_trait]
 impl BotHandler for Many {
     async fn handle(&self, event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
-        let n: usize = event.text.parse().unwrap_or(1);
+        let Ok(n) = event.text.parse::<usize>() else {
+            cx.reply(event.text.clone());
+            return Ok(());
+        };
         for i in 1..=n {
             cx.send(format!("reply {i} of {n}"), Vec::new(), None);
         }
@@ -35,23 +38,36 @@ impl BotHandler for Many {
     }
 }
 
-/// A Telegram bot "lim" answered by [`Many`], run by worker "a" (its configuration changed by
-/// `tune`), polling a new fake.
+/// The Telegram bot "lim" on `fake`, answered by [`Many`].
+fn lim(fake: &FakeTelegram) -> BotSpec {
+    let mut bot = BotSpec::new(BotId::new("lim").unwrap(), Platform::Telegram, TOKEN);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = HandlerSpec::Named("many".into());
+    bot
+}
+
+/// Starts worker `name` of `h` with [`Many`], its configuration changed by `tune`.
+fn start(
+    h: &Harness,
+    name: &str,
+    tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
+) -> RunningWorker {
+    h.start_with(name, |c| {
+        let handlers: HashMap<String, Arc<dyn BotHandler>> =
+            HashMap::from([("many".to_owned(), Arc::new(Many) as Arc<dyn BotHandler>)]);
+        c.handlers = Arc::new(handlers);
+        tune(c);
+    })
+}
+
+/// The bot "lim" run by worker "a" (its configuration changed by `tune`), polling a new fake.
 async fn running(
     tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
 ) -> (FakeTelegram, Harness, RunningWorker) {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
-    let mut bot = BotSpec::new(BotId::new("lim").unwrap(), Platform::Telegram, TOKEN);
-    bot.options.api_url = Some(fake.url());
-    bot.handler = HandlerSpec::Named("many".into());
-    let h = Harness::new(std::slice::from_ref(&bot)).await;
-    let w = h.start_with("a", |c| {
-        let handlers: HashMap<String, Arc<dyn BotHandler>> =
-            HashMap::from([("many".to_owned(), Arc::new(Many) as Arc<dyn BotHandler>)]);
-        c.handlers = Arc::new(handlers);
-        tune(c);
-    });
+    let h = Harness::new(&[lim(&fake)]).await;
+    let w = start(&h, "a", tune);
     let tg = fake.state();
     wait_for("polling", Duration::from_secs(20), || async {
         tg.is_polling(TOKEN).then_some(())
@@ -201,4 +217,68 @@ async fn a_429_pauses_its_chats_bucket_for_the_fleet() {
         held - written
     );
     w.shutdown().await;
+}
+
+/// Replies and sends from the backend to one group, taken by three workers, against a fake
+/// that answers 429 to a second message within 100 ms to a chat (Telegram's limit, scaled
+/// down; the workers keep 4 a second): every message arrives, each kind in its order, with
+/// at most one 429 in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_and_backend_sends_to_one_group_keep_its_limit_with_three_workers() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let tg = fake.state();
+    tg.add_bot(TOKEN);
+    tg.pace_chats(Some(Duration::from_millis(100)));
+    let bot = lim(&fake);
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let limits = || -> botfleet_runtime::RateLimits {
+        "telegram.chat=4/1:1,telegram.group=off".parse().unwrap()
+    };
+    let workers: Vec<RunningWorker> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(&h, n, |c| c.rate_limits = limits()))
+        .collect();
+    wait_for("polling", Duration::from_secs(20), || async {
+        tg.is_polling(TOKEN).then_some(())
+    })
+    .await;
+    let group = -4_200_i64;
+    let (users, desk) = (10, 12);
+    for k in 0..desk {
+        if k < users {
+            tg.user_writes(TOKEN, group, &format!("user {k}"));
+        }
+        let body = serde_json::json!({ "text": format!("desk {k}") }).to_string();
+        workers[k % 3]
+            .sends
+            .submit(&bot, &group.to_string(), &format!("desk-{k}"), &body)
+            .await
+            .expect("accepted");
+    }
+    let texts: Vec<String> = wait_for("every message out", Duration::from_secs(60), || async {
+        let t: Vec<String> = tg
+            .sent()
+            .into_iter()
+            .filter(|s| s.chat_id == group.to_string())
+            .map(|s| s.text)
+            .collect();
+        (t.len() >= users + desk).then_some(t)
+    })
+    .await;
+    let of = |kind: &str| -> Vec<String> {
+        texts
+            .iter()
+            .filter(|t| t.starts_with(kind))
+            .cloned()
+            .collect()
+    };
+    let want =
+        |kind: &str, n: usize| -> Vec<String> { (0..n).map(|k| format!("{kind} {k}")).collect() };
+    assert_eq!(of("user"), want("user", users), "{texts:?}");
+    assert_eq!(of("desk"), want("desk", desk), "{texts:?}");
+    assert_eq!(texts.len(), users + desk, "each once: {texts:?}");
+    assert!(tg.messages_paced() <= 1, "429s: {}", tg.messages_paced());
+    for w in workers {
+        w.shutdown().await;
+    }
 }

@@ -243,6 +243,12 @@ struct Inner {
     edit_pace: Option<Duration>,
     /// Edits answered 429 for that pace.
     edits_paced: u64,
+    /// A message to a chat closer than this to the bot's last one there is answered 429.
+    chat_pace: Option<Duration>,
+    /// (token, chat id) → when the bot's last message there was taken.
+    last_message: HashMap<(String, String), std::time::Instant>,
+    /// Messages answered 429 for that pace.
+    messages_paced: u64,
 }
 
 /// What the fake's webhook deliveries did.
@@ -388,6 +394,19 @@ impl FakeState {
     /// Edits answered 429 for the pace set by [`Self::pace_edits`].
     pub fn edits_paced(&self) -> u64 {
         self.lock().edits_paced
+    }
+
+    /// Keeps a chat's limit as Telegram does (about one message a second): a message (a
+    /// text, a file) a bot sends to a chat within `every` of its last one there is answered
+    /// 429 with the seconds left, rounded up, as `retry_after` (counted in
+    /// [`Self::messages_paced`]). `None`: no limit (the default).
+    pub fn pace_chats(&self, every: Option<Duration>) {
+        self.lock().chat_pace = every;
+    }
+
+    /// Messages answered 429 for the limit set by [`Self::pace_chats`].
+    pub fn messages_paced(&self) -> u64 {
+        self.lock().messages_paced
     }
 
     /// The drafts `token`'s bot showed, in order.
@@ -925,6 +944,7 @@ async fn handle(
             } else {
                 None
             };
+        let message = method == "sendMessage" || (method.starts_with("send") && !parts.is_empty());
         if let Some(f) = t.faults.pop_front().or(method_fault) {
             return match f {
                 Fault::Unauthorized => tg_error(StatusCode::UNAUTHORIZED, "Unauthorized", None),
@@ -940,6 +960,24 @@ async fn handle(
                 ),
                 Fault::Garbage => (StatusCode::OK, "<html>bad gateway</html>").into_response(),
             };
+        }
+        if let (true, Some(every)) = (message, g.chat_pace) {
+            let chat = match &args["chat_id"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let now = std::time::Instant::now();
+            let last = g.last_message.get(&(token.clone(), chat.clone())).copied();
+            if let Some(left) = last.and_then(|at| every.checked_sub(now.duration_since(at))) {
+                g.messages_paced += 1;
+                let secs = left.as_secs_f64().ceil().max(1.0) as u64;
+                return tg_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &format!("Too Many Requests: retry after {secs}"),
+                    Some(secs),
+                );
+            }
+            g.last_message.insert((token.clone(), chat), now);
         }
     }
     match method.as_str() {
