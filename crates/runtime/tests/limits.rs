@@ -282,3 +282,60 @@ async fn replies_and_backend_sends_to_one_group_keep_its_limit_with_three_worker
         w.shutdown().await;
     }
 }
+
+/// 200 sends from the backend to 200 users of one WhatsApp Cloud number, all at once, against
+/// the Graph fake keeping the number's 80 messages a second: paced to it (the burst, then
+/// 80 a second), none answered 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_sends_at_once_are_paced_to_the_numbers_throughput() {
+    const NUMBER: &str = "100777";
+    const ACCESS: &str = "EAAG-limits-SECRET";
+    let graph = botfleet_testkit::FakeGraph::start().await.unwrap();
+    let g = graph.state();
+    g.add_number(NUMBER, ACCESS, "app-secret");
+    g.limit_throughput(NUMBER, 80);
+    let mut bot = BotSpec::new(BotId::new("wal").unwrap(), Platform::Whatsapp, ACCESS);
+    bot.options.api_url = Some(graph.url());
+    bot.options.phone_number_id = Some(NUMBER.into());
+    bot.hook.secret = Some(botfleet_core::Secret::new("app-secret"));
+    bot.hook.verify_token = Some(botfleet_core::Secret::new("verify-me"));
+    bot.handler = HandlerSpec::Named("many".into());
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = start(&h, "a", |_| {});
+    let n = 200;
+    let mut submits = tokio::task::JoinSet::new();
+    for k in 0..n {
+        let (sends, bot) = (w.sends.clone(), bot.clone());
+        submits.spawn(async move {
+            let body = serde_json::json!({ "text": format!("notice {k}") }).to_string();
+            sends
+                .submit(&bot, &format!("4917{k:05}"), &format!("n-{k}"), &body)
+                .await
+                .expect("accepted");
+        });
+    }
+    while let Some(r) = submits.join_next().await {
+        r.unwrap();
+    }
+    let at = wait_for("every notice sent", Duration::from_secs(60), || async {
+        let at = g.sent_times();
+        (at.len() >= n).then_some(at)
+    })
+    .await;
+    assert_eq!(g.throttled(), 0, "429s for the number's throughput");
+    // 80 at once, the other 120 at 80 a second: at least 1.5 s (a little under it for the
+    // calls' own time).
+    let span = at[n - 1] - at[0];
+    assert!(
+        span >= Duration::from_millis(1_300),
+        "{n} sends in {span:?}"
+    );
+    let m = w.metrics.render("a");
+    assert!(
+        m.contains(
+            "botfleet_rate_bucket_waits_total{worker_id=\"a\",platform=\"whatsapp\",scope=\"number\"}"
+        ),
+        "{m}"
+    );
+    w.shutdown().await;
+}

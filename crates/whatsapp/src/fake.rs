@@ -69,6 +69,8 @@ struct Number {
     app_secret: String,
     webhook: Option<String>,
     faults: Vec<SendFault>,
+    /// The number's throughput, when kept: (messages a second, tokens left, when counted).
+    throughput: Option<(f64, f64, Instant)>,
 }
 
 struct Pending {
@@ -91,6 +93,10 @@ struct Inner {
     media: HashMap<String, media::StoredMedia>,
     /// Typing indicators shown: (phone number id, the user's message it answers, when).
     typing: Vec<(String, String, std::time::Instant)>,
+    /// When each message of `sent` was taken.
+    sent_at: Vec<Instant>,
+    /// Messages answered 429 for a number's throughput.
+    throttled: u64,
 }
 
 /// Shared state of the fake; cheap to clone.
@@ -121,8 +127,29 @@ impl FakeGraphState {
                 app_secret: app_secret.to_owned(),
                 webhook: None,
                 faults: Vec::new(),
+                throughput: None,
             },
         );
+    }
+
+    /// Keeps the number's throughput as WhatsApp does: `per_second` messages a second, in
+    /// bursts of as many (and a tenth more, for the time a message takes to arrive); a message
+    /// past it is answered 429 with code 130429 (counted in [`Self::throttled`]).
+    pub fn limit_throughput(&self, phone_number_id: &str, per_second: u32) {
+        if let Some(n) = self.lock().numbers.get_mut(phone_number_id) {
+            let rate = f64::from(per_second.max(1));
+            n.throughput = Some((rate, rate * 1.1, Instant::now()));
+        }
+    }
+
+    /// Messages answered 429 for a number's throughput ([`Self::limit_throughput`]).
+    pub fn throttled(&self) -> u64 {
+        self.lock().throttled
+    }
+
+    /// When each message of [`Self::sent`] was taken, in the same order.
+    pub fn sent_times(&self) -> Vec<Instant> {
+        self.lock().sent_at.clone()
     }
 
     /// Makes the number's token answer 401/190 from now on.
@@ -479,6 +506,9 @@ async fn messages(
         }
         None => {}
     }
+    if !throughput_left(&state, &id) {
+        return graph_error(StatusCode::TOO_MANY_REQUESTS, 130_429, "Rate limit hit");
+    }
     let interactive = doc["type"] == "interactive";
     let is_media = matches!(
         doc["type"].as_str(),
@@ -523,7 +553,9 @@ async fn messages(
         "wamid.out.{}",
         state.next_id.fetch_add(1, Ordering::SeqCst) + 1
     );
-    state.lock().sent.push(Sent {
+    let mut g = state.lock();
+    g.sent_at.push(Instant::now());
+    g.sent.push(Sent {
         phone_number_id: id,
         to: to.to_owned(),
         text: text.to_owned(),
@@ -535,6 +567,27 @@ async fn messages(
     });
     Json(json!({"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}], "messages": [{"id": wamid}]}))
         .into_response()
+}
+
+/// Takes a message from the number's throughput, when it is kept: false (counted) when
+/// none is left.
+fn throughput_left(state: &FakeGraphState, id: &str) -> bool {
+    let mut g = state.lock();
+    let Some(n) = g.numbers.get_mut(id) else {
+        return true;
+    };
+    let Some((rate, tokens, at)) = n.throughput.as_mut() else {
+        return true;
+    };
+    let now = Instant::now();
+    *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * *rate).min(*rate * 1.1);
+    *at = now;
+    if *tokens < 1.0 {
+        g.throttled += 1;
+        return false;
+    }
+    *tokens -= 1.0;
+    true
 }
 
 /// A webhook delivery of one `message` from `from` to the number `phone_number_id`.
