@@ -90,6 +90,26 @@ async fn replies_at(tg: &botfleet_testkit::FakeState, chat: i64, n: usize) -> Ve
     .await
 }
 
+/// Waits until worker "a" (`w`) counted a first 429 of `platform`'s `scope`, then answers what
+/// another coordinator's take from the bucket `key` (of `limit`) finds.
+async fn after_429(
+    w: &RunningWorker,
+    other: &impl Coordinator,
+    platform: &str,
+    scope: &str,
+    key: &str,
+    limit: botfleet_coord::RateLimit,
+) -> botfleet_coord::BucketTake {
+    let counted = format!(
+        "botfleet_rate_limited_total{{worker_id=\"a\",platform=\"{platform}\",scope=\"{scope}\"}} 1"
+    );
+    wait_for("the 429 counted", Duration::from_secs(20), || async {
+        w.metrics.render("a").contains(&counted).then_some(())
+    })
+    .await;
+    other.take_buckets(&[(key, limit)]).await.unwrap()
+}
+
 /// The gaps between consecutive instants.
 fn gaps(at: &[Instant]) -> Vec<Duration> {
     at.windows(2).map(|w| w[1] - w[0]).collect()
@@ -187,18 +207,10 @@ async fn a_429_pauses_its_chats_bucket_for_the_fleet() {
     );
     let written = Instant::now();
     tg.user_writes(TOKEN, 42, "1");
-    let counted =
-        "botfleet_rate_limited_total{worker_id=\"a\",platform=\"telegram\",scope=\"chat\"} 1";
-    wait_for("the 429 counted", Duration::from_secs(20), || async {
-        w.metrics.render("a").contains(counted).then_some(())
-    })
-    .await;
     let other = h.coordinator();
     let chat = botfleet_coord::RateLimit::new(1.0, 1);
-    let seen = other
-        .take_buckets(&[("send:telegram:lim:chat:42", chat)])
-        .await
-        .unwrap();
+    let key = "send:telegram:lim:chat:42";
+    let seen = after_429(&w, &other, "telegram", "chat", key, chat).await;
     assert!(
         seen.wait > Duration::from_millis(500),
         "the pause is the fleet's: {seen:?}"
@@ -337,5 +349,87 @@ async fn whatsapp_sends_at_once_are_paced_to_the_numbers_throughput() {
         ),
         "{m}"
     );
+    w.shutdown().await;
+}
+
+/// When the Discord fake took `channel`'s first message from `token`'s bot.
+async fn discord_post_at(
+    fake: &botfleet_discord::fake::FakeDiscord,
+    token: &str,
+    channel: u64,
+) -> Instant {
+    wait_for("the channel's answer", Duration::from_secs(30), || async {
+        fake.state()
+            .sent_by(token)
+            .into_iter()
+            .find(|p| p.channel == channel.to_string())
+            .map(|p| p.at)
+    })
+    .await
+}
+
+/// A Discord route's 429 pauses that route's bucket — the channel's — on every worker, and
+/// no other (another channel and the bot's global bucket go on); a global 429 pauses the
+/// bot's global bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discord_429_pauses_its_route_or_the_bots_global_bucket() {
+    use botfleet_discord::fake::{FakeDiscord, SendFault};
+    const DTOKEN: &str = "DISCORD.limits.SECRET";
+    let fake = FakeDiscord::start().await.unwrap();
+    fake.state().add_bot(DTOKEN, 1, 1);
+    let mut bot = BotSpec::new(BotId::new("dl").unwrap(), Platform::Discord, DTOKEN);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = HandlerSpec::Named("many".into());
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = start(&h, "a", |_| {});
+    wait_for("the shard up", Duration::from_secs(30), || async {
+        (fake.state().connected_shards(DTOKEN) == 1).then_some(())
+    })
+    .await;
+    let other = h.coordinator();
+    let probe = botfleet_coord::RateLimit::new(1.0, 1);
+    let pause = Duration::from_secs(4);
+    let global = botfleet_coord::RateLimit::new(50.0, 50);
+    // A route's 429: the channel waits, another channel and the global bucket do not.
+    fake.state()
+        .inject_send(DTOKEN, SendFault::TooManyRequests(pause.as_secs_f64()));
+    let written = Instant::now();
+    fake.state().user_writes(DTOKEN, 5, "route");
+    let key = "send:discord:dl:channel:5";
+    let seen = after_429(&w, &other, "discord", "channel", key, probe).await;
+    assert!(
+        seen.wait > Duration::from_millis(500),
+        "the route paused: {seen:?}"
+    );
+    let g = other
+        .take_buckets(&[("send:discord:dl:global", global)])
+        .await
+        .unwrap();
+    assert!(g.taken(), "the global bucket is not paused: {g:?}");
+    fake.state().user_writes(DTOKEN, 6, "elsewhere");
+    let free = discord_post_at(&fake, DTOKEN, 6).await;
+    let held = discord_post_at(&fake, DTOKEN, 5).await;
+    assert!(
+        free < held,
+        "the other channel did not wait for the paused route"
+    );
+    assert!(
+        held - written >= pause - Duration::from_millis(100),
+        "{:?}",
+        held - written
+    );
+    // A global 429: the bot's global bucket, for every worker.
+    fake.state().inject_send(
+        DTOKEN,
+        SendFault::GlobalTooManyRequests(pause.as_secs_f64()),
+    );
+    fake.state().user_writes(DTOKEN, 7, "global");
+    let key = "send:discord:dl:global";
+    let g = after_429(&w, &other, "discord", "global", key, global).await;
+    assert!(
+        g.wait > Duration::from_millis(500),
+        "the global bucket paused: {g:?}"
+    );
+    discord_post_at(&fake, DTOKEN, 7).await;
     w.shutdown().await;
 }
