@@ -69,18 +69,6 @@ pub enum Call<'a> {
     Stream(StreamStep<'a>),
 }
 
-impl Call<'_> {
-    /// Whether the call makes a new message in the chat (a send, a file; a stream's start,
-    /// and its stop where the platform ends it as a message of its own is the platform's to
-    /// say).
-    pub fn is_message(&self) -> bool {
-        matches!(
-            self,
-            Call::Act(Act::Send { .. }) | Call::Stream(StreamStep::Start { .. })
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,13 +80,5 @@ mod tests {
         assert_eq!(l.burst, 1);
         assert_eq!(Bucket::bot("bot", l).of, "");
         assert_eq!(Bucket::of("chat", "-100", l).of, "-100");
-        let act = Act::Typing;
-        assert!(!Call::Act(&act).is_message());
-        assert!(Call::Stream(StreamStep::Start { text: "a" }).is_message());
-        assert!(!Call::Stream(StreamStep::Stop {
-            message_id: "1",
-            text: "a"
-        })
-        .is_message());
     }
 }

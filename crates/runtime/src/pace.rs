@@ -48,14 +48,6 @@ impl RateLimits {
             None => Some(limit),
         }
     }
-
-    /// Every limit kept by the fleet for `platform`, by scope, after these changes.
-    pub fn of(&self, platform: Platform) -> Vec<(&'static str, Option<Limit>)> {
-        crate::platforms::send_scopes(platform)
-            .iter()
-            .map(|(scope, l)| (*scope, self.apply(platform, scope, *l)))
-            .collect()
-    }
 }
 
 impl FromStr for RateLimits {
@@ -174,30 +166,32 @@ impl Pace {
         buckets
     }
 
-    /// Takes a token from every bucket of `buckets` (the call of `bot` on `platform`), or
-    /// says how long to wait and which bucket holds the call.
-    pub(crate) async fn take(
-        &self,
+    /// The coordinator's keys and limits of `buckets` (the call of `bot` on `platform`), for
+    /// [`Pace::take`]: made once per call, asked with every try.
+    pub(crate) fn scopes(
         platform: Platform,
         bot: &BotId,
         buckets: &[Bucket],
-    ) -> botfleet_coord::Result<BucketTake> {
-        let keys: Vec<String> = buckets.iter().map(|b| key(platform, bot, b)).collect();
-        let scopes: Vec<(&str, RateLimit)> = keys
+    ) -> Vec<(String, RateLimit)> {
+        buckets
             .iter()
-            .zip(buckets)
-            .map(|(k, b)| {
-                (
-                    k.as_str(),
-                    RateLimit::new(b.limit.per_second, b.limit.burst),
-                )
+            .map(|b| {
+                let limit = RateLimit::new(b.limit.per_second, b.limit.burst);
+                (key(platform, bot, b), limit)
             })
-            .collect();
+            .collect()
+    }
+
+    /// Takes a token from every bucket of `scopes` ([`Pace::scopes`]), or says how long to
+    /// wait and which bucket holds the call.
+    pub(crate) async fn take(
+        &self,
+        scopes: &[(String, RateLimit)],
+    ) -> botfleet_coord::Result<BucketTake> {
+        let scopes: Vec<(&str, RateLimit)> = scopes.iter().map(|(k, l)| (k.as_str(), *l)).collect();
         self.coord.take_buckets(&scopes).await
     }
-}
 
-impl Pace {
     /// Pauses `bucket` of `bot` on `platform` for `for_` (a 429's retry-after) for the whole
     /// fleet (clamped to 1 ms - 1 day).
     pub(crate) async fn pause(
@@ -271,8 +265,6 @@ mod tests {
             r.apply(Platform::Telegram, "chat", tg),
             Some(Limit::every(3, 2, 1))
         );
-        let of = r.of(Platform::Telegram);
-        assert!(of.contains(&("group", None)), "{of:?}");
         let off: RateLimits = "off".parse().unwrap();
         assert_eq!(off.apply(Platform::Telegram, "bot", tg), None);
         let one: RateLimits = "telegram=off".parse().unwrap();

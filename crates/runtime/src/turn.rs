@@ -942,10 +942,11 @@ async fn paced(
     if buckets.is_empty() {
         return Ok(Ok(()));
     }
+    let scopes = crate::pace::Pace::scopes(ctx.platform, &ctx.bot, buckets);
     let since = Instant::now();
     loop {
         hold.check()?;
-        match ctx.pace.take(ctx.platform, &ctx.bot, buckets).await {
+        match ctx.pace.take(&scopes).await {
             Ok(t) if t.taken() => break,
             Ok(t) => {
                 let scope = buckets.get(t.short).map_or("?", |b| b.scope);

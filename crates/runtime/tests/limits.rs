@@ -314,6 +314,19 @@ async fn whatsapp_sends_at_once_are_paced_to_the_numbers_throughput() {
     bot.handler = HandlerSpec::Named("many".into());
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let w = start(&h, "a", |_| {});
+    // Sends are taken once the worker has registered: the first one is waited for (it takes
+    // one message of the number's burst).
+    let warm = serde_json::json!({ "text": "warm" }).to_string();
+    wait_for(
+        "the worker taking sends",
+        Duration::from_secs(20),
+        || async { w.sends.submit(&bot, "4917warm", "warm", &warm).await.ok() },
+    )
+    .await;
+    wait_for("the first send out", Duration::from_secs(20), || async {
+        (g.sent_times().len() == 1).then_some(())
+    })
+    .await;
     let n = 200;
     let mut submits = tokio::task::JoinSet::new();
     for k in 0..n {
@@ -331,11 +344,11 @@ async fn whatsapp_sends_at_once_are_paced_to_the_numbers_throughput() {
     }
     let at = wait_for("every notice sent", Duration::from_secs(60), || async {
         let at = g.sent_times();
-        (at.len() >= n).then_some(at)
+        (at.len() > n).then(|| at[1..].to_vec())
     })
     .await;
     assert_eq!(g.throttled(), 0, "429s for the number's throughput");
-    // 80 at once, the other 120 at 80 a second: at least 1.5 s (a little under it for the
+    // 79 at once, the other 121 at 80 a second: at least 1.5 s (a little under it for the
     // calls' own time).
     let span = at[n - 1] - at[0];
     assert!(
