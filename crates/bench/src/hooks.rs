@@ -113,12 +113,30 @@ pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// `--only turn`.
+/// `--only turn [--sentinel]`: one Redis, or (`--sentinel`) a primary with one replica behind
+/// Sentinels, measured with grants waiting for the replica (`--redis-min-replicas 1`, the
+/// sentinel mode's default) and without (0).
 pub(crate) async fn turn_overhead() -> anyhow::Result<()> {
+    if std::env::args().any(|a| a == "--sentinel") {
+        let setup = botfleet_testkit::SentinelSetup::start()?;
+        for replicas in [0, 1] {
+            let config = RedisConfig::new(setup.urls())
+                .prefix(format!("b{}", nonce()))
+                .sentinel(botfleet_testkit::SENTINEL_MASTER)
+                .min_replicas(replicas);
+            let what = format!("Redis behind Sentinel (a primary, one replica), grants waiting for {replicas} replica(s)");
+            turn_rounds(config, &what).await?;
+        }
+        return Ok(());
+    }
     let redis = RedisServer::start()?;
-    let coord =
-        RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix(format!("b{}", nonce())))
-            .await?;
+    let config = RedisConfig::new(redis.url()).prefix(format!("b{}", nonce()));
+    turn_rounds(config, "loopback Redis").await
+}
+
+/// Times a coordinator's owner lookup, turn take and release, uncontended.
+async fn turn_rounds(config: RedisConfig, what: &str) -> anyhow::Result<()> {
+    let coord = RedisCoordinator::connect(config).await?;
     coord
         .register(
             &WorkerId::new("bench")?,
@@ -159,7 +177,7 @@ pub(crate) async fn turn_overhead() -> anyhow::Result<()> {
         v.sort_by(f64::total_cmp);
     }
     println!(
-        "turn overhead, uncontended, loopback Redis, {n} iterations: one coordinator round trip (owner lookup) p50 {:.3} ms p99 {:.3} ms; ticket + turn (before the handler) p50 {:.3} ms p99 {:.3} ms; release (after the send) p50 {:.3} ms p99 {:.3} ms",
+        "turn overhead, uncontended, {what}, {n} iterations: one coordinator round trip (owner lookup) p50 {:.3} ms p99 {:.3} ms; ticket + turn (before the handler) p50 {:.3} ms p99 {:.3} ms; release (after the send) p50 {:.3} ms p99 {:.3} ms",
         pct(&base, 0.5),
         pct(&base, 0.99),
         pct(&take, 0.5),

@@ -35,6 +35,17 @@ pub(crate) struct Backends {
     /// The name the Sentinels monitor the fleet's primary under (sentinel mode).
     #[arg(long, env = "BOTFLEET_REDIS_SENTINEL_MASTER", value_name = "NAME")]
     pub(crate) redis_sentinel_master: Option<String>,
+    /// How many replicas must have a grant (a bot's claim, a chat's turn) before a worker acts
+    /// on it: a failover may promote a replica that missed the primary's last writes. Fewer
+    /// within the call's time: the grant is asked for again. Default 1 in sentinel mode (a
+    /// primary with no replica attached grants nothing), 0 for one Redis.
+    #[arg(
+        long,
+        env = "BOTFLEET_REDIS_MIN_REPLICAS",
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(0..=16)
+    )]
+    pub(crate) redis_min_replicas: Option<u32>,
     /// Prefix of every Redis key of this fleet.
     #[arg(long, env = "BOTFLEET_PREFIX", default_value = "botfleet")]
     pub(crate) prefix: String,
@@ -53,6 +64,7 @@ impl std::fmt::Debug for Backends {
             .field("redis_url", &self.redis_url.as_ref().map(|_| "<redacted>"))
             .field("redis_mode", &self.redis_mode)
             .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field("redis_min_replicas", &self.redis_min_replicas)
             .field("prefix", &self.prefix)
             .field("secret_key_file", &self.secret_key_file)
             .finish()
@@ -102,9 +114,15 @@ impl Backends {
             if self.redis_mode != RedisModeArg::Standalone || master.is_some() {
                 anyhow::bail!("--redis-mode sentinel and --redis-sentinel-master need --redis-url (the Sentinels)");
             }
+            if self.redis_min_replicas.is_some() {
+                anyhow::bail!("--redis-min-replicas needs --redis-url (without it there is no Redis and no replica)");
+            }
             return Ok(None);
         };
-        let config = RedisConfig::new(url.clone()).prefix(self.prefix.clone());
+        let mut config = RedisConfig::new(url.clone()).prefix(self.prefix.clone());
+        if let Some(n) = self.redis_min_replicas {
+            config = config.min_replicas(n);
+        }
         match (self.redis_mode, master) {
             (RedisModeArg::Standalone, None) => Ok(Some(config)),
             (RedisModeArg::Standalone, Some(_)) => anyhow::bail!(

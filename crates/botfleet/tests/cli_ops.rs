@@ -1552,3 +1552,98 @@ fn http_10(addr: &str, request: &str) -> String {
     std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
     answer
 }
+
+/// `--redis-min-replicas`: a worker whose Redis has fewer replicas than it asks for acts on no
+/// grant — its bot is not polled — and its log says why (once, not once per try); the same
+/// Redis with `--redis-min-replicas 0` (one Redis's default) runs the bot. Values out of range
+/// and the flag without a Redis are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_acts_on_no_grant_its_replicas_lack() {
+    let redis = botfleet_testkit::RedisServer::start().unwrap();
+    let fake = FakeTelegram::start().await.unwrap();
+    let dir = tempdir();
+    let db = db(&dir);
+    fake.state().add_bot("777:GOOD");
+    let o = bots_add(
+        &db,
+        "good",
+        "telegram",
+        "777:GOOD",
+        &["--api-url", &fake.url()],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let spawn = |replicas: &str| {
+        Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
+            .args([
+                "worker",
+                "--database-url",
+                &db,
+                "--http-addr",
+                "127.0.0.1:0",
+                "--poll-timeout-s",
+                "1",
+                "--redis-url",
+                &redis.url(),
+                "--redis-min-replicas",
+                replicas,
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = spawn("1");
+    let said = first_line(&mut child, "too few replicas");
+    let w = Worker {
+        child,
+        url: String::new(),
+    };
+    let said = said.expect("the worker says its grants lack replicas");
+    assert!(said.contains("--redis-min-replicas"), "{said}");
+    assert!(!said.contains("GOOD"), "a token in the log: {said}");
+    // The claim was written but not acted on: the bot was never polled.
+    assert_eq!(fake.state().polls("777:GOOD"), 0);
+    drop(w);
+    let _w = Worker {
+        child: spawn("0"),
+        url: String::new(),
+    };
+    wait_for(
+        "the bot polled with no replica asked for",
+        Duration::from_secs(30),
+        || {
+            let polled = fake.state().polls("777:GOOD") > 0;
+            async move { polled.then_some(()) }
+        },
+    )
+    .await;
+
+    for bad in ["x", "17", "1.5"] {
+        let o = botfleet(&["worker", "--redis-min-replicas", bad, "--database-url", &db]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {:?}", text(&o));
+        assert!(
+            text(&o).1.contains("--redis-min-replicas"),
+            "{bad}: {:?}",
+            text(&o)
+        );
+    }
+    let o = botfleet(&[
+        "worker",
+        "--redis-min-replicas",
+        "1",
+        "--database-url",
+        &db,
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    assert!(
+        text(&o)
+            .1
+            .contains("--redis-min-replicas needs --redis-url"),
+        "{:?}",
+        text(&o)
+    );
+}

@@ -1180,8 +1180,9 @@ async fn discord_shards_resume_across_kill_join_term_and_stop() {
 
 /// The fleet behind Redis Sentinel (a primary, two replicas, three Sentinels), users writing
 /// to 100 bots on two workers all along. First the primary is killed (SIGKILL) and a replica
-/// promoted; then the remaining replica loses everything it had (an empty node) and the new
-/// primary is killed, so the empty node is promoted. The workers must follow each time (no
+/// promoted (the killed one started again as a replica, as after each kill); then the replicas
+/// lose everything they had (empty nodes) and the new primary is killed, so an empty node is
+/// promoted. The workers must follow each time (no
 /// restart, no flag change) and run every bot again — after the second, through the data-loss
 /// rule (renewals answered `Lost`, a grace window of one lease) — and never run a bot twice,
 /// lose a message or answer one twice.
@@ -1224,7 +1225,7 @@ async fn sentinel_failovers_under_traffic_double_nothing() {
         let old = sentinel.primary_url();
         let failover = tokio::task::block_in_place(|| {
             if kind == "an empty node promoted" {
-                sentinel.empty_a_replica().unwrap();
+                sentinel.empty_the_replicas().unwrap();
             }
             sentinel.kill_primary_and_fail_over().unwrap()
         });

@@ -465,8 +465,9 @@ async fn webhook_bots_survive_kill_and_sigterm_behind_a_load_balancer() {
 }
 
 /// The same fleet on a Redis behind Sentinel (a primary, two replicas, three Sentinels): the
-/// primary is killed at round 6 and again at round 18, a replica promoted each time, while
-/// users go on writing. Turns are held in Redis for webhook bots, so this is where two holders
+/// primary is killed at round 6 and again at round 18, a replica promoted each time (and the
+/// killed one started again as a replica), while users go on writing. Each grant waits for a
+/// replica (`--redis-min-replicas`, 1 in sentinel mode). Turns are held in Redis for webhook bots, so this is where two holders
 /// of one chat's turn, or a message answered out of its chat's order, would show.
 /// (Not drilled here: an empty node promoted. The polling drill in `fleet_processes.rs` does
 /// that; for webhook chats the tickets lost with the data are taken again behind newer
@@ -529,5 +530,19 @@ async fn webhook_bots_ride_out_sentinel_failovers() {
                 .count()
         })
         .sum();
+    if swept > 0 {
+        // What the workers said about the turns they gave up, for the failure report.
+        for w in &fleet.workers {
+            let log = std::fs::read_to_string(&w.log).unwrap_or_default();
+            let said: Vec<&str> = log
+                .lines()
+                .filter(|l| {
+                    l.contains("WARN") || l.contains("registered again") || l.contains("replaying")
+                })
+                .take(80)
+                .collect();
+            eprintln!("{}:\n{}", w.log.display(), said.join("\n"));
+        }
+    }
     assert_eq!(swept, 0, "messages left to the sweeper");
 }

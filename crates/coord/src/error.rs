@@ -44,6 +44,20 @@ pub enum CoordError {
     /// The caller gave a value out of its range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A grant was written but fewer replicas than asked for had it in time
+    /// ([`RedisConfig::min_replicas`](crate::RedisConfig::min_replicas)): it is not acted on;
+    /// asked again, it is granted again once a replica follows.
+    #[error("{what}: the grant reached {acked} of the {wanted} replica(s) it must reach (--redis-min-replicas) within {within:?}")]
+    Unreplicated {
+        /// What was attempted.
+        what: &'static str,
+        /// How many replicas had it.
+        acked: u64,
+        /// How many must.
+        wanted: u32,
+        /// How long it waited.
+        within: Duration,
+    },
     /// The call did not finish within its deadline.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
@@ -69,7 +83,10 @@ impl CoordError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            CoordError::Unreachable { .. } | CoordError::Timeout(_) | CoordError::Redis { .. }
+            CoordError::Unreachable { .. }
+                | CoordError::Timeout(_)
+                | CoordError::Redis { .. }
+                | CoordError::Unreplicated { .. }
         )
     }
 }

@@ -1,6 +1,10 @@
 //! The Redis backend: one fleet's coordination state in one Redis (or one Cluster slot).
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
@@ -34,6 +38,9 @@ pub struct RedisConfig {
     pub max_events: usize,
     /// How long a worker's unread commands are kept. Default 10 min.
     pub command_ttl: Duration,
+    /// How many replicas must have a grant before it is acted on; `None`: the mode's default
+    /// (see [`RedisConfig::min_replicas`]).
+    min_replicas: Option<u32>,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -46,6 +53,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("max_events", &self.max_events)
             .field("command_ttl", &self.command_ttl)
+            .field("min_replicas", &self.replicas_wanted())
             .finish()
     }
 }
@@ -62,7 +70,29 @@ impl RedisConfig {
             connect_timeout: Duration::from_secs(2),
             max_events: 10_000,
             command_ttl: Duration::from_secs(600),
+            min_replicas: None,
         }
+    }
+
+    /// How many replicas must have a grant (a bot's claim, a chat's turn, a fenced lock)
+    /// before the caller is told it holds it: Redis's `WAIT` after the granting script, in
+    /// short waits until the call's deadline; fewer by then fails the call as an outage does
+    /// ([`CoordError::Unreplicated`]) and the caller asks again. A failover may promote a
+    /// replica that missed the primary's last writes; a grant it forgot would be granted a
+    /// second time while its first holder still acts. Default: 1 in sentinel mode (a primary
+    /// with no replica attached grants nothing), 0 for one Redis.
+    #[must_use]
+    pub fn min_replicas(mut self, n: u32) -> Self {
+        self.min_replicas = Some(n);
+        self
+    }
+
+    /// The replicas a grant waits for: [`RedisConfig::min_replicas`], else the mode's default.
+    pub fn replicas_wanted(&self) -> u32 {
+        self.min_replicas.unwrap_or(match self.mode {
+            RedisMode::Standalone => 0,
+            RedisMode::Sentinel { .. } => 1,
+        })
     }
 
     /// Keys under `prefix` instead of `botfleet`; see [`KeySpace`].
@@ -150,6 +180,9 @@ pub struct RedisCoordinator {
     reg: Arc<std::sync::Mutex<Option<Registration>>>,
     known: Arc<Knowledge>,
     lead_token: String,
+    /// When (unix ms) a grant short of replicas was last logged: once per
+    /// [`UNREPLICATED_LOG_EVERY_MS`], not once per bot.
+    unreplicated_logged: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for RedisCoordinator {
@@ -178,6 +211,7 @@ impl RedisCoordinator {
             reg: Arc::new(std::sync::Mutex::new(None)),
             known: Arc::new(Knowledge::default()),
             lead_token: nonce(),
+            unreplicated_logged: Arc::default(),
         })
     }
 
@@ -247,6 +281,73 @@ impl RedisCoordinator {
         self.checked(&node, what, deadline, r)
     }
 
+    /// [`RedisCoordinator::run`] for a script that may grant something: when `granted` says it
+    /// did, the answer is given only once [`RedisConfig::replicas_wanted`] replicas have it
+    /// (`WAIT` on the same connection, so it covers the script's writes), within the call's
+    /// deadline. A grant not replicated in time fails the call; it stays written, and the
+    /// caller asking again is granted again (claims and turns are granted again to their
+    /// holder).
+    async fn run_granting<T: redis::FromRedisValue>(
+        &self,
+        what: &'static str,
+        inv: redis::ScriptInvocation<'_>,
+        granted: impl FnOnce(&T) -> bool,
+    ) -> Result<T> {
+        let node = self.link.node();
+        let mut conn = node.conn.clone();
+        let deadline = self.deadline();
+        let started = std::time::Instant::now();
+        let r = tokio::time::timeout(deadline, inv.invoke_async(&mut conn)).await;
+        let v = self.checked(&node, what, deadline, r)?;
+        let wanted = self.config.replicas_wanted();
+        if wanted == 0 || !granted(&v) {
+            return Ok(v);
+        }
+        let mut rounds = 0u32;
+        loop {
+            rounds += 1;
+            // Short waits: a WAIT holds the shared connection (the calls behind it queue)
+            // until the replicas answer or its time is up (which Redis notices on its next
+            // tick, up to 100 ms later at its default `hz`).
+            let mut cmd = redis::cmd("WAIT");
+            cmd.arg(wanted)
+                .arg(u64::try_from(WAIT_SLICE.as_millis()).unwrap_or(10));
+            let budget = WAIT_SLICE + self.config.response_timeout;
+            let r = tokio::time::timeout(budget, cmd.query_async::<u64>(&mut conn)).await;
+            let acked = self.checked(&node, what, budget, r)?;
+            if acked >= u64::from(wanted) {
+                if rounds > 1 {
+                    debug!(what, rounds, took = ?started.elapsed(), "a grant waited for its replicas");
+                }
+                return Ok(v);
+            }
+            if started.elapsed() >= deadline {
+                let now = wall_ms();
+                let last = self.unreplicated_logged.load(Ordering::Relaxed);
+                if now.saturating_sub(last) >= UNREPLICATED_LOG_EVERY_MS
+                    && self
+                        .unreplicated_logged
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    warn!(
+                        what,
+                        acked,
+                        wanted,
+                        primary = %node.addr,
+                        "grants reach too few replicas in time (--redis-min-replicas): not acted on, asked again later"
+                    );
+                }
+                return Err(CoordError::Unreplicated {
+                    what,
+                    acked,
+                    wanted,
+                    within: deadline,
+                });
+            }
+        }
+    }
+
     async fn query<T: redis::FromRedisValue>(
         &self,
         what: &'static str,
@@ -289,7 +390,11 @@ impl RedisCoordinator {
             .arg(nonce())
             .arg(after_loss_settle_ms(grace))
             .arg(self.known.seq());
-        self.run("turn", inv).await
+        // A grant answers `granted` or `takeover` (after the ticket, for a take).
+        self.run_granting("turn", inv, |r: &Vec<String>| {
+            r.iter().take(2).any(|a| a == "granted" || a == "takeover")
+        })
+        .await
     }
 
     /// A turn answer (`r`), the caller's new write sequence noted.
@@ -543,7 +648,11 @@ impl Coordinator for RedisCoordinator {
             .arg(self.known.grace_ms())
             .arg(nonce())
             .arg(self.known.seq());
-        let r: Vec<String> = self.run("claim", inv).await?;
+        let r: Vec<String> = self
+            .run_granting("claim", inv, |r: &Vec<String>| {
+                r.first().is_some_and(|a| a == "granted")
+            })
+            .await?;
         match r.first().map(String::as_str) {
             Some("granted") if r.len() == 3 => {
                 self.known.saw_seq(r[2].parse().unwrap_or(0));
@@ -1112,7 +1221,9 @@ async fn lock_acquire(
         .arg(c.known.epoch())
         .arg(c.known.grace_ms())
         .arg(nonce());
-    let (fence, epoch): (i64, String) = c.run("acquire lock", inv).await?;
+    let (fence, epoch): (i64, String) = c
+        .run_granting("acquire lock", inv, |(fence, _): &(i64, String)| *fence > 0)
+        .await?;
     c.known.saw_epoch(&epoch);
     Ok((fence > 0).then(|| LockGuard {
         key: name.to_owned(),
@@ -1120,6 +1231,12 @@ async fn lock_acquire(
         fence: Fence(fence.unsigned_abs()),
     }))
 }
+
+/// How often, at most, grants short of replicas are logged (ms).
+const UNREPLICATED_LOG_EVERY_MS: u64 = 10_000;
+
+/// The longest one `WAIT` for a grant's replicas holds the shared connection.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 /// This machine's wall clock in unix ms (for marks that only need to expire roughly on time).
 /// After how long a ticket whose turn came, held by nobody, counts as abandoned although its

@@ -537,3 +537,133 @@ async fn sentinel_mode_with_passwords() {
         assert!(shown.contains("authentication failed"), "{shown}");
     }
 }
+
+/// In sentinel mode a grant is acted on only once a replica has it (the default of
+/// `min_replicas`: 1): with the only replica frozen, a claim, a turn and a fenced lock each
+/// fail with `Unreplicated` within the call's deadline (written, not acted on; the lock is free
+/// again at its time to live) while calls that grant nothing go on; thawed, asking again grants them (the same holder again, a higher
+/// fence). With `min_replicas(0)` the same primary grants at once. Without this, a failover to
+/// a replica that missed the last grants hands a chat's turn to a second worker while the
+/// first still acts (the Sentinel drill in `webhooks.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_grants_wait_for_a_replica() {
+    let setup = SentinelSetup::start().unwrap();
+    let config = || {
+        RedisConfig::new(setup.urls())
+            .prefix("replicas")
+            .sentinel(SENTINEL_MASTER)
+    };
+    assert_eq!(config().replicas_wanted(), 1);
+    assert_eq!(RedisConfig::new(setup.primary_url()).replicas_wanted(), 0);
+    // (Each refused call below waits its whole deadline: 4 s, twice the response timeout.)
+    let lease = Duration::from_secs(60);
+    let c = RedisCoordinator::connect(config()).await.unwrap();
+    c.register(&wid("w"), &meta(), lease).await.unwrap();
+    // Replicated: granted as before.
+    let ClaimOutcome::Granted(first) = c.claim(&bid("a"), Fence::ZERO).await.unwrap() else {
+        panic!("claim with the replica running")
+    };
+    let (ticket, turn) = c.turn_take("chat-1", "e1").await.unwrap();
+    assert!(
+        matches!(turn, botfleet_coord::Turn::Granted { .. }),
+        "{turn:?}"
+    );
+    assert!(c
+        .turn_release("chat-1", ticket, turn_fence(&turn))
+        .await
+        .unwrap());
+
+    setup.freeze_replicas(true).unwrap();
+    let thaw = Thaw(&setup);
+    let t = std::time::Instant::now();
+    let e = c.claim(&bid("b"), Fence::ZERO).await.unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        matches!(
+            e,
+            CoordError::Unreplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.is_transient());
+    assert!(e.to_string().contains("--redis-min-replicas"), "{e}");
+    // Within the call's deadline (twice the 2 s response timeout, at most half the lease).
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let e = c.turn_take("chat-2", "e2").await.unwrap_err();
+    assert!(matches!(e, CoordError::Unreplicated { .. }), "{e:?}");
+    let e = c
+        .acquire_lock_fenced("sweep", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CoordError::Unreplicated { .. }), "{e:?}");
+    // What grants nothing is not held up: renewals, reads, an answer to wait.
+    assert_eq!(c.renew(0).await.unwrap(), Renewal::Renewed);
+    assert!(c.owner(&bid("b")).await.unwrap().is_some());
+    // With no replica asked for, the same primary grants at once.
+    let direct = RedisCoordinator::connect(
+        RedisConfig::new(setup.primary_url())
+            .prefix("replicas")
+            .min_replicas(0),
+    )
+    .await
+    .unwrap();
+    direct.register(&wid("x"), &meta(), lease).await.unwrap();
+    assert!(matches!(
+        direct.claim(&bid("c"), Fence::ZERO).await.unwrap(),
+        ClaimOutcome::Granted(_)
+    ));
+
+    drop(thaw);
+    // Asked again once the replica runs: granted again to the same asker.
+    let again = wait_for(
+        "the claim granted once the replica runs",
+        Duration::from_secs(20),
+        || async {
+            match c.claim(&bid("b"), Fence::ZERO).await {
+                Ok(ClaimOutcome::Granted(f)) => Some(f),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    assert!(again > first);
+    let (_, turn) = c.turn_take("chat-2", "e2").await.unwrap();
+    assert!(
+        matches!(turn, botfleet_coord::Turn::Granted { .. }),
+        "{turn:?}"
+    );
+    // The lock written for the refused call has a token nobody knows: it is free again at
+    // its time to live, not before.
+    wait_for(
+        "the lock free at its time to live",
+        Duration::from_secs(20),
+        || async {
+            c.acquire_lock_fenced("sweep", Duration::from_secs(5))
+                .await
+                .ok()
+                .flatten()
+        },
+    )
+    .await;
+}
+
+/// Thaws the frozen replicas however the test ends (a frozen replica would outlive it).
+struct Thaw<'a>(&'a SentinelSetup);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.freeze_replicas(false);
+    }
+}
+
+fn turn_fence(t: &botfleet_coord::Turn) -> Fence {
+    match t {
+        botfleet_coord::Turn::Granted { fence, .. }
+        | botfleet_coord::Turn::TakeOver { fence, .. } => *fence,
+        other => panic!("not granted: {other:?}"),
+    }
+}

@@ -611,6 +611,11 @@ impl Hooks {
                     h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
                         .await;
                 }
+                // The worker registered again meanwhile (a failover lost its writes): the
+                // entry is still this worker's to see through, as the new registration.
+                None if inc.is_some() && !h.closed() && !h.draining() => {
+                    h.again_as_registered(spec, ck, chat, key, inc);
+                }
                 None => h.unclaim_local(&spec.id, &key),
             }
             lock(&h.inner.retaking).remove(&mark);
@@ -891,14 +896,17 @@ impl Hooks {
                 return;
             }
             info!(bot = %spec.id, chat = %chat, key = %key, "registered again: taking a ticket again for an entry of the earlier registration");
-            match h.take_now(&ck, &key).await {
-                (inc, Ok((ticket, turn))) if turn != Turn::NotLive => {
+            // Through coordinator failures (just after a failover a grant may wait for a
+            // replica to follow the new primary) while this registration lasts.
+            let inc = h.incarnation();
+            match h.take(&ck, &key, &inc).await {
+                Some((ticket, turn)) if turn != Turn::NotLive => {
                     let t = Taken { ticket, turn, inc };
                     h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
                         .await;
                 }
-                // Not live again yet, or the coordinator failing: the sweeper's.
-                _ => h.unclaim_local(&spec.id, &key),
+                // Not live, or registered again meanwhile: once more as the next one.
+                _ => h.again_as_registered(spec, ck, chat, key, inc),
             }
         });
     }

@@ -66,7 +66,12 @@ impl TempDir {
 }
 
 impl Drop for TempDir {
+    /// Removes the directory, unless `BOTFLEET_KEEP_TEST_DIRS` is set (to read a failed
+    /// drill's worker logs after it).
     fn drop(&mut self) {
+        if std::env::var_os("BOTFLEET_KEEP_TEST_DIRS").is_some() {
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -184,6 +184,17 @@ impl RedisServer {
         }
     }
 
+    /// Kills the server (if it runs) and starts an empty one on the same port with `args`
+    /// after the defaults instead of the ones it had (e.g. `--replicaof` a new primary).
+    ///
+    /// # Errors
+    /// When the new server does not come up.
+    pub fn restart_with(&mut self, args: &[String]) -> std::io::Result<()> {
+        self.stop();
+        self.extra = args.to_vec();
+        self.spawn()
+    }
+
     /// Kills the server and starts an empty one on the same port (a restart that lost data).
     ///
     /// # Errors

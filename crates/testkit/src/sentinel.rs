@@ -26,6 +26,8 @@ pub struct SentinelSetup {
     password: Option<String>,
     /// The Sentinels' own password, if they have one.
     sentinel_password: Option<String>,
+    /// What every data server runs with (after [`RedisServer`]'s defaults).
+    data_args: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -45,23 +47,48 @@ impl Drop for SentinelProc {
     }
 }
 
-/// `redis-cli -p PORT [-a PASSWORD] ARGS...`, its output's lines (empty when it cannot run).
-fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> Vec<String> {
+/// `redis-cli -p PORT [-a PASSWORD]`.
+fn redis_cli(port: u16, password: Option<&str>) -> Command {
     let mut cmd = Command::new("redis-cli");
     cmd.args(["-p", &port.to_string()]);
     if let Some(pw) = password {
         cmd.args(["-a", pw, "--no-auth-warning"]);
     }
-    cmd.args(args)
-        .stderr(Stdio::null())
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
+    cmd.stderr(Stdio::null());
+    cmd
+}
+
+/// An output's lines (none when the command could not run).
+fn lines(out: std::io::Result<std::process::Output>) -> Vec<String> {
+    out.map(|o| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// `redis-cli -p PORT [-a PASSWORD] ARGS...`, its output's lines (empty when it cannot run).
+fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> Vec<String> {
+    lines(redis_cli(port, password).args(args).output())
+}
+
+/// `redis-cli -p PORT [-a PASSWORD]` fed `commands` (one per line) on one connection, its
+/// output's lines (empty when it cannot run).
+fn cli_stdin(port: u16, password: Option<&str>, commands: &str) -> Vec<String> {
+    use std::io::Write;
+    let Ok(mut child) = redis_cli(port, password)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+    else {
+        return Vec::new();
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(commands.as_bytes());
+    }
+    lines(child.wait_with_output())
 }
 
 /// Polls `cond` every 50 ms for up to `limit`.
@@ -80,8 +107,8 @@ fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> st
 }
 
 impl SentinelSetup {
-    /// Starts the five servers and waits until the replica is in sync and every Sentinel
-    /// names the primary ([`SentinelSetup::wait_ready_for_failover`] waits for more).
+    /// Starts the five servers and waits until the replica acknowledges the primary's writes
+    /// and every Sentinel names the primary ([`SentinelSetup::wait_ready_for_failover`] waits for more).
     ///
     /// # Errors
     /// When `redis-server` or `redis-cli` is missing, or the setup does not come up in 30 s.
@@ -144,6 +171,23 @@ impl SentinelSetup {
             servers.push(replica);
         }
         let primary = &servers[0];
+        // In sync is not yet streaming: after a diskless sync the primary sends a replica its
+        // writes only once the replica's first acknowledgement came (up to a second later).
+        // Ready when a write reaches every replica (`WAIT`), as grants must (min-replicas).
+        let want = replicas.to_string();
+        wait_until(
+            "every replica acknowledging writes",
+            Duration::from_secs(30),
+            || {
+                // One connection: WAIT counts the replicas that have its client's writes.
+                let script = format!("SET testkit:ready 1\nWAIT {want} 100\n");
+                cli_stdin(primary.port(), password, &script)
+                    .get(1)
+                    .and_then(|n| n.trim().parse::<usize>().ok())
+                    .is_some_and(|n| n >= replicas)
+            },
+        )?;
+        cli_as(primary.port(), password, &["DEL", "testkit:ready"]);
         let mut sentinels = Vec::new();
         for _ in 0..3 {
             sentinels.push(Self::spawn_sentinel(
@@ -157,6 +201,7 @@ impl SentinelSetup {
             sentinels,
             password: password.map(str::to_owned),
             sentinel_password: sentinel_password.map(str::to_owned),
+            data_args: data_args.iter().map(|a| (*a).to_owned()).collect(),
         };
         Ok(setup)
     }
@@ -311,21 +356,34 @@ impl SentinelSetup {
         )
     }
 
-    /// Kills the primary (SIGKILL) and waits until the Sentinels have promoted the replica and
+    /// Kills the primary (SIGKILL) and waits until the Sentinels have promoted a replica and
     /// it answers as a primary; answers how long that took. What the replica had not received
-    /// yet is lost, as in a real failover.
+    /// yet is lost, as in a real failover. Then the killed server is started again, empty, as
+    /// a replica of the promoted one (as its supervisor would restart it), so the set-up keeps
+    /// its replicas.
     ///
     /// # Errors
-    /// When no failover happens within 30 s.
+    /// When no failover happens within 30 s, or the killed server does not start again.
     pub fn kill_primary_and_fail_over(&mut self) -> std::io::Result<Duration> {
         self.wait_ready_for_failover()?;
         let old = self.primary_port();
         let t = Instant::now();
-        if let Some(s) = self.servers.iter_mut().find(|s| Some(s.port()) == old) {
-            s.stop();
+        let killed = self.servers.iter().position(|s| Some(s.port()) == old);
+        if let Some(i) = killed {
+            self.servers[i].stop();
         }
         self.wait_promoted(old, "a failover")?;
-        Ok(t.elapsed())
+        let took = t.elapsed();
+        if let (Some(i), Some(now)) = (killed, self.primary_port()) {
+            let mut args = vec![
+                "--replicaof".to_owned(),
+                "127.0.0.1".into(),
+                now.to_string(),
+            ];
+            args.extend(self.data_args.iter().cloned());
+            self.servers[i].restart_with(&args)?;
+        }
+        Ok(took)
     }
 
     /// A manual failover (`SENTINEL FAILOVER`): the replica is promoted and the old primary,
@@ -367,27 +425,56 @@ impl SentinelSetup {
         })
     }
 
-    /// Empties a running replica (`FLUSHALL` on it, made writable for that): it goes on
-    /// receiving new writes but lost everything before, as a replica that missed writes. The
-    /// next failover promotes it if it is the only replica in sync.
+    /// Freezes every running replica (SIGSTOP; `false`: SIGCONT, it runs again): the primary
+    /// keeps them attached but hears no acknowledgement of its writes, as from a replica on a
+    /// hung link.
     ///
     /// # Errors
-    /// When there is no running replica or it refuses.
-    pub fn empty_a_replica(&self) -> std::io::Result<()> {
+    /// When `kill` cannot be run or refuses.
+    pub fn freeze_replicas(&self, frozen: bool) -> std::io::Result<()> {
         let primary = self.primary_port();
-        let replica = self
+        let sig = if frozen { "-STOP" } else { "-CONT" };
+        for s in &self.servers {
+            let Some(pid) = s.pid().filter(|_| Some(s.port()) != primary) else {
+                continue;
+            };
+            let ok = Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()?
+                .success();
+            if !ok {
+                return Err(std::io::Error::other(format!("kill {sig} {pid} failed")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties every running replica (`FLUSHALL` on each, made writable for that): they go on
+    /// receiving new writes but lost everything before, as replicas that missed writes. The
+    /// next failover promotes one of them.
+    ///
+    /// # Errors
+    /// When there is no running replica or one refuses.
+    pub fn empty_the_replicas(&self) -> std::io::Result<()> {
+        let primary = self.primary_port();
+        let replicas: Vec<&RedisServer> = self
             .servers
             .iter()
-            .find(|s| s.pid().is_some() && Some(s.port()) != primary)
-            .ok_or_else(|| std::io::Error::other("no running replica"))?;
+            .filter(|s| s.pid().is_some() && Some(s.port()) != primary)
+            .collect();
+        if replicas.is_empty() {
+            return Err(std::io::Error::other("no running replica"));
+        }
         let pw = self.password.as_deref();
-        for args in [
-            &["CONFIG", "SET", "replica-read-only", "no"][..],
-            &["FLUSHALL"][..],
-        ] {
-            let out = cli_as(replica.port(), pw, args);
-            if out.first().is_none_or(|l| l != "OK") {
-                return Err(std::io::Error::other(format!("{args:?} answered {out:?}")));
+        for replica in replicas {
+            for args in [
+                &["CONFIG", "SET", "replica-read-only", "no"][..],
+                &["FLUSHALL"][..],
+            ] {
+                let out = cli_as(replica.port(), pw, args);
+                if out.first().is_none_or(|l| l != "OK") {
+                    return Err(std::io::Error::other(format!("{args:?} answered {out:?}")));
+                }
             }
         }
         Ok(())
