@@ -92,7 +92,7 @@ impl UpdateArgs {
         };
         self.hook.fill_patch(&mut patch);
         if patch.is_empty() {
-            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands, --handler-timeout-s, --typing, --async-reply-ttl-s, --stream");
+            bail!("nothing to change: give at least one of --token, --app-token, --api-url, --handler, --webhook-url, --webhook-secret, --shards, --shards-per-slice, --mode, --secret-token, --signing-secret, --app-secret, --verify-token, --phone-number-id, --max-connections, --commands, --handler-timeout-s, --typing, --async-reply-ttl-s, --stream, --rate-limits");
         }
         Ok(patch)
     }
@@ -197,6 +197,12 @@ pub(crate) struct HookArgs {
     /// Telegram private chats; edits elsewhere) or `edits` [default: native].
     #[arg(long, value_name = "MODE", value_parser = stream_mode)]
     stream: Option<botfleet_core::StreamMode>,
+    /// The bot's own send limits over the workers' --rate-limits: `off`, `SCOPE=off` or
+    /// `SCOPE=CALLS/SECONDS[:BURST]`, comma-separated, of its platform's scopes (e.g.
+    /// `bot=100/1,group=off` for a Telegram bot on a Bot API server of its own); on `update`,
+    /// "" goes back to the workers'.
+    #[arg(long, value_name = "LIMITS")]
+    rate_limits: Option<String>,
 }
 
 /// `--stream native|edits`.
@@ -237,6 +243,7 @@ impl HookArgs {
         line.typing = self.typing;
         line.async_reply_ttl_s = self.async_reply_ttl_s;
         line.stream = self.stream;
+        line.rate_limits = self.rate_limits;
     }
 
     /// The flags as a change's fields (an empty text clears).
@@ -253,6 +260,7 @@ impl HookArgs {
         patch.typing = self.typing.map(Some);
         patch.async_reply_ttl_s = self.async_reply_ttl_s.map(Some);
         patch.stream = self.stream.map(Some);
+        patch.rate_limits = self.rate_limits.map(Some);
     }
 }
 
@@ -314,8 +322,8 @@ pub(crate) enum BotsCommand {
     /// Register many bots from a JSON-lines file (fields of `add`: id, platform, token,
     /// app_token, api_url, handler, webhook_url, webhook_secret, enabled, shards, shards_per_slice,
     /// mode, secret_token, signing_secret, app_secret, verify_token, phone_number_id,
-    /// max_connections, commands, handler_timeout_s, typing, async_reply_ttl_s, stream); `-`
-    /// reads standard input.
+    /// max_connections, commands, handler_timeout_s, typing, async_reply_ttl_s, stream,
+    /// rate_limits); `-` reads standard input.
     Import {
         #[command(flatten)]
         backends: Backends,

@@ -39,6 +39,7 @@ pub(crate) const BOT_FIELDS: &[&str] = &[
     "typing",
     "async_reply_ttl_s",
     "stream",
+    "rate_limits",
 ];
 
 /// The fields of a change (`PATCH /api/v1/bots/{id}`): every bot field but the two that name
@@ -65,6 +66,7 @@ pub(crate) const PATCH_FIELDS: &[&str] = &[
     "typing",
     "async_reply_ttl_s",
     "stream",
+    "rate_limits",
 ];
 
 /// One bot as `bots add` flags, a `bots import` line or `POST /api/v1/bots` describe it.
@@ -155,6 +157,11 @@ pub(crate) struct BotLine {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub(crate) stream: Option<botfleet_core::StreamMode>,
+    /// The bot's own send limits over the workers' `--rate-limits`: `off`, `SCOPE=off` or
+    /// `SCOPE=CALLS/SECONDS[:BURST]`, comma-separated, of its platform's scopes (e.g.
+    /// `bot=100/1,group=off`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) rate_limits: Option<String>,
 }
 
 /// What a change may touch (`bots update`, `PATCH /api/v1/bots/{id}`): a field left out is
@@ -306,6 +313,14 @@ pub(crate) struct BotPatch {
     )]
     #[schema(value_type = Option<String>)]
     pub(crate) stream: Option<Option<botfleet_core::StreamMode>>,
+    /// The bot's own send limits (as a new bot's); `null` or `""` goes back to the workers'.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>)]
+    pub(crate) rate_limits: Option<Option<String>>,
 }
 
 /// Names the fields that are set, never their values.
@@ -587,6 +602,7 @@ impl BotLine {
                 typing: self.typing,
                 async_reply_ttl_s: self.async_reply_ttl_s,
                 stream: self.stream,
+                rate_limits: self.rate_limits.filter(|r| !r.trim().is_empty()),
                 ..BotOptions::default()
             },
             hook: HookSecrets::default(),
@@ -669,6 +685,9 @@ impl BotPatch {
         }
         if let Some(m) = self.stream {
             next.options.stream = m;
+        }
+        if let Some(r) = self.rate_limits {
+            next.options.rate_limits = r.filter(|r| !r.trim().is_empty());
         }
         let (mut url, mut secret) = match &spec.handler {
             HandlerSpec::Echo | HandlerSpec::Named(_) => (None, None),
@@ -876,6 +895,37 @@ mod tests {
             .apply(&spec)
             .unwrap_err();
         assert!(e.message.contains("1-900"), "{e}");
+    }
+
+    #[test]
+    fn a_bots_own_rate_limits_are_checked_against_its_platform() {
+        let line = |s: &str| BotLine::from_json(s).and_then(BotLine::into_spec);
+        let spec = line(
+            r#"{"id":"t","platform":"telegram","token":"1:a","rate_limits":"bot=100/1,group=off"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            spec.options.rate_limits.as_deref(),
+            Some("bot=100/1,group=off")
+        );
+        let e =
+            line(r#"{"id":"t","platform":"telegram","token":"1:a","rate_limits":"channel=1/1"}"#)
+                .unwrap_err();
+        assert!(
+            e.message.contains("invalid rate_limits: `channel=1/1`: telegram has no send limit `channel` (it has: chat, group, bot)"),
+            "{}",
+            e.message
+        );
+        let cleared = BotPatch::from_json(r#"{"rate_limits": ""}"#)
+            .unwrap()
+            .apply(&spec)
+            .unwrap();
+        assert_eq!(cleared.options.rate_limits, None);
+        let e = BotPatch::from_json(r#"{"rate_limits": "bot=fast"}"#)
+            .unwrap()
+            .apply(&spec)
+            .unwrap_err();
+        assert!(e.message.contains("invalid rate_limits"), "{}", e.message);
     }
 
     #[test]

@@ -167,6 +167,9 @@ pub(crate) struct BotView {
     /// How its streamed answers go: `native` (the platform's own streams where the chat has
     /// them, edits elsewhere) or `edits`.
     pub(crate) stream: &'static str,
+    /// Its own send limits over the workers' `--rate-limits`, when it has them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) rate_limits: Option<String>,
 }
 
 /// One slice of a bot split into slices.
@@ -616,6 +619,7 @@ fn view(
                 .and_then(|d| d.mode_of(&b.spec))
                 .is_some_and(|m| m.caps.typing),
         stream: b.spec.stream_mode().as_str(),
+        rate_limits: b.spec.options.rate_limits.clone(),
     }
 }
 

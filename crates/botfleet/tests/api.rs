@@ -335,6 +335,22 @@ async fn every_route_works_refuses_bad_input_and_never_returns_a_token() {
         )
         .await;
     assert_eq!(v["change"], "unchanged");
+    // The bot's own send limits, shown with it; its platform's scopes only.
+    let limits = json!({"rate_limits": "chat=2/1,group=off"}).to_string();
+    let (s, v) = api.call("PATCH", "/bots/b", Some(limits)).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = api.call("GET", "/bots/b", None).await;
+    assert_eq!(v["rate_limits"], "chat=2/1,group=off", "{v}");
+    let bad = json!({"rate_limits": "channel=1/1"}).to_string();
+    let (s, v) = api.call("PATCH", "/bots/b", Some(bad)).await;
+    assert_eq!((s, code(&v)), (400, "invalid"), "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("rate_limits"),
+        "{v}"
+    );
 
     // Disable, enable, restart.
     let (s, v) = api.call("POST", "/bots/b/disable", None).await;

@@ -1463,6 +1463,45 @@ fn bots_add_and_update_take_their_remaining_flags() {
     ]);
     assert!(o.status.success(), "{:?}", text(&o));
     assert_eq!(bot("sl")["stream"], "edits");
+    // The bot's own send limits: its platform's scopes only; "" goes back to the workers'.
+    let o = bots_add(
+        &db,
+        "own",
+        "telegram",
+        "2:flags",
+        &["--rate-limits", "bot=100/1,group=off"],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(bot("own")["rate_limits"], "bot=100/1,group=off");
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "own",
+        "--rate-limits",
+        "channel=1/1",
+        "--database-url",
+        &db,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    assert!(
+        text(&o)
+            .1
+            .contains("telegram has no send limit `channel` (it has: chat, group, bot)"),
+        "{:?}",
+        text(&o)
+    );
+    assert_eq!(bot("own")["rate_limits"], "bot=100/1,group=off");
+    let o = botfleet(&[
+        "bots",
+        "update",
+        "own",
+        "--rate-limits",
+        "",
+        "--database-url",
+        &db,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(bot("own").get("rate_limits").is_none(), "{}", bot("own"));
     // Out of range and malformed values are usage errors that change nothing.
     for bad in [
         ["--handler-timeout-s", "0"],

@@ -133,6 +133,13 @@ pub struct BotOptions {
     /// `None` is [`StreamMode::Native`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<StreamMode>,
+    /// The bot's own send limits, over the workers' (`--rate-limits`) and the platform's
+    /// documented ones: a comma-separated list of `off` (none kept for this bot),
+    /// `SCOPE=off` or `SCOPE=CALLS/SECONDS[:BURST]`, the scopes its platform has (Telegram
+    /// `chat`, `group`, `bot`…), e.g. `bot=100/1,group=off` for a bot on a Bot API server of
+    /// its own. `None`: the workers' limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<String>,
 }
 
 /// How a streamed answer (a message sent with a `ref` and then edited as it grows) reaches

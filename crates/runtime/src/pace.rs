@@ -36,17 +36,46 @@ impl RateLimits {
     /// The limit of `platform`'s `scope` after these changes (`None`: not kept), from its
     /// documented `limit`.
     pub fn apply(&self, platform: Platform, scope: &str, limit: Limit) -> Option<Limit> {
+        self.said(platform, scope).unwrap_or(Some(limit))
+    }
+
+    /// What these changes say of `platform`'s `scope`: nothing (`None`), not kept
+    /// (`Some(None)`), or its limit.
+    fn said(&self, platform: Platform, scope: &str) -> Option<Option<Limit>> {
         if self.all_off || self.off.contains(&platform) {
-            return None;
+            return Some(None);
         }
-        match self
-            .scopes
+        self.scopes
             .iter()
             .find(|(p, s, _)| *p == platform && *s == scope)
-        {
-            Some((_, _, l)) => *l,
-            None => Some(limit),
+            .map(|(_, _, l)| *l)
+    }
+
+    /// A bot's own changes (`rate_limits` in its spec): the same list with the bot's
+    /// platform left out — `off`, `SCOPE=off`, `SCOPE=CALLS/SECONDS[:BURST]` — checked
+    /// against `platform`'s scopes.
+    ///
+    /// # Errors
+    /// What is wrong with an item, naming it.
+    pub fn for_bot(platform: Platform, text: &str) -> Result<Self, String> {
+        let mut items = Vec::new();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if item == "off" {
+                items.push(format!("{platform}=off"));
+                continue;
+            }
+            let name = item.split('=').next().unwrap_or_default();
+            if name.contains('.') || !item.contains('=') {
+                return Err(format!(
+                    "`{item}`: expected off, SCOPE=off or SCOPE=CALLS/SECONDS[:BURST] (the bot's platform is implied)"
+                ));
+            }
+            items.push(format!("{platform}.{item}"));
         }
+        items
+            .join(",")
+            .parse()
+            .map_err(|e: String| e.replace(&format!("`{platform}."), "`"))
     }
 }
 
@@ -135,12 +164,15 @@ fn parse_limit(v: &str) -> Result<Limit, String> {
 pub(crate) struct Pace {
     coord: Arc<dyn Coordinator>,
     limits: Arc<RateLimits>,
+    /// The bot's own changes ([`Pace::for_bot`]), over the worker's.
+    bot: Option<Arc<RateLimits>>,
 }
 
 impl fmt::Debug for Pace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pace")
             .field("limits", &self.limits)
+            .field("bot", &self.bot)
             .finish()
     }
 }
@@ -150,18 +182,40 @@ impl Pace {
         Self {
             coord,
             limits: Arc::new(limits),
+            bot: None,
         }
     }
 
-    /// `buckets` (a call's on `platform`) with the worker's changes to their limits; those
-    /// turned off left out.
+    /// The buckets of `spec`'s bot: its own `rate_limits` over the worker's. (Its spec was
+    /// checked when it was stored; changes it cannot mean are left out, said here.)
+    pub(crate) fn for_bot(&self, spec: &botfleet_core::BotSpec) -> Self {
+        let bot = spec.options.rate_limits.as_deref().and_then(|text| {
+            RateLimits::for_bot(spec.platform, text)
+                .inspect_err(|why| {
+                    tracing::warn!(bot = %spec.id, %why, "ignoring the bot's rate_limits");
+                })
+                .ok()
+                .map(Arc::new)
+        });
+        Self {
+            coord: self.coord.clone(),
+            limits: self.limits.clone(),
+            bot,
+        }
+    }
+
+    /// `buckets` (a call's on `platform`) with the bot's and the worker's changes to their
+    /// limits (the bot's first); those turned off left out.
     pub(crate) fn kept(&self, platform: Platform, mut buckets: Vec<Bucket>) -> Vec<Bucket> {
-        buckets.retain_mut(|b| match self.limits.apply(platform, b.scope, b.limit) {
-            Some(l) => {
-                b.limit = l;
-                true
+        buckets.retain_mut(|b| {
+            let own = self.bot.as_ref().and_then(|l| l.said(platform, b.scope));
+            match own.unwrap_or_else(|| self.limits.apply(platform, b.scope, b.limit)) {
+                Some(l) => {
+                    b.limit = l;
+                    true
+                }
+                None => false,
             }
-            None => false,
         });
         buckets
     }
@@ -283,6 +337,33 @@ mod tests {
             ("telegram.bot=fast", "expected off or CALLS/SECONDS"),
         ] {
             let e = bad.parse::<RateLimits>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_bots_own_limits_name_its_scopes_and_go_over_the_workers() {
+        let tg = botfleet_telegram::limits::BOT;
+        let bot = RateLimits::for_bot(Platform::Telegram, "bot=100/1, group=off").unwrap();
+        assert_eq!(
+            bot.said(Platform::Telegram, "bot"),
+            Some(Some(Limit::every(100, 1, 100)))
+        );
+        assert_eq!(bot.said(Platform::Telegram, "group"), Some(None));
+        assert_eq!(bot.said(Platform::Telegram, "chat"), None);
+        let all = RateLimits::for_bot(Platform::Telegram, "off").unwrap();
+        assert_eq!(all.apply(Platform::Telegram, "chat", tg), None);
+        assert_eq!(
+            RateLimits::for_bot(Platform::Telegram, " ").unwrap(),
+            RateLimits::default()
+        );
+        for (bad, says) in [
+            ("nope=1/1", "`nope=1/1`: telegram has no send limit `nope`"),
+            ("telegram.bot=1/1", "the bot's platform is implied"),
+            ("bot", "expected off, SCOPE=off"),
+            ("bot=0/1", "`bot=0/1`: CALLS must be"),
+        ] {
+            let e = RateLimits::for_bot(Platform::Telegram, bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
     }

@@ -77,6 +77,9 @@ pub fn capability_table() -> String {
 /// [`SpecError::Invalid`] otherwise. Neither names a value.
 pub fn validate(spec: &BotSpec) -> Result<&'static Descriptor, SpecError> {
     let d = descriptor(spec.platform).ok_or(SpecError::NotBuilt(spec.platform))?;
+    if let Some(text) = &spec.options.rate_limits {
+        crate::RateLimits::for_bot(spec.platform, text).map_err(SpecError::RateLimits)?;
+    }
     match d.validate(spec) {
         Ok(()) => Ok(d),
         Err(e) => Err(owned_elsewhere(d, &e).unwrap_or(e).into()),
@@ -139,6 +142,9 @@ pub enum SpecError {
     /// The spec breaks its platform's rules.
     #[error(transparent)]
     Invalid(#[from] InvalidSpec),
+    /// Its `rate_limits` name a scope its platform lacks, or do not parse.
+    #[error("invalid rate_limits: {0}")]
+    RateLimits(String),
 }
 
 fn names() -> String {

@@ -249,7 +249,7 @@ impl TurnCtx {
             native_streams: spec.stream_mode() == botfleet_core::StreamMode::Native,
             async_ttl: spec.async_reply_ttl(base.later.ttl()),
             later: base.later,
-            pace: base.pace,
+            pace: base.pace.for_bot(spec),
         }
     }
 }

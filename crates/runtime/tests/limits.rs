@@ -64,9 +64,19 @@ fn start(
 async fn running(
     tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
 ) -> (FakeTelegram, Harness, RunningWorker) {
+    running_as(None, tune).await
+}
+
+/// [`running`], the bot with its own `rate_limits`.
+async fn running_as(
+    rate_limits: Option<&str>,
+    tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
+) -> (FakeTelegram, Harness, RunningWorker) {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(TOKEN);
-    let h = Harness::new(&[lim(&fake)]).await;
+    let mut bot = lim(&fake);
+    bot.options.rate_limits = rate_limits.map(str::to_owned);
+    let h = Harness::new(&[bot]).await;
     let w = start(&h, "a", tune);
     let tg = fake.state();
     wait_for("polling", Duration::from_secs(20), || async {
@@ -108,6 +118,19 @@ async fn after_429(
     })
     .await;
     other.take_buckets(&[(key, limit)]).await.unwrap()
+}
+
+/// Asks for 3 replies in `chat` and checks worker "a" (`w`) sent them taking no bucket:
+/// nothing waited, nothing was timed.
+async fn answered_taking_no_bucket(tg: &botfleet_testkit::FakeState, w: &RunningWorker, chat: i64) {
+    tg.user_writes(TOKEN, chat, "3");
+    replies_at(tg, chat, 3).await;
+    let m = w.metrics.render("a");
+    assert!(
+        !m.contains("botfleet_rate_bucket_waits_total{")
+            && !m.contains("botfleet_send_wait_seconds_count{"),
+        "no bucket taken:\n{m}"
+    );
 }
 
 /// The gaps between consecutive instants.
@@ -182,14 +205,39 @@ async fn a_bucket_paused_elsewhere_in_the_fleet_holds_this_workers_sends() {
 async fn limits_turned_off_take_no_bucket() {
     let (fake, _h, w) = running(|c| c.rate_limits = "off".parse().unwrap()).await;
     let tg = fake.state();
-    tg.user_writes(TOKEN, 9, "3");
-    replies_at(tg, 9, 3).await;
+    answered_taking_no_bucket(tg, &w, 9).await;
+    w.shutdown().await;
+}
+
+/// A bot's own `rate_limits` go over the worker's: a bot with `chat=1/2` on a worker that keeps
+/// no limit (`off`) sends to a chat once every 2 s and counts its waits; a bot with `off` on a
+/// worker keeping the documented limits takes no bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bots_own_rate_limits_go_over_the_workers() {
+    let (fake, _h, w) = running_as(Some("chat=1/2"), |c| {
+        c.rate_limits = "off".parse().unwrap();
+    })
+    .await;
+    let tg = fake.state();
+    tg.user_writes(TOKEN, 11, "3");
+    for g in gaps(&replies_at(tg, 11, 3).await) {
+        assert!(
+            g >= Duration::from_millis(1_900),
+            "private chat at 1/2 s: {g:?}"
+        );
+    }
     let m = w.metrics.render("a");
     assert!(
-        !m.contains("botfleet_rate_bucket_waits_total{")
-            && !m.contains("botfleet_send_wait_seconds_count{"),
-        "no bucket taken:\n{m}"
+        m.contains(
+            "botfleet_rate_bucket_waits_total{worker_id=\"a\",platform=\"telegram\",scope=\"chat\"}"
+        ),
+        "the chat's waits counted:\n{m}"
     );
+    w.shutdown().await;
+
+    let (fake, _h, w) = running_as(Some("off"), |_| {}).await;
+    let tg = fake.state();
+    answered_taking_no_bucket(tg, &w, 12).await;
     w.shutdown().await;
 }
 

@@ -227,6 +227,9 @@ struct HookDoc {
     /// How its streamed answers go (`None`: natively where the platform can).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     stream: Option<botfleet_core::StreamMode>,
+    /// The bot's own send limits (see `BotOptions::rate_limits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rate_limits: Option<String>,
 }
 
 /// The conversation-state upsert shared by the SQL backends: `$1` bot, `$2` chat, `$3` the
@@ -325,6 +328,7 @@ impl BotRow {
             typing: spec.options.typing,
             async_reply_ttl_s: spec.options.async_reply_ttl_s,
             stream: spec.options.stream,
+            rate_limits: spec.options.rate_limits.clone(),
         };
         let hook = if doc == HookDoc::default() {
             None
@@ -414,6 +418,7 @@ impl BotRow {
                     typing: doc.typing,
                     async_reply_ttl_s: doc.async_reply_ttl_s,
                     stream: doc.stream,
+                    rate_limits: doc.rate_limits,
                 },
                 hook: botfleet_core::HookSecrets {
                     secret: doc.secret.map(Secret::new),

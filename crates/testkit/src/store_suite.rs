@@ -42,6 +42,8 @@ pub async fn bots_round_trip(s: Arc<dyn Store>) {
     b.options.typing = Some(false);
     b.options.async_reply_ttl_s = Some(60);
     b.options.stream = Some(botfleet_core::StreamMode::Edits);
+    // And the bot's own send limits.
+    b.options.rate_limits = Some("bot=100/1,group=off".into());
     b.handler = HandlerSpec::Webhook {
         url: "http://127.0.0.1:9/hook".into(),
         secret: Some(Secret::new("hmac-key")),
