@@ -98,6 +98,9 @@ pub const STATE_TOO_LARGE_TOTAL: &str = "botfleet_state_too_large_total";
 pub const ACTION_REFUSED_TOTAL: &str = "botfleet_action_refused_total";
 /// Typing indicators the fleet showed while handlers ran long, per platform.
 pub const TYPING_SHOWN_TOTAL: &str = "botfleet_typing_shown_total";
+/// Typing indicators left out because a send bucket they count against was short, per
+/// platform (typing is the first call to give way).
+pub const TYPING_SKIPPED_TOTAL: &str = "botfleet_typing_skipped_total";
 /// Handler calls cut off at the bot's handler timeout, per platform.
 pub const HANDLER_TIMEOUTS_TOTAL: &str = "botfleet_handler_timeouts_total";
 /// Files served through the fleet's file links, per platform.
@@ -517,6 +520,10 @@ impl Metrics {
             (
                 TYPING_SHOWN_TOTAL,
                 "Typing indicators shown while handlers ran long.",
+            ),
+            (
+                TYPING_SKIPPED_TOTAL,
+                "Typing indicators left out because a send bucket was short.",
             ),
             (
                 HANDLER_TIMEOUTS_TOTAL,

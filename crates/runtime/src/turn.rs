@@ -50,7 +50,7 @@ use crate::{
     handler::{Handler, Reply},
     metrics::{
         Metrics, HANDLER_TIMEOUTS_TOTAL, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL,
-        STATE_TOO_LARGE_TOTAL, TYPING_SHOWN_TOTAL,
+        STATE_TOO_LARGE_TOTAL, TYPING_SHOWN_TOTAL, TYPING_SKIPPED_TOTAL,
     },
     reporter::Reporter,
     retry::{backoff, sleep_or_stop, wait_after},
@@ -732,12 +732,30 @@ impl Waiting {
     }
 
     /// Shows typing in `msg`'s chat, when the worker may act; a failure is logged and counted
-    /// (the turn goes on).
+    /// (the turn goes on). Typing takes a token from the buckets it counts against (Discord's
+    /// global one) but never waits for one: when a bucket is short it is the first call left
+    /// out (counted), and tried again at its next turn.
     async fn show(&mut self, ctx: &TurnCtx, hold: &impl Hold, msg: &Inbound) {
         self.next = Instant::now().checked_add(self.every);
         let Ok(sender) = &ctx.sender else { return };
         if hold.check().is_err() {
             return;
+        }
+        let buckets = ctx.pace.kept(
+            ctx.platform,
+            sender.buckets(&msg.chat, Call::Act(&Act::Typing)),
+        );
+        if !buckets.is_empty() {
+            let scopes = crate::pace::Pace::scopes(ctx.platform, &ctx.bot, &buckets);
+            // (The coordinator away: shown unpaced, as a send would go.)
+            if let Ok(t) = ctx.pace.take(&scopes).await {
+                if !t.taken() {
+                    let scope = buckets.get(t.short).map_or("?", |b| b.scope);
+                    ctx.metrics.count(TYPING_SKIPPED_TOTAL, ctx.platform, 1);
+                    debug!(bot = %ctx.bot, scope, "a send bucket is short: typing left out");
+                    return;
+                }
+            }
         }
         let key = format!("{}:typing", Outbound::reply_key(msg));
         match sender.show_typing(msg, &key).await {

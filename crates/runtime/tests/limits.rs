@@ -38,6 +38,18 @@ impl BotHandler for Many {
     }
 }
 
+/// Answers after 3 s (a handler that takes long enough to show typing).
+struct Slow;
+
+#[async_trait]
+impl BotHandler for Slow {
+    async fn handle(&self, event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        cx.reply(event.text.clone());
+        Ok(())
+    }
+}
+
 /// The Telegram bot "lim" on `fake`, answered by [`Many`].
 fn lim(fake: &FakeTelegram) -> BotSpec {
     let mut bot = BotSpec::new(BotId::new("lim").unwrap(), Platform::Telegram, TOKEN);
@@ -53,8 +65,10 @@ fn start(
     tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
 ) -> RunningWorker {
     h.start_with(name, |c| {
-        let handlers: HashMap<String, Arc<dyn BotHandler>> =
-            HashMap::from([("many".to_owned(), Arc::new(Many) as Arc<dyn BotHandler>)]);
+        let handlers: HashMap<String, Arc<dyn BotHandler>> = HashMap::from([
+            ("many".to_owned(), Arc::new(Many) as Arc<dyn BotHandler>),
+            ("slow".to_owned(), Arc::new(Slow) as Arc<dyn BotHandler>),
+        ]);
         c.handlers = Arc::new(handlers);
         tune(c);
     })
@@ -413,6 +427,27 @@ async fn whatsapp_sends_at_once_are_paced_to_the_numbers_throughput() {
     w.shutdown().await;
 }
 
+/// The Discord bot `id` (`token`, answered by the handler named `handler`) run by worker "a",
+/// its one shard up on a new fake.
+async fn discord_running(
+    token: &str,
+    id: &str,
+    handler: &str,
+) -> (botfleet_discord::fake::FakeDiscord, Harness, RunningWorker) {
+    let fake = botfleet_discord::fake::FakeDiscord::start().await.unwrap();
+    fake.state().add_bot(token, 1, 1);
+    let mut bot = BotSpec::new(BotId::new(id).unwrap(), Platform::Discord, token);
+    bot.options.api_url = Some(fake.url());
+    bot.handler = HandlerSpec::Named(handler.into());
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = start(&h, "a", |_| {});
+    wait_for("the shard up", Duration::from_secs(30), || async {
+        (fake.state().connected_shards(token) == 1).then_some(())
+    })
+    .await;
+    (fake, h, w)
+}
+
 /// When the Discord fake took `channel`'s first message from `token`'s bot.
 async fn discord_post_at(
     fake: &botfleet_discord::fake::FakeDiscord,
@@ -434,19 +469,9 @@ async fn discord_post_at(
 /// bot's global bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discord_429_pauses_its_route_or_the_bots_global_bucket() {
-    use botfleet_discord::fake::{FakeDiscord, SendFault};
+    use botfleet_discord::fake::SendFault;
     const DTOKEN: &str = "DISCORD.limits.SECRET";
-    let fake = FakeDiscord::start().await.unwrap();
-    fake.state().add_bot(DTOKEN, 1, 1);
-    let mut bot = BotSpec::new(BotId::new("dl").unwrap(), Platform::Discord, DTOKEN);
-    bot.options.api_url = Some(fake.url());
-    bot.handler = HandlerSpec::Named("many".into());
-    let h = Harness::new(std::slice::from_ref(&bot)).await;
-    let w = start(&h, "a", |_| {});
-    wait_for("the shard up", Duration::from_secs(30), || async {
-        (fake.state().connected_shards(DTOKEN) == 1).then_some(())
-    })
-    .await;
+    let (fake, h, w) = discord_running(DTOKEN, "dl", "many").await;
     let other = h.coordinator();
     let probe = botfleet_coord::RateLimit::new(1.0, 1);
     let pause = Duration::from_secs(4);
@@ -492,5 +517,40 @@ async fn a_discord_429_pauses_its_route_or_the_bots_global_bucket() {
         "the global bucket paused: {g:?}"
     );
     discord_post_at(&fake, DTOKEN, 7).await;
+    w.shutdown().await;
+}
+
+/// Typing gives way first: a slow handler's typing takes a token from Discord's global bucket
+/// and, while that bucket is held (paused through another coordinator, as a global 429 would),
+/// is left out — counted, never waited for — while the reply waits for the bucket and goes.
+/// With the bucket free, the same slow turn shows typing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typing_gives_way_when_discords_global_bucket_is_short() {
+    const DTOKEN: &str = "DISCORD.typing.SECRET";
+    let (fake, h, w) = discord_running(DTOKEN, "dt", "slow").await;
+    let other = h.coordinator();
+    let skipped = "botfleet_typing_skipped_total{worker_id=\"a\",platform=\"discord\"}";
+    other
+        .pause_bucket("send:discord:dt:global", Duration::from_secs(6))
+        .await
+        .unwrap();
+    fake.state().user_writes(DTOKEN, 7, "held");
+    wait_for("typing left out", Duration::from_secs(20), || async {
+        w.metrics.render("a").contains(skipped).then_some(())
+    })
+    .await;
+    assert!(
+        fake.state().typing(DTOKEN).is_empty(),
+        "typing shown into a held bucket"
+    );
+    discord_post_at(&fake, DTOKEN, 7).await;
+    fake.state().user_writes(DTOKEN, 8, "free");
+    wait_for("typing shown", Duration::from_secs(20), || async {
+        fake.state()
+            .typing(DTOKEN)
+            .contains(&"8".to_owned())
+            .then_some(())
+    })
+    .await;
     w.shutdown().await;
 }
