@@ -298,7 +298,14 @@ fn start_worker(db: &str) -> Worker {
 
 /// [`start_worker`] with more flags.
 fn start_worker_with(db: &str, extra: &[&str]) -> Worker {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_botfleet"))
+    let mut child = spawn_worker(db, extra);
+    let url = first_line(&mut child, "listening on ").expect("worker printed its address");
+    Worker { child, url }
+}
+
+/// An embedded worker on `db` with `extra` flags, its stderr piped (warnings and up).
+fn spawn_worker(db: &str, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_botfleet"))
         .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
         .args([
             "worker",
@@ -314,9 +321,7 @@ fn start_worker_with(db: &str, extra: &[&str]) -> Worker {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
-    let url = first_line(&mut child, "listening on ").expect("worker printed its address");
-    Worker { child, url }
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1611,27 +1616,12 @@ async fn a_worker_acts_on_no_grant_its_replicas_lack() {
         &["--api-url", &fake.url()],
     );
     assert!(o.status.success(), "{:?}", text(&o));
+    let url = redis.url();
     let spawn = |replicas: &str| {
-        Command::new(env!("CARGO_BIN_EXE_botfleet"))
-            .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
-            .args([
-                "worker",
-                "--database-url",
-                &db,
-                "--http-addr",
-                "127.0.0.1:0",
-                "--poll-timeout-s",
-                "1",
-                "--redis-url",
-                &redis.url(),
-                "--redis-min-replicas",
-                replicas,
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        spawn_worker(
+            &db,
+            &["--redis-url", &url, "--redis-min-replicas", replicas],
+        )
     };
     let mut child = spawn("1");
     let said = first_line(&mut child, "too few replicas");

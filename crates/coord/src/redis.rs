@@ -274,11 +274,7 @@ impl RedisCoordinator {
         what: &'static str,
         inv: redis::ScriptInvocation<'_>,
     ) -> Result<T> {
-        let node = self.link.node();
-        let mut conn = node.conn.clone();
-        let deadline = self.deadline();
-        let r = tokio::time::timeout(deadline, inv.invoke_async(&mut conn)).await;
-        self.checked(&node, what, deadline, r)
+        self.run_granting(what, inv, |_| false).await
     }
 
     /// [`RedisCoordinator::run`] for a script that may grant something: when `granted` says it
