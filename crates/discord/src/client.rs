@@ -7,7 +7,10 @@ use botfleet_core::Secret;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{DiscordConfig, DiscordError};
+use crate::{
+    routes::{Announced, Routes},
+    DiscordConfig, DiscordError,
+};
 
 /// Discord's REST base, with the API version.
 pub const DEFAULT_API_URL: &str = "https://discord.com/api/v10";
@@ -17,6 +20,8 @@ pub const DEFAULT_API_URL: &str = "https://discord.com/api/v10";
 pub struct DiscordApi {
     base: String,
     token: Secret,
+    /// The routes' rate limits learnt from this bot's answers (shared by its clones).
+    routes: Arc<Routes>,
 }
 
 impl std::fmt::Debug for DiscordApi {
@@ -36,11 +41,17 @@ impl DiscordApi {
                 .trim_end_matches('/')
                 .to_owned(),
             token: token.clone(),
+            routes: Arc::default(),
         }
     }
 
     pub(crate) fn token(&self) -> &Secret {
         &self.token
+    }
+
+    /// The routes' rate limits learnt from this bot's answers.
+    pub(crate) fn routes(&self) -> &Routes {
+        &self.routes
     }
 }
 
@@ -121,6 +132,18 @@ impl DiscordClient {
         what: &'static str,
         req: reqwest::RequestBuilder,
     ) -> Result<Value, DiscordError> {
+        self.call_in(api, what, None, req).await
+    }
+
+    /// [`DiscordClient::call`] on a route of `channel` (its major parameter): what the
+    /// answer announces of the route's rate limit is learnt ([`Routes`]).
+    async fn call_in(
+        &self,
+        api: &DiscordApi,
+        what: &'static str,
+        channel: Option<&str>,
+        req: reqwest::RequestBuilder,
+    ) -> Result<Value, DiscordError> {
         let _slot = self.calls.acquire().await;
         let resp = req
             .header("authorization", format!("Bot {}", api.token.expose()))
@@ -140,6 +163,13 @@ impl DiscordClient {
             .headers()
             .get("x-ratelimit-global")
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        let shared = resp
+            .headers()
+            .get("x-ratelimit-scope")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"shared"));
+        if let Some((ch, a)) = channel.zip(Announced::read(resp.headers())) {
+            api.routes.heard(what, ch, a);
+        }
         let body = resp.bytes().await.map_err(|e| {
             let e = e.without_url();
             DiscordError::network_from(format!("{what}: {e}"), e)
@@ -160,6 +190,8 @@ impl DiscordClient {
                 let wait = Duration::from_secs_f64(secs);
                 if global || parsed.is_some_and(|v| v["global"] == true) {
                     Err(DiscordError::GlobalRateLimited(wait))
+                } else if shared {
+                    Err(DiscordError::SharedRateLimited(wait))
                 } else {
                     Err(DiscordError::RateLimited(wait))
                 }
@@ -274,7 +306,9 @@ impl DiscordClient {
             .http
             .post(format!("{}/channels/{channel}/messages", api.base));
         let req = with_files(req, &mut body, |b| b, files)?;
-        let sent = self.call(api, "create message", req).await?;
+        let sent = self
+            .call_in(api, "create message", Some(channel), req)
+            .await?;
         Ok(sent["id"].as_str().map(str::to_owned))
     }
 
@@ -345,9 +379,10 @@ impl DiscordClient {
         if let Some(c) = content {
             body["content"] = Value::from(c);
         }
-        self.call(
+        self.call_in(
             api,
             "edit message",
+            Some(channel),
             self.http
                 .patch(format!("{}/channels/{channel}/messages/{id}", api.base))
                 .json(&body),
@@ -367,9 +402,10 @@ impl DiscordClient {
         id: &str,
     ) -> Result<(), DiscordError> {
         check_snowflakes("delete message", &[channel, id])?;
-        self.call(
+        self.call_in(
             api,
             "delete message",
+            Some(channel),
             self.http
                 .delete(format!("{}/channels/{channel}/messages/{id}", api.base)),
         )
@@ -387,9 +423,10 @@ impl DiscordClient {
         channel: &str,
     ) -> Result<(), DiscordError> {
         check_snowflakes("typing", &[channel])?;
-        self.call(
+        self.call_in(
             api,
             "typing",
+            Some(channel),
             self.http
                 .post(format!("{}/channels/{channel}/typing", api.base)),
         )

@@ -478,7 +478,27 @@ impl Sender for DiscordSender {
         chat: &botfleet_core::ChatKey,
         call: botfleet_platform::Call<'_>,
     ) -> Vec<botfleet_platform::Bucket> {
-        crate::outbound::limits::buckets(&chat.chat, call)
+        let mut buckets = crate::outbound::limits::buckets(&chat.chat, call);
+        // A learnt route's own bucket first: the narrowest, what a route's 429 was for.
+        let learnt = crate::outbound::limits::route(call)
+            .and_then(|r| self.api.routes().bucket(r, &chat.chat));
+        if let Some(b) = learnt {
+            buckets.insert(0, b);
+        }
+        buckets
+    }
+
+    fn invalid_budget(&self) -> Option<botfleet_platform::Bucket> {
+        Some(crate::outbound::limits::invalid_budget())
+    }
+
+    fn drained(
+        &self,
+        chat: &botfleet_core::ChatKey,
+        call: botfleet_platform::Call<'_>,
+    ) -> Option<(botfleet_platform::Bucket, std::time::Duration)> {
+        let route = crate::outbound::limits::route(call)?;
+        self.api.routes().empty(route, &chat.chat)
     }
 
     async fn send(&self, out: &Outbound) -> Result<(), PlatformError> {

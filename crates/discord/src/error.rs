@@ -26,6 +26,10 @@ pub enum DiscordError {
     /// waits this long.
     #[error("rate limited by Discord (global), retry after {0:?}")]
     GlobalRateLimited(Duration),
+    /// HTTP 429 for a resource's limit that others share (`X-RateLimit-Scope: shared`): the
+    /// only 429 Discord does not count as an invalid request.
+    #[error("rate limited by Discord (a shared resource), retry after {0:?}")]
+    SharedRateLimited(Duration),
     /// Discord is failing (5xx) or the connection dropped: retry later.
     #[error("Discord server error during {what}: {detail}")]
     Server {
@@ -77,7 +81,9 @@ impl DiscordError {
         match self {
             DiscordError::Unauthorized => "unauthorized",
             DiscordError::Refused { .. } => "gateway_refused",
-            DiscordError::RateLimited(_) | DiscordError::GlobalRateLimited(_) => "rate_limited",
+            DiscordError::RateLimited(_)
+            | DiscordError::GlobalRateLimited(_)
+            | DiscordError::SharedRateLimited(_) => "rate_limited",
             DiscordError::Server { .. } => "server_error",
             DiscordError::Rejected { .. } => "rejected",
             DiscordError::Network { .. } => "network",
@@ -124,17 +130,35 @@ impl From<DiscordError> for PlatformError {
     fn from(e: DiscordError) -> Self {
         let kind = match &e {
             DiscordError::Unauthorized | DiscordError::Refused { .. } => ErrorKind::Credentials,
-            DiscordError::RateLimited(d) | DiscordError::GlobalRateLimited(d) => {
-                ErrorKind::RateLimited(*d)
-            }
+            DiscordError::RateLimited(d)
+            | DiscordError::GlobalRateLimited(d)
+            | DiscordError::SharedRateLimited(d) => ErrorKind::RateLimited(*d),
             DiscordError::Server { .. } | DiscordError::Network { .. } => ErrorKind::Transient,
             DiscordError::Rejected { .. } => ErrorKind::Rejected,
             DiscordError::Malformed(_) => ErrorKind::Malformed,
         };
         let global = matches!(e, DiscordError::GlobalRateLimited(_));
         let out = PlatformError::new(kind, e.reason(), e.to_string());
-        // The bot's global bucket, for the fleet to pause (else the call's route's).
-        let out = if global { out.in_scope("global") } else { out };
+        // The bot's global bucket, for the fleet to pause; else the call's route's, whose
+        // major parameter is its channel (a learnt route's own bucket is paused as Discord
+        // announced it: `Sender::drained`).
+        let out = match &e {
+            DiscordError::RateLimited(_) | DiscordError::SharedRateLimited(_) => {
+                out.in_scope("channel")
+            }
+            _ if global => out.in_scope("global"),
+            _ => out,
+        };
+        // What Discord counts towards banning the caller's IP: 401, 403, and 429 but a
+        // shared resource's.
+        let invalid = match &e {
+            DiscordError::Unauthorized
+            | DiscordError::RateLimited(_)
+            | DiscordError::GlobalRateLimited(_) => true,
+            DiscordError::Rejected { status, .. } => matches!(status, 401 | 403),
+            _ => false,
+        };
+        let out = if invalid { out.invalid() } else { out };
         out.with_source(e)
     }
 }

@@ -165,6 +165,10 @@ struct BotState {
     edited: Vec<Edited>,
     /// Edits answered 429 for the pace.
     edits_paced: u64,
+    /// Channel → its message route's window: when it began, the messages taken in it.
+    windows: HashMap<String, (Instant, u32)>,
+    /// Messages answered 429 for the route's limit ([`FakeDiscordState::limit_messages`]).
+    routes_limited: u64,
     /// The application commands last registered.
     commands: Option<Value>,
     command_writes: u64,
@@ -189,6 +193,8 @@ struct Inner {
     interactions: Mutex<HashMap<String, Interaction>>,
     /// Edits of one message closer than this to its last change are answered 429.
     edit_pace: Mutex<Option<Duration>>,
+    /// The message route's limit per channel: messages a window, the window.
+    message_limit: Mutex<Option<(u32, Duration)>>,
 }
 
 /// The fake's state, shared with the test. Cloning shares it.
@@ -411,6 +417,20 @@ impl FakeDiscordState {
     /// [`Self::edits_paced`]). `None`: no pace (the default).
     pub fn pace_edits(&self, every: Option<Duration>) {
         *lock(&self.inner.edit_pace) = every;
+    }
+
+    /// Keeps Discord's per-route limit of a channel's messages (`POST
+    /// /channels/{id}/messages`) as `limit` a `window` per bot and channel, and announces it
+    /// as Discord does on every answer of the route (`X-RateLimit-Bucket`, `-Limit`,
+    /// `-Remaining`, `-Reset-After`); a message past it is answered 429 with the time left
+    /// (counted in [`Self::messages_limited`]). `None`: no limit, no headers (the default).
+    pub fn limit_messages(&self, limit: Option<(u32, Duration)>) {
+        *lock(&self.inner.message_limit) = limit;
+    }
+
+    /// The bot's messages answered 429 for the limit of [`Self::limit_messages`].
+    pub fn messages_limited(&self, token: &str) -> u64 {
+        self.read(token, |b| b.routes_limited).unwrap_or(0)
     }
 
     /// The bot's edits answered 429 for the pace of [`Self::pace_edits`].
@@ -647,6 +667,33 @@ fn take_message(
     if b.muted.contains(&channel) {
         return answer(missing_permissions());
     }
+    // The route's window, as Discord keeps it: counted before the message is looked at.
+    let limit = *lock(&s.inner.message_limit);
+    let announced = limit.map(|(limit, window)| {
+        let now = Instant::now();
+        let w = b.windows.entry(channel.clone()).or_insert((now, 0));
+        if now >= w.0 + window {
+            *w = (now, 0);
+        }
+        let reset = (w.0 + window).saturating_duration_since(now);
+        let over = w.1 >= limit;
+        if !over {
+            w.1 += 1;
+        }
+        (limit, limit - w.1, reset, over)
+    });
+    if let Some((limit, _, reset, true)) = announced {
+        b.routes_limited += 1;
+        let mut r = rate_limited((reset.as_secs_f64() * 1000.0).ceil() / 1000.0);
+        announce(&mut r, limit, 0, reset);
+        return answer(r);
+    }
+    let answer = |mut r: Response| {
+        if let Some((limit, left, reset, _)) = announced {
+            announce(&mut r, limit, left, reset);
+        }
+        (r, false)
+    };
     let mut lost = false;
     match b.faults.pop_front() {
         Some(SendFault::TooManyRequests(secs)) => return answer(rate_limited(secs)),
@@ -727,10 +774,28 @@ fn take_message(
         },
     );
     drop(bots);
-    (
-        Json(json!({"id": id, "channel_id": channel, "content": content})).into_response(),
-        lost,
-    )
+    let (r, _) =
+        answer(Json(json!({"id": id, "channel_id": channel, "content": content})).into_response());
+    (r, lost)
+}
+
+/// The bucket hash the fake's message route announces.
+pub const MESSAGES_BUCKET: &str = "6d1f0c3e9b2a4c7d8e5f1a2b3c4d5e6f";
+
+/// Adds Discord's headers of the message route's bucket to `r`.
+fn announce(r: &mut Response, limit: u32, remaining: u32, reset: Duration) {
+    let h = r.headers_mut();
+    let mut put = |name: &'static str, v: String| {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&v) {
+            h.insert(name, v);
+        }
+    };
+    put("x-ratelimit-bucket", MESSAGES_BUCKET.to_owned());
+    put("x-ratelimit-limit", limit.to_string());
+    put("x-ratelimit-remaining", remaining.to_string());
+    // To the millisecond, as Discord gives it (rounded up: never before the window ends).
+    let ms = (reset.as_secs_f64() * 1000.0).ceil() / 1000.0;
+    put("x-ratelimit-reset-after", format!("{ms:.3}"));
 }
 
 /// Discord's 429 for a route, asking to wait `secs`.

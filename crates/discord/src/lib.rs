@@ -18,6 +18,7 @@ mod gateway;
 mod inbound;
 mod interactions;
 mod outbound;
+mod routes;
 
 pub use client::{DiscordApi, DiscordClient, GatewayInfo, DEFAULT_API_URL};
 pub use config::DiscordConfig;

@@ -284,7 +284,8 @@ mod tests {
 
 /// Discord's documented limits for what a bot sends: 50 requests a second over all of a
 /// bot's REST calls (interactions' answers aside), and per route — the one counted here ahead
-/// of its headers is a channel's messages, 5 every 5 seconds.
+/// of its headers is a channel's messages, 5 every 5 seconds; every route's own bucket is
+/// learnt from Discord's answers (`route`, see [`limits::route`]).
 pub mod limits {
     use botfleet_core::Act;
     use botfleet_platform::{Bucket, Call, Limit};
@@ -293,9 +294,28 @@ pub mod limits {
     pub const GLOBAL: Limit = Limit::every(50, 1, 50);
     /// Messages posted to one channel.
     pub const CHANNEL: Limit = Limit::every(5, 5, 5);
+    /// A learnt route's bucket: its limit is Discord's, as its answers announce it (`off`
+    /// leaves learnt buckets out; a limit given instead replaces the learnt one).
+    pub const ROUTE: Limit = Limit::every(5, 5, 5);
+
+    /// The fleet's budget of invalid requests (401, 403, 429 but a shared resource's):
+    /// Discord bans an IP for 10,000 in 10 minutes; the fleet keeps under it (4,000 at once
+    /// and 4,000 more over 10 minutes at most), and when the budget is spent every Discord
+    /// call of the fleet stops until a tenth of it is back.
+    pub const INVALID: Limit = Limit::every(4000, 600, 4000);
 
     /// Every scope and its limit.
-    pub const SCOPES: &[(&str, Limit)] = &[("channel", CHANNEL), ("global", GLOBAL)];
+    pub const SCOPES: &[(&str, Limit)] = &[
+        ("channel", CHANNEL),
+        ("global", GLOBAL),
+        (crate::routes::ROUTE, ROUTE),
+        ("invalid", INVALID),
+    ];
+
+    /// The fleet's budget of invalid requests ([`INVALID`]), shared by every Discord bot.
+    pub fn invalid_budget() -> Bucket {
+        Bucket::fleet("invalid", "budget", INVALID)
+    }
 
     /// The buckets `call` in `channel` counts against: an interaction's answer (and its
     /// deferral) counts against none (Discord leaves interactions out of the global limit);
@@ -309,6 +329,19 @@ pub mod limits {
                 Bucket::bot("global", GLOBAL),
             ],
             _ => vec![Bucket::bot("global", GLOBAL)],
+        }
+    }
+
+    /// The channel route `call` goes by, whose bucket Discord's answers announce (what the
+    /// client calls it): a message made, edited or deleted in the channel, typing; `None`
+    /// for an interaction's answer and for a change made through an interaction's webhook.
+    pub fn route(call: Call<'_>) -> Option<&'static str> {
+        match call {
+            Call::Act(Act::Send { .. }) => Some("create message"),
+            Call::Act(Act::Edit { via: None, .. }) => Some("edit message"),
+            Call::Act(Act::Delete { via: None, .. }) => Some("delete message"),
+            Call::Act(Act::Typing) => Some("typing"),
+            _ => None,
         }
     }
 }

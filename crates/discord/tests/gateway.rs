@@ -225,13 +225,14 @@ async fn sends_reply_in_the_channel_once_and_honour_rate_limits() {
     );
     assert_eq!(posts[0].reply_to.as_deref(), Some(msg.message_id.as_str()));
     assert_eq!(fake.state().duplicate_sends(token), 1);
-    // A route's 429 names no scope (the fleet pauses the call's channel); the bot's global
-    // limit says so (the fleet pauses the bot's global bucket).
+    // A route's 429 names its major parameter's scope, the channel (never the bot's global
+    // bucket: an edit's 429 holds no other call); the bot's global limit says so (the fleet
+    // pauses the bot's global bucket).
     for (fault, kind, scope) in [
         (
             SendFault::TooManyRequests(1.5),
             ErrorKind::RateLimited(Duration::from_millis(1500)),
-            None,
+            Some("channel"),
         ),
         (
             SendFault::GlobalTooManyRequests(2.0),

@@ -350,6 +350,30 @@ pub trait Sender: Send + Sync {
         Vec::new()
     }
 
+    /// After `call` in `chat` was answered (also with a 429): one of its buckets the
+    /// platform said it has no call left in, and until it refills (Discord's
+    /// `X-RateLimit-Remaining: 0` and `-Reset-After`). The runtime pauses that bucket for the
+    /// whole fleet, so no worker's next call meets the 429. `None` (the default) for a
+    /// platform that does not say.
+    fn drained(
+        &self,
+        chat: &ChatKey,
+        call: crate::Call<'_>,
+    ) -> Option<(crate::Bucket, std::time::Duration)> {
+        let _ = (chat, call);
+        None
+    }
+
+    /// The platform's limit on refused calls (answers that are
+    /// [`PlatformError::is_invalid`](crate::PlatformError::is_invalid)), past which it bans
+    /// the caller: the fleet-wide budget the fleet keeps under it ([`crate::Bucket::fleet`],
+    /// its scope named in `--rate-limits`). Every refused call takes a token from it; when it
+    /// is spent, the platform's calls stop on every worker until a tenth of it is back.
+    /// `None` (the default) for a platform without such a limit.
+    fn invalid_budget(&self) -> Option<crate::Bucket> {
+        None
+    }
+
     /// Whether a streamed answer to `event` can go as the platform's own stream
     /// ([`Sender::stream`]) in the event's chat: `false` (the default) where the platform has
     /// none there, and the answer goes as edits of one message.

@@ -46,6 +46,9 @@ pub struct PlatformError {
     message: String,
     /// The send limit a 429 was for, when the platform says ([`PlatformError::in_scope`]).
     scope: Option<&'static str>,
+    /// Whether the platform counts the answer against its limit on refused calls
+    /// ([`PlatformError::invalid`]).
+    invalid: bool,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
@@ -65,8 +68,23 @@ impl PlatformError {
             reason,
             message: message.into(),
             scope: None,
+            invalid: false,
             source: None,
         }
+    }
+
+    /// Says the platform counts this answer against its limit on refused calls, past which
+    /// it bans the caller (Discord: 401, 403 and 429 but a shared route's, 10,000 in 10
+    /// minutes; see [`crate::Sender::invalid_budget`]).
+    #[must_use]
+    pub fn invalid(mut self) -> Self {
+        self.invalid = true;
+        self
+    }
+
+    /// Whether the platform counts this answer against its limit on refused calls.
+    pub fn is_invalid(&self) -> bool {
+        self.invalid
     }
 
     /// Says which of the call's send limits ([`crate::Bucket::scope`]) a rate limit was for,

@@ -37,16 +37,15 @@ pub struct Bucket {
     pub of: String,
     /// The platform's limit for it.
     pub limit: Limit,
+    /// Kept for the whole fleet rather than per bot: a limit the platform keeps on the
+    /// caller (Discord's refused calls, counted per IP).
+    pub fleet: bool,
 }
 
 impl Bucket {
     /// The bucket of the bot itself for `scope` (its global limit, a method's tier).
     pub fn bot(scope: &'static str, limit: Limit) -> Self {
-        Self {
-            scope,
-            of: String::new(),
-            limit,
-        }
+        Self::of(scope, "", limit)
     }
 
     /// The bucket of `scope` for `of` (a chat, a channel, a user).
@@ -55,6 +54,16 @@ impl Bucket {
             scope,
             of: of.to_owned(),
             limit,
+            fleet: false,
+        }
+    }
+
+    /// The bucket of `scope` for `of` kept for the whole fleet, every bot of the platform
+    /// drawing from it.
+    pub fn fleet(scope: &'static str, of: &str, limit: Limit) -> Self {
+        Self {
+            fleet: true,
+            ..Self::of(scope, of, limit)
         }
     }
 }
@@ -80,5 +89,6 @@ mod tests {
         assert_eq!(l.burst, 1);
         assert_eq!(Bucket::bot("bot", l).of, "");
         assert_eq!(Bucket::of("chat", "-100", l).of, "-100");
+        assert!(Bucket::fleet("invalid", "budget", l).fleet && !Bucket::bot("bot", l).fleet);
     }
 }

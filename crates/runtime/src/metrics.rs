@@ -101,6 +101,12 @@ pub const TYPING_SHOWN_TOTAL: &str = "botfleet_typing_shown_total";
 /// Typing indicators left out because a send bucket they count against was short, per
 /// platform (typing is the first call to give way).
 pub const TYPING_SKIPPED_TOTAL: &str = "botfleet_typing_skipped_total";
+/// Platform calls the platform counts as refused towards banning the caller (Discord: 401,
+/// 403, 429), per platform.
+pub const INVALID_REQUESTS_TOTAL: &str = "botfleet_invalid_requests_total";
+/// Times the fleet's budget of refused calls was spent and the platform's calls were stopped
+/// short of its ban, per platform.
+pub const INVALID_GUARD_SHUT_TOTAL: &str = "botfleet_invalid_guard_shut_total";
 /// Handler calls cut off at the bot's handler timeout, per platform.
 pub const HANDLER_TIMEOUTS_TOTAL: &str = "botfleet_handler_timeouts_total";
 /// Files served through the fleet's file links, per platform.
@@ -524,6 +530,14 @@ impl Metrics {
             (
                 TYPING_SKIPPED_TOTAL,
                 "Typing indicators left out because a send bucket was short.",
+            ),
+            (
+                INVALID_REQUESTS_TOTAL,
+                "Platform calls the platform counts as refused towards banning the caller (Discord: 401, 403, 429).",
+            ),
+            (
+                INVALID_GUARD_SHUT_TOTAL,
+                "Times the fleet's budget of refused calls was spent and the platform's calls stopped short of its ban.",
             ),
             (
                 HANDLER_TIMEOUTS_TOTAL,

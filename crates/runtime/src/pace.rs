@@ -265,6 +265,45 @@ impl Pace {
     }
 }
 
+/// The fleet's guard against a platform's ban for refused calls ([`Sender::invalid_budget`]):
+/// every refused call takes a token from the budget; when it is spent, the gate — a bucket
+/// every call of the platform takes from, never short but when paused — is paused for every
+/// worker until a tenth of the budget is back.
+///
+/// [`Sender::invalid_budget`]: botfleet_platform::Sender::invalid_budget
+#[derive(Clone, Debug)]
+pub(crate) struct Guard {
+    /// The budget of refused calls.
+    pub(crate) budget: Bucket,
+    /// What every call of the platform takes a token from.
+    pub(crate) gate: Bucket,
+    /// How long the gate stays shut once the budget is spent.
+    pub(crate) shut_for: std::time::Duration,
+}
+
+impl Pace {
+    /// The guard of `budget` (a platform's [`Sender::invalid_budget`]), when its scope is kept.
+    ///
+    /// [`Sender::invalid_budget`]: botfleet_platform::Sender::invalid_budget
+    pub(crate) fn guard(&self, platform: Platform, budget: Option<Bucket>) -> Option<Guard> {
+        let budget = self.kept(platform, vec![budget?]).pop()?;
+        let l = budget.limit;
+        // A tenth of the budget back, within 2 s - 10 min.
+        let tenth = f64::from(l.burst) / 10.0 / l.per_second.max(1e-6);
+        let shut_for = std::time::Duration::from_secs_f64(tenth.clamp(2.0, 600.0));
+        let open = Limit {
+            per_second: 1e6,
+            burst: 1_000_000,
+        };
+        let gate = Bucket::fleet(budget.scope, "gate", open);
+        Some(Guard {
+            budget,
+            gate,
+            shut_for,
+        })
+    }
+}
+
 /// The bucket of `buckets` a 429 of `scope` (as the platform said, else the call's
 /// narrowest: its first) was for.
 pub(crate) fn limited<'a>(buckets: &'a [Bucket], scope: Option<&str>) -> Option<&'a Bucket> {
@@ -278,7 +317,8 @@ pub(crate) fn limited<'a>(buckets: &'a [Bucket], scope: Option<&str>) -> Option<
 /// of a sharded bot draws from one bucket), the scope, and what it is of — as given when it
 /// is short and plain, else its hash (a key has no spaces or braces, and a bounded length).
 pub(crate) fn key(platform: Platform, bot: &BotId, b: &Bucket) -> String {
-    let base = bot.base();
+    // A fleet-wide bucket names no bot (a bot's id is never empty).
+    let base = if b.fleet { "" } else { bot.base() };
     if b.of.is_empty() {
         return format!("send:{platform}:{base}:{}", b.scope);
     }
@@ -379,6 +419,34 @@ mod tests {
     }
 
     #[test]
+    fn a_guard_shuts_its_gate_until_a_tenth_of_its_budget_is_back() {
+        let coord: Arc<dyn Coordinator> = Arc::new(botfleet_coord::MemoryHub::new().coordinator());
+        let budget = || {
+            Some(Bucket::fleet(
+                "invalid",
+                "budget",
+                Limit::every(4000, 600, 4000),
+            ))
+        };
+        let pace = Pace::new(coord.clone(), RateLimits::default());
+        let g = pace.guard(Platform::Discord, budget()).unwrap();
+        assert_eq!(g.shut_for, std::time::Duration::from_secs(60));
+        assert!(g.gate.fleet && g.gate.of == "gate" && g.budget.of == "budget");
+        // A changed budget: a tenth of 3 a 30 s comes back in 3 s; never under 2 s.
+        let small = Pace::new(coord.clone(), "discord.invalid=3/30".parse().unwrap());
+        let g = small.guard(Platform::Discord, budget()).unwrap();
+        assert_eq!(g.shut_for, std::time::Duration::from_secs(3));
+        assert_eq!(g.budget.limit.burst, 3);
+        let tiny = Pace::new(coord.clone(), "discord.invalid=100/1".parse().unwrap());
+        let g = tiny.guard(Platform::Discord, budget()).unwrap();
+        assert_eq!(g.shut_for, std::time::Duration::from_secs(2));
+        // Off: no guard; a platform without a budget: none.
+        let off = Pace::new(coord, "discord.invalid=off".parse().unwrap());
+        assert!(off.guard(Platform::Discord, budget()).is_none());
+        assert!(pace.guard(Platform::Telegram, None).is_none());
+    }
+
+    #[test]
     fn keys_name_the_bot_not_its_slice_and_stay_valid() {
         let l = Limit::every(1, 1, 1);
         let bot = BotId::new("shop").unwrap();
@@ -391,6 +459,12 @@ mod tests {
         assert_eq!(
             key(Platform::Discord, &slice, &Bucket::bot("global", l)),
             "send:discord:shop:global"
+        );
+        // A fleet-wide bucket: every bot's calls share it.
+        let fleet = Bucket::fleet("invalid", "gate", l);
+        assert_eq!(
+            key(Platform::Discord, &bot, &fleet),
+            "send:discord::invalid:gate"
         );
         // An odd id: hashed, one key per id.
         let odd = Bucket::of("chat", "a b{c}", l);

@@ -49,8 +49,9 @@ use tracing::{debug, warn};
 use crate::{
     handler::{Handler, Reply},
     metrics::{
-        Metrics, HANDLER_TIMEOUTS_TOTAL, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL,
-        STATE_TOO_LARGE_TOTAL, TYPING_SHOWN_TOTAL, TYPING_SKIPPED_TOTAL,
+        Metrics, HANDLER_TIMEOUTS_TOTAL, INVALID_GUARD_SHUT_TOTAL, INVALID_REQUESTS_TOTAL,
+        OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL, STATE_TOO_LARGE_TOTAL, TYPING_SHOWN_TOTAL,
+        TYPING_SKIPPED_TOTAL,
     },
     reporter::Reporter,
     retry::{backoff, sleep_or_stop, wait_after},
@@ -741,10 +742,9 @@ impl Waiting {
         if hold.check().is_err() {
             return;
         }
-        let buckets = ctx.pace.kept(
-            ctx.platform,
-            sender.buckets(&msg.chat, Call::Act(&Act::Typing)),
-        );
+        let guard = ctx.pace.guard(ctx.platform, sender.invalid_budget());
+        let typing = (&msg.chat, Call::Act(&Act::Typing));
+        let buckets = call_buckets(ctx, sender.as_ref(), guard.as_ref(), typing);
         if !buckets.is_empty() {
             let scopes = crate::pace::Pace::scopes(ctx.platform, &ctx.bot, &buckets);
             // (The coordinator away: shown unpaced, as a send would go.)
@@ -763,6 +763,9 @@ impl Waiting {
             Err(e) => {
                 ctx.metrics.platform_error(ctx.platform, e.reason());
                 debug!(bot = %ctx.bot, chat = %msg.chat.chat, error = %e, "cannot show typing");
+                if let Some(g) = guard.as_ref().filter(|_| e.is_invalid()) {
+                    refused_counted(ctx, g).await;
+                }
             }
         }
     }
@@ -872,16 +875,25 @@ where
         Ok(s) => s,
         Err(why) => return Ok(Err(format!("send: {why}"))),
     };
-    let buckets = ctx.pace.kept(ctx.platform, sender.buckets(what.0, what.1));
+    let guard = ctx.pace.guard(ctx.platform, sender.invalid_budget());
     let mut attempt = 0;
     loop {
+        // Asked again for every try: a try's answer may have taught the sender a bucket.
+        let buckets = call_buckets(ctx, sender.as_ref(), guard.as_ref(), what);
         if let Err(why) = paced(ctx, hold, slot, &buckets, started).await? {
             return Ok(Err(why));
         }
         ctx.slots.ensure(slot, hold).await?;
         // Checked before every call: a frozen or fenced worker does nothing.
         hold.check()?;
-        match call(sender.clone()).await {
+        let answer = call(sender.clone()).await;
+        if let (Err(e), Some(g)) = (&answer, &guard) {
+            if e.is_invalid() {
+                refused_counted(ctx, g).await;
+            }
+        }
+        let drained = drained_pause(ctx, sender.as_ref(), what).await;
+        match answer {
             Ok(v) => {
                 ctx.metrics.sent();
                 return Ok(Ok(v));
@@ -901,7 +913,9 @@ where
             Err(e) => {
                 ctx.metrics.platform_error(ctx.platform, e.reason());
                 let shared = match e.kind() {
-                    ErrorKind::RateLimited(wait) => shared_pause(ctx, &buckets, &e, wait).await,
+                    ErrorKind::RateLimited(wait) => {
+                        shared_pause(ctx, &buckets, &e, wait).await | drained
+                    }
                     _ => false,
                 };
                 if e.kind() == ErrorKind::Rejected || started.elapsed() >= ctx.retry_for {
@@ -915,6 +929,53 @@ where
                 }
                 attempt += 1;
             }
+        }
+    }
+}
+
+/// The buckets `what` (a call in a chat) takes a token from: the platform's for it, as the
+/// bot and the worker keep them, and — for a call that counts against any — the gate of the
+/// platform's guard against a ban for refused calls, last.
+fn call_buckets(
+    ctx: &TurnCtx,
+    sender: &dyn Sender,
+    guard: Option<&crate::pace::Guard>,
+    what: (&ChatKey, Call<'_>),
+) -> Vec<Bucket> {
+    let mut buckets = ctx.pace.kept(ctx.platform, sender.buckets(what.0, what.1));
+    if let Some(g) = guard.filter(|_| !buckets.is_empty()) {
+        buckets.push(g.gate.clone());
+    }
+    buckets
+}
+
+/// A call the platform counts as refused (`Discord`: 401, 403, 429) takes a token from the
+/// fleet's budget of them; when the budget is spent, the gate every call of the platform
+/// takes from shuts for every worker, short of the platform's ban.
+async fn refused_counted(ctx: &TurnCtx, g: &crate::pace::Guard) {
+    ctx.metrics.count(INVALID_REQUESTS_TOTAL, ctx.platform, 1);
+    let scopes = crate::pace::Pace::scopes(ctx.platform, &ctx.bot, std::slice::from_ref(&g.budget));
+    match ctx.pace.take(&scopes).await {
+        Ok(t) if t.taken() => {}
+        Ok(_) => {
+            ctx.metrics.count(INVALID_GUARD_SHUT_TOTAL, ctx.platform, 1);
+            // Once per shut, about: no call of the platform goes while the gate is shut.
+            warn!(
+                platform = %ctx.platform,
+                shut_s = g.shut_for.as_secs(),
+                "the fleet spent its budget of refused calls ({}): every call of the platform waits, short of its ban for refused calls",
+                g.budget.scope
+            );
+            pause_for_fleet(
+                ctx,
+                &g.gate,
+                g.shut_for,
+                "the budget of refused calls is spent",
+            )
+            .await;
+        }
+        Err(e) => {
+            debug!(bot = %ctx.bot, error = %e, "a refused call could not be counted for the fleet")
         }
     }
 }
@@ -934,16 +995,34 @@ async fn shared_pause(
         return false;
     };
     ctx.metrics.rate_limited(ctx.platform, b.scope);
+    pause_for_fleet(ctx, b, wait, "rate limited").await
+}
+
+/// Pauses `b` for every worker for `wait` (`why`, for the log): true when it did.
+async fn pause_for_fleet(ctx: &TurnCtx, b: &Bucket, wait: Duration, why: &str) -> bool {
     match ctx.pace.pause(ctx.platform, &ctx.bot, b, wait).await {
         Ok(()) => {
-            debug!(bot = %ctx.bot, scope = b.scope, wait_ms = wait.as_millis() as u64, "rate limited: the bucket paused for the fleet");
+            debug!(bot = %ctx.bot, scope = b.scope, wait_ms = wait.as_millis() as u64, "{why}: the bucket paused for the fleet");
             true
         }
         Err(err) => {
-            debug!(bot = %ctx.bot, error = %err, "rate limited: the pause could not be shared");
+            debug!(bot = %ctx.bot, error = %err, "{why}: the pause could not be shared");
             false
         }
     }
+}
+
+/// After a call (`what`) was answered: the bucket its platform said it emptied
+/// ([`Sender::drained`]: Discord's announced route limits), paused for the whole fleet until
+/// it refills, so no worker's next call meets the 429. True when it was paused.
+async fn drained_pause(ctx: &TurnCtx, sender: &dyn Sender, what: (&ChatKey, Call<'_>)) -> bool {
+    let Some((bucket, until)) = sender.drained(what.0, what.1) else {
+        return false;
+    };
+    let Some(b) = ctx.pace.kept(ctx.platform, vec![bucket]).pop() else {
+        return false; // its scope is not kept
+    };
+    pause_for_fleet(ctx, &b, until, "the platform said a send bucket is empty").await
 }
 
 /// Waits until each of `buckets` (a platform call's) gives a token, the turn's slot given back
@@ -970,8 +1049,14 @@ async fn paced(
                 let scope = buckets.get(t.short).map_or("?", |b| b.scope);
                 ctx.metrics.bucket_wait(ctx.platform, scope);
                 if started.elapsed() + t.wait > ctx.retry_for {
+                    let held = match buckets.get(t.short) {
+                        Some(b) if b.fleet => format!(
+                            "the fleet's guard against the platform's ban for refused calls (its {scope} budget is spent)"
+                        ),
+                        _ => format!("the platform's {scope} rate limit"),
+                    };
                     return Ok(Err(format!(
-                        "send: the platform's {scope} rate limit holds it {} s more, past the {} s a send is tried for",
+                        "send: {held} holds it {} s more, past the {} s a send is tried for",
                         t.wait.as_secs(),
                         ctx.retry_for.as_secs()
                     )));

@@ -147,6 +147,54 @@ async fn answered_taking_no_bucket(tg: &botfleet_testkit::FakeState, w: &Running
     );
 }
 
+/// `users` messages of users and `desk` sends from the backend (through `sends`, in turn) to
+/// `group` of `bot` (`token` at the fake `tg`): all arrive, each once, each kind in order,
+/// with at most one 429 in all.
+async fn users_and_desk_in_one_group(
+    tg: &botfleet_testkit::FakeState,
+    token: &str,
+    bot: &BotSpec,
+    group: i64,
+    (users, desk): (usize, usize),
+    sends: &[botfleet_runtime::Sends],
+) {
+    for k in 0..users.max(desk) {
+        if k < users {
+            tg.user_writes(token, group, &format!("user {k}"));
+        }
+        if k < desk {
+            let body = serde_json::json!({ "text": format!("desk {k}") }).to_string();
+            sends[k % sends.len()]
+                .submit(bot, &group.to_string(), &format!("desk-{k}"), &body)
+                .await
+                .expect("accepted");
+        }
+    }
+    let texts: Vec<String> = wait_for("every message out", Duration::from_secs(120), || async {
+        let t: Vec<String> = tg
+            .sent()
+            .into_iter()
+            .filter(|s| s.chat_id == group.to_string())
+            .map(|s| s.text)
+            .collect();
+        (t.len() >= users + desk).then_some(t)
+    })
+    .await;
+    let of = |kind: &str| -> Vec<String> {
+        texts
+            .iter()
+            .filter(|t| t.starts_with(kind))
+            .cloned()
+            .collect()
+    };
+    let want =
+        |kind: &str, n: usize| -> Vec<String> { (0..n).map(|k| format!("{kind} {k}")).collect() };
+    assert_eq!(of("user"), want("user", users), "{texts:?}");
+    assert_eq!(of("desk"), want("desk", desk), "{texts:?}");
+    assert_eq!(texts.len(), users + desk, "each once: {texts:?}");
+    assert!(tg.messages_paced() <= 1, "429s: {}", tg.messages_paced());
+}
+
 /// The gaps between consecutive instants.
 fn gaps(at: &[Instant]) -> Vec<Duration> {
     at.windows(2).map(|w| w[1] - w[0]).collect()
@@ -316,42 +364,8 @@ async fn replies_and_backend_sends_to_one_group_keep_its_limit_with_three_worker
         tg.is_polling(TOKEN).then_some(())
     })
     .await;
-    let group = -4_200_i64;
-    let (users, desk) = (10, 12);
-    for k in 0..desk {
-        if k < users {
-            tg.user_writes(TOKEN, group, &format!("user {k}"));
-        }
-        let body = serde_json::json!({ "text": format!("desk {k}") }).to_string();
-        workers[k % 3]
-            .sends
-            .submit(&bot, &group.to_string(), &format!("desk-{k}"), &body)
-            .await
-            .expect("accepted");
-    }
-    let texts: Vec<String> = wait_for("every message out", Duration::from_secs(60), || async {
-        let t: Vec<String> = tg
-            .sent()
-            .into_iter()
-            .filter(|s| s.chat_id == group.to_string())
-            .map(|s| s.text)
-            .collect();
-        (t.len() >= users + desk).then_some(t)
-    })
-    .await;
-    let of = |kind: &str| -> Vec<String> {
-        texts
-            .iter()
-            .filter(|t| t.starts_with(kind))
-            .cloned()
-            .collect()
-    };
-    let want =
-        |kind: &str, n: usize| -> Vec<String> { (0..n).map(|k| format!("{kind} {k}")).collect() };
-    assert_eq!(of("user"), want("user", users), "{texts:?}");
-    assert_eq!(of("desk"), want("desk", desk), "{texts:?}");
-    assert_eq!(texts.len(), users + desk, "each once: {texts:?}");
-    assert!(tg.messages_paced() <= 1, "429s: {}", tg.messages_paced());
+    let sends: Vec<_> = workers.iter().map(|w| w.sends.clone()).collect();
+    users_and_desk_in_one_group(tg, TOKEN, &bot, -4_200, (10, 12), &sends).await;
     for w in workers {
         w.shutdown().await;
     }
@@ -427,12 +441,13 @@ async fn whatsapp_sends_at_once_are_paced_to_the_numbers_throughput() {
     w.shutdown().await;
 }
 
-/// The Discord bot `id` (`token`, answered by the handler named `handler`) run by worker "a",
-/// its one shard up on a new fake.
+/// The Discord bot `id` (`token`, answered by the handler named `handler`) run by worker "a"
+/// (its configuration changed by `tune`), its one shard up on a new fake.
 async fn discord_running(
     token: &str,
     id: &str,
     handler: &str,
+    tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
 ) -> (botfleet_discord::fake::FakeDiscord, Harness, RunningWorker) {
     let fake = botfleet_discord::fake::FakeDiscord::start().await.unwrap();
     fake.state().add_bot(token, 1, 1);
@@ -440,7 +455,7 @@ async fn discord_running(
     bot.options.api_url = Some(fake.url());
     bot.handler = HandlerSpec::Named(handler.into());
     let h = Harness::new(std::slice::from_ref(&bot)).await;
-    let w = start(&h, "a", |_| {});
+    let w = start(&h, "a", tune);
     wait_for("the shard up", Duration::from_secs(30), || async {
         (fake.state().connected_shards(token) == 1).then_some(())
     })
@@ -471,7 +486,7 @@ async fn discord_post_at(
 async fn a_discord_429_pauses_its_route_or_the_bots_global_bucket() {
     use botfleet_discord::fake::SendFault;
     const DTOKEN: &str = "DISCORD.limits.SECRET";
-    let (fake, h, w) = discord_running(DTOKEN, "dl", "many").await;
+    let (fake, h, w) = discord_running(DTOKEN, "dl", "many", |_| {}).await;
     let other = h.coordinator();
     let probe = botfleet_coord::RateLimit::new(1.0, 1);
     let pause = Duration::from_secs(4);
@@ -527,7 +542,7 @@ async fn a_discord_429_pauses_its_route_or_the_bots_global_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typing_gives_way_when_discords_global_bucket_is_short() {
     const DTOKEN: &str = "DISCORD.typing.SECRET";
-    let (fake, h, w) = discord_running(DTOKEN, "dt", "slow").await;
+    let (fake, h, w) = discord_running(DTOKEN, "dt", "slow", |_| {}).await;
     let other = h.coordinator();
     let skipped = "botfleet_typing_skipped_total{worker_id=\"a\",platform=\"discord\"}";
     other
@@ -553,4 +568,167 @@ async fn typing_gives_way_when_discords_global_bucket_is_short() {
     })
     .await;
     w.shutdown().await;
+}
+
+/// Discord's route limits, learnt from its answers and kept by the fleet: with the documented
+/// channel limit off, five messages of one turn into a channel whose message route allows 2 a
+/// 3 s window (the fake announces it as Discord does, in `X-RateLimit-*` headers) wait for
+/// the route's reset instead of meeting a 429; the bucket Discord said is empty is paused
+/// where another coordinator sees it; another channel goes on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discords_announced_route_limits_are_learnt_and_kept_by_the_fleet() {
+    const DTOKEN: &str = "DISCORD.routes.SECRET";
+    let (fake, h, w) = discord_running(DTOKEN, "dr", "many", |c| {
+        c.rate_limits = "discord.channel=off".parse().unwrap();
+    })
+    .await;
+    let window = Duration::from_secs(3);
+    fake.state().limit_messages(Some((2, window)));
+    let other = h.coordinator();
+    fake.state().user_writes(DTOKEN, 5, "5");
+    let waited =
+        "botfleet_rate_bucket_waits_total{worker_id=\"a\",platform=\"discord\",scope=\"route\"}";
+    wait_for(
+        "a send waiting for the route",
+        Duration::from_secs(30),
+        || async { w.metrics.render("a").contains(waited).then_some(()) },
+    )
+    .await;
+    // The route's bucket of channel 5, paused for the fleet until the window ends.
+    let key = format!(
+        "send:discord:dr:route:{}:5",
+        botfleet_discord::fake::MESSAGES_BUCKET
+    );
+    let probe = botfleet_coord::RateLimit::new(1.0, 1);
+    let seen = other.take_buckets(&[(&key, probe)]).await.unwrap();
+    assert!(
+        !seen.taken() && seen.wait > Duration::from_millis(300),
+        "the route paused for the fleet: {seen:?}"
+    );
+    fake.state().user_writes(DTOKEN, 6, "elsewhere");
+    let elsewhere = discord_post_at(&fake, DTOKEN, 6).await;
+    let posts = wait_for("five messages", Duration::from_secs(30), || async {
+        let p: Vec<_> = fake
+            .state()
+            .sent_by(DTOKEN)
+            .into_iter()
+            .filter(|p| p.channel == "5")
+            .collect();
+        (p.len() >= 5).then_some(p)
+    })
+    .await;
+    let texts: Vec<&str> = posts.iter().map(|p| p.content.as_str()).collect();
+    let wanted: Vec<String> = (1..=5).map(|i| format!("reply {i} of 5")).collect();
+    assert_eq!(texts, wanted, "in order, once each");
+    assert_eq!(
+        fake.state().messages_limited(DTOKEN),
+        0,
+        "no 429 for the route"
+    );
+    assert!(
+        posts[2].at - posts[0].at >= window - Duration::from_millis(10),
+        "the third waited for the window: {:?}",
+        posts[2].at - posts[0].at
+    );
+    assert!(
+        elsewhere < posts[2].at,
+        "channel 6 waited for channel 5's route"
+    );
+    w.shutdown().await;
+}
+
+/// Discord bans an IP for 10,000 refused calls (401, 403, 429) in 10 minutes; the fleet keeps
+/// short of it. With the budget at 3 refused calls a minute (`discord.invalid=3/60`), replies
+/// into a channel the bot may not post in (403) spend it; the fourth shuts the gate of every
+/// Discord call for every worker (seen through another coordinator) for a tenth of the budget
+/// (6 s): a reply in another channel waits for it, then goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_past_the_fleets_budget_stop_discords_calls_short_of_the_ban() {
+    const DTOKEN: &str = "DISCORD.invalid.SECRET";
+    let (fake, h, w) = discord_running(DTOKEN, "di", "many", |c| {
+        c.rate_limits = "discord.invalid=3/60".parse().unwrap();
+    })
+    .await;
+    fake.state().mute(DTOKEN, 9);
+    let other = h.coordinator();
+    for i in 0..4 {
+        fake.state().user_writes(DTOKEN, 9, &format!("refused {i}"));
+    }
+    let shut = "botfleet_invalid_guard_shut_total{worker_id=\"a\",platform=\"discord\"} 1";
+    wait_for("the gate shut", Duration::from_secs(30), || async {
+        w.metrics.render("a").contains(shut).then_some(())
+    })
+    .await;
+    let at = Instant::now();
+    let probe = botfleet_coord::RateLimit::new(1.0, 1);
+    let seen = other
+        .take_buckets(&[("send:discord::invalid:gate", probe)])
+        .await
+        .unwrap();
+    assert!(
+        !seen.taken() && seen.wait > Duration::from_secs(1),
+        "the gate shut for the fleet: {seen:?}"
+    );
+    let m = w.metrics.render("a");
+    assert!(
+        m.contains("botfleet_invalid_requests_total{worker_id=\"a\",platform=\"discord\"} 4"),
+        "{m}"
+    );
+    fake.state().user_writes(DTOKEN, 6, "elsewhere");
+    let posted = discord_post_at(&fake, DTOKEN, 6).await;
+    assert!(
+        posted - at >= Duration::from_secs(3),
+        "another channel's reply went through the shut gate after {:?}",
+        posted - at
+    );
+    assert!(fake
+        .state()
+        .sent_by(DTOKEN)
+        .iter()
+        .all(|p| p.channel != "9"));
+    w.shutdown().await;
+}
+
+/// A webhook bot's turns run on whichever worker the balancer hands a delivery to: 50 replies
+/// and 50 sends from the backend (through the three workers' APIs) to one Telegram group,
+/// against a fake keeping Telegram's limits scaled (a chat's second message within 100 ms,
+/// more than 10 to a group within 2 s: 429), all arrive, in order, each once, with at most
+/// one 429 in all — the workers keeping 9 a second to a chat and 4 a second to a group,
+/// together (the chat's pace alone would break the group's limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_bots_group_messages_through_three_workers_keep_telegrams_limits() {
+    use botfleet_testkit::webhook_suite;
+    const GTOKEN: &str = "5400:group-token";
+    let fake = FakeTelegram::start().await.unwrap();
+    let tg = fake.state();
+    tg.add_bot(GTOKEN);
+    tg.pace_chats(Some(Duration::from_millis(100)));
+    tg.limit_groups(Some((10, Duration::from_secs(2))));
+    let (_dir, store) = botfleet_testkit::temp_sqlite("botfleet-limits").await;
+    let mut bot = BotSpec::new(BotId::new("groupy").unwrap(), Platform::Telegram, GTOKEN);
+    bot.options.api_url = Some(fake.url());
+    bot.options.mode = Some("webhook".into());
+    bot.hook.secret = Some(botfleet_core::Secret::new("group-secret_1"));
+    bot.handler = HandlerSpec::Echo;
+    store.add_bot(&bot).await.unwrap();
+    let proxy = botfleet_testkit::RoundRobinProxy::start(Vec::new()).await;
+    let hub = botfleet_coord::MemoryHub::new();
+    let mut workers = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut c = webhook_suite::config(name, &proxy.url());
+        c.rate_limits = "telegram.chat=9/1:1,telegram.group=4/1:1".parse().unwrap();
+        let coord: Arc<dyn Coordinator> = Arc::new(hub.coordinator());
+        workers.push(webhook_suite::start(c, coord, store.clone()).await);
+    }
+    proxy.set_backends(workers.iter().map(|w| w.hooks_url.clone()).collect());
+    let hook = format!("{}/hooks/telegram/groupy", proxy.url());
+    wait_for("the webhook set", Duration::from_secs(20), || async {
+        (tg.webhook(GTOKEN).as_deref() == Some(hook.as_str())).then_some(())
+    })
+    .await;
+    let sends: Vec<_> = workers.iter().map(|w| w.sends.clone()).collect();
+    users_and_desk_in_one_group(tg, GTOKEN, &bot, -4_300, (50, 50), &sends).await;
+    for w in workers {
+        w.shutdown().await;
+    }
 }

@@ -247,8 +247,12 @@ struct Inner {
     chat_pace: Option<Duration>,
     /// (token, chat id) → when the bot's last message there was taken.
     last_message: HashMap<(String, String), std::time::Instant>,
-    /// Messages answered 429 for that pace.
+    /// Messages answered 429 for that pace (or a group's limit).
     messages_paced: u64,
+    /// A group's limit: messages in any window of this length.
+    group_limit: Option<(usize, Duration)>,
+    /// (token, group id) → when the bot's messages there within the window were taken.
+    group_sent: HashMap<(String, String), std::collections::VecDeque<std::time::Instant>>,
 }
 
 /// What the fake's webhook deliveries did.
@@ -404,7 +408,17 @@ impl FakeState {
         self.lock().chat_pace = every;
     }
 
-    /// Messages answered 429 for the limit set by [`Self::pace_chats`].
+    /// Keeps a group's limit as Telegram does (20 messages a minute): a message a bot sends
+    /// to a group (a negative chat id) that would make it more than `limit` within any
+    /// `window` is answered 429 with the seconds until the oldest leaves the window, rounded
+    /// up, as `retry_after` (counted in [`Self::messages_paced`]). `None`: no limit (the
+    /// default).
+    pub fn limit_groups(&self, limit: Option<(usize, Duration)>) {
+        self.lock().group_limit = limit;
+    }
+
+    /// Messages answered 429 for the limits set by [`Self::pace_chats`] and
+    /// [`Self::limit_groups`].
     pub fn messages_paced(&self) -> u64 {
         self.lock().messages_paced
     }
@@ -961,14 +975,32 @@ async fn handle(
                 Fault::Garbage => (StatusCode::OK, "<html>bad gateway</html>").into_response(),
             };
         }
-        if let (true, Some(every)) = (message, g.chat_pace) {
+        if message && (g.chat_pace.is_some() || g.group_limit.is_some()) {
             let chat = match &args["chat_id"] {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
             let now = std::time::Instant::now();
-            let last = g.last_message.get(&(token.clone(), chat.clone())).copied();
-            if let Some(left) = last.and_then(|at| every.checked_sub(now.duration_since(at))) {
+            let key = (token.clone(), chat.clone());
+            let last = g.last_message.get(&key).copied();
+            let chat_left = g
+                .chat_pace
+                .zip(last)
+                .and_then(|(every, at)| every.checked_sub(now.duration_since(at)));
+            let group = g.group_limit.filter(|_| chat.starts_with('-'));
+            let sent = g.group_sent.entry(key.clone()).or_default();
+            let group_left = group.and_then(|(limit, window)| {
+                while sent
+                    .front()
+                    .is_some_and(|at| now.duration_since(*at) >= window)
+                {
+                    sent.pop_front();
+                }
+                (sent.len() >= limit)
+                    .then(|| sent.front().map(|at| window - now.duration_since(*at)))
+                    .flatten()
+            });
+            if let Some(left) = chat_left.max(group_left) {
                 g.messages_paced += 1;
                 let secs = left.as_secs_f64().ceil().max(1.0) as u64;
                 return tg_error(
@@ -977,7 +1009,10 @@ async fn handle(
                     Some(secs),
                 );
             }
-            g.last_message.insert((token.clone(), chat), now);
+            if group.is_some() {
+                sent.push_back(now);
+            }
+            g.last_message.insert(key, now);
         }
     }
     match method.as_str() {
