@@ -865,6 +865,26 @@ async fn attempt<T, F, Fut>(
     slot: &mut Slot,
     started: Instant,
     what: (&ChatKey, Call<'_>),
+    call: F,
+) -> Result<Result<T, String>, Halt>
+where
+    F: FnMut(Arc<dyn Sender>) -> Fut,
+    Fut: Future<Output = Result<T, PlatformError>>,
+{
+    attempt_or_give_way(ctx, hold, slot, started, what, None, call).await
+}
+
+/// [`attempt`], for a call that a newer one may make needless (an edit of a held turn's
+/// message, which a newer part may edit again): with `gave_way`, when one of its buckets is
+/// short, the call is not waited for — `Ok(Err(_))`, and `gave_way` says when a token is due
+/// — so that the newer call, if it comes first, goes instead.
+pub(super) async fn attempt_or_give_way<T, F, Fut>(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    slot: &mut Slot,
+    started: Instant,
+    what: (&ChatKey, Call<'_>),
+    mut gave_way: Option<&mut Option<Instant>>,
     mut call: F,
 ) -> Result<Result<T, String>, Halt>
 where
@@ -880,8 +900,16 @@ where
     loop {
         // Asked again for every try: a try's answer may have taught the sender a bucket.
         let buckets = call_buckets(ctx, sender.as_ref(), guard.as_ref(), what);
-        if let Err(why) = paced(ctx, hold, slot, &buckets, started).await? {
-            return Ok(Err(why));
+        let gives_way = gave_way.is_some();
+        match paced(ctx, hold, slot, &buckets, started, gives_way).await? {
+            Paced::Go => {}
+            Paced::TooLong(why) => return Ok(Err(why)),
+            Paced::Short(due) => {
+                if let Some(out) = gave_way.as_deref_mut() {
+                    *out = Some(due);
+                }
+                return Ok(Err("gave way while a send bucket is short".into()));
+            }
         }
         ctx.slots.ensure(slot, hold).await?;
         // Checked before every call: a frozen or fenced worker does nothing.
@@ -1025,19 +1053,30 @@ async fn drained_pause(ctx: &TurnCtx, sender: &dyn Sender, what: (&ChatKey, Call
     pause_for_fleet(ctx, &b, until, "the platform said a send bucket is empty").await
 }
 
+/// What became of a call's wait for its send buckets ([`paced`]).
+enum Paced {
+    /// A token from each: the call goes.
+    Go,
+    /// The wait would end past the call's `retry_for`: why it cannot go.
+    TooLong(String),
+    /// A bucket is short and the call gives way (it was asked to): when a token is due.
+    Short(Instant),
+}
+
 /// Waits until each of `buckets` (a platform call's) gives a token, the turn's slot given back
-/// meanwhile: `Ok(Err(why))` when the wait would end past the call's `retry_for` (counted
-/// from `started`). Without the coordinator the call goes unpaced: the platform's 429s still
-/// pace it.
+/// meanwhile: [`Paced::TooLong`] when the wait would end past the call's `retry_for` (counted
+/// from `started`), [`Paced::Short`] at once when `gives_way`. Without the coordinator the
+/// call goes unpaced: the platform's 429s still pace it.
 async fn paced(
     ctx: &TurnCtx,
     hold: &impl Hold,
     slot: &mut Slot,
     buckets: &[Bucket],
     started: Instant,
-) -> Result<Result<(), String>, Halt> {
+    gives_way: bool,
+) -> Result<Paced, Halt> {
     if buckets.is_empty() {
-        return Ok(Ok(()));
+        return Ok(Paced::Go);
     }
     let scopes = crate::pace::Pace::scopes(ctx.platform, &ctx.bot, buckets);
     let since = Instant::now();
@@ -1055,11 +1094,15 @@ async fn paced(
                         ),
                         _ => format!("the platform's {scope} rate limit"),
                     };
-                    return Ok(Err(format!(
+                    return Ok(Paced::TooLong(format!(
                         "send: {held} holds it {} s more, past the {} s a send is tried for",
                         t.wait.as_secs(),
                         ctx.retry_for.as_secs()
                     )));
+                }
+                if gives_way {
+                    debug!(bot = %ctx.bot, scope, wait_ms = t.wait.as_millis() as u64, "a send bucket is empty; giving way to a newer part");
+                    return Ok(Paced::Short(Instant::now() + t.wait));
                 }
                 debug!(bot = %ctx.bot, scope, wait_ms = t.wait.as_millis() as u64, "a send bucket is empty; waiting");
                 *slot = None;
@@ -1072,7 +1115,7 @@ async fn paced(
         }
     }
     ctx.metrics.send_wait(ctx.platform, since.elapsed());
-    Ok(Ok(()))
+    Ok(Paced::Go)
 }
 
 /// The handler's new state, unless it is over [`MAX_STATE_BYTES`] (then reported to the

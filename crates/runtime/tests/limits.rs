@@ -50,6 +50,41 @@ impl BotHandler for Slow {
     }
 }
 
+/// Answers later, in three parts 1.5 s apart: a message "a" (its ref "m"), its edit to "ab",
+/// and — the last part — its edit to "abc".
+struct LaterEdits;
+
+#[async_trait]
+impl BotHandler for LaterEdits {
+    async fn handle(&self, _event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        let later = cx.later().expect("a worker's turn");
+        cx.answer_later();
+        tokio::spawn(async move {
+            let parts = [
+                (
+                    "p1",
+                    serde_json::json!({"actions": [{"type": "send", "text": "a", "ref": "m"}], "final": false}),
+                ),
+                (
+                    "p2",
+                    serde_json::json!({"actions": [{"type": "edit", "ref": "m", "text": "ab"}], "final": false}),
+                ),
+                (
+                    "p3",
+                    serde_json::json!({"actions": [{"type": "edit", "ref": "m", "text": "abc"}], "final": true}),
+                ),
+            ];
+            for (i, (key, part)) in parts.iter().enumerate() {
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                }
+                later.post(key, part).await.expect("a part taken");
+            }
+        });
+        Ok(())
+    }
+}
+
 /// The Telegram bot "lim" on `fake`, answered by [`Many`].
 fn lim(fake: &FakeTelegram) -> BotSpec {
     let mut bot = BotSpec::new(BotId::new("lim").unwrap(), Platform::Telegram, TOKEN);
@@ -68,6 +103,10 @@ fn start(
         let handlers: HashMap<String, Arc<dyn BotHandler>> = HashMap::from([
             ("many".to_owned(), Arc::new(Many) as Arc<dyn BotHandler>),
             ("slow".to_owned(), Arc::new(Slow) as Arc<dyn BotHandler>),
+            (
+                "later_edits".to_owned(),
+                Arc::new(LaterEdits) as Arc<dyn BotHandler>,
+            ),
         ]);
         c.handlers = Arc::new(handlers);
         tune(c);
@@ -731,4 +770,41 @@ async fn a_webhook_bots_group_messages_through_three_workers_keep_telegrams_limi
     for w in workers {
         w.shutdown().await;
     }
+}
+
+/// Edits that a newer one supersedes give way first: a held turn's answer in three parts on
+/// Discord — a message, its edit 1.5 s later, the last part's edit 1.5 s after that — with
+/// the bot's global bucket at one call every 6 s. The first edit finds the bucket short and
+/// does not hold the turn: the last part's edit goes instead of it (counted as coalesced),
+/// once the bucket has a token. One edit reaches Discord, not two 6 s apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_gives_way_to_a_newer_part_while_its_bucket_is_short() {
+    const DTOKEN: &str = "DISCORD.giveway.SECRET";
+    let (fake, _h, w) = discord_running(DTOKEN, "dg", "later_edits", |c| {
+        c.rate_limits = "discord.global=1/6:1".parse().unwrap();
+    })
+    .await;
+    fake.state().user_writes(DTOKEN, 5, "go");
+    let edits = wait_for("the last part's edit", Duration::from_secs(30), || async {
+        let e = fake.state().edits(DTOKEN);
+        e.iter().any(|e| e.content == "abc").then_some(e)
+    })
+    .await;
+    let texts: Vec<&str> = edits.iter().map(|e| e.content.as_str()).collect();
+    assert_eq!(texts, ["abc"], "the superseded edit went too");
+    let sent: Vec<String> = fake
+        .state()
+        .sent_by(DTOKEN)
+        .into_iter()
+        .map(|p| p.content)
+        .collect();
+    assert_eq!(sent, ["a"]);
+    let m = w.metrics.render("a");
+    assert!(
+        m.contains(
+            "botfleet_stream_edits_total{worker_id=\"a\",platform=\"discord\",outcome=\"coalesced\"} 1"
+        ),
+        "{m}"
+    );
+    w.shutdown().await;
 }

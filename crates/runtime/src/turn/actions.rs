@@ -26,7 +26,8 @@ use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
 use super::{
-    attempt, checked_state, deadline::Deadline, through_store, End, Halt, Hold, Slot, TurnCtx,
+    attempt, attempt_or_give_way, checked_state, deadline::Deadline, through_store, End, Halt,
+    Hold, Slot, TurnCtx,
 };
 use crate::{
     coalesce::{self, Marks, Next},
@@ -249,6 +250,11 @@ struct Run<'a> {
     /// only then does a send with a ref begin a native stream (a reply given at once goes
     /// as it is).
     held: bool,
+    /// The next edit gives way when one of its send buckets is short (a newer part may edit
+    /// the message again): set while [`Run::drive`] does an edit with [`Pace::Yield`].
+    gives_way: bool,
+    /// When an edit that gave way has its token: set by the edit, taken by [`Run::drive`].
+    gave_way: Option<Instant>,
 }
 
 /// What an edit not due yet does ([`Next::Wait`]).
@@ -388,6 +394,8 @@ impl<'a> Run<'a> {
             arrived,
             streamed: false,
             held: false,
+            gives_way: false,
+            gave_way: None,
         }
     }
 
@@ -434,7 +442,15 @@ impl<'a> Run<'a> {
             if run.dirty && changes_something(&action) {
                 run.step(hold, end).await?;
             }
-            match run.one(hold, slot, i, &action, started).await? {
+            run.gives_way = pace == Pace::Yield && matches!(action, Action::Edit { .. });
+            let r = run.one(hold, slot, i, &action, started).await;
+            run.gives_way = false;
+            if let Some(due) = run.gave_way.take() {
+                // One of its buckets is short: looked at again when it has a token, unless a
+                // newer part edits the message first (then this edit is coalesced).
+                return Ok(Some(due));
+            }
+            match r? {
                 Ok(()) => {
                     if matches!(action, Action::Edit { .. }) {
                         ctx.metrics.stream_edit(ctx.platform, coalesce::SENT);
@@ -1197,12 +1213,15 @@ impl Run<'_> {
     ) -> Result<Result<Option<String>, String>, Halt> {
         let msg: &Inbound = self.msg;
         let chat = &msg.chat;
-        let r = attempt(
+        let gives_way =
+            (self.gives_way && matches!(act, Act::Edit { .. })).then_some(&mut self.gave_way);
+        let r = attempt_or_give_way(
             self.ctx,
             hold,
             slot,
             started,
             (chat, Call::Act(act)),
+            gives_way,
             |s| async move { s.act(chat, act, key).await },
         )
         .await?;
