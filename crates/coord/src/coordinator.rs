@@ -193,6 +193,15 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// failures.
     async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake>;
 
+    /// [`Coordinator::take_buckets`] for a call that yields to others (an edit that a newer
+    /// one may make needless): it takes only from buckets that keep their reserve — a fifth
+    /// of the bucket ([`RateLimit::reserve`]) — for the calls that do not yield, so a final
+    /// message goes before a streaming edit. Waits, as a take does, until they would.
+    ///
+    /// # Errors
+    /// As [`Coordinator::take_buckets`].
+    async fn take_buckets_yielding(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake>;
+
     /// Pauses the send bucket `key` for `for_` (the platform's retry-after of a 429) for every
     /// worker of the fleet: no token from it before then (one at its end); a longer pause
     /// already set stays.

@@ -403,6 +403,48 @@ pub struct MemoryCoordinator {
 }
 
 impl MemoryCoordinator {
+    /// Takes a token from every bucket of `scopes`, as buckets.lua does; `yields` as
+    /// [`Coordinator::take_buckets_yielding`].
+    fn take_buckets_as(&self, scopes: &[(&str, RateLimit)], yields: bool) -> Result<BucketTake> {
+        crate::coordinator::check_scopes(scopes)?;
+        let now = self.now();
+        let mut st = self.state()?;
+        // As buckets.lua: every bucket's tokens now, and the longest wait for one.
+        let mut have = Vec::with_capacity(scopes.len());
+        let (mut wait, mut short) = (0.0_f64, 0);
+        for (k, (key, limit)) in scopes.iter().enumerate() {
+            let burst = f64::from(limit.burst);
+            let per_ms = limit.per_second / 1000.0;
+            let need = if yields {
+                1.0 + f64::from(limit.reserve())
+            } else {
+                1.0
+            };
+            let (tokens, ts) = st.send_buckets.get(*key).copied().unwrap_or((burst, now));
+            let (tokens, w) = if ts > now {
+                (tokens, (ts - now) as f64)
+            } else {
+                let t = (tokens + (now - ts) as f64 * per_ms).min(burst);
+                (t, if t < need { (need - t) / per_ms } else { 0.0 })
+            };
+            have.push(tokens);
+            if w > wait {
+                (wait, short) = (w, k);
+            }
+        }
+        if wait > 0.0 {
+            return Ok(BucketTake {
+                wait: Duration::from_millis(wait.ceil().max(1.0) as u64),
+                short,
+            });
+        }
+        for ((key, _), tokens) in scopes.iter().zip(have) {
+            st.send_buckets
+                .insert((*key).to_owned(), (tokens - 1.0, now));
+        }
+        Ok(BucketTake::TAKEN)
+    }
+
     fn state(&self) -> Result<MutexGuard<'_, State>> {
         let st = lock(&self.hub.state);
         if st.crashed.contains(&self.handle_id) {
@@ -817,38 +859,11 @@ impl Coordinator for MemoryCoordinator {
     }
 
     async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake> {
-        crate::coordinator::check_scopes(scopes)?;
-        let now = self.now();
-        let mut st = self.state()?;
-        // As buckets.lua: every bucket's tokens now, and the longest wait for one.
-        let mut have = Vec::with_capacity(scopes.len());
-        let (mut wait, mut short) = (0.0_f64, 0);
-        for (k, (key, limit)) in scopes.iter().enumerate() {
-            let burst = f64::from(limit.burst);
-            let per_ms = limit.per_second / 1000.0;
-            let (tokens, ts) = st.send_buckets.get(*key).copied().unwrap_or((burst, now));
-            let (tokens, w) = if ts > now {
-                (tokens, (ts - now) as f64)
-            } else {
-                let t = (tokens + (now - ts) as f64 * per_ms).min(burst);
-                (t, if t < 1.0 { (1.0 - t) / per_ms } else { 0.0 })
-            };
-            have.push(tokens);
-            if w > wait {
-                (wait, short) = (w, k);
-            }
-        }
-        if wait > 0.0 {
-            return Ok(BucketTake {
-                wait: Duration::from_millis(wait.ceil().max(1.0) as u64),
-                short,
-            });
-        }
-        for ((key, _), tokens) in scopes.iter().zip(have) {
-            st.send_buckets
-                .insert((*key).to_owned(), (tokens - 1.0, now));
-        }
-        Ok(BucketTake::TAKEN)
+        self.take_buckets_as(scopes, false)
+    }
+
+    async fn take_buckets_yielding(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake> {
+        self.take_buckets_as(scopes, true)
     }
 
     async fn pause_bucket(&self, key: &str, for_: Duration) -> Result<()> {

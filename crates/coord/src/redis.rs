@@ -195,6 +195,28 @@ impl std::fmt::Debug for RedisCoordinator {
 }
 
 impl RedisCoordinator {
+    /// Takes a token from every bucket of `scopes` (buckets.lua), `yields` as
+    /// [`Coordinator::take_buckets_yielding`].
+    async fn take_buckets_as(
+        &self,
+        scopes: &[(&str, RateLimit)],
+        yields: bool,
+    ) -> Result<BucketTake> {
+        crate::coordinator::check_scopes(scopes)?;
+        let mut inv = SCRIPTS.buckets.prepare_invoke();
+        for (key, limit) in scopes {
+            inv.key(self.ks.bucket(key))
+                .arg(format!("{:.12}", limit.per_second / 1000.0))
+                .arg(limit.burst);
+        }
+        inv.arg(u8::from(yields));
+        let (wait, short): (i64, i64) = self.run("take send buckets", inv).await?;
+        Ok(BucketTake {
+            wait: Duration::from_millis(wait.max(0).unsigned_abs()),
+            short: usize::try_from(short).unwrap_or(0).min(scopes.len() - 1),
+        })
+    }
+
     /// Connects to Redis (in sentinel mode: asks the Sentinels for the primary first).
     ///
     /// # Errors
@@ -1121,18 +1143,11 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn take_buckets(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake> {
-        crate::coordinator::check_scopes(scopes)?;
-        let mut inv = SCRIPTS.buckets.prepare_invoke();
-        for (key, limit) in scopes {
-            inv.key(self.ks.bucket(key))
-                .arg(format!("{:.12}", limit.per_second / 1000.0))
-                .arg(limit.burst);
-        }
-        let (wait, short): (i64, i64) = self.run("take send buckets", inv).await?;
-        Ok(BucketTake {
-            wait: Duration::from_millis(wait.max(0).unsigned_abs()),
-            short: usize::try_from(short).unwrap_or(0).min(scopes.len() - 1),
-        })
+        self.take_buckets_as(scopes, false).await
+    }
+
+    async fn take_buckets_yielding(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake> {
+        self.take_buckets_as(scopes, true).await
     }
 
     async fn pause_bucket(&self, key: &str, for_: Duration) -> Result<()> {

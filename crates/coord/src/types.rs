@@ -208,6 +208,13 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// The tokens a bucket keeps for the calls that do not yield
+    /// ([`Coordinator::take_buckets_yielding`](crate::Coordinator::take_buckets_yielding)):
+    /// a fifth of it, rounded down (none for a bucket of fewer than 5).
+    pub fn reserve(&self) -> u32 {
+        self.burst / 5
+    }
+
     /// `per_second` tokens a second with a bucket of `burst`. Out-of-range values are clamped
     /// (rate to at least 0.001/s, burst to at least 1).
     pub fn new(per_second: f64, burst: u32) -> Self {

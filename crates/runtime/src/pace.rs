@@ -237,13 +237,19 @@ impl Pace {
     }
 
     /// Takes a token from every bucket of `scopes` ([`Pace::scopes`]), or says how long to
-    /// wait and which bucket holds the call.
+    /// wait and which bucket holds the call. A call that `yields` to others (an edit a newer
+    /// one may make needless) leaves each bucket's reserve to the calls that do not.
     pub(crate) async fn take(
         &self,
         scopes: &[(String, RateLimit)],
+        yields: bool,
     ) -> botfleet_coord::Result<BucketTake> {
         let scopes: Vec<(&str, RateLimit)> = scopes.iter().map(|(k, l)| (k.as_str(), *l)).collect();
-        self.coord.take_buckets(&scopes).await
+        if yields {
+            self.coord.take_buckets_yielding(&scopes).await
+        } else {
+            self.coord.take_buckets(&scopes).await
+        }
     }
 
     /// Pauses `bucket` of `bot` on `platform` for `for_` (a 429's retry-after) for the whole

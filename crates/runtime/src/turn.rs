@@ -734,8 +734,8 @@ impl Waiting {
 
     /// Shows typing in `msg`'s chat, when the worker may act; a failure is logged and counted
     /// (the turn goes on). Typing takes a token from the buckets it counts against (Discord's
-    /// global one) but never waits for one: when a bucket is short it is the first call left
-    /// out (counted), and tried again at its next turn.
+    /// global one), leaving their reserve to messages, but never waits for one: when a bucket
+    /// is short it is the first call left out (counted), and tried again at its next turn.
     async fn show(&mut self, ctx: &TurnCtx, hold: &impl Hold, msg: &Inbound) {
         self.next = Instant::now().checked_add(self.every);
         let Ok(sender) = &ctx.sender else { return };
@@ -747,8 +747,9 @@ impl Waiting {
         let buckets = call_buckets(ctx, sender.as_ref(), guard.as_ref(), typing);
         if !buckets.is_empty() {
             let scopes = crate::pace::Pace::scopes(ctx.platform, &ctx.bot, &buckets);
-            // (The coordinator away: shown unpaced, as a send would go.)
-            if let Ok(t) = ctx.pace.take(&scopes).await {
+            // Yielding: it leaves the buckets' reserve to messages. (The coordinator away:
+            // shown unpaced, as a send would go.)
+            if let Ok(t) = ctx.pace.take(&scopes, true).await {
                 if !t.taken() {
                     let scope = buckets.get(t.short).map_or("?", |b| b.scope);
                     ctx.metrics.count(TYPING_SKIPPED_TOTAL, ctx.platform, 1);
@@ -983,7 +984,7 @@ fn call_buckets(
 async fn refused_counted(ctx: &TurnCtx, g: &crate::pace::Guard) {
     ctx.metrics.count(INVALID_REQUESTS_TOTAL, ctx.platform, 1);
     let scopes = crate::pace::Pace::scopes(ctx.platform, &ctx.bot, std::slice::from_ref(&g.budget));
-    match ctx.pace.take(&scopes).await {
+    match ctx.pace.take(&scopes, false).await {
         Ok(t) if t.taken() => {}
         Ok(_) => {
             ctx.metrics.count(INVALID_GUARD_SHUT_TOTAL, ctx.platform, 1);
@@ -1082,7 +1083,8 @@ async fn paced(
     let since = Instant::now();
     loop {
         hold.check()?;
-        match ctx.pace.take(&scopes).await {
+        // A call that gives way also yields: it leaves the buckets' reserve to the others.
+        match ctx.pace.take(&scopes, gives_way).await {
             Ok(t) if t.taken() => break,
             Ok(t) => {
                 let scope = buckets.get(t.short).map_or("?", |b| b.scope);

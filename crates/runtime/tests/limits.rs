@@ -50,13 +50,16 @@ impl BotHandler for Slow {
     }
 }
 
-/// Answers later, in three parts 1.5 s apart: a message "a" (its ref "m"), its edit to "ab",
-/// and — the last part — its edit to "abc".
+/// Answers a message "N" as [`Many`] does; anything else later, in three parts 1.5 s apart:
+/// a message "a" (its ref "m"), its edit to "ab", and — the last part — its edit to "abc".
 struct LaterEdits;
 
 #[async_trait]
 impl BotHandler for LaterEdits {
-    async fn handle(&self, _event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+    async fn handle(&self, event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        if event.text.parse::<usize>().is_ok() {
+            return Many.handle(event, cx).await;
+        }
         let later = cx.later().expect("a worker's turn");
         cx.answer_later();
         tokio::spawn(async move {
@@ -502,6 +505,24 @@ async fn discord_running(
     (fake, h, w)
 }
 
+/// The edits of `token`'s messages Discord took, once [`LaterEdits`]'s last ("abc") is
+/// among them.
+async fn edits_until_the_last(
+    fake: &botfleet_discord::fake::FakeDiscord,
+    token: &str,
+) -> Vec<String> {
+    wait_for("the last part's edit", Duration::from_secs(30), || async {
+        let e: Vec<String> = fake
+            .state()
+            .edits(token)
+            .into_iter()
+            .map(|e| e.content)
+            .collect();
+        e.iter().any(|t| t == "abc").then_some(e)
+    })
+    .await
+}
+
 /// When the Discord fake took `channel`'s first message from `token`'s bot.
 async fn discord_post_at(
     fake: &botfleet_discord::fake::FakeDiscord,
@@ -785,12 +806,7 @@ async fn an_edit_gives_way_to_a_newer_part_while_its_bucket_is_short() {
     })
     .await;
     fake.state().user_writes(DTOKEN, 5, "go");
-    let edits = wait_for("the last part's edit", Duration::from_secs(30), || async {
-        let e = fake.state().edits(DTOKEN);
-        e.iter().any(|e| e.content == "abc").then_some(e)
-    })
-    .await;
-    let texts: Vec<&str> = edits.iter().map(|e| e.content.as_str()).collect();
+    let texts = edits_until_the_last(&fake, DTOKEN).await;
     assert_eq!(texts, ["abc"], "the superseded edit went too");
     let sent: Vec<String> = fake
         .state()
@@ -806,5 +822,30 @@ async fn an_edit_gives_way_to_a_newer_part_while_its_bucket_is_short() {
         ),
         "{m}"
     );
+    w.shutdown().await;
+}
+
+/// A final message goes before a streaming edit: an edit that a newer part may supersede
+/// leaves each bucket's reserve (a fifth of it) to the calls that do not yield. The bot's
+/// global bucket at 5 (refilling once a minute): three messages in one channel and a held
+/// turn's message in another leave one token — the reserve — so the turn's edit 1.5 s later
+/// gives way, and the last part's edit takes that token and goes. Taking it for the edit
+/// would have held the final text for a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_edit_leaves_the_buckets_reserve_to_the_final_one() {
+    const DTOKEN: &str = "DISCORD.reserve.SECRET";
+    let (fake, _h, w) = discord_running(DTOKEN, "dv", "later_edits", |c| {
+        c.rate_limits = "discord.global=1/60:5".parse().unwrap();
+    })
+    .await;
+    fake.state().user_writes(DTOKEN, 6, "3");
+    wait_for("three messages", Duration::from_secs(30), || async {
+        let n = fake.state().sent_by(DTOKEN).len();
+        (n >= 3).then_some(())
+    })
+    .await;
+    fake.state().user_writes(DTOKEN, 5, "go");
+    let texts = edits_until_the_last(&fake, DTOKEN).await;
+    assert_eq!(texts, ["abc"], "the streaming edit took the reserve");
     w.shutdown().await;
 }

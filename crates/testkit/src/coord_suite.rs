@@ -515,6 +515,43 @@ pub async fn send_buckets_are_taken_together_by_the_fleet<F: CoordFixture>(f: &F
     assert!(a.take_buckets(&[("bad key", chat.1)]).await.is_err());
 }
 
+/// A call that yields (an edit a newer one may make needless) leaves each bucket's reserve —
+/// a fifth of it — to the calls that do not, whichever coordinator they come through: with
+/// 2 of a bucket of 10 left, a yielding take waits while a plain one is taken; a bucket of
+/// fewer than 5 keeps no reserve.
+pub async fn a_yielding_take_leaves_the_reserve_to_others<F: CoordFixture>(f: &F) {
+    let a = f.handle().await;
+    let b = f.handle().await;
+    // Slow refills: nothing comes back while the test runs.
+    let tier = ("sl:bot3:tier3", RateLimit::new(0.01, 10));
+    assert_eq!(tier.1.reserve(), 2);
+    assert!(
+        a.take_buckets_yielding(&[tier]).await.unwrap().taken(),
+        "a full bucket"
+    );
+    for i in 0..7 {
+        assert!(b.take_buckets(&[tier]).await.unwrap().taken(), "take {i}");
+    }
+    let held = a.take_buckets_yielding(&[tier]).await.unwrap();
+    assert!(
+        !held.taken() && held.short == 0 && held.wait > Duration::from_secs(10),
+        "the reserve is left to the others: {held:?}"
+    );
+    assert!(
+        b.take_buckets(&[tier]).await.unwrap().taken(),
+        "a plain call takes from the reserve"
+    );
+    let small = ("sl:bot3:chan", RateLimit::new(0.01, 4));
+    assert_eq!(small.1.reserve(), 0);
+    for i in 0..4 {
+        assert!(
+            a.take_buckets_yielding(&[small]).await.unwrap().taken(),
+            "take {i}"
+        );
+    }
+    assert!(!a.take_buckets_yielding(&[small]).await.unwrap().taken());
+}
+
 /// A 429's retry-after pauses its bucket for the whole fleet: a pause set through one
 /// coordinator holds the takes of another until it ends (then a token is there), and only
 /// that bucket's; a shorter pause does not cut a longer one short.
@@ -1441,6 +1478,7 @@ macro_rules! coordinator_conformance {
             rate_limiter_grants_in_batches,
             send_buckets_are_taken_together_by_the_fleet,
             a_paused_bucket_holds_every_coordinator,
+            a_yielding_take_leaves_the_reserve_to_others,
             fenced_locks,
             leader_election,
             member_watch_sees_joins_and_leaves,

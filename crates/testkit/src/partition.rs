@@ -137,6 +137,10 @@ impl Coordinator for Partition {
         self.check().await?;
         self.inner.take_buckets(scopes).await
     }
+    async fn take_buckets_yielding(&self, scopes: &[(&str, RateLimit)]) -> Result<BucketTake> {
+        self.check().await?;
+        self.inner.take_buckets_yielding(scopes).await
+    }
     async fn pause_bucket(&self, k: &str, d: Duration) -> Result<()> {
         self.check().await?;
         self.inner.pause_bucket(k, d).await

@@ -2,12 +2,15 @@
 -- KEYS[1..n] bucket hashes: tokens, ts (server ms; in the future while the bucket is paused:
 --            no token before then, see bucket_pause.lua)
 -- ARGV[2k-1], ARGV[2k] tokens per ms (decimal) and burst (bucket size) of KEYS[k]
+-- ARGV[2n+1] 1 for a call that yields (it takes only from buckets that keep their reserve,
+--            a fifth of the burst, for the others), else 0
 -- Returns {wait in ms, k}: {0, 0} when a token was taken from each; else how long until every
 -- bucket could give one (nothing taken) and the index (from 0) of the bucket that holds the
 -- call longest.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local tokens, wait, short = {}, 0, 0
+local yields = ARGV[2 * #KEYS + 1] == '1'
 for k = 1, #KEYS do
   local rate = tonumber(ARGV[2 * k - 1])
   local burst = tonumber(ARGV[2 * k])
@@ -20,8 +23,12 @@ for k = 1, #KEYS do
     w = ts - now
   else
     have = math.min(burst, have + (now - ts) * rate)
-    if have < 1 then
-      w = (1 - have) / rate
+    local need = 1
+    if yields then
+      need = 1 + math.floor(burst / 5)
+    end
+    if have < need then
+      w = (need - have) / rate
     end
   end
   tokens[k] = have
