@@ -94,7 +94,7 @@ pub(crate) struct Routes(Mutex<Table>);
 impl Routes {
     /// Takes in what an answer on `route` in `channel` announced.
     pub(crate) fn heard(&self, route: &'static str, channel: &str, a: Announced) {
-        let mut t = self.lock();
+        let mut t = crate::lock(&self.0);
         let window = t
             .learnt
             .get(route)
@@ -122,31 +122,32 @@ impl Routes {
 
     /// The bucket of `route` in `channel`, once learnt.
     pub(crate) fn bucket(&self, route: &'static str, channel: &str) -> Option<Bucket> {
-        let t = self.lock();
-        let l = t.learnt.get(route)?;
-        let secs = l.window.as_secs_f64().max(0.001);
-        let limit = Limit {
-            per_second: f64::from(l.limit) / secs,
-            burst: l.limit,
-        };
-        Some(Bucket::of(ROUTE, &format!("{}:{channel}", l.bucket), limit))
+        crate::lock(&self.0)
+            .learnt
+            .get(route)
+            .map(|l| l.bucket(channel))
     }
 
     /// The bucket of `route` in `channel` when Discord said it is empty, and until it
-    /// refills.
+    /// refills. Asked after every call: the bucket is made only when it is empty.
     pub(crate) fn empty(&self, route: &'static str, channel: &str) -> Option<(Bucket, Duration)> {
-        let bucket = self.bucket(route, channel)?;
-        let t = self.lock();
-        let hash = &t.learnt.get(route)?.bucket;
-        let until = t.empty.get(&(hash.clone(), channel.to_owned()))?;
+        let t = crate::lock(&self.0);
+        let l = t.learnt.get(route)?;
+        let until = t.empty.get(&(l.bucket.clone(), channel.to_owned()))?;
         let left = until.checked_duration_since(Instant::now())?;
-        (!left.is_zero()).then_some((bucket, left))
+        (!left.is_zero()).then(|| (l.bucket(channel), left))
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+impl Learnt {
+    /// Its bucket in `channel`: its limit a window, the window as learnt.
+    fn bucket(&self, channel: &str) -> Bucket {
+        let secs = self.window.as_secs_f64().max(0.001);
+        let limit = Limit {
+            per_second: f64::from(self.limit) / secs,
+            burst: self.limit,
+        };
+        Bucket::of(ROUTE, &format!("{}:{channel}", self.bucket), limit)
     }
 }
 

@@ -988,8 +988,8 @@ async fn handle(
                 .zip(last)
                 .and_then(|(every, at)| every.checked_sub(now.duration_since(at)));
             let group = g.group_limit.filter(|_| chat.starts_with('-'));
-            let sent = g.group_sent.entry(key.clone()).or_default();
             let group_left = group.and_then(|(limit, window)| {
+                let sent = g.group_sent.entry(key.clone()).or_default();
                 while sent
                     .front()
                     .is_some_and(|at| now.duration_since(*at) >= window)
@@ -1010,7 +1010,7 @@ async fn handle(
                 );
             }
             if group.is_some() {
-                sent.push_back(now);
+                g.group_sent.entry(key.clone()).or_default().push_back(now);
             }
             g.last_message.insert(key, now);
         }
