@@ -38,7 +38,7 @@ pub(crate) async fn streams() -> anyhow::Result<()> {
     };
     let bot = LaterBot::start("streams", "31001:streams", mode).await?;
     bot.fake.state().pace_edits(Some(Duration::from_secs(1)));
-    bot.hold(n, |i| format!("ask {i}")).await?;
+    bot.hold(0..n, |i| format!("ask {i}")).await?;
     let tokens: HashMap<String, String> = bot.tokens.lock().unwrap().iter().cloned().collect();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)

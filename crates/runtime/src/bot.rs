@@ -451,8 +451,7 @@ impl BotCtx {
             fence: self.fence,
             lease: self.lease.clone(),
             stop: self.stop.clone(),
-            held: std::sync::atomic::AtomicUsize::new(0),
-            held_changed: tokio::sync::Notify::new(),
+            posted: Arc::default(),
         });
         // Slice 0 of a bot on the recommended count watches the recommendation.
         let _watch = self.watch_recommendation().map(AbortOnDrop);

@@ -6,9 +6,15 @@
 //! the local queue keeps the order. Each message is answered by the turn pipeline
 //! ([`crate::turn`]) under the claim's fence. A queue whose messages are all done is let go
 //! (its task ends) and made again by the next message of its chat.
+//!
+//! A turn held open for an answer that comes later ends its task too: it is kept here as data
+//! ([`Parked`]) with its chat still busy, and a short task looks at it again when a part of
+//! its answer is posted or one of its timers (typing, the platform's deadline, a paced edit,
+//! its time to live) is due. A thousand held turns cost a thousand records, not a thousand
+//! tasks.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{BTreeSet, HashMap, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -21,7 +27,10 @@ use tokio::{
     task::JoinSet,
 };
 
-use crate::turn::{self, Armed, Halt, Hold, TurnCtx};
+use crate::{
+    later::{EntryOf, Posted},
+    turn::{self, Armed, Halt, Hold, Parked, TurnCtx},
+};
 
 /// What the queues of one bot share.
 pub(crate) struct ChatsCtx {
@@ -30,11 +39,8 @@ pub(crate) struct ChatsCtx {
     pub(crate) fence: Fence,
     pub(crate) lease: LeaseHandle,
     pub(crate) stop: watch::Receiver<bool>,
-    /// Turns held open for an answer that comes later: not counted in flight (a thousand
-    /// of them cost memory only, and keep no bot from receiving).
-    pub(crate) held: std::sync::atomic::AtomicUsize,
-    /// Told when a turn begins or stops being held.
-    pub(crate) held_changed: tokio::sync::Notify,
+    /// Which of the turns held here may have had a part of their answer posted.
+    pub(crate) posted: Arc<Posted>,
 }
 
 /// A recorded message waiting in its chat's queue.
@@ -72,8 +78,18 @@ pub(crate) struct Chats {
     /// Per chat with messages not done: its queue (the front one is being answered while
     /// `busy`). A chat is here only while it has some.
     waiting: HashMap<String, Queue>,
-    /// One task per chat whose message is being answered; each answers with its chat.
-    answering: JoinSet<(String, Result<(), Halt>)>,
+    /// One task per chat whose message is being answered, or whose held turn is being
+    /// looked at.
+    answering: JoinSet<Done>,
+    /// The entries of the tasks in `answering`, and whether a part was posted for one while
+    /// its task ran (its turn is looked at again as soon as the task hands it back).
+    running: HashMap<EntryOf, bool>,
+    /// Turns held open for an answer that comes later, kept as data between looks, with when
+    /// each is due: not counted in flight (a thousand of them cost memory only, and keep no
+    /// bot from receiving).
+    parked: HashMap<EntryOf, (Instant, Box<Parked>)>,
+    /// The parked turns by when they are due, earliest first.
+    timers: BTreeSet<(Instant, EntryOf)>,
     /// Chats whose next message waits for one of the worker's turn slots (in order): no
     /// task is made for a turn before it has one, so a burst costs `slots` turns at a time.
     ready: VecDeque<String>,
@@ -92,6 +108,9 @@ impl Chats {
             ctx: Arc::new(ctx),
             waiting: HashMap::new(),
             answering: JoinSet::new(),
+            running: HashMap::new(),
+            parked: HashMap::new(),
+            timers: BTreeSet::new(),
             ready: VecDeque::new(),
             in_flight: 0,
             deadlines: Vec::new(),
@@ -102,8 +121,7 @@ impl Chats {
     /// Messages received and not done yet, but those whose turns are held open for an
     /// answer that comes later.
     pub(crate) fn in_flight(&self) -> usize {
-        let held = self.ctx.held.load(std::sync::atomic::Ordering::Relaxed);
-        self.in_flight.saturating_sub(held)
+        self.in_flight.saturating_sub(self.parked.len())
     }
 
     /// Queues a recorded entry (a replay of what a predecessor left pending): its turn reads
@@ -191,8 +209,57 @@ impl Chats {
             return;
         };
         q.answering = Some(job.key.clone());
+        let turn = &self.ctx.turn;
+        self.running
+            .insert(turn.later.entry(&turn.bot, &job.key), false);
         self.answering
             .spawn(answer(self.ctx.clone(), chat, job, slot));
+    }
+
+    /// Keeps a held turn its task handed back until a part of its answer is posted or it is
+    /// due; at once again when a part came while its task ran.
+    fn park(&mut self, p: Box<Parked>) {
+        let entry = p.entry();
+        if self.running.remove(&entry) == Some(true) {
+            self.look(p, true);
+            return;
+        }
+        let due = p.due(&self.ctx.turn);
+        self.timers.insert((due, entry));
+        self.parked.insert(entry, (due, p));
+    }
+
+    /// Looks at a parked turn again, in a task of its own (no slot: its parts are short).
+    fn look(&mut self, p: Box<Parked>, posted: bool) {
+        self.running.insert(p.entry(), false);
+        self.answering.spawn(look(self.ctx.clone(), p, posted));
+    }
+
+    /// Parts may have been posted for `entries`: their turns are looked at (or will be, when
+    /// their task hands them back).
+    fn posted(&mut self, entries: Vec<EntryOf>) {
+        for entry in entries {
+            if let Some((due, p)) = self.parked.remove(&entry) {
+                self.timers.remove(&(due, entry));
+                self.look(p, true);
+            } else if let Some(posted) = self.running.get_mut(&entry) {
+                *posted = true;
+            }
+        }
+    }
+
+    /// Looks at the parked turns whose time came.
+    fn due(&mut self) {
+        let now = Instant::now();
+        while let Some(&(due, entry)) = self.timers.first() {
+            if due > now {
+                break;
+            }
+            self.timers.pop_first();
+            if let Some((_, p)) = self.parked.remove(&entry) {
+                self.look(p, false);
+            }
+        }
     }
 
     /// Waits for a chat's message to be done, and starts that chat's next. Answers `Some`
@@ -213,18 +280,39 @@ impl Chats {
                     self.expire();
                     continue;
                 }
+                () = sleep_until_timer(&self.timers), if !self.timers.is_empty() => {
+                    self.due();
+                    continue;
+                }
+                entries = ctx.posted.next() => {
+                    self.posted(entries);
+                    continue;
+                }
                 Some(()) = acknowledged(&mut self.acknowledging) => {
                     if self.acknowledging.as_ref().is_some_and(JoinSet::is_empty) {
                         self.acknowledging = None;
                     }
                     continue;
                 }
-                // A turn held or let go: what counts in flight changed.
-                () = ctx.held_changed.notified() => return None,
-                else => return std::future::pending().await,
             };
-            let Ok((chat, result)) = done else {
+            let Ok(done) = done else {
                 continue; // aborted (shutting down)
+            };
+            let (chat, result) = match done {
+                Done::Held(p) => {
+                    // Held: no longer counted in flight.
+                    self.park(p);
+                    return None;
+                }
+                Done::Over(entry, chat, result) => {
+                    self.running.remove(&entry);
+                    if self.running.is_empty() && self.parked.is_empty() {
+                        // An idle bot keeps no table: what a burst grew is given back.
+                        self.running = HashMap::new();
+                        self.parked = HashMap::new();
+                    }
+                    (chat, result)
+                }
             };
             match result {
                 Ok(()) => {
@@ -260,6 +348,9 @@ impl Chats {
     /// Ends the queues: each chat finishes the message it is on (up to `limit`), the rest
     /// stays pending in the inbox for the next owner.
     pub(crate) async fn finish(mut self, limit: Duration) {
+        // Held turns stay held in the store, for the next owner.
+        self.parked.clear();
+        self.timers.clear();
         self.waiting.clear();
         self.ready.clear();
         self.deadlines.clear();
@@ -293,29 +384,31 @@ impl Hold for ChatsCtx {
         self.stop.clone()
     }
 
-    fn holding(&self, held: bool) {
-        use std::sync::atomic::Ordering;
-        if held {
-            self.held.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.held.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.held_changed.notify_one();
+    fn parks(&self) -> Option<&Arc<Posted>> {
+        Some(&self.posted)
     }
 }
 
-/// Answers one message of `chat` through the turn pipeline, under the unit's claim: the
-/// chat, and how it went.
+/// What a chat's task came to.
+enum Done {
+    /// Its entry (as [`Chats::running`] knows it) is over in `chat` (answered, or nothing
+    /// can answer it now), or the task was halted.
+    Over(EntryOf, String, Result<(), Halt>),
+    /// Its turn is held open for an answer that comes later.
+    Held(Box<Parked>),
+}
+
+/// Answers one message of `chat` through the turn pipeline, under the unit's claim: how it
+/// went, or its turn held open as data.
 ///
-/// An async block, not an async fn (which would keep a second copy of its arguments): a
-/// turn held open for an answer that comes later keeps this task, so it is kept small.
+/// An async block, not an async fn (which would keep a second copy of its arguments).
 #[allow(clippy::manual_async_fn)] // an async fn would keep its arguments twice
 fn answer(
     ctx: Arc<ChatsCtx>,
     chat: String,
     job: Job,
     slot: OwnedSemaphorePermit,
-) -> impl std::future::Future<Output = (String, Result<(), Halt>)> + Send + 'static {
+) -> impl std::future::Future<Output = Done> + Send + 'static {
     async move {
         // A message just received, for a handler that keeps no state: nothing to read first (it
         // is pending, its reply cannot be in the outbox yet, and no state is sent). Otherwise the
@@ -346,20 +439,52 @@ fn answer(
             slot: Some(slot),
             armed: job.armed,
         };
-        let r = turn::run(&ctx.turn, &*ctx, j).await;
-        if r.is_ok() {
-            // Over: answered, or nothing can answer it now.
+        let r = turn::run_or_park(&ctx.turn, &*ctx, j).await;
+        let r = match r {
+            Ok(Some(p)) => return Done::Held(p),
+            Ok(None) => {
+                // Over: answered, or nothing can answer it now.
+                if let Some(a) = armed {
+                    a.disarm();
+                }
+                Ok(())
+            }
+            Err(halt) => Err(halt),
+        };
+        let entry = ctx.turn.later.entry(&ctx.turn.bot, &job.key);
+        Done::Over(entry, chat, r)
+    }
+}
+
+/// Looks at a held turn again ([`turn::step_held`]): it is handed back held, or its entry is
+/// over.
+async fn look(ctx: Arc<ChatsCtx>, mut p: Box<Parked>, posted: bool) -> Done {
+    let armed = p.armed();
+    let r = match turn::step_held(&ctx.turn, &*ctx, &mut p, posted).await {
+        Ok(false) => return Done::Held(p),
+        Ok(true) => {
+            // Over: its timer has nothing left to do.
             if let Some(a) = armed {
                 a.disarm();
             }
+            Ok(())
         }
-        (chat, r)
-    }
+        Err(halt) => Err(halt),
+    };
+    Done::Over(p.entry(), p.chat().to_owned(), r)
 }
 
 /// When one of the acknowledgements in `set` is done (`None` when there are none).
 async fn acknowledged(set: &mut Option<JoinSet<()>>) -> Option<()> {
     set.as_mut()?.join_next().await.map(|_| ())
+}
+
+/// When the first of `timers` is due.
+async fn sleep_until_timer(timers: &BTreeSet<(Instant, EntryOf)>) {
+    match timers.first() {
+        Some(&(at, _)) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// When the first of `deadlines` is due.

@@ -5,7 +5,9 @@
 //! A part posted through this worker wakes its turn at once when the turn is held here. Parts
 //! posted through other workers are found by one store query per [`POLL_EVERY`] for all the
 //! turns held here ([`Store::replies_since`]), made only while some are held: a thousand held
-//! turns cost one query per interval, none per turn.
+//! turns cost one query per interval, none per turn. A turn waits for its wake-up in its own
+//! task ([`Later::watch`]), or is kept as data by its bot's chat queues, which are told which
+//! of their turns to look at ([`Later::watch_into`], [`Posted`]).
 
 use std::{
     collections::HashMap,
@@ -28,7 +30,7 @@ const CLOCK_SLACK_MS: i64 = 5_000;
 /// A held turn's entry, as a hash of its bot and key: what a watch costs is a number, not
 /// two strings (two entries that hash alike only wake each other for nothing: a woken turn
 /// finds no part of its own and waits on).
-type EntryOf = u64;
+pub(crate) type EntryOf = u64;
 
 /// The worker's side of answers that come later (cheap to clone).
 #[derive(Clone)]
@@ -50,10 +52,65 @@ struct Inner {
 /// The turns held on this worker and what wakes them.
 #[derive(Default)]
 struct Held {
-    /// Each held entry: its waker, how many turns watch it, the latest part number woken for.
-    watched: HashMap<EntryOf, (Arc<Notify>, usize, u64)>,
+    /// Each held entry: what wakes it.
+    watched: HashMap<EntryOf, Watched>,
     /// Whether the poller runs.
     polling: bool,
+}
+
+/// What wakes a held entry.
+struct Watched {
+    /// A turn waiting in its own task, when one is.
+    notify: Option<Arc<Notify>>,
+    /// The chat queues keeping the turn as data, when they are.
+    posted: Option<Arc<Posted>>,
+    /// How many turns watch it.
+    watchers: usize,
+    /// The latest part number woken for.
+    woken: u64,
+}
+
+impl Watched {
+    fn wake(&self, entry: EntryOf) {
+        if let Some(n) = &self.notify {
+            n.notify_one();
+        }
+        if let Some(p) = &self.posted {
+            p.push(entry);
+        }
+    }
+}
+
+/// The wake-ups of turns kept as data (a bot's chat queues): which of them may have had a
+/// part posted.
+#[derive(Default)]
+pub(crate) struct Posted {
+    notify: Notify,
+    // std Mutex: one push or take at a time, never across .await.
+    entries: Mutex<Vec<EntryOf>>,
+}
+
+impl Posted {
+    fn push(&self, entry: EntryOf) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(entry);
+        self.notify.notify_one();
+    }
+
+    /// The entries woken since the last call (waits for one). Cancel-safe: an entry is taken
+    /// only by the call that returns it.
+    pub(crate) async fn next(&self) -> Vec<EntryOf> {
+        loop {
+            self.notify.notified().await;
+            let taken =
+                std::mem::take(&mut *self.entries.lock().unwrap_or_else(|e| e.into_inner()));
+            if !taken.is_empty() {
+                return taken;
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Later {
@@ -79,7 +136,8 @@ impl Later {
         }
     }
 
-    fn entry(&self, bot: &BotId, key: &str) -> EntryOf {
+    /// The entry `key` of `bot` as a watch knows it.
+    pub(crate) fn entry(&self, bot: &BotId, key: &str) -> EntryOf {
         use std::hash::BuildHasher;
         self.inner.hasher.hash_one((bot.as_str(), key))
     }
@@ -92,15 +150,33 @@ impl Later {
     /// part of its answer is posted (through this worker at once, through others within a
     /// poll).
     pub(crate) fn watch(&self, bot: &BotId, key: &str) -> Watch {
+        self.watch_as(bot, key, None)
+    }
+
+    /// Watches the entry `key` of `bot` while the returned guard lives, for a turn kept as
+    /// data: `posted` is told the entry when a part of its answer may have been posted.
+    pub(crate) fn watch_into(&self, bot: &BotId, key: &str, posted: &Arc<Posted>) -> Watch {
+        self.watch_as(bot, key, Some(posted))
+    }
+
+    fn watch_as(&self, bot: &BotId, key: &str, into: Option<&Arc<Posted>>) -> Watch {
         let entry = self.entry(bot, key);
         let (notify, start) = {
             let mut held = self.held();
-            let w = held
-                .watched
-                .entry(entry)
-                .or_insert_with(|| (Arc::new(Notify::new()), 0, 0));
-            w.1 += 1;
-            let notify = w.0.clone();
+            let w = held.watched.entry(entry).or_insert_with(|| Watched {
+                notify: None,
+                posted: None,
+                watchers: 0,
+                woken: 0,
+            });
+            w.watchers += 1;
+            let notify = match into {
+                Some(p) => {
+                    w.posted = Some(p.clone());
+                    None
+                }
+                None => Some(w.notify.get_or_insert_with(Arc::default).clone()),
+            };
             let start = !held.polling;
             held.polling = true;
             (notify, start)
@@ -119,8 +195,8 @@ impl Later {
     /// A part of the entry `key` of `bot` was posted (through this worker).
     pub(crate) fn wake(&self, bot: &BotId, key: &str) {
         let entry = self.entry(bot, key);
-        if let Some((n, ..)) = self.held().watched.get(&entry) {
-            n.notify_one();
+        if let Some(w) = self.held().watched.get(&entry) {
+            w.wake(entry);
         }
     }
 
@@ -145,10 +221,10 @@ impl Later {
                         .collect();
                     let mut held = self.held();
                     for (entry, seq) in entries {
-                        if let Some((n, _, woken)) = held.watched.get_mut(&entry) {
-                            if seq > *woken {
-                                *woken = seq;
-                                n.notify_one();
+                        if let Some(w) = held.watched.get_mut(&entry) {
+                            if seq > w.woken {
+                                w.woken = seq;
+                                w.wake(entry);
                             }
                         }
                     }
@@ -184,18 +260,27 @@ impl Later {
     }
 }
 
-/// A held turn's watch of its entry (see [`Later::watch`]).
+/// A held turn's watch of its entry (see [`Later::watch`], [`Later::watch_into`]).
 pub(crate) struct Watch {
     later: Later,
     entry: EntryOf,
-    notify: Arc<Notify>,
+    /// Its own wake-up (`None`: it goes to the chat queues keeping the turn).
+    notify: Option<Arc<Notify>>,
 }
 
 impl Watch {
     /// Resolves when a part may have been posted since the last call (or since the watch
-    /// began: a post in between is not missed).
+    /// began: a post in between is not missed). Never, for a turn kept as data.
     pub(crate) async fn posted(&self) {
-        self.notify.notified().await;
+        match &self.notify {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The entry it watches.
+    pub(crate) fn entry(&self) -> EntryOf {
+        self.entry
     }
 }
 
@@ -203,8 +288,8 @@ impl Drop for Watch {
     fn drop(&mut self) {
         let mut held = self.later.held();
         if let Some(w) = held.watched.get_mut(&self.entry) {
-            w.1 -= 1;
-            if w.1 == 0 {
+            w.watchers -= 1;
+            if w.watchers == 0 {
                 held.watched.remove(&self.entry);
             }
         }

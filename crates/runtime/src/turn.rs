@@ -28,6 +28,7 @@ mod held;
 pub(crate) use actions::sent_name;
 pub(crate) use deadline::Armed;
 use deadline::Deadline;
+pub(crate) use held::{step as step_held, Parked};
 
 use std::{
     future::Future,
@@ -89,9 +90,12 @@ pub(crate) trait Hold: Sync {
         std::future::pending()
     }
 
-    /// A turn of this hold began (`true`) or stopped (`false`) being held open for an
-    /// answer that comes later.
-    fn holding(&self, _held: bool) {}
+    /// Where the turns of this hold that are held open for an answer that comes later are
+    /// woken, when their owner keeps them as data ([`run_or_park`]); `None` when each waits
+    /// in its own task ([`run`]).
+    fn parks(&self) -> Option<&Arc<crate::later::Posted>> {
+        None
+    }
 
     /// Waits `d`, ending at once when a stop is asked for.
     ///
@@ -291,21 +295,39 @@ pub(crate) fn run<'a, H: Hold>(
     async move {
         match answering.await? {
             None => Ok(()),
-            Some(waiting) => waiting.await,
+            Some(held) => Box::pin(held::wait(ctx, hold, held)).await,
         }
     }
 }
 
-/// A held turn's wait ([`held::wait`]), boxed.
-type HeldWait<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), Halt>> + Send + 'a>>;
+/// [`run`], but a turn held open for an answer that comes later is handed back as data
+/// (`Some`) once its hold is written and the parts posted so far are done: its owner looks at
+/// it again ([`held::step`]) when a part is posted or at its due time. `Ok(None)` once the
+/// entry is ended.
+///
+/// # Errors
+/// Why the entry was left pending ([`Halt`]).
+pub(crate) fn run_or_park<'a, H: Hold>(
+    ctx: &'a TurnCtx,
+    hold: &'a H,
+    job: Job<'a>,
+) -> impl Future<Output = Result<Option<Box<Parked>>, Halt>> + Send + 'a {
+    let answering = Box::pin(answer_turn(ctx, hold, job));
+    async move {
+        match answering.await? {
+            None => Ok(None),
+            Some(held) => Ok(Box::pin(held::park(ctx, hold, held)).await?.map(Box::new)),
+        }
+    }
+}
 
-/// [`run`] up to the end of its entry, or to its hold: `Some` (the wait) when the handler
-/// answers later.
+/// [`run`] up to the end of its entry, or to its hold: `Some` (what its wait needs) when the
+/// handler answers later.
 async fn answer_turn<'a, H: Hold>(
     ctx: &'a TurnCtx,
     hold: &'a H,
     job: Job<'a>,
-) -> Result<Option<HeldWait<'a>>, Halt> {
+) -> Result<Option<held::Held<'a>>, Halt> {
     let mut slot = job.slot;
     ctx.slots.ensure(&mut slot, hold).await?;
     let view = match job.view {
@@ -391,7 +413,7 @@ async fn answer_turn<'a, H: Hold>(
             since: began.event,
             deadline,
         };
-        return Ok(Some(Box::pin(held::wait(ctx, hold, held))));
+        return Ok(Some(held));
     }
     if !actions::is_plain(&reply) || actions::needs_answer(ctx, &msg) {
         let turn = actions::Answered {
@@ -1151,17 +1173,6 @@ struct End<'a> {
 }
 
 impl End<'_> {
-    /// The same entry, with nothing gathered yet (a held turn's next look at its parts).
-    fn again(&self) -> Self {
-        End {
-            key: self.key,
-            chat: self.chat,
-            fence: self.fence,
-            refs: Vec::new(),
-            notes: None,
-        }
-    }
-
     /// Ends the entry as undeliverable (nothing was sent).
     async fn undeliverable(
         self,

@@ -188,6 +188,76 @@ async fn held_turns_keep_no_bot_from_receiving() {
     w.shutdown().await;
 }
 
+/// Holds every turn open and keeps its handle.
+struct Holder {
+    handles: Arc<std::sync::Mutex<Vec<botfleet_runtime::LaterReply>>>,
+}
+
+#[async_trait]
+impl BotHandler for Holder {
+    async fn handle(&self, _event: &Inbound, cx: &mut TurnContext) -> Result<(), HandlerError> {
+        let later = cx.later().expect("a worker's turn has a later handle");
+        self.handles.lock().unwrap().push(later);
+        cx.answer_later();
+        Ok(())
+    }
+}
+
+/// A polling bot's held turns are kept as data, not as a task each: 100 chats held open add
+/// next to no task to the runtime (each kept a task of its own before), and each is still
+/// finished by its last part, posted through its handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_turns_keep_no_task_each() {
+    const T: &str = "5206:tasks-SECRET";
+    const CHATS: i64 = 100;
+    let handles: Arc<std::sync::Mutex<Vec<botfleet_runtime::LaterReply>>> = Arc::default();
+    let holder = Arc::new(Holder {
+        handles: handles.clone(),
+    });
+    let (fake, _h, w) = running("holder", T, HandlerSpec::Named("holder".into()), |c| {
+        let handlers: HashMap<String, Arc<dyn BotHandler>> =
+            HashMap::from([("holder".to_owned(), holder as Arc<dyn BotHandler>)]);
+        c.handlers = Arc::new(handlers);
+    })
+    .await;
+    let tg = fake.state();
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    for chat in 1..=CHATS {
+        tg.user_writes(T, chat, "ask");
+    }
+    wait_for("every turn held", Duration::from_secs(60), || async {
+        (w.metrics.turns_held_now() == CHATS as u64).then_some(())
+    })
+    .await;
+    let held = tasks();
+    assert!(
+        held < before + 20,
+        "{CHATS} held turns took {} tasks ({before} before)",
+        held.saturating_sub(before)
+    );
+    let handles = std::mem::take(&mut *handles.lock().unwrap());
+    assert_eq!(handles.len(), CHATS as usize);
+    let last = serde_json::json!({"actions": [{"type": "send", "text": "done"}], "final": true});
+    for h in &handles {
+        h.post("last", &last).await.unwrap();
+    }
+    wait_for(
+        "every held turn finished",
+        Duration::from_secs(60),
+        || async {
+            let done = tg.sent().iter().filter(|m| m.text == "done").count();
+            (done == CHATS as usize && w.metrics.turns_held_now() == 0).then_some(())
+        },
+    )
+    .await;
+    w.shutdown().await;
+}
+
 /// A worker stopped (SIGTERM: its bots handed over) while a handler is working on a message
 /// that it then answers `202`: the hold is still written, so the next owner holds the turn on
 /// and does not ask the handler again; a part posted through it finishes the turn.

@@ -14,43 +14,31 @@
 //! ```
 //!
 //! The chat's next events wait behind the held turn like behind any other; other chats go on.
+//! A bot's chat queues keep their held turns as data ([`Parked`]: no task or future each,
+//! looked at again when a part is posted or a timer of theirs is due); a webhook bot's held
+//! turn waits in the task that holds its chat's turn ([`wait`]).
 
 use std::{
-    future::Future,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use botfleet_core::Inbound;
-use botfleet_store::TurnHold;
+use botfleet_store::{TurnFence, TurnHold};
 use tracing::debug;
 
 use super::{
     actions::{self, Parts},
-    deadline::Deadline,
+    deadline::{Armed, Deadline},
     defer_at, while_recording, End, Halt, Hold, TurnCtx, Waiting,
 };
-use crate::metrics::ASYNC_EXPIRED_TOTAL;
+use crate::{
+    later::{EntryOf, Watch},
+    metrics::{Metrics, ASYNC_EXPIRED_TOTAL},
+};
 
 /// Why a held turn whose time ran out is given up on.
 pub(crate) const EXPIRED: &str = "async reply expired";
-
-/// Counts a held turn in `botfleet_turns_held` and with its hold while it lives.
-struct Counted<'a, H: Hold>(&'a TurnCtx, &'a H);
-
-impl<'a, H: Hold> Counted<'a, H> {
-    fn new(ctx: &'a TurnCtx, hold: &'a H) -> Self {
-        ctx.metrics.turns_held(1);
-        hold.holding(true);
-        Self(ctx, hold)
-    }
-}
-
-impl<H: Hold> Drop for Counted<'_, H> {
-    fn drop(&mut self) {
-        self.0.metrics.turns_held(-1);
-        self.1.holding(false);
-    }
-}
 
 /// A turn held open: what its wait needs of the turn that held it (owned, so the held
 /// turn keeps nothing else of it).
@@ -69,101 +57,218 @@ pub(super) struct Held<'e> {
     pub(super) deadline: Deadline,
 }
 
-/// Holds the turn open, doing the parts of its answer as they are posted, until the last
-/// part ends it or its time to live passes (then it ends as undeliverable, [`EXPIRED`]).
-/// `Ok` once the entry ended (also when it had ended already).
-///
-/// What waits between parts is kept small (one timer, the watch of the entry, the stop): a
-/// thousand held turns cost memory only, and little of it.
+/// A held turn kept as data between its looks at the parts posted: no task and no future
+/// wait for it. Its owner looks again ([`step`]) when a part may have been posted (its
+/// [`entry`](Parked::entry) woken) or at its [`due`](Parked::due) time.
+pub(crate) struct Parked {
+    msg: Inbound,
+    key: Box<str>,
+    chat: Box<str>,
+    fence: TurnFence,
+    /// When the hold expires (unix ms).
+    until_ms: i64,
+    revision: u64,
+    since: Instant,
+    deadline: Deadline,
+    typing: Waiting,
+    /// The platform's deadline was tried (once while held, as once per handler call).
+    defer_tried: bool,
+    /// When an edit waiting for its message's pace is due.
+    paced: Option<Instant>,
+    watch: Watch,
+    _counted: Counted,
+}
+
+/// Counts a held turn in `botfleet_turns_held` while it lives.
+struct Counted(Arc<Metrics>);
+
+impl Counted {
+    fn new(metrics: &Arc<Metrics>) -> Self {
+        metrics.turns_held(1);
+        Self(metrics.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.turns_held(-1);
+    }
+}
+
+impl Parked {
+    /// Its chat.
+    pub(crate) fn chat(&self) -> &str {
+        &self.chat
+    }
+
+    /// Its entry, as the wake-ups of posted parts name it.
+    pub(crate) fn entry(&self) -> EntryOf {
+        self.watch.entry()
+    }
+
+    /// The deadline armed for its event on receipt, if one was.
+    pub(crate) fn armed(&self) -> Option<Arc<Armed>> {
+        self.deadline.armed.clone()
+    }
+
+    /// When it is to be looked at again though no part was posted: an edit waiting for its
+    /// message's pace, the time to live, typing, or the platform's deadline.
+    pub(crate) fn due(&self, ctx: &TurnCtx) -> Instant {
+        let look = self.look();
+        self.typing
+            .due(self.defer_at(ctx))
+            .map_or(look, |t| t.min(look))
+    }
+
+    /// When its parts are looked at again though none was posted: a paced edit, or the expiry.
+    fn look(&self) -> Instant {
+        let left = (self.until_ms - botfleet_core::unix_ms())
+            .max(0)
+            .unsigned_abs();
+        let expiry = Instant::now() + Duration::from_millis(left);
+        self.paced.map_or(expiry, |d| d.min(expiry))
+    }
+
+    fn defer_at(&self, ctx: &TurnCtx) -> Option<Instant> {
+        (!self.defer_tried)
+            .then(|| defer_at(ctx, &self.msg, &self.deadline, self.since))
+            .flatten()
+    }
+}
+
+/// Holds the turn: writes the hold under the turn's fence, watches its entry (into the hold's
+/// chat queues when they keep held turns as data, [`Hold::parks`]) and does the parts posted
+/// so far. `None` once the entry ended (also when it had ended already).
 ///
 /// # Errors
 /// Why the entry was left pending, still held, for whoever answers the chat next ([`Halt`]).
-#[allow(clippy::manual_async_fn)] // an async fn would keep its arguments twice
-pub(super) fn wait<'a, H: Hold>(
-    ctx: &'a TurnCtx,
-    hold: &'a H,
-    mut held: Held<'a>,
-) -> impl Future<Output = Result<(), Halt>> + Send + 'a {
-    // An async block, not an async fn (which would keep a second copy of its arguments), with
-    // `held` used in place, not taken apart: the future keeps one copy of it.
-    async move {
-        let h = &mut held;
-        let (msg, end, since) = (&h.msg, &h.end, h.since);
-        let deadline = &mut h.deadline;
-        let Some(until_ms) = Box::pin(write_hold(ctx, hold, end, h.until_ms)).await? else {
-            return Ok(()); // ended meanwhile
+pub(super) async fn park<H: Hold>(
+    ctx: &TurnCtx,
+    hold: &H,
+    held: Held<'_>,
+) -> Result<Option<Parked>, Halt> {
+    let Held {
+        msg,
+        until_ms,
+        end,
+        revision,
+        since,
+        deadline,
+    } = held;
+    let Some(until_ms) = Box::pin(write_hold(ctx, hold, &end, until_ms)).await? else {
+        return Ok(None); // ended meanwhile
+    };
+    let watch = match hold.parks() {
+        Some(posted) => ctx.later.watch_into(&ctx.bot, end.key, posted),
+        None => ctx.later.watch(&ctx.bot, end.key),
+    };
+    debug!(bot = %ctx.bot, chat = %end.chat, key = %end.key, until_ms, "turn held for an answer that comes later");
+    let typing = Waiting::new(ctx, &msg, since);
+    let mut p = Parked {
+        msg,
+        key: end.key.into(),
+        chat: end.chat.into(),
+        fence: end.fence,
+        until_ms,
+        revision,
+        since,
+        deadline,
+        typing,
+        defer_tried: false,
+        paced: None,
+        watch,
+        _counted: Counted::new(&ctx.metrics),
+    };
+    // The parts posted before the hold (or before a take-over) are done at once.
+    Ok((!step(ctx, hold, &mut p, true).await?).then_some(p))
+}
+
+/// Looks at a parked turn again, because a part may have been posted (`posted`) or its
+/// [`due`](Parked::due) time came: does the parts posted (the last ends the entry), ends it
+/// when its time to live passed, or else keeps typing and the platform's deadline. True once
+/// the entry ended.
+///
+/// # Errors
+/// Why the entry was left pending, still held, for whoever answers the chat next ([`Halt`]).
+pub(crate) async fn step(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    p: &mut Parked,
+    posted: bool,
+) -> Result<bool, Halt> {
+    let now = Instant::now();
+    // The expiry by the clock the hold was written with (an instant made from it now would
+    // always lie a little ahead of `now`).
+    let expired = botfleet_core::unix_ms() >= p.until_ms;
+    if posted || expired || p.paced.is_some_and(|d| d <= now) {
+        let end = End {
+            key: &p.key,
+            chat: &p.chat,
+            fence: p.fence,
+            refs: Vec::new(),
+            notes: None,
         };
-        let _counted = Counted::new(ctx, hold);
-        let watch = ctx.later.watch(&ctx.bot, end.key);
-        debug!(bot = %ctx.bot, chat = %end.chat, key = %end.key, until_ms, "turn held for an answer that comes later");
-        let mut typing = Waiting::new(ctx, msg, since);
-        let stop = hold.stop();
-        // The platform's deadline is tried once while held (as once per handler call).
-        let mut defer_tried = false;
-        loop {
-            let due = botfleet_core::unix_ms() >= until_ms;
-            // Boxed: doing parts takes kilobytes that the wait between them need not keep.
-            let parts = actions::run_parts(
-                ctx,
-                hold,
-                msg,
-                deadline,
-                since,
-                end.again(),
-                h.revision,
-                due,
-            );
-            let paced = match Box::pin(parts).await? {
-                Parts::Ended { expired } => {
-                    if expired {
-                        ctx.metrics.count(ASYNC_EXPIRED_TOTAL, ctx.platform, 1);
-                    }
-                    return Ok(());
+        // Boxed: doing parts takes kilobytes that the wait between them need not keep.
+        let parts = actions::run_parts(
+            ctx,
+            hold,
+            &p.msg,
+            &mut p.deadline,
+            p.since,
+            end,
+            p.revision,
+            expired,
+        );
+        match Box::pin(parts).await? {
+            Parts::Ended { expired } => {
+                if expired {
+                    ctx.metrics.count(ASYNC_EXPIRED_TOTAL, ctx.platform, 1);
                 }
-                Parts::Waiting { sent, due } => {
-                    // Typing is kept up until the first message of the answer.
-                    if sent {
-                        typing.next = None;
-                    }
-                    due
-                }
-            };
-            // Until a part may have come, an edit waiting for its message's pace is due, or
-            // the time to live passed; typing and the platform's deadline kept meanwhile.
-            loop {
-                let left = (until_ms - botfleet_core::unix_ms()).max(0).unsigned_abs();
-                let expiry = Instant::now() + Duration::from_millis(left);
-                // The parts are looked at again at the expiry, or sooner for a paced edit.
-                let look = paced.map_or(expiry, |d| d.min(expiry));
-                let defer_at = (!defer_tried)
-                    .then(|| defer_at(ctx, msg, deadline, since))
-                    .flatten();
-                let at = typing.due(defer_at).map_or(look, |t| t.min(look));
-                tokio::select! {
-                    () = watch.posted() => break,
-                    () = tokio::time::sleep_until(at.into()) => {}
-                    () = hold.gone() => {
-                        return Err(Halt::Fenced(
-                            "the held turn was lost (the worker registered again)".into(),
-                        ))
-                    }
-                    () = crate::retry::stopped(stop.clone()) => return Err(Halt::Stopped),
-                }
-                let now = Instant::now();
-                if look <= now {
-                    break;
-                }
-                if defer_at.is_some_and(|d| d <= now) {
-                    defer_tried = true;
-                    Box::pin(deadline.defer(ctx, hold, msg)).await;
-                } else if typing.next.is_some_and(|t| t <= now) {
-                    // A slow typing call gives way to a part.
-                    tokio::select! {
-                        () = Box::pin(typing.show(ctx, hold, msg)) => {}
-                        () = watch.posted() => break,
-                    }
-                }
+                return Ok(true);
             }
+            Parts::Waiting { sent, due } => {
+                // Typing is kept up until the first message of the answer.
+                if sent {
+                    p.typing.next = None;
+                }
+                p.paced = due;
+            }
+        }
+    } else if p.defer_at(ctx).is_some_and(|d| d <= now) {
+        p.defer_tried = true;
+        Box::pin(p.deadline.defer(ctx, hold, &p.msg)).await;
+    } else if p.typing.next.is_some_and(|t| t <= now) {
+        Box::pin(p.typing.show(ctx, hold, &p.msg)).await;
+    }
+    Ok(false)
+}
+
+/// Holds the turn open in the caller's task, doing the parts of its answer as they are
+/// posted, until the last part ends it or its time to live passes (then it ends as
+/// undeliverable, [`EXPIRED`]). `Ok` once the entry ended (also when it had ended already).
+/// (A bot's chat queues keep their held turns as data instead: [`park`], [`step`].)
+///
+/// # Errors
+/// Why the entry was left pending, still held, for whoever answers the chat next ([`Halt`]).
+pub(super) async fn wait<H: Hold>(ctx: &TurnCtx, hold: &H, held: Held<'_>) -> Result<(), Halt> {
+    let Some(mut p) = park(ctx, hold, held).await? else {
+        return Ok(());
+    };
+    let stop = hold.stop();
+    loop {
+        let at = p.due(ctx);
+        let posted = tokio::select! {
+            () = p.watch.posted() => true,
+            () = tokio::time::sleep_until(at.into()) => false,
+            () = hold.gone() => {
+                return Err(Halt::Fenced(
+                    "the held turn was lost (the worker registered again)".into(),
+                ))
+            }
+            () = crate::retry::stopped(stop.clone()) => return Err(Halt::Stopped),
+        };
+        if step(ctx, hold, &mut p, posted).await? {
+            return Ok(());
         }
     }
 }
