@@ -674,10 +674,12 @@ impl BotCtx {
                     let wait = wait_after(&e, attempt);
                     warn!(bot = %self.spec.id, error = %e, wait_ms = wait.as_millis() as u64, "receiving failed");
                     attempt += 1;
-                    if sleep_or_stop(wait, &mut self.stop).await {
-                        break BotExit::Stopped;
+                    // Sending may work while receiving does not: held turns go on meanwhile.
+                    match beside(chats, sleep_or_stop(wait, &mut self.stop)).await {
+                        Ok(true) => break BotExit::Stopped,
+                        Ok(false) => continue,
+                        Err(halt) => break self.chat_exit(halt),
                     }
-                    continue;
                 }
             };
             // A worker that was frozen acts on nothing it fetched before the freeze.
@@ -690,9 +692,18 @@ impl BotCtx {
                 None
             } else {
                 let slots = self.settings.slots.clone();
-                tokio::select! {
-                    s = slots.next() => s,
-                    () = stopped(self.stop.clone()) => break BotExit::Stopped,
+                let stop = self.stop.clone();
+                let slot = async {
+                    tokio::select! {
+                        s = slots.next() => Some(s),
+                        () = stopped(stop) => None,
+                    }
+                };
+                // Held turns go on while the worker's slots are all taken.
+                match beside(chats, slot).await {
+                    Ok(Some(s)) => s,
+                    Ok(None) => break BotExit::Stopped,
+                    Err(halt) => break self.chat_exit(halt),
                 }
             };
             self.metrics
@@ -779,6 +790,23 @@ impl BotCtx {
 
 /// How many pending entries of a chat a nudge reads at most.
 const MAILBOX_READ: usize = 1_000;
+
+/// Awaits `f` while the bot's chat queues make progress beside it (held turns looked at when
+/// a part comes or a timer of theirs is due, the next turns started). `Err` when a queue
+/// stopped the bot meanwhile (`f` is dropped then).
+async fn beside<F: std::future::Future>(chats: &mut Chats, f: F) -> Result<F::Output, Halt> {
+    tokio::pin!(f);
+    loop {
+        tokio::select! {
+            r = &mut f => return Ok(r),
+            halt = chats.progress() => {
+                if let Some(halt) = halt {
+                    return Err(halt);
+                }
+            }
+        }
+    }
+}
 
 /// `mailbox`, once something is posted to it (never without one).
 async fn posted(mailbox: Option<&crate::sends::MailboxGuard>) -> &crate::sends::MailboxGuard {

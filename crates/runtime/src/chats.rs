@@ -90,6 +90,8 @@ pub(crate) struct Chats {
     parked: HashMap<EntryOf, (Instant, Box<Parked>)>,
     /// The parked turns by when they are due, earliest first.
     timers: BTreeSet<(Instant, EntryOf)>,
+    /// Held turns being looked at now (in `answering`): not in flight either.
+    looking: usize,
     /// Chats whose next message waits for one of the worker's turn slots (in order): no
     /// task is made for a turn before it has one, so a burst costs `slots` turns at a time.
     ready: VecDeque<String>,
@@ -111,6 +113,7 @@ impl Chats {
             running: HashMap::new(),
             parked: HashMap::new(),
             timers: BTreeSet::new(),
+            looking: 0,
             ready: VecDeque::new(),
             in_flight: 0,
             deadlines: Vec::new(),
@@ -121,7 +124,8 @@ impl Chats {
     /// Messages received and not done yet, but those whose turns are held open for an
     /// answer that comes later.
     pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.saturating_sub(self.parked.len())
+        self.in_flight
+            .saturating_sub(self.parked.len() + self.looking)
     }
 
     /// Queues a recorded entry (a replay of what a predecessor left pending): its turn reads
@@ -231,6 +235,7 @@ impl Chats {
 
     /// Looks at a parked turn again, in a task of its own (no slot: its parts are short).
     fn look(&mut self, p: Box<Parked>, posted: bool) {
+        self.looking += 1;
         self.running.insert(p.entry(), false);
         self.answering.spawn(look(self.ctx.clone(), p, posted));
     }
@@ -299,12 +304,14 @@ impl Chats {
                 continue; // aborted (shutting down)
             };
             let (chat, result) = match done {
-                Done::Held(p) => {
+                Done::Held(p, looked) => {
+                    self.looking -= usize::from(looked);
                     // Held: no longer counted in flight.
                     self.park(p);
                     return None;
                 }
-                Done::Over(entry, chat, result) => {
+                Done::Over(entry, chat, result, looked) => {
+                    self.looking -= usize::from(looked);
                     self.running.remove(&entry);
                     if self.running.is_empty() && self.parked.is_empty() {
                         // An idle bot keeps no table: what a burst grew is given back.
@@ -389,13 +396,14 @@ impl Hold for ChatsCtx {
     }
 }
 
-/// What a chat's task came to.
+/// What a chat's task came to, and whether the task looked at a held turn (else it
+/// answered a message).
 enum Done {
     /// Its entry (as [`Chats::running`] knows it) is over in `chat` (answered, or nothing
     /// can answer it now), or the task was halted.
-    Over(EntryOf, String, Result<(), Halt>),
+    Over(EntryOf, String, Result<(), Halt>, bool),
     /// Its turn is held open for an answer that comes later.
-    Held(Box<Parked>),
+    Held(Box<Parked>, bool),
 }
 
 /// Answers one message of `chat` through the turn pipeline, under the unit's claim: how it
@@ -441,7 +449,7 @@ fn answer(
         };
         let r = turn::run_or_park(&ctx.turn, &*ctx, j).await;
         let r = match r {
-            Ok(Some(p)) => return Done::Held(p),
+            Ok(Some(p)) => return Done::Held(p, false),
             Ok(None) => {
                 // Over: answered, or nothing can answer it now.
                 if let Some(a) = armed {
@@ -452,7 +460,7 @@ fn answer(
             Err(halt) => Err(halt),
         };
         let entry = ctx.turn.later.entry(&ctx.turn.bot, &job.key);
-        Done::Over(entry, chat, r)
+        Done::Over(entry, chat, r, false)
     }
 }
 
@@ -461,7 +469,7 @@ fn answer(
 async fn look(ctx: Arc<ChatsCtx>, mut p: Box<Parked>, posted: bool) -> Done {
     let armed = p.armed();
     let r = match turn::step_held(&ctx.turn, &*ctx, &mut p, posted).await {
-        Ok(false) => return Done::Held(p),
+        Ok(false) => return Done::Held(p, true),
         Ok(true) => {
             // Over: its timer has nothing left to do.
             if let Some(a) = armed {
@@ -471,7 +479,7 @@ async fn look(ctx: Arc<ChatsCtx>, mut p: Box<Parked>, posted: bool) -> Done {
         }
         Err(halt) => Err(halt),
     };
-    Done::Over(p.entry(), p.chat().to_owned(), r)
+    Done::Over(p.entry(), p.chat().to_owned(), r, true)
 }
 
 /// When one of the acknowledgements in `set` is done (`None` when there are none).

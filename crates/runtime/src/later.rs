@@ -28,8 +28,9 @@ pub(crate) const POLL_EVERY: Duration = Duration::from_millis(250);
 const CLOCK_SLACK_MS: i64 = 5_000;
 
 /// A held turn's entry, as a hash of its bot and key: what a watch costs is a number, not
-/// two strings (two entries that hash alike only wake each other for nothing: a woken turn
-/// finds no part of its own and waits on).
+/// two strings. The hash is keyed per worker and 64 bits wide: two entries held on one
+/// worker that hash alike are not expected (a wake-up shared by two would only make one look
+/// for nothing; two turns of one bot would share one place in its chat queues).
 pub(crate) type EntryOf = u64;
 
 /// The worker's side of answers that come later (cheap to clone).
@@ -161,7 +162,7 @@ impl Later {
 
     fn watch_as(&self, bot: &BotId, key: &str, into: Option<&Arc<Posted>>) -> Watch {
         let entry = self.entry(bot, key);
-        let (notify, start) = {
+        let (waker, start) = {
             let mut held = self.held();
             let w = held.watched.entry(entry).or_insert_with(|| Watched {
                 notify: None,
@@ -170,16 +171,16 @@ impl Later {
                 woken: 0,
             });
             w.watchers += 1;
-            let notify = match into {
+            let waker = match into {
                 Some(p) => {
                     w.posted = Some(p.clone());
-                    None
+                    Waker::Into(p.clone())
                 }
-                None => Some(w.notify.get_or_insert_with(Arc::default).clone()),
+                None => Waker::Own(w.notify.get_or_insert_with(Arc::default).clone()),
             };
             let start = !held.polling;
             held.polling = true;
-            (notify, start)
+            (waker, start)
         };
         if start {
             let me = self.clone();
@@ -188,7 +189,7 @@ impl Later {
         Watch {
             later: self.clone(),
             entry,
-            notify,
+            waker,
         }
     }
 
@@ -264,17 +265,24 @@ impl Later {
 pub(crate) struct Watch {
     later: Later,
     entry: EntryOf,
-    /// Its own wake-up (`None`: it goes to the chat queues keeping the turn).
-    notify: Option<Arc<Notify>>,
+    waker: Waker,
+}
+
+/// Where a watch's wake-ups go.
+enum Waker {
+    /// Its own (a turn waiting in its task).
+    Own(Arc<Notify>),
+    /// The chat queues keeping the turn.
+    Into(Arc<Posted>),
 }
 
 impl Watch {
     /// Resolves when a part may have been posted since the last call (or since the watch
     /// began: a post in between is not missed). Never, for a turn kept as data.
     pub(crate) async fn posted(&self) {
-        match &self.notify {
-            Some(n) => n.notified().await,
-            None => std::future::pending().await,
+        match &self.waker {
+            Waker::Own(n) => n.notified().await,
+            Waker::Into(_) => std::future::pending().await,
         }
     }
 
@@ -291,6 +299,12 @@ impl Drop for Watch {
             w.watchers -= 1;
             if w.watchers == 0 {
                 held.watched.remove(&self.entry);
+            } else if let Waker::Into(mine) = &self.waker {
+                // Chat queues that let the turn go (a bot's run ending while its next
+                // run holds the turn) no longer take its wake-ups; newer ones keep them.
+                if w.posted.as_ref().is_some_and(|p| Arc::ptr_eq(p, mine)) {
+                    w.posted = None;
+                }
             }
         }
     }

@@ -64,11 +64,23 @@ async fn running(
     handler: HandlerSpec,
     tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
 ) -> (FakeTelegram, Harness, RunningWorker) {
+    running_as(id, token, handler, |_| {}, tune).await
+}
+
+/// [`running`], with `spec` applied to the bot's spec.
+async fn running_as(
+    id: &str,
+    token: &str,
+    handler: HandlerSpec,
+    spec: impl FnOnce(&mut BotSpec),
+    tune: impl FnOnce(&mut botfleet_runtime::WorkerConfig),
+) -> (FakeTelegram, Harness, RunningWorker) {
     let fake = FakeTelegram::start().await.unwrap();
     fake.state().add_bot(token);
     let mut bot = BotSpec::new(BotId::new(id).unwrap(), Platform::Telegram, token);
     bot.options.api_url = Some(fake.url());
     bot.handler = handler;
+    spec(&mut bot);
     let h = Harness::new(std::slice::from_ref(&bot)).await;
     let w = h.start_with("a", tune);
     let tg = fake.state();
@@ -190,7 +202,7 @@ async fn held_turns_keep_no_bot_from_receiving() {
 
 /// Holds every turn open and keeps its handle.
 struct Holder {
-    handles: Arc<std::sync::Mutex<Vec<botfleet_runtime::LaterReply>>>,
+    handles: Handles,
 }
 
 #[async_trait]
@@ -203,6 +215,32 @@ impl BotHandler for Holder {
     }
 }
 
+/// Handles of the turns [`Holder`] held.
+type Handles = Arc<std::sync::Mutex<Vec<botfleet_runtime::LaterReply>>>;
+
+/// [`running`] a bot `id` answered by a [`Holder`] (its handles), with no typing: its calls
+/// to the fake would open connections (tasks) as they please.
+async fn running_holder(id: &str, token: &str) -> (FakeTelegram, Harness, RunningWorker, Handles) {
+    let handles: Handles = Arc::default();
+    let holder = Arc::new(Holder {
+        handles: handles.clone(),
+    });
+    let no_typing = |b: &mut BotSpec| b.options.typing = Some(false);
+    let (fake, h, w) = running_as(
+        id,
+        token,
+        HandlerSpec::Named("holder".into()),
+        no_typing,
+        |c| {
+            let handlers: HashMap<String, Arc<dyn BotHandler>> =
+                HashMap::from([("holder".to_owned(), holder as Arc<dyn BotHandler>)]);
+            c.handlers = Arc::new(handlers);
+        },
+    )
+    .await;
+    (fake, h, w, handles)
+}
+
 /// A polling bot's held turns are kept as data, not as a task each: 100 chats held open add
 /// next to no task to the runtime (each kept a task of its own before), and each is still
 /// finished by its last part, posted through its handle.
@@ -210,16 +248,7 @@ impl BotHandler for Holder {
 async fn held_turns_keep_no_task_each() {
     const T: &str = "5206:tasks-SECRET";
     const CHATS: i64 = 100;
-    let handles: Arc<std::sync::Mutex<Vec<botfleet_runtime::LaterReply>>> = Arc::default();
-    let holder = Arc::new(Holder {
-        handles: handles.clone(),
-    });
-    let (fake, _h, w) = running("holder", T, HandlerSpec::Named("holder".into()), |c| {
-        let handlers: HashMap<String, Arc<dyn BotHandler>> =
-            HashMap::from([("holder".to_owned(), holder as Arc<dyn BotHandler>)]);
-        c.handlers = Arc::new(handlers);
-    })
-    .await;
+    let (fake, _h, w, handles) = running_holder("holder", T).await;
     let tg = fake.state();
     let tasks = || {
         tokio::runtime::Handle::current()
@@ -255,6 +284,41 @@ async fn held_turns_keep_no_task_each() {
         },
     )
     .await;
+    w.shutdown().await;
+}
+
+/// A polling bot whose receiving has to wait (a 429 on `getUpdates`: 30 s) still finishes
+/// its held turns meanwhile: its chat queues make progress while the bot's task waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_turns_go_on_while_receiving_waits() {
+    const T: &str = "5207:waits-SECRET";
+    let (fake, _h, w, handles) = running_holder("waits", T).await;
+    let tg = fake.state();
+    // The poll in flight delivers "ask"; the next one is refused for 30 s.
+    tg.inject(T, botfleet_testkit::Fault::TooManyRequests(30));
+    tg.user_writes(T, 1, "ask");
+    wait_for(
+        "the turn held and the next poll refused",
+        Duration::from_secs(20),
+        || async {
+            let refused =
+                w.metrics.render("w").lines().any(|l| {
+                    l.starts_with("botfleet_platform_errors_total{") && !l.ends_with(" 0")
+                });
+            (refused && w.metrics.turns_held_now() == 1).then_some(())
+        },
+    )
+    .await;
+    let handle = handles.lock().unwrap().pop().unwrap();
+    let last = serde_json::json!({"actions": [{"type": "send", "text": "done"}], "final": true});
+    handle.post("last", &last).await.unwrap();
+    wait_for(
+        "the part sent while receiving waits",
+        Duration::from_secs(15),
+        || async { tg.sent().iter().any(|m| m.text == "done").then_some(()) },
+    )
+    .await;
+    assert_eq!(w.metrics.turns_held_now(), 0);
     w.shutdown().await;
 }
 
