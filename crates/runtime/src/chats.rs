@@ -214,10 +214,10 @@ impl Chats {
         };
         q.answering = Some(job.key.clone());
         let turn = &self.ctx.turn;
-        self.running
-            .insert(turn.later.entry(&turn.bot, &job.key), false);
+        let entry = turn.later.entry(&turn.bot, &job.key);
+        self.running.insert(entry, false);
         self.answering
-            .spawn(answer(self.ctx.clone(), chat, job, slot));
+            .spawn(answer(self.ctx.clone(), chat, job, entry, slot));
     }
 
     /// Keeps a held turn its task handed back until a part of its answer is posted or it is
@@ -406,8 +406,8 @@ enum Done {
     Held(Box<Parked>, bool),
 }
 
-/// Answers one message of `chat` through the turn pipeline, under the unit's claim: how it
-/// went, or its turn held open as data.
+/// Answers one message of `chat` (its entry as [`Chats::running`] knows it) through the turn
+/// pipeline, under the unit's claim: how it went, or its turn held open as data.
 ///
 /// An async block, not an async fn (which would keep a second copy of its arguments).
 #[allow(clippy::manual_async_fn)] // an async fn would keep its arguments twice
@@ -415,6 +415,7 @@ fn answer(
     ctx: Arc<ChatsCtx>,
     chat: String,
     job: Job,
+    entry: EntryOf,
     slot: OwnedSemaphorePermit,
 ) -> impl std::future::Future<Output = Done> + Send + 'static {
     async move {
@@ -459,7 +460,6 @@ fn answer(
             }
             Err(halt) => Err(halt),
         };
-        let entry = ctx.turn.later.entry(&ctx.turn.bot, &job.key);
         Done::Over(entry, chat, r, false)
     }
 }

@@ -68,8 +68,8 @@ pub(crate) struct Parked {
     /// When the hold expires (unix ms).
     until_ms: i64,
     revision: u64,
-    since: Instant,
     deadline: Deadline,
+    /// Typing, and when the event arrived (typing and the platform deadline count from it).
     typing: Waiting,
     /// The platform's deadline was tried (once while held, as once per handler call).
     defer_tried: bool,
@@ -131,7 +131,7 @@ impl Parked {
 
     fn defer_at(&self, ctx: &TurnCtx) -> Option<Instant> {
         (!self.defer_tried)
-            .then(|| defer_at(ctx, &self.msg, &self.deadline, self.since))
+            .then(|| defer_at(ctx, &self.msg, &self.deadline, self.typing.since))
             .flatten()
     }
 }
@@ -171,7 +171,6 @@ pub(super) async fn park<H: Hold>(
         fence: end.fence,
         until_ms,
         revision,
-        since,
         deadline,
         typing,
         defer_tried: false,
@@ -214,7 +213,7 @@ pub(crate) async fn step(
             hold,
             &p.msg,
             &mut p.deadline,
-            p.since,
+            p.typing.since,
             end,
             p.revision,
             expired,
