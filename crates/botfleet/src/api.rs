@@ -74,7 +74,7 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),
@@ -120,9 +120,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
-fn utf8(body: &Bytes) -> ApiResult<&str> {
+pub(crate) fn utf8(body: &Bytes) -> ApiResult<&str> {
     std::str::from_utf8(body)
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid", "the body is not UTF-8"))
 }
@@ -605,6 +605,8 @@ fn post_reply() {}
         restart_bot,
         send_message,
         get_message,
+        crate::desk::pause_chat,
+        crate::desk::resume_chat,
         import_bots,
         fleet,
         events,
@@ -619,6 +621,9 @@ fn post_reply() {}
         ReplyPart,
         SendRequest,
         SendView,
+        crate::desk::PauseRequest,
+        crate::desk::ResumeRequest,
+        crate::desk::ChatPauseView,
         BotLine,
         BotPatch,
         BotChanged,
@@ -748,7 +753,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<String> {
 }
 
 /// Whether `platform` can take `chat` as a chat to send to.
-fn chat_fits(platform: botfleet_core::Platform, chat: &str) -> bool {
+pub(crate) fn chat_fits(platform: botfleet_core::Platform, chat: &str) -> bool {
     use botfleet_core::Platform as P;
     let digits = |s: &str, min: usize, max: usize| {
         (min..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
@@ -976,6 +981,14 @@ pub(crate) fn routes(state: ApiState) -> Router {
         .route("/bots/{id}/restart", post(restart_bot))
         .route("/bots/{id}/messages", post(send_message))
         .route("/bots/{id}/messages/{msg}", get(get_message))
+        .route(
+            "/bots/{id}/chats/{chat}/pause",
+            post(crate::desk::pause_chat),
+        )
+        .route(
+            "/bots/{id}/chats/{chat}/resume",
+            post(crate::desk::resume_chat),
+        )
         .route("/fleet", get(fleet))
         .route("/events", get(events))
         .route("/events/stream", get(event_stream))

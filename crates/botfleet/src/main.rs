@@ -12,6 +12,7 @@ mod bots;
 mod common;
 mod config;
 mod demo;
+mod desk;
 #[cfg(test)]
 mod docs;
 mod fleet;

@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use botfleet_coord::{Coordinator, LeaseHandle, LifecycleEvent};
 use botfleet_core::{BotId, BotSpec, BotStatus, Fence};
 use botfleet_platform::{Connection, Connector, ErrorKind, PlatformError};
-use botfleet_store::{InboxItem, Store, StoreError};
+use botfleet_store::{InboxItem, Journaled, Store, StoreError};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
@@ -20,7 +20,7 @@ const COMMANDS: &str = "commands";
 use crate::{
     chats::{Chats, ChatsCtx},
     handler::Handler,
-    metrics::Metrics,
+    metrics::{Metrics, EVENTS_PAUSED_TOTAL},
     reporter::Reporter,
     retry::{backoff, sleep_or_stop, stopped, wait_after},
     starter::Starter,
@@ -764,10 +764,20 @@ impl BotCtx {
                     break exit;
                 }
             }
-            for ((item, event), is_new) in items.into_iter().zip(events).zip(new) {
-                if !is_new {
-                    self.metrics.redelivered(self.spec.platform);
-                    continue;
+            for ((item, event), done) in items.into_iter().zip(events).zip(new) {
+                match done {
+                    Journaled::New => {}
+                    Journaled::Known => {
+                        self.metrics.redelivered(self.spec.platform);
+                        continue;
+                    }
+                    // Its chat is handed to a person: recorded, no turn.
+                    Journaled::Paused => {
+                        self.metrics.received_by(self.spec.id.as_str());
+                        self.metrics
+                            .count(EVENTS_PAUSED_TOTAL, self.spec.platform, 1);
+                        continue;
+                    }
                 }
                 self.metrics.received_by(self.spec.id.as_str());
                 chats.dispatch_new(item, event, received_ms);

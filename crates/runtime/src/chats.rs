@@ -173,9 +173,14 @@ impl Chats {
         }
     }
 
-    fn push(&mut self, chat: String, job: Job) {
+    fn push(&mut self, chat: String, mut job: Job) {
         self.in_flight += 1;
         let q = self.waiting.entry(chat.clone()).or_default();
+        if q.busy {
+            // It waits behind its chat's turn: its turn reads the entry afresh (its chat may
+            // be paused by then).
+            job.message = None;
+        }
         q.jobs.push_back(job);
         if !q.busy {
             self.start_next(chat);

@@ -32,15 +32,15 @@ use botfleet_coord::{Coordinator, LeaseHandle, Turn};
 use botfleet_core::Incarnation;
 use botfleet_core::{BotId, BotSpec, BotStatus, Fence, Platform};
 use botfleet_platform::{ErrorKind, HookAnswer, HookRequest, Sender, Webhooks};
-use botfleet_store::{InboxItem, InboxState, Store, TurnFence, TurnView};
+use botfleet_store::{InboxItem, InboxState, Journaled, Store, TurnFence, TurnView};
 use tokio::sync::{watch, Notify};
 use tracing::{debug, info, warn};
 
 use crate::{
     handler::Handler,
     metrics::{
-        Metrics, HOOKS_DUPLICATES_TOTAL, HOOKS_JOURNALED_TOTAL, HOOKS_REFUSED_TOTAL,
-        HOOKS_UNAVAILABLE_TOTAL, TURN_OLDER_FIRST_TOTAL, TURN_TAKEOVERS_TOTAL,
+        Metrics, EVENTS_PAUSED_TOTAL, HOOKS_DUPLICATES_TOTAL, HOOKS_JOURNALED_TOTAL,
+        HOOKS_REFUSED_TOTAL, HOOKS_UNAVAILABLE_TOTAL, TURN_OLDER_FIRST_TOTAL, TURN_TAKEOVERS_TOTAL,
         TURN_WAITS_EXCEEDED_TOTAL,
     },
     reporter::Reporter,
@@ -388,6 +388,42 @@ impl Hooks {
         Ok(())
     }
 
+    /// Serves entries of `unit` (a unit of `spec`'s bot) in `chat` made pending again (a
+    /// paused chat resumed with a replay), in the order given: a ticket each, taken now. An
+    /// entry this worker serves already, or whose ticket cannot be taken now, is left to the
+    /// sweeper.
+    pub(crate) async fn replay(
+        &self,
+        spec: Arc<BotSpec>,
+        unit: &BotId,
+        chat: &str,
+        keys: &[String],
+    ) {
+        let ck = chat_key(unit, chat);
+        for key in keys {
+            if !self.claim_local(unit, key) {
+                continue;
+            }
+            match self.take_now(&ck, key).await {
+                (inc, Ok((ticket, turn))) => {
+                    let h = self.clone();
+                    let (spec, ck, chat, key) =
+                        (spec.clone(), ck.clone(), chat.to_owned(), key.clone());
+                    tokio::spawn(async move {
+                        let t = Taken { ticket, turn, inc };
+                        h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
+                            .await;
+                    });
+                }
+                (_, Err(e)) => {
+                    self.unclaim_local(unit, key);
+                    debug!(bot = %unit, error = %e, "cannot take a ticket for a replayed entry; the sweeper serves it");
+                    return;
+                }
+            }
+        }
+    }
+
     /// The bot's spec, read again after [`SPEC_TTL`].
     async fn spec_of(
         &self,
@@ -570,11 +606,13 @@ impl Hooks {
                 let received: Vec<&botfleet_platform::Received> = messages
                     .iter()
                     .zip(&new)
-                    .filter_map(|(m, n)| n.then_some(m))
+                    .filter_map(|(m, n)| n.is_new().then_some(m))
                     .collect();
                 self.arm(&spec, &received, arrived);
-                let fresh = new.iter().filter(|n| **n).count() as u64;
+                let paused = new.iter().filter(|n| **n == Journaled::Paused).count() as u64;
+                let fresh = received.len() as u64 + paused;
                 self.inner.metrics.count(HOOKS_JOURNALED_TOTAL, p, fresh);
+                self.inner.metrics.count(EVENTS_PAUSED_TOTAL, p, paused);
                 self.inner
                     .metrics
                     .count(HOOKS_DUPLICATES_TOTAL, p, new.len() as u64 - fresh);
@@ -677,7 +715,8 @@ impl Hooks {
             )
             .await;
         let (new, view) = match journaled {
-            Ok((new, view)) => (Ok(new.first().copied().unwrap_or(false)), view),
+            // (A send is never paused.)
+            Ok((new, view)) => (Ok(new.first().is_some_and(|n| n.is_new())), view),
             Err(e) => (Err(e.into()), None),
         };
         // Every ticket taken is served, journaled or not (an empty one is just released).

@@ -126,6 +126,9 @@ pub const BOT_MESSAGES_RECEIVED_TOTAL: &str = "botfleet_bot_messages_received_to
 pub const TURNS_HELD: &str = "botfleet_turns_held";
 /// Held turns whose answer did not come within their time to live, per platform.
 pub const ASYNC_EXPIRED_TOTAL: &str = "botfleet_async_expired_total";
+/// Events recorded paused (their chat handed to a person): not handed to the handler, per
+/// platform.
+pub const EVENTS_PAUSED_TOTAL: &str = "botfleet_events_paused_total";
 /// The worker process's resident memory.
 pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "botfleet_process_resident_memory_bytes";
 /// The worker process's open file descriptors (every connection is one).
@@ -546,6 +549,10 @@ impl Metrics {
             (
                 ASYNC_EXPIRED_TOTAL,
                 "Held turns whose answer did not come within their time to live (async reply expired).",
+            ),
+            (
+                EVENTS_PAUSED_TOTAL,
+                "Events recorded paused (their chat handed to a person), not handed to the handler.",
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

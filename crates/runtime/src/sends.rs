@@ -173,7 +173,7 @@ impl Sends {
                     .store
                     .journal_put(&unit, std::slice::from_ref(&item), None, None)
                     .await?;
-                new.first().copied().unwrap_or(false)
+                new.first().is_some_and(|n| n.is_new())
             }
         };
         if !new {
@@ -191,6 +191,37 @@ impl Sends {
             key: item.key,
             new,
         })
+    }
+
+    /// Gets the entries of `chat` of `spec`'s bot made pending again (`(unit, key)`, oldest
+    /// first: a paused chat resumed with a replay,
+    /// [`Store::chat_resume`](botfleet_store::Store::chat_resume)) answered in their chat's
+    /// turns: a webhook bot's take tickets here, a connector bot's owner is told. Whatever
+    /// cannot be told now is still answered: by the sweeper (webhook bots) or by the unit's
+    /// next claim.
+    pub async fn replayed(&self, spec: &BotSpec, chat: &str, entries: &[(BotId, String)]) {
+        let i = &self.inner;
+        let webhook = i
+            .connectors
+            .get(&spec.platform)
+            .is_some_and(|c| c.descriptor().is_webhook(spec));
+        let mut units: Vec<&BotId> = entries.iter().map(|(u, _)| u).collect();
+        units.sort();
+        units.dedup();
+        for unit in units {
+            match i.hooks.as_ref().filter(|_| webhook) {
+                Some(h) => {
+                    let keys: Vec<String> = entries
+                        .iter()
+                        .filter(|(u, _)| u == unit)
+                        .map(|(_, k)| k.clone())
+                        .collect();
+                    h.replay(Arc::new(spec.clone()), unit, chat, &keys).await;
+                }
+                None if webhook => {} // the sweeper's
+                None => self.nudge(unit, chat).await,
+            }
+        }
     }
 
     /// The send `id` of `spec`'s bot (what [`Submitted::id`] answered), if it is known
@@ -229,7 +260,8 @@ impl Sends {
                 .unwrap_or_default()
         };
         let (status, reason) = match e.state {
-            InboxState::Pending => ("queued", None),
+            // (A send is never paused.)
+            InboxState::Pending | InboxState::Paused => ("queued", None),
             InboxState::Undeliverable => ("failed", e.error),
             // Done, though nothing went out: every action was refused.
             InboxState::Done if platform_ids.is_empty() && e.error.is_some() => ("failed", e.error),

@@ -50,9 +50,9 @@ use tracing::{debug, warn};
 use crate::{
     handler::{Handler, Reply},
     metrics::{
-        Metrics, HANDLER_TIMEOUTS_TOTAL, INVALID_GUARD_SHUT_TOTAL, INVALID_REQUESTS_TOTAL,
-        OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL, STATE_TOO_LARGE_TOTAL, TYPING_SHOWN_TOTAL,
-        TYPING_SKIPPED_TOTAL,
+        Metrics, EVENTS_PAUSED_TOTAL, HANDLER_TIMEOUTS_TOTAL, INVALID_GUARD_SHUT_TOTAL,
+        INVALID_REQUESTS_TOTAL, OUTBOX_SKIPPED_TOTAL, STATE_REFUSED_TOTAL, STATE_TOO_LARGE_TOTAL,
+        TYPING_SHOWN_TOTAL, TYPING_SKIPPED_TOTAL,
     },
     reporter::Reporter,
     retry::{backoff, sleep_or_stop, wait_after},
@@ -351,6 +351,16 @@ async fn answer_turn<'a, H: Hold>(
     let started = Instant::now();
     if entry.kind() == EntryKind::Send {
         return run_send(ctx, hold, slot, &view, &entry.message, end, started)
+            .await
+            .map(|()| None);
+    }
+    if view.paused && view.held_until_ms.is_none() {
+        // Its chat is handed to a person (paused after it was recorded): kept, not answered.
+        // (A turn held open was answered by the handler before: its answer still goes out.)
+        debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, "chat paused: the message is recorded, not answered");
+        ctx.metrics.count(EVENTS_PAUSED_TOTAL, ctx.platform, 1);
+        return end
+            .record(ctx, hold, slot, InboxOutcome::Paused, None, None)
             .await
             .map(|()| None);
     }

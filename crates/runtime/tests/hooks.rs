@@ -1173,7 +1173,7 @@ async fn a_backend_send_goes_out_in_its_chats_turn_without_a_handler() {
         .to_string(),
     };
     let put = || store.journal_put(&spec.id, std::slice::from_ref(&send), None, None);
-    assert_eq!(put().await.unwrap().0, [true]);
+    assert_eq!(put().await.unwrap().0, [botfleet_store::Journaled::New]);
     wait_for("the send's turn ended", Duration::from_secs(30), || async {
         let v = store.turn_view(&spec.id, &key, "77").await.ok()?;
         (v.entry?.state == botfleet_store::InboxState::Done).then_some(())
@@ -1204,7 +1204,7 @@ async fn a_backend_send_goes_out_in_its_chats_turn_without_a_handler() {
     assert!(v.state.is_none(), "a send leaves the chat's state as it is");
     assert_eq!(
         put().await.unwrap().0,
-        [false],
+        [botfleet_store::Journaled::Known],
         "a repeat of the key is known"
     );
     for w in workers {

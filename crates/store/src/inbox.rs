@@ -51,6 +51,10 @@ pub enum InboxState {
     /// Given up on: the handler or the platform refused it, or kept failing past the retry
     /// window. Kept for the operator.
     Undeliverable,
+    /// Received while its chat was paused (handed to a person, see
+    /// [`ChatPause`](crate::ChatPause)): recorded, not answered by the bot. Kept as long as an
+    /// undeliverable entry.
+    Paused,
 }
 
 impl InboxState {
@@ -60,6 +64,7 @@ impl InboxState {
             InboxState::Pending => "pending",
             InboxState::Done => "done",
             InboxState::Undeliverable => "undeliverable",
+            InboxState::Paused => "paused",
         }
     }
 }
@@ -77,6 +82,7 @@ impl FromStr for InboxState {
             "pending" => Ok(InboxState::Pending),
             "done" => Ok(InboxState::Done),
             "undeliverable" => Ok(InboxState::Undeliverable),
+            "paused" => Ok(InboxState::Paused),
             other => Err(format!("unknown inbox state {other:?}")),
         }
     }
@@ -127,6 +133,26 @@ pub enum InboxOutcome {
     Done,
     /// Given up on, with why (never a token or the message's text).
     Undeliverable(String),
+    /// Not answered: its chat is paused ([`InboxState::Paused`]).
+    Paused,
+}
+
+/// What journaling one item did ([`Store::journal_put`](crate::Store::journal_put)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Journaled {
+    /// Recorded now, pending: a turn of its chat answers it.
+    New,
+    /// Recorded before (a redelivery): left as it was.
+    Known,
+    /// Recorded now as [`InboxState::Paused`]: its chat is paused, no turn answers it.
+    Paused,
+}
+
+impl Journaled {
+    /// Whether a turn must answer it (recorded now, pending).
+    pub fn is_new(self) -> bool {
+        self == Journaled::New
+    }
 }
 
 /// A bot's inbox at a glance.

@@ -6,6 +6,7 @@ mod error;
 mod held;
 mod inbox;
 mod memory;
+mod pauses;
 mod postgres;
 mod schema;
 mod seal;
@@ -19,10 +20,11 @@ mod turns;
 pub use error::{Result, StoreError};
 pub use held::{PostAnswer, PostedReply, ReplyPost, TurnHold};
 pub use inbox::{
-    send_key, EntryKind, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, SendCounts,
-    SEND_KEEP_MS, SEND_KEY_PREFIX,
+    send_key, EntryKind, InboxEntry, InboxItem, InboxOutcome, InboxState, InboxStats, Journaled,
+    SendCounts, SEND_KEEP_MS, SEND_KEY_PREFIX,
 };
 pub use memory::MemoryStore;
+pub use pauses::{ChatPause, Resumed, MAX_PAUSE_REASON};
 pub use postgres::PostgresStore;
 pub use seal::{KeyError, Keyring};
 pub use session::SessionWrite;

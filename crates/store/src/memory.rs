@@ -33,6 +33,8 @@ struct State {
     secrets: HashMap<String, Vec<u8>>,
     /// (bot, entry key) → its held turn and the parts posted to it.
     held: BTreeMap<(BotId, String), Held>,
+    /// (bot's own id, chat) → its pause.
+    pauses: BTreeMap<(String, String), crate::ChatPause>,
 }
 
 /// An entry's answer that comes later: the SQL backends' `held_until_ms`, `posts`,
@@ -47,33 +49,47 @@ struct Held {
 }
 
 impl State {
-    /// Records each item not recorded before (numbered by `next_seq`); answers which were new.
+    /// Records each item not recorded before (numbered by `next_seq`), an event of a paused
+    /// chat as paused; answers what became of each.
     fn record(
         &mut self,
         bot: &BotId,
         items: &[InboxItem],
         mut next_seq: impl FnMut() -> u64,
-    ) -> Vec<bool> {
+    ) -> Vec<crate::Journaled> {
         let now = botfleet_core::unix_ms();
-        let inbox = self.inbox.entry(bot.clone()).or_default();
+        let State { inbox, pauses, .. } = self;
+        let inbox = inbox.entry(bot.clone()).or_default();
         items
             .iter()
             .map(|item| {
                 if inbox.contains_key(&item.key) {
-                    return false;
+                    return crate::Journaled::Known;
                 }
+                let paused = crate::InboxEntry::kind_of(&item.key) == crate::EntryKind::Event
+                    && pauses
+                        .get(&(bot.base().to_owned(), item.chat.clone()))
+                        .is_some_and(|p| p.in_effect(now));
                 let entry = InboxEntry {
                     bot: bot.clone(),
                     key: item.key.clone(),
                     seq: next_seq(),
                     chat: item.chat.clone(),
                     message: item.message.clone(),
-                    state: InboxState::Pending,
+                    state: if paused {
+                        InboxState::Paused
+                    } else {
+                        InboxState::Pending
+                    },
                     error: None,
                     received_at_ms: now,
                 };
-                inbox.insert(item.key.clone(), (entry, None));
-                true
+                inbox.insert(item.key.clone(), (entry, paused.then_some(now)));
+                if paused {
+                    crate::Journaled::Paused
+                } else {
+                    crate::Journaled::New
+                }
             })
             .collect()
     }
@@ -319,7 +335,7 @@ impl Store for MemoryStore {
                 match e.state {
                     InboxState::Pending => s.pending += 1,
                     InboxState::Undeliverable => s.undeliverable += 1,
-                    InboxState::Done => {}
+                    InboxState::Done | InboxState::Paused => {}
                 }
                 let held = st
                     .held
@@ -330,7 +346,7 @@ impl Store for MemoryStore {
                 }
                 if e.key.starts_with(crate::SEND_KEY_PREFIX) {
                     match e.state {
-                        InboxState::Pending => s.sends.queued += 1,
+                        InboxState::Pending | InboxState::Paused => s.sends.queued += 1,
                         InboxState::Done => s.sends.sent += 1,
                         InboxState::Undeliverable => s.sends.failed += 1,
                     }
@@ -417,7 +433,7 @@ impl Store for MemoryStore {
         items: &[InboxItem],
         fence: Option<Fence>,
         view: Option<usize>,
-    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+    ) -> Result<(Vec<crate::Journaled>, Option<TurnView>)> {
         let new = {
             let mut st = self.st();
             if let Some(fence) = fence {
@@ -460,13 +476,73 @@ impl Store for MemoryStore {
             .held
             .get(&(bot.clone(), key.to_owned()))
             .and_then(|h| h.until_ms);
+        let paused = st
+            .pauses
+            .get(&(bot.base().to_owned(), chat.to_owned()))
+            .is_some_and(|p| p.in_effect(botfleet_core::unix_ms()));
         Ok(TurnView {
             entry,
             state,
             revision,
             sent,
             held_until_ms,
+            paused,
         })
+    }
+
+    async fn chat_pause(&self, bot: &BotId, pause: &crate::ChatPause) -> Result<()> {
+        let mut p = pause.clone();
+        let mut st = self.st();
+        let slot = (bot.base().to_owned(), pause.chat.clone());
+        // Paused again while paused: it is still the same pause (its replay goes back to
+        // when it began).
+        if let Some(was) = st.pauses.get(&slot).filter(|w| w.in_effect(p.paused_at_ms)) {
+            p.paused_at_ms = was.paused_at_ms;
+        }
+        st.pauses.insert(slot, p);
+        Ok(())
+    }
+
+    async fn chat_resume(&self, bot: &BotId, chat: &str, replay: bool) -> Result<crate::Resumed> {
+        let mut st = self.st();
+        let now = botfleet_core::unix_ms();
+        let Some(pause) = st.pauses.remove(&(bot.base().to_owned(), chat.to_owned())) else {
+            return Ok(crate::Resumed::default());
+        };
+        let mut replayed = Vec::new();
+        if replay {
+            for (unit, entries) in &mut st.inbox {
+                if unit.base() != bot.base() {
+                    continue;
+                }
+                for (e, finished) in entries.values_mut() {
+                    if e.chat == chat
+                        && e.state == InboxState::Paused
+                        && finished.is_some_and(|t| t >= pause.paused_at_ms)
+                    {
+                        e.state = InboxState::Pending;
+                        *finished = None;
+                        replayed.push((e.seq, unit.clone(), e.key.clone()));
+                    }
+                }
+            }
+        }
+        replayed.sort();
+        Ok(crate::Resumed {
+            pause: Some(pause).filter(|p| p.in_effect(now)),
+            replayed: replayed.into_iter().map(|(_, u, k)| (u, k)).collect(),
+        })
+    }
+
+    async fn chat_pauses(&self, bot: &BotId) -> Result<Vec<crate::ChatPause>> {
+        let now = botfleet_core::unix_ms();
+        Ok(self
+            .st()
+            .pauses
+            .iter()
+            .filter(|((b, _), p)| b == bot.base() && p.in_effect(now))
+            .map(|(_, p)| p.clone())
+            .collect())
     }
 
     async fn turn_hold(&self, bot: &BotId, hold: &crate::TurnHold) -> Result<Option<i64>> {
@@ -674,7 +750,9 @@ impl Store for MemoryStore {
             entries.retain(|_, (e, finished)| {
                 let keep = match (e.state, *finished) {
                     (InboxState::Done, Some(t)) => t >= done_before_ms,
-                    (InboxState::Undeliverable, Some(t)) => t >= undeliverable_before_ms,
+                    (InboxState::Undeliverable | InboxState::Paused, Some(t)) => {
+                        t >= undeliverable_before_ms
+                    }
                     _ => true,
                 } || (e.kind() == crate::EntryKind::Send
                     && finished.is_some_and(|t| t >= sends_before));

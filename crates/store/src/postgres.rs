@@ -21,21 +21,29 @@ pub(crate) const POOL_SIZE: usize = 4;
 /// Journals webhook deliveries (`$1` bot, `$2..$4` keys, chats, messages, `$5` base
 /// sequence, `$6` now).
 const JOURNAL_PUT: &str =
-    "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
-     SELECT $1, key, $5 + ord, chat, message, 'pending', $6 \
-     FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
-     ON CONFLICT DO NOTHING RETURNING key";
+    "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
+     SELECT $1, key, $5 + ord, chat, message, CASE WHEN paused THEN 'paused' ELSE 'pending' END, \
+     $6, CASE WHEN paused THEN $6 END \
+     FROM (SELECT t.*, (substr(t.key, 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p \
+     WHERE p.bot_id = $7 AND p.chat = t.chat AND (p.until_ms IS NULL OR p.until_ms > $6))) AS paused \
+     FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord)) AS u \
+     ON CONFLICT DO NOTHING RETURNING key, state";
 
 /// [`JOURNAL_PUT`] and the turn view of one of the items at once (`$7` its key, `$8` its
-/// chat, `$9` its reply key). The view's reads see the table as before the insert: a new
+/// chat, `$9` its reply key; `$10` the bot's own id). The view's reads see the table as before the insert: a new
 /// entry shows as absent, and the caller knows it is pending.
-const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
-     SELECT $1, key, $5 + ord, chat, message, 'pending', $6 \
-     FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
-     ON CONFLICT DO NOTHING RETURNING key) \
+const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
+     SELECT $1, key, $5 + ord, chat, message, CASE WHEN paused THEN 'paused' ELSE 'pending' END, \
+     $6, CASE WHEN paused THEN $6 END \
+     FROM (SELECT t.*, (substr(t.key, 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p \
+     WHERE p.bot_id = $10 AND p.chat = t.chat AND (p.until_ms IS NULL OR p.until_ms > $6))) AS paused \
+     FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord)) AS u \
+     ON CONFLICT DO NOTHING RETURNING key, state) \
      SELECT ARRAY(SELECT key FROM ins), i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
      s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $9), \
-     i.held_until_ms \
+     i.held_until_ms, ARRAY(SELECT key FROM ins WHERE state = 'paused'), \
+     EXISTS (SELECT 1 FROM chat_pauses p WHERE p.bot_id = $10 AND p.chat = $8 \
+     AND (p.until_ms IS NULL OR p.until_ms > $6)) \
      FROM (SELECT 1 AS one) AS one \
      LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $7 \
      LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $8";
@@ -315,6 +323,21 @@ fn fence_i64(f: Fence) -> i64 {
     i64::try_from(f.0).unwrap_or(i64::MAX)
 }
 
+/// What became of each of `keys`, from the `(key, state)` rows a journal insert returned: a
+/// key twice in one batch is new once.
+fn journaled(keys: &[&str], rows: &[tokio_postgres::Row]) -> Vec<crate::Journaled> {
+    let states: HashMap<String, String> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut seen = std::collections::HashSet::new();
+    keys.iter()
+        .map(|k| match states.get(*k) {
+            Some(_) if !seen.insert(*k) => crate::Journaled::Known,
+            Some(st) if st == "paused" => crate::Journaled::Paused,
+            Some(_) => crate::Journaled::New,
+            None => crate::Journaled::Known,
+        })
+        .collect()
+}
+
 fn db(op: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |e| StoreError::backend(op, e)
 }
@@ -376,7 +399,7 @@ impl PostgresStore {
         bot: &BotId,
         items: &[InboxItem],
         fence: Fence,
-    ) -> Result<Vec<bool>> {
+    ) -> Result<Vec<crate::Journaled>> {
         let c = self.client().await?;
         if self.current_fence(&c, bot.as_str()).await? > fence {
             return Err(self.stale(&c, bot, fence).await);
@@ -391,11 +414,14 @@ impl PostgresStore {
                                WHERE bot_id = $1), \
                  items AS (SELECT * FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) \
                            WITH ORDINALITY AS t(key, chat, message, ord)) \
-                 INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
-                 SELECT $1, key, (SELECT s FROM base) + ord, chat, message, 'pending', $5 \
-                 FROM items \
+                 INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, \
+                                    finished_at_ms) \
+                 SELECT $1, key, (SELECT s FROM base) + ord, chat, message, \
+                 CASE WHEN paused THEN 'paused' ELSE 'pending' END, $5, CASE WHEN paused THEN $5 END \
+                 FROM (SELECT t.*, (substr(t.key, 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p \
+                 WHERE p.bot_id = $8 AND p.chat = t.chat AND (p.until_ms IS NULL OR p.until_ms > $5))) AS paused FROM items AS t) AS u \
                  WHERE COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6 \
-                 ON CONFLICT DO NOTHING RETURNING key",
+                 ON CONFLICT DO NOTHING RETURNING key, state",
                 &[
                     &bot.as_str(),
                     &keys,
@@ -404,27 +430,26 @@ impl PostgresStore {
                     &botfleet_core::unix_ms(),
                     &fence_i64(fence),
                     &(crate::turns::arrival_seq() - 1),
+                    &bot.base(),
                 ],
             )
             .await
             .map_err(db("record inbox"))?;
-        let new: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
-        if new.is_empty()
+        if rows.is_empty()
             && !items.is_empty()
             && self.current_fence(&c, bot.as_str()).await? > fence
         {
             return Err(self.stale(&c, bot, fence).await);
         }
-        // A key twice in one batch is new once.
-        let mut seen = std::collections::HashSet::new();
-        Ok(keys
-            .iter()
-            .map(|k| new.contains(*k) && seen.insert(*k))
-            .collect())
+        Ok(journaled(&keys, &rows))
     }
 
     /// Journals a webhook delivery (any worker, numbered by arrival time).
-    async fn journal_plain(&self, bot: &BotId, items: &[InboxItem]) -> Result<Vec<bool>> {
+    async fn journal_plain(
+        &self,
+        bot: &BotId,
+        items: &[InboxItem],
+    ) -> Result<Vec<crate::Journaled>> {
         let c = self.client().await?;
         let (keys, chats, messages) = columns(items);
         let st = c.statement(JOURNAL_PUT, "journal").await?;
@@ -438,16 +463,12 @@ impl PostgresStore {
                     &messages,
                     &crate::turns::arrival_seq(),
                     &botfleet_core::unix_ms(),
+                    &bot.base(),
                 ],
             )
             .await
             .map_err(db("journal"))?;
-        let new: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
-        let mut seen = std::collections::HashSet::new();
-        Ok(keys
-            .iter()
-            .map(|k| new.contains(*k) && seen.insert(*k))
-            .collect())
+        Ok(journaled(&keys, &rows))
     }
 
     /// [`Self::journal_plain`], and the turn view of `items[view]` in the same statement.
@@ -456,7 +477,7 @@ impl PostgresStore {
         bot: &BotId,
         items: &[InboxItem],
         view: Option<usize>,
-    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+    ) -> Result<(Vec<crate::Journaled>, Option<TurnView>)> {
         let Some(item) = view.and_then(|i| items.get(i)) else {
             return Ok((self.journal_plain(bot, items).await?, None));
         };
@@ -478,15 +499,23 @@ impl PostgresStore {
                     &item.key,
                     &item.chat,
                     &reply,
+                    &bot.base(),
                 ],
             )
             .await
             .map_err(db("journal"))?;
         let inserted: Vec<String> = r.get(0);
+        let paused: Vec<String> = r.get(11);
         let mut seen = std::collections::HashSet::new();
-        let new: Vec<bool> = keys
+        let new: Vec<crate::Journaled> = keys
             .iter()
-            .map(|k| inserted.iter().any(|i| i == k) && seen.insert(*k))
+            .map(
+                |k| match inserted.iter().any(|i| i == k) && seen.insert(*k) {
+                    false => crate::Journaled::Known,
+                    true if paused.iter().any(|p| p == k) => crate::Journaled::Paused,
+                    true => crate::Journaled::New,
+                },
+            )
             .collect();
         let entry = match r.get::<_, Option<i64>>(1) {
             Some(seq) => Some(
@@ -501,7 +530,7 @@ impl PostgresStore {
                 }
                 .into_entry(bot)?,
             ),
-            // Inserted by this very call: pending, as given.
+            // Inserted by this very call: as it was recorded.
             None if inserted.contains(&item.key) => {
                 let ord = items.iter().position(|i| i.key == item.key).unwrap_or(0) as i64 + 1;
                 Some(InboxEntry {
@@ -510,7 +539,11 @@ impl PostgresStore {
                     seq: (seq + ord).max(0).unsigned_abs(),
                     chat: item.chat.clone(),
                     message: item.message.clone(),
-                    state: InboxState::Pending,
+                    state: if paused.contains(&item.key) {
+                        InboxState::Paused
+                    } else {
+                        InboxState::Pending
+                    },
                     error: None,
                     received_at_ms: now,
                 })
@@ -527,6 +560,7 @@ impl PostgresStore {
             state: r.get(8),
             sent: r.get(9),
             held_until_ms: r.get(10),
+            paused: r.get(12),
         };
         Ok((new, Some(view)))
     }
@@ -817,7 +851,7 @@ impl Store for PostgresStore {
         items: &[InboxItem],
         fence: Option<Fence>,
         view: Option<usize>,
-    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+    ) -> Result<(Vec<crate::Journaled>, Option<TurnView>)> {
         let Some(fence) = fence else {
             return self.journal_unfenced(bot, items, view).await;
         };
@@ -869,7 +903,7 @@ impl Store for PostgresStore {
                 "WITH sent AS (DELETE FROM outbox WHERE sent_at_ms < $1), \
              old_refs AS (DELETE FROM refs WHERE expires_at_ms <= $3) \
              DELETE FROM inbox WHERE ((state = 'done' AND finished_at_ms < $1) \
-             OR (state = 'undeliverable' AND finished_at_ms < $2)) \
+             OR (state IN ('undeliverable', 'paused') AND finished_at_ms < $2)) \
              AND (substr(key, 1, 5) <> 'send:' OR finished_at_ms < $4)",
                 &[
                     &done_before_ms,
@@ -1028,7 +1062,14 @@ impl Store for PostgresStore {
         let r = c
             .query_one(
                 crate::schema::TURN_VIEW,
-                &[&bot.as_str(), &key, &chat, &reply],
+                &[
+                    &bot.as_str(),
+                    &key,
+                    &chat,
+                    &reply,
+                    &bot.base(),
+                    &botfleet_core::unix_ms(),
+                ],
             )
             .await
             .map_err(db("read a turn"))?;
@@ -1057,6 +1098,7 @@ impl Store for PostgresStore {
             state: r.get(7),
             sent: r.get(8),
             held_until_ms: r.get(9),
+            paused: r.get(10),
         })
     }
 
@@ -1206,6 +1248,91 @@ impl Store for PostgresStore {
                 body: r.get(1),
                 last: r.get(2),
                 posted_at_ms: r.get(3),
+            })
+            .collect())
+    }
+
+    async fn chat_pause(&self, bot: &BotId, pause: &crate::ChatPause) -> Result<()> {
+        let c = self.client().await?;
+        c.execute(
+            crate::schema::PAUSE_PUT,
+            &[
+                &bot.base(),
+                &pause.chat,
+                &pause.until_ms,
+                &pause.reason,
+                &pause.paused_at_ms,
+            ],
+        )
+        .await
+        .map_err(db("pause a chat"))?;
+        Ok(())
+    }
+
+    async fn chat_resume(&self, bot: &BotId, chat: &str, replay: bool) -> Result<crate::Resumed> {
+        let c = self.client().await?;
+        let base = bot.base();
+        // One statement: the pause goes, and with a replay its entries come back, at once.
+        let r = c
+            .query_one(
+                "WITH d AS (DELETE FROM chat_pauses WHERE bot_id = $1 AND chat = $2 \
+                   RETURNING until_ms, reason, paused_at_ms), \
+                 r AS (UPDATE inbox SET state = 'pending', finished_at_ms = NULL \
+                   WHERE $3 AND (bot_id = $1 OR (bot_id >= $4 AND bot_id < $5)) AND chat = $2 \
+                   AND state = 'paused' AND finished_at_ms >= (SELECT paused_at_ms FROM d) \
+                   RETURNING bot_id, key, seq) \
+                 SELECT (SELECT until_ms FROM d), (SELECT reason FROM d), \
+                 (SELECT paused_at_ms FROM d), ARRAY(SELECT bot_id FROM r ORDER BY seq), \
+                 ARRAY(SELECT key FROM r ORDER BY seq)",
+                &[
+                    &base,
+                    &chat,
+                    &replay,
+                    &format!("{base}#"),
+                    &format!("{base}$"),
+                ],
+            )
+            .await
+            .map_err(db("resume a chat"))?;
+        let now = botfleet_core::unix_ms();
+        let pause = r
+            .get::<_, Option<i64>>(2)
+            .map(|paused_at_ms| crate::ChatPause {
+                chat: chat.to_owned(),
+                until_ms: r.get(0),
+                reason: r.get(1),
+                paused_at_ms,
+            });
+        let units: Vec<String> = r.get(3);
+        let keys: Vec<String> = r.get(4);
+        let replayed = units
+            .into_iter()
+            .zip(keys)
+            .map(|(u, k)| BotId::new(u).map(|u| (u, k)))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| StoreError::backend("resume a chat", e))?;
+        Ok(crate::Resumed {
+            pause: pause.filter(|p| p.in_effect(now)),
+            replayed,
+        })
+    }
+
+    async fn chat_pauses(&self, bot: &BotId) -> Result<Vec<crate::ChatPause>> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                crate::schema::PAUSES_LIST,
+                &[&bot.base(), &botfleet_core::unix_ms()],
+            )
+            .await
+            .map_err(db("read paused chats"))?;
+        Ok(rows
+            .iter()
+            .map(|r| crate::ChatPause {
+                chat: r.get(0),
+                until_ms: r.get(1),
+                reason: r.get(2),
+                paused_at_ms: r.get(3),
             })
             .collect())
     }

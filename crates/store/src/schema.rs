@@ -130,7 +130,52 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         UNIQUE (bot_id, entry, post_key)
     );
     CREATE INDEX replies_by_time ON replies (posted_at_ms);",
+    // 15: chats handed to a person. A chat's pause (the bot's own id: every slice of it;
+    // `until_ms` NULL until it is lifted), read by every journal write and turn; the entries
+    // recorded paused, found by chat to replay.
+    "CREATE TABLE chat_pauses (
+        bot_id TEXT NOT NULL,
+        chat TEXT NOT NULL,
+        until_ms BIGINT,
+        reason TEXT,
+        paused_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (bot_id, chat)
+    );
+    CREATE INDEX inbox_paused ON inbox (bot_id, chat, seq) WHERE state = 'paused';",
 ];
+
+/// Whether the chat of an item (`{chat}`, its key `{key}`) is paused now: `$B` the bot's own
+/// id, `$T` now (unix ms). A send from the backend never is.
+pub(crate) fn paused_now(bot: &str, now: &str, chat: &str, key: &str) -> String {
+    format!(
+        "(substr({key}, 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p \
+         WHERE p.bot_id = {bot} AND p.chat = {chat} AND (p.until_ms IS NULL OR p.until_ms > {now})))"
+    )
+}
+
+/// Pauses a chat (`$1` the bot's own id, `$2` chat, `$3` until, `$4` reason, `$5` now); paused
+/// again while paused, it keeps the time it began.
+pub(crate) const PAUSE_PUT: &str =
+    "INSERT INTO chat_pauses (bot_id, chat, until_ms, reason, paused_at_ms) \
+     VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (bot_id, chat) DO UPDATE SET until_ms = excluded.until_ms, \
+     reason = excluded.reason, paused_at_ms = CASE WHEN chat_pauses.until_ms IS NULL \
+     OR chat_pauses.until_ms > excluded.paused_at_ms THEN chat_pauses.paused_at_ms \
+     ELSE excluded.paused_at_ms END";
+
+/// Lifts a chat's pause (`$1` the bot's own id, `$2` chat); answers the pause lifted.
+pub(crate) const PAUSE_DELETE: &str = "DELETE FROM chat_pauses WHERE bot_id = $1 AND chat = $2 \
+     RETURNING until_ms, reason, paused_at_ms";
+
+/// Makes a chat's entries that ended paused since `$3` pending again (`$1` the bot's own id,
+/// `$2` chat, `$4`/`$5` the bounds of its slices' ids: `id#` and `id$`); answers them.
+pub(crate) const PAUSED_REPLAY: &str = "UPDATE inbox SET state = 'pending', finished_at_ms = NULL \
+     WHERE (bot_id = $1 OR (bot_id >= $4 AND bot_id < $5)) AND chat = $2 \
+     AND state = 'paused' AND finished_at_ms >= $3 RETURNING bot_id, key, seq";
+
+/// The bot's chats paused now (`$1` the bot's own id, `$2` now).
+pub(crate) const PAUSES_LIST: &str = "SELECT chat, until_ms, reason, paused_at_ms \
+     FROM chat_pauses WHERE bot_id = $1 AND (until_ms IS NULL OR until_ms > $2) ORDER BY chat";
 
 /// Holds an entry's turn (`$1` bot, `$2` entry key, `$3` chat, `$4` fence, `$5` until, `$6`
 /// whether the bot's claim holds the turn): the first hold's expiry stays. Answers the
@@ -263,11 +308,13 @@ pub(crate) const TURN_ACCEPT: &str =
      ON CONFLICT (bot_id, chat) DO UPDATE SET fence = excluded.fence \
      WHERE chat_state.fence <= excluded.fence";
 
-/// What a turn starts from (`$1` bot, `$2` entry key, `$3` chat, `$4` reply key).
+/// What a turn starts from (`$1` bot, `$2` entry key, `$3` chat, `$4` reply key, `$5` the
+/// bot's own id, `$6` now).
 pub(crate) const TURN_VIEW: &str =
     "SELECT i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
      s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $4), \
-     i.held_until_ms \
+     i.held_until_ms, EXISTS (SELECT 1 FROM chat_pauses p WHERE p.bot_id = $5 AND p.chat = $3 \
+     AND (p.until_ms IS NULL OR p.until_ms > $6)) \
      FROM (SELECT 1 AS one) AS one \
      LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $2 \
      LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $3";

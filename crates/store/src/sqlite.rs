@@ -812,7 +812,7 @@ impl Store for SqliteStore {
         items: &[InboxItem],
         fence: Option<Fence>,
         view: Option<usize>,
-    ) -> Result<(Vec<bool>, Option<TurnView>)> {
+    ) -> Result<(Vec<crate::Journaled>, Option<TurnView>)> {
         let (bot, items) = (bot.clone(), items.to_vec());
         self.with("journal", move |c| {
             let fail = |e| StoreError::backend("journal", e);
@@ -843,6 +843,105 @@ impl Store for SqliteStore {
         let (bot, key, chat) = (bot.clone(), key.to_owned(), chat.to_owned());
         self.read("read a turn", move |c| turn_view_on(c, &bot, &key, &chat))
             .await
+    }
+
+    async fn chat_pause(&self, bot: &BotId, pause: &crate::ChatPause) -> Result<()> {
+        let (bot, p) = (bot.base().to_owned(), pause.clone());
+        self.with("pause a chat", move |c| {
+            c.execute(
+                &crate::schema::PAUSE_PUT.replace('$', "?"),
+                params![bot, p.chat, p.until_ms, p.reason, p.paused_at_ms],
+            )
+            .map_err(|e| StoreError::backend("pause a chat", e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn chat_resume(&self, bot: &BotId, chat: &str, replay: bool) -> Result<crate::Resumed> {
+        let (bot, chat) = (bot.base().to_owned(), chat.to_owned());
+        self.with("resume a chat", move |c| {
+            let fail = |e| StoreError::backend("resume a chat", e);
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(fail)?;
+            let pause = tx
+                .query_row(
+                    &crate::schema::PAUSE_DELETE.replace('$', "?"),
+                    params![bot, chat],
+                    |r| {
+                        Ok(crate::ChatPause {
+                            chat: chat.clone(),
+                            until_ms: r.get(0)?,
+                            reason: r.get(1)?,
+                            paused_at_ms: r.get(2)?,
+                        })
+                    },
+                )
+                .optional()
+                .map_err(fail)?;
+            let mut replayed = Vec::new();
+            if let Some(p) = pause.as_ref().filter(|_| replay) {
+                let mut st = tx
+                    .prepare(&crate::schema::PAUSED_REPLAY.replace('$', "?"))
+                    .map_err(fail)?;
+                let rows = st
+                    .query_map(
+                        params![
+                            bot,
+                            chat,
+                            p.paused_at_ms,
+                            format!("{bot}#"),
+                            format!("{bot}$")
+                        ],
+                        |r| {
+                            Ok((
+                                r.get::<_, i64>(2)?,
+                                r.get::<_, String>(0)?,
+                                r.get::<_, String>(1)?,
+                            ))
+                        },
+                    )
+                    .map_err(fail)?;
+                for r in rows {
+                    replayed.push(r.map_err(fail)?);
+                }
+            }
+            tx.commit().map_err(fail)?;
+            replayed.sort();
+            let now = botfleet_core::unix_ms();
+            Ok(crate::Resumed {
+                pause: pause.filter(|p| p.in_effect(now)),
+                replayed: replayed
+                    .into_iter()
+                    .map(|(_, u, k)| BotId::new(u).map(|u| (u, k)))
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| StoreError::backend("resume a chat", e))?,
+            })
+        })
+        .await
+    }
+
+    async fn chat_pauses(&self, bot: &BotId) -> Result<Vec<crate::ChatPause>> {
+        let bot = bot.base().to_owned();
+        self.read("read paused chats", move |c| {
+            let fail = |e| StoreError::backend("read paused chats", e);
+            let mut st = c
+                .prepare_cached(&crate::schema::PAUSES_LIST.replace('$', "?"))
+                .map_err(fail)?;
+            let rows = st
+                .query_map(params![bot, botfleet_core::unix_ms()], |r| {
+                    Ok(crate::ChatPause {
+                        chat: r.get(0)?,
+                        until_ms: r.get(1)?,
+                        reason: r.get(2)?,
+                        paused_at_ms: r.get(3)?,
+                    })
+                })
+                .map_err(fail)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+        })
+        .await
     }
 
     async fn turn_accept(&self, bot: &BotId, chat: &str, fence: Fence) -> Result<()> {
@@ -1216,7 +1315,7 @@ impl Store for SqliteStore {
         self.with("prune inbox", move |c| {
             c.execute(
                 "DELETE FROM inbox WHERE ((state = 'done' AND finished_at_ms < ?1) \
-                 OR (state = 'undeliverable' AND finished_at_ms < ?2)) \
+                 OR (state IN ('undeliverable', 'paused') AND finished_at_ms < ?2)) \
                  AND (substr(key, 1, 5) <> 'send:' OR finished_at_ms < ?3)",
                 params![
                     done_before_ms,
@@ -1322,28 +1421,33 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
     let mut st = c
         .prepare_cached(&crate::schema::TURN_VIEW.replace('$', "?"))
         .map_err(fail)?;
-    let (row, revision, state, sent, held_until_ms) = st
-        .query_row(params![bot.as_str(), key, chat, reply], |r| {
-            let row = match r.get::<_, Option<i64>>(0)? {
-                Some(seq) => Some(InboxRow {
-                    key: key.to_owned(),
-                    seq,
-                    chat: r.get(1)?,
-                    message: r.get(2)?,
-                    state: r.get(3)?,
-                    error: r.get(4)?,
-                    received_at_ms: r.get(5)?,
-                }),
-                None => None,
-            };
-            Ok((
-                row,
-                r.get::<_, Option<i64>>(6)?,
-                r.get::<_, Option<String>>(7)?,
-                r.get::<_, bool>(8)?,
-                r.get::<_, Option<i64>>(9)?,
-            ))
-        })
+    let now = botfleet_core::unix_ms();
+    let (row, revision, state, sent, held_until_ms, paused) = st
+        .query_row(
+            params![bot.as_str(), key, chat, reply, bot.base(), now],
+            |r| {
+                let row = match r.get::<_, Option<i64>>(0)? {
+                    Some(seq) => Some(InboxRow {
+                        key: key.to_owned(),
+                        seq,
+                        chat: r.get(1)?,
+                        message: r.get(2)?,
+                        state: r.get(3)?,
+                        error: r.get(4)?,
+                        received_at_ms: r.get(5)?,
+                    }),
+                    None => None,
+                };
+                Ok((
+                    row,
+                    r.get::<_, Option<i64>>(6)?,
+                    r.get::<_, Option<String>>(7)?,
+                    r.get::<_, bool>(8)?,
+                    r.get::<_, Option<i64>>(9)?,
+                    r.get::<_, bool>(10)?,
+                ))
+            },
+        )
         .map_err(fail)?;
     Ok(TurnView {
         entry: row.map(|r| r.into_entry(bot)).transpose()?,
@@ -1351,43 +1455,57 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
         revision: revision.unwrap_or(0).max(0).unsigned_abs(),
         sent,
         held_until_ms,
+        paused,
     })
 }
 
 /// Inserts the items not recorded before, the first at `seq`, the next one up after each
-/// new one; answers which were new.
+/// new one, an event of a paused chat as paused; answers what became of each.
 fn insert_inbox(
     tx: &rusqlite::Transaction<'_>,
     bot: &BotId,
     items: &[InboxItem],
     mut seq: i64,
     op: &'static str,
-) -> Result<Vec<bool>> {
+) -> Result<Vec<crate::Journaled>> {
     let fail = |e| StoreError::backend(op, e);
     let now = botfleet_core::unix_ms();
+    let paused = crate::schema::paused_now("?7", "?6", "?4", "?2");
+    // (`WHERE true`: an INSERT … SELECT with an upsert clause needs a WHERE to parse.)
     let mut st = tx
-        .prepare_cached(
-            "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6) ON CONFLICT DO NOTHING",
-        )
+        .prepare_cached(&format!(
+            "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
+             SELECT ?1, ?2, ?3, ?4, ?5, CASE WHEN p THEN 'paused' ELSE 'pending' END, ?6, \
+             CASE WHEN p THEN ?6 END FROM (SELECT {paused} AS p) WHERE true \
+             ON CONFLICT DO NOTHING RETURNING state"
+        ))
         .map_err(fail)?;
     let mut out = Vec::with_capacity(items.len());
     for item in items {
-        let new = st
-            .execute(params![
+        let mut rows = st
+            .query(params![
                 bot.as_str(),
                 item.key,
                 seq,
                 item.chat,
                 item.message,
-                now
+                now,
+                bot.base()
             ])
-            .map_err(fail)?
-            > 0;
-        if new {
+            .map_err(fail)?;
+        let state: Option<String> = match rows.next().map_err(fail)? {
+            Some(r) => Some(r.get(0).map_err(fail)?),
+            None => None,
+        };
+        let done = match state.as_deref() {
+            None => crate::Journaled::Known,
+            Some("paused") => crate::Journaled::Paused,
+            Some(_) => crate::Journaled::New,
+        };
+        if done != crate::Journaled::Known {
             seq += 1;
         }
-        out.push(new);
+        out.push(done);
     }
     Ok(out)
 }

@@ -256,8 +256,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         Ok(0)
     }
 
-    /// Journals what `bot` received, each item once, in order: answers per item whether it
-    /// is new (a key recorded before is a redelivery and is left as it is) and, when `view`
+    /// Journals what `bot` received, each item once, in order: answers per item what became
+    /// of it ([`Journaled`](crate::Journaled): a key recorded before is a redelivery and is
+    /// left as it is; an event of a chat paused now, see [`Store::chat_pause`], is recorded
+    /// [`Paused`](crate::InboxState::Paused) in the same write) and, when `view`
     /// names one of the items, the [`TurnView`] of that item — what a worker that already
     /// holds its chat's turn starts from — in the same call (one round trip where the backend
     /// can).
@@ -277,7 +279,33 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         items: &[InboxItem],
         fence: Option<Fence>,
         view: Option<usize>,
-    ) -> Result<(Vec<bool>, Option<TurnView>)>;
+    ) -> Result<(Vec<crate::Journaled>, Option<TurnView>)>;
+
+    /// Pauses `chat` of the bot `bot` (its own id, for every slice of it): from now on the
+    /// events of the chat journaled on any worker are recorded
+    /// [`Paused`](crate::InboxState::Paused) and no turn answers them, and a turn that reads
+    /// the chat paused ([`TurnView::paused`]) ends its event so instead of calling the
+    /// handler. Sends from the backend are not paused. A pause given again replaces the one in
+    /// effect.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn chat_pause(&self, bot: &BotId, pause: &crate::ChatPause) -> Result<()>;
+
+    /// Lifts the pause of `chat` of the bot `bot`. With `replay`, the chat's entries that
+    /// ended [`Paused`](crate::InboxState::Paused) since the pause began (of every slice of the
+    /// bot) are made pending again, for turns to answer in the order they came.
+    ///
+    /// # Errors
+    /// Backend failures (then the pause may or may not have been lifted: lift it again).
+    async fn chat_resume(&self, bot: &BotId, chat: &str, replay: bool) -> Result<crate::Resumed>;
+
+    /// The bot's chats paused now, in chat order (pauses that ended by themselves are not
+    /// listed).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn chat_pauses(&self, bot: &BotId) -> Result<Vec<crate::ChatPause>>;
 
     /// What a turn on the entry `key` of `chat` starts from (see [`TurnView`]), in one call.
     /// The entry is found by its key alone (`chat` selects the state).

@@ -23,6 +23,9 @@ pub struct TurnView {
     /// When the entry's turn is held open for an answer that comes later: unix ms when the
     /// hold expires (see [`Store::turn_hold`](crate::Store::turn_hold)).
     pub held_until_ms: Option<i64>,
+    /// Whether the chat is paused now ([`ChatPause`](crate::ChatPause)): an event's turn
+    /// records its entry [`Paused`](crate::InboxState::Paused) instead of answering it.
+    pub paused: bool,
 }
 
 /// Who holds a chat's turn, and so what fences the turn's writes.
@@ -109,6 +112,7 @@ impl TurnRecord {
         match &self.outcome {
             InboxOutcome::Done => self.notes.clone(),
             InboxOutcome::Undeliverable(why) => Some(why.clone()),
+            InboxOutcome::Paused => None,
         }
     }
 }
@@ -158,6 +162,7 @@ pub(crate) fn outcome_parts(o: &InboxOutcome) -> (&'static str, Option<String>) 
     match o {
         InboxOutcome::Done => ("done", None),
         InboxOutcome::Undeliverable(why) => ("undeliverable", Some(why.clone())),
+        InboxOutcome::Paused => ("paused", None),
     }
 }
 

@@ -5,7 +5,8 @@ use std::{future::Future, sync::Arc};
 
 use botfleet_core::{BotId, BotSpec, BotStatus, Fence, HandlerSpec, Platform, Secret};
 use botfleet_store::{
-    BotFilter, InboxItem, InboxOutcome, InboxState, InboxStats, StatusReport, Store, StoreError,
+    BotFilter, ChatPause, InboxItem, InboxOutcome, InboxState, InboxStats, Journaled, StatusReport,
+    Store, StoreError,
 };
 
 use crate::coord_suite::bid;
@@ -459,11 +460,20 @@ async fn put(s: &Arc<dyn Store>, bot: &BotId, items: &[InboxItem], fence: u64) -
         .await
         .unwrap()
         .0
+        .iter()
+        .map(|j| j.is_new())
+        .collect()
 }
 
 /// Journals `items` as a webhook delivery (unfenced); answers which were new.
 async fn hook_put(s: &Arc<dyn Store>, bot: &BotId, items: &[InboxItem]) -> Vec<bool> {
-    s.journal_put(bot, items, None, None).await.unwrap().0
+    s.journal_put(bot, items, None, None)
+        .await
+        .unwrap()
+        .0
+        .iter()
+        .map(|j| j.is_new())
+        .collect()
 }
 
 /// Ends the entry `key` under the unit's claim `fence`.
@@ -1071,7 +1081,7 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
         .journal_put(&bot, &[item("a1", "c1")], None, Some(0))
         .await
         .unwrap();
-    assert_eq!(new, [true]);
+    assert_eq!(new, [Journaled::New]);
     let v = v.unwrap();
     let e = v.entry.unwrap();
     assert_eq!(
@@ -1094,7 +1104,7 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
         .journal_put(&bot, &[item("a1", "c1")], None, Some(0))
         .await
         .unwrap();
-    assert_eq!(new, [false]);
+    assert_eq!(new, [Journaled::Known]);
     let v = v.unwrap();
     assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Done));
     assert_eq!(
@@ -1106,7 +1116,7 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
         .journal_put(&bot, &[item("a2", "c1"), item("a3", "c2")], None, Some(0))
         .await
         .unwrap();
-    assert_eq!(new, [true, true]);
+    assert_eq!(new, [Journaled::New, Journaled::New]);
     let v = v.unwrap();
     assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
     assert_eq!((v.revision, v.sent), (1, false));
@@ -1115,12 +1125,12 @@ pub async fn journal_and_view_in_one_call(s: Arc<dyn Store>) {
         .journal_put(&bot, &[item("a4", "c1")], None, None)
         .await
         .unwrap();
-    assert_eq!((new, v), (vec![true], None));
+    assert_eq!((new, v), (vec![Journaled::New], None));
     let (new, v) = s
         .journal_put(&bot, &[item("a5", "c1")], Some(Fence(1)), Some(0))
         .await
         .unwrap();
-    assert_eq!(new, [true]);
+    assert_eq!(new, [Journaled::New]);
     let v = v.unwrap();
     assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
     assert_eq!(v.revision, 1);
@@ -1648,6 +1658,153 @@ pub async fn fleet_secrets_are_made_once_and_shared(s: Arc<dyn Store>) {
     );
 }
 
+/// A pause of a chat, from `paused_at_ms`, until it is lifted or `until_ms`.
+fn pause(chat: &str, until_ms: Option<i64>, reason: &str, paused_at_ms: i64) -> ChatPause {
+    ChatPause {
+        chat: chat.into(),
+        until_ms,
+        reason: Some(reason.into()),
+        paused_at_ms,
+    }
+}
+
+/// The keys of the bot's pending entries, oldest first.
+async fn pending_keys(s: &Arc<dyn Store>, bot: &BotId) -> Vec<String> {
+    s.inbox_pending(bot, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.key)
+        .collect()
+}
+
+/// A paused chat's events are journaled paused (under a claim, as webhook deliveries, on
+/// every slice of the bot) and sends from the backend are not; a turn reads the chat paused
+/// and may end an earlier entry so; a pause given again keeps when it began; a timed pause
+/// ends by itself; a resume with a replay makes what ended paused during the pause pending
+/// again in order, one without leaves it; paused entries are kept as long as undeliverable
+/// ones.
+pub async fn paused_chats_are_recorded_not_answered(s: Arc<dyn Store>) {
+    use Journaled::{Known, New, Paused};
+    let bot = bid("desk");
+    let unit = bot.slice(1);
+    let journal = |items: Vec<InboxItem>, fence: Option<u64>| {
+        let (s, bot) = (s.clone(), bot.clone());
+        async move {
+            s.journal_put(&bot, &items, fence.map(Fence), None)
+                .await
+                .unwrap()
+                .0
+        }
+    };
+    assert_eq!(journal(vec![item("e0", "c1")], Some(1)).await, [New]);
+    let began = botfleet_core::unix_ms();
+    s.chat_pause(&bot, &pause("c1", None, "a person answers", began))
+        .await
+        .unwrap();
+    let send = InboxItem {
+        key: botfleet_store::send_key("desk-1"),
+        ..item("s1", "c1")
+    };
+    assert_eq!(
+        journal(
+            vec![
+                item("e1", "c1"),
+                item("e2", "c2"),
+                send.clone(),
+                item("e0", "c1")
+            ],
+            Some(1)
+        )
+        .await,
+        [Paused, New, New, Known]
+    );
+    // A webhook delivery, with its view read in the same call.
+    let (got, v) = s
+        .journal_put(&bot, &[item("e3", "c1")], None, Some(0))
+        .await
+        .unwrap();
+    assert_eq!(got, [Paused]);
+    let v = v.unwrap();
+    assert!(v.paused);
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Paused));
+    // A slice of the bot: its chats are the bot's.
+    let (got, _) = s
+        .journal_put(&unit, &[item("e4", "c1")], None, None)
+        .await
+        .unwrap();
+    assert_eq!(got, [Paused]);
+    // The entry recorded before the pause: a turn reads the chat paused and ends it so.
+    let v = s.turn_view(&bot, "e0", "c1").await.unwrap();
+    assert!(v.paused);
+    assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
+    assert!(!s.turn_view(&bot, "e2", "c2").await.unwrap().paused);
+    end(&s, &bot, "e0", InboxOutcome::Paused, 1).await.unwrap();
+    let e0 = s.inbox_entry(&bot, "e0").await.unwrap().unwrap();
+    assert_eq!((e0.state, e0.error), (InboxState::Paused, None));
+    assert_eq!(
+        pending_keys(&s, &bot).await,
+        ["e2".to_owned(), send.key.clone()]
+    );
+    assert!(pending_keys(&s, &unit).await.is_empty());
+    // Listed for the bot and its slices alike; paused again, it keeps when it began.
+    s.chat_pause(&bot, &pause("c1", None, "still", began + 5))
+        .await
+        .unwrap();
+    let listed = s.chat_pauses(&unit).await.unwrap();
+    assert_eq!(listed, [pause("c1", None, "still", began)]);
+    // A pause whose time is up is over: not listed, its chat's events are answered.
+    s.chat_pause(&bot, &pause("c3", Some(began - 1), "over", began - 10))
+        .await
+        .unwrap();
+    assert_eq!(journal(vec![item("e5", "c3")], Some(1)).await, [New]);
+    assert_eq!(s.chat_pauses(&bot).await.unwrap().len(), 1);
+    // A chat never paused: nothing to resume.
+    let r = s.chat_resume(&bot, "c2", true).await.unwrap();
+    assert_eq!((r.pause, r.replayed.len()), (None, 0));
+    // Resumed with a replay: what ended paused comes back pending, in the order it came.
+    let r = s.chat_resume(&bot, "c1", true).await.unwrap();
+    assert_eq!(r.pause, Some(pause("c1", None, "still", began)));
+    assert_eq!(
+        r.replayed,
+        [
+            (bot.clone(), "e0".to_owned()),
+            (bot.clone(), "e1".to_owned()),
+            (bot.clone(), "e3".to_owned()),
+            (unit.clone(), "e4".to_owned()),
+        ]
+    );
+    let pending = pending_keys(&s, &bot).await;
+    assert!(
+        ["e0", "e1", "e3"]
+            .iter()
+            .all(|k| pending.iter().any(|p| p == k)),
+        "{pending:?}"
+    );
+    assert_eq!(pending_keys(&s, &unit).await, ["e4"]);
+    assert!(s.chat_pauses(&bot).await.unwrap().is_empty());
+    assert_eq!(journal(vec![item("e6", "c1")], Some(1)).await, [New]);
+    assert!(!s.turn_view(&bot, "e6", "c1").await.unwrap().paused);
+    // Resumed without a replay: what was recorded paused stays so.
+    let again = botfleet_core::unix_ms();
+    s.chat_pause(&bot, &pause("c1", Some(again + 3_600_000), "later", again))
+        .await
+        .unwrap();
+    assert_eq!(journal(vec![item("e7", "c1")], Some(1)).await, [Paused]);
+    let r = s.chat_resume(&bot, "c1", false).await.unwrap();
+    assert_eq!(r.pause.map(|p| p.until_ms), Some(Some(again + 3_600_000)));
+    assert!(r.replayed.is_empty());
+    assert_eq!(
+        s.inbox_entry(&bot, "e7").await.unwrap().map(|e| e.state),
+        Some(InboxState::Paused)
+    );
+    // Kept as long as undeliverable entries, not as done ones.
+    s.inbox_prune(i64::MAX, 0).await.unwrap();
+    assert!(s.inbox_entry(&bot, "e7").await.unwrap().is_some());
+    s.inbox_prune(i64::MAX, i64::MAX).await.unwrap();
+    assert!(s.inbox_entry(&bot, "e7").await.unwrap().is_none());
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -1686,6 +1843,7 @@ macro_rules! store_conformance {
             fleet_secrets_are_made_once_and_shared,
             held_turns_take_posted_parts_once_in_order,
             parts_posted_at_once_are_each_kept_once,
+            paused_chats_are_recorded_not_answered,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
