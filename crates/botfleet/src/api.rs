@@ -607,6 +607,7 @@ fn post_reply() {}
         get_message,
         crate::desk::pause_chat,
         crate::desk::resume_chat,
+        crate::desk::list_chats,
         import_bots,
         fleet,
         events,
@@ -624,6 +625,7 @@ fn post_reply() {}
         crate::desk::PauseRequest,
         crate::desk::ResumeRequest,
         crate::desk::ChatPauseView,
+        crate::desk::ChatList,
         BotLine,
         BotPatch,
         BotChanged,
@@ -981,6 +983,7 @@ pub(crate) fn routes(state: ApiState) -> Router {
         .route("/bots/{id}/restart", post(restart_bot))
         .route("/bots/{id}/messages", post(send_message))
         .route("/bots/{id}/messages/{msg}", get(get_message))
+        .route("/bots/{id}/chats", get(crate::desk::list_chats))
         .route(
             "/bots/{id}/chats/{chat}/pause",
             post(crate::desk::pause_chat),

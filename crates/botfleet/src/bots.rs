@@ -498,7 +498,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>5} {:>13} {:<14} LAST ERROR",
+                    "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>5} {:>6} {:>13} {:<14} LAST ERROR",
                     "ID",
                     "PLATFORM",
                     "ENABLED",
@@ -506,6 +506,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                     "OWNER",
                     "PENDING",
                     "HELD",
+                    "PAUSED",
                     "UNDELIVERABLE",
                     "SHARDS"
                 );
@@ -518,7 +519,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                         r["status"].as_str().unwrap_or_default()
                     };
                     println!(
-                        "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>5} {:>13} {:<14} {}",
+                        "{:<24} {:<9} {:<7} {:<8} {:<20} {:>7} {:>5} {:>6} {:>13} {:<14} {}",
                         r["id"].as_str().unwrap_or_default(),
                         r["platform"].as_str().unwrap_or_default(),
                         r["enabled"].to_string(),
@@ -526,6 +527,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
                         r["owner"].as_str().unwrap_or("-"),
                         r["pending"],
                         r["held"],
+                        r["paused_chats"],
                         r["undeliverable"],
                         shards_cell(&r),
                         r["last_error"].as_str().unwrap_or(""),
@@ -588,7 +590,7 @@ pub(crate) async fn run(cmd: BotsCommand) -> anyhow::Result<ExitCode> {
 
 /// An id as one URL path segment (ids are letters, digits and `- _ . @`; anything else is
 /// escaped so the API refuses it as an id, not as a route).
-fn path_segment(id: &str) -> String {
+pub(crate) fn path_segment(id: &str) -> String {
     id.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-_.@".contains(&b) {

@@ -6,14 +6,14 @@
 
 use axum::{
     body::Bytes,
-    extract::{Path, State},
+    extract::{Path, Query, State},
     http::StatusCode,
     Json,
 };
 use botfleet_core::BotId;
 use botfleet_store::{ChatPause, MAX_PAUSE_REASON};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::api::{chat_fits, utf8, ApiError, ApiResult, ApiState};
 
@@ -194,5 +194,67 @@ pub(crate) async fn resume_chat(
         paused_at_ms: r.pause.as_ref().map(|p| p.paused_at_ms),
         was_paused: Some(r.pause.is_some()),
         replayed: Some(r.replayed.len()),
+    }))
+}
+
+/// Which chats `GET /api/v1/bots/{id}/chats` lists.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct ChatsQuery {
+    /// `true`: the chats paused now (the only listing there is).
+    #[serde(default)]
+    paused: Option<bool>,
+}
+
+/// The bot's chats paused now, in chat order.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ChatList {
+    chats: Vec<ChatPauseView>,
+}
+
+#[utoipa::path(get, path = "/api/v1/bots/{id}/chats",
+    params(("id" = String, Path), ChatsQuery),
+    responses((status = 200, description = "The chats paused now", body = ChatList),
+              (status = 400, description = "`invalid`: without `paused=true`", body = ApiError),
+              (status = 404, body = ApiError),
+              (status = 503, body = ApiError)))]
+pub(crate) async fn list_chats(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(q): Query<ChatsQuery>,
+) -> ApiResult<Json<ChatList>> {
+    if q.paused != Some(true) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "list the paused chats with `?paused=true` (a bot's other chats are not listed)",
+        ));
+    }
+    let rec = s.registry.get(&id).await?;
+    let pauses = s
+        .registry
+        .store
+        .chat_pauses(&rec.spec.id)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_failed",
+                e.to_string(),
+            )
+        })?;
+    Ok(Json(ChatList {
+        chats: pauses
+            .into_iter()
+            .map(|p| ChatPauseView {
+                bot: id.clone(),
+                chat: p.chat,
+                paused: true,
+                until_ms: p.until_ms,
+                reason: p.reason,
+                paused_at_ms: Some(p.paused_at_ms),
+                was_paused: None,
+                replayed: None,
+            })
+            .collect(),
     }))
 }

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod api;
 mod bots;
+mod chats;
 mod common;
 mod config;
 mod demo;
@@ -61,6 +62,9 @@ enum Command {
     /// Send a message to a chat of a bot from the backend (through a worker's API): it goes
     /// out once, in the chat's turn.
     Send(send::SendArgs),
+    /// Hand a chat to a person and give it back (through a worker's API).
+    #[command(subcommand)]
+    Chats(chats::ChatsCommand),
     /// A self-contained show: fake Telegram, Slack and Discord servers, three workers, a few
     /// hundred bots of all three platforms, users writing; one worker is killed midway and
     /// another joins; then a report per platform.
@@ -117,6 +121,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Fleet(c) => fleet::run(c).await,
         Command::Secrets(c) => secrets::run(c).await,
         Command::Send(a) => send::run(a).await,
+        Command::Chats(c) => chats::run(c).await,
         Command::Demo(a) => demo::run(a).await,
         Command::Version => {
             println!("botfleet {}", env!("CARGO_PKG_VERSION"));

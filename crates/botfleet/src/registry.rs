@@ -118,6 +118,8 @@ pub(crate) struct BotView {
     /// Of the pending messages, those whose turn is held open for an answer that comes
     /// later (their handler answered 202).
     pub(crate) held: u64,
+    /// Its chats paused now (handed to a person).
+    pub(crate) paused_chats: u64,
     /// Messages given up on (handler or send failed past the retry time, or refused).
     pub(crate) undeliverable: u64,
     /// Its sends from the backend of the last 24 hours, by how they stand.
@@ -590,6 +592,7 @@ fn view(
         owner,
         pending: stats.map_or(0, |s| s.pending),
         held: stats.map_or(0, |s| s.held),
+        paused_chats: stats.map_or(0, |s| s.paused_chats),
         undeliverable: stats.map_or(0, |s| s.undeliverable),
         sends: stats.map(|s| s.sends).unwrap_or_default().into(),
         last_error: b.last_error,

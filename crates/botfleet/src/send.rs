@@ -13,7 +13,7 @@ use crate::common::Remote;
 
 /// Where the control API is when neither `--api-url` nor `BOTFLEET_API_URL` says (a worker's
 /// default `--http-addr`).
-const DEFAULT_API: &str = "http://127.0.0.1:8080";
+pub(crate) const DEFAULT_API: &str = "http://127.0.0.1:8080";
 
 /// How long `--wait` waits for the send to be sent or to fail.
 const WAIT: Duration = Duration::from_secs(60);

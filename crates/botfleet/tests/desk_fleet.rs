@@ -43,6 +43,34 @@ async fn call(http: &reqwest::Client, url: &str, path: &str, body: &str) -> (u16
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Runs `botfleet ARGS`: (exit code, standard output, standard error).
+async fn cli(args: Vec<String>) -> (i32, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_botfleet"))
+            .args(&args)
+            .env_remove("BOTFLEET_API_URL")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// `botfleet chats ARGS --api-url URL`, which must succeed: its standard output.
+async fn chats(url: &str, args: &[&str]) -> String {
+    let mut all: Vec<String> = vec!["chats".into()];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    all.extend(["--api-url".to_owned(), url.to_owned()]);
+    let (code, out, err) = cli(all).await;
+    assert_eq!(code, 0, "botfleet chats {args:?}: {out}{err}");
+    out
+}
+
 /// Events counted paused by both workers.
 async fn paused_count(http: &reqwest::Client, urls: &[String]) -> u64 {
     let mut n = 0;
@@ -259,22 +287,73 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
         logs,
     )
     .await;
-    let (status, v) = call(&http, &other, &resume, r#"{"replay": true}"#).await;
-    assert_eq!((status, &v["replayed"]), (200, &json!(2)), "{v}");
+    let out = chats(&other, &["resume", BOT, "100", "--replay"]).await;
+    assert_eq!(
+        out.trim(),
+        format!("resumed {BOT} 100: 2 message(s) replayed")
+    );
     sent_or("the replay answered", DESK, "re: p3").await;
     tg.user_writes(TOKEN, DESK, "after 2");
     sent_or("the next message answered", DESK, "re: after 2").await;
 
-    // A timed pause ends by itself.
-    let until = botfleet_core::unix_ms() + 2_000;
-    let (status, v) = call(
-        &http,
+    // A timed pause (through the CLI) ends by itself; while it lasts it is listed, and
+    // counted on the bot.
+    let before = botfleet_core::unix_ms();
+    let out = chats(
         &other,
-        &pause,
-        &json!({"until_ms": until, "reason": "lunch"}).to_string(),
+        &["pause", BOT, "100", "--for-s", "2", "--reason", "lunch"],
     )
     .await;
-    assert_eq!((status, &v["until_ms"]), (200, &json!(until)), "{v}");
+    assert!(
+        out.starts_with(&format!("paused {BOT} 100 until 20")),
+        "{out}"
+    );
+    let listed = chats(&own, &["list", BOT, "--json"]).await;
+    let listed: Vec<Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (&listed[0]["chat"], &listed[0]["reason"]),
+        (&json!("100"), &json!("lunch"))
+    );
+    let until = listed[0]["until_ms"].as_i64().unwrap();
+    assert!(
+        (before + 2_000..=botfleet_core::unix_ms() + 2_000).contains(&until),
+        "{until}"
+    );
+    let table = chats(&own, &["list", BOT]).await;
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("100 ") && l.ends_with("lunch")),
+        "{table}"
+    );
+    let (code, out, err) = cli(vec![
+        "bots".into(),
+        "list".into(),
+        "--json".into(),
+        "--api-url".into(),
+        own.clone(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let row: Value = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["id"] == BOT)
+        .unwrap();
+    assert_eq!(row["paused_chats"], 1, "{row}");
+    let (status, v) = call(&http, &other, &format!("/bots/{BOT}/chats"), "").await;
+    assert_eq!(status, 405, "{v}");
+    let r = http
+        .get(format!("{other}/api/v1/bots/{BOT}/chats"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
     tg.user_writes(TOKEN, DESK, "t1");
     wait_for_or(
         "t1 recorded paused",
@@ -316,8 +395,19 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     assert_eq!(sent_to(FREE), ["re: free 1"]);
 
     // The echo bot's paused chat: nothing echoed until it is resumed.
-    let echo_pause = format!("/bots/{ECHO}/chats/{ECHO_CHAT}/pause");
-    assert_eq!(call(&http, &other, &echo_pause, "").await.0, 200);
+    let out = chats(&other, &["pause", ECHO, "300"]).await;
+    assert_eq!(out.trim(), format!("paused {ECHO} 300 until resumed"));
+    let (code, _, err) = cli(vec![
+        "chats".into(),
+        "pause".into(),
+        ECHO.into(),
+        "300".into(),
+        "--for-s".into(),
+        "0".into(),
+    ])
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--for-s"), "{err}");
     tg.user_writes(ECHO_TOKEN, ECHO_CHAT, "e1");
     wait_for_or(
         "e1 recorded paused",
@@ -326,8 +416,13 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
         logs,
     )
     .await;
-    let echo_resume = format!("/bots/{ECHO}/chats/{ECHO_CHAT}/resume");
-    assert_eq!(call(&http, &own, &echo_resume, "").await.0, 200);
+    let out = chats(&own, &["resume", ECHO, "300"]).await;
+    assert_eq!(
+        out.trim(),
+        format!("resumed {ECHO} 300: 0 message(s) replayed")
+    );
+    let out = chats(&own, &["resume", ECHO, "300"]).await;
+    assert_eq!(out.trim(), format!("{ECHO} 300 was not paused"));
     tg.user_writes(ECHO_TOKEN, ECHO_CHAT, "e2");
     sent_or("the echo after the resume", ECHO_CHAT, "e2").await;
     assert_eq!(sent_to(ECHO_CHAT), ["e2"]);

@@ -130,22 +130,8 @@ fn unix_s(ts: &str) -> Option<i64> {
 /// The ISO 8601 UTC time Discord writes for unix `ms` (the fake's `edited_timestamp`).
 #[cfg(any(test, feature = "fake"))]
 pub fn iso_of_unix_ms(ms: i64) -> String {
-    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let (h, mi, s, us) = (
-        rest / 3_600_000,
-        rest / 60_000 % 60,
-        rest / 1_000 % 60,
-        rest % 1_000 * 1_000,
-    );
+    let (y, m, d, h, mi, s, milli) = botfleet_core::utc_of_unix_ms(ms);
+    let us = milli * 1_000;
     format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{us:06}+00:00")
 }
 

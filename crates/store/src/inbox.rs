@@ -164,6 +164,9 @@ pub struct InboxStats {
     pub undeliverable: u64,
     /// Pending entries whose turn is held open for an answer that comes later.
     pub held: u64,
+    /// The bot's chats paused now (counted under the bot's own id, not its slices'), see
+    /// [`ChatPause`](crate::ChatPause).
+    pub paused_chats: u64,
     /// The bot's sends from the backend kept now (each is kept [`SEND_KEEP_MS`] after it
     /// ends), by how they stand.
     pub sends: SendCounts,

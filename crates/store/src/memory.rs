@@ -356,6 +356,15 @@ impl Store for MemoryStore {
                 out.insert(bot.clone(), s);
             }
         }
+        let now = botfleet_core::unix_ms();
+        for ((bot, _), p) in &st.pauses {
+            if !p.in_effect(now) {
+                continue;
+            }
+            if let Ok(bot) = BotId::new(bot.clone()) {
+                out.entry(bot).or_default().paused_chats += 1;
+            }
+        }
         Ok(out)
     }
 

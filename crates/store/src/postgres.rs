@@ -886,7 +886,7 @@ impl Store for PostgresStore {
     async fn inbox_stats(&self) -> Result<HashMap<BotId, InboxStats>> {
         let c = self.client().await?;
         let rows = c
-            .query(crate::schema::INBOX_STATS, &[])
+            .query(crate::schema::INBOX_STATS, &[&botfleet_core::unix_ms()])
             .await
             .map_err(db("inbox stats"))?;
         stats_from_rows(

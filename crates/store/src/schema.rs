@@ -213,8 +213,8 @@ pub(crate) const REPLIES_PRUNE: &str =
      WHERE i.bot_id = replies.bot_id AND i.key = replies.entry AND i.state = 'pending')";
 
 /// Per bot and state, `(bot, state, is_send, count)`: the pending and undeliverable entries
-/// (`is_send` 0), the sends from the backend in every state (1, through `inbox_sends`), and
-/// the held turns (2, through `inbox_held`).
+/// (`is_send` 0), the sends from the backend in every state (1, through `inbox_sends`), the
+/// held turns (2, through `inbox_held`) and the chats paused at `$1` (3).
 pub(crate) const INBOX_STATS: &str =
     "SELECT bot_id, state, 0, COUNT(*) FROM inbox WHERE state IN ('pending', 'undeliverable') \
      GROUP BY bot_id, state \
@@ -223,7 +223,10 @@ pub(crate) const INBOX_STATS: &str =
      GROUP BY bot_id, state \
      UNION ALL \
      SELECT bot_id, 'held', 2, COUNT(*) FROM inbox WHERE state = 'pending' \
-     AND held_until_ms IS NOT NULL GROUP BY bot_id";
+     AND held_until_ms IS NOT NULL GROUP BY bot_id \
+     UNION ALL \
+     SELECT bot_id, 'paused', 3, COUNT(*) FROM chat_pauses \
+     WHERE until_ms IS NULL OR until_ms > $1 GROUP BY bot_id";
 
 /// Writes a turn's progress row (`$1` bot, `$2` progress key, `$3` fence, `$4` now, `$5` the
 /// progress).
@@ -559,6 +562,7 @@ pub(crate) fn stats_from_rows(
             (1, "done") => s.sends.sent = n,
             (1, "undeliverable") => s.sends.failed = n,
             (2, _) => s.held = n,
+            (3, _) => s.paused_chats = n,
             _ => {}
         }
     }

@@ -1298,10 +1298,12 @@ impl Store for SqliteStore {
         let rows: Vec<(String, String, i64, i64)> = self
             .read("inbox stats", |c| {
                 let mut st = c
-                    .prepare(crate::schema::INBOX_STATS)
+                    .prepare(&crate::schema::INBOX_STATS.replace('$', "?"))
                     .map_err(|e| StoreError::backend("inbox stats", e))?;
                 let rows = st
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .query_map([botfleet_core::unix_ms()], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })
                     .map_err(|e| StoreError::backend("inbox stats", e))?
                     .collect::<rusqlite::Result<Vec<_>>>()
                     .map_err(|e| StoreError::backend("inbox stats", e))?;

@@ -747,6 +747,7 @@ pub async fn sends_are_counted_per_bot_by_state(s: Arc<dyn Store>) {
             failed: 1,
         },
         held: 0,
+        paused_chats: 0,
     };
     assert_eq!(stats.get(&bot), Some(&want));
     assert_eq!(stats.get(&quiet), None);
@@ -1753,12 +1754,17 @@ pub async fn paused_chats_are_recorded_not_answered(s: Arc<dyn Store>) {
         .unwrap();
     let listed = s.chat_pauses(&unit).await.unwrap();
     assert_eq!(listed, [pause("c1", None, "still", began)]);
+    let paused_chats = |st: std::collections::HashMap<BotId, InboxStats>| {
+        st.get(&bot).map_or(0, |x| x.paused_chats)
+    };
+    assert_eq!(paused_chats(s.inbox_stats().await.unwrap()), 1);
     // A pause whose time is up is over: not listed, its chat's events are answered.
     s.chat_pause(&bot, &pause("c3", Some(began - 1), "over", began - 10))
         .await
         .unwrap();
     assert_eq!(journal(vec![item("e5", "c3")], Some(1)).await, [New]);
     assert_eq!(s.chat_pauses(&bot).await.unwrap().len(), 1);
+    assert_eq!(paused_chats(s.inbox_stats().await.unwrap()), 1);
     // A chat never paused: nothing to resume.
     let r = s.chat_resume(&bot, "c2", true).await.unwrap();
     assert_eq!((r.pause, r.replayed.len()), (None, 0));
@@ -1783,6 +1789,7 @@ pub async fn paused_chats_are_recorded_not_answered(s: Arc<dyn Store>) {
     );
     assert_eq!(pending_keys(&s, &unit).await, ["e4"]);
     assert!(s.chat_pauses(&bot).await.unwrap().is_empty());
+    assert_eq!(paused_chats(s.inbox_stats().await.unwrap()), 0);
     assert_eq!(journal(vec![item("e6", "c1")], Some(1)).await, [New]);
     assert!(!s.turn_view(&bot, "e6", "c1").await.unwrap().paused);
     // Resumed without a replay: what was recorded paused stays so.
