@@ -173,6 +173,14 @@ pub(crate) async fn resume_chat(
 ) -> ApiResult<Json<ChatPauseView>> {
     let req: ResumeRequest = body_of(&body)?;
     let bot = bot_chat(&s, &id, &chat).await?;
+    if req.replay && s.sends.is_none() {
+        // (Nothing changed: without a worker here, nobody would be told to answer them.)
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_worker",
+            "this process runs no worker to replay through: resume through a worker's API",
+        ));
+    }
     let r = s
         .registry
         .store

@@ -94,8 +94,12 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     let fake = FakeTelegram::start().await.unwrap();
     let handler = ScriptedHandler::start(|ev: &Value| {
         let text = ev["text"].as_str().unwrap_or_default();
+        if text == "buttons" {
+            return json!({"actions": [{"type": "send", "text": "pick",
+                                        "buttons": [[{"text": "A", "value": "a"}]]}]});
+        }
         if text.starts_with("slow") {
-            return json!({"text": format!("re: {text}"), "_delay_ms": 10_000});
+            return json!({"text": format!("re: {text}"), "_delay_ms": 15_000});
         }
         json!({ "text": format!("re: {text}") })
     })
@@ -216,6 +220,16 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
         }
     };
 
+    // A message with a button, pressed later while the chat is paused.
+    tg.user_writes(TOKEN, DESK, "buttons");
+    sent_or("the buttons", DESK, "pick").await;
+    let pick = tg
+        .sent()
+        .iter()
+        .find(|s| s.text == "pick")
+        .unwrap()
+        .message_id;
+
     // A slow turn of the chat, and a message waiting behind it (journaled: the bot polled on
     // after it).
     tg.user_writes(TOKEN, DESK, "slow 1");
@@ -245,12 +259,21 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     );
     tg.user_writes(TOKEN, DESK, "p1");
     tg.user_writes(TOKEN, FREE, "free 1");
+    // A press in the paused chat: not the handler's, but its spinner is stopped.
+    let (_, query) = tg.user_presses(TOKEN, DESK, pick, "a").unwrap();
     sent_or("the other chat answered", FREE, "re: free 1").await;
     sent_or("the slow turn answered", DESK, "re: slow 1").await;
     wait_for_or(
-        "q1 and p1 recorded paused",
+        "q1, p1 and the press recorded paused",
         Duration::from_secs(20),
-        || async { (paused_count(&http, &urls).await >= 2).then_some(()) },
+        || async { (paused_count(&http, &urls).await >= 3).then_some(()) },
+        logs,
+    )
+    .await;
+    wait_for_or(
+        "the press in the paused chat acknowledged",
+        Duration::from_secs(20),
+        || async { tg.press(&query)?.answer.map(|_| ()) },
         logs,
     )
     .await;
@@ -283,7 +306,7 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     wait_for_or(
         "p2 and p3 recorded paused",
         Duration::from_secs(20),
-        || async { (paused_count(&http, &urls).await >= 4).then_some(()) },
+        || async { (paused_count(&http, &urls).await >= 5).then_some(()) },
         logs,
     )
     .await;
@@ -358,7 +381,7 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     wait_for_or(
         "t1 recorded paused",
         Duration::from_secs(20),
-        || async { (paused_count(&http, &urls).await >= 5).then_some(()) },
+        || async { (paused_count(&http, &urls).await >= 6).then_some(()) },
         logs,
     )
     .await;
@@ -375,6 +398,7 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     assert_eq!(
         sent_to(DESK),
         [
+            "pick",
             "re: slow 1",
             "a person here",
             "re: after 1",
@@ -389,10 +413,14 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     let desk_asked: Vec<String> = asked().into_iter().filter(|t| t != "free 1").collect();
     assert_eq!(
         desk_asked,
-        ["slow 1", "after 1", "p2", "p3", "after 2", "t2"],
+        ["buttons", "slow 1", "after 1", "p2", "p3", "after 2", "t2"],
         "the handler was asked about a paused message"
     );
     assert_eq!(sent_to(FREE), ["re: free 1"]);
+    assert!(
+        handler.seen().iter().all(|e| e["kind"] != "action"),
+        "the handler was asked about a press in the paused chat"
+    );
 
     // The echo bot's paused chat: nothing echoed until it is resumed.
     let out = chats(&other, &["pause", ECHO, "300"]).await;
@@ -412,7 +440,7 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     wait_for_or(
         "e1 recorded paused",
         Duration::from_secs(20),
-        || async { (paused_count(&http, &urls).await >= 6).then_some(()) },
+        || async { (paused_count(&http, &urls).await >= 7).then_some(()) },
         logs,
     )
     .await;

@@ -776,6 +776,7 @@ impl BotCtx {
                         self.metrics.received_by(self.spec.id.as_str());
                         self.metrics
                             .count(EVENTS_PAUSED_TOTAL, self.spec.platform, 1);
+                        chats.paused(event, received_ms);
                         continue;
                     }
                 }

@@ -143,16 +143,7 @@ impl Chats {
     /// Queues a message just recorded (`event`, received at `received_at_ms`, unix ms), and
     /// arms its platform deadline when it has one.
     pub(crate) fn dispatch_new(&mut self, item: InboxItem, event: &Inbound, received_at_ms: i64) {
-        let after = match &self.ctx.turn.sender {
-            Ok(s) => s.defer_after(event),
-            Err(_) => None,
-        };
-        let armed = after.map(|after| {
-            let arrived = turn::arrived_at(received_at_ms, Instant::now());
-            let armed = Armed::new(event.clone(), arrived + after);
-            self.deadlines.push(armed.clone());
-            armed
-        });
+        let armed = self.arm(event, received_at_ms);
         let job = Job {
             key: item.key,
             message: Some(item.message),
@@ -160,6 +151,25 @@ impl Chats {
             armed,
         };
         self.push(item.chat, job);
+    }
+
+    /// Arms the platform deadline of `event` (received at `received_at_ms`, unix ms) when it
+    /// has one: unless a turn answers it first, it is acknowledged then.
+    fn arm(&mut self, event: &Inbound, received_at_ms: i64) -> Option<Arc<Armed>> {
+        let after = match &self.ctx.turn.sender {
+            Ok(s) => s.defer_after(event)?,
+            Err(_) => return None,
+        };
+        let arrived = turn::arrived_at(received_at_ms, Instant::now());
+        let armed = Armed::new(event.clone(), arrived + after);
+        self.deadlines.push(armed.clone());
+        Some(armed)
+    }
+
+    /// An event recorded paused (its chat handed to a person): no turn answers it, and one
+    /// the platform waits on is acknowledged at its deadline.
+    pub(crate) fn paused(&mut self, event: &Inbound, received_at_ms: i64) {
+        self.arm(event, received_at_ms);
     }
 
     /// Queues the entries of `pending` (a chat's pending entries, oldest first) that its
@@ -205,7 +215,14 @@ impl Chats {
         q.busy = true;
         match self.ctx.turn.slots.try_take() {
             Some(slot) => self.spawn(chat, slot),
-            None => self.ready.push_back(chat),
+            None => {
+                // It waits for a slot: its turn reads the entry afresh (its chat may be
+                // paused by then).
+                if let Some(j) = q.jobs.front_mut() {
+                    j.message = None;
+                }
+                self.ready.push_back(chat);
+            }
         }
     }
 

@@ -603,14 +603,16 @@ impl Hooks {
         }
         match journaled {
             Some(new) => {
+                // Recorded now (paused ones too: the platform's deadline is kept for them,
+                // acknowledged then).
                 let received: Vec<&botfleet_platform::Received> = messages
                     .iter()
                     .zip(&new)
-                    .filter_map(|(m, n)| n.is_new().then_some(m))
+                    .filter_map(|(m, n)| (*n != Journaled::Known).then_some(m))
                     .collect();
                 self.arm(&spec, &received, arrived);
                 let paused = new.iter().filter(|n| **n == Journaled::Paused).count() as u64;
-                let fresh = received.len() as u64 + paused;
+                let fresh = received.len() as u64;
                 self.inner.metrics.count(HOOKS_JOURNALED_TOTAL, p, fresh);
                 self.inner.metrics.count(EVENTS_PAUSED_TOTAL, p, paused);
                 self.inner

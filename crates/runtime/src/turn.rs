@@ -338,6 +338,13 @@ async fn answer_turn<'a, H: Hold>(
         return Ok(None); // never journaled (the delivery was refused)
     };
     if entry.state != InboxState::Pending {
+        if entry.state == InboxState::Paused && job.armed.is_some() {
+            // Recorded paused on arrival (its chat handed to a person), an event the
+            // platform waits on: acknowledged, not answered.
+            if let Ok(msg) = serde_json::from_str::<Inbound>(&entry.message) {
+                Deadline::armed(job.armed).defer(ctx, hold, &msg).await;
+            }
+        }
         return Ok(None); // ended already (a redelivery's ticket, a replay)
     }
     debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, fence = job.fence.fence().get(), revision = view.revision, has_state = view.state.is_some(), sent = view.sent, "answering a message");
@@ -351,16 +358,6 @@ async fn answer_turn<'a, H: Hold>(
     let started = Instant::now();
     if entry.kind() == EntryKind::Send {
         return run_send(ctx, hold, slot, &view, &entry.message, end, started)
-            .await
-            .map(|()| None);
-    }
-    if view.paused && view.held_until_ms.is_none() {
-        // Its chat is handed to a person (paused after it was recorded): kept, not answered.
-        // (A turn held open was answered by the handler before: its answer still goes out.)
-        debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, "chat paused: the message is recorded, not answered");
-        ctx.metrics.count(EVENTS_PAUSED_TOTAL, ctx.platform, 1);
-        return end
-            .record(ctx, hold, slot, InboxOutcome::Paused, None, None)
             .await
             .map(|()| None);
     }
@@ -382,6 +379,20 @@ async fn answer_turn<'a, H: Hold>(
         ctx.files.sign_all(&key, &ctx.bot, &mut msg.attachments);
     }
     let mut deadline = Deadline::armed(job.armed);
+    if view.paused && view.held_until_ms.is_none() && !view.sent {
+        // Its chat is handed to a person (paused after it was recorded): kept, not answered;
+        // an event the platform waits on is acknowledged. (A turn held open was answered by
+        // the handler before, and a reply sent before a crash was answered: they go on.)
+        debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, "chat paused: the message is recorded, not answered");
+        ctx.metrics.count(EVENTS_PAUSED_TOTAL, ctx.platform, 1);
+        if msg.answer_handle.is_some() {
+            deadline.defer(ctx, hold, &msg).await;
+        }
+        return end
+            .record(ctx, hold, slot, InboxOutcome::Paused, None, None)
+            .await
+            .map(|()| None);
+    }
     let began = Began {
         turn: started,
         event: arrived_at(entry.received_at_ms, started),

@@ -329,6 +329,73 @@ async fn a_webhook_press_queued_behind_a_slow_turn_stops_its_spinner_in_time() {
     }
 }
 
+/// A webhook bot's chat handed to a person: a message and a press delivered through the
+/// balancer reach no handler, and the press's spinner is stopped all the same; once resumed,
+/// the chat's next message is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_press_in_a_paused_webhook_chat_is_acknowledged_not_handled() {
+    use serde_json::{json, Value};
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    let handler =
+        botfleet_testkit::ScriptedHandler::start(|ev: &Value| match ev["text"].as_str() {
+            Some("menu") => json!({"actions": [{"type": "send", "text": "Pick",
+                "buttons": [[{"text": "A", "value": "a"}]]}]}),
+            _ => json!({"text": format!("re: {}", ev["text"].as_str().unwrap_or("a press"))}),
+        })
+        .await;
+    let token = "4546:paused-token";
+    fake.state().add_bot(token);
+    let spec = webhook_bot("paused", token, &fake, &handler.url());
+    let bot = spec.id.clone();
+    let (_proxy, workers) = behind_balancer(&store, spec, &["a", "b"]).await;
+    until("the webhook registered", 10, || {
+        fake.state().webhook(token).is_some()
+    })
+    .await;
+    fake.state().user_writes(token, 89, "menu");
+    let menu = wait_for("the menu", Duration::from_secs(20), || async {
+        fake.state().sent().into_iter().find(|s| s.text == "Pick")
+    })
+    .await;
+    let pause = botfleet_store::ChatPause {
+        chat: "89".into(),
+        until_ms: None,
+        reason: None,
+        paused_at_ms: botfleet_core::unix_ms(),
+    };
+    store.chat_pause(&bot, &pause).await.unwrap();
+    fake.state().user_writes(token, 89, "hello?");
+    let (_, query) = fake
+        .state()
+        .user_presses(token, 89, menu.message_id, "a")
+        .expect("the button");
+    until("the press acknowledged", 20, || {
+        fake.state()
+            .press(&query)
+            .is_some_and(|p| p.answer.is_some())
+    })
+    .await;
+    store.chat_resume(&bot, "89", false).await.unwrap();
+    fake.state().user_writes(token, 89, "back");
+    until("the message after the resume answered", 20, || {
+        fake.state().sent().iter().any(|s| s.text == "re: back")
+    })
+    .await;
+    let sent: Vec<String> = fake.state().sent().into_iter().map(|s| s.text).collect();
+    assert_eq!(sent, ["Pick", "re: back"], "nothing answered while paused");
+    let asked: Vec<Value> = handler.seen();
+    assert!(
+        asked
+            .iter()
+            .all(|e| e["kind"] != "action" && e["text"] != "hello?"),
+        "{asked:?}"
+    );
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
 /// A request without the secret token (or with a wrong one) is refused before anything is
 /// stored; a redelivery of an update to another worker is acknowledged and answered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

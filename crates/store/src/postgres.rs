@@ -1278,18 +1278,17 @@ impl Store for PostgresStore {
                 "WITH d AS (DELETE FROM chat_pauses WHERE bot_id = $1 AND chat = $2 \
                    RETURNING until_ms, reason, paused_at_ms), \
                  r AS (UPDATE inbox SET state = 'pending', finished_at_ms = NULL \
-                   WHERE $3 AND (bot_id = $1 OR (bot_id >= $4 AND bot_id < $5)) AND chat = $2 \
+                   WHERE $3 AND (bot_id = $1 OR substr(bot_id, 1, length($4)) = $4) AND chat = $2 \
                    AND state = 'paused' AND finished_at_ms >= (SELECT paused_at_ms FROM d) \
                    RETURNING bot_id, key, seq) \
                  SELECT (SELECT until_ms FROM d), (SELECT reason FROM d), \
-                 (SELECT paused_at_ms FROM d), ARRAY(SELECT bot_id FROM r ORDER BY seq), \
-                 ARRAY(SELECT key FROM r ORDER BY seq)",
+                 (SELECT paused_at_ms FROM d), ARRAY(SELECT bot_id FROM r ORDER BY seq, bot_id, key), \
+                 ARRAY(SELECT key FROM r ORDER BY seq, bot_id, key)",
                 &[
                     &base,
                     &chat,
                     &replay,
                     &format!("{base}#"),
-                    &format!("{base}$"),
                 ],
             )
             .await

@@ -168,9 +168,9 @@ pub(crate) const PAUSE_DELETE: &str = "DELETE FROM chat_pauses WHERE bot_id = $1
      RETURNING until_ms, reason, paused_at_ms";
 
 /// Makes a chat's entries that ended paused since `$3` pending again (`$1` the bot's own id,
-/// `$2` chat, `$4`/`$5` the bounds of its slices' ids: `id#` and `id$`); answers them.
+/// `$2` chat, `$4` how its slices' ids begin: `id#`); answers them.
 pub(crate) const PAUSED_REPLAY: &str = "UPDATE inbox SET state = 'pending', finished_at_ms = NULL \
-     WHERE (bot_id = $1 OR (bot_id >= $4 AND bot_id < $5)) AND chat = $2 \
+     WHERE (bot_id = $1 OR substr(bot_id, 1, length($4)) = $4) AND chat = $2 \
      AND state = 'paused' AND finished_at_ms >= $3 RETURNING bot_id, key, seq";
 
 /// The bot's chats paused now (`$1` the bot's own id, `$2` now).

@@ -886,22 +886,13 @@ impl Store for SqliteStore {
                     .prepare(&crate::schema::PAUSED_REPLAY.replace('$', "?"))
                     .map_err(fail)?;
                 let rows = st
-                    .query_map(
-                        params![
-                            bot,
-                            chat,
-                            p.paused_at_ms,
-                            format!("{bot}#"),
-                            format!("{bot}$")
-                        ],
-                        |r| {
-                            Ok((
-                                r.get::<_, i64>(2)?,
-                                r.get::<_, String>(0)?,
-                                r.get::<_, String>(1)?,
-                            ))
-                        },
-                    )
+                    .query_map(params![bot, chat, p.paused_at_ms, format!("{bot}#")], |r| {
+                        Ok((
+                            r.get::<_, i64>(2)?,
+                            r.get::<_, String>(0)?,
+                            r.get::<_, String>(1)?,
+                        ))
+                    })
                     .map_err(fail)?;
                 for r in rows {
                     replayed.push(r.map_err(fail)?);
