@@ -10,7 +10,7 @@ use axum::{
     http::StatusCode,
     Json,
 };
-use botfleet_core::BotId;
+use botfleet_core::BotSpec;
 use botfleet_store::{ChatPause, MAX_PAUSE_REASON};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -72,9 +72,9 @@ fn body_of<T: Default + serde::de::DeserializeOwned>(body: &Bytes) -> ApiResult<
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid", format!("the body: {e}")))
 }
 
-/// The bot `id` and its chat `chat`, checked: 404 for an unknown bot, 422 for a chat the
-/// platform cannot have.
-async fn bot_chat(s: &ApiState, id: &str, chat: &str) -> ApiResult<BotId> {
+/// The bot `id` (its spec) and its chat `chat`, checked: 404 for an unknown bot, 422 for a
+/// chat the platform cannot have.
+async fn bot_chat(s: &ApiState, id: &str, chat: &str) -> ApiResult<BotSpec> {
     let rec = s.registry.get(id).await?;
     if !chat_fits(rec.spec.platform, chat) {
         return Err(ApiError::new(
@@ -87,14 +87,15 @@ async fn bot_chat(s: &ApiState, id: &str, chat: &str) -> ApiResult<BotId> {
             ),
         ));
     }
-    Ok(rec.spec.id)
+    Ok(rec.spec)
 }
 
+/// The store could not be read or written: nothing changed, retry.
 fn store_failed(e: botfleet_store::StoreError) -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "store_failed",
-        format!("not changed, retry: {e}"),
+        format!("retry: {e}"),
     )
 }
 
@@ -112,7 +113,7 @@ pub(crate) async fn pause_chat(
     body: Bytes,
 ) -> ApiResult<Json<ChatPauseView>> {
     let req: PauseRequest = body_of(&body)?;
-    let bot = bot_chat(&s, &id, &chat).await?;
+    let bot = bot_chat(&s, &id, &chat).await?.id;
     let now = botfleet_core::unix_ms();
     if let Some(until) = req.until_ms.filter(|u| *u <= now) {
         return Err(ApiError::new(
@@ -172,7 +173,7 @@ pub(crate) async fn resume_chat(
     body: Bytes,
 ) -> ApiResult<Json<ChatPauseView>> {
     let req: ResumeRequest = body_of(&body)?;
-    let bot = bot_chat(&s, &id, &chat).await?;
+    let spec = bot_chat(&s, &id, &chat).await?;
     if req.replay && s.sends.is_none() {
         // (Nothing changed: without a worker here, nobody would be told to answer them.)
         return Err(ApiError::new(
@@ -184,13 +185,13 @@ pub(crate) async fn resume_chat(
     let r = s
         .registry
         .store
-        .chat_resume(&bot, &chat, req.replay)
+        .chat_resume(&spec.id, &chat, req.replay)
         .await
         .map_err(store_failed)?;
     if !r.replayed.is_empty() {
         // Told now where this process can; else the sweeper or the unit's next claim.
-        if let (Some(sends), Ok(rec)) = (&s.sends, s.registry.get(&id).await) {
-            sends.replayed(&rec.spec, &chat, &r.replayed).await;
+        if let Some(sends) = &s.sends {
+            sends.replayed(&spec, &chat, &r.replayed).await;
         }
     }
     Ok(Json(ChatPauseView {
@@ -243,13 +244,7 @@ pub(crate) async fn list_chats(
         .store
         .chat_pauses(&rec.spec.id)
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_failed",
-                e.to_string(),
-            )
-        })?;
+        .map_err(store_failed)?;
     Ok(Json(ChatList {
         chats: pauses
             .into_iter()

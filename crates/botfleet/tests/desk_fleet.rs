@@ -71,6 +71,23 @@ async fn chats(url: &str, args: &[&str]) -> String {
     out
 }
 
+/// Waits until both workers counted at least `n` events paused (`what` they are).
+async fn paused_at_least(
+    http: &reqwest::Client,
+    urls: &[String],
+    n: u64,
+    what: &str,
+    logs: impl FnOnce() -> String,
+) {
+    wait_for_or(
+        what,
+        Duration::from_secs(20),
+        || async { (paused_count(http, urls).await >= n).then_some(()) },
+        logs,
+    )
+    .await;
+}
+
 /// Events counted paused by both workers.
 async fn paused_count(http: &reqwest::Client, urls: &[String]) -> u64 {
     let mut n = 0;
@@ -263,10 +280,11 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     let (_, query) = tg.user_presses(TOKEN, DESK, pick, "a").unwrap();
     sent_or("the other chat answered", FREE, "re: free 1").await;
     sent_or("the slow turn answered", DESK, "re: slow 1").await;
-    wait_for_or(
+    paused_at_least(
+        &http,
+        &urls,
+        3,
         "q1, p1 and the press recorded paused",
-        Duration::from_secs(20),
-        || async { (paused_count(&http, &urls).await >= 3).then_some(()) },
         logs,
     )
     .await;
@@ -303,13 +321,7 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     assert_eq!(call(&http, &own, &pause, "").await.0, 200);
     tg.user_writes(TOKEN, DESK, "p2");
     tg.user_writes(TOKEN, DESK, "p3");
-    wait_for_or(
-        "p2 and p3 recorded paused",
-        Duration::from_secs(20),
-        || async { (paused_count(&http, &urls).await >= 5).then_some(()) },
-        logs,
-    )
-    .await;
+    paused_at_least(&http, &urls, 5, "p2 and p3 recorded paused", logs).await;
     let out = chats(&other, &["resume", BOT, "100", "--replay"]).await;
     assert_eq!(
         out.trim(),
@@ -378,13 +390,7 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     tg.user_writes(TOKEN, DESK, "t1");
-    wait_for_or(
-        "t1 recorded paused",
-        Duration::from_secs(20),
-        || async { (paused_count(&http, &urls).await >= 6).then_some(()) },
-        logs,
-    )
-    .await;
+    paused_at_least(&http, &urls, 6, "t1 recorded paused", logs).await;
     wait_for_or(
         "the pause's end",
         Duration::from_secs(10),
@@ -437,13 +443,7 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--for-s"), "{err}");
     tg.user_writes(ECHO_TOKEN, ECHO_CHAT, "e1");
-    wait_for_or(
-        "e1 recorded paused",
-        Duration::from_secs(20),
-        || async { (paused_count(&http, &urls).await >= 7).then_some(()) },
-        logs,
-    )
-    .await;
+    paused_at_least(&http, &urls, 7, "e1 recorded paused", logs).await;
     let out = chats(&own, &["resume", ECHO, "300"]).await;
     assert_eq!(
         out.trim(),

@@ -81,6 +81,13 @@ async fn a_polling_bots_conversation_state_survives_kill_9_of_its_worker() {
         .await;
     }
     assert_eq!(replies(), want(3));
+    // The third turn recorded (its reply and state are the entry's end): a kill before that
+    // write is the documented send window, where a replay sends the reply again.
+    wait_for("m3's entry ended", Duration::from_secs(20), || async {
+        let stats = store.inbox_stats().await.ok()?;
+        stats.get(&bot).is_none_or(|s| s.pending == 0).then_some(())
+    })
+    .await;
     let holder = wait_for("the bot's holder", Duration::from_secs(10), || async {
         let owner = coord.owner(&bot).await.ok()??;
         (0..2).find(|i| owner.live && owner.worker.as_str() == format!("s{i}"))

@@ -365,23 +365,9 @@ impl Hooks {
                     continue;
                 }
                 info!(%bot, key = %e.key, "replaying a journaled entry whose turn was lost");
-                let ck = chat_key(&bot, &e.chat);
-                let (inc, taken) = self.take_now(&ck, &e.key).await;
-                match taken {
-                    Ok((ticket, turn)) => {
-                        let h = self.clone();
-                        let (spec, chat, key) = (spec.clone(), e.chat.clone(), e.key.clone());
-                        tokio::spawn(async move {
-                            let t = Taken { ticket, turn, inc };
-                            h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
-                                .await;
-                        });
-                    }
-                    Err(err) => {
-                        self.unclaim_local(&bot, &e.key);
-                        debug!(error = %err, "sweeper: coordinator unavailable");
-                        return Ok(());
-                    }
+                if let Err(err) = self.serve_now(&spec, &bot, &e.chat, &e.key).await {
+                    debug!(error = %err, "sweeper: coordinator unavailable");
+                    return Ok(());
                 }
             }
         }
@@ -399,27 +385,42 @@ impl Hooks {
         chat: &str,
         keys: &[String],
     ) {
-        let ck = chat_key(unit, chat);
         for key in keys {
             if !self.claim_local(unit, key) {
                 continue;
             }
-            match self.take_now(&ck, key).await {
-                (inc, Ok((ticket, turn))) => {
-                    let h = self.clone();
-                    let (spec, ck, chat, key) =
-                        (spec.clone(), ck.clone(), chat.to_owned(), key.clone());
-                    tokio::spawn(async move {
-                        let t = Taken { ticket, turn, inc };
-                        h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
-                            .await;
-                    });
-                }
-                (_, Err(e)) => {
-                    self.unclaim_local(unit, key);
-                    debug!(bot = %unit, error = %e, "cannot take a ticket for a replayed entry; the sweeper serves it");
-                    return;
-                }
+            if let Err(e) = self.serve_now(&spec, unit, chat, key).await {
+                debug!(bot = %unit, error = %e, "cannot take a ticket for a replayed entry; the sweeper serves it");
+                return;
+            }
+        }
+    }
+
+    /// Takes a ticket now for the pending entry `key` of `chat` of `unit` (claimed here
+    /// already) and serves it in the background; unclaimed again when the ticket cannot be
+    /// taken.
+    async fn serve_now(
+        &self,
+        spec: &Arc<BotSpec>,
+        unit: &BotId,
+        chat: &str,
+        key: &str,
+    ) -> botfleet_coord::Result<()> {
+        let ck = chat_key(unit, chat);
+        match self.take_now(&ck, key).await {
+            (inc, Ok((ticket, turn))) => {
+                let h = self.clone();
+                let (spec, chat, key) = (spec.clone(), chat.to_owned(), key.to_owned());
+                tokio::spawn(async move {
+                    let t = Taken { ticket, turn, inc };
+                    h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
+                        .await;
+                });
+                Ok(())
+            }
+            (_, Err(e)) => {
+                self.unclaim_local(unit, key);
+                Err(e)
             }
         }
     }

@@ -160,10 +160,7 @@ impl Sends {
                 }
             }
         }
-        let webhook = i
-            .connectors
-            .get(&spec.platform)
-            .is_some_and(|c| c.descriptor().is_webhook(spec));
+        let webhook = self.is_webhook(spec);
         // A webhook bot's send takes its chat's ticket here (without hooks here, a worker's
         // sweeper serves it); a connector bot's is journaled, and its owner told.
         let new = match i.hooks.as_ref().filter(|_| webhook) {
@@ -201,10 +198,7 @@ impl Sends {
     /// next claim.
     pub async fn replayed(&self, spec: &BotSpec, chat: &str, entries: &[(BotId, String)]) {
         let i = &self.inner;
-        let webhook = i
-            .connectors
-            .get(&spec.platform)
-            .is_some_and(|c| c.descriptor().is_webhook(spec));
+        let webhook = self.is_webhook(spec);
         let mut units: Vec<&BotId> = entries.iter().map(|(u, _)| u).collect();
         units.sort();
         units.dedup();
@@ -222,6 +216,14 @@ impl Sends {
                 None => self.nudge(unit, chat).await,
             }
         }
+    }
+
+    /// Whether `spec`'s bot takes its events through webhooks (its chats' turns are tickets).
+    fn is_webhook(&self, spec: &BotSpec) -> bool {
+        self.inner
+            .connectors
+            .get(&spec.platform)
+            .is_some_and(|c| c.descriptor().is_webhook(spec))
     }
 
     /// The send `id` of `spec`'s bot (what [`Submitted::id`] answered), if it is known

@@ -20,23 +20,27 @@ pub(crate) const POOL_SIZE: usize = 4;
 
 /// Journals webhook deliveries (`$1` bot, `$2..$4` keys, chats, messages, `$5` base
 /// sequence, `$6` now).
-const JOURNAL_PUT: &str =
+const JOURNAL_PUT: &str = concat!(
     "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
      SELECT $1, key, $5 + ord, chat, message, CASE WHEN paused THEN 'paused' ELSE 'pending' END, \
      $6, CASE WHEN paused THEN $6 END \
-     FROM (SELECT t.*, (substr(t.key, 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p \
-     WHERE p.bot_id = $7 AND p.chat = t.chat AND (p.until_ms IS NULL OR p.until_ms > $6))) AS paused \
+     FROM (SELECT t.*, ",
+    crate::schema::paused_now!("$7", "$6", "t.chat", "t.key"),
+    " AS paused \
      FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord)) AS u \
-     ON CONFLICT DO NOTHING RETURNING key, state";
+     ON CONFLICT DO NOTHING RETURNING key, state"
+);
 
 /// [`JOURNAL_PUT`] and the turn view of one of the items at once (`$7` its key, `$8` its
 /// chat, `$9` its reply key; `$10` the bot's own id). The view's reads see the table as before the insert: a new
 /// entry shows as absent, and the caller knows it is pending.
-const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
+const JOURNAL_PUT_VIEW: &str = concat!(
+    "WITH ins AS (INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
      SELECT $1, key, $5 + ord, chat, message, CASE WHEN paused THEN 'paused' ELSE 'pending' END, \
      $6, CASE WHEN paused THEN $6 END \
-     FROM (SELECT t.*, (substr(t.key, 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p \
-     WHERE p.bot_id = $10 AND p.chat = t.chat AND (p.until_ms IS NULL OR p.until_ms > $6))) AS paused \
+     FROM (SELECT t.*, ",
+    crate::schema::paused_now!("$10", "$6", "t.chat", "t.key"),
+    " AS paused \
      FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord)) AS u \
      ON CONFLICT DO NOTHING RETURNING key, state) \
      SELECT ARRAY(SELECT key FROM ins), i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
@@ -46,7 +50,8 @@ const JOURNAL_PUT_VIEW: &str = "WITH ins AS (INSERT INTO inbox (bot_id, key, seq
      AND (p.until_ms IS NULL OR p.until_ms > $6)) \
      FROM (SELECT 1 AS one) AS one \
      LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $7 \
-     LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $8";
+     LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $8"
+);
 
 /// What a turn leaves, in one statement (so one transaction): `$1` bot, `$2` chat, `$3`
 /// revision the state came from, `$4` fence, `$5` state, `$6` now, `$7` reply key, `$8` sent,
@@ -410,6 +415,7 @@ impl PostgresStore {
         // order (gaps where an item was a redelivery).
         let rows = c
             .query(
+                concat!(
                 "WITH base AS (SELECT GREATEST(COALESCE(MAX(seq), 0), $7) AS s FROM inbox \
                                WHERE bot_id = $1), \
                  items AS (SELECT * FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) \
@@ -418,10 +424,12 @@ impl PostgresStore {
                                     finished_at_ms) \
                  SELECT $1, key, (SELECT s FROM base) + ord, chat, message, \
                  CASE WHEN paused THEN 'paused' ELSE 'pending' END, $5, CASE WHEN paused THEN $5 END \
-                 FROM (SELECT t.*, (substr(t.key, 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p \
-                 WHERE p.bot_id = $8 AND p.chat = t.chat AND (p.until_ms IS NULL OR p.until_ms > $5))) AS paused FROM items AS t) AS u \
+                 FROM (SELECT t.*, ",
+                crate::schema::paused_now!("$8", "$5", "t.chat", "t.key"),
+                " AS paused FROM items AS t) AS u \
                  WHERE COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6 \
-                 ON CONFLICT DO NOTHING RETURNING key, state",
+                 ON CONFLICT DO NOTHING RETURNING key, state"
+                ),
                 &[
                     &bot.as_str(),
                     &keys,

@@ -144,14 +144,25 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX inbox_paused ON inbox (bot_id, chat, seq) WHERE state = 'paused';",
 ];
 
-/// Whether the chat of an item (`{chat}`, its key `{key}`) is paused now: `$B` the bot's own
-/// id, `$T` now (unix ms). A send from the backend never is.
-pub(crate) fn paused_now(bot: &str, now: &str, chat: &str, key: &str) -> String {
-    format!(
-        "(substr({key}, 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p \
-         WHERE p.bot_id = {bot} AND p.chat = {chat} AND (p.until_ms IS NULL OR p.until_ms > {now})))"
-    )
+/// Whether the chat of an item (`$chat`, its key `$key`) is paused now, as an SQL literal:
+/// `$bot` the bot's own id, `$now` now (unix ms). A send from the backend never is.
+macro_rules! paused_now {
+    ($bot:literal, $now:literal, $chat:literal, $key:literal) => {
+        concat!(
+            "(substr(",
+            $key,
+            ", 1, 5) <> 'send:' AND EXISTS (SELECT 1 FROM chat_pauses p ",
+            "WHERE p.bot_id = ",
+            $bot,
+            " AND p.chat = ",
+            $chat,
+            " AND (p.until_ms IS NULL OR p.until_ms > ",
+            $now,
+            ")))"
+        )
+    };
 }
+pub(crate) use paused_now;
 
 /// Pauses a chat (`$1` the bot's own id, `$2` chat, `$3` until, `$4` reason, `$5` now); paused
 /// again while paused, it keeps the time it began.

@@ -1463,14 +1463,14 @@ fn insert_inbox(
 ) -> Result<Vec<crate::Journaled>> {
     let fail = |e| StoreError::backend(op, e);
     let now = botfleet_core::unix_ms();
-    let paused = crate::schema::paused_now("?7", "?6", "?4", "?2");
     // (`WHERE true`: an INSERT … SELECT with an upsert clause needs a WHERE to parse.)
     let mut st = tx
-        .prepare_cached(&format!(
+        .prepare_cached(concat!(
             "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
              SELECT ?1, ?2, ?3, ?4, ?5, CASE WHEN p THEN 'paused' ELSE 'pending' END, ?6, \
-             CASE WHEN p THEN ?6 END FROM (SELECT {paused} AS p) WHERE true \
-             ON CONFLICT DO NOTHING RETURNING state"
+             CASE WHEN p THEN ?6 END FROM (SELECT ",
+            crate::schema::paused_now!("?7", "?6", "?4", "?2"),
+            " AS p) WHERE true ON CONFLICT DO NOTHING RETURNING state"
         ))
         .map_err(fail)?;
     let mut out = Vec::with_capacity(items.len());
