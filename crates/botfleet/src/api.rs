@@ -608,6 +608,7 @@ fn post_reply() {}
         crate::desk::pause_chat,
         crate::desk::resume_chat,
         crate::desk::list_chats,
+        crate::desk::chat_events,
         import_bots,
         fleet,
         events,
@@ -626,6 +627,8 @@ fn post_reply() {}
         crate::desk::ResumeRequest,
         crate::desk::ChatPauseView,
         crate::desk::ChatList,
+        crate::desk::ChatEvents,
+        crate::desk::ChatEventView,
         BotLine,
         BotPatch,
         BotChanged,
@@ -991,6 +994,10 @@ pub(crate) fn routes(state: ApiState) -> Router {
         .route(
             "/bots/{id}/chats/{chat}/resume",
             post(crate::desk::resume_chat),
+        )
+        .route(
+            "/bots/{id}/chats/{chat}/events",
+            get(crate::desk::chat_events),
         )
         .route("/fleet", get(fleet))
         .route("/events", get(events))

@@ -1,7 +1,8 @@
 //! `botfleet chats`: a chat handed to a person and given back, through a worker's control API
 //! (`POST /api/v1/bots/{id}/chats/{chat}/pause|resume`,
-//! `GET /api/v1/bots/{id}/chats?paused=true`). While a chat is paused its bot's handler is not
-//! called for it on any worker; what its users write is recorded; `botfleet send` answers.
+//! `GET /api/v1/bots/{id}/chats?paused=true`, `GET /api/v1/bots/{id}/chats/{chat}/events`).
+//! While a chat is paused its bot's handler is not called for it on any worker; what its users
+//! write is recorded; `botfleet send` answers; `botfleet chats tail` shows the conversation.
 
 use std::process::ExitCode;
 
@@ -26,6 +27,96 @@ pub(crate) enum ChatsCommand {
     Resume(ResumeArgs),
     /// The bot's paused chats, one a line: chat, until (or `-`), since, reason.
     List(ListArgs),
+    /// A chat's conversation, one item a line (cursor, time, type, state, what): what its
+    /// users sent, the sends from the backend and what the bot did; then what comes, as it
+    /// comes, until interrupted (unless `--no-follow`).
+    Tail(TailArgs),
+}
+
+/// `botfleet chats tail`.
+#[derive(Debug, Args)]
+pub(crate) struct TailArgs {
+    /// The bot's id.
+    bot: String,
+    /// The chat, as the platform names it.
+    chat: String,
+    /// Only what came after this cursor (the first column of an earlier line; default: all
+    /// that is kept).
+    #[arg(long, value_name = "CURSOR", default_value_t = 0)]
+    after: u64,
+    /// Print what there is and exit, instead of following the chat.
+    #[arg(long)]
+    no_follow: bool,
+    /// One JSON object a line (as the API gives each item) instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+/// How often `chats tail` asks for what came.
+const TAIL_LOOK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How `chats tail` shows an item: what was written, sent or done, on one line.
+fn what(item: &Value) -> String {
+    let d = &item["data"];
+    let text = |v: &Value| -> String {
+        v.as_str()
+            .unwrap_or_default()
+            .replace(['\n', '\r'], " ")
+            .chars()
+            .take(200)
+            .collect()
+    };
+    match item["type"].as_str().unwrap_or_default() {
+        "said" => {
+            let kind = d["type"].as_str().unwrap_or("?");
+            match d.get("text").filter(|t| t.is_string()) {
+                Some(t) => format!("[{kind}] {}", text(t)),
+                None => format!("[{kind}]"),
+            }
+        }
+        "send" => match d.get("text").filter(|t| t.is_string()) {
+            Some(t) => text(t),
+            None => format!(
+                "[{} action(s)]",
+                d["actions"].as_array().map_or(0, Vec::len)
+            ),
+        },
+        _ => {
+            if let Some(v) = d["action"]["value"].as_str() {
+                format!("[press] {}", text(&Value::from(v)))
+            } else {
+                text(&d["text"])
+            }
+        }
+    }
+}
+
+/// Prints the items of a read of a chat's log; answers the cursor to read on from.
+///
+/// # Errors
+/// Standard output is gone (a pipe closed: `chats tail | head`).
+fn print_items(v: &Value, json: bool, after: u64) -> std::io::Result<u64> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for item in v["events"].as_array().into_iter().flatten() {
+        if json {
+            writeln!(out, "{item}")?;
+        } else {
+            writeln!(
+                out,
+                "{:<8} {:<20} {:<8} {:<13} {}",
+                item["cursor"].to_string(),
+                shown(&item["at_ms"]),
+                item["type"].as_str().unwrap_or_default(),
+                item["state"].as_str().unwrap_or("-"),
+                what(item)
+            )?;
+        }
+    }
+    out.flush()?;
+    Ok(v["cursor"].as_u64().unwrap_or(after))
 }
 
 /// `botfleet chats pause`.
@@ -159,6 +250,52 @@ pub(crate) async fn run(c: ChatsCommand) -> anyhow::Result<ExitCode> {
                         c["reason"].as_str().unwrap_or(""),
                     );
                 }
+            }
+        }
+        ChatsCommand::Tail(a) => {
+            let api = client(&a.remote)?;
+            let path = format!(
+                "/bots/{}/chats/{}/events",
+                path_segment(&a.bot),
+                path_segment(&a.chat)
+            );
+            let mut after = a.after;
+            let (mut read_once, mut failing) = (false, false);
+            loop {
+                let read = api
+                    .call(
+                        Method::GET,
+                        &format!("{path}?after={after}&limit=1000"),
+                        None,
+                    )
+                    .await;
+                match read {
+                    Ok(v) => {
+                        (read_once, failing) = (true, false);
+                        let Ok(next) = print_items(&v, a.json, after) else {
+                            // Whoever read it stopped reading.
+                            break;
+                        };
+                        let full =
+                            next != after && v["events"].as_array().map_or(0, Vec::len) >= 1000;
+                        after = next;
+                        if full {
+                            continue;
+                        }
+                        if a.no_follow {
+                            break;
+                        }
+                    }
+                    // Once read, a worker that goes away is asked again (from where it was).
+                    Err(e) if a.no_follow || !read_once => return Err(e),
+                    Err(e) => {
+                        if !failing {
+                            eprintln!("{e:#}; trying again");
+                        }
+                        failing = true;
+                    }
+                }
+                tokio::time::sleep(TAIL_LOOK).await;
             }
         }
     }

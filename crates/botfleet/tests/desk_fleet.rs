@@ -71,6 +71,81 @@ async fn chats(url: &str, args: &[&str]) -> String {
     out
 }
 
+/// An item of a chat's log as a stream gave it: (`id`, `event`, `data`).
+type Streamed = (u64, String, Value);
+
+/// Reads the server-sent events of `GET url` (resuming after `last_id`) into `into` until the
+/// stream ends or the task is aborted.
+async fn read_stream(
+    http: reqwest::Client,
+    url: String,
+    last_id: Option<u64>,
+    into: std::sync::Arc<std::sync::Mutex<Vec<Streamed>>>,
+) {
+    let mut r = http.get(url).header("accept", "text/event-stream");
+    if let Some(id) = last_id {
+        r = r.header("last-event-id", id.to_string());
+    }
+    let mut resp = r.send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let mut buf = String::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(i) = buf.find("\n\n") {
+            let block: String = buf.drain(..i + 2).collect();
+            let (mut id, mut event, mut data) = (None, String::new(), None);
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().parse::<u64>().ok();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data = Some(serde_json::from_str::<Value>(v.trim()).unwrap());
+                }
+            }
+            if let (Some(id), Some(data)) = (id, data) {
+                into.lock().unwrap().push((id, event, data));
+            }
+        }
+    }
+}
+
+/// A chat's whole log through `GET /api/v1/bots/{id}/chats/{chat}/events` at `url`, read
+/// `limit` at a time.
+async fn chat_log(
+    http: &reqwest::Client,
+    url: &str,
+    bot: &str,
+    chat: i64,
+    limit: usize,
+) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut after = 0;
+    loop {
+        let r = http
+            .get(format!(
+                "{url}/api/v1/bots/{bot}/chats/{chat}/events?after={after}&limit={limit}"
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.unwrap();
+        let items = v["events"].as_array().unwrap().clone();
+        if items.is_empty() {
+            assert_eq!(v["cursor"], after, "{v}");
+            return all;
+        }
+        assert_eq!(v["cursor"], items.last().unwrap()["cursor"], "{v}");
+        after = v["cursor"].as_u64().unwrap();
+        all.extend(items);
+    }
+}
+
 /// Waits until both workers counted at least `n` events paused (`what` they are).
 async fn paused_at_least(
     http: &reqwest::Client,
@@ -274,6 +349,16 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
         (&json!(true), &Value::Null, &json!("a person answers")),
         "{v}"
     );
+    // A desk follows the chat from here, through the worker that does not run the bot.
+    let paused_at = chat_log(&http, &other, BOT, DESK, 2).await;
+    let c0 = paused_at.last().unwrap()["cursor"].as_u64().unwrap();
+    let streamed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Streamed>::new()));
+    let follower = tokio::spawn(read_stream(
+        http.clone(),
+        format!("{other}/api/v1/bots/{BOT}/chats/{DESK}/events?limit=3"),
+        Some(c0),
+        streamed.clone(),
+    ));
     tg.user_writes(TOKEN, DESK, "p1");
     tg.user_writes(TOKEN, FREE, "free 1");
     // A press in the paused chat: not the handler's, but its spinner is stopped.
@@ -428,6 +513,189 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
         "the handler was asked about a press in the paused chat"
     );
 
+    // The chat's log, as a desk reads it from either worker: what the users wrote, in order
+    // and as it stands (paused, answered), the desk's send, and what the bot said.
+    let log = chat_log(&http, &other, BOT, DESK, 4).await;
+    assert_eq!(log, chat_log(&http, &own, BOT, DESK, 1000).await);
+    let cursors: Vec<u64> = log.iter().map(|i| i["cursor"].as_u64().unwrap()).collect();
+    assert!(cursors.windows(2).all(|w| w[0] < w[1]), "{cursors:?}");
+    let of = |kind: &str| -> Vec<(String, String)> {
+        log.iter()
+            .filter(|i| i["type"] == kind)
+            .map(|i| {
+                let d = &i["data"];
+                let what = d["text"]
+                    .as_str()
+                    .filter(|t| !t.is_empty())
+                    .or(d["action"]["value"].as_str())
+                    .unwrap_or_default();
+                (
+                    what.to_owned(),
+                    i["state"].as_str().unwrap_or("-").to_owned(),
+                )
+            })
+            .collect()
+    };
+    let st = |t: &str, s: &str| (t.to_owned(), s.to_owned());
+    assert_eq!(
+        of("received"),
+        [
+            st("buttons", "done"),
+            st("slow 1", "done"),
+            st("q1", "paused"),
+            st("p1", "paused"),
+            st("a", "paused"),
+            st("after 1", "done"),
+            st("p2", "done"),
+            st("p3", "done"),
+            st("after 2", "done"),
+            st("t1", "paused"),
+            st("t2", "done"),
+        ],
+        "{log:#?}"
+    );
+    assert_eq!(of("send"), [st("a person here", "done")]);
+    let said: Vec<String> = of("said").into_iter().map(|(t, _)| t).collect();
+    assert_eq!(
+        said,
+        sent_to(DESK)
+            .into_iter()
+            .filter(|t| t != "a person here")
+            .collect::<Vec<_>>()
+    );
+    let pick_said = log.iter().find(|i| i["type"] == "said").unwrap();
+    assert_eq!(
+        pick_said["data"]["message_id"],
+        pick.to_string(),
+        "{pick_said}"
+    );
+    assert_eq!(pick_said["data"]["buttons"][0][0]["value"], "a");
+    for i in log.iter().filter(|i| i["type"] == "said") {
+        let answered = log
+            .iter()
+            .find(|r| r["type"] == "received" && r["entry"] == i["entry"])
+            .unwrap();
+        assert!(
+            answered["cursor"].as_u64() < i["cursor"].as_u64(),
+            "{i} before {answered}"
+        );
+    }
+    assert!(log.iter().all(|i| i["data"].get("answer_handle").is_none()));
+    // The stream that followed from the pause gave the same items, in order, as they came.
+    let wanted: Vec<Streamed> = log
+        .iter()
+        .filter(|i| i["cursor"].as_u64().unwrap() > c0)
+        .map(|i| {
+            (
+                i["cursor"].as_u64().unwrap(),
+                i["type"].as_str().unwrap().to_owned(),
+                i.clone(),
+            )
+        })
+        .collect();
+    let last = wanted.last().unwrap().0;
+    wait_for_or(
+        "the stream up to the log's end",
+        Duration::from_secs(10),
+        || async {
+            streamed
+                .lock()
+                .unwrap()
+                .last()
+                .is_some_and(|s| s.0 >= last)
+                .then_some(())
+        },
+        logs,
+    )
+    .await;
+    follower.abort();
+    let got: Vec<(u64, String, Value)> = streamed
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, ev, d)| {
+            // Items streamed before their entry ended showed it as it was then.
+            let mut d = d.clone();
+            let now = log.iter().find(|i| i["cursor"] == d["cursor"]).unwrap();
+            if let Some(st) = now.get("state") {
+                d["state"] = st.clone();
+            }
+            (*id, ev.clone(), d)
+        })
+        .collect();
+    assert_eq!(got, wanted);
+    // A stream resumed with `Last-Event-ID` goes on after it.
+    let resumed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Streamed>::new()));
+    let again = tokio::spawn(read_stream(
+        http.clone(),
+        format!("{own}/api/v1/bots/{BOT}/chats/{DESK}/events?after=0"),
+        Some(wanted[wanted.len() - 2].0),
+        resumed.clone(),
+    ));
+    wait_for_or(
+        "the resumed stream",
+        Duration::from_secs(10),
+        || async { (!resumed.lock().unwrap().is_empty()).then_some(()) },
+        logs,
+    )
+    .await;
+    again.abort();
+    assert_eq!(resumed.lock().unwrap()[0].0, last);
+    // The CLI shows the same.
+    let tail = chats(&other, &["tail", BOT, "100", "--no-follow", "--json"]).await;
+    let tail: Vec<Value> = tail
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(tail, log);
+    let tail = chats(
+        &other,
+        &[
+            "tail",
+            BOT,
+            "100",
+            "--no-follow",
+            "--after",
+            &c0.to_string(),
+        ],
+    )
+    .await;
+    let first = tail.lines().next().unwrap();
+    assert!(
+        first.starts_with(&format!("{:<8} ", wanted[0].0)) && first.contains(" received paused "),
+        "{tail}"
+    );
+    assert!(
+        tail.lines()
+            .any(|l| l.contains(" said ") && l.ends_with("[send] re: t2")),
+        "{tail}"
+    );
+    assert!(
+        tail.lines()
+            .any(|l| l.contains(" send ") && l.ends_with("a person here")),
+        "{tail}"
+    );
+    // Bad reads: a clear error each.
+    let events = format!("{other}/api/v1/bots/{BOT}/chats/{DESK}/events");
+    for (url, status) in [
+        (format!("{events}?limit=0"), 400),
+        (format!("{events}?limit=1001"), 400),
+        (format!("{events}?after=x"), 400),
+        (format!("{other}/api/v1/bots/nobody/chats/100/events"), 404),
+        (format!("{other}/api/v1/bots/{BOT}/chats/abc/events"), 422),
+    ] {
+        let r = http.get(&url).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{url}");
+    }
+    let r = http
+        .get(&events)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", "x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+
     // The echo bot's paused chat: nothing echoed until it is resumed.
     let out = chats(&other, &["pause", ECHO, "300"]).await;
     assert_eq!(out.trim(), format!("paused {ECHO} 300 until resumed"));
@@ -451,7 +719,67 @@ async fn a_paused_chat_reaches_no_handler_on_any_worker_until_resumed() {
     );
     let out = chats(&own, &["resume", ECHO, "300"]).await;
     assert_eq!(out.trim(), format!("{ECHO} 300 was not paused"));
+    // `chats tail` follows the chat: what comes shows as it comes.
+    let mut tail = std::process::Command::new(env!("CARGO_BIN_EXE_botfleet"))
+        .args(["chats", "tail", ECHO, "300", "--api-url", &own])
+        .env_remove("BOTFLEET_API_URL")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let out = tail.stdout.take().unwrap();
+    let reader = {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        })
+    };
+    wait_for_or(
+        "tail shows e1",
+        Duration::from_secs(10),
+        || async {
+            lines
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.ends_with(" e1"))
+                .then_some(())
+        },
+        logs,
+    )
+    .await;
     tg.user_writes(ECHO_TOKEN, ECHO_CHAT, "e2");
     sent_or("the echo after the resume", ECHO_CHAT, "e2").await;
     assert_eq!(sent_to(ECHO_CHAT), ["e2"]);
+    wait_for_or(
+        "tail follows",
+        Duration::from_secs(10),
+        || async {
+            lines
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains(" said ") && l.ends_with("[send] e2"))
+                .then_some(())
+        },
+        || format!("{:?}", lines.lock().unwrap()),
+    )
+    .await;
+    tail.kill().unwrap();
+    tail.wait().unwrap();
+    reader.join().unwrap();
+    let shown = lines.lock().unwrap().clone();
+    assert!(
+        shown[0].contains(" received paused ") && shown[0].ends_with(" e1"),
+        "{shown:?}"
+    );
+    assert!(
+        shown
+            .iter()
+            .any(|l| l.contains(" received done ") && l.ends_with(" e2")),
+        "{shown:?}"
+    );
 }

@@ -348,12 +348,13 @@ async fn answer_turn<'a, H: Hold>(
         return Ok(None); // ended already (a redelivery's ticket, a replay)
     }
     debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, fence = job.fence.fence().get(), revision = view.revision, has_state = view.state.is_some(), sent = view.sent, "answering a message");
-    let end = End {
+    let mut end = End {
         key: job.key,
         chat: job.chat,
         fence: job.fence,
         refs: Vec::new(),
         notes: None,
+        said: Vec::new(),
     };
     let started = Instant::now();
     if entry.kind() == EntryKind::Send {
@@ -450,9 +451,22 @@ async fn answer_turn<'a, H: Hold>(
     }
     let mut sent = None;
     if let Some(text) = reply.text {
+        // (As a plain reply goes: quoting or threading where the platform does.)
+        let said = actions::said(
+            &Action::Send {
+                text: text.clone(),
+                buttons: Vec::new(),
+                thread: true,
+                ref_name: None,
+                attachments: Vec::new(),
+                ephemeral: false,
+            },
+            None,
+        );
         if view.sent {
             // Sent before a crash, and recorded: not again.
             ctx.metrics.count(OUTBOX_SKIPPED_TOTAL, ctx.platform, 1);
+            end.said.push(said);
         } else {
             match send(
                 ctx,
@@ -469,6 +483,7 @@ async fn answer_turn<'a, H: Hold>(
                         None => ctx.metrics.reply_latency(ctx.platform, started.elapsed()),
                     }
                     sent = Some(at);
+                    end.said.push(said);
                 }
                 Err(why) => return end.undeliverable(ctx, hold, slot, why).await.map(|()| None),
             }
@@ -1191,6 +1206,8 @@ struct End<'a> {
     refs: Vec<(String, String)>,
     /// What the turn refused, with reasons, kept on the entry.
     notes: Option<String>,
+    /// What the turn did in the chat, for the chat's log (one action's JSON each).
+    said: Vec<String>,
 }
 
 impl End<'_> {
@@ -1238,6 +1255,7 @@ impl End<'_> {
         );
         rec.refs = self.refs;
         rec.notes = self.notes;
+        rec.said = self.said;
         // Waited for whether or not a stop is asked for: once a reply is out, this write
         // must be made either way.
         let _slot = match slot {

@@ -434,6 +434,7 @@ async fn a_replayed_message_whose_reply_was_sent_is_not_answered_again() {
                 state: None,
                 refs: Vec::new(),
                 notes: None,
+                said: Vec::new(),
             },
         )
         .await

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+mod chatlog;
 mod error;
 mod held;
 mod inbox;
@@ -17,6 +18,7 @@ mod sqlite;
 mod store;
 mod turns;
 
+pub use chatlog::{ChatEvent, ChatEventKind, MAX_CHAT_EVENTS};
 pub use error::{Result, StoreError};
 pub use held::{PostAnswer, PostedReply, ReplyPost, TurnHold};
 pub use inbox::{

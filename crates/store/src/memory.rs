@@ -35,6 +35,45 @@ struct State {
     held: BTreeMap<(BotId, String), Held>,
     /// (bot's own id, chat) → its pause.
     pauses: BTreeMap<(String, String), crate::ChatPause>,
+    /// (bot's own id, chat) → the last number its log took (one count across the slices).
+    heads: BTreeMap<(String, String), u64>,
+    /// (bot, chat) → its log's numbered items (an entry by its key, read from the inbox; what
+    /// a turn said, kept here).
+    logs: BTreeMap<(BotId, String), BTreeMap<u64, Logged>>,
+}
+
+/// Numbers `items` in `chat`'s log, after what it has.
+fn log_into(
+    heads: &mut BTreeMap<(String, String), u64>,
+    logs: &mut BTreeMap<(BotId, String), BTreeMap<u64, Logged>>,
+    bot: &BotId,
+    chat: &str,
+    items: impl IntoIterator<Item = Logged>,
+) {
+    let head = heads
+        .entry((bot.base().to_owned(), chat.to_owned()))
+        .or_default();
+    let log = logs.entry((bot.clone(), chat.to_owned())).or_default();
+    for it in items {
+        *head += 1;
+        log.insert(*head, it);
+    }
+}
+
+/// An item of a chat's log, as the memory store keeps it.
+#[derive(Debug)]
+enum Logged {
+    /// The entry of this key.
+    Entry(String),
+    /// What the turn of the entry `.0` said (`.1`), when (`.2`, unix ms).
+    Said(String, String, i64),
+}
+
+impl State {
+    /// Numbers `items` in `chat`'s log, after what it has.
+    fn log(&mut self, bot: &BotId, chat: &str, items: impl IntoIterator<Item = Logged>) {
+        log_into(&mut self.heads, &mut self.logs, bot, chat, items);
+    }
 }
 
 /// An entry's answer that comes later: the SQL backends' `held_until_ms`, `posts`,
@@ -58,7 +97,13 @@ impl State {
         mut next_seq: impl FnMut() -> u64,
     ) -> Vec<crate::Journaled> {
         let now = botfleet_core::unix_ms();
-        let State { inbox, pauses, .. } = self;
+        let State {
+            inbox,
+            pauses,
+            heads,
+            logs,
+            ..
+        } = self;
         let inbox = inbox.entry(bot.clone()).or_default();
         items
             .iter()
@@ -85,6 +130,13 @@ impl State {
                     received_at_ms: now,
                 };
                 inbox.insert(item.key.clone(), (entry, paused.then_some(now)));
+                log_into(
+                    heads,
+                    logs,
+                    bot,
+                    &item.chat,
+                    [Logged::Entry(item.key.clone())],
+                );
                 if paused {
                     crate::Journaled::Paused
                 } else {
@@ -466,6 +518,49 @@ impl Store for MemoryStore {
         Ok((new, view))
     }
 
+    async fn chat_events(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::ChatEvent>> {
+        let st = self.st();
+        let Some(log) = st.logs.get(&(bot.clone(), chat.to_owned())) else {
+            return Ok(Vec::new());
+        };
+        let inbox = st.inbox.get(bot);
+        let events = log
+            .range(after.saturating_add(1)..)
+            .filter_map(|(n, it)| match it {
+                Logged::Entry(key) => {
+                    let (e, _) = inbox?.get(key)?;
+                    Some(crate::ChatEvent {
+                        n: *n,
+                        kind: match e.kind() {
+                            crate::EntryKind::Event => crate::ChatEventKind::Received,
+                            crate::EntryKind::Send => crate::ChatEventKind::Send,
+                        },
+                        entry: key.clone(),
+                        body: e.message.clone(),
+                        state: Some(e.state),
+                        at_ms: e.received_at_ms,
+                    })
+                }
+                Logged::Said(entry, body, at) => Some(crate::ChatEvent {
+                    n: *n,
+                    kind: crate::ChatEventKind::Said,
+                    entry: entry.clone(),
+                    body: body.clone(),
+                    state: None,
+                    at_ms: *at,
+                }),
+            })
+            .take(limit.min(crate::MAX_CHAT_EVENTS))
+            .collect();
+        Ok(events)
+    }
+
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
         let st = self.st();
         let entry = st
@@ -690,6 +785,7 @@ impl Store for MemoryStore {
                 .chats
                 .get(&(bot.clone(), rec.chat.clone()))
                 .is_some_and(|(_, f, _)| *f > fence);
+        let mut ended = false;
         if let Some((entry, finished)) = st
             .inbox
             .get_mut(bot)
@@ -701,7 +797,15 @@ impl Store for MemoryStore {
                 entry.state = state.parse().unwrap_or(InboxState::Done);
                 entry.error = rec.error();
                 *finished = Some(now);
+                ended = true;
             }
+        }
+        if ended {
+            let said = rec
+                .said
+                .iter()
+                .map(|b| Logged::Said(rec.key.clone(), b.clone(), now));
+            st.log(bot, &rec.chat, said);
         }
         if !superseded {
             for (name, value) in &rec.refs {
@@ -789,6 +893,14 @@ impl Store for MemoryStore {
         });
         let now = botfleet_core::unix_ms();
         st.refs.retain(|_, (_, exp)| *exp > now);
+        let State { logs, inbox, .. } = &mut *st;
+        for ((bot, _), log) in logs.iter_mut() {
+            let kept = |key: &String| inbox.get(bot).is_some_and(|i| i.contains_key(key));
+            log.retain(|_, it| match it {
+                Logged::Entry(key) => kept(key),
+                Logged::Said(entry, _, at) => *at >= done_before_ms || kept(entry),
+            });
+        }
         Ok(gone)
     }
 }

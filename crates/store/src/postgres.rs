@@ -18,32 +18,69 @@ use crate::{
 /// commits share the server's WAL flushes (one connection would serialize every commit).
 pub(crate) const POOL_SIZE: usize = 4;
 
+/// The items of a journal write not recorded before (`u`: UNNEST's key, chat, message, ord,
+/// `paused`, and each item's place among its chat's: `cnt`, `rn`) and the numbers taken in
+/// each chat's log (`h`: chat, its last number; the bot's own id's heads, shared by its
+/// slices, locked in chat order). `$1` the bot, `$own` its own id, `$now` now.
+///
+/// A redelivery is left out before any head is locked: its insert would wait for a turn
+/// ending its entry (an update of the row), and that turn takes the chat's head after the
+/// row, so the two would deadlock. (Two deliveries of one new key at once take numbers both;
+/// the second waits for the first's head, then its insert does nothing: a gap.)
+macro_rules! journal_items {
+    ($own:literal, $now:literal) => {
+        concat!(
+            "u AS (SELECT t.*, ",
+            crate::schema::paused_now!($own, $now, "t.chat", "t.key"),
+            " AS paused, COUNT(*) OVER (PARTITION BY t.chat) AS cnt, \
+             ROW_NUMBER() OVER (PARTITION BY t.chat ORDER BY t.ord) AS rn \
+             FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
+             WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.bot_id = $1 AND i.key = t.key)), \
+             h AS (INSERT INTO chat_heads (bot_id, chat, n) SELECT ",
+            $own,
+            ", chat, COUNT(*) FROM u \
+             GROUP BY chat ORDER BY chat ON CONFLICT (bot_id, chat) \
+             DO UPDATE SET n = chat_heads.n + excluded.n RETURNING chat, n) "
+        )
+    };
+}
+
+/// Inserts the items of [`journal_items`] numbered from `$seq` (in their order) and in their
+/// chats' logs, `$now` now; the rows inserted are `key, state`.
+macro_rules! journal_insert {
+    ($seq:literal, $now:literal, $where:literal) => {
+        concat!(
+            "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, \
+             finished_at_ms, n) SELECT $1, u.key, ",
+            $seq,
+            " + u.ord, u.chat, u.message, CASE WHEN u.paused THEN 'paused' ELSE 'pending' END, ",
+            $now,
+            ", CASE WHEN u.paused THEN ",
+            $now,
+            " END, h.n - u.cnt + u.rn FROM u JOIN h ON h.chat = u.chat ",
+            $where,
+            " ON CONFLICT DO NOTHING RETURNING key, state"
+        )
+    };
+}
+
 /// Journals webhook deliveries (`$1` bot, `$2..$4` keys, chats, messages, `$5` base
-/// sequence, `$6` now).
+/// sequence, `$6` now, `$7` the bot's own id).
 const JOURNAL_PUT: &str = concat!(
-    "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
-     SELECT $1, key, $5 + ord, chat, message, CASE WHEN paused THEN 'paused' ELSE 'pending' END, \
-     $6, CASE WHEN paused THEN $6 END \
-     FROM (SELECT t.*, ",
-    crate::schema::paused_now!("$7", "$6", "t.chat", "t.key"),
-    " AS paused \
-     FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord)) AS u \
-     ON CONFLICT DO NOTHING RETURNING key, state"
+    "WITH ",
+    journal_items!("$7", "$6"),
+    journal_insert!("$5", "$6", "")
 );
 
 /// [`JOURNAL_PUT`] and the turn view of one of the items at once (`$7` its key, `$8` its
 /// chat, `$9` its reply key; `$10` the bot's own id). The view's reads see the table as before the insert: a new
 /// entry shows as absent, and the caller knows it is pending.
 const JOURNAL_PUT_VIEW: &str = concat!(
-    "WITH ins AS (INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
-     SELECT $1, key, $5 + ord, chat, message, CASE WHEN paused THEN 'paused' ELSE 'pending' END, \
-     $6, CASE WHEN paused THEN $6 END \
-     FROM (SELECT t.*, ",
-    crate::schema::paused_now!("$10", "$6", "t.chat", "t.key"),
-    " AS paused \
-     FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord)) AS u \
-     ON CONFLICT DO NOTHING RETURNING key, state) \
-     SELECT ARRAY(SELECT key FROM ins), i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
+    "WITH ",
+    journal_items!("$10", "$6"),
+    ", ins AS (",
+    journal_insert!("$5", "$6", ""),
+    ") SELECT ARRAY(SELECT key FROM ins), i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
      s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $9), \
      i.held_until_ms, ARRAY(SELECT key FROM ins WHERE state = 'paused'), \
      EXISTS (SELECT 1 FROM chat_pauses p WHERE p.bot_id = $10 AND p.chat = $8 \
@@ -56,7 +93,8 @@ const JOURNAL_PUT_VIEW: &str = concat!(
 /// What a turn leaves, in one statement (so one transaction): `$1` bot, `$2` chat, `$3`
 /// revision the state came from, `$4` fence, `$5` state, `$6` now, `$7` reply key, `$8` sent,
 /// `$9` entry state, `$10` error, `$11` entry key, `$13`/`$14` the refs' names and values and
-/// `$15` how long they are kept (ms), `$12` whether the bot's claim holds the
+/// `$15` how long they are kept (ms), `$16` what the turn said (logged in the chat's log
+/// when the entry ends here, numbered by the head of `$17`, the bot's own id), `$12` whether the bot's claim holds the
 /// turn (then nothing is written unless `$4` is not below the bot's accepted fence, and the
 /// last column says whether it was not; and no outbox row: the entry's end, in the same
 /// statement, is its record).
@@ -76,6 +114,12 @@ fn turn_record_sql(cas: &str) -> String {
            WHERE c.bot_id = $1 AND c.chat = $2 AND c.fence > $4)) \
            ON CONFLICT (bot_id, chat, name) DO UPDATE SET value = excluded.value, \
            expires_at_ms = excluded.expires_at_ms RETURNING 1), \
+         hs AS (INSERT INTO chat_heads (bot_id, chat, n) SELECT $17, $2, cardinality($16::TEXT[]) \
+           WHERE cardinality($16::TEXT[]) > 0 AND EXISTS (SELECT 1 FROM fin) \
+           ON CONFLICT (bot_id, chat) DO UPDATE SET n = chat_heads.n + excluded.n RETURNING n), \
+         sd AS (INSERT INTO chat_said (bot_id, chat, n, entry, body, at_ms) \
+           SELECT $1, $2, hs.n - cardinality($16::TEXT[]) + t.ord, $11, t.body, $6 \
+           FROM hs, UNNEST($16::TEXT[]) WITH ORDINALITY AS t(body, ord) RETURNING 1), \
          st AS ({cas}) \
          SELECT (SELECT revision FROM st), (SELECT COUNT(*) FROM ob), (SELECT COUNT(*) FROM fin), \
            CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT), (SELECT go FROM ok)"
@@ -416,19 +460,14 @@ impl PostgresStore {
         let rows = c
             .query(
                 concat!(
-                "WITH base AS (SELECT GREATEST(COALESCE(MAX(seq), 0), $7) AS s FROM inbox \
-                               WHERE bot_id = $1), \
-                 items AS (SELECT * FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) \
-                           WITH ORDINALITY AS t(key, chat, message, ord)) \
-                 INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, \
-                                    finished_at_ms) \
-                 SELECT $1, key, (SELECT s FROM base) + ord, chat, message, \
-                 CASE WHEN paused THEN 'paused' ELSE 'pending' END, $5, CASE WHEN paused THEN $5 END \
-                 FROM (SELECT t.*, ",
-                crate::schema::paused_now!("$8", "$5", "t.chat", "t.key"),
-                " AS paused FROM items AS t) AS u \
-                 WHERE COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6 \
-                 ON CONFLICT DO NOTHING RETURNING key, state"
+                    "WITH base AS (SELECT GREATEST(COALESCE(MAX(seq), 0), $7) AS s FROM inbox \
+                     WHERE bot_id = $1), ",
+                    journal_items!("$8", "$5"),
+                    journal_insert!(
+                        "(SELECT s FROM base)",
+                        "$5",
+                        "WHERE COALESCE((SELECT fence FROM bot_fences WHERE bot_id = $1), 0) <= $6"
+                    )
                 ),
                 &[
                     &bot.as_str(),
@@ -925,6 +964,9 @@ impl Store for PostgresStore {
         c.execute(crate::schema::REPLIES_PRUNE, &[&done_before_ms])
             .await
             .map_err(db("prune inbox"))?;
+        c.execute(crate::schema::SAID_PRUNE, &[&done_before_ms])
+            .await
+            .map_err(db("prune inbox"))?;
         Ok(gone)
     }
 
@@ -1062,6 +1104,37 @@ impl Store for PostgresStore {
         } else {
             Err(self.stale(&c, bot, fence).await)
         }
+    }
+
+    async fn chat_events(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::ChatEvent>> {
+        let c = self.client().await?;
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit.min(crate::MAX_CHAT_EVENTS)).unwrap_or(0);
+        let st = c
+            .statement(crate::schema::CHAT_EVENTS, "read a chat's log")
+            .await?;
+        let rows = c
+            .query(&st, &[&bot.as_str(), &chat, &after, &limit])
+            .await
+            .map_err(db("read a chat's log"))?;
+        rows.into_iter()
+            .map(|r| {
+                crate::chatlog::event(
+                    r.get(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get::<_, Option<&str>>(4),
+                    r.get(5),
+                )
+            })
+            .collect()
     }
 
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
@@ -1422,6 +1495,8 @@ impl Store for PostgresStore {
                     &ref_names,
                     &ref_values,
                     &crate::REFS_TTL_MS,
+                    &rec.said,
+                    &bot.base(),
                 ],
             )
             .await

@@ -142,6 +142,30 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (bot_id, chat)
     );
     CREATE INDEX inbox_paused ON inbox (bot_id, chat, seq) WHERE state = 'paused';",
+    // 16: a chat's log, read by a desk with a cursor. Each chat numbers what it records — its
+    // entries (`inbox.n`) and what its turns said (`chat_said`) — from one counter per chat
+    // (`chat_heads`, under the bot's own id: one count across its slices), taken in the
+    // writing transaction: a number is taken only after the
+    // chat's last one was committed, so a reader that has seen `n` never finds a lower number
+    // committed later. Entries recorded before this version have no number (not listed).
+    "ALTER TABLE inbox ADD COLUMN n BIGINT;
+    CREATE INDEX inbox_by_chat_n ON inbox (bot_id, chat, n);
+    CREATE TABLE chat_heads (
+        bot_id TEXT NOT NULL,
+        chat TEXT NOT NULL,
+        n BIGINT NOT NULL,
+        PRIMARY KEY (bot_id, chat)
+    );
+    CREATE TABLE chat_said (
+        bot_id TEXT NOT NULL,
+        chat TEXT NOT NULL,
+        n BIGINT NOT NULL,
+        entry TEXT NOT NULL,
+        body TEXT NOT NULL,
+        at_ms BIGINT NOT NULL,
+        PRIMARY KEY (bot_id, chat, n)
+    );
+    CREATE INDEX chat_said_by_time ON chat_said (at_ms);",
 ];
 
 /// Whether the chat of an item (`$chat`, its key `$key`) is paused now, as an SQL literal:
@@ -163,6 +187,26 @@ macro_rules! paused_now {
     };
 }
 pub(crate) use paused_now;
+
+/// Takes `$3` numbers of a chat's log (`$1` the bot's own id: its slices share the count,
+/// `$2` chat): answers the last one taken. The counter's row stays locked until the
+/// transaction ends, so numbers commit in order.
+pub(crate) const CHAT_HEAD_TAKE: &str =
+    "INSERT INTO chat_heads (bot_id, chat, n) VALUES ($1, $2, $3) \
+     ON CONFLICT (bot_id, chat) DO UPDATE SET n = chat_heads.n + excluded.n RETURNING n";
+
+/// Forgets what turns said before `$1` whose entries are gone (pruned): what was said is
+/// kept as long as the entry it answered.
+pub(crate) const SAID_PRUNE: &str = "DELETE FROM chat_said WHERE at_ms < $1 AND NOT EXISTS \
+     (SELECT 1 FROM inbox i WHERE i.bot_id = chat_said.bot_id AND i.key = chat_said.entry)";
+
+/// A chat's log after a number (`$1` bot, `$2` chat, `$3` after, `$4` how many): its
+/// entries and what its turns said, in order: `(n, said, key, body, state, at_ms)`.
+pub(crate) const CHAT_EVENTS: &str = "SELECT n, said, k, body, st, at_ms FROM (\
+     SELECT n, FALSE AS said, key AS k, message AS body, state AS st, received_at_ms AS at_ms \
+     FROM inbox WHERE bot_id = $1 AND chat = $2 AND n > $3 \
+     UNION ALL SELECT n, TRUE, entry, body, NULL, at_ms FROM chat_said \
+     WHERE bot_id = $1 AND chat = $2 AND n > $3) AS l ORDER BY n LIMIT $4";
 
 /// Pauses a chat (`$1` the bot's own id, `$2` chat, `$3` until, `$4` reason, `$5` now); paused
 /// again while paused, it keeps the time it began.
@@ -620,6 +664,7 @@ pub(crate) mod previous {
             state: Some((3, "{\"n\":4}".into())),
             refs: Vec::new(),
             notes: None,
+            said: Vec::new(),
         };
         assert_eq!(
             s.turn_record(&bot, &rec)

@@ -839,6 +839,50 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn chat_events(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::ChatEvent>> {
+        let (bot, chat) = (bot.clone(), chat.to_owned());
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit.min(crate::MAX_CHAT_EVENTS)).unwrap_or(0);
+        self.read("read a chat's log", move |c| {
+            let fail = |e| StoreError::backend("read a chat's log", e);
+            let mut st = c
+                .prepare_cached(&crate::schema::CHAT_EVENTS.replace('$', "?"))
+                .map_err(fail)?;
+            let rows = st
+                .query_map(params![bot.as_str(), chat, after, limit], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, bool>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ))
+                })
+                .map_err(fail)?;
+            let mut out = Vec::new();
+            for r in rows {
+                let (n, said, entry, body, state, at_ms) = r.map_err(fail)?;
+                out.push(crate::chatlog::event(
+                    n,
+                    said,
+                    entry,
+                    body,
+                    state.as_deref(),
+                    at_ms,
+                )?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn turn_view(&self, bot: &BotId, key: &str, chat: &str) -> Result<TurnView> {
         let (bot, key, chat) = (bot.clone(), key.to_owned(), chat.to_owned());
         self.read("read a turn", move |c| turn_view_on(c, &bot, &key, &chat))
@@ -1043,23 +1087,27 @@ impl Store for SqliteStore {
                     .map_err(fail)?;
                 }
             }
-            tx.execute(
-                "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
+            let ended = tx
+                .execute(
+                    "UPDATE inbox SET state = ?3, error = ?4, finished_at_ms = ?5 \
                  WHERE bot_id = ?1 AND key = ?2 AND state = 'pending' \
                  AND (?8 OR NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = ?1 \
                  AND c.chat = ?6 AND c.fence > ?7))",
-                params![
-                    bot.as_str(),
-                    rec.key,
-                    state,
-                    error,
-                    now,
-                    rec.chat,
-                    fence_i64(fence),
-                    claim
-                ],
-            )
-            .map_err(fail)?;
+                    params![
+                        bot.as_str(),
+                        rec.key,
+                        state,
+                        error,
+                        now,
+                        rec.chat,
+                        fence_i64(fence),
+                        claim
+                    ],
+                )
+                .map_err(fail)?;
+            if ended > 0 && !rec.said.is_empty() {
+                log_said(&tx, &bot, &rec, now).map_err(fail)?;
+            }
             tx.commit().map_err(fail)?;
             Ok(written)
         })
@@ -1326,6 +1374,10 @@ impl Store for SqliteStore {
                     &crate::schema::REPLIES_PRUNE.replace('$', "?"),
                     [done_before_ms],
                 )?;
+                c.execute(
+                    &crate::schema::SAID_PRUNE.replace('$', "?"),
+                    [done_before_ms],
+                )?;
                 Ok(n as u64)
             })
             .map_err(|e| StoreError::backend("prune inbox", e))
@@ -1466,12 +1518,17 @@ fn insert_inbox(
     // (`WHERE true`: an INSERT … SELECT with an upsert clause needs a WHERE to parse.)
     let mut st = tx
         .prepare_cached(concat!(
-            "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms) \
+            "INSERT INTO inbox (bot_id, key, seq, chat, message, state, received_at_ms, finished_at_ms, n) \
              SELECT ?1, ?2, ?3, ?4, ?5, CASE WHEN p THEN 'paused' ELSE 'pending' END, ?6, \
-             CASE WHEN p THEN ?6 END FROM (SELECT ",
+             CASE WHEN p THEN ?6 END, COALESCE((SELECT n FROM chat_heads \
+             WHERE bot_id = ?7 AND chat = ?4), 0) + 1 FROM (SELECT ",
             crate::schema::paused_now!("?7", "?6", "?4", "?2"),
             " AS p) WHERE true ON CONFLICT DO NOTHING RETURNING state"
         ))
+        .map_err(fail)?;
+    // The number the entry took (one writer: read in the insert, taken here).
+    let mut head = tx
+        .prepare_cached(&crate::schema::CHAT_HEAD_TAKE.replace('$', "?"))
         .map_err(fail)?;
     let mut out = Vec::with_capacity(items.len());
     for item in items {
@@ -1497,10 +1554,34 @@ fn insert_inbox(
         };
         if done != crate::Journaled::Known {
             seq += 1;
+            head.query_row(params![bot.base(), item.chat, 1], |_| Ok(()))
+                .map_err(fail)?;
         }
         out.push(done);
     }
     Ok(out)
+}
+
+/// Logs what a turn said in its chat, numbered after the chat's last item.
+fn log_said(
+    tx: &rusqlite::Transaction<'_>,
+    bot: &BotId,
+    rec: &TurnRecord,
+    now: i64,
+) -> rusqlite::Result<()> {
+    let count = i64::try_from(rec.said.len()).unwrap_or(i64::MAX);
+    let last: i64 = tx.query_row(
+        &crate::schema::CHAT_HEAD_TAKE.replace('$', "?"),
+        params![bot.base(), rec.chat, count],
+        |r| r.get(0),
+    )?;
+    let mut put = tx.prepare_cached(
+        "INSERT INTO chat_said (bot_id, chat, n, entry, body, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    for (i, body) in (last - count + 1..).zip(&rec.said) {
+        put.execute(params![bot.as_str(), rec.chat, i, rec.key, body, now])?;
+    }
+    Ok(())
 }
 
 /// An IMMEDIATE transaction (the write lock first: a deferred one that reads and then writes

@@ -307,6 +307,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn chat_pauses(&self, bot: &BotId) -> Result<Vec<crate::ChatPause>>;
 
+    /// A chat's log after the number `after` (0: from its start), oldest first, at most
+    /// `limit` items (capped at [`MAX_CHAT_EVENTS`](crate::MAX_CHAT_EVENTS)): its entries
+    /// (events and sends from the backend) and what its turns said, see
+    /// [`ChatEvent`](crate::ChatEvent). `bot` is the unit that receives the chat.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn chat_events(
+        &self,
+        bot: &BotId,
+        chat: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::ChatEvent>>;
+
     /// What a turn on the entry `key` of `chat` starts from (see [`TurnView`]), in one call.
     /// The entry is found by its key alone (`chat` selects the state).
     ///

@@ -83,6 +83,10 @@ pub struct TurnRecord {
     /// What the handler asked for that could not be done (a refused action, with its reason),
     /// kept as the entry's error though it ends `done`.
     pub notes: Option<String>,
+    /// What the turn did in its chat, for the chat's log ([`ChatEvent`](crate::ChatEvent)):
+    /// one JSON document per action, in order. Logged only when the entry ends with this
+    /// record.
+    pub said: Vec<String>,
 }
 
 impl TurnRecord {
@@ -104,6 +108,7 @@ impl TurnRecord {
             state,
             refs: Vec::new(),
             notes: None,
+            said: Vec::new(),
         }
     }
 

@@ -495,6 +495,7 @@ async fn end(
             state: None,
             refs: Vec::new(),
             notes: None,
+            said: Vec::new(),
         },
     )
     .await
@@ -516,6 +517,7 @@ fn replied(
         state: state.map(|(r, s)| (r, s.to_owned())),
         refs: Vec::new(),
         notes: None,
+        said: Vec::new(),
     }
 }
 
@@ -1812,6 +1814,225 @@ pub async fn paused_chats_are_recorded_not_answered(s: Arc<dyn Store>) {
     assert!(s.inbox_entry(&bot, "e7").await.unwrap().is_none());
 }
 
+/// A chat's log numbers its entries (each delivery once, whichever way it was journaled) and
+/// what its turns said (only with the turn that ends the entry), in order, per chat; a reader
+/// after a cursor gets what came after; pruning drops what the inbox forgets, numbers go on;
+/// a reader tailing a chat while many writers journal into it at once misses nothing.
+pub async fn chat_log_numbers_entries_and_what_was_said(s: Arc<dyn Store>) {
+    use botfleet_store::{ChatEventKind, TurnFence, TurnRecord};
+    let a = bid("log-a");
+    let b = bid("log-b");
+    let log = |bot: &BotId, chat: &str, after: u64, limit: usize| {
+        let (s, bot, chat) = (s.clone(), bot.clone(), chat.to_owned());
+        async move { s.chat_events(&bot, &chat, after, limit).await.unwrap() }
+    };
+    let keys = |events: &[botfleet_store::ChatEvent]| -> Vec<(ChatEventKind, String)> {
+        events.iter().map(|e| (e.kind, e.entry.clone())).collect()
+    };
+    // A unit's journal under its claim, a redelivery among them.
+    let send = InboxItem {
+        key: botfleet_store::send_key("desk-1"),
+        ..item("s", "c1")
+    };
+    s.journal_put(
+        &a,
+        &[item("e1", "c1"), item("e2", "c2"), item("e3", "c1")],
+        Some(Fence(1)),
+        None,
+    )
+    .await
+    .unwrap();
+    s.journal_put(&a, &[item("e1", "c1"), send.clone()], Some(Fence(1)), None)
+        .await
+        .unwrap();
+    let c1 = log(&a, "c1", 0, 100).await;
+    assert_eq!(
+        keys(&c1),
+        [
+            (ChatEventKind::Received, "e1".to_owned()),
+            (ChatEventKind::Received, "e3".to_owned()),
+            (ChatEventKind::Send, send.key.clone()),
+        ]
+    );
+    assert!(
+        c1.windows(2).all(|w| w[0].n + 1 == w[1].n),
+        "numbers grow, a redelivery takes none: {c1:?}"
+    );
+    assert_eq!(c1[0].body, item("e1", "c1").message);
+    assert_eq!(c1[0].state, Some(InboxState::Pending));
+    assert_eq!(
+        keys(&log(&a, "c2", 0, 100).await),
+        [(ChatEventKind::Received, "e2".to_owned())]
+    );
+    assert!(log(&a, "c3", 0, 100).await.is_empty());
+    assert!(log(&b, "c1", 0, 100).await.is_empty(), "per bot");
+    // The turn that ends e1 logs what it said, after what was recorded before.
+    let said = vec![
+        r#"{"type":"send","text":"one"}"#.to_owned(),
+        r#"{"type":"send","text":"two"}"#.to_owned(),
+    ];
+    let mut rec = TurnRecord::new(
+        "e1",
+        "c1",
+        TurnFence::Claim(Fence(1)),
+        InboxOutcome::Done,
+        true,
+        None,
+    );
+    rec.said = said.clone();
+    s.turn_record(&a, &rec).await.unwrap();
+    // Recorded again (the entry ended already): nothing logged twice.
+    s.turn_record(&a, &rec).await.unwrap();
+    let after = c1[2].n;
+    let next = log(&a, "c1", after, 100).await;
+    assert_eq!(
+        keys(&next),
+        [
+            (ChatEventKind::Said, "e1".to_owned()),
+            (ChatEventKind::Said, "e1".to_owned()),
+        ]
+    );
+    assert_eq!(
+        next.iter().map(|e| e.body.clone()).collect::<Vec<_>>(),
+        said
+    );
+    assert!(next.iter().all(|e| e.n > after && e.state.is_none()));
+    assert_eq!(next[0].n + 1, next[1].n);
+    let all = log(&a, "c1", 0, 100).await;
+    assert_eq!(
+        all[0].state,
+        Some(InboxState::Done),
+        "the entry's state as it is now"
+    );
+    assert_eq!(log(&a, "c1", 0, 2).await, all[..2], "a limit");
+    assert_eq!(log(&a, "c1", c1[0].n, 1).await, all[1..2], "after a cursor");
+    // A stale claim's record logs nothing.
+    s.accept_fence(&a, Fence(2)).await.unwrap();
+    let mut stale = TurnRecord::new(
+        "e3",
+        "c1",
+        TurnFence::Claim(Fence(1)),
+        InboxOutcome::Done,
+        true,
+        None,
+    );
+    stale.said = vec![r#"{"type":"send","text":"stale"}"#.to_owned()];
+    assert!(s.turn_record(&a, &stale).await.is_err());
+    assert_eq!(log(&a, "c1", 0, 100).await.len(), 5);
+    // Journaled without a claim (webhook deliveries), with and without a view; a chat turn's
+    // record logs what it said.
+    s.journal_put(&b, &[item("w1", "c1"), item("w2", "c1")], None, None)
+        .await
+        .unwrap();
+    s.journal_put(&b, &[item("w3", "c1"), item("w1", "c1")], None, Some(0))
+        .await
+        .unwrap();
+    let mut rec = TurnRecord::new(
+        "w1",
+        "c1",
+        TurnFence::Chat(Fence(1)),
+        InboxOutcome::Done,
+        true,
+        None,
+    );
+    rec.said = vec![r#"{"type":"send","text":"w"}"#.to_owned()];
+    s.turn_record(&b, &rec).await.unwrap();
+    assert_eq!(
+        keys(&log(&b, "c1", 0, 100).await),
+        [
+            (ChatEventKind::Received, "w1".to_owned()),
+            (ChatEventKind::Received, "w2".to_owned()),
+            (ChatEventKind::Received, "w3".to_owned()),
+            (ChatEventKind::Said, "w1".to_owned()),
+        ]
+    );
+    // Pruned with the inbox: the answered entry and what was said go; numbers go on.
+    let last = log(&a, "c1", 0, 100).await.last().unwrap().n;
+    s.inbox_prune(botfleet_core::unix_ms() + 1, 0)
+        .await
+        .unwrap();
+    let kept = log(&a, "c1", 0, 100).await;
+    assert!(
+        !kept.iter().any(|e| e.entry == "e1"),
+        "the answered entry and what its turn said are pruned: {kept:?}"
+    );
+    assert!(
+        kept.iter().any(|e| e.entry == "e3"),
+        "the pending one stays"
+    );
+    s.journal_put(&a, &[item("e4", "c1")], Some(Fence(2)), None)
+        .await
+        .unwrap();
+    let e4 = log(&a, "c1", last, 100).await;
+    assert_eq!(keys(&e4), [(ChatEventKind::Received, "e4".to_owned())]);
+    // The slices of a bot share one count per chat.
+    let (s1, s2) = (a.slice(1), a.slice(2));
+    s.journal_put(&s1, &[item("x1", "sl")], None, None)
+        .await
+        .unwrap();
+    s.journal_put(&s2, &[item("x2", "sl")], None, None)
+        .await
+        .unwrap();
+    let (x1, x2) = (log(&s1, "sl", 0, 10).await, log(&s2, "sl", 0, 10).await);
+    assert_eq!((x1.len(), x2.len()), (1, 1));
+    assert!(x2[0].n > x1[0].n, "{x1:?} {x2:?}");
+    // What was said is kept as long as its entry (an undeliverable one: days).
+    let mut rec = TurnRecord::new(
+        "x1",
+        "sl",
+        TurnFence::Chat(Fence(1)),
+        InboxOutcome::Undeliverable("given up".into()),
+        true,
+        None,
+    );
+    rec.said = vec![r#"{"type":"send","text":"part"}"#.to_owned()];
+    s.turn_record(&s1, &rec).await.unwrap();
+    s.inbox_prune(botfleet_core::unix_ms() + 1, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys(&log(&s1, "sl", 0, 10).await),
+        [
+            (ChatEventKind::Received, "x1".to_owned()),
+            (ChatEventKind::Said, "x1".to_owned())
+        ]
+    );
+    s.inbox_prune(botfleet_core::unix_ms() + 1, botfleet_core::unix_ms() + 1)
+        .await
+        .unwrap();
+    assert!(log(&s1, "sl", 0, 10).await.is_empty());
+    // Many writers at once, one reader tailing with its cursor: nothing is skipped.
+    let writers: Vec<_> = (0..24)
+        .map(|i| {
+            let (s, b) = (s.clone(), b.clone());
+            tokio::spawn(async move {
+                s.journal_put(&b, &[item(&format!("t{i}"), "busy")], None, None)
+                    .await
+                    .unwrap();
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    let mut cursor = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while seen.len() < 24 {
+        assert!(std::time::Instant::now() < deadline, "seen only {seen:?}");
+        for e in log(&b, "busy", cursor, 5).await {
+            assert!(e.n > cursor);
+            cursor = e.n;
+            seen.push(e.entry);
+        }
+        tokio::task::yield_now().await;
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    seen.sort();
+    let mut all: Vec<String> = (0..24).map(|i| format!("t{i}")).collect();
+    all.sort();
+    assert_eq!(seen, all, "each once, none skipped");
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -1851,6 +2072,7 @@ macro_rules! store_conformance {
             held_turns_take_posted_parts_once_in_order,
             parts_posted_at_once_are_each_kept_once,
             paused_chats_are_recorded_not_answered,
+            chat_log_numbers_entries_and_what_was_said,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {

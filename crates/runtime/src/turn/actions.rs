@@ -96,6 +96,10 @@ struct Progress {
     /// the same is not sent, and a message changes at most once per the platform's pace.
     #[serde(default)]
     marks: Marks,
+    /// What was done in the chat, for its log: the actions' indexes, with the platform's id
+    /// of a message a `send` made.
+    #[serde(default)]
+    said: Vec<(usize, Option<String>)>,
 }
 
 impl Progress {
@@ -443,6 +447,7 @@ impl<'a> Run<'a> {
                 run.step(hold, end).await?;
             }
             run.gives_way = pace == Pace::Yield && matches!(action, Action::Edit { .. });
+            let ids = run.p.ids.len();
             let r = run.one(hold, slot, i, &action, started).await;
             run.gives_way = false;
             if let Some(due) = run.gave_way.take() {
@@ -454,6 +459,10 @@ impl<'a> Run<'a> {
                 Ok(()) => {
                     if matches!(action, Action::Edit { .. }) {
                         ctx.metrics.stream_edit(ctx.platform, coalesce::SENT);
+                    }
+                    if !matches!(action, Action::Typing {}) {
+                        let id = run.p.ids.get(ids..).and_then(<[String]>::last).cloned();
+                        run.p.said.push((i, id));
                     }
                     run.p.marks.changed(&action, botfleet_core::unix_ms());
                     if let (true, Action::Send { text, .. }, Some(t)) =
@@ -528,6 +537,14 @@ impl<'a> Run<'a> {
         }
         end.notes = (!p.notes.is_empty()).then(|| p.notes.join("; "));
         end.refs = p.refs;
+        if botfleet_store::InboxEntry::kind_of(end.key) == botfleet_store::EntryKind::Event {
+            // (A send from the backend is in the chat's log as itself.)
+            end.said = p
+                .said
+                .iter()
+                .filter_map(|(i, id)| Some(said(p.actions.get(*i)?, id.as_deref())))
+                .collect();
+        }
         let mut outcome = match undeliverable {
             Some(why) => {
                 ctx.metrics.undeliverable(ctx.platform);
@@ -550,6 +567,23 @@ impl<'a> Run<'a> {
         let sent = p.sent.then(Instant::now);
         end.record(ctx, hold, slot, outcome, sent, state).await
     }
+}
+
+/// How the chat's log shows an action done (a message sent with the platform's id of it,
+/// `message_id`): as the handler gave it, less the bytes of its files.
+pub(super) fn said(action: &Action, message_id: Option<&str>) -> String {
+    let mut a = action.clone();
+    if let Action::Send { attachments, .. } = &mut a {
+        for f in attachments {
+            f.data = None;
+        }
+    }
+    let mut v = serde_json::to_value(&a).unwrap_or_default();
+    if let (Some(id), Some(o)) = (message_id, v.as_object_mut()) {
+        o.entry("message_id")
+            .or_insert_with(|| serde_json::Value::String(id.to_owned()));
+    }
+    v.to_string()
 }
 
 /// Counts a refused action.

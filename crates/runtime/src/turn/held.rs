@@ -206,6 +206,7 @@ pub(crate) async fn step(
             fence: p.fence,
             refs: Vec::new(),
             notes: None,
+            said: Vec::new(),
         };
         // Boxed: doing parts takes kilobytes that the wait between them need not keep.
         let parts = actions::run_parts(
