@@ -1136,6 +1136,8 @@ mod tests {
             serde_json::json!({"type": "delete", "message_id": "9"}),
             serde_json::json!({"type": "typing"}),
             serde_json::json!({"type": "answer", "text": "ok", "alert": true, "ephemeral": false}),
+            serde_json::json!({"type": "template", "name": "order_update", "language": "en_US",
+                "components": [{"type": "body", "parameters": [{"type": "text", "text": "42"}]}]}),
         ] {
             let parsed = botfleet_core::Action::from_json(0, &a).unwrap();
             assert!(types.contains(&parsed.kind()));

@@ -77,6 +77,9 @@ pub(crate) struct HandlerCaps {
     /// platform's own stream where the chat has one (Slack: a thread; Telegram: a private
     /// chat), unless the bot's `stream` is `edits`.
     streams: bool,
+    /// `template`: approved message templates (WhatsApp Cloud: the one message allowed 24
+    /// hours after the user's last).
+    templates: bool,
 }
 
 /// What a file is.
@@ -162,6 +165,8 @@ pub(crate) enum HandlerActionType {
     /// Answer the event itself (`text`, `alert`, `ephemeral`): a button press's toast, a
     /// command's reply.
     Answer,
+    /// Send an approved message template (`name`, `language`, `components`): WhatsApp Cloud.
+    Template,
 }
 
 /// One action of an answer, done in order. An action that cannot be done (an unknown type, an
@@ -193,6 +198,13 @@ pub(crate) struct HandlerAction {
     ephemeral: Option<bool>,
     /// `send`: files, sent with the text as their caption where the platform has captions.
     attachments: Option<Vec<HandlerOutFile>>,
+    /// `template`: the approved template's name.
+    name: Option<String>,
+    /// `template`: its language code (`en_US`).
+    language: Option<String>,
+    /// `template`: its components with their parameters, as WhatsApp takes them.
+    #[schema(value_type = Option<Vec<Object>>)]
+    components: Option<serde_json::Value>,
 }
 
 /// The conversation an event belongs to.

@@ -84,6 +84,17 @@ pub enum Action {
     },
     /// Shows that the bot is typing, in the event's chat.
     Typing {},
+    /// Sends a message template the business had approved (WhatsApp Cloud: the one kind of
+    /// message a business may send a user more than 24 hours after the user's last message).
+    Template {
+        /// The template's name.
+        name: String,
+        /// Its language code (`en_US`).
+        language: String,
+        /// Its components with their parameters, as the platform takes them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        components: Option<serde_json::Value>,
+    },
     /// Answers the event itself: a button press (Telegram's `answerCallbackQuery`: a toast,
     /// or an `alert`), or a command (an ephemeral reply where the platform has one).
     Answer {
@@ -101,7 +112,7 @@ pub enum Action {
 
 impl Action {
     /// Every `type` there is, on the wire.
-    pub const KINDS: [&'static str; 5] = ["send", "edit", "delete", "typing", "answer"];
+    pub const KINDS: [&'static str; 6] = ["send", "edit", "delete", "typing", "answer", "template"];
 
     /// Its `type` on the wire.
     pub fn kind(&self) -> &'static str {
@@ -111,6 +122,7 @@ impl Action {
             Action::Delete { .. } => "delete",
             Action::Typing {} => "typing",
             Action::Answer { .. } => "answer",
+            Action::Template { .. } => "template",
         }
     }
 
@@ -209,6 +221,15 @@ pub enum Act<'a> {
         /// Files shown with it, where an answer is a message (Discord's); empty otherwise.
         files: &'a [Upload],
     },
+    /// Send the approved template `name` in `language`, with its `components`.
+    Template {
+        /// Its name.
+        name: &'a str,
+        /// Its language code.
+        language: &'a str,
+        /// Its components with their parameters (none when absent).
+        components: Option<&'a serde_json::Value>,
+    },
     /// Acknowledge `event` now, before the handler has answered, so the platform's deadline
     /// is met (Discord's 3 s for an interaction); an answer later follows up.
     Defer {
@@ -256,6 +277,9 @@ pub struct Caps {
     /// unless the bot's `stream` is `edits`; elsewhere as paced edits of one message.
     #[serde(default)]
     pub streams: bool,
+    /// `template`: approved message templates (WhatsApp Cloud).
+    #[serde(default)]
+    pub templates: bool,
 }
 
 impl Caps {
@@ -276,6 +300,7 @@ impl Caps {
         max_text: 4096,
         commands: false,
         streams: false,
+        templates: false,
     };
 
     /// The capabilities by name, in a fixed order (for the README's table and for reasons).

@@ -143,6 +143,7 @@ pub(crate) async fn act(
                 ))
             }
         },
+        Act::Template { .. } => return Err(botfleet_platform::unsupported(act)),
         Act::Defer { event } => match event.answer_handle.as_deref() {
             Some(h) => crate::interactions::defer(client, api, h).await,
             None => Ok(()),

@@ -440,6 +440,7 @@ pub fn unsupported(act: &Act<'_>) -> PlatformError {
         Act::Delete { .. } => "delete",
         Act::Typing => "typing",
         Act::Answer { .. } | Act::Defer { .. } => "answer",
+        Act::Template { .. } => "templates",
     };
     PlatformError::new(
         crate::ErrorKind::Rejected,

@@ -186,3 +186,114 @@ async fn polling_bot(
     .await;
     (bot, h, a)
 }
+
+/// WhatsApp Cloud's customer service window: inside it a desk's free text goes out; more
+/// than 24 hours after the user's last message the platform refuses it (131047): the send
+/// fails at once with the reason, tried once; a `template` action goes out instead, from the
+/// backend and from a handler. A mode without templates refuses the action with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_cloud_sends_templates_outside_the_24_hour_window() {
+    const NUMBER: &str = "100888";
+    const ACCESS: &str = "EAAG-window-SECRET";
+    const USER: &str = "4917011";
+    let graph = botfleet_testkit::FakeGraph::start().await.unwrap();
+    let g = graph.state();
+    g.add_number(NUMBER, ACCESS, "app-secret");
+    g.keep_window(NUMBER);
+    let mut bot = BotSpec::new(BotId::new("wa-window").unwrap(), Platform::Whatsapp, ACCESS);
+    bot.options.api_url = Some(graph.url());
+    bot.options.phone_number_id = Some(NUMBER.into());
+    bot.hook.secret = Some(botfleet_core::Secret::new("app-secret"));
+    bot.hook.verify_token = Some(botfleet_core::Secret::new("verify-me"));
+    let h = Harness::new(std::slice::from_ref(&bot)).await;
+    let w = h.start("a");
+    let submit = |key: &'static str, body: serde_json::Value| {
+        let (sends, bot) = (w.sends.clone(), bot.clone());
+        async move {
+            wait_for("the send taken", Duration::from_secs(20), || async {
+                sends.submit(&bot, USER, key, &body.to_string()).await.ok()
+            })
+            .await
+        }
+    };
+    let ended = |key: &'static str| {
+        let (store, id) = (h.store().clone(), bot.id.clone());
+        async move {
+            wait_for("the send ended", Duration::from_secs(20), || async {
+                let e = store
+                    .inbox_entry(&id, &botfleet_store::send_key(key))
+                    .await
+                    .ok()??;
+                (e.state != botfleet_store::InboxState::Pending).then_some(e)
+            })
+            .await
+        }
+    };
+    // Inside the window.
+    g.user_wrote_ago(NUMBER, USER, Duration::from_secs(3_600));
+    submit("in", json!({"text": "inside"})).await;
+    assert_eq!(ended("in").await.state, botfleet_store::InboxState::Done);
+    assert_eq!(g.sent().last().unwrap().text, "inside");
+    // More than a day after the user's last message.
+    g.user_wrote_ago(NUMBER, USER, Duration::from_secs(25 * 3_600));
+    submit("late", json!({"text": "too late"})).await;
+    let late = ended("late").await;
+    assert_eq!(late.state, botfleet_store::InboxState::Undeliverable);
+    let why = late.error.unwrap_or_default();
+    assert!(why.contains(botfleet_whatsapp::OUTSIDE_WINDOW), "{why}");
+    assert_eq!(g.window_refusals(), 1, "refused once, not retried");
+    let components = json!([{"type": "body", "parameters": [{"type": "text", "text": "42"}]}]);
+    submit(
+        "tpl",
+        json!({"actions": [{"type": "template", "name": "order_update", "language": "en_US",
+                            "components": components}]}),
+    )
+    .await;
+    assert_eq!(ended("tpl").await.state, botfleet_store::InboxState::Done);
+    let sent = g.sent().last().unwrap().clone();
+    assert_eq!(
+        (sent.to.as_str(), sent.template, sent.components),
+        (
+            USER,
+            Some(("order_update".to_owned(), "en_US".to_owned())),
+            Some(components)
+        )
+    );
+    assert_eq!(g.window_refusals(), 1);
+    // A template without its name is refused by the fleet, not sent.
+    submit(
+        "bad",
+        json!({"actions": [{"type": "template", "name": "", "language": "en_US"}]}),
+    )
+    .await;
+    let bad = ended("bad").await;
+    assert_eq!(bad.state, botfleet_store::InboxState::Undeliverable);
+    assert!(bad.error.unwrap_or_default().contains("`name`"));
+    w.shutdown().await;
+
+    // A Telegram bot has no templates: the action is refused with its reason.
+    let fake = FakeTelegram::start().await.unwrap();
+    let tg = fake.state();
+    tg.add_bot("3101:templates-SECRET");
+    let handler = ScriptedHandler::start(|_| {
+        json!({"actions": [{"type": "template", "name": "hi", "language": "en"},
+                           {"type": "send", "text": "after"}]})
+    })
+    .await;
+    let (tbot, th, ta) = polling_bot("no-tpl", "3101:templates-SECRET", &fake, &handler).await;
+    let key = tg.user_writes("3101:templates-SECRET", 8, "go").to_string();
+    let e = wait_for("the turn ended", Duration::from_secs(20), || async {
+        let e = th.store().inbox_entry(&tbot.id, &key).await.ok()??;
+        (e.state != botfleet_store::InboxState::Pending).then_some(e)
+    })
+    .await;
+    assert!(
+        e.error.unwrap_or_default().contains("caps.templates"),
+        "the refusal says why"
+    );
+    assert_eq!(
+        tg.sent().iter().map(|s| s.text.clone()).collect::<Vec<_>>(),
+        ["after"]
+    );
+    ta.shutdown().await;
+}

@@ -52,6 +52,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     // Slash commands are set in the Slack app's configuration, not by the bot.
     commands: false,
     streams: true,
+    templates: false,
 };
 
 /// A section block's longest text.
@@ -162,6 +163,7 @@ pub async fn act(
             }
         }
         Act::Typing => Err(refused("Slack shows no typing for bots")),
+        Act::Template { .. } => Err(refused("Slack has no message templates")),
         // Slack's deadline is the envelope's (or the request's), acknowledged on receipt.
         Act::Defer { .. } => Ok(None),
         Act::Answer {

@@ -58,6 +58,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_text: MAX_TEXT_CHARS as u32,
     commands: true,
     streams: true,
+    templates: false,
 };
 
 /// Whether a streamed answer in chat `chat` goes as message drafts: a private chat (a
@@ -243,6 +244,12 @@ pub async fn act(
         Act::Typing => {
             let body = json!({ "chat_id": chat_id, "action": "typing" });
             client.call_method(api, "sendChatAction", body).await
+        }
+        Act::Template { .. } => {
+            return Err(TelegramError::Refused {
+                status: 400,
+                description: "Telegram has no message templates".into(),
+            })
         }
         Act::Defer { event } => match &event.answer_handle {
             // The client stops spinning; a later answer is a message.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use botfleet_core::Secret;
 use serde_json::{json, Value};
 
-use crate::{WhatsappError, DEFAULT_API_URL, MAX_TEXT_CHARS};
+use crate::{error::OUTSIDE_WINDOW_CODE, WhatsappError, DEFAULT_API_URL, MAX_TEXT_CHARS};
 
 /// One bot's number: where and as whom it sends. `Debug` hides the token.
 #[derive(Clone)]
@@ -86,6 +86,7 @@ impl GraphClient {
         Err(match (status, code) {
             (_, 190) | (401, _) => WhatsappError::Credentials { code, message },
             (_, 4 | 80007 | 130_429 | 131_056) | (429, _) => WhatsappError::RateLimited { code },
+            (_, OUTSIDE_WINDOW_CODE) => WhatsappError::OutsideWindow,
             (s, _) if s >= 500 => WhatsappError::Server(s),
             _ => WhatsappError::Refused { code, message },
         })
@@ -200,6 +201,33 @@ impl GraphClient {
             },
         });
         self.send_doc(n, doc, reply_to).await
+    }
+
+    /// `POST /{phone_number_id}/messages`: the approved template `name` in `language` to `to`,
+    /// with its `components` (their parameters) when given. Answers the sent message's id.
+    ///
+    /// # Errors
+    /// See [`WhatsappError`].
+    pub async fn send_template(
+        &self,
+        n: &Number,
+        to: &str,
+        name: &str,
+        language: &str,
+        components: Option<&Value>,
+    ) -> Result<String, WhatsappError> {
+        let mut template = json!({ "name": name, "language": { "code": language } });
+        if let Some(c) = components {
+            template["components"] = c.clone();
+        }
+        let doc = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": to,
+            "type": "template",
+            "template": template,
+        });
+        self.send_doc(n, doc, None).await
     }
 
     /// `POST /{phone_number_id}/media`: uploads a file for the number to send; its media id.

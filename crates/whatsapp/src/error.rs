@@ -22,7 +22,11 @@ pub enum WhatsappError {
         /// Graph's error code.
         code: i64,
     },
-    /// Graph refused this request (a bad recipient, a message outside the 24-hour window...).
+    /// Graph error 131047: a message other than a template, more than 24 hours after the
+    /// user's last message (the customer service window); never retried.
+    #[error("{}", OUTSIDE_WINDOW)]
+    OutsideWindow,
+    /// Graph refused this request (a bad recipient, a bad template...).
     #[error("WhatsApp refused the request (code {code}): {message}")]
     Refused {
         /// Graph's error code.
@@ -41,6 +45,13 @@ pub enum WhatsappError {
     Malformed(String),
 }
 
+/// Graph's code for a message outside the 24-hour window.
+pub(crate) const OUTSIDE_WINDOW_CODE: i64 = 131_047;
+
+/// Why a message other than a template is not sent to a user who last wrote more than 24
+/// hours ago.
+pub const OUTSIDE_WINDOW: &str = "outside the 24-hour window: use a template";
+
 impl From<WhatsappError> for PlatformError {
     fn from(e: WhatsappError) -> Self {
         let (kind, reason) = match &e {
@@ -50,6 +61,7 @@ impl From<WhatsappError> for PlatformError {
                 "rate_limited",
             ),
             WhatsappError::Refused { .. } => (ErrorKind::Rejected, "refused"),
+            WhatsappError::OutsideWindow => (ErrorKind::Rejected, "outside_window"),
             WhatsappError::Server(_) => (ErrorKind::Transient, "server_error"),
             WhatsappError::Network(_) => (ErrorKind::Transient, "network"),
             WhatsappError::Malformed(_) => (ErrorKind::Malformed, "malformed"),
@@ -78,12 +90,17 @@ mod tests {
         let number = PlatformError::from(WhatsappError::RateLimited { code: 130_429 });
         assert_eq!(number.scope(), Some("number"));
         let refused = PlatformError::from(WhatsappError::Refused {
-            code: 131_047,
-            message: "outside the window".into(),
+            code: 131_009,
+            message: "bad parameter".into(),
         });
         assert_eq!(
             (refused.kind(), refused.scope()),
             (ErrorKind::Rejected, None)
+        );
+        let late = PlatformError::from(WhatsappError::OutsideWindow);
+        assert_eq!(
+            (late.kind(), late.to_string().as_str()),
+            (ErrorKind::Rejected, OUTSIDE_WINDOW)
         );
     }
 }

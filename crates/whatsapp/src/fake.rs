@@ -49,6 +49,11 @@ pub struct Sent {
     pub list: bool,
     /// The file of a media message (`text` is its caption).
     pub media: Option<SentMedia>,
+    /// A template message: its name and language (`text` is empty; its components in
+    /// `components`).
+    pub template: Option<(String, String)>,
+    /// A template's components, as sent.
+    pub components: Option<Value>,
 }
 
 /// An error to answer the next send of a number with.
@@ -71,7 +76,13 @@ struct Number {
     faults: Vec<SendFault>,
     /// The number's throughput, when kept: (messages a second, tokens left, when counted).
     throughput: Option<(f64, f64, Instant)>,
+    /// The customer service window is kept: only templates go to a user whose last message
+    /// is older than 24 hours (or who never wrote).
+    window: bool,
 }
+
+/// How long after a user's last message a business may send them more than templates.
+const WINDOW_MS: i64 = 24 * 3_600_000;
 
 struct Pending {
     id: String,
@@ -97,6 +108,10 @@ struct Inner {
     sent_at: Vec<Instant>,
     /// Messages answered 429 for a number's throughput.
     throttled: u64,
+    /// (number, user) → unix ms of the user's last message to it.
+    last_in: HashMap<(String, String), i64>,
+    /// Messages refused with 131047 (outside the window).
+    outside_window: u64,
 }
 
 /// Shared state of the fake; cheap to clone.
@@ -128,8 +143,31 @@ impl FakeGraphState {
                 webhook: None,
                 faults: Vec::new(),
                 throughput: None,
+                window: false,
             },
         );
+    }
+
+    /// Keeps WhatsApp's customer service window for the number: a message other than a
+    /// template to a user who last wrote more than 24 hours ago, or never, is answered 400
+    /// with code 131047 (counted in [`Self::window_refusals`]).
+    pub fn keep_window(&self, phone_number_id: &str) {
+        if let Some(n) = self.lock().numbers.get_mut(phone_number_id) {
+            n.window = true;
+        }
+    }
+
+    /// Makes the user `from`'s last message to the number `ago` old (as if time passed).
+    pub fn user_wrote_ago(&self, phone_number_id: &str, from: &str, ago: std::time::Duration) {
+        let at = unix_ms() - i64::try_from(ago.as_millis()).unwrap_or(i64::MAX / 2);
+        self.lock()
+            .last_in
+            .insert((phone_number_id.to_owned(), from.to_owned()), at);
+    }
+
+    /// Messages refused for the customer service window (code 131047).
+    pub fn window_refusals(&self) -> u64 {
+        self.lock().outside_window
     }
 
     /// Keeps the number's throughput as WhatsApp does: `per_second` messages a second, in
@@ -195,6 +233,11 @@ impl FakeGraphState {
             1
         };
         let mut g = self.lock();
+        if let Some(from) = &chat {
+            // A user's message opens (or renews) the window.
+            g.last_in
+                .insert((phone_number_id.to_owned(), from.clone()), unix_ms());
+        }
         let q = g.pending.entry(phone_number_id.to_owned()).or_default();
         for _ in 0..copies {
             q.push(Pending {
@@ -509,6 +552,17 @@ async fn messages(
     if !throughput_left(&state, &id) {
         return graph_error(StatusCode::TOO_MANY_REQUESTS, 130_429, "Rate limit hit");
     }
+    let template = doc["type"] == "template";
+    if !template && outside_window(&state, &id, doc["to"].as_str().unwrap_or_default()) {
+        return graph_error(
+            StatusCode::BAD_REQUEST,
+            131_047,
+            "Re-engagement message: more than 24 hours have passed since the recipient last replied",
+        );
+    }
+    if template {
+        return template_message(&state, id, &doc);
+    }
     let interactive = doc["type"] == "interactive";
     let is_media = matches!(
         doc["type"].as_str(),
@@ -549,24 +603,88 @@ async fn messages(
     } else {
         Vec::new()
     };
-    let wamid = format!(
+    taken(
+        &state,
+        Sent {
+            phone_number_id: id,
+            to: to.to_owned(),
+            text: text.to_owned(),
+            reply_to: doc["context"]["message_id"].as_str().map(str::to_owned),
+            wamid: String::new(),
+            buttons,
+            list,
+            media: media.map(|(m, _)| m),
+            template: None,
+            components: None,
+        },
+    )
+}
+
+/// Records a message taken (with the id it gets) and answers as Graph does.
+fn taken(state: &FakeGraphState, mut sent: Sent) -> Response {
+    sent.wamid = format!(
         "wamid.out.{}",
         state.next_id.fetch_add(1, Ordering::SeqCst) + 1
     );
+    let answer = json!({"messaging_product": "whatsapp",
+        "contacts": [{"input": sent.to, "wa_id": sent.to}], "messages": [{"id": sent.wamid}]});
     let mut g = state.lock();
     g.sent_at.push(Instant::now());
-    g.sent.push(Sent {
-        phone_number_id: id,
-        to: to.to_owned(),
-        text: text.to_owned(),
-        reply_to: doc["context"]["message_id"].as_str().map(str::to_owned),
-        wamid: wamid.clone(),
-        buttons,
-        list,
-        media: media.map(|(m, _)| m),
-    });
-    Json(json!({"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}], "messages": [{"id": wamid}]}))
-        .into_response()
+    g.sent.push(sent);
+    Json(answer).into_response()
+}
+
+/// Whether the number keeps the window and `to` last wrote to it more than 24 hours ago (or
+/// never): then only a template may go (the refusal is counted).
+fn outside_window(state: &FakeGraphState, id: &str, to: &str) -> bool {
+    let mut g = state.lock();
+    if !g.numbers.get(id).is_some_and(|n| n.window) {
+        return false;
+    }
+    let last = g.last_in.get(&(id.to_owned(), to.to_owned())).copied();
+    let outside = last.is_none_or(|t| unix_ms() - t > WINDOW_MS);
+    if outside {
+        g.outside_window += 1;
+    }
+    outside
+}
+
+/// A `template` message: a name and a language code (`{"code": …}`), and components if
+/// any, as an array; recorded with an empty text.
+fn template_message(state: &FakeGraphState, id: String, doc: &Value) -> Response {
+    let t = &doc["template"];
+    let (Some(to), Some(name), Some(language)) = (
+        doc["to"].as_str(),
+        t["name"].as_str().filter(|n| !n.is_empty()),
+        t["language"]["code"].as_str().filter(|c| !c.is_empty()),
+    ) else {
+        return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
+    };
+    let components = t.get("components").cloned();
+    if components.as_ref().is_some_and(|c| !c.is_array()) || doc["messaging_product"] != "whatsapp"
+    {
+        return graph_error(StatusCode::BAD_REQUEST, 100, "Invalid parameter");
+    }
+    taken(
+        state,
+        Sent {
+            phone_number_id: id,
+            to: to.to_owned(),
+            text: String::new(),
+            reply_to: None,
+            wamid: String::new(),
+            buttons: Vec::new(),
+            list: false,
+            media: None,
+            template: Some((name.to_owned(), language.to_owned())),
+            components,
+        },
+    )
+}
+
+/// Unix ms now.
+fn unix_ms() -> i64 {
+    botfleet_core::unix_ms()
 }
 
 /// Takes a message from the number's throughput, when it is kept: false (counted) when

@@ -20,6 +20,6 @@ pub use client::{GraphClient, Number};
 pub use config::{DEFAULT_API_URL, MAX_TEXT_CHARS};
 pub use connector::{CloudHooks, WhatsappConnector};
 pub use descriptor::{is_device_link, DESCRIPTOR};
-pub use error::WhatsappError;
+pub use error::{WhatsappError, OUTSIDE_WINDOW};
 pub use inbound::{parse_delivery, sign};
 pub use outbound::limits;

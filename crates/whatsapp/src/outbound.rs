@@ -60,6 +60,18 @@ impl Sender for CloudSender {
         act: &Act<'_>,
         _key: &str,
     ) -> Result<Option<String>, PlatformError> {
+        if let Act::Template {
+            name,
+            language,
+            components,
+        } = act
+        {
+            let id = self
+                .client
+                .send_template(&self.number, &chat.chat, name, language, *components)
+                .await?;
+            return Ok(Some(id));
+        }
         let Act::Send {
             text,
             buttons,
@@ -185,8 +197,9 @@ fn has_caption(kind: AttachmentKind) -> bool {
 /// What a Cloud API bot does: text, up to three reply buttons (titles cut to 20 characters)
 /// under a body of up to 1,024 characters, or a list of up to ten rows (values of up to 200
 /// characters, titles cut to 24), and media (up to 10 files a send, 16 MiB each, one
-/// message each), and typing (with the read receipt of the user's message). No edits,
-/// deletes or answers: the Cloud API has none for sent messages.
+/// message each), typing (with the read receipt of the user's message), and approved
+/// templates (the one message allowed 24 hours after the user's last). No edits, deletes or
+/// answers: the Cloud API has none for sent messages.
 pub(crate) const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     buttons: true,
     typing: true,
@@ -196,6 +209,7 @@ pub(crate) const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_files: 10,
     max_file_bytes: 16 * 1024 * 1024,
     max_text: crate::MAX_TEXT_CHARS as u32,
+    templates: true,
     ..botfleet_core::Caps::TEXT_ONLY
 };
 
@@ -218,7 +232,7 @@ pub mod limits {
     /// number and the pair; the read receipt that shows typing is not counted.
     pub fn buckets(chat: &str, call: Call<'_>) -> Vec<Bucket> {
         match call {
-            Call::Act(Act::Send { .. }) => vec![
+            Call::Act(Act::Send { .. } | Act::Template { .. }) => vec![
                 Bucket::of("pair", chat, PAIR),
                 Bucket::bot("number", NUMBER),
             ],

@@ -1011,6 +1011,31 @@ impl Run<'_> {
                 let r = self.answer(hold, slot, answer, &key, started).await?;
                 Ok(r.map(|_| ()))
             }
+            Action::Template {
+                name,
+                language,
+                components,
+            } => {
+                if !caps.templates {
+                    return Ok(Err(
+                        "this platform's mode sends no templates (caps.templates)".into(),
+                    ));
+                }
+                if name.trim().is_empty() || language.trim().is_empty() {
+                    return Ok(Err("a template needs its `name` and `language`".into()));
+                }
+                let act = Act::Template {
+                    name,
+                    language,
+                    components: components.as_ref(),
+                };
+                let r = self.done(hold, slot, &act, &key, started).await?;
+                if let Ok(id) = &r {
+                    self.p.sent = true;
+                    self.named(None, id.as_deref(), false);
+                }
+                Ok(r.map(|_| ()))
+            }
         }
     }
 
