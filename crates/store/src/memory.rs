@@ -35,8 +35,9 @@ struct State {
     held: BTreeMap<(BotId, String), Held>,
     /// (bot's own id, chat) → its pause.
     pauses: BTreeMap<(String, String), crate::ChatPause>,
-    /// (bot's own id, chat) → the last number its log took (one count across the slices).
-    heads: BTreeMap<(String, String), u64>,
+    /// (bot's own id, chat) → the last number its log took (one count across the slices),
+    /// and when its user last wrote (unix ms).
+    heads: BTreeMap<(String, String), (u64, Option<i64>)>,
     /// (bot, chat) → its log's numbered items (an entry by its key, read from the inbox; what
     /// a turn said, kept here).
     logs: BTreeMap<(BotId, String), BTreeMap<u64, Logged>>,
@@ -44,17 +45,22 @@ struct State {
 
 /// Numbers `items` in `chat`'s log, after what it has.
 fn log_into(
-    heads: &mut BTreeMap<(String, String), u64>,
+    heads: &mut BTreeMap<(String, String), (u64, Option<i64>)>,
     logs: &mut BTreeMap<(BotId, String), BTreeMap<u64, Logged>>,
     bot: &BotId,
     chat: &str,
     items: impl IntoIterator<Item = Logged>,
 ) {
-    let head = heads
+    let (head, last_in) = heads
         .entry((bot.base().to_owned(), chat.to_owned()))
         .or_default();
     let log = logs.entry((bot.clone(), chat.to_owned())).or_default();
     for it in items {
+        if let Logged::Entry(key) = &it {
+            if InboxEntry::kind_of(key) == crate::EntryKind::Event {
+                *last_in = Some(botfleet_core::unix_ms());
+            }
+        }
         *head += 1;
         log.insert(*head, it);
     }
@@ -584,6 +590,10 @@ impl Store for MemoryStore {
             .pauses
             .get(&(bot.base().to_owned(), chat.to_owned()))
             .is_some_and(|p| p.in_effect(botfleet_core::unix_ms()));
+        let last_in_ms = st
+            .heads
+            .get(&(bot.base().to_owned(), chat.to_owned()))
+            .and_then(|h| h.1);
         Ok(TurnView {
             entry,
             state,
@@ -591,6 +601,7 @@ impl Store for MemoryStore {
             sent,
             held_until_ms,
             paused,
+            last_in_ms,
         })
     }
 

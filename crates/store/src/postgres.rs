@@ -21,7 +21,7 @@ pub(crate) const POOL_SIZE: usize = 4;
 /// The items of a journal write not recorded before (`u`: UNNEST's key, chat, message, ord,
 /// `paused`, and each item's place among its chat's: `cnt`, `rn`) and the numbers taken in
 /// each chat's log (`h`: chat, its last number; the bot's own id's heads, shared by its
-/// slices, locked in chat order). `$1` the bot, `$own` its own id, `$now` now.
+/// slices, locked in chat order; an event sets when its chat's user last wrote). `$1` the bot, `$own` its own id, `$now` now.
 ///
 /// A redelivery is left out before any head is locked: its insert would wait for a turn
 /// ending its entry (an update of the row), and that turn takes the chat's head after the
@@ -36,11 +36,14 @@ macro_rules! journal_items {
              ROW_NUMBER() OVER (PARTITION BY t.chat ORDER BY t.ord) AS rn \
              FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
              WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.bot_id = $1 AND i.key = t.key)), \
-             h AS (INSERT INTO chat_heads (bot_id, chat, n) SELECT ",
+             h AS (INSERT INTO chat_heads (bot_id, chat, n, last_in_ms) SELECT ",
             $own,
-            ", chat, COUNT(*) FROM u \
-             GROUP BY chat ORDER BY chat ON CONFLICT (bot_id, chat) \
-             DO UPDATE SET n = chat_heads.n + excluded.n RETURNING chat, n) "
+            ", chat, COUNT(*), MAX(CASE WHEN substr(key, 1, 5) <> 'send:' THEN ",
+            $now,
+            "::BIGINT END) FROM u GROUP BY chat ORDER BY chat ON CONFLICT (bot_id, chat) \
+             DO UPDATE SET n = chat_heads.n + excluded.n, last_in_ms = ",
+            crate::schema::later_in!(),
+            " RETURNING chat, n) "
         )
     };
 }
@@ -84,7 +87,8 @@ const JOURNAL_PUT_VIEW: &str = concat!(
      s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $9), \
      i.held_until_ms, ARRAY(SELECT key FROM ins WHERE state = 'paused'), \
      EXISTS (SELECT 1 FROM chat_pauses p WHERE p.bot_id = $10 AND p.chat = $8 \
-     AND (p.until_ms IS NULL OR p.until_ms > $6)) \
+     AND (p.until_ms IS NULL OR p.until_ms > $6)), \
+     (SELECT h.last_in_ms FROM chat_heads h WHERE h.bot_id = $10 AND h.chat = $8) \
      FROM (SELECT 1 AS one) AS one \
      LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $7 \
      LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $8"
@@ -608,6 +612,14 @@ impl PostgresStore {
             sent: r.get(9),
             held_until_ms: r.get(10),
             paused: r.get(12),
+            // (Read as before this call: an event journaled now is its user's last word.)
+            last_in_ms: if inserted.contains(&item.key)
+                && InboxEntry::kind_of(&item.key) == crate::EntryKind::Event
+            {
+                Some(now)
+            } else {
+                r.get(13)
+            },
         };
         Ok((new, Some(view)))
     }
@@ -1180,6 +1192,7 @@ impl Store for PostgresStore {
             sent: r.get(8),
             held_until_ms: r.get(9),
             paused: r.get(10),
+            last_in_ms: r.get(11),
         })
     }
 

@@ -166,6 +166,10 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (bot_id, chat, n)
     );
     CREATE INDEX chat_said_by_time ON chat_said (at_ms);",
+    // 17: when each chat's user last wrote (unix ms; an event journaled, a send from the
+    // backend not): what a platform's reply window counts from (WhatsApp Cloud lets a
+    // business send more than templates for 24 hours after it).
+    "ALTER TABLE chat_heads ADD COLUMN last_in_ms BIGINT;",
 ];
 
 /// Whether the chat of an item (`$chat`, its key `$key`) is paused now, as an SQL literal:
@@ -194,6 +198,26 @@ pub(crate) use paused_now;
 pub(crate) const CHAT_HEAD_TAKE: &str =
     "INSERT INTO chat_heads (bot_id, chat, n) VALUES ($1, $2, $3) \
      ON CONFLICT (bot_id, chat) DO UPDATE SET n = chat_heads.n + excluded.n RETURNING n";
+
+/// The later of a chat head's `last_in_ms` and the one an upsert brings (either may be NULL):
+/// a worker whose clock lags never moves it back.
+macro_rules! later_in {
+    () => {
+        "CASE WHEN excluded.last_in_ms IS NULL THEN chat_heads.last_in_ms \
+         WHEN chat_heads.last_in_ms IS NULL OR excluded.last_in_ms > chat_heads.last_in_ms \
+         THEN excluded.last_in_ms ELSE chat_heads.last_in_ms END"
+    };
+}
+pub(crate) use later_in;
+
+/// Takes `$3` numbers of a chat's log as [`CHAT_HEAD_TAKE`] does, and records `$4` (unix ms,
+/// or NULL: nothing a user wrote) as when its user last wrote.
+pub(crate) const CHAT_HEAD_JOURNAL: &str = concat!(
+    "INSERT INTO chat_heads (bot_id, chat, n, last_in_ms) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (bot_id, chat) DO UPDATE SET n = chat_heads.n + excluded.n, last_in_ms = ",
+    later_in!(),
+    " RETURNING n"
+);
 
 /// Forgets what turns said before `$1` whose entries are gone (pruned): what was said is
 /// kept as long as the entry it answered.
@@ -372,7 +396,8 @@ pub(crate) const TURN_VIEW: &str =
     "SELECT i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
      s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $4), \
      i.held_until_ms, EXISTS (SELECT 1 FROM chat_pauses p WHERE p.bot_id = $5 AND p.chat = $3 \
-     AND (p.until_ms IS NULL OR p.until_ms > $6)) \
+     AND (p.until_ms IS NULL OR p.until_ms > $6)), \
+     (SELECT h.last_in_ms FROM chat_heads h WHERE h.bot_id = $5 AND h.chat = $3) \
      FROM (SELECT 1 AS one) AS one \
      LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $2 \
      LEFT JOIN chat_state s ON s.bot_id = $1 AND s.chat = $3";

@@ -1467,7 +1467,7 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
         .prepare_cached(&crate::schema::TURN_VIEW.replace('$', "?"))
         .map_err(fail)?;
     let now = botfleet_core::unix_ms();
-    let (row, revision, state, sent, held_until_ms, paused) = st
+    let (row, revision, state, sent, held_until_ms, paused, last_in_ms) = st
         .query_row(
             params![bot.as_str(), key, chat, reply, bot.base(), now],
             |r| {
@@ -1490,6 +1490,7 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
                     r.get::<_, bool>(8)?,
                     r.get::<_, Option<i64>>(9)?,
                     r.get::<_, bool>(10)?,
+                    r.get::<_, Option<i64>>(11)?,
                 ))
             },
         )
@@ -1501,6 +1502,7 @@ fn turn_view_on(c: &Connection, bot: &BotId, key: &str, chat: &str) -> Result<Tu
         sent,
         held_until_ms,
         paused,
+        last_in_ms,
     })
 }
 
@@ -1526,9 +1528,10 @@ fn insert_inbox(
             " AS p) WHERE true ON CONFLICT DO NOTHING RETURNING state"
         ))
         .map_err(fail)?;
-    // The number the entry took (one writer: read in the insert, taken here).
+    // The number the entry took (one writer: read in the insert, taken here), and when its
+    // chat's user last wrote.
     let mut head = tx
-        .prepare_cached(&crate::schema::CHAT_HEAD_TAKE.replace('$', "?"))
+        .prepare_cached(&crate::schema::CHAT_HEAD_JOURNAL.replace('$', "?"))
         .map_err(fail)?;
     let mut out = Vec::with_capacity(items.len());
     for item in items {
@@ -1554,7 +1557,9 @@ fn insert_inbox(
         };
         if done != crate::Journaled::Known {
             seq += 1;
-            head.query_row(params![bot.base(), item.chat, 1], |_| Ok(()))
+            let wrote =
+                (crate::InboxEntry::kind_of(&item.key) == crate::EntryKind::Event).then_some(now);
+            head.query_row(params![bot.base(), item.chat, 1, wrote], |_| Ok(()))
                 .map_err(fail)?;
         }
         out.push(done);

@@ -26,6 +26,10 @@ pub struct TurnView {
     /// Whether the chat is paused now ([`ChatPause`](crate::ChatPause)): an event's turn
     /// records its entry [`Paused`](crate::InboxState::Paused) instead of answering it.
     pub paused: bool,
+    /// When the chat's user last wrote (unix ms: the last event journaled, by the journal's
+    /// clock; `None`: not since this was recorded): what a platform's reply window (WhatsApp
+    /// Cloud's 24 hours) counts from.
+    pub last_in_ms: Option<i64>,
 }
 
 /// Who holds a chat's turn, and so what fences the turn's writes.

@@ -2033,6 +2033,61 @@ pub async fn chat_log_numbers_entries_and_what_was_said(s: Arc<dyn Store>) {
     assert_eq!(seen, all, "each once, none skipped");
 }
 
+/// A chat remembers when its user last wrote (an event journaled, whichever way; a send from
+/// the backend is not the user's), for every slice of its bot, and the turn's view says it.
+pub async fn chats_remember_when_their_user_last_wrote(s: Arc<dyn Store>) {
+    let bot = bid("last-in");
+    let view = |key: &str, chat: &str| {
+        let (s, bot, key, chat) = (s.clone(), bot.clone(), key.to_owned(), chat.to_owned());
+        async move { s.turn_view(&bot, &key, &chat).await.unwrap().last_in_ms }
+    };
+    let send = |k: &str, chat: &str| InboxItem {
+        key: botfleet_store::send_key(k),
+        ..item(k, chat)
+    };
+    let before = botfleet_core::unix_ms();
+    s.journal_put(
+        &bot,
+        &[item("e1", "c1"), send("s1", "c2")],
+        Some(Fence(1)),
+        None,
+    )
+    .await
+    .unwrap();
+    let after = botfleet_core::unix_ms();
+    let t = view("e1", "c1").await.expect("the event's time");
+    assert!((before..=after).contains(&t), "{before} <= {t} <= {after}");
+    assert_eq!(view("x", "c2").await, None, "a send is not the user's");
+    assert_eq!(view("x", "c3").await, None, "nothing written");
+    s.journal_put(&bot, &[send("s2", "c1")], None, None)
+        .await
+        .unwrap();
+    assert_eq!(view("x", "c1").await, Some(t), "a send leaves it");
+    // Journaled with the view of the item: the view says it at once.
+    let (_, v) = s
+        .journal_put(&bot, &[item("e2", "c4")], None, Some(0))
+        .await
+        .unwrap();
+    let t4 = v.unwrap().last_in_ms.expect("said at once");
+    assert!(t4 >= t);
+    assert_eq!(view("e2", "c4").await, Some(t4));
+    let (_, v) = s
+        .journal_put(&bot, &[send("s3", "c5")], None, Some(0))
+        .await
+        .unwrap();
+    assert_eq!(v.unwrap().last_in_ms, None);
+    // One record across the bot's slices.
+    s.journal_put(&bot.slice(1), &[item("x1", "sl")], None, None)
+        .await
+        .unwrap();
+    let on_other = s
+        .turn_view(&bot.slice(2), "none", "sl")
+        .await
+        .unwrap()
+        .last_in_ms;
+    assert!(on_other.is_some_and(|x| x >= t), "{on_other:?}");
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -2073,6 +2128,7 @@ macro_rules! store_conformance {
             parts_posted_at_once_are_each_kept_once,
             paused_chats_are_recorded_not_answered,
             chat_log_numbers_entries_and_what_was_said,
+            chats_remember_when_their_user_last_wrote,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
