@@ -75,13 +75,6 @@ enum Logged {
     Said(String, String, i64),
 }
 
-impl State {
-    /// Numbers `items` in `chat`'s log, after what it has.
-    fn log(&mut self, bot: &BotId, chat: &str, items: impl IntoIterator<Item = Logged>) {
-        log_into(&mut self.heads, &mut self.logs, bot, chat, items);
-    }
-}
-
 /// An entry's answer that comes later: the SQL backends' `held_until_ms`, `posts`,
 /// `posts_closed` and `replies` rows.
 #[derive(Debug, Default)]
@@ -816,7 +809,8 @@ impl Store for MemoryStore {
                 .said
                 .iter()
                 .map(|b| Logged::Said(rec.key.clone(), b.clone(), now));
-            st.log(bot, &rec.chat, said);
+            let State { heads, logs, .. } = &mut *st;
+            log_into(heads, logs, bot, &rec.chat, said);
         }
         if !superseded {
             for (name, value) in &rec.refs {
