@@ -1,6 +1,7 @@
-//! Turns held open for answers that come later (`--only held [--chats N]`): one embedded
-//! `botfleet worker` process (release build, SQLite, no Redis), one Telegram bot polling the
-//! fake Bot API, and a handler that answers `202` to every message. N chats (default 1,000)
+//! Turns held open for answers that come later (`--only held [--chats N] [--webhook]`): one
+//! embedded `botfleet worker` process (release build, SQLite, no Redis), one Telegram bot
+//! polling the fake Bot API (with `--webhook`: a webhook bot, its updates posted to the
+//! worker's hooks address), and a handler that answers `202` to every message. N chats (default 1,000)
 //! each write once: N turns held open; then N more. Reported: the worker's RSS per held turn
 //! (above the same worker after 2N answered messages, so what the allocator kept from a burst
 //! is not counted as holding), and per further held turn (the next N: the worker's fixed costs
@@ -26,6 +27,11 @@ pub(crate) struct LaterBot {
     /// (the text asked, its reply token), in the order asked.
     pub(crate) tokens: Arc<Mutex<Vec<(String, String)>>>,
     pub(crate) token: &'static str,
+    /// The worker's hooks address, for a webhook bot (its updates are posted there).
+    hooks: Option<String>,
+    http: reqwest::Client,
+    /// The next update id posted to a webhook bot.
+    next_update: std::sync::atomic::AtomicUsize,
     /// The worker (ended on drop).
     _proc: crate::Worker,
     pub(crate) api: String,
@@ -35,11 +41,13 @@ pub(crate) struct LaterBot {
 }
 
 impl LaterBot {
-    /// Starts it (registry `name`, streaming as `stream`), once the bot polls.
+    /// Starts it (registry `name`, streaming as `stream`; a webhook bot with `webhook`), once
+    /// the bot polls (or its deliveries are taken).
     pub(crate) async fn start(
         name: &str,
         token: &'static str,
         stream: botfleet_core::StreamMode,
+        webhook: bool,
     ) -> anyhow::Result<Self> {
         let bin = botfleet_bin()?;
         let fake = FakeTelegram::start().await?;
@@ -66,6 +74,10 @@ impl LaterBot {
             url: handler.url(),
             secret: None,
         };
+        if webhook {
+            spec.options.mode = Some("webhook".into());
+            spec.hook.secret = Some(botfleet_core::Secret::new(crate::hooks::SECRET));
+        }
         store.add_bot(&spec).await?;
         let log = dir.0.join("w.log");
         let args = [
@@ -77,14 +89,36 @@ impl LaterBot {
             "2",
             "--poll-timeout-s",
             "2",
+            // (Updates are posted to the hooks address: the fake's webhook is not used.)
+            "--public-url",
+            "http://127.0.0.1:9",
         ];
         let proc = crate::hooks::spawn_logged(&bin, &args, &log)?;
         let api = crate::hooks::http_url(&log).await?;
         let pid = proc.0.id();
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        let hooks = match webhook {
+            true => Some(crate::hooks::hooks_url(&log).await?),
+            false => None,
+        };
         let t = Instant::now();
-        while !fake.state().is_polling(token) {
+        loop {
+            let ready = match &hooks {
+                // Taken once the worker holds the bot's registration (not 503).
+                Some(h) => {
+                    let path = format!("{h}/hooks/telegram/{name}");
+                    crate::hooks::post_update(&http, &path, 0, 1, "warm 0").await? == 200
+                }
+                None => fake.state().is_polling(token),
+            };
+            if ready {
+                break;
+            }
             if t.elapsed() > Duration::from_secs(60) {
-                bail!("the bot never polled");
+                bail!("the bot never took messages");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -92,6 +126,9 @@ impl LaterBot {
             fake,
             tokens,
             token,
+            hooks: hooks.map(|h| format!("{h}/hooks/telegram/{name}")),
+            http,
+            next_update: 1.into(),
             _proc: proc,
             api,
             pid,
@@ -110,7 +147,7 @@ impl LaterBot {
         let asked = self.tokens.lock().unwrap().len();
         let n = asked + chats.len();
         for i in chats.clone() {
-            self.fake.state().user_writes(self.token, chat(i), &text(i));
+            self.write(i, &text(i)).await?;
         }
         crate::wait_count("turns held", n, Duration::from_secs(120), || {
             self.tokens.lock().unwrap().len()
@@ -139,6 +176,29 @@ impl LaterBot {
     }
 }
 
+impl LaterBot {
+    /// The `i`-th user writes `text`: through the fake Bot API to a polling bot, or posted to
+    /// the worker's hooks address for a webhook bot.
+    pub(crate) async fn write(&self, i: usize, text: &str) -> anyhow::Result<()> {
+        match &self.hooks {
+            None => {
+                self.fake.state().user_writes(self.token, chat(i), text);
+            }
+            Some(h) => {
+                // Update ids from 1 on (0 was the readiness probe's).
+                let id = self
+                    .next_update
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let status = crate::hooks::post_update(&self.http, h, id, chat(i), text).await?;
+                if status != 200 {
+                    bail!("an update was answered {status}");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The chat of the `i`-th user.
 fn chat(i: usize) -> i64 {
     500_000 + i as i64
@@ -147,17 +207,25 @@ fn chat(i: usize) -> i64 {
 /// `--only held`.
 pub(crate) async fn held_turns() -> anyhow::Result<()> {
     let chats: usize = crate::hooks::arg("--chats").map_or(Ok(1_000), |s| s.parse())?;
-    let bot = LaterBot::start("held", "31000:held", botfleet_core::StreamMode::Native).await?;
-    let (fake, tokens, token, pid, api) = (&bot.fake, &bot.tokens, bot.token, bot.pid, &bot.api);
+    let webhook = std::env::args().any(|a| a == "--webhook");
+    let bot = LaterBot::start(
+        "held",
+        "31000:held",
+        botfleet_core::StreamMode::Native,
+        webhook,
+    )
+    .await?;
+    let (fake, tokens, pid, api) = (&bot.fake, &bot.tokens, bot.pid, &bot.api);
+    // The readiness probe of a webhook bot was answered too.
+    let probe = usize::from(webhook);
     // Twice as many chats answered at once first: the allocator's high-water of turns at
     // work, and each chat's own records, are not counted as holding.
     for i in 0..2 * chats {
-        fake.state()
-            .user_writes(token, chat(i), &format!("warm {i}"));
+        bot.write(i, &format!("warm {i}")).await?;
     }
     crate::wait_count(
         "warm-up answered",
-        2 * chats,
+        2 * chats + probe,
         Duration::from_secs(120),
         || fake.state().sent_count(),
     )
@@ -224,7 +292,8 @@ pub(crate) async fn held_turns() -> anyhow::Result<()> {
     let (lat, last) = crate::hooks::sent_after(&sent, &posted_at.lock().unwrap(), start);
     lat_202.sort_by(f64::total_cmp);
     println!(
-        "held turns, one embedded worker (SQLite), one Telegram bot, {chats} chats: RSS {:.1} MiB after {} answered, {:.1} MiB with {chats} held: {per_turn:.0} bytes per held turn; {:.1} MiB with {} held: {per_more:.0} bytes per further held turn; {} final parts posted 32 at a time in {:.2} s ({:.0}/s), request to 202 p50 {:.1} ms p99 {:.1} ms, request to sent p50 {:.1} ms p99 {:.1} ms, all sent {:.2} s after the first post",
+        "held turns, one embedded worker (SQLite), one Telegram {} bot, {chats} chats: RSS {:.1} MiB after {} answered, {:.1} MiB with {chats} held: {per_turn:.0} bytes per held turn; {:.1} MiB with {} held: {per_more:.0} bytes per further held turn; {} final parts posted 32 at a time in {:.2} s ({:.0}/s), request to 202 p50 {:.1} ms p99 {:.1} ms, request to sent p50 {:.1} ms p99 {:.1} ms, all sent {:.2} s after the first post",
+        if webhook { "webhook" } else { "polling" },
         before as f64 / 1024.0,
         2 * chats,
         held_rss as f64 / 1024.0,

@@ -28,7 +28,7 @@ use botfleet_testkit::{nonce, FakeTelegram, PgSchema, RedisServer};
 
 use crate::{botfleet_bin, Dir};
 
-const SECRET: &str = "bench-secret";
+pub(crate) const SECRET: &str = "bench-secret";
 const BOTS: usize = 20;
 const CHATS: usize = 100;
 
@@ -439,6 +439,31 @@ async fn outbox_window(http: &reqwest::Client, i: usize) -> Option<(f64, u64)> {
 /// The metrics URLs of the workers started, in order.
 static METRICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
+/// Posts the Telegram update `id` (`text` from the user of private chat `chat`) to the
+/// webhook address `url`: the answer's status.
+pub(crate) async fn post_update(
+    http: &reqwest::Client,
+    url: &str,
+    id: usize,
+    chat: i64,
+    text: &str,
+) -> anyhow::Result<u16> {
+    let body = serde_json::json!({
+        "update_id": id,
+        "message": {"message_id": id, "date": 1_700_000_000,
+                    "chat": {"id": chat, "type": "private"},
+                    "from": {"id": chat, "is_bot": false, "first_name": "u"},
+                    "text": text}
+    });
+    let r = http
+        .post(url)
+        .header("X-Telegram-Bot-Api-Secret-Token", SECRET)
+        .json(&body)
+        .send()
+        .await?;
+    Ok(r.status().as_u16())
+}
+
 async fn post(
     http: &reqwest::Client,
     hooks: &str,
@@ -506,7 +531,7 @@ pub(crate) async fn http_url(log: &std::path::Path) -> anyhow::Result<String> {
     }
 }
 
-async fn hooks_url(log: &std::path::Path) -> anyhow::Result<String> {
+pub(crate) async fn hooks_url(log: &std::path::Path) -> anyhow::Result<String> {
     let t = Instant::now();
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();

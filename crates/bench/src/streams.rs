@@ -36,7 +36,7 @@ pub(crate) async fn streams() -> anyhow::Result<()> {
     } else {
         botfleet_core::StreamMode::Edits
     };
-    let bot = LaterBot::start("streams", "31001:streams", mode).await?;
+    let bot = LaterBot::start("streams", "31001:streams", mode, false).await?;
     bot.fake.state().pace_edits(Some(Duration::from_secs(1)));
     bot.hold(0..n, |i| format!("ask {i}")).await?;
     let tokens: HashMap<String, String> = bot.tokens.lock().unwrap().iter().cloned().collect();

@@ -80,6 +80,10 @@ pub(crate) struct HandlerCaps {
     /// `template`: approved message templates (WhatsApp Cloud: the one message allowed 24
     /// hours after the user's last).
     templates: bool,
+    /// Seconds after a user's last message the bot may still send other messages to them
+    /// (0: no limit; WhatsApp Cloud: 86,400): later, only `template` goes, and any other
+    /// message is refused with `outside the 24-hour window: use a template`.
+    reply_window_s: u32,
 }
 
 /// What a file is.

@@ -280,7 +280,17 @@ pub struct Caps {
     /// `template`: approved message templates (WhatsApp Cloud).
     #[serde(default)]
     pub templates: bool,
+    /// How long after a user's last message the bot may still send them messages of its
+    /// own words, in seconds (0: no limit); after it only a `template` goes, and any other
+    /// message is refused with [`OUTSIDE_WINDOW`] (WhatsApp Cloud: 86,400, its customer
+    /// service window).
+    #[serde(default)]
+    pub reply_window_s: u32,
 }
+
+/// Why a message was refused outside the platform's reply window
+/// ([`Caps::reply_window_s`]).
+pub const OUTSIDE_WINDOW: &str = "outside the 24-hour window: use a template";
 
 impl Caps {
     /// A mode that can send text and nothing else.
@@ -301,6 +311,7 @@ impl Caps {
         commands: false,
         streams: false,
         templates: false,
+        reply_window_s: 0,
     };
 
     /// The capabilities by name, in a fixed order (for the README's table and for reasons).

@@ -12,7 +12,7 @@ mod platform;
 mod secret;
 mod spec;
 
-pub use action::{fit_text, Act, Action, ActionEvent, Button, Caps, Target};
+pub use action::{fit_text, Act, Action, ActionEvent, Button, Caps, Target, OUTSIDE_WINDOW};
 pub use attachment::{Attachment, AttachmentKind, OutFile, Upload};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use command_spec::{

@@ -84,10 +84,15 @@ fn decode(s: &str) -> String {
 /// What to do with a verified request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HookAnswer {
-    /// Journal these messages, then answer 200 (the platform retries anything else).
+    /// Journal these messages (and record when the users of `seen` wrote), then answer 200
+    /// (the platform retries anything else).
     Deliver {
         /// Messages to handle, in the order the platform sent them.
         messages: Vec<Received>,
+        /// Chats whose users wrote something not handled (a location, a reaction), and when
+        /// (unix ms): not journaled, but recorded as when the user last wrote (a reply window
+        /// renews).
+        seen: Vec<(String, i64)>,
         /// Deliveries of kinds the bot does not handle (status updates, reactions...).
         ignored: usize,
         /// Deliveries that could not be read (answered 200: a retry would not read better).

@@ -1601,11 +1601,25 @@ async fn hook(
             .into_response(),
         Ok(HookAnswer::Deliver {
             messages,
+            seen,
             ignored: _,
             malformed,
         }) => {
             if malformed > 0 {
                 h.inner.metrics.platform_error(p, "malformed_update");
+            }
+            if !seen.is_empty() {
+                // Before the answer: a reply window the user renewed is not forgotten (the
+                // platform delivers again what was not answered 200).
+                if let Err(e) = h.inner.store.chat_seen(&spec.id, &seen).await {
+                    warn!(bot = %spec.id, error = %e, "cannot record when users last wrote; answering 503");
+                    h.inner.metrics.count(HOOKS_UNAVAILABLE_TOTAL, p, 1);
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "store unavailable; retry\n",
+                    )
+                        .into_response();
+                }
             }
             if messages.is_empty() {
                 return StatusCode::OK.into_response();

@@ -355,6 +355,7 @@ async fn answer_turn<'a, H: Hold>(
         refs: Vec::new(),
         notes: None,
         said: Vec::new(),
+        last_in_ms: view.last_in_ms,
     };
     let started = Instant::now();
     if entry.kind() == EntryKind::Send {
@@ -468,6 +469,11 @@ async fn answer_turn<'a, H: Hold>(
             ctx.metrics.count(OUTBOX_SKIPPED_TOTAL, ctx.platform, 1);
             end.said.push(said);
         } else {
+            let key = end.key;
+            if let Err(why) = actions::window(ctx, hold, key, job.chat, &mut end.last_in_ms).await?
+            {
+                return end.undeliverable(ctx, hold, slot, why).await.map(|()| None);
+            }
             match send(
                 ctx,
                 hold,
@@ -1208,6 +1214,8 @@ struct End<'a> {
     notes: Option<String>,
     /// What the turn did in the chat, for the chat's log (one action's JSON each).
     said: Vec<String>,
+    /// When the chat's user last wrote, as the turn read it (for the reply window).
+    last_in_ms: Option<i64>,
 }
 
 impl End<'_> {

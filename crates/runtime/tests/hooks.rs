@@ -1711,3 +1711,85 @@ async fn a_turn_lost_to_a_redis_flushall_is_given_up_mid_handler() {
     let redis = botfleet_testkit::RedisServer::start().unwrap();
     a_turn_lost_to_a_new_registration(LossBackend::Redis(redis)).await;
 }
+
+/// WhatsApp Cloud's 24-hour window as the fleet keeps it: a desk's free text to a user the
+/// fleet knows last wrote more than a day ago is refused at once with the reason, without
+/// asking WhatsApp; a template goes; a location the user shares (a kind no handler gets)
+/// opens the window again, and free text goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatsapp_free_text_past_the_known_window_is_refused_before_whatsapp() {
+    const USER: &str = "4917077";
+    let (_dir, store) = store().await;
+    let graph = botfleet_testkit::FakeGraph::start().await.unwrap();
+    let g = graph.state().clone();
+    g.add_number(WA_NUMBER, WA_ACCESS, WA_SECRET);
+    g.keep_window(WA_NUMBER);
+    let handler = botfleet_testkit::RecordingHandler::start().await;
+    let mut spec = BotSpec::new(BotId::new("wa-win").unwrap(), Platform::Whatsapp, WA_ACCESS);
+    spec.options.api_url = Some(graph.url());
+    spec.options.phone_number_id = Some(WA_NUMBER.into());
+    spec.hook.secret = Some(Secret::new(WA_SECRET));
+    spec.hook.verify_token = Some(Secret::new("verify-me"));
+    spec.handler = HandlerSpec::Webhook {
+        url: handler.url(),
+        secret: None,
+    };
+    let (proxy, workers) = behind_balancer(&store, spec.clone(), &["a"]).await;
+    g.subscribe(WA_NUMBER, &format!("{}/hooks/whatsapp/wa-win", proxy.url()));
+    // The user last wrote 25 hours ago, as the fleet and WhatsApp know.
+    let day_ago = botfleet_core::unix_ms() - 25 * 3_600_000;
+    store
+        .chat_seen(&spec.id, &[(USER.to_owned(), day_ago)])
+        .await
+        .unwrap();
+    g.user_wrote_ago(WA_NUMBER, USER, Duration::from_secs(25 * 3_600));
+    let sends = workers[0].sends.clone();
+    let send = |key: &'static str, body: serde_json::Value| {
+        let (sends, store, spec) = (sends.clone(), store.clone(), spec.clone());
+        async move {
+            wait_for("the send taken", Duration::from_secs(20), || async {
+                sends.submit(&spec, USER, key, &body.to_string()).await.ok()
+            })
+            .await;
+            wait_for("the send ended", Duration::from_secs(30), || async {
+                let e = store
+                    .inbox_entry(&spec.id, &botfleet_store::send_key(key))
+                    .await
+                    .ok()??;
+                (e.state != botfleet_store::InboxState::Pending).then_some(e)
+            })
+            .await
+        }
+    };
+    let late = send("late", serde_json::json!({"text": "too late"})).await;
+    assert_eq!(late.state, botfleet_store::InboxState::Undeliverable);
+    let why = late.error.unwrap_or_default();
+    assert!(why.contains(botfleet_core::OUTSIDE_WINDOW), "{why}");
+    assert_eq!(
+        (g.window_refusals(), g.sent_count()),
+        (0, 0),
+        "refused by the fleet: WhatsApp was not asked"
+    );
+    let tpl = send(
+        "tpl",
+        serde_json::json!({"actions": [{"type": "template", "name": "welcome_back",
+                                        "language": "de"}]}),
+    )
+    .await;
+    assert_eq!(tpl.state, botfleet_store::InboxState::Done);
+    assert_eq!(
+        g.sent().last().and_then(|s| s.template.clone()),
+        Some(("welcome_back".to_owned(), "de".to_owned()))
+    );
+    // The user shares a location: no handler gets it, but the window is open again.
+    g.user_shares_location(WA_NUMBER, USER);
+    until("the location delivered", 20, || g.undelivered() == 0).await;
+    let again = send("again", serde_json::json!({"text": "welcome back"})).await;
+    assert_eq!(again.state, botfleet_store::InboxState::Done, "{again:?}");
+    assert_eq!(g.sent().last().unwrap().text, "welcome back");
+    assert_eq!(g.window_refusals(), 0);
+    assert!(handler.seen().is_empty(), "a location reaches no handler");
+    for w in workers {
+        w.shutdown().await;
+    }
+}

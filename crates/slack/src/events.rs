@@ -101,6 +101,7 @@ impl Webhooks for SlackEvents {
             };
             return Ok(HookAnswer::Deliver {
                 messages,
+                seen: Vec::new(),
                 ignored,
                 malformed,
             });
@@ -108,6 +109,7 @@ impl Webhooks for SlackEvents {
         let Ok(doc) = serde_json::from_slice::<Value>(req.body) else {
             return Ok(HookAnswer::Deliver {
                 messages: Vec::new(),
+                seen: Vec::new(),
                 ignored: 0,
                 malformed: 1,
             });
@@ -139,6 +141,7 @@ impl Webhooks for SlackEvents {
                 };
                 Ok(HookAnswer::Deliver {
                     messages,
+                    seen: Vec::new(),
                     ignored,
                     malformed,
                 })
@@ -146,6 +149,7 @@ impl Webhooks for SlackEvents {
             // app_rate_limited and the like: taken, nothing to answer.
             _ => Ok(HookAnswer::Deliver {
                 messages: Vec::new(),
+                seen: Vec::new(),
                 ignored: 1,
                 malformed: 0,
             }),

@@ -53,6 +53,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     commands: false,
     streams: true,
     templates: false,
+    reply_window_s: 0,
 };
 
 /// A section block's longest text.

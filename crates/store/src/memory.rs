@@ -58,7 +58,8 @@ fn log_into(
     for it in items {
         if let Logged::Entry(key) = &it {
             if InboxEntry::kind_of(key) == crate::EntryKind::Event {
-                *last_in = Some(botfleet_core::unix_ms());
+                let now = botfleet_core::unix_ms();
+                *last_in = Some(last_in.map_or(now, |t| t.max(now)));
             }
         }
         *head += 1;
@@ -596,6 +597,19 @@ impl Store for MemoryStore {
             paused,
             last_in_ms,
         })
+    }
+
+    async fn chat_seen(&self, bot: &BotId, seen: &[(String, i64)]) -> Result<()> {
+        let mut st = self.st();
+        for (chat, at_ms) in seen {
+            let at_ms = *at_ms;
+            let (_, last_in) = st
+                .heads
+                .entry((bot.base().to_owned(), chat.clone()))
+                .or_default();
+            *last_in = Some(last_in.map_or(at_ms, |t| t.max(at_ms)));
+        }
+        Ok(())
     }
 
     async fn chat_pause(&self, bot: &BotId, pause: &crate::ChatPause) -> Result<()> {

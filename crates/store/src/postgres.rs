@@ -1346,6 +1346,20 @@ impl Store for PostgresStore {
             .collect())
     }
 
+    async fn chat_seen(&self, bot: &BotId, seen: &[(String, i64)]) -> Result<()> {
+        // Each upsert on its own (a row locked for a moment, nothing waited for while held).
+        let c = self.client().await?;
+        for (chat, at_ms) in seen {
+            c.execute(
+                crate::schema::CHAT_HEAD_JOURNAL,
+                &[&bot.base(), chat, &0i64, at_ms],
+            )
+            .await
+            .map_err(db("record a chat's user seen"))?;
+        }
+        Ok(())
+    }
+
     async fn chat_pause(&self, bot: &BotId, pause: &crate::ChatPause) -> Result<()> {
         let c = self.client().await?;
         c.execute(

@@ -889,6 +889,27 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn chat_seen(&self, bot: &BotId, seen: &[(String, i64)]) -> Result<()> {
+        let (bot, seen) = (bot.base().to_owned(), seen.to_vec());
+        self.with("record a chat's user seen", move |c| {
+            let fail = |e| StoreError::backend("record a chat's user seen", e);
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(fail)?;
+            {
+                let mut st = tx
+                    .prepare_cached(&crate::schema::CHAT_HEAD_JOURNAL.replace('$', "?"))
+                    .map_err(fail)?;
+                for (chat, at_ms) in &seen {
+                    st.query_row(params![bot, chat, 0i64, at_ms], |_| Ok(()))
+                        .map_err(fail)?;
+                }
+            }
+            tx.commit().map_err(fail)
+        })
+        .await
+    }
+
     async fn chat_pause(&self, bot: &BotId, pause: &crate::ChatPause) -> Result<()> {
         let (bot, p) = (bot.base().to_owned(), pause.clone());
         self.with("pause a chat", move |c| {

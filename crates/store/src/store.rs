@@ -307,6 +307,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn chat_pauses(&self, bot: &BotId) -> Result<Vec<crate::ChatPause>>;
 
+    /// Records that the users of chats (of the bot `bot`, any unit of it) wrote something the
+    /// bot does not handle (a location, a reaction), each pair a chat and when (unix ms): not
+    /// journaled, but it renews a platform's reply window as a message does
+    /// ([`TurnView::last_in_ms`]; never moved back).
+    ///
+    /// # Errors
+    /// Backend failures (then some may have been recorded: record them again).
+    async fn chat_seen(&self, bot: &BotId, seen: &[(String, i64)]) -> Result<()>;
+
     /// A chat's log after the number `after` (0: from its start), oldest first, at most
     /// `limit` items (capped at [`MAX_CHAT_EVENTS`](crate::MAX_CHAT_EVENTS)): its entries
     /// (events and sends from the backend) and what its turns said, see

@@ -372,6 +372,7 @@ impl Webhooks for TelegramHooks {
         }
         Ok(HookAnswer::Deliver {
             messages: answer.0,
+            seen: Vec::new(),
             ignored: answer.1,
             malformed: answer.2,
         })

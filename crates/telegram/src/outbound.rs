@@ -59,6 +59,7 @@ pub const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     commands: true,
     streams: true,
     templates: false,
+    reply_window_s: 0,
 };
 
 /// Whether a streamed answer in chat `chat` goes as message drafts: a private chat (a

@@ -2086,6 +2086,37 @@ pub async fn chats_remember_when_their_user_last_wrote(s: Arc<dyn Store>) {
         .unwrap()
         .last_in_ms;
     assert!(on_other.is_some_and(|x| x >= t), "{on_other:?}");
+    // What a user wrote that the bot does not handle (not journaled) is recorded as seen:
+    // for a chat never written, as given; never moved back; for any unit of the bot.
+    let day_ago = botfleet_core::unix_ms() - 86_400_000;
+    let seen = |chat: &str, at: i64| (chat.to_owned(), at);
+    s.chat_seen(
+        &bot.slice(3),
+        &[
+            seen("seen1", day_ago),
+            seen("seen2", day_ago),
+            seen("seen1", day_ago - 5),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(view("x", "seen1").await, Some(day_ago));
+    assert_eq!(view("x", "seen2").await, Some(day_ago));
+    s.chat_seen(&bot, &[seen("seen1", day_ago - 1_000)])
+        .await
+        .unwrap();
+    assert_eq!(view("x", "seen1").await, Some(day_ago), "not moved back");
+    s.chat_seen(&bot, &[seen("c1", t + 5)]).await.unwrap();
+    assert_eq!(view("x", "c1").await, Some(t + 5), "moved on");
+    s.chat_seen(&bot, &[]).await.unwrap();
+    // Seen takes no number of the chat's log: the next entry is its first item.
+    let (_, v) = s
+        .journal_put(&bot, &[item("e3", "seen2")], None, Some(0))
+        .await
+        .unwrap();
+    assert!(v.unwrap().last_in_ms.is_some_and(|x| x > day_ago));
+    let log = s.chat_events(&bot, "seen2", 0, 10).await.unwrap();
+    assert_eq!(log.iter().map(|e| e.n).collect::<Vec<_>>(), [1], "{log:?}");
 }
 
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a

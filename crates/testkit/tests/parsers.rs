@@ -242,13 +242,13 @@ fn whatsapp_cloud_deliveries() {
     for (k, base) in kinds.iter().enumerate() {
         let before = read;
         for v in mutations(base, 500 + k as u64, CASES) {
-            let (got, ignored, malformed) =
+            let d =
                 botfleet_whatsapp::parse_delivery(&bot(), Some("PN1"), v.to_string().as_bytes());
-            for r in &got {
+            for r in &d.messages {
                 sane(&r.message);
             }
-            read += got.len();
-            other += ignored + malformed;
+            read += d.messages.len();
+            other += d.ignored + d.malformed;
         }
         assert!(
             read - before >= 100,
@@ -256,8 +256,8 @@ fn whatsapp_cloud_deliveries() {
             read - before
         );
     }
-    let (got, _, malformed) = botfleet_whatsapp::parse_delivery(&bot(), None, b"\xff{not json");
-    assert!(got.is_empty() && malformed == 1);
+    let d = botfleet_whatsapp::parse_delivery(&bot(), None, b"\xff{not json");
+    assert!(d.messages.is_empty() && d.malformed == 1);
     assert!(read >= 100 && other >= 100, "read {read}, other {other}");
 }
 

@@ -252,12 +252,12 @@ impl Webhooks for CloudHooks {
                         reason: "bad_signature",
                     });
                 }
-                let (messages, ignored, malformed) =
-                    parse_delivery(&spec.id, spec.options.phone_number_id.as_deref(), req.body);
+                let d = parse_delivery(&spec.id, spec.options.phone_number_id.as_deref(), req.body);
                 Ok(HookAnswer::Deliver {
-                    messages,
-                    ignored,
-                    malformed,
+                    messages: d.messages,
+                    seen: d.seen,
+                    ignored: d.ignored,
+                    malformed: d.malformed,
                 })
             }
             _ => Err(HookRefusal {

@@ -50,7 +50,7 @@ pub(crate) const OUTSIDE_WINDOW_CODE: i64 = 131_047;
 
 /// Why a message other than a template is not sent to a user who last wrote more than 24
 /// hours ago.
-pub const OUTSIDE_WINDOW: &str = "outside the 24-hour window: use a template";
+pub const OUTSIDE_WINDOW: &str = botfleet_core::OUTSIDE_WINDOW;
 
 impl From<WhatsappError> for PlatformError {
     fn from(e: WhatsappError) -> Self {

@@ -269,6 +269,20 @@ impl FakeGraphState {
         id
     }
 
+    /// A user `from` shares a location with the number (a message kind bots do not handle,
+    /// which renews the window all the same); answers the message's `wamid`.
+    pub fn user_shares_location(&self, phone_number_id: &str, from: &str) -> String {
+        let id = format!("wamid.{}", self.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+        let doc = message_doc(
+            phone_number_id,
+            from,
+            json!({"from": from, "id": id, "timestamp": (unix_ms() / 1000).to_string(), "type": "location",
+                "location": {"latitude": 52.52, "longitude": 13.405, "name": "Alexanderplatz"}}),
+        );
+        self.enqueue(phone_number_id, id.clone(), Some(from.to_owned()), &doc);
+        id
+    }
+
     /// The user `from` taps the reply button `button_id` of the bot's interactive message
     /// `wamid`: an `interactive` `button_reply` message whose `context.id` is that message.
     /// Answers the reply's own id, or `None` when that message has no such button.

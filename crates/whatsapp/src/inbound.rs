@@ -22,26 +22,51 @@ pub fn sign(app_secret: &str, body: &[u8]) -> String {
     out
 }
 
+/// What one delivery holds for a bot, see [`parse_delivery`].
+#[derive(Debug, Default)]
+pub struct Delivery {
+    /// Text, media and taps, in the order sent.
+    pub messages: Vec<Received>,
+    /// The users (their numbers, once each) who wrote something else — a location, a
+    /// contact, a reaction, a message that could not be read — or called, and when (unix ms:
+    /// the message's own time, never later than now). Not handled, but it renews the user's
+    /// 24-hour window as any message does.
+    pub seen: Vec<(String, i64)>,
+    /// Changes of kinds the bot does not handle (statuses, other fields, reactions, another
+    /// number of the same app).
+    pub ignored: usize,
+    /// What could not be read.
+    pub malformed: usize,
+}
+
 /// What one delivery holds for `bot` (whose number is `phone_number_id`, when known): text,
-/// media (by their media id) and taps on buttons and list rows (keyed by their `wamid`), how
-/// many changes were of kinds the bot does not handle (statuses, other fields, reactions,
-/// another number of the same app), and how many could not be read.
-pub fn parse_delivery(
-    bot: &BotId,
-    phone_number_id: Option<&str>,
-    body: &[u8],
-) -> (Vec<Received>, usize, usize) {
-    let Ok(doc) = serde_json::from_slice::<Value>(body) else {
-        return (Vec::new(), 0, 1);
+/// media (by their media id) and taps on buttons and list rows (keyed by their `wamid`), who
+/// wrote something the bot does not handle, how many changes were of kinds the bot does not
+/// handle (statuses, other fields, reactions, another number of the same app), and how many
+/// could not be read.
+pub fn parse_delivery(bot: &BotId, phone_number_id: Option<&str>, body: &[u8]) -> Delivery {
+    let mut d = Delivery::default();
+    let now = botfleet_core::unix_ms();
+    // When a message or call was made (its `timestamp`, seconds), never later than now.
+    let when = |m: &Value| {
+        m["timestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<i64>().ok())
+            .map_or(now, |s| s.saturating_mul(1000).min(now))
     };
-    let (mut out, mut ignored, mut malformed) = (Vec::new(), 0, 0);
+    let Ok(doc) = serde_json::from_slice::<Value>(body) else {
+        d.malformed = 1;
+        return d;
+    };
     let Some(entries) = doc["entry"].as_array() else {
-        return (out, 0, 1);
+        d.malformed = 1;
+        return d;
     };
     for entry in entries {
         for change in entry["changes"].as_array().into_iter().flatten() {
-            if change["field"] != "messages" {
-                ignored += 1;
+            let calls = change["field"] == "calls";
+            if change["field"] != "messages" && !calls {
+                d.ignored += 1;
                 continue;
             }
             let value = &change["value"];
@@ -49,14 +74,25 @@ pub fn parse_delivery(
             let number = value["metadata"]["phone_number_id"].as_str();
             if let (Some(mine), Some(got)) = (phone_number_id, number) {
                 if mine != got {
-                    ignored += 1;
+                    d.ignored += 1;
                     continue;
                 }
             }
-            ignored += value["statuses"].as_array().map_or(0, Vec::len);
+            if calls {
+                // A user's call (Calling API) opens the window as a message does.
+                for c in value["calls"].as_array().into_iter().flatten() {
+                    d.ignored += 1;
+                    if c["direction"] != "BUSINESS_INITIATED" {
+                        d.saw(c["from"].as_str(), when(c));
+                    }
+                }
+                continue;
+            }
+            d.ignored += value["statuses"].as_array().map_or(0, Vec::len);
             for m in value["messages"].as_array().into_iter().flatten() {
                 let (Some(id), Some(from)) = (m["id"].as_str(), m["from"].as_str()) else {
-                    malformed += 1;
+                    d.malformed += 1;
+                    d.saw(m["from"].as_str(), when(m));
                     continue;
                 };
                 let sent_at_ms = m["timestamp"]
@@ -77,7 +113,8 @@ pub fn parse_delivery(
                     Some("text") => match m["text"]["body"].as_str() {
                         Some(text) => at(text),
                         None => {
-                            malformed += 1;
+                            d.malformed += 1;
+                            d.saw(Some(from), when(m));
                             continue;
                         }
                     },
@@ -89,7 +126,8 @@ pub fn parse_delivery(
                                 ev
                             }
                             None => {
-                                malformed += 1;
+                                d.malformed += 1;
+                                d.saw(Some(from), when(m));
                                 continue;
                             }
                         }
@@ -107,23 +145,37 @@ pub fn parse_delivery(
                             ev
                         }
                         None => {
-                            malformed += 1;
+                            d.malformed += 1;
+                            d.saw(Some(from), when(m));
                             continue;
                         }
                     },
                     _ => {
-                        ignored += 1;
+                        d.ignored += 1;
+                        d.saw(Some(from), when(m));
                         continue;
                     }
                 };
-                out.push(Received {
+                d.messages.push(Received {
                     key: id.to_owned(),
                     message,
                 });
             }
         }
     }
-    (out, ignored, malformed)
+    // Once per user, at the latest time.
+    d.seen.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    d.seen.dedup_by(|a, b| a.0 == b.0);
+    d
+}
+
+impl Delivery {
+    /// The user `from` (when named) wrote or called at `at`.
+    fn saw(&mut self, from: Option<&str>, at: i64) {
+        if let Some(f) = from.filter(|f| !f.is_empty()) {
+            self.seen.push((f.to_owned(), at));
+        }
+    }
 }
 
 /// A media message's file (`image`, `audio`, `video`, `document`, `sticker`), by its media
@@ -186,13 +238,15 @@ mod tests {
                 {"from": "4915", "id": "wamid.X", "type": "interactive",
                  "interactive": {"type": "button_reply", "button_reply": {"id": "yes"}}}
             ]}}]}]})).unwrap();
-        let (got, ignored, malformed) =
-            parse_delivery(&BotId::new("b").unwrap(), Some("P1"), &body);
+        let d = parse_delivery(&BotId::new("b").unwrap(), Some("P1"), &body);
+        let got = d.messages;
         assert_eq!(
-            (got.len(), ignored, malformed),
+            (got.len(), d.ignored, d.malformed),
             (3, 0, 1),
             "one without its message is malformed"
         );
+        let who: Vec<&str> = d.seen.iter().map(|s| s.0.as_str()).collect();
+        assert_eq!(who, ["4915"], "who wrote it is seen");
         let a = got[0].message.action.as_deref().unwrap();
         assert_eq!(got[0].message.kind, botfleet_core::EventKind::Action);
         assert_eq!(
@@ -216,16 +270,26 @@ mod tests {
                     "messages": [
                         {"from": "4915", "id": "wamid.A", "timestamp": "1700000000", "type": "text", "text": {"body": "hi"}},
                         {"from": "4915", "id": "wamid.B", "type": "image", "image": {}},
-                        {"from": "4915", "id": "wamid.R", "type": "reaction", "reaction": {"emoji": "x"}},
+                        {"from": "4916", "id": "wamid.R", "timestamp": "1700000100", "type": "reaction", "reaction": {"emoji": "x"}},
+                        {"from": "4917", "id": "wamid.L", "type": "location", "location": {"latitude": 52.5, "longitude": 13.4}},
+                        {"from": "4917", "id": "wamid.K", "type": "contacts", "contacts": []},
                         {"id": "wamid.C", "type": "text", "text": {"body": "no sender"}}
                     ],
                     "statuses": [{"id": "wamid.X", "status": "delivered"}]
                 }},
-                {"field": "account_update", "value": {}}
+                {"field": "account_update", "value": {}},
+                {"field": "calls", "value": {
+                    "metadata": {"phone_number_id": "123"},
+                    "calls": [
+                        {"id": "c1", "from": "4918", "direction": "USER_INITIATED", "event": "connect", "timestamp": "1700000200"},
+                        {"id": "c2", "from": "4919", "direction": "BUSINESS_INITIATED", "event": "connect"},
+                        {"id": "c3", "from": "", "event": "connect"}
+                    ]
+                }}
             ]}]
         });
-        let (msgs, ignored, malformed) =
-            parse_delivery(&bot, Some("123"), body.to_string().as_bytes());
+        let d = parse_delivery(&bot, Some("123"), body.to_string().as_bytes());
+        let (msgs, ignored, malformed) = (d.messages, d.ignored, d.malformed);
         assert_eq!(msgs.len(), 1);
         assert_eq!(msgs[0].key, "wamid.A");
         assert_eq!(msgs[0].message.chat.chat, "4915");
@@ -233,15 +297,28 @@ mod tests {
         assert_eq!(msgs[0].message.sent_at_ms, Some(1_700_000_000_000));
         assert_eq!(
             (ignored, malformed),
-            (3, 2),
+            (8, 2),
             "an image without its media id is malformed"
         );
-        assert_eq!(parse_delivery(&bot, None, b"not json").2, 1);
-        assert_eq!(parse_delivery(&bot, None, b"{}").2, 1);
+        let now = botfleet_core::unix_ms();
+        let who: Vec<&str> = d.seen.iter().map(|s| s.0.as_str()).collect();
+        assert_eq!(
+            who,
+            ["4915", "4916", "4917", "4918"],
+            "who wrote what is not handled or called, once each: the window's renewal"
+        );
+        assert_eq!(d.seen[1].1, 1_700_000_100_000, "at the message's time");
+        assert_eq!(d.seen[3].1, 1_700_000_200_000, "at the call's time");
+        assert!(
+            d.seen[2].1 > now - 60_000 && d.seen[2].1 <= now,
+            "no time: when it came"
+        );
+        assert_eq!(parse_delivery(&bot, None, b"not json").malformed, 1);
+        assert_eq!(parse_delivery(&bot, None, b"{}").malformed, 1);
         // Another number of the same app: not this bot's.
-        let (msgs, ignored, _) = parse_delivery(&bot, Some("999"), body.to_string().as_bytes());
-        assert!(msgs.is_empty());
-        assert_eq!(ignored, 2);
+        let d = parse_delivery(&bot, Some("999"), body.to_string().as_bytes());
+        assert!(d.messages.is_empty() && d.seen.is_empty());
+        assert_eq!(d.ignored, 3);
     }
 
     #[test]
@@ -257,12 +334,14 @@ mod tests {
              "document": {"id": "m3", "mime_type": "application/pdf", "filename": "a.pdf"}},
             {"from": "4915", "id": "wamid.S", "type": "sticker", "sticker": {"id": "m4", "mime_type": "image/webp"}},
         ]}}]}]});
-        let (got, ignored, malformed) = parse_delivery(
+        let d = parse_delivery(
             &BotId::new("b").unwrap(),
             Some("P1"),
             body.to_string().as_bytes(),
         );
-        assert_eq!((got.len(), ignored, malformed), (4, 0, 0));
+        let got = d.messages;
+        assert_eq!((got.len(), d.ignored, d.malformed), (4, 0, 0));
+        assert!(d.seen.is_empty());
         let a = &got[0].message.attachments[0];
         assert_eq!(
             (a.kind, a.source.as_str(), got[0].message.text.as_str()),

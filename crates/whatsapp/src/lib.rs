@@ -21,5 +21,5 @@ pub use config::{DEFAULT_API_URL, MAX_TEXT_CHARS};
 pub use connector::{CloudHooks, WhatsappConnector};
 pub use descriptor::{is_device_link, DESCRIPTOR};
 pub use error::{WhatsappError, OUTSIDE_WINDOW};
-pub use inbound::{parse_delivery, sign};
+pub use inbound::{parse_delivery, sign, Delivery};
 pub use outbound::limits;

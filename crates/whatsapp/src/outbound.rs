@@ -198,7 +198,8 @@ fn has_caption(kind: AttachmentKind) -> bool {
 /// under a body of up to 1,024 characters, or a list of up to ten rows (values of up to 200
 /// characters, titles cut to 24), and media (up to 10 files a send, 16 MiB each, one
 /// message each), typing (with the read receipt of the user's message), and approved
-/// templates (the one message allowed 24 hours after the user's last). No edits, deletes or
+/// templates (the one message allowed 24 hours after the user's last: other messages are
+/// refused then, by the fleet when it knows, else by WhatsApp). No edits, deletes or
 /// answers: the Cloud API has none for sent messages.
 pub(crate) const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     buttons: true,
@@ -210,8 +211,13 @@ pub(crate) const CAPS: botfleet_core::Caps = botfleet_core::Caps {
     max_file_bytes: 16 * 1024 * 1024,
     max_text: crate::MAX_TEXT_CHARS as u32,
     templates: true,
+    reply_window_s: REPLY_WINDOW_S,
     ..botfleet_core::Caps::TEXT_ONLY
 };
+
+/// WhatsApp's customer service window: a business sends free-form messages to a user up to
+/// 24 hours after the user's last message, templates only after.
+pub(crate) const REPLY_WINDOW_S: u32 = 86_400;
 
 /// WhatsApp Cloud's documented limits for what a business number sends: 80 messages a
 /// second (the default throughput of a number), and to one user one message every 6 seconds

@@ -148,6 +148,42 @@ pub(super) enum Parts {
     },
 }
 
+/// How much later than the platform's reply window a message may still be tried: workers'
+/// clocks differ a little, and when in doubt the platform decides (it refuses with the same
+/// reason).
+const WINDOW_SLACK_MS: i64 = 60_000;
+
+/// Whether a message in the bot's own words (not a template) may go to `chat` now, given the
+/// platform's reply window ([`Caps::reply_window_s`]): `Err` with
+/// [`OUTSIDE_WINDOW`](botfleet_core::OUTSIDE_WINDOW) when the user last wrote before it.
+/// `known` is when the turn last knew the user wrote: enough when it says inside (it only
+/// grows); otherwise the store is read again (the user may have written since), and `known`
+/// updated. A chat whose last message the fleet does not know is left to the platform.
+pub(super) async fn window(
+    ctx: &TurnCtx,
+    hold: &impl Hold,
+    key: &str,
+    chat: &str,
+    known: &mut Option<i64>,
+) -> Result<Result<(), String>, Halt> {
+    let limit = i64::from(ctx.caps.reply_window_s) * 1000;
+    let open = |t: Option<i64>| {
+        limit == 0 || t.is_none_or(|t| botfleet_core::unix_ms() - t <= limit + WINDOW_SLACK_MS)
+    };
+    if open(*known) {
+        return Ok(Ok(()));
+    }
+    let view = through_store(ctx, hold, "read when the chat's user last wrote", || {
+        ctx.store.turn_view(&ctx.bot, key, chat)
+    })
+    .await?;
+    *known = (*known).max(view.last_in_ms);
+    Ok(match open(*known) {
+        true => Ok(()),
+        false => Err(botfleet_core::OUTSIDE_WINDOW.to_owned()),
+    })
+}
+
 /// Whether `reply` is a plain text answer (handled by the one-send path).
 pub(super) fn is_plain(reply: &Reply) -> bool {
     reply.actions.is_empty() && reply.refused.is_empty()
@@ -259,6 +295,8 @@ struct Run<'a> {
     gives_way: bool,
     /// When an edit that gave way has its token: set by the edit, taken by [`Run::drive`].
     gave_way: Option<Instant>,
+    /// When the chat's user last wrote, as far as the turn knows (for the reply window).
+    last_in: Option<i64>,
 }
 
 /// What an edit not due yet does ([`Next::Wait`]).
@@ -400,6 +438,7 @@ impl<'a> Run<'a> {
             held: false,
             gives_way: false,
             gave_way: None,
+            last_in: None,
         }
     }
 
@@ -417,6 +456,7 @@ impl<'a> Run<'a> {
         let ctx = self.ctx;
         let msg = self.msg;
         let run = self;
+        run.last_in = run.last_in.max(end.last_in_ms);
         let every = coalesce::pace(ctx.platform);
         while run.p.done < run.p.actions.len() {
             let i = run.p.done;
@@ -448,7 +488,19 @@ impl<'a> Run<'a> {
             }
             run.gives_way = pace == Pace::Yield && matches!(action, Action::Edit { .. });
             let ids = run.p.ids.len();
-            let r = run.one(hold, slot, i, &action, started).await;
+            // A message of the bot's own words (not an interaction's answer in place, not a
+            // stream: neither is on a platform with a reply window).
+            let own_words = matches!(action, Action::Send { .. })
+                && !run.answers_in_place(&action)
+                && !run.streams(&action);
+            let r = match own_words {
+                true => window(ctx, hold, end.key, &msg.chat.chat, &mut run.last_in).await,
+                false => Ok(Ok(())),
+            };
+            let r = match r {
+                Ok(Ok(())) => run.one(hold, slot, i, &action, started).await,
+                refused => refused,
+            };
             run.gives_way = false;
             if let Some(due) = run.gave_way.take() {
                 // One of its buckets is short: looked at again when it has a token, unless a

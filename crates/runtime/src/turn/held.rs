@@ -75,6 +75,8 @@ pub(crate) struct Parked {
     defer_tried: bool,
     /// When an edit waiting for its message's pace is due.
     paced: Option<Instant>,
+    /// When the chat's user last wrote, as the turn read it (for the reply window).
+    last_in_ms: Option<i64>,
     watch: Watch,
     _counted: Counted,
 }
@@ -168,6 +170,7 @@ pub(super) async fn park<H: Hold>(
         msg,
         key: end.key.into(),
         chat: end.chat.into(),
+        last_in_ms: end.last_in_ms,
         fence: end.fence,
         until_ms,
         revision,
@@ -207,6 +210,7 @@ pub(crate) async fn step(
             refs: Vec::new(),
             notes: None,
             said: Vec::new(),
+            last_in_ms: p.last_in_ms,
         };
         // Boxed: doing parts takes kilobytes that the wait between them need not keep.
         let parts = actions::run_parts(
