@@ -385,15 +385,31 @@ async fn answer_turn<'a, H: Hold>(
         // Its chat is handed to a person (paused after it was recorded): kept, not answered;
         // an event the platform waits on is acknowledged. (A turn held open was answered by
         // the handler before, and a reply sent before a crash was answered: they go on.)
-        debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, "chat paused: the message is recorded, not answered");
-        ctx.metrics.count(EVENTS_PAUSED_TOTAL, ctx.platform, 1);
-        if msg.answer_handle.is_some() {
-            deadline.defer(ctx, hold, &msg).await;
+        let armed = deadline.armed.clone();
+        let w = end
+            .write(ctx, hold, slot, InboxOutcome::Paused, None, None)
+            .await?;
+        if w != StateWrite::Unpaused {
+            debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, "chat paused: the message is recorded, not answered");
+            ctx.metrics.count(EVENTS_PAUSED_TOTAL, ctx.platform, 1);
+            if msg.answer_handle.is_some() {
+                deadline.defer(ctx, hold, &msg).await;
+            }
+            return Ok(None);
         }
-        return end
-            .record(ctx, hold, slot, InboxOutcome::Paused, None, None)
-            .await
-            .map(|()| None);
+        // Resumed since the view was read, before this was recorded paused: a resume's replay
+        // did not see it, so it is answered now, as the chat's next.
+        debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, "chat resumed meanwhile: answering the message");
+        let again = Job {
+            key: job.key,
+            chat: job.chat,
+            fence: job.fence,
+            view: None,
+            arrived: job.arrived,
+            slot: None,
+            armed,
+        };
+        return Box::pin(answer_turn(ctx, hold, again)).await;
     }
     let began = Began {
         turn: started,
@@ -1253,6 +1269,21 @@ impl End<'_> {
         sent: Option<Instant>,
         state: Option<(u64, String)>,
     ) -> Result<(), Halt> {
+        self.write(ctx, hold, slot, outcome, sent, state)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`End::record`], answering what became of it.
+    async fn write(
+        self,
+        ctx: &TurnCtx,
+        hold: &impl Hold,
+        slot: Slot,
+        outcome: InboxOutcome,
+        sent: Option<Instant>,
+        state: Option<(u64, String)>,
+    ) -> Result<StateWrite, Halt> {
         let mut rec = TurnRecord::new(
             self.key,
             self.chat,
@@ -1282,9 +1313,9 @@ impl End<'_> {
                 Ok(StateWrite::Stale) => {
                     ctx.metrics.count(STATE_REFUSED_TOTAL, ctx.platform, 1);
                     warn!(bot = %ctx.bot, chat = %self.chat, "conversation state refused: a newer turn wrote first; this result is dropped");
-                    return Ok(());
+                    return Ok(StateWrite::Stale);
                 }
-                Ok(_) => return Ok(()),
+                Ok(w) => return Ok(w),
                 Err(StoreError::StaleFence { current, .. }) => {
                     return Err(Halt::Fenced(format!(
                         "a newer fence {current} owns this bot"

@@ -773,6 +773,20 @@ impl Store for MemoryStore {
         if let Some(f) = rec.fence.claim() {
             st.check_fence(bot, f)?;
         }
+        if rec.outcome == crate::InboxOutcome::Paused {
+            let paused = st
+                .pauses
+                .get(&(bot.base().to_owned(), rec.chat.clone()))
+                .is_some_and(|p| p.in_effect(now));
+            let superseded = !claim
+                && st
+                    .chats
+                    .get(&(bot.clone(), rec.chat.clone()))
+                    .is_some_and(|(_, f, _)| *f > fence);
+            if !paused && !superseded {
+                return Ok(StateWrite::Unpaused);
+            }
+        }
         // A claim's turn ends its entry in this same write: the entry's end is its outbox
         // record (see the SQL backends).
         if rec.sent && !claim {

@@ -27,14 +27,23 @@ pub(crate) const POOL_SIZE: usize = 4;
 /// ending its entry (an update of the row), and that turn takes the chat's head after the
 /// row, so the two would deadlock. (Two deliveries of one new key at once take numbers both;
 /// the second waits for the first's head, then its insert does nothing: a gap.)
+///
+/// The pauses in effect for the items' chats are read `FOR SHARE`: a resume lifting one waits
+/// until this write commits, so its replay, a statement after, sees the entries this write
+/// recorded paused. An entry recorded paused ends no earlier than its pause began (by the
+/// pausing worker's clock), so a replay since then finds it whatever this worker's clock says.
 macro_rules! journal_items {
     ($own:literal, $now:literal) => {
         concat!(
-            "u AS (SELECT t.*, ",
-            crate::schema::paused_now!($own, $now, "t.chat", "t.key"),
-            " AS paused, COUNT(*) OVER (PARTITION BY t.chat) AS cnt, \
+            "pz AS (SELECT p.chat, p.paused_at_ms FROM chat_pauses p WHERE p.bot_id = ",
+            $own,
+            " AND p.chat = ANY($3::TEXT[]) AND (p.until_ms IS NULL OR p.until_ms > ",
+            $now,
+            ") FOR SHARE), u AS (SELECT t.*, (substr(t.key, 1, 5) <> 'send:' AND pz.chat IS NOT NULL) \
+             AS paused, pz.paused_at_ms AS paused_at, COUNT(*) OVER (PARTITION BY t.chat) AS cnt, \
              ROW_NUMBER() OVER (PARTITION BY t.chat ORDER BY t.ord) AS rn \
              FROM UNNEST($2::TEXT[], $3::TEXT[], $4::TEXT[]) WITH ORDINALITY AS t(key, chat, message, ord) \
+             LEFT JOIN pz ON pz.chat = t.chat \
              WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.bot_id = $1 AND i.key = t.key)), \
              h AS (INSERT INTO chat_heads (bot_id, chat, n, last_in_ms) SELECT ",
             $own,
@@ -58,9 +67,9 @@ macro_rules! journal_insert {
             $seq,
             " + u.ord, u.chat, u.message, CASE WHEN u.paused THEN 'paused' ELSE 'pending' END, ",
             $now,
-            ", CASE WHEN u.paused THEN ",
+            ", CASE WHEN u.paused THEN GREATEST(",
             $now,
-            " END, h.n - u.cnt + u.rn FROM u JOIN h ON h.chat = u.chat ",
+            ", u.paused_at) END, h.n - u.cnt + u.rn FROM u JOIN h ON h.chat = u.chat ",
             $where,
             " ON CONFLICT DO NOTHING RETURNING key, state"
         )
@@ -86,8 +95,7 @@ const JOURNAL_PUT_VIEW: &str = concat!(
     ") SELECT ARRAY(SELECT key FROM ins), i.seq, i.chat, i.message, i.state, i.error, i.received_at_ms, \
      s.revision, s.state, EXISTS (SELECT 1 FROM outbox o WHERE o.bot_id = $1 AND o.key = $9), \
      i.held_until_ms, ARRAY(SELECT key FROM ins WHERE state = 'paused'), \
-     EXISTS (SELECT 1 FROM chat_pauses p WHERE p.bot_id = $10 AND p.chat = $8 \
-     AND (p.until_ms IS NULL OR p.until_ms > $6)), \
+     EXISTS (SELECT 1 FROM pz WHERE pz.chat = $8), \
      (SELECT h.last_in_ms FROM chat_heads h WHERE h.bot_id = $10 AND h.chat = $8) \
      FROM (SELECT 1 AS one) AS one \
      LEFT JOIN inbox i ON i.bot_id = $1 AND i.key = $7 \
@@ -100,18 +108,25 @@ const JOURNAL_PUT_VIEW: &str = concat!(
 /// `$15` how long they are kept (ms), `$16` what the turn said (logged in the chat's log
 /// when the entry ends here, numbered by the head of `$17`, the bot's own id), `$12` whether the bot's claim holds the
 /// turn (then nothing is written unless `$4` is not below the bot's accepted fence, and the
-/// last column says whether it was not; and no outbox row: the entry's end, in the same
-/// statement, is its record).
+/// seventh column says whether it was not; and no outbox row: the entry's end, in the same
+/// statement, is its record). A `paused` end is written only while the chat's pause holds
+/// (read `FOR SHARE`, so a resume's replay after it sees the entry); the last column says
+/// when it did not hold.
 fn turn_record_sql(cas: &str) -> String {
     format!(
         "WITH ok AS (SELECT (NOT $12 OR COALESCE((SELECT fence FROM bot_fences \
            WHERE bot_id = $1), 0) <= $4) AS go), \
+         pz AS (SELECT p.paused_at_ms FROM chat_pauses p WHERE $9 = 'paused' AND p.bot_id = $17 \
+           AND p.chat = $2 AND (p.until_ms IS NULL OR p.until_ms > $6) FOR SHARE), \
+         sup AS (SELECT NOT $12 AND EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = $1 \
+           AND c.chat = $2 AND c.fence > $4) AS yes), \
          ob AS (INSERT INTO outbox (bot_id, key, fence, sent_at_ms) \
            SELECT $1, $7, $4, $6 WHERE $8 AND NOT $12 AND (SELECT go FROM ok) ON CONFLICT DO NOTHING RETURNING 1), \
-         fin AS (UPDATE inbox SET state = $9, error = $10, finished_at_ms = $6 \
+         fin AS (UPDATE inbox SET state = $9, error = $10, \
+           finished_at_ms = GREATEST($6, (SELECT paused_at_ms FROM pz)) \
            WHERE bot_id = $1 AND key = $11 AND state = 'pending' AND (SELECT go FROM ok) \
-           AND ($12 OR NOT EXISTS (SELECT 1 FROM chat_state c WHERE c.bot_id = $1 AND c.chat = $2 \
-           AND c.fence > $4)) RETURNING 1), \
+           AND NOT (SELECT yes FROM sup) AND ($9 <> 'paused' OR EXISTS (SELECT 1 FROM pz)) \
+           RETURNING 1), \
          rf AS (INSERT INTO refs (bot_id, chat, name, value, expires_at_ms) \
            SELECT $1, $2, n, v, $6 + $15 FROM UNNEST($13::TEXT[], $14::TEXT[]) AS t(n, v) \
            WHERE (SELECT go FROM ok) AND ($12 OR NOT EXISTS (SELECT 1 FROM chat_state c \
@@ -126,7 +141,8 @@ fn turn_record_sql(cas: &str) -> String {
            FROM hs, UNNEST($16::TEXT[]) WITH ORDINALITY AS t(body, ord) RETURNING 1), \
          st AS ({cas}) \
          SELECT (SELECT revision FROM st), (SELECT COUNT(*) FROM ob), (SELECT COUNT(*) FROM fin), \
-           CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT), (SELECT go FROM ok)"
+           CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($5 AS TEXT), (SELECT go FROM ok), \
+           ($9 = 'paused' AND NOT EXISTS (SELECT 1 FROM pz) AND NOT (SELECT yes FROM sup))"
     )
 }
 
@@ -1380,48 +1396,52 @@ impl Store for PostgresStore {
     async fn chat_resume(&self, bot: &BotId, chat: &str, replay: bool) -> Result<crate::Resumed> {
         let c = self.client().await?;
         let base = bot.base();
-        // One statement: the pause goes, and with a replay its entries come back, at once.
-        let r = c
-            .query_one(
-                "WITH d AS (DELETE FROM chat_pauses WHERE bot_id = $1 AND chat = $2 \
-                   RETURNING until_ms, reason, paused_at_ms), \
-                 r AS (UPDATE inbox SET state = 'pending', finished_at_ms = NULL \
-                   WHERE $3 AND (bot_id = $1 OR substr(bot_id, 1, length($4)) = $4) AND chat = $2 \
-                   AND state = 'paused' AND finished_at_ms >= (SELECT paused_at_ms FROM d) \
-                   RETURNING bot_id, key, seq) \
-                 SELECT (SELECT until_ms FROM d), (SELECT reason FROM d), \
-                 (SELECT paused_at_ms FROM d), ARRAY(SELECT bot_id FROM r ORDER BY seq, bot_id, key), \
-                 ARRAY(SELECT key FROM r ORDER BY seq, bot_id, key)",
-                &[
-                    &base,
-                    &chat,
-                    &replay,
-                    &format!("{base}#"),
-                ],
+        let now = botfleet_core::unix_ms();
+        // First the pause is ended (its row kept, `until_ms` now): a write that read it
+        // paused holds it (`FOR SHARE`) to its commit, so this waits for that write, and what
+        // it recorded paused is there for the replay after. Then, in one statement, the row
+        // goes and its entries come back: a resume tried again after a failure between the
+        // two finds the ended pause and replays it all the same.
+        let lifted = c
+            .query_opt(
+                "WITH o AS (SELECT until_ms FROM chat_pauses WHERE bot_id = $1 AND chat = $2 \
+                   FOR UPDATE) \
+                 UPDATE chat_pauses p SET until_ms = $3 FROM o \
+                 WHERE p.bot_id = $1 AND p.chat = $2 AND (p.until_ms IS NULL OR p.until_ms > $3) \
+                 RETURNING o.until_ms, p.reason, p.paused_at_ms",
+                &[&base, &chat, &now],
             )
             .await
             .map_err(db("resume a chat"))?;
-        let now = botfleet_core::unix_ms();
-        let pause = r
-            .get::<_, Option<i64>>(2)
-            .map(|paused_at_ms| crate::ChatPause {
-                chat: chat.to_owned(),
-                until_ms: r.get(0),
-                reason: r.get(1),
-                paused_at_ms,
-            });
-        let units: Vec<String> = r.get(3);
-        let keys: Vec<String> = r.get(4);
+        let r = c
+            .query_one(
+                "WITH d AS (DELETE FROM chat_pauses WHERE bot_id = $1 AND chat = $2 \
+                   AND until_ms IS NOT NULL AND until_ms <= $3 RETURNING paused_at_ms), \
+                 r AS (UPDATE inbox SET state = 'pending', finished_at_ms = NULL \
+                   WHERE $4 AND (bot_id = $1 OR substr(bot_id, 1, length($5)) = $5) AND chat = $2 \
+                   AND state = 'paused' AND finished_at_ms >= (SELECT paused_at_ms FROM d) \
+                   RETURNING bot_id, key, seq) \
+                 SELECT ARRAY(SELECT bot_id FROM r ORDER BY seq, bot_id, key), \
+                 ARRAY(SELECT key FROM r ORDER BY seq, bot_id, key)",
+                &[&base, &chat, &now, &replay, &format!("{base}#")],
+            )
+            .await
+            .map_err(db("resume a chat"))?;
+        let pause = lifted.map(|r| crate::ChatPause {
+            chat: chat.to_owned(),
+            until_ms: r.get(0),
+            reason: r.get(1),
+            paused_at_ms: r.get(2),
+        });
+        let units: Vec<String> = r.get(0);
+        let keys: Vec<String> = r.get(1);
         let replayed = units
             .into_iter()
             .zip(keys)
             .map(|(u, k)| BotId::new(u).map(|u| (u, k)))
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| StoreError::backend("resume a chat", e))?;
-        Ok(crate::Resumed {
-            pause: pause.filter(|p| p.in_effect(now)),
-            replayed,
-        })
+        Ok(crate::Resumed { pause, replayed })
     }
 
     async fn chat_pauses(&self, bot: &BotId) -> Result<Vec<crate::ChatPause>> {
@@ -1530,6 +1550,9 @@ impl Store for PostgresStore {
             .map_err(db("record a turn"))?;
         if !r.get::<_, bool>(6) {
             return Err(self.stale(&c, bot, fence).await);
+        }
+        if r.get::<_, bool>(7) {
+            return Ok(StateWrite::Unpaused);
         }
         Ok(match (rec.state.is_some(), r.get::<_, Option<i64>>(0)) {
             (false, _) => StateWrite::Unchanged,

@@ -1041,6 +1041,32 @@ impl Store for SqliteStore {
             let (fence, claim) = (rec.fence.fence(), rec.fence.claim().is_some());
             let tx = write_tx(c, &bot, rec.fence.claim(), "record a turn")?;
             let now = botfleet_core::unix_ms();
+            if rec.outcome == crate::InboxOutcome::Paused {
+                // Recorded paused only while the pause holds (a resume's replay, a write of
+                // its own, would not see it after).
+                let (paused, superseded) = tx
+                    .query_row(
+                        concat!(
+                            "SELECT ",
+                            crate::schema::paused_now!("?1", "?2", "?3", "?4"),
+                            ", EXISTS (SELECT 1 FROM chat_state WHERE bot_id = ?5 AND chat = ?3 \
+                             AND fence > ?6)"
+                        ),
+                        params![
+                            bot.base(),
+                            now,
+                            rec.chat,
+                            rec.key,
+                            bot.as_str(),
+                            fence_i64(fence)
+                        ],
+                        |r| Ok((r.get::<_, bool>(0)?, r.get::<_, bool>(1)?)),
+                    )
+                    .map_err(fail)?;
+                if !paused && (claim || !superseded) {
+                    return Ok(StateWrite::Unpaused);
+                }
+            }
             // A claim's turn ends its entry in this same all-or-nothing write: the entry's end
             // is its outbox record. Only a chat's turn can send and leave its entry pending
             // (superseded), so only it needs the row.

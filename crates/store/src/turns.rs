@@ -159,6 +159,10 @@ pub enum StateWrite {
     /// Refused: a turn with a higher fence, or a write at another revision, came first. The
     /// state given is dropped.
     Stale,
+    /// A [`Paused`](crate::InboxOutcome::Paused) outcome not recorded: the chat's pause was
+    /// lifted before it (a resume racing the turn). The entry is still pending, for the turn
+    /// to answer now: a resume's replay would not see it.
+    Unpaused,
 }
 
 /// The outbox key of the reply to the entry `key`.

@@ -484,11 +484,23 @@ async fn end(
     outcome: InboxOutcome,
     fence: u64,
 ) -> botfleet_store::Result<botfleet_store::StateWrite> {
+    end_in(s, bot, key, "", outcome, fence).await
+}
+
+/// [`end`] of an entry of `chat` (a paused end is recorded only while its chat is paused).
+async fn end_in(
+    s: &Arc<dyn Store>,
+    bot: &BotId,
+    key: &str,
+    chat: &str,
+    outcome: InboxOutcome,
+    fence: u64,
+) -> botfleet_store::Result<botfleet_store::StateWrite> {
     s.turn_record(
         bot,
         &botfleet_store::TurnRecord {
             key: key.to_owned(),
-            chat: String::new(),
+            chat: chat.to_owned(),
             fence: botfleet_store::TurnFence::Claim(Fence(fence)),
             outcome,
             sent: false,
@@ -1742,7 +1754,9 @@ pub async fn paused_chats_are_recorded_not_answered(s: Arc<dyn Store>) {
     assert!(v.paused);
     assert_eq!(v.entry.map(|e| e.state), Some(InboxState::Pending));
     assert!(!s.turn_view(&bot, "e2", "c2").await.unwrap().paused);
-    end(&s, &bot, "e0", InboxOutcome::Paused, 1).await.unwrap();
+    end_in(&s, &bot, "e0", "c1", InboxOutcome::Paused, 1)
+        .await
+        .unwrap();
     let e0 = s.inbox_entry(&bot, "e0").await.unwrap().unwrap();
     assert_eq!((e0.state, e0.error), (InboxState::Paused, None));
     assert_eq!(
@@ -2119,6 +2133,107 @@ pub async fn chats_remember_when_their_user_last_wrote(s: Arc<dyn Store>) {
     assert_eq!(log.iter().map(|e| e.n).collect::<Vec<_>>(), [1], "{log:?}");
 }
 
+/// A resume with replay racing writes that record entries paused — journal writes of the
+/// chat, turns ending an entry read paused — leaves none paused: each entry ends pending
+/// (written after the pause was lifted, or recorded paused and replayed), or the turn is told
+/// [`StateWrite::Unpaused`](botfleet_store::StateWrite::Unpaused) (a write that read the pause
+/// and commits after the replay read the entries would leave it paused for good).
+pub async fn resumes_race_no_write_that_pauses(s: Arc<dyn Store>) {
+    use botfleet_store::StateWrite;
+    let bot = bid("race");
+    // A turn that read the chat paused, recording after the resume: told, nothing written.
+    s.journal_put(&bot, &[item("t0", "tc")], None, None)
+        .await
+        .unwrap();
+    let began = botfleet_core::unix_ms();
+    s.chat_pause(&bot, &pause("tc", None, "desk", began))
+        .await
+        .unwrap();
+    s.chat_resume(&bot, "tc", false).await.unwrap();
+    let w = end_in(&s, &bot, "t0", "tc", InboxOutcome::Paused, 1).await;
+    assert_eq!(w.unwrap(), StateWrite::Unpaused);
+    let t0 = s.inbox_entry(&bot, "t0").await.unwrap().unwrap();
+    assert_eq!(t0.state, InboxState::Pending, "left for the turn to answer");
+    // Racing: a turn's paused end against a resume with replay.
+    for round in 0..40 {
+        let (chat, key) = (format!("tc{round}"), format!("tr{round}"));
+        s.journal_put(&bot, &[item(&key, &chat)], None, None)
+            .await
+            .unwrap();
+        s.chat_pause(&bot, &pause(&chat, None, "desk", botfleet_core::unix_ms()))
+            .await
+            .unwrap();
+        let turn = {
+            let (s, bot, chat, key) = (s.clone(), bot.clone(), chat.clone(), key.clone());
+            tokio::spawn(async move {
+                end_in(&s, &bot, &key, &chat, InboxOutcome::Paused, 1)
+                    .await
+                    .unwrap()
+            })
+        };
+        tokio::task::yield_now().await;
+        let resumed = s.chat_resume(&bot, &chat, true).await.unwrap();
+        let w = turn.await.unwrap();
+        let e = s.inbox_entry(&bot, &key).await.unwrap().unwrap();
+        assert_eq!(
+            e.state,
+            InboxState::Pending,
+            "round {round}: the turn was told {w:?}, {} replayed",
+            resumed.replayed.len()
+        );
+        assert!(
+            (w == StateWrite::Unpaused) != (resumed.replayed.len() == 1),
+            "round {round}: answered by the turn ({w:?}) or replayed ({:?}), once",
+            resumed.replayed
+        );
+    }
+    // Racing: journal writes against a resume with replay.
+    for round in 0..25 {
+        let chat = format!("c{round}");
+        let began = botfleet_core::unix_ms();
+        s.chat_pause(&bot, &pause(&chat, None, "desk", began))
+            .await
+            .unwrap();
+        let mut writers = Vec::new();
+        for w in 0..6 {
+            let (s, bot, chat) = (s.clone(), bot.clone(), chat.clone());
+            writers.push(tokio::spawn(async move {
+                let mut keys = Vec::new();
+                for i in 0..4 {
+                    let key = format!("r{chat}-{w}-{i}");
+                    s.journal_put(&bot, &[item(&key, &chat)], None, None)
+                        .await
+                        .unwrap();
+                    keys.push(key);
+                }
+                keys
+            }));
+        }
+        let resume = {
+            let (s, bot, chat) = (s.clone(), bot.clone(), chat.clone());
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                s.chat_resume(&bot, &chat, true).await.unwrap()
+            })
+        };
+        let mut keys = Vec::new();
+        for w in writers {
+            keys.extend(w.await.unwrap());
+        }
+        let resumed = resume.await.unwrap();
+        for key in &keys {
+            let e = s.inbox_entry(&bot, key).await.unwrap().expect("journaled");
+            assert_eq!(
+                e.state,
+                InboxState::Pending,
+                "round {round}: {key} left {:?} by a resume with replay ({} replayed)",
+                e.state,
+                resumed.replayed.len()
+            );
+        }
+    }
+}
+
 /// Generates a module `conformance_store` with one `#[tokio::test]` per suite case, each on a
 /// fresh store from `$fixture` (an async expression yielding a
 /// [`StoreFixture`](crate::store_suite::StoreFixture)).
@@ -2160,6 +2275,7 @@ macro_rules! store_conformance {
             paused_chats_are_recorded_not_answered,
             chat_log_numbers_entries_and_what_was_said,
             chats_remember_when_their_user_last_wrote,
+            resumes_race_no_write_that_pauses,
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
