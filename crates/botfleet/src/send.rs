@@ -29,7 +29,8 @@ pub(crate) struct SendArgs {
     /// The text to send (may be left out with --actions).
     text: Option<String>,
     /// A JSON file of actions of the handler contract (`send` with buttons and files, `edit`
-    /// and `delete` by `ref`, `typing`), done after the text; `-` reads standard input.
+    /// and `delete` by `ref`, `typing`, `template` on WhatsApp Cloud), done after the text;
+    /// `-` reads standard input.
     #[arg(long, value_name = "FILE")]
     actions: Option<PathBuf>,
     /// The send's key: give the same one to every retry of one send, and it goes out once

@@ -155,7 +155,17 @@ impl Action {
             }
             Some(_) => {}
         }
-        Action::deserialize(v).map_err(|e| format!("action {i}: {e}"))
+        let a = Action::deserialize(v).map_err(|e| format!("action {i}: {e}"))?;
+        if let Action::Template {
+            components: Some(c),
+            ..
+        } = &a
+        {
+            if !c.is_array() {
+                return Err(format!("action {i}: `components` is not a list"));
+            }
+        }
+        Ok(a)
     }
 }
 
@@ -315,7 +325,7 @@ impl Caps {
     };
 
     /// The capabilities by name, in a fixed order (for the README's table and for reasons).
-    pub fn flags(&self) -> [(&'static str, bool); 10] {
+    pub fn flags(&self) -> [(&'static str, bool); 11] {
         [
             ("buttons", self.buttons),
             ("edit", self.edit),
@@ -327,6 +337,7 @@ impl Caps {
             ("files", self.files),
             ("commands", self.commands),
             ("streams", self.streams),
+            ("templates", self.templates),
         ]
     }
 }
@@ -412,5 +423,12 @@ mod tests {
             .unwrap_err()
             .contains("type"));
         assert!(Action::from_json(5, &json!({"type": "send", "text": 5})).is_err());
+        let t = json!({"type": "template", "name": "hi", "language": "en",
+                       "components": [{"type": "body"}]});
+        assert!(Action::from_json(6, &t).is_ok());
+        let bad = json!({"type": "template", "name": "hi", "language": "en",
+                         "components": {"type": "body"}});
+        let why = Action::from_json(7, &bad).unwrap_err();
+        assert!(why.contains("`components` is not a list"), "{why}");
     }
 }

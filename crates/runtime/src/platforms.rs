@@ -36,8 +36,8 @@ pub fn descriptor(p: Platform) -> Option<&'static Descriptor> {
 pub fn capability_table() -> String {
     let yes = |b: bool| if b { "yes" } else { "—" };
     let mut out = String::from(
-        "| platform · mode | buttons (most, value bytes) | edit | delete | typing | answer | ephemeral | threads | files (most a send, MiB each) | text chars | native streams |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| platform · mode | buttons (most, value bytes) | edit | delete | typing | answer | ephemeral | threads | files (most a send, MiB each) | text chars | native streams | templates (reply window) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for d in DESCRIPTORS {
         for m in d.modes {
@@ -52,8 +52,13 @@ pub fn capability_table() -> String {
             } else {
                 "—".to_owned()
             };
+            let templates = match (c.templates, c.reply_window_s) {
+                (false, _) => "—".to_owned(),
+                (true, 0) => "yes".to_owned(),
+                (true, s) => format!("yes ({} h)", s / 3_600),
+            };
             out.push_str(&format!(
-                "| {} · `{}` | {buttons} | {} | {} | {} | {} | {} | {} | {files} | {} | {} |\n",
+                "| {} · `{}` | {buttons} | {} | {} | {} | {} | {} | {} | {files} | {} | {} | {templates} |\n",
                 d.title,
                 m.name,
                 yes(c.edit),

@@ -567,7 +567,8 @@ async fn messages(
         return graph_error(StatusCode::TOO_MANY_REQUESTS, 130_429, "Rate limit hit");
     }
     let template = doc["type"] == "template";
-    if !template && outside_window(&state, &id, doc["to"].as_str().unwrap_or_default()) {
+    let to = doc["to"].as_str().filter(|t| !t.is_empty());
+    if !template && to.is_some_and(|to| outside_window(&state, &id, to)) {
         return graph_error(
             StatusCode::BAD_REQUEST,
             131_047,
