@@ -1397,16 +1397,18 @@ impl Store for PostgresStore {
         let c = self.client().await?;
         let base = bot.base();
         let now = botfleet_core::unix_ms();
-        // First the pause is ended (its row kept, `until_ms` now): a write that read it
-        // paused holds it (`FOR SHARE`) to its commit, so this waits for that write, and what
-        // it recorded paused is there for the replay after. Then, in one statement, the row
-        // goes and its entries come back: a resume tried again after a failure between the
-        // two finds the ended pause and replays it all the same.
+        // First the pause is ended (its row kept, `until_ms` 0: in effect for no clock): a
+        // write that read it paused holds it (`FOR SHARE`) to its commit, so this waits for
+        // that write, and a write after reads it ended, so it holds nothing the next
+        // statement would wait for: that statement's snapshot, taken after this one ended,
+        // has every entry recorded paused. Then, in one statement, the row goes and its
+        // entries come back: a resume tried again after a failure between the two finds the
+        // ended pause and replays it all the same.
         let lifted = c
             .query_opt(
                 "WITH o AS (SELECT until_ms FROM chat_pauses WHERE bot_id = $1 AND chat = $2 \
                    FOR UPDATE) \
-                 UPDATE chat_pauses p SET until_ms = $3 FROM o \
+                 UPDATE chat_pauses p SET until_ms = 0 FROM o \
                  WHERE p.bot_id = $1 AND p.chat = $2 AND (p.until_ms IS NULL OR p.until_ms > $3) \
                  RETURNING o.until_ms, p.reason, p.paused_at_ms",
                 &[&base, &chat, &now],
