@@ -276,7 +276,15 @@ impl HookFleet {
                 r = r.header(k, v);
             }
             let status = r.send().await.unwrap().status();
-            assert!(status == 401 || status == 502, "{path}: {status}");
+            // Refused: 401 by the bot's own check, or 502 when no backend answered. The
+            // balancer keeps a killed worker's address, and its port may be taken meanwhile by
+            // another server on this machine (this file's other drill runs alongside), which
+            // refuses in its own way (a clean CI run saw a 403): any refusal will do here;
+            // that nothing forged is ever handled is checked on the replies (`check`).
+            assert!(
+                status.is_client_error() || status == 502,
+                "{path}: {status}"
+            );
         }
         n
     }
