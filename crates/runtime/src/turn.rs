@@ -387,7 +387,7 @@ async fn answer_turn<'a, H: Hold>(
         // the handler before, and a reply sent before a crash was answered: they go on.)
         let armed = deadline.armed.clone();
         let w = end
-            .write(ctx, hold, slot, InboxOutcome::Paused, None, None)
+            .record(ctx, hold, slot, InboxOutcome::Paused, None, None)
             .await?;
         if w != StateWrite::Unpaused {
             debug!(bot = %ctx.bot, chat = %job.chat, key = %job.key, "chat paused: the message is recorded, not answered");
@@ -514,7 +514,7 @@ async fn answer_turn<'a, H: Hold>(
     let state = checked_state(ctx, job.chat, reply.state).map(|s| (view.revision, s));
     end.record(ctx, hold, slot, InboxOutcome::Done, sent, state)
         .await
-        .map(|()| None)
+        .map(|_| None)
 }
 
 /// A backend send's turn: no handler is called; the body the API accepted, read as a
@@ -1254,28 +1254,14 @@ impl End<'_> {
             None,
         )
         .await
+        .map(|_| ())
     }
 
     /// Writes what the turn leaves in one record (with the refs and notes it gathered),
     /// retrying through store failures: once a reply is out, recording it is what keeps a
     /// replay from sending it again, so a stop does not cut this short (a fenced worker gives
-    /// up: its successor replays).
+    /// up: its successor replays). Answers what became of it.
     async fn record(
-        self,
-        ctx: &TurnCtx,
-        hold: &impl Hold,
-        slot: Slot,
-        outcome: InboxOutcome,
-        sent: Option<Instant>,
-        state: Option<(u64, String)>,
-    ) -> Result<(), Halt> {
-        self.write(ctx, hold, slot, outcome, sent, state)
-            .await
-            .map(|_| ())
-    }
-
-    /// [`End::record`], answering what became of it.
-    async fn write(
         self,
         ctx: &TurnCtx,
         hold: &impl Hold,

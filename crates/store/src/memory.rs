@@ -58,8 +58,7 @@ fn log_into(
     for it in items {
         if let Logged::Entry(key) = &it {
             if InboxEntry::kind_of(key) == crate::EntryKind::Event {
-                let now = botfleet_core::unix_ms();
-                *last_in = Some(last_in.map_or(now, |t| t.max(now)));
+                *last_in = (*last_in).max(Some(botfleet_core::unix_ms()));
             }
         }
         *head += 1;
@@ -607,7 +606,7 @@ impl Store for MemoryStore {
                 .heads
                 .entry((bot.base().to_owned(), chat.clone()))
                 .or_default();
-            *last_in = Some(last_in.map_or(at_ms, |t| t.max(at_ms)));
+            *last_in = (*last_in).max(Some(at_ms));
         }
         Ok(())
     }

@@ -617,7 +617,9 @@ impl<'a> Run<'a> {
             }
         }
         let sent = p.sent.then(Instant::now);
-        end.record(ctx, hold, slot, outcome, sent, state).await
+        end.record(ctx, hold, slot, outcome, sent, state)
+            .await
+            .map(|_| ())
     }
 }
 
