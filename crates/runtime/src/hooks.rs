@@ -6,6 +6,8 @@
 //!   platform's id) → 2xx → wait for the turn (a wake-up, not a poll) → handler with the
 //!   chat's state → send (skipped if the outbox has it) → outbox record, state CAS and entry
 //!   end in one write → release (wakes the next ticket's worker)
+//! handler answers 202 → the turn stays held, kept as data by the worker's lot (`lot.rs`,
+//!   no task) until the last part of its answer or its time to live → release
 //! ```
 //!
 //! A 2xx is never sent before the journal write: a worker killed right after answering
@@ -33,11 +35,12 @@ use botfleet_core::Incarnation;
 use botfleet_core::{BotId, BotSpec, BotStatus, Fence, Platform};
 use botfleet_platform::{ErrorKind, HookAnswer, HookRequest, Sender, Webhooks};
 use botfleet_store::{InboxItem, InboxState, Journaled, Store, TurnFence, TurnView};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tracing::{debug, info, warn};
 
 use crate::{
     handler::Handler,
+    later::Posted,
     metrics::{
         Metrics, EVENTS_PAUSED_TOTAL, HOOKS_DUPLICATES_TOTAL, HOOKS_JOURNALED_TOTAL,
         HOOKS_REFUSED_TOTAL, HOOKS_UNAVAILABLE_TOTAL, TURN_OLDER_FIRST_TOTAL, TURN_TAKEOVERS_TOTAL,
@@ -45,8 +48,12 @@ use crate::{
     },
     reporter::Reporter,
     retry::{backoff, sleep_or_stop},
-    turn::{self, Armed, Halt, Hold, TurnBase, TurnCtx},
+    turn::{self, Armed, Halt, Hold, Parked, TurnBase, TurnCtx},
 };
+
+mod lot;
+
+use lot::{Lodged, ToLot};
 
 /// Largest webhook body taken (bytes); larger ones are answered 413.
 pub const MAX_HOOK_BODY: usize = 1024 * 1024;
@@ -130,6 +137,12 @@ struct Inner {
     /// Turns being handled here now, and a signal when that falls to zero.
     handling: std::sync::atomic::AtomicUsize,
     idle: Notify,
+    /// Tells the lot of held turns what to keep (see `lot.rs`).
+    lot: mpsc::UnboundedSender<ToLot>,
+    /// The lot's side, until its task takes it.
+    lot_rx: Mutex<Option<mpsc::UnboundedReceiver<ToLot>>>,
+    /// Which of the lot's held turns may have had a part of their answer posted.
+    posted: Arc<Posted>,
 }
 
 /// What serving a held turn came to.
@@ -140,6 +153,22 @@ enum Served {
     Stop,
     /// The turn was taken from this worker meanwhile: its own ticket's next answer.
     Again(Turn),
+    /// The entry's turn is held open for an answer that comes later: the turn stays held
+    /// (not released) until the lot ends it.
+    Held(Box<Held>),
+}
+
+/// A turn held open for an answer that comes later, as its serving handed it back.
+struct Held {
+    turn: Box<Parked>,
+    /// When it is to be looked at though no part was posted.
+    due: Instant,
+    /// The spec it was held under, and when that spec was registered (if known): its parts
+    /// go out under them.
+    spec: Arc<BotSpec>,
+    spec_at: Option<i64>,
+    /// The fence of the chat's turn it holds.
+    fence: Fence,
 }
 
 /// Whether a taken-over turn's fence was recorded.
@@ -160,6 +189,9 @@ enum Handled {
     /// The platform refused the bot's credentials: the entry stays pending, and so do the
     /// chat's later ones, behind it, until the bot's spec changes.
     Refused,
+    /// Held open for an answer that comes later: the turn as data, when it is due, and the
+    /// `updated_at_ms` of the spec it was held under.
+    Held(Box<Parked>, Instant, Option<i64>),
 }
 
 /// How long a turn held for a bot whose credentials were refused waits between looks at the
@@ -189,6 +221,7 @@ impl Hooks {
         settings: HookSettings,
         reporter: Reporter,
     ) -> Self {
+        let (lot, lot_rx) = mpsc::unbounded_channel();
         Self {
             inner: Arc::new(Inner {
                 coord,
@@ -210,6 +243,9 @@ impl Hooks {
                 closed: watch::Sender::new(false),
                 handling: std::sync::atomic::AtomicUsize::new(0),
                 idle: Notify::new(),
+                lot,
+                lot_rx: Mutex::new(Some(lot_rx)),
+                posted: Arc::default(),
             }),
         }
     }
@@ -223,11 +259,13 @@ impl Hooks {
             .with_state(self.clone())
     }
 
-    /// The background work: turn wake-ups and the sweeper. Runs until aborted.
+    /// The background work: turn wake-ups, the lot of held turns and the sweeper. Runs until
+    /// aborted.
     pub(crate) async fn background(self) {
         let wake = self.clone().wakeups();
+        let lot = self.clone().keep_lot();
         let sweep = self.sweeper();
-        tokio::join!(wake, sweep);
+        tokio::join!(wake, lot, sweep);
     }
 
     /// Starts a clean shutdown: new deliveries are answered 503 (the load balancer or the
@@ -754,7 +792,6 @@ impl Hooks {
             mut turn,
             inc,
         } = taken;
-        let mark = (spec.id.clone(), key.clone());
         let waiter = self.waiter(&ck);
         let coord = &self.inner.coord;
         let p = spec.platform;
@@ -764,7 +801,7 @@ impl Hooks {
         // Re-asks while waiting: a wake-up ends the wait at once; the timer only notices a
         // ticket taker that died (expiries are not signalled).
         let recheck = (self.inner.settings.lease / 2).max(Duration::from_millis(100));
-        loop {
+        let held = loop {
             let next = match turn {
                 Turn::Granted {
                     fence, after_loss, ..
@@ -785,8 +822,9 @@ impl Hooks {
                         )
                         .await
                     {
-                        Served::Done | Served::Stop => break,
+                        Served::Done | Served::Stop => break None,
                         Served::Again(t) => Ok(t),
+                        Served::Held(held) => break Some((ticket, held)),
                     }
                 }
                 Turn::TakeOver {
@@ -812,14 +850,15 @@ impl Hooks {
                         )
                         .await
                     {
-                        Served::Stop => break,
+                        Served::Stop => break None,
+                        Served::Held(held) => break Some((dead, held)),
                         Served::Done | Served::Again(_) => {
                             self.try_as(&inc, coord.turn_try(&ck, ticket)).await
                         }
                     }
                 }
                 // Leaving: this ticket is taken over once the worker unregisters.
-                Turn::Wait if self.draining() => break,
+                Turn::Wait if self.draining() => break None,
                 Turn::Wait => {
                     if !reported && waited_from.elapsed() > self.inner.settings.turn_wait {
                         reported = true;
@@ -853,14 +892,14 @@ impl Hooks {
                                     ticket = t;
                                     Ok(next)
                                 }
-                                None => break,
+                                None => break None,
                             }
                         }
-                        Ok(_) => break,
+                        Ok(_) => break None,
                         Err(e) => {
                             debug!(error = %e, "cannot read the entry of a passed ticket");
                             if !self.same_registration(&inc) {
-                                break;
+                                break None;
                             }
                             tokio::time::sleep(backoff(attempt)).await;
                             attempt += 1;
@@ -869,7 +908,7 @@ impl Hooks {
                     }
                 }
                 // This registration is gone: its tickets are others' to take over.
-                Turn::NotLive => break,
+                Turn::NotLive => break None,
             };
             turn = match next {
                 Ok(t) => {
@@ -880,12 +919,50 @@ impl Hooks {
                     debug!(error = %e, "turn queue unavailable; retrying");
                     match self.try_again(&ck, ticket, &inc).await {
                         Some(t) => t,
-                        None => break,
+                        None => break None,
                     }
                 }
             };
-        }
+        };
         self.forget_waiter(&ck, waiter);
+        match held {
+            // Held open for an answer that comes later: kept as data by the lot, which does
+            // the rest of this task's work once the turn ends (the entry stays marked active).
+            Some((held_ticket, held)) => {
+                let Held {
+                    turn,
+                    due,
+                    spec,
+                    spec_at,
+                    fence,
+                } = *held;
+                self.lodge(Box::new(Lodged {
+                    turn,
+                    due,
+                    spec,
+                    spec_at,
+                    ck,
+                    key,
+                    own: ticket,
+                    ticket: held_ticket,
+                    fence,
+                    inc,
+                }));
+            }
+            None => self.ticket_over(spec, ck, chat, key, inc),
+        }
+    }
+
+    /// What a ticket's task does last: forgets the entry's mark, or, when the worker
+    /// registered again meanwhile, sees the entry through as the new registration.
+    fn ticket_over(
+        &self,
+        spec: Arc<BotSpec>,
+        ck: String,
+        chat: String,
+        key: String,
+        inc: Option<Incarnation>,
+    ) {
         if inc.is_some() && !self.same_registration(&inc) && !self.closed() && !self.draining() {
             // The worker registered again (Redis lost some of its writes): this ticket is the
             // earlier registration's, taken over in its turn by whoever comes next, but the
@@ -894,7 +971,7 @@ impl Hooks {
             self.again_as_registered(spec, ck, chat, key, inc);
             return;
         }
-        lock(&self.inner.active).remove(&mark);
+        self.unclaim_local(&spec.id, &key);
     }
 
     /// Serves `key` (an entry of `chat`, whose ticket was taken as the registration `was`)
@@ -1002,7 +1079,8 @@ impl Hooks {
             };
             let done = match older {
                 Handled::Done => {
-                    self.handle_entry(spec, chat, entry, fence, inc, arrived, preload.take())
+                    let pre = preload.take();
+                    self.handle_entry(spec, chat, entry, fence, inc, arrived, pre, true)
                         .await
                 }
                 other => other,
@@ -1022,16 +1100,23 @@ impl Hooks {
                 },
                 other => other,
             };
+            if let Handled::Held(turn, due, spec_at) = done {
+                if replaced {
+                    // Answered (held) under the new spec: the bot works again.
+                    self.report_working(spec, spec_at);
+                }
+                return Served::Held(Box::new(Held {
+                    turn,
+                    due,
+                    spec: spec.clone(),
+                    spec_at,
+                    fence,
+                }));
+            }
             if matches!(done, Handled::Done) {
                 if replaced {
                     // Answered under the new spec: the bot works again.
-                    self.inner.reporter.report_under(
-                        &spec.id,
-                        BotStatus::Running,
-                        None,
-                        &self.worker_name(),
-                        self.spec_at(spec),
-                    );
+                    self.report_working(spec, self.spec_at(spec));
                 }
                 return if self.release(ck, ticket, fence, inc).await {
                     Served::Done
@@ -1058,6 +1143,18 @@ impl Hooks {
                 None => return Served::Stop,
             }
         }
+    }
+
+    /// Reports `spec`'s bot (under the spec changed at `spec_at`) running again: a turn was
+    /// answered under a spec that replaced one whose credentials were refused.
+    fn report_working(&self, spec: &BotSpec, spec_at: Option<i64>) {
+        self.inner.reporter.report_under(
+            &spec.id,
+            BotStatus::Running,
+            None,
+            &self.worker_name(),
+            spec_at,
+        );
     }
 
     /// Holds a turn of a bot whose credentials were refused under `spec` until the bot's
@@ -1133,8 +1230,9 @@ impl Hooks {
             self.inner
                 .metrics
                 .count(TURN_OLDER_FIRST_TOTAL, spec.platform, 1);
+            // Held in this task if it is held (the entry it was served for is next).
             let done = self
-                .handle_entry(spec, chat, &e.key, fence, inc, None, None)
+                .handle_entry(spec, chat, &e.key, fence, inc, None, None, false)
                 .await;
             if !matches!(done, Handled::Done) {
                 return done;
@@ -1154,11 +1252,12 @@ impl Hooks {
         inc: &Option<Incarnation>,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
+        park: bool,
     ) -> Handled {
         if entry.is_empty() {
             return Handled::Done;
         }
-        self.handle(spec, chat, entry, fence, inc, arrived, preload)
+        self.handle(spec, chat, entry, fence, inc, arrived, preload, park)
             .await
     }
 
@@ -1367,7 +1466,8 @@ impl Hooks {
 
     /// Handles the journaled entry `key` under the turn's `fence`, granted to the registration
     /// `inc`: handler with the chat's state, send (unless the outbox has it), then outbox,
-    /// state and entry end at once.
+    /// state and entry end at once. A turn held open for an answer that comes later is handed
+    /// back as data when `park` (for the lot), else held here until it ends.
     #[allow(clippy::too_many_arguments)]
     async fn handle(
         &self,
@@ -1378,26 +1478,23 @@ impl Hooks {
         inc: &Option<Incarnation>,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
+        park: bool,
     ) -> Handled {
+        let _busy = self.busy();
+        if self.closed() {
+            // Leaving: this turn is taken over once the worker unregisters.
+            return Handled::Fenced;
+        }
+        self.handle_inner(spec, chat, key, fence, inc, arrived, preload, park)
+            .await
+    }
+
+    /// Counts a turn being handled here (a worker leaves once none is) while it lives.
+    fn busy(&self) -> Busy<'_> {
         self.inner
             .handling
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let done = if self.closed() {
-            // Leaving: this turn is taken over once the worker unregisters.
-            Handled::Fenced
-        } else {
-            self.handle_inner(spec, chat, key, fence, inc, arrived, preload)
-                .await
-        };
-        if self
-            .inner
-            .handling
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
-            == 1
-        {
-            self.inner.idle.notify_waiters();
-        }
-        done
+        Busy(&self.inner)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1410,6 +1507,7 @@ impl Hooks {
         inc: &Option<Incarnation>,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
+        park: bool,
     ) -> Handled {
         let spec_at = self.spec_at(spec);
         if lock(&self.inner.refused).get(&spec.id) == Some(&spec_at) {
@@ -1428,15 +1526,28 @@ impl Hooks {
             slot: None,
             armed: armed.clone(),
         };
-        let hold = TurnHold { hooks: self, inc };
-        let r = turn::run(&ctx, &hold, job).await;
-        if let (Ok(()), Some(a)) = (&r, armed) {
+        let hold = TurnHold {
+            hooks: self,
+            inc,
+            parks: park.then_some(&self.inner.posted),
+        };
+        let r = if park {
+            turn::run_or_park(&ctx, &hold, job).await
+        } else {
+            turn::run(&ctx, &hold, job).await.map(|()| None)
+        };
+        if let Ok(Some(turn)) = r {
+            // Its deadline stays armed while it is held.
+            let due = turn.due(&ctx);
+            return Handled::Held(turn, due, spec_at);
+        }
+        if let (Ok(None), Some(a)) = (&r, armed) {
             // Over: its timer has nothing left to do.
             a.disarm();
             lock(&self.inner.armed).remove(&mark);
         }
         match r {
-            Ok(()) => {
+            Ok(_) => {
                 // Answered under a newer spec than the one refused: nothing is held any more.
                 lock(&self.inner.refused).remove(&spec.id);
                 Handled::Done
@@ -1467,6 +1578,24 @@ struct Taken {
 struct TurnHold<'a> {
     hooks: &'a Hooks,
     inc: &'a Option<Incarnation>,
+    /// Where the wake-ups of a turn held open go when it is kept as data (the lot's).
+    parks: Option<&'a Arc<Posted>>,
+}
+
+/// A turn counted as being handled here.
+struct Busy<'a>(&'a Inner);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if self
+            .0
+            .handling
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 impl Hold for TurnHold<'_> {
@@ -1483,6 +1612,10 @@ impl Hold for TurnHold<'_> {
 
     fn stop(&self) -> watch::Receiver<bool> {
         self.hooks.stop()
+    }
+
+    fn parks(&self) -> Option<&Arc<Posted>> {
+        self.parks
     }
 
     /// Once the worker registered again: the turn was the earlier registration's.

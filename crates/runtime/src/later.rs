@@ -6,8 +6,9 @@
 //! posted through other workers are found by one store query per [`POLL_EVERY`] for all the
 //! turns held here ([`Store::replies_since`]), made only while some are held: a thousand held
 //! turns cost one query per interval, none per turn. A turn waits for its wake-up in its own
-//! task ([`Later::watch`]), or is kept as data by its bot's chat queues, which are told which
-//! of their turns to look at ([`Later::watch_into`], [`Posted`]).
+//! task ([`Later::watch`]), or is kept as data — by its bot's chat queues, or for a webhook
+//! bot by the worker's lot of held turns —, which are told which of their turns to look at
+//! ([`Later::watch_into`], [`Posted`]).
 
 use std::{
     collections::HashMap,
@@ -63,8 +64,11 @@ struct Held {
 struct Watched {
     /// A turn waiting in its own task, when one is.
     notify: Option<Arc<Notify>>,
-    /// The chat queues keeping the turn as data, when they are.
+    /// The chat queues (or the lot of held webhook turns) keeping the turn as data, when
+    /// they are.
     posted: Option<Arc<Posted>>,
+    /// How many of its watchers take their wake-ups through `posted`.
+    into: usize,
     /// How many turns watch it.
     watchers: usize,
     /// The latest part number woken for.
@@ -167,13 +171,19 @@ impl Later {
             let w = held.watched.entry(entry).or_insert_with(|| Watched {
                 notify: None,
                 posted: None,
+                into: 0,
                 watchers: 0,
                 woken: 0,
             });
             w.watchers += 1;
             let waker = match into {
                 Some(p) => {
-                    w.posted = Some(p.clone());
+                    if w.posted.as_ref().is_some_and(|mine| Arc::ptr_eq(mine, p)) {
+                        w.into += 1;
+                    } else {
+                        w.posted = Some(p.clone());
+                        w.into = 1;
+                    }
                     Waker::Into(p.clone())
                 }
                 None => Waker::Own(w.notify.get_or_insert_with(Arc::default).clone()),
@@ -191,6 +201,11 @@ impl Later {
             entry,
             waker,
         }
+    }
+
+    /// Whether a held turn watches `entry` here.
+    pub(crate) fn watched(&self, entry: EntryOf) -> bool {
+        self.held().watched.contains_key(&entry)
     }
 
     /// A part of the entry `key` of `bot` was posted (through this worker).
@@ -301,9 +316,14 @@ impl Drop for Watch {
                 held.watched.remove(&self.entry);
             } else if let Waker::Into(mine) = &self.waker {
                 // Chat queues that let the turn go (a bot's run ending while its next
-                // run holds the turn) no longer take its wake-ups; newer ones keep them.
+                // run holds the turn) no longer take its wake-ups; newer ones keep them, and
+                // so does another watch into the same place (two held turns of one entry in
+                // the lot of held webhook turns, an earlier registration's and this one's).
                 if w.posted.as_ref().is_some_and(|p| Arc::ptr_eq(p, mine)) {
-                    w.posted = None;
+                    w.into = w.into.saturating_sub(1);
+                    if w.into == 0 {
+                        w.posted = None;
+                    }
                 }
             }
         }

@@ -1793,3 +1793,11 @@ async fn whatsapp_free_text_past_the_known_window_is_refused_before_whatsapp() {
         w.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_held_turns_keep_no_task_each_by_webhook() {
+    let f = TelegramHooksFixture {
+        fake: FakeTelegram::start().await.unwrap(),
+    };
+    botfleet_testkit::webhook_suite::held_turns_keep_no_task_each_by_webhook(&f).await;
+}

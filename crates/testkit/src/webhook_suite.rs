@@ -588,6 +588,101 @@ pub async fn later_answers_by_webhook(f: &impl WebhookFixture) {
     }
 }
 
+/// A webhook bot's held turns are kept as data, not as a task each: 100 chats' turns held
+/// open (the handler answered `202`) on two workers behind the proxy add next to no task to
+/// the runtime (fewer than a quarter of them) (each kept the task of its ticket before), and each is still finished by its
+/// last part, posted through either worker's API, and only then is its chat's next message
+/// answered.
+pub async fn held_turns_keep_no_task_each_by_webhook(f: &impl WebhookFixture) {
+    const CHATS: usize = 100;
+    let handler = crate::connector_suite::later_handler().await;
+    let mut bot = f.bot(&handler.url());
+    // No typing: a held turn's looks (and the connections they open) are not counted.
+    bot.options.typing = Some(false);
+    let (_dir, store, proxy, workers) = behind_proxy_as(bot.clone(), &["a", "b"]).await;
+    let (platform, id) = f.path();
+    f.subscribe(&format!("{}/hooks/{platform}/{id}", proxy.url()))
+        .await;
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let held = || {
+        workers
+            .iter()
+            .map(|w| w.metrics.turns_held_now())
+            .sum::<u64>()
+    };
+    // A burst answered at once first: the connections a burst of deliveries opens (the
+    // platform's, the proxy's) are open before the count.
+    for chat in 0..CHATS {
+        f.user_writes(chat, "hi");
+    }
+    until("the first burst answered", 60, || {
+        f.replies().iter().filter(|(_, t)| t == "hi").count() == CHATS
+    })
+    .await;
+    crate::connector_suite::all_over(store.as_ref(), &bot.id).await;
+    let before = tasks();
+    for chat in 0..CHATS {
+        f.user_writes(chat, "ask");
+    }
+    until("every turn held", 60, || held() == CHATS as u64).await;
+    // (The tasks that held them may take a moment to end on busy cores; a held turn that
+    // kept its task would keep it until its answer.)
+    crate::wait_for(
+        "fewer tasks than a quarter of the held turns",
+        Duration::from_secs(20),
+        || async { (tasks() < before + CHATS / 4).then_some(()) },
+    )
+    .await;
+    assert_eq!(held(), CHATS as u64);
+    // The next message of each chat waits behind its held turn.
+    for chat in 0..CHATS {
+        f.user_writes(chat, "next");
+    }
+    let tokens: Vec<String> =
+        crate::wait_for("every chat asked", Duration::from_secs(20), || async {
+            let seen: Vec<String> = handler
+                .seen()
+                .iter()
+                .filter(|e| e["text"] == "ask")
+                .filter_map(|e| e["reply_token"].as_str().map(str::to_owned))
+                .collect();
+            (seen.len() == CHATS).then_some(seen)
+        })
+        .await;
+    assert!(
+        !f.replies().iter().any(|(_, t)| t == "next"),
+        "a next message was answered while its chat's turn was held"
+    );
+    let last = serde_json::json!({"actions": [{"type": "send", "text": "done"}], "final": true});
+    for (i, token) in tokens.iter().enumerate() {
+        let api = &workers[i % workers.len()].api_url;
+        let (status, answer) = crate::connector_suite::post_part(api, token, "last", &last).await;
+        assert_eq!(status, 202, "{answer}");
+    }
+    until("every held turn finished, then the next", 60, || {
+        let replies = f.replies();
+        let count = |text: &str| replies.iter().filter(|(_, t)| t == text).count();
+        count("done") == CHATS && count("next") == CHATS && held() == 0
+    })
+    .await;
+    // Each chat: its held turn's answer, then its next message's, once each.
+    let mut by_chat: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for (chat, text) in f.replies() {
+        by_chat.entry(chat).or_default().push(text);
+    }
+    assert_eq!(by_chat.len(), CHATS);
+    for (chat, texts) in &by_chat {
+        assert_eq!(texts, &["hi", "done", "next"], "chat {chat}");
+    }
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
 /// The registry's directory, the store, the proxy, the workers, the bot and a held turn's
 /// reply token (see [`asked_and_held`]).
 type Held = (

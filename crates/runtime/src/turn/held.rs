@@ -15,8 +15,10 @@
 //!
 //! The chat's next events wait behind the held turn like behind any other; other chats go on.
 //! A bot's chat queues keep their held turns as data ([`Parked`]: no task or future each,
-//! looked at again when a part is posted or a timer of theirs is due); a webhook bot's held
-//! turn waits in the task that holds its chat's turn ([`wait`]).
+//! looked at again when a part is posted or a timer of theirs is due), and so does the
+//! worker's lot of a webhook bot's held turns (`hooks/lot.rs`); a turn held while its chat's
+//! older entries are answered first (after a loss of coordination data) waits in the task
+//! that holds its chat's turn ([`wait`]).
 
 use std::{
     sync::Arc,
@@ -101,6 +103,11 @@ impl Parked {
     /// Its chat.
     pub(crate) fn chat(&self) -> &str {
         &self.chat
+    }
+
+    /// Its entry's key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
 
     /// Its entry, as the wake-ups of posted parts name it.
