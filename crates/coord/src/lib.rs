@@ -21,7 +21,7 @@ pub const JOURNAL_KEEP: usize = 5_000;
 /// leases, every lease).
 pub const AFTER_LOSS_SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
 pub use error::{CoordError, Result};
-pub use keyspace::KeySpace;
+pub use keyspace::{Group, KeySpace, MAX_GROUPS};
 pub use lease::{LeaseHandle, LeaseKeeper, LeaseLost};
 pub use link::RedisMode;
 pub use membership::MemberWatch;

@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use crate::{
     coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
     link::{Blocking, Link, RedisMode},
-    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, KeySpace,
+    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, Group, KeySpace,
     LifecycleEvent, LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn,
     WorkerCommand, WorkerMeta,
 };
@@ -709,27 +709,40 @@ impl Coordinator for RedisCoordinator {
 
     async fn hand_over(&self, bot: &BotId, fence: Fence, to: &WorkerId) -> Result<bool> {
         let reg = self.reg()?;
-        let cmd = WorkerCommand::Take {
+        let take = WorkerCommand::Take {
             bot: bot.clone(),
             from: reg.worker.clone(),
         };
-        let cmd = serde_json::to_string(&cmd).map_err(|e| CoordError::Protocol {
-            what: "hand over",
-            detail: e.to_string(),
-        })?;
+        // The target's command list is the roster's: pushed in the script when the bot's keys
+        // share its tag (group 0, so always with one group), else right after it.
+        let in_script = self.ks.group_of_bot(bot) == Group::ZERO;
         let mut inv = SCRIPTS.hand_over.prepare_invoke();
         inv.key(self.ks.workers())
             .key(self.ks.deadlines())
             .key(self.ks.owner(bot))
-            .key(self.ks.commands(to))
             .key(self.ks.seqs())
             .arg(reg.worker.as_str())
             .arg(fence.0)
             .arg(to.as_str())
-            .arg(cmd)
-            .arg(u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000))
             .arg(self.known.seq());
-        let (r, seq): (i64, u64) = self.run("hand over", inv).await?;
+        if in_script {
+            let cmd = serde_json::to_string(&take).map_err(|e| CoordError::Protocol {
+                what: "hand over",
+                detail: e.to_string(),
+            })?;
+            inv.key(self.ks.commands(to))
+                .arg(cmd)
+                .arg(u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000));
+        }
+        let answer: Result<(i64, u64)> = self.run("hand over", inv).await;
+        // Not in the script: told also when the script's answer was lost (it may have run; a
+        // Take for a bot not handed over is answered `Held` and dropped).
+        if !in_script && matches!(answer, Ok((1, _)) | Err(_)) {
+            if let Err(e) = self.send_command(to, &take).await {
+                warn!(%bot, to = %to, error = %e, "cannot tell the target of a hand-over to take the bot");
+            }
+        }
+        let (r, seq) = answer?;
         self.known.saw_seq(seq);
         Ok(r != 0)
     }
