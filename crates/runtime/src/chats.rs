@@ -509,8 +509,8 @@ async fn acknowledged(set: &mut Option<JoinSet<()>>) -> Option<()> {
     set.as_mut()?.join_next().await.map(|_| ())
 }
 
-/// When the first of `timers` is due.
-async fn sleep_until_timer(timers: &BTreeSet<(Instant, EntryOf)>) {
+/// When the first of `timers` is due (pends while there are none).
+pub(crate) async fn sleep_until_timer(timers: &BTreeSet<(Instant, EntryOf)>) {
     match timers.first() {
         Some(&(at, _)) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,

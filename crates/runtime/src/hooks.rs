@@ -1489,6 +1489,15 @@ impl Hooks {
             .await
     }
 
+    /// The entry `key` of `bot` is over: the deadline armed for its event on receipt (`armed`,
+    /// if one was) has nothing left to do.
+    fn disarm(&self, bot: &BotId, key: &str, armed: Option<Arc<Armed>>) {
+        if let Some(a) = armed {
+            a.disarm();
+            lock(&self.inner.armed).remove(&(bot.clone(), key.to_owned()));
+        }
+    }
+
     /// Counts a turn being handled here (a worker leaves once none is) while it lives.
     fn busy(&self) -> Busy<'_> {
         self.inner
@@ -1541,10 +1550,8 @@ impl Hooks {
             let due = turn.due(&ctx);
             return Handled::Held(turn, due, spec_at);
         }
-        if let (Ok(None), Some(a)) = (&r, armed) {
-            // Over: its timer has nothing left to do.
-            a.disarm();
-            lock(&self.inner.armed).remove(&mark);
+        if let Ok(None) = r {
+            self.disarm(&spec.id, key, armed);
         }
         match r {
             Ok(_) => {

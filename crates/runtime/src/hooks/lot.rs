@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 
 use super::{lock, Hooks, Taken, TurnHold};
 use crate::{
+    chats::sleep_until_timer,
     later::EntryOf,
     turn::{self, Halt, Parked},
 };
@@ -180,11 +181,7 @@ impl Hooks {
             ..
         } = *l;
         let chat = turn.chat().to_owned();
-        if let Some(a) = turn.armed() {
-            // Over: its timer has nothing left to do.
-            a.disarm();
-        }
-        lock(&self.inner.armed).remove(&(spec.id.clone(), turn.key().to_owned()));
+        self.disarm(&spec.id, turn.key(), turn.armed());
         drop(turn);
         // Answered under a newer spec than the one refused: nothing is held any more.
         lock(&self.inner.refused).remove(&spec.id);
@@ -274,12 +271,7 @@ impl Lot {
         {
             // An earlier registration's: let go (seen through as the new one).
             self.over(entry);
-            let h = h.clone();
-            tokio::spawn(async move {
-                let halt =
-                    Halt::Fenced("the held turn was lost (the worker registered again)".into());
-                h.held_halted(l, halt).await;
-            });
+            let_go(h, l, LOST);
             return;
         }
         let posted = if looked {
@@ -302,11 +294,7 @@ impl Lot {
                 (l, other)
             };
             l = keep;
-            let h = h.clone();
-            tokio::spawn(async move {
-                let halt = Halt::Fenced("a newer hold of the entry is kept".into());
-                h.held_halted(go, halt).await;
-            });
+            let_go(h, go, "a newer hold of the entry is kept");
         }
         self.timers.insert((l.due, entry));
         self.parked.insert(entry, (l.due, l));
@@ -378,12 +366,7 @@ impl Lot {
         for entry in stale {
             if let Some((due, l)) = self.parked.remove(&entry) {
                 self.timers.remove(&(due, entry));
-                let h = h.clone();
-                tokio::spawn(async move {
-                    let halt =
-                        Halt::Fenced("the held turn was lost (the worker registered again)".into());
-                    h.held_halted(l, halt).await;
-                });
+                let_go(h, l, LOST);
             }
         }
     }
@@ -398,10 +381,12 @@ impl Lot {
     }
 }
 
-/// When the first of `timers` is due.
-async fn sleep_until_timer(timers: &BTreeSet<(Instant, EntryOf)>) {
-    match timers.first() {
-        Some(&(at, _)) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
-    }
+/// Why an earlier registration's held turn is let go.
+const LOST: &str = "the held turn was lost (the worker registered again)";
+
+/// Lets a held turn go from the lot (`why`: for the log), in a task of its own: its ticket's
+/// turn is asked for again as its registration, or left to be taken over.
+fn let_go(h: &Hooks, l: Box<Lodged>, why: &'static str) {
+    let h = h.clone();
+    tokio::spawn(async move { h.held_halted(l, Halt::Fenced(why.into())).await });
 }
