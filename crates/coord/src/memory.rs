@@ -76,6 +76,18 @@ struct Lock {
     deadline_ms: u64,
 }
 
+/// A worker's registration, shared by the tickets it takes and the turns it holds (a held
+/// turn of the embedded worker costs its chat's queue here: kept small).
+type Taker = Arc<(WorkerId, Incarnation)>;
+
+/// A ticket of a chat's turn queue: its number, taker and journal key.
+#[derive(Debug, Clone)]
+struct Ticket {
+    n: u64,
+    taker: Taker,
+    entry: Box<str>,
+}
+
 /// A chat's turn queue; see `lua/turn.lua` for the Redis twin.
 #[derive(Debug, Default, Clone)]
 struct ChatTurns {
@@ -83,15 +95,30 @@ struct ChatTurns {
     serving: u64,
     /// When `serving` last moved (ms).
     since_ms: u64,
-    holder: Option<(WorkerId, Incarnation)>,
+    holder: Option<Taker>,
     /// The ticket the holder asked with (its own, or the one behind a taken-over ticket):
     /// only that asker is granted the turn again.
     asker: u64,
     fence: u64,
-    /// Ticket → its taker and journal key.
-    tickets: HashMap<u64, (WorkerId, Incarnation, String)>,
-    /// Journal key → its ticket while it waits (a take asked again answers the same ticket).
-    by_entry: HashMap<String, u64>,
+    /// The tickets not released yet, by number (each taken with a higher one than all
+    /// before). Usually one or a few: a take asked again finds its ticket by a scan.
+    tickets: VecDeque<Ticket>,
+}
+
+impl ChatTurns {
+    /// Ticket `n`, if it was taken and not released.
+    fn ticket(&self, n: u64) -> Option<&Ticket> {
+        let i = self.tickets.binary_search_by_key(&n, |t| t.n).ok()?;
+        self.tickets.get(i)
+    }
+
+    /// The ticket taken for journal key `entry`, while it is not released.
+    fn by_entry(&self, entry: &str) -> Option<u64> {
+        self.tickets
+            .iter()
+            .find(|t| &*t.entry == entry)
+            .map(|t| t.n)
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -115,7 +142,7 @@ struct State {
     journal_seq: u64,
     member_signals: Vec<mpsc::Sender<()>>,
     /// Per chat key: its turn queue (gone while the chat has no ticket).
-    turns: HashMap<String, ChatTurns>,
+    turns: HashMap<Box<str>, ChatTurns>,
     /// The last turn fence granted, of any chat (a forgotten chat's next fences stay above).
     turn_fence: u64,
     /// Per worker: where its turn wake-ups go.
@@ -136,7 +163,7 @@ impl State {
         &mut self,
         chat: &str,
         ticket: u64,
-        me: &(WorkerId, Incarnation),
+        me: &Taker,
         now: u64,
         known: &Knowledge,
         grace_rule: bool,
@@ -155,13 +182,13 @@ impl State {
             return Turn::Passed;
         }
         let serving = q.serving;
-        let takeover = match &q.holder {
-            Some(h) if h == me && q.asker == ticket => serving != ticket,
+        let takeover = match q.holder.as_deref() {
+            Some(h) if h == &**me && q.asker == ticket => serving != ticket,
             Some((w, i)) if live(self, w, i) => return Turn::Wait,
             Some(_) => true,
             None if serving == ticket => false,
-            None => match q.tickets.get(&serving) {
-                Some((w, i, _))
+            None => match q.ticket(serving).map(|t| &*t.taker) {
+                Some((w, i))
                     if live(self, w, i) && now.saturating_sub(q.since_ms) < abandoned_after =>
                 {
                     return Turn::Wait
@@ -195,9 +222,8 @@ impl State {
         let fence = Fence(q.fence);
         if takeover {
             let entry = q
-                .tickets
-                .get(&serving)
-                .map(|t| t.2.clone())
+                .ticket(serving)
+                .map(|t| t.entry.to_string())
                 .unwrap_or_default();
             Turn::TakeOver {
                 ticket: serving,
@@ -397,7 +423,7 @@ pub struct MemorySnapshot(State);
 pub struct MemoryCoordinator {
     hub: Arc<Hub>,
     handle_id: u64,
-    reg: Arc<Mutex<Option<(WorkerId, Incarnation)>>>,
+    reg: Arc<Mutex<Option<Taker>>>,
     known: Arc<Knowledge>,
     lead_token: String,
 }
@@ -468,6 +494,11 @@ impl MemoryCoordinator {
     }
 
     fn me(&self) -> Result<(WorkerId, Incarnation)> {
+        Ok((*self.taker()?).clone())
+    }
+
+    /// The registration, shared (what the turn queues keep).
+    fn taker(&self) -> Result<Taker> {
         self.reg
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -532,7 +563,8 @@ impl Coordinator for MemoryCoordinator {
         drop(st);
         self.known.saw_epoch(epoch.as_deref().unwrap_or(""));
         self.known.reset_seq(1);
-        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some((worker.clone(), inc.clone()));
+        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Arc::new((worker.clone(), inc.clone())));
         Ok(inc)
     }
 
@@ -946,37 +978,34 @@ impl Coordinator for MemoryCoordinator {
 
     async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, Turn)> {
         check_key_len("chat key", chat, 300)?;
-        let me = self.me()?;
+        let me = self.taker()?;
         let now = self.now();
         let rule = self.grace_rule();
         let mut st = self.state()?;
         if !st.is_live(&me.0, &me.1, now) {
             return Ok((0, Turn::NotLive));
         }
-        if let Some(have) = st
-            .turns
-            .get(chat)
-            .and_then(|q| q.by_entry.get(entry).copied())
-        {
+        if let Some(have) = st.turns.get(chat).and_then(|q| q.by_entry(entry)) {
             let turn = st.turn_try(chat, have, &me, now, &self.known, rule);
             return Ok((have, turn));
         }
         // Numbers start above every ticket given before: never reused for a chat.
         let base = (st.turn_fence + 1).max(now.saturating_mul(1000));
-        let q = st
-            .turns
-            .entry(chat.to_owned())
-            .or_insert_with(|| ChatTurns {
-                next: base,
-                serving: base,
-                since_ms: now,
-                ..ChatTurns::default()
-            });
+        let q = st.turns.entry(chat.into()).or_insert_with(|| ChatTurns {
+            next: base,
+            serving: base,
+            since_ms: now,
+            // Room for one: most chats have one ticket at a time.
+            tickets: VecDeque::with_capacity(1),
+            ..ChatTurns::default()
+        });
         let ticket = q.next;
         q.next += 1;
-        q.tickets
-            .insert(ticket, (me.0.clone(), me.1.clone(), entry.to_owned()));
-        q.by_entry.insert(entry.to_owned(), ticket);
+        q.tickets.push_back(Ticket {
+            n: ticket,
+            taker: me.clone(),
+            entry: entry.into(),
+        });
         st.turn_fence = st.turn_fence.max(ticket);
         let turn = st.turn_try(chat, ticket, &me, now, &self.known, rule);
         Ok((ticket, turn))
@@ -984,7 +1013,7 @@ impl Coordinator for MemoryCoordinator {
 
     async fn turn_try(&self, chat: &str, ticket: u64) -> Result<Turn> {
         check_key_len("chat key", chat, 300)?;
-        let me = self.me()?;
+        let me = self.taker()?;
         let now = self.now();
         let rule = self.grace_rule();
         Ok(self
@@ -994,7 +1023,7 @@ impl Coordinator for MemoryCoordinator {
 
     async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
         check_key_len("chat key", chat, 300)?;
-        let me = self.me()?;
+        let me = self.taker()?;
         let mut st = self.state()?;
         let Some(q) = st.turns.get_mut(chat) else {
             return Ok(false);
@@ -1002,8 +1031,8 @@ impl Coordinator for MemoryCoordinator {
         if q.holder.as_ref() != Some(&me) || q.serving != ticket || q.fence != fence.0 {
             return Ok(false);
         }
-        if let Some((_, _, entry)) = q.tickets.remove(&ticket) {
-            q.by_entry.remove(&entry);
+        if let Ok(i) = q.tickets.binary_search_by_key(&ticket, |t| t.n) {
+            q.tickets.remove(i);
         }
         q.serving = ticket + 1;
         q.since_ms = self.hub.clock.now_ms();
@@ -1019,7 +1048,7 @@ impl Coordinator for MemoryCoordinator {
         let Some(q) = st.turns.get_mut(chat) else {
             return Ok(true);
         };
-        let next = q.tickets.get(&q.serving).map(|t| t.0.clone());
+        let next = q.ticket(q.serving).map(|t| t.taker.0.clone());
         if let Some(w) = next {
             if let Some(txs) = st.turn_wakers.get_mut(&w) {
                 txs.retain(|tx| !tx.is_closed());

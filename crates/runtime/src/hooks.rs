@@ -936,12 +936,14 @@ impl Hooks {
                     spec_at,
                     fence,
                 } = *held;
+                // The entry asked with is kept only when it is not the held turn's own.
+                let key = (key != turn.key()).then(|| key.into_boxed_str());
                 self.lodge(Box::new(Lodged {
                     turn,
                     due,
                     spec,
                     spec_at,
-                    ck,
+                    ck: ck.into_boxed_str(),
                     key,
                     own: ticket,
                     ticket: held_ticket,

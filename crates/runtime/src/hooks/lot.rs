@@ -42,9 +42,10 @@ pub(super) struct Lodged {
     pub(super) spec: Arc<BotSpec>,
     pub(super) spec_at: Option<i64>,
     /// Its chat's key in the turn queues.
-    pub(super) ck: String,
-    /// The entry of the ticket its task asked with (for a turn taken over, not the held one).
-    pub(super) key: String,
+    pub(super) ck: Box<str>,
+    /// The entry of the ticket its task asked with, when it is not the held turn's (a turn
+    /// taken over): kept once per held turn, not twice.
+    pub(super) key: Option<Box<str>>,
     /// The ticket its task asked with.
     pub(super) own: u64,
     /// The ticket whose turn is held: `own`, or the ticket of a worker that left, taken over.
@@ -53,6 +54,22 @@ pub(super) struct Lodged {
     pub(super) fence: Fence,
     /// The registration the turn was granted to.
     pub(super) inc: Option<Incarnation>,
+}
+
+impl Lodged {
+    /// The entry of the ticket its task asked with.
+    pub(super) fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(self.turn.key())
+    }
+
+    /// Its chat's key and the entry its task asked with, as owned strings, and its chat.
+    fn names(&self) -> (String, String, String) {
+        (
+            self.ck.to_string(),
+            self.key().to_owned(),
+            self.turn.chat().to_owned(),
+        )
+    }
 }
 
 /// What the lot is told.
@@ -88,7 +105,7 @@ impl Hooks {
 
     fn to_lot(&self, m: ToLot) {
         if let Err(mpsc::error::SendError(ToLot::Keep(l, _))) = self.inner.lot.send(m) {
-            self.unclaim_local(&l.spec.id, &l.key);
+            self.unclaim_local(&l.spec.id, l.key());
         }
     }
 
@@ -169,18 +186,16 @@ impl Hooks {
     /// its ticket's task does after any entry; for a turn taken over, its own ticket's turn
     /// comes next.
     async fn held_ended(&self, l: Box<Lodged>) {
+        let (ck, key, chat) = l.names();
         let Lodged {
             turn,
             spec,
-            ck,
-            key,
             own,
             ticket,
             fence,
             inc,
             ..
         } = *l;
-        let chat = turn.chat().to_owned();
         self.disarm(&spec.id, turn.key(), turn.armed());
         drop(turn);
         // Answered under a newer spec than the one refused: nothing is held any more.
@@ -197,18 +212,14 @@ impl Hooks {
     /// again once this worker may act, and served as its task serves it (held again, the
     /// handler not asked again), or left to be taken over.
     async fn held_halted(&self, l: Box<Lodged>, halt: Halt) {
+        let (ck, key, chat) = l.names();
         let Lodged {
-            turn,
             spec,
             spec_at,
-            ck,
-            key,
             own,
             inc,
             ..
         } = *l;
-        let chat = turn.chat().to_owned();
-        drop(turn);
         let spec = if let Halt::Failed(_) = halt {
             // Its entry and the chat's later ones wait until the bot's spec changes (unless it
             // changed since the refusal: then the turn goes on under the new one).
@@ -262,7 +273,7 @@ impl Lot {
     fn keep(&mut self, h: &Hooks, mut l: Box<Lodged>, looked: bool) {
         if h.closed() {
             // Leaving: taken over once the worker unregisters.
-            h.unclaim_local(&l.spec.id, &l.key);
+            h.unclaim_local(&l.spec.id, l.key());
             return;
         }
         let entry = l.turn.entry();
@@ -375,7 +386,7 @@ impl Lot {
     /// unregisters.
     fn leave(&mut self, h: &Hooks) {
         for (_, (_, l)) in self.parked.drain() {
-            h.unclaim_local(&l.spec.id, &l.key);
+            h.unclaim_local(&l.spec.id, l.key());
         }
         *self = Self::default();
     }
