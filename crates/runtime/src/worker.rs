@@ -331,9 +331,10 @@ struct State {
     claiming: HashSet<BotId>,
     /// Bots being stopped (and handed over or released) by a let-go job.
     stopping: HashSet<BotId>,
-    /// Bots of our share another live worker held at our last claim: not asked for again
-    /// until that worker hands them over, or the members change.
-    held_by: HashMap<BotId, WorkerId>,
+    /// Bots of our share another live worker held at our last claim, and when it answered:
+    /// not asked for again until that worker hands them over, the members change, or a lease
+    /// passed (a hand-over whose Take never came is found then).
+    held_by: HashMap<BotId, (WorkerId, Instant)>,
     registry: HashMap<BotId, BotRecord>,
     /// Bots handed to us that we have not claimed yet.
     takes: HashSet<BotId>,

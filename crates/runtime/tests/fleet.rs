@@ -980,3 +980,85 @@ async fn a_hung_coordinator_link_cannot_hold_up_the_fence() {
     );
     w.shutdown().await;
 }
+
+/// A hand-over whose Take never reaches its target is not left waiting for the next registry
+/// read: the target, answered `Held` when it first asked for its share, asks again within a
+/// lease and finds the bots handed to it. (The target's command list holds a string, so each
+/// push onto it fails after the hand-over record was written — as a push lost would; the
+/// holder's link is slow while the target joins, so the target asks before the hand-over.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_whose_take_is_lost_completes_within_a_lease() {
+    let redis = botfleet_testkit::RedisServer::start().unwrap();
+    let link = botfleet_testkit::LinkProxy::start(([127, 0, 0, 1], redis.port()).into())
+        .await
+        .unwrap();
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 40).await;
+    let connect = |url: String| async move {
+        Arc::new(
+            botfleet_coord::RedisCoordinator::connect(botfleet_coord::RedisConfig::new(url))
+                .await
+                .unwrap(),
+        )
+    };
+    // The registry is read once at the start, so only asking again heals a lost Take in
+    // time; a lease long enough for a link 0.8 s a round trip.
+    let lease = Duration::from_secs(3);
+    let cfg = |name: &str| {
+        let mut c = config(name);
+        c.lease = lease;
+        c.registry_refresh = Duration::from_secs(300);
+        c
+    };
+    let a = connect(link.redis_url()).await;
+    let cmd_key = a.keyspace().commands(&WorkerId::new("w-b").unwrap());
+    let wa = start(cfg("w-a"), a, store.clone());
+    wait_for("w-a runs every bot", Duration::from_secs(20), || async {
+        (wa.metrics.running_now(Platform::Telegram) == 40
+            && fake.state().polling_tokens() == bots.len())
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        redis.command(&["SET", &cmd_key, "not a list"]).unwrap(),
+        "+OK"
+    );
+    link.set(botfleet_testkit::LinkMode::Delay(Duration::from_millis(
+        100,
+    )));
+    let joined = tokio::time::Instant::now();
+    let wb = start(cfg("w-b"), connect(redis.url()).await, store.clone());
+    wait_for(
+        "the bots handed to w-b run there",
+        Duration::from_secs(20),
+        || async {
+            let (ra, rb) = (
+                wa.metrics.running_now(Platform::Telegram),
+                wb.metrics.running_now(Platform::Telegram),
+            );
+            (rb > 0 && ra + rb == 40 && fake.state().polling_tokens() == bots.len()).then_some(())
+        },
+    )
+    .await;
+    println!("join to every bot running: {:?}", joined.elapsed());
+    // The Takes were lost indeed: the list is still the string put there.
+    assert_eq!(redis.command(&["TYPE", &cmd_key]).unwrap(), "+string");
+    assert_eq!(
+        fake.state().conflicts(),
+        0,
+        "never two pollers on one token"
+    );
+    link.set(botfleet_testkit::LinkMode::Pass);
+    for i in 0..bots.len() {
+        fake.state().user_writes(&token(i), 5, "after");
+    }
+    wait_for(
+        "answers after the move",
+        Duration::from_secs(10),
+        || async { (fake.state().sent_count() == bots.len()).then_some(()) },
+    )
+    .await;
+    wa.task.abort();
+    wb.task.abort();
+}

@@ -127,6 +127,32 @@ impl RedisServer {
         Ok(())
     }
 
+    /// Sends one command (`args`, as a RESP array) and answers the first line of its reply
+    /// (`+OK`, `:1`, `-WRONGTYPE …`, `$5` for a bulk string): for a test to set a key up as a
+    /// fault (say, a string where a list is expected).
+    ///
+    /// # Errors
+    /// When the server cannot be reached or does not answer within 5 s.
+    pub fn command(&self, args: &[&str]) -> std::io::Result<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut req = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            req.extend_from_slice(a.as_bytes());
+            req.extend_from_slice(b"\r\n");
+        }
+        s.write_all(&req)?;
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while !line.ends_with(b"\r\n") {
+            s.read_exact(&mut byte)?;
+            line.push(byte[0]);
+        }
+        line.truncate(line.len() - 2);
+        Ok(String::from_utf8_lossy(&line).into_owned())
+    }
+
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)

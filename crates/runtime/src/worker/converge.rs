@@ -363,9 +363,14 @@ impl State {
             });
         }
         // Claim what is ours and not running, within capacity. Bots another live worker held
-        // at our last try wait for its hand-over (or for the members to change).
+        // at our last try wait for its hand-over (or for the members to change), a lease at
+        // most: a Take lost on its way (the hand-over record written, the push onto our
+        // command list not) would leave them stopped everywhere till the registry's next read.
         let live_ids: std::collections::HashSet<&WorkerId> = live.iter().map(|l| &l.id).collect();
-        self.held_by.retain(|_, w| live_ids.contains(w));
+        let now = Instant::now();
+        let retry = self.w.cfg.lease;
+        self.held_by
+            .retain(|_, (w, at)| live_ids.contains(w) && now.duration_since(*at) < retry);
         // Room in connections: a Discord slice of K shards takes K.
         // Weighed one by one only when some unit weighs more than 1 (a pass stays O(1) here
         // for a fleet of single-connection bots).
@@ -461,7 +466,9 @@ impl State {
                 if self.takes.remove(&bot) {
                     return true;
                 }
-                self.held_by.insert(bot, by);
+                let now = Instant::now();
+                self.held_by.insert(bot, (by, now));
+                self.wake_at(now + self.w.cfg.lease);
                 false
             }
             ClaimResult::Grace(d) => {
