@@ -636,6 +636,8 @@ impl State {
                     self.refresh_registry().await;
                 }
                 self.reconcile(dirty).await;
+                // A wake-up serves one time: bots held elsewhere at a later answer are due later.
+                self.arm_held_retry();
                 dirty = false;
                 check = false;
                 if !self.w.ready.swap(true, Ordering::SeqCst) {

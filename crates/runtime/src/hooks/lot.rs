@@ -214,12 +214,16 @@ impl Hooks {
     async fn held_halted(&self, l: Box<Lodged>, halt: Halt) {
         let (ck, key, chat) = l.names();
         let Lodged {
+            turn,
             spec,
             spec_at,
             own,
             inc,
             ..
         } = *l;
+        // Its hold ends here (counted, watched and kept no longer): the ticket's turn may be
+        // served again for long (until the bot's spec changes, after a refusal).
+        drop(turn);
         let spec = if let Halt::Failed(_) = halt {
             // Its entry and the chat's later ones wait until the bot's spec changes (unless it
             // changed since the refusal: then the turn goes on under the new one).

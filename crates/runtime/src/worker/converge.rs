@@ -466,9 +466,8 @@ impl State {
                 if self.takes.remove(&bot) {
                     return true;
                 }
-                let now = Instant::now();
-                self.held_by.insert(bot, (by, now));
-                self.wake_at(now + self.w.cfg.lease);
+                self.held_by.insert(bot, (by, Instant::now()));
+                self.arm_held_retry();
                 false
             }
             ClaimResult::Grace(d) => {
@@ -481,6 +480,16 @@ impl State {
                 self.short += 1;
                 false
             }
+        }
+    }
+
+    /// Wakes the loop when the oldest bot another worker held at our last try is due to be
+    /// asked for again (a lease after its answer; not sooner than a tick from now, so a pass
+    /// that could not get as far as dropping it does not spin).
+    pub(super) fn arm_held_retry(&mut self) {
+        if let Some(first) = self.held_by.values().map(|(_, at)| *at).min() {
+            let soonest = Instant::now() + self.w.cfg.reconcile_every;
+            self.wake_at((first + self.w.cfg.lease).max(soonest));
         }
     }
 
