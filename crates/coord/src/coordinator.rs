@@ -7,8 +7,8 @@ use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use tokio::sync::mpsc;
 
 use crate::{
-    BucketTake, ClaimOutcome, EpochInfo, EventCursor, LifecycleEvent, LiveWorker, LockGuard, Owner,
-    Permit, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    BucketTake, ClaimOutcome, EpochInfo, EventCursor, Group, LifecycleEvent, LiveWorker, LockGuard,
+    Owner, Permit, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
 };
 
 /// One process's handle on the fleet's shared coordination state.
@@ -380,26 +380,63 @@ pub(crate) fn nonce() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// What a handle learned about the fleet that must outlive its registration: the epoch it
-/// last saw (so it can tell a loss), the longest lease it saw (the grace after a loss), and the
-/// highest write sequence its registration was answered (so a renewal can tell lost writes).
-#[derive(Debug, Default)]
+/// What a handle learned about the fleet that must outlive its registration: per
+/// coordination group the epoch it last saw (so it can tell that group's loss) and the highest
+/// write sequence its registration was answered there (so a renewal can tell lost writes), and
+/// the longest lease it saw (the grace after a loss).
+#[derive(Debug)]
 pub(crate) struct Knowledge {
-    epoch: std::sync::Mutex<String>,
+    /// Indexed by the group's number; never empty.
+    groups: Box<[GroupKnown]>,
     max_lease_ms: std::sync::atomic::AtomicU64,
+}
+
+/// What a handle learned about one coordination group.
+#[derive(Debug, Default)]
+struct GroupKnown {
+    epoch: std::sync::Mutex<String>,
     seq: std::sync::atomic::AtomicU64,
 }
 
+impl Default for Knowledge {
+    fn default() -> Self {
+        Self::with_groups(1)
+    }
+}
+
 impl Knowledge {
-    /// The epoch id last seen, `""` if none.
-    pub(crate) fn epoch(&self) -> String {
-        self.epoch.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Nothing known yet, for a keyspace of `groups` groups (at least one is kept).
+    pub(crate) fn with_groups(groups: u16) -> Self {
+        Self {
+            groups: (0..groups.max(1)).map(|_| GroupKnown::default()).collect(),
+            max_lease_ms: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
-    /// Remembers the epoch the backend answered with (ignores "none").
-    pub(crate) fn saw_epoch(&self, id: &str) {
+    /// Group `g`'s (group 0's for a number out of range: the keyspace sizes both alike).
+    fn of(&self, g: Group) -> &GroupKnown {
+        let i = usize::from(g.index());
+        debug_assert!(i < self.groups.len(), "group {i} of {}", self.groups.len());
+        match self.groups.get(i) {
+            Some(k) => k,
+            // Never empty (made with at least one).
+            None => &self.groups[0],
+        }
+    }
+
+    /// The epoch id of group `g` last seen, `""` if none.
+    pub(crate) fn epoch(&self, g: Group) -> String {
+        self.of(g)
+            .epoch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Remembers the epoch group `g` answered with (ignores "none").
+    pub(crate) fn saw_epoch(&self, g: Group, id: &str) {
         if !id.is_empty() {
-            let mut e = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
+            let mut e = self.of(g).epoch.lock().unwrap_or_else(|e| e.into_inner());
             if *e != id {
                 id.clone_into(&mut e);
             }
@@ -417,18 +454,57 @@ impl Knowledge {
         self.max_lease_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A new registration starts its write sequence at `seq`.
-    pub(crate) fn reset_seq(&self, seq: u64) {
-        self.seq.store(seq, std::sync::atomic::Ordering::SeqCst);
+    /// A new registration starts its write sequence in group `g` at `seq`.
+    pub(crate) fn reset_seq(&self, g: Group, seq: u64) {
+        self.of(g)
+            .seq
+            .store(seq, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// The backend answered a write with sequence `seq`.
-    pub(crate) fn saw_seq(&self, seq: u64) {
-        self.seq.fetch_max(seq, std::sync::atomic::Ordering::SeqCst);
+    /// Group `g` answered a write with sequence `seq`.
+    pub(crate) fn saw_seq(&self, g: Group, seq: u64) {
+        self.of(g)
+            .seq
+            .fetch_max(seq, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// The highest write sequence answered to this registration.
-    pub(crate) fn seq(&self) -> u64 {
-        self.seq.load(std::sync::atomic::Ordering::SeqCst)
+    /// The highest write sequence group `g` answered to this registration.
+    pub(crate) fn seq(&self, g: Group) -> u64 {
+        self.of(g).seq.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod knowledge_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::Knowledge;
+    use crate::KeySpace;
+
+    #[test]
+    fn each_group_keeps_its_own_epoch_and_write_sequence() {
+        let ks = KeySpace::with_groups("k", 4).unwrap();
+        let known = Knowledge::with_groups(ks.groups());
+        let g: Vec<_> = ks.all_groups().collect();
+        known.saw_epoch(g[1], "e1");
+        known.reset_seq(g[1], 7);
+        known.saw_seq(g[1], 9);
+        known.saw_seq(g[2], 3);
+        // A lower sequence answered late does not move it back.
+        known.saw_seq(g[1], 8);
+        assert_eq!(
+            (known.epoch(g[0]), known.seq(g[0])),
+            (String::new(), 0),
+            "group 0 saw nothing"
+        );
+        assert_eq!((known.epoch(g[1]), known.seq(g[1])), ("e1".into(), 9));
+        assert_eq!((known.epoch(g[2]), known.seq(g[2])), (String::new(), 3));
+        // "No epoch" in an answer keeps the one known.
+        known.saw_epoch(g[1], "");
+        assert_eq!(known.epoch(g[1]), "e1");
+        // One group by default, as the in-memory hub keeps.
+        let one = Knowledge::default();
+        one.saw_seq(g[0], 5);
+        assert_eq!(one.seq(g[0]), 5);
     }
 }

@@ -16,10 +16,13 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::{
     coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
-    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent,
-    LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn, WorkerCommand,
-    WorkerMeta,
+    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, Group,
+    LifecycleEvent, LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn,
+    WorkerCommand, WorkerMeta,
 };
+
+/// The hub keeps one coordination group.
+const G0: Group = Group::ZERO;
 
 /// How many lifecycle events the hub keeps.
 const MAX_EVENTS: usize = 10_000;
@@ -198,7 +201,7 @@ impl State {
         };
         // As turn.lua: nothing is granted inside a grace window after a loss (a holder from
         // before it may still be acting), and grants say when a loss was recent.
-        let after_loss = match self.epoch(now, &known.epoch(), grace) {
+        let after_loss = match self.epoch(now, &known.epoch(G0), grace) {
             Some(e) if grace_rule && e.grace_left(now) > 0 => return Turn::Wait,
             Some(e) => {
                 e.lost && now < e.till.max(e.hold) + crate::redis::after_loss_settle_ms(grace)
@@ -209,8 +212,8 @@ impl State {
             return Turn::Passed;
         }
         // A grant is a write of the caller's registration (as turn.lua's).
-        let seq = self.bump(&me.0, known.seq());
-        known.saw_seq(seq);
+        let seq = self.bump(&me.0, known.seq(G0));
+        known.saw_seq(G0, seq);
         let f = (self.turn_fence + 1).max(now.saturating_mul(1000));
         self.turn_fence = f;
         let Some(q) = self.turns.get_mut(chat) else {
@@ -546,7 +549,7 @@ impl Coordinator for MemoryCoordinator {
         let now = self.now();
         let mut st = self.state()?;
         let epoch = st
-            .epoch(now, &self.known.epoch(), self.known.grace_ms())
+            .epoch(now, &self.known.epoch(G0), self.known.grace_ms())
             .map(|e| e.id.clone());
         st.members.insert(
             worker.clone(),
@@ -561,8 +564,8 @@ impl Coordinator for MemoryCoordinator {
         );
         st.signal_members();
         drop(st);
-        self.known.saw_epoch(epoch.as_deref().unwrap_or(""));
-        self.known.reset_seq(1);
+        self.known.saw_epoch(G0, epoch.as_deref().unwrap_or(""));
+        self.known.reset_seq(G0, 1);
         *self.reg.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Arc::new((worker.clone(), inc.clone())));
         Ok(inc)
@@ -573,28 +576,30 @@ impl Coordinator for MemoryCoordinator {
         let now = self.now();
         let mut st = self.state()?;
         // As renew.lua: a hub that lost everything starts its new epoch at once.
-        st.epoch(now, &self.known.epoch(), self.known.grace_ms());
+        st.epoch(now, &self.known.epoch(G0), self.known.grace_ms());
         if st
             .members
             .get(&w)
-            .is_some_and(|m| m.incarnation == inc && m.seq < self.known.seq())
+            .is_some_and(|m| m.incarnation == inc && m.seq < self.known.seq(G0))
         {
             // The same rule as renew.lua: lost writes mean the hub went back in time.
             st.went_back(&self.hub, now + self.known.grace_ms());
             return Ok(Renewal::Lost);
         }
-        let known = self.known.epoch();
+        let known = self.known.epoch(G0);
         if st.epoch.as_ref().map(|e| e.id.as_str()) != Some(known.as_str()) {
             return Ok(Renewal::Lost);
         }
         match st.members.get_mut(&w) {
-            Some(m) if m.incarnation == inc && m.deadline_ms > now && m.seq >= self.known.seq() => {
+            Some(m)
+                if m.incarnation == inc && m.deadline_ms > now && m.seq >= self.known.seq(G0) =>
+            {
                 m.deadline_ms = now + m.lease_ms;
                 m.renewed_at_ms = now;
                 m.meta.bots_held = bots_held;
                 m.meta.rss_bytes = rss_bytes;
                 m.seq += 1;
-                self.known.saw_seq(m.seq);
+                self.known.saw_seq(G0, m.seq);
                 Ok(Renewal::Renewed)
             }
             _ => Ok(Renewal::Lost),
@@ -623,7 +628,7 @@ impl Coordinator for MemoryCoordinator {
         let now = self.now();
         let mut st = self.state()?;
         // As live.lua: a hub that lost everything starts its new epoch at once.
-        st.epoch(now, &self.known.epoch(), self.known.grace_ms());
+        st.epoch(now, &self.known.epoch(G0), self.known.grace_ms());
         let mut out: Vec<LiveWorker> = st
             .members
             .iter()
@@ -663,8 +668,12 @@ impl Coordinator for MemoryCoordinator {
         if !st.is_live(&w, &inc, now) {
             return Ok(ClaimOutcome::NotLive);
         }
-        let epoch = st.epoch(now, &self.known.epoch(), grace).cloned();
-        if st.members.get(&w).is_some_and(|m| m.seq < self.known.seq()) {
+        let epoch = st.epoch(now, &self.known.epoch(G0), grace).cloned();
+        if st
+            .members
+            .get(&w)
+            .is_some_and(|m| m.seq < self.known.seq(G0))
+        {
             // The same rule as claim.lua: the caller's own writes were lost.
             st.went_back(&self.hub, now + grace);
             return Ok(ClaimOutcome::NotLive);
@@ -722,9 +731,9 @@ impl Coordinator for MemoryCoordinator {
                 handed_over: false,
             },
         );
-        let seq = st.bump(&w, self.known.seq());
+        let seq = st.bump(&w, self.known.seq(G0));
         drop(st);
-        self.known.saw_seq(seq);
+        self.known.saw_seq(G0, seq);
         Ok(ClaimOutcome::Granted(fence))
     }
 
@@ -734,9 +743,9 @@ impl Coordinator for MemoryCoordinator {
         match st.owners.get(bot) {
             Some(o) if o.worker == w && o.fence == fence => {
                 st.owners.remove(bot);
-                let seq = st.bump(&w, self.known.seq());
+                let seq = st.bump(&w, self.known.seq(G0));
                 drop(st);
-                self.known.saw_seq(seq);
+                self.known.saw_seq(G0, seq);
                 Ok(true)
             }
             _ => Ok(false),
@@ -751,7 +760,7 @@ impl Coordinator for MemoryCoordinator {
             Some(o) if o.worker == w && o.fence == fence && !o.handed_over => {}
             _ => return Ok(false),
         }
-        let seq = st.bump(&w, self.known.seq());
+        let seq = st.bump(&w, self.known.seq(G0));
         let target = st
             .members
             .get(to)
@@ -783,7 +792,7 @@ impl Coordinator for MemoryCoordinator {
                 st.owners.remove(bot);
             }
         }
-        self.known.saw_seq(seq);
+        self.known.saw_seq(G0, seq);
         Ok(true)
     }
 
@@ -1039,8 +1048,8 @@ impl Coordinator for MemoryCoordinator {
         q.holder = None;
         let done = q.serving >= q.next;
         // A release is a write of the caller's registration (as turn.lua's).
-        let seq = st.bump(&me.0, self.known.seq());
-        self.known.saw_seq(seq);
+        let seq = st.bump(&me.0, self.known.seq(G0));
+        self.known.saw_seq(G0, seq);
         if done {
             st.turns.remove(chat);
             return Ok(true);
@@ -1107,10 +1116,10 @@ fn acquire(
     let grace_rule = c.hub.grace_rule.load(std::sync::atomic::Ordering::SeqCst);
     let mut st = c.state()?;
     let epoch = st
-        .epoch(now, &c.known.epoch(), c.known.grace_ms())
+        .epoch(now, &c.known.epoch(G0), c.known.grace_ms())
         .map(|e| (e.id.clone(), e.grace_left(now)));
     if let Some((id, _)) = &epoch {
-        c.known.saw_epoch(id);
+        c.known.saw_epoch(G0, id);
     }
     if let Some(l) = st.locks.get_mut(full_key) {
         if l.deadline_ms > now {

@@ -224,6 +224,7 @@ impl RedisCoordinator {
     /// when Redis (or every Sentinel) does not answer within the connect timeout.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let ks = KeySpace::new(&config.prefix)?;
+        let known = Arc::new(Knowledge::with_groups(ks.groups()));
         let config = Arc::new(config);
         let link = Link::connect(config.clone()).await?;
         Ok(Self {
@@ -231,7 +232,7 @@ impl RedisCoordinator {
             ks,
             config,
             reg: Arc::new(std::sync::Mutex::new(None)),
-            known: Arc::new(Knowledge::default()),
+            known,
             lead_token: nonce(),
             unreplicated_logged: Arc::default(),
         })
@@ -388,13 +389,14 @@ impl RedisCoordinator {
     ) -> Result<Vec<String>> {
         check_key_len("chat key", chat, 300)?;
         let reg = self.reg()?;
+        let g = self.ks.group_of_chat(chat);
         let mut inv = SCRIPTS.turn.prepare_invoke();
         let grace = self.known.grace_ms();
-        inv.key(self.ks.workers())
-            .key(self.ks.deadlines())
+        inv.key(self.ks.workers_in(g))
+            .key(self.ks.deadlines_in(g))
             .key(self.ks.turn(chat))
-            .key(self.ks.epoch())
-            .key(self.ks.seqs())
+            .key(self.ks.epoch_in(g))
+            .key(self.ks.seqs_in(g))
             .arg(op)
             .arg(reg.worker.as_str())
             .arg(reg.incarnation.as_str())
@@ -403,11 +405,11 @@ impl RedisCoordinator {
             .arg(self.ks.turn_wake_prefix())
             .arg(chat)
             .arg(abandoned_after_ms(grace))
-            .arg(self.known.epoch())
+            .arg(self.known.epoch(g))
             .arg(grace)
             .arg(nonce())
             .arg(after_loss_settle_ms(grace))
-            .arg(self.known.seq());
+            .arg(self.known.seq(g));
         // A grant answers `granted` or `takeover` (after the ticket, for a take).
         self.run_granting("turn", inv, |r: &Vec<String>| {
             r.iter().take(2).any(|a| a == "granted" || a == "takeover")
@@ -415,10 +417,10 @@ impl RedisCoordinator {
         .await
     }
 
-    /// A turn answer (`r`), the caller's new write sequence noted.
-    fn turn_answer(&self, r: &[String]) -> Result<Turn> {
+    /// A turn answer (`r`) about `chat`, the caller's new write sequence in its group noted.
+    fn turn_answer(&self, chat: &str, r: &[String]) -> Result<Turn> {
         let (turn, seq) = parse_turn(r)?;
-        self.known.saw_seq(seq);
+        self.known.saw_seq(self.ks.group_of_chat(chat), seq);
         Ok(turn)
     }
 
@@ -479,12 +481,12 @@ impl Coordinator for RedisCoordinator {
             .arg(lease_ms)
             .arg(meta_json(meta))
             .arg(self.ks.members_channel())
-            .arg(self.known.epoch())
+            .arg(self.known.epoch(Group::ZERO))
             .arg(self.known.grace_ms())
             .arg(nonce());
         let (_now, epoch, seq): (String, String, u64) = self.run("register", inv).await?;
-        self.known.saw_epoch(&epoch);
-        self.known.reset_seq(seq);
+        self.known.saw_epoch(Group::ZERO, &epoch);
+        self.known.reset_seq(Group::ZERO, seq);
         *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some(Registration {
             worker: worker.clone(),
             incarnation: inc.clone(),
@@ -507,15 +509,15 @@ impl Coordinator for RedisCoordinator {
             .arg(reg.incarnation.as_str())
             .arg(reg.lease_ms)
             .arg(meta_json(&reg.meta))
-            .arg(self.known.epoch())
-            .arg(self.known.seq())
+            .arg(self.known.epoch(Group::ZERO))
+            .arg(self.known.seq(Group::ZERO))
             .arg(self.known.grace_ms())
             .arg(nonce());
         let seq: u64 = self.run("renew", inv).await?;
         if seq == 0 {
             return Ok(Renewal::Lost);
         }
-        self.known.saw_seq(seq);
+        self.known.saw_seq(Group::ZERO, seq);
         Ok(Renewal::Renewed)
     }
 
@@ -542,7 +544,7 @@ impl Coordinator for RedisCoordinator {
         let mut inv = SCRIPTS.live.prepare_invoke();
         self.membership_keys(&mut inv)
             .key(self.ks.epoch())
-            .arg(self.known.epoch())
+            .arg(self.known.epoch(Group::ZERO))
             .arg(self.known.grace_ms())
             .arg(nonce());
         let flat: Vec<String> = self.run("list workers", inv).await?;
@@ -652,20 +654,21 @@ impl Coordinator for RedisCoordinator {
 
     async fn claim(&self, bot: &BotId, min_fence: Fence) -> Result<ClaimOutcome> {
         let reg = self.reg()?;
+        let g = self.ks.group_of_bot(bot);
         let mut inv = SCRIPTS.claim.prepare_invoke();
-        inv.key(self.ks.workers())
-            .key(self.ks.deadlines())
+        inv.key(self.ks.workers_in(g))
+            .key(self.ks.deadlines_in(g))
             .key(self.ks.owner(bot))
             .key(self.ks.fence(bot))
-            .key(self.ks.epoch())
-            .key(self.ks.seqs())
+            .key(self.ks.epoch_in(g))
+            .key(self.ks.seqs_in(g))
             .arg(reg.worker.as_str())
             .arg(reg.incarnation.as_str())
             .arg(min_fence.0)
-            .arg(self.known.epoch())
+            .arg(self.known.epoch(g))
             .arg(self.known.grace_ms())
             .arg(nonce())
-            .arg(self.known.seq());
+            .arg(self.known.seq(g));
         let r: Vec<String> = self
             .run_granting("claim", inv, |r: &Vec<String>| {
                 r.first().is_some_and(|a| a == "granted")
@@ -673,7 +676,7 @@ impl Coordinator for RedisCoordinator {
             .await?;
         match r.first().map(String::as_str) {
             Some("granted") if r.len() == 3 => {
-                self.known.saw_seq(r[2].parse().unwrap_or(0));
+                self.known.saw_seq(g, r[2].parse().unwrap_or(0));
                 Ok(ClaimOutcome::Granted(parse_fence("claim", &r[1])?))
             }
             Some("grace") if r.len() == 2 => Ok(ClaimOutcome::Grace(Duration::from_millis(
@@ -696,14 +699,15 @@ impl Coordinator for RedisCoordinator {
 
     async fn release(&self, bot: &BotId, fence: Fence) -> Result<bool> {
         let reg = self.reg()?;
+        let g = self.ks.group_of_bot(bot);
         let mut inv = SCRIPTS.release.prepare_invoke();
         inv.key(self.ks.owner(bot))
-            .key(self.ks.seqs())
+            .key(self.ks.seqs_in(g))
             .arg(reg.worker.as_str())
             .arg(fence.0)
-            .arg(self.known.seq());
+            .arg(self.known.seq(g));
         let seq: i64 = self.run("release", inv).await?;
-        self.known.saw_seq(seq.max(0).unsigned_abs());
+        self.known.saw_seq(g, seq.max(0).unsigned_abs());
         Ok(seq >= 0)
     }
 
@@ -715,16 +719,17 @@ impl Coordinator for RedisCoordinator {
         };
         // The target's command list is the roster's: pushed in the script when the bot's keys
         // share its tag (group 0, so always with one group), else right after it.
-        let in_script = self.ks.group_of_bot(bot) == Group::ZERO;
+        let g = self.ks.group_of_bot(bot);
+        let in_script = g == Group::ZERO;
         let mut inv = SCRIPTS.hand_over.prepare_invoke();
-        inv.key(self.ks.workers())
-            .key(self.ks.deadlines())
+        inv.key(self.ks.workers_in(g))
+            .key(self.ks.deadlines_in(g))
             .key(self.ks.owner(bot))
-            .key(self.ks.seqs())
+            .key(self.ks.seqs_in(g))
             .arg(reg.worker.as_str())
             .arg(fence.0)
             .arg(to.as_str())
-            .arg(self.known.seq());
+            .arg(self.known.seq(g));
         if in_script {
             let cmd = serde_json::to_string(&take).map_err(|e| CoordError::Protocol {
                 what: "hand over",
@@ -743,14 +748,15 @@ impl Coordinator for RedisCoordinator {
             }
         }
         let (r, seq) = answer?;
-        self.known.saw_seq(seq);
+        self.known.saw_seq(g, seq);
         Ok(r != 0)
     }
 
     async fn owner(&self, bot: &BotId) -> Result<Option<Owner>> {
+        let g = self.ks.group_of_bot(bot);
         let mut inv = SCRIPTS.owner.prepare_invoke();
-        inv.key(self.ks.workers())
-            .key(self.ks.deadlines())
+        inv.key(self.ks.workers_in(g))
+            .key(self.ks.deadlines_in(g))
             .key(self.ks.owner(bot));
         let r: Vec<String> = self.run("owner", inv).await?;
         if r.is_empty() {
@@ -1011,14 +1017,14 @@ impl Coordinator for RedisCoordinator {
                     what: "turn take",
                     detail: format!("reply {r:?}"),
                 })?;
-        Ok((ticket, self.turn_answer(&r[1..])?))
+        Ok((ticket, self.turn_answer(chat, &r[1..])?))
     }
 
     async fn turn_try(&self, chat: &str, ticket: u64) -> Result<Turn> {
         let r = self
             .turn_call("try", chat, &ticket.to_string(), Fence::ZERO)
             .await?;
-        self.turn_answer(&r)
+        self.turn_answer(chat, &r)
     }
 
     async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
@@ -1026,7 +1032,7 @@ impl Coordinator for RedisCoordinator {
             .turn_call("release", chat, &ticket.to_string(), fence)
             .await?;
         if let Some(seq) = r.get(1).and_then(|s| s.parse().ok()) {
-            self.known.saw_seq(seq);
+            self.known.saw_seq(self.ks.group_of_chat(chat), seq);
         }
         Ok(r.first().is_some_and(|v| v == "1"))
     }
@@ -1242,13 +1248,13 @@ async fn lock_acquire(
         .key(c.ks.epoch())
         .arg(token)
         .arg(ttl)
-        .arg(c.known.epoch())
+        .arg(c.known.epoch(Group::ZERO))
         .arg(c.known.grace_ms())
         .arg(nonce());
     let (fence, epoch): (i64, String) = c
         .run_granting("acquire lock", inv, |(fence, _): &(i64, String)| *fence > 0)
         .await?;
-    c.known.saw_epoch(&epoch);
+    c.known.saw_epoch(Group::ZERO, &epoch);
     Ok((fence > 0).then(|| LockGuard {
         key: name.to_owned(),
         token: token.to_owned(),
