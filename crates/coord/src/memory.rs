@@ -109,10 +109,14 @@ struct ChatTurns {
 }
 
 impl ChatTurns {
+    /// Where ticket `n` is in the queue, if it was taken and not released.
+    fn position(&self, n: u64) -> Option<usize> {
+        self.tickets.binary_search_by_key(&n, |t| t.n).ok()
+    }
+
     /// Ticket `n`, if it was taken and not released.
     fn ticket(&self, n: u64) -> Option<&Ticket> {
-        let i = self.tickets.binary_search_by_key(&n, |t| t.n).ok()?;
-        self.tickets.get(i)
+        self.tickets.get(self.position(n)?)
     }
 
     /// The ticket taken for journal key `entry`, while it is not released.
@@ -1040,7 +1044,7 @@ impl Coordinator for MemoryCoordinator {
         if q.holder.as_ref() != Some(&me) || q.serving != ticket || q.fence != fence.0 {
             return Ok(false);
         }
-        if let Ok(i) = q.tickets.binary_search_by_key(&ticket, |t| t.n) {
+        if let Some(i) = q.position(ticket) {
             q.tickets.remove(i);
         }
         q.serving = ticket + 1;

@@ -424,6 +424,11 @@ impl RedisCoordinator {
         Ok(turn)
     }
 
+    /// How long a worker's command list is kept (ms).
+    fn command_ttl_ms(&self) -> u64 {
+        u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000)
+    }
+
     fn membership_keys<'a, 's>(
         &self,
         inv: &'a mut redis::ScriptInvocation<'s>,
@@ -454,6 +459,14 @@ fn parse_worker(what: &'static str, s: &str) -> Result<WorkerId> {
 fn parse_cursor(what: &'static str, s: &str) -> Result<EventCursor> {
     s.parse()
         .map_err(|detail| CoordError::Protocol { what, detail })
+}
+
+/// A worker command as it is pushed onto a command list (`what`: the operation, for errors).
+fn command_json(what: &'static str, command: &WorkerCommand) -> Result<String> {
+    serde_json::to_string(command).map_err(|e| CoordError::Protocol {
+        what,
+        detail: e.to_string(),
+    })
 }
 
 fn meta_json(meta: &WorkerMeta) -> String {
@@ -731,13 +744,9 @@ impl Coordinator for RedisCoordinator {
             .arg(to.as_str())
             .arg(self.known.seq(g));
         if in_script {
-            let cmd = serde_json::to_string(&take).map_err(|e| CoordError::Protocol {
-                what: "hand over",
-                detail: e.to_string(),
-            })?;
             inv.key(self.ks.commands(to))
-                .arg(cmd)
-                .arg(u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000));
+                .arg(command_json("hand over", &take)?)
+                .arg(self.command_ttl_ms());
         }
         let answer: Result<(i64, u64)> = self.run("hand over", inv).await;
         // Not in the script: told also when the script's answer was lost (it may have run; a
@@ -873,12 +882,9 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn send_command(&self, to: &WorkerId, command: &WorkerCommand) -> Result<()> {
-        let json = serde_json::to_string(command).map_err(|e| CoordError::Protocol {
-            what: "send command",
-            detail: e.to_string(),
-        })?;
+        let json = command_json("send command", command)?;
         let key = self.ks.commands(to);
-        let ttl = u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000);
+        let ttl = self.command_ttl_ms();
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("RPUSH")

@@ -93,6 +93,20 @@ fn by_chat(sent: &[Sent]) -> HashMap<(String, String), Vec<String>> {
     m
 }
 
+/// A user writes once to each of the first `n` bots (none written to before): each answers,
+/// once.
+async fn each_bot_answers_once(fake: &FakeTelegram, n: usize) {
+    for i in 0..n {
+        fake.state().user_writes(&token(i), 5, "after");
+    }
+    wait_for(
+        "every bot answers after the moves",
+        Duration::from_secs(10),
+        || async { (fake.state().sent_count() == n).then_some(()) },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_worker_answers_every_message_once_in_order() {
     let (_dir, store) = store().await;
@@ -259,15 +273,7 @@ async fn a_fleet_splits_bots_hands_over_on_drain_and_survives_a_partition() {
         "never two pollers on one token"
     );
     // Every message is still answered.
-    for i in 0..bots.len() {
-        fake.state().user_writes(&token(i), 5, "after");
-    }
-    wait_for(
-        "answers after the moves",
-        Duration::from_secs(10),
-        || async { (fake.state().sent_count() == bots.len()).then_some(()) },
-    )
-    .await;
+    each_bot_answers_once(&fake, bots.len()).await;
     for w in ws {
         w.task.abort();
     }
@@ -1050,15 +1056,7 @@ async fn a_hand_over_whose_take_is_lost_completes_within_a_lease() {
         "never two pollers on one token"
     );
     link.set(botfleet_testkit::LinkMode::Pass);
-    for i in 0..bots.len() {
-        fake.state().user_writes(&token(i), 5, "after");
-    }
-    wait_for(
-        "answers after the move",
-        Duration::from_secs(10),
-        || async { (fake.state().sent_count() == bots.len()).then_some(()) },
-    )
-    .await;
+    each_bot_answers_once(&fake, bots.len()).await;
     wa.task.abort();
     wb.task.abort();
 }

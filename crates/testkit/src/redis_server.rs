@@ -113,18 +113,12 @@ impl RedisServer {
     /// # Errors
     /// When the server does not answer `+OK`.
     pub fn flushall(&self) -> std::io::Result<()> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"FLUSHALL\r\n")?;
-        let mut buf = [0u8; 5];
-        s.read_exact(&mut buf)?;
-        if &buf != b"+OK\r\n" {
-            return Err(std::io::Error::other(format!(
-                "FLUSHALL answered {:?}",
-                String::from_utf8_lossy(&buf)
-            )));
+        match self.command(&["FLUSHALL"])?.as_str() {
+            "+OK" => Ok(()),
+            other => Err(std::io::Error::other(format!(
+                "FLUSHALL answered {other:?}"
+            ))),
         }
-        Ok(())
     }
 
     /// Sends one command (`args`, as a RESP array) and answers the first line of its reply

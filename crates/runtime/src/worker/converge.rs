@@ -466,8 +466,10 @@ impl State {
                 if self.takes.remove(&bot) {
                     return true;
                 }
-                self.held_by.insert(bot, (by, Instant::now()));
-                self.arm_held_retry();
+                let now = Instant::now();
+                self.held_by.insert(bot, (by, now));
+                // Due a lease from now (the oldest one's wake-up, if sooner, stays armed).
+                self.wake_at(now + self.w.cfg.lease);
                 false
             }
             ClaimResult::Grace(d) => {
