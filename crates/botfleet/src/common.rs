@@ -46,6 +46,18 @@ pub(crate) struct Backends {
         value_parser = clap::value_parser!(u32).range(0..=16)
     )]
     pub(crate) redis_min_replicas: Option<u32>,
+    /// How many coordination groups the fleet's Redis keys are split into: each group has a
+    /// hash tag and a view of the workers' liveness of its own, so a Redis Cluster can spread
+    /// them over its primaries; a worker renews in every group. Every worker of a fleet must
+    /// use the same number: one whose number differs from the live fleet's does not start.
+    /// Default 1 (the layout of fleets before groups).
+    #[arg(
+        long,
+        env = "BOTFLEET_COORD_GROUPS",
+        value_name = "G",
+        value_parser = clap::value_parser!(u16).range(1..=1024)
+    )]
+    pub(crate) coord_groups: Option<u16>,
     /// Prefix of every Redis key of this fleet.
     #[arg(long, env = "BOTFLEET_PREFIX", default_value = "botfleet")]
     pub(crate) prefix: String,
@@ -65,6 +77,7 @@ impl std::fmt::Debug for Backends {
             .field("redis_mode", &self.redis_mode)
             .field("redis_sentinel_master", &self.redis_sentinel_master)
             .field("redis_min_replicas", &self.redis_min_replicas)
+            .field("coord_groups", &self.coord_groups)
             .field("prefix", &self.prefix)
             .field("secret_key_file", &self.secret_key_file)
             .finish()
@@ -89,16 +102,53 @@ impl Backends {
         }
     }
 
-    /// The fleet's coordinator, when `--redis-url` is given.
+    /// What connecting to Redis is called in errors.
+    fn connecting(&self) -> &'static str {
+        match self.redis_mode {
+            RedisModeArg::Standalone => "connecting to Redis (--redis-url)",
+            RedisModeArg::Sentinel => "connecting to Redis through its Sentinels (--redis-url)",
+        }
+    }
+
+    /// The fleet's coordinator for commands that act on the fleet (not a worker's), when
+    /// `--redis-url` is given.
     pub(crate) async fn redis(&self) -> anyhow::Result<Option<Arc<dyn Coordinator>>> {
         let Some(config) = self.redis_config()? else {
             return Ok(None);
         };
-        let what = match self.redis_mode {
-            RedisModeArg::Standalone => "connecting to Redis (--redis-url)",
-            RedisModeArg::Sentinel => "connecting to Redis through its Sentinels (--redis-url)",
+        let what = self.connecting();
+        let c = RedisCoordinator::connect(config.clone())
+            .await
+            .context(what)?;
+        if self.coord_groups.is_some() {
+            return Ok(Some(Arc::new(c)));
+        }
+        // A command that reads the fleet (status, owners) without `--coord-groups` reads it
+        // with the groups its workers use.
+        match c
+            .fleet_groups()
+            .await
+            .context("reading the fleet's number of coordination groups from Redis")?
+        {
+            Some(g) if g != c.keyspace().groups() => {
+                let c = RedisCoordinator::connect(config.groups(g))
+                    .await
+                    .context(what)?;
+                Ok(Some(Arc::new(c)))
+            }
+            _ => Ok(Some(Arc::new(c))),
+        }
+    }
+
+    /// The fleet's coordinator for a worker, when `--redis-url` is given: its groups are
+    /// `--coord-groups` (default 1), and a fleet using another number refuses it.
+    pub(crate) async fn redis_worker(&self) -> anyhow::Result<Option<Arc<dyn Coordinator>>> {
+        let Some(config) = self.redis_config()? else {
+            return Ok(None);
         };
-        let c = RedisCoordinator::connect(config).await.context(what)?;
+        let c = RedisCoordinator::connect(config)
+            .await
+            .context(self.connecting())?;
         Ok(Some(Arc::new(c)))
     }
 
@@ -117,11 +167,17 @@ impl Backends {
             if self.redis_min_replicas.is_some() {
                 anyhow::bail!("--redis-min-replicas needs --redis-url (without it there is no Redis and no replica)");
             }
+            if self.coord_groups.is_some() {
+                anyhow::bail!("--coord-groups needs --redis-url (without it one worker coordinates in memory, with no groups)");
+            }
             return Ok(None);
         };
         let mut config = RedisConfig::new(url.clone()).prefix(self.prefix.clone());
         if let Some(n) = self.redis_min_replicas {
             config = config.min_replicas(n);
+        }
+        if let Some(g) = self.coord_groups {
+            config = config.groups(g);
         }
         match (self.redis_mode, master) {
             (RedisModeArg::Standalone, None) => Ok(Some(config)),

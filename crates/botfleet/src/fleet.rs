@@ -117,6 +117,26 @@ fn print(doc: &serde_json::Value, json: bool) {
             "\nRedis lost its data: bots that had owners are granted again in {:.1} s (the grace window lets their old owners stop first)",
             grace_ms as f64 / 1000.0
         );
+        let groups = doc["groups"].as_u64().unwrap_or(1);
+        let waiting: Vec<String> = doc["groups_in_grace"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| {
+                format!(
+                    "{} ({:.1} s)",
+                    g["group"].as_str().unwrap_or_default(),
+                    g["grace_window_ms"].as_u64().unwrap_or(0) as f64 / 1000.0
+                )
+            })
+            .collect();
+        if groups > 1 {
+            println!(
+                "in {} of {groups} coordination groups: {}",
+                waiting.len(),
+                waiting.join(", ")
+            );
+        }
     }
     let unowned = doc["unowned"].as_array().cloned().unwrap_or_default();
     println!(
@@ -226,10 +246,19 @@ pub(crate) async fn status_doc(
         |w| caps.get(w).copied(),
         |u| weights.get(u).copied().unwrap_or(1),
     );
-    let epoch = coord.epoch().await.context("reading the fleet epoch")?;
-    let grace_ms = epoch.as_ref().map_or(0, |e| {
-        u64::try_from(e.grace_left.as_millis()).unwrap_or(u64::MAX)
-    });
+    let epochs = coord
+        .group_epochs()
+        .await
+        .context("reading the fleet epoch")?;
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    // Each group's window; a bot waits out its own group's.
+    let grace_of: HashMap<botfleet_coord::Group, u64> = epochs
+        .iter()
+        .filter(|(_, e)| !e.grace_left.is_zero())
+        .map(|(g, e)| (*g, ms(e.grace_left)))
+        .collect();
+    let epoch = botfleet_coord::EpochInfo::combine(epochs.iter().map(|(_, e)| e.clone()));
+    let grace_ms = epoch.as_ref().map_or(0, |e| ms(e.grace_left));
     let mut unowned = Vec::new();
     let mut running = 0usize;
     // A bot its live worker reports running is owned; only the others are asked about (one
@@ -258,13 +287,17 @@ pub(crate) async fn status_doc(
             }
             continue;
         }
+        let group_grace_ms = grace_of
+            .get(&coord.group_of_bot(&b.spec.id))
+            .copied()
+            .unwrap_or(0);
         let why = if b.status == BotStatus::Failed {
             format!("failed: {}", b.last_error.as_deref().unwrap_or("?"))
         } else if live.is_empty() {
             "no live worker".to_owned()
         } else if plan.unplaced.contains(&b.spec.id) {
             "every live worker is at capacity".to_owned()
-        } else if grace_ms > 0
+        } else if group_grace_ms > 0
             && store
                 .highest_fence(&b.spec.id)
                 .await
@@ -272,7 +305,7 @@ pub(crate) async fn status_doc(
         {
             format!(
                 "Redis lost its data: waiting out the grace window ({:.1} s left) so its old owner has stopped",
-                grace_ms as f64 / 1000.0
+                group_grace_ms as f64 / 1000.0
             )
         } else if owner.is_some() {
             "its worker stopped renewing; waiting for the lease to end".to_owned()
@@ -281,6 +314,12 @@ pub(crate) async fn status_doc(
         };
         unowned.push(serde_json::json!({"id": b.spec.id.as_str(), "why": why}));
     }
+    let mut waiting: Vec<_> = grace_of.iter().collect();
+    waiting.sort();
+    let groups_in_grace: Vec<_> = waiting
+        .into_iter()
+        .map(|(g, ms)| serde_json::json!({"group": g.to_string(), "grace_window_ms": ms}))
+        .collect();
     Ok(serde_json::json!({
         "mode": mode,
         "workers": live.iter().map(|w| serde_json::json!({
@@ -295,6 +334,8 @@ pub(crate) async fn status_doc(
         "owned": running,
         "by_platform": by_platform,
         "grace_window_ms": grace_ms,
+        "groups": coord.groups(),
+        "groups_in_grace": groups_in_grace,
         "epoch": epoch.as_ref().map(|e| serde_json::json!({
             "id": e.id, "age_ms": u64::try_from(e.age.as_millis()).unwrap_or(u64::MAX),
             "after_loss": e.after_loss,

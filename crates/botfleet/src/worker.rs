@@ -212,7 +212,7 @@ pub(crate) async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     {
         return Err(anyhow::Error::new(e).context("reading the bot registry"));
     }
-    let fleet = a.backends.redis().await?;
+    let fleet = a.backends.redis_worker().await?;
     let embedded = fleet.is_none();
     // Embedded: one worker per database; the lock is released by the OS even on kill -9.
     let _lock = match (&fleet, a.backends.sqlite_path()) {

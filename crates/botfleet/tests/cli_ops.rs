@@ -305,8 +305,14 @@ fn start_worker_with(db: &str, extra: &[&str]) -> Worker {
 
 /// An embedded worker on `db` with `extra` flags, its stderr piped (warnings and up).
 fn spawn_worker(db: &str, extra: &[&str]) -> Child {
+    spawn_worker_env(db, extra, &[])
+}
+
+/// [`spawn_worker`] with `env` set too.
+fn spawn_worker_env(db: &str, extra: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_botfleet"))
         .env("BOTFLEET_HOOKS_ADDR", "127.0.0.1:0")
+        .envs(env.iter().copied())
         .args([
             "worker",
             "--database-url",
@@ -1597,6 +1603,27 @@ fn http_10(addr: &str, request: &str) -> String {
     answer
 }
 
+/// A registry (on a fresh SQLite file) with one Telegram bot, `good`, of `token` on a fake
+/// Telegram that knows it.
+async fn one_telegram_bot(token: &str) -> (FakeTelegram, Dir, String) {
+    let fake = FakeTelegram::start().await.unwrap();
+    let dir = tempdir();
+    let db = db(&dir);
+    fake.state().add_bot(token);
+    let o = bots_add(&db, "good", "telegram", token, &["--api-url", &fake.url()]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    (fake, dir, db)
+}
+
+/// Waits (30 s at most) until `token`'s bot polled the fake.
+async fn polled(fake: &FakeTelegram, token: &str, what: &str) {
+    wait_for(what, Duration::from_secs(30), || {
+        let polled = fake.state().polls(token) > 0;
+        async move { polled.then_some(()) }
+    })
+    .await;
+}
+
 /// `--redis-min-replicas`: a worker whose Redis has fewer replicas than it asks for acts on no
 /// grant — its bot is not polled — and its log says why (once, not once per try); the same
 /// Redis with `--redis-min-replicas 0` (one Redis's default) runs the bot. Values out of range
@@ -1604,18 +1631,7 @@ fn http_10(addr: &str, request: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_acts_on_no_grant_its_replicas_lack() {
     let redis = botfleet_testkit::RedisServer::start().unwrap();
-    let fake = FakeTelegram::start().await.unwrap();
-    let dir = tempdir();
-    let db = db(&dir);
-    fake.state().add_bot("777:GOOD");
-    let o = bots_add(
-        &db,
-        "good",
-        "telegram",
-        "777:GOOD",
-        &["--api-url", &fake.url()],
-    );
-    assert!(o.status.success(), "{:?}", text(&o));
+    let (fake, _dir, db) = one_telegram_bot("777:GOOD").await;
     let url = redis.url();
     let spawn = |replicas: &str| {
         spawn_worker(
@@ -1639,40 +1655,195 @@ async fn a_worker_acts_on_no_grant_its_replicas_lack() {
         child: spawn("0"),
         url: String::new(),
     };
-    wait_for(
+    polled(
+        &fake,
+        "777:GOOD",
         "the bot polled with no replica asked for",
-        Duration::from_secs(30),
-        || {
-            let polled = fake.state().polls("777:GOOD") > 0;
-            async move { polled.then_some(()) }
-        },
     )
     .await;
 
-    for bad in ["x", "17", "1.5"] {
-        let o = botfleet(&["worker", "--redis-min-replicas", bad, "--database-url", &db]);
+    a_redis_flag_is_checked(&db, "--redis-min-replicas", &["x", "17", "1.5"], "1");
+}
+
+/// `--coord-groups` (`BOTFLEET_COORD_GROUPS`): a worker splitting its Redis keys into 8
+/// coordination groups runs its bot; one started beside it with 4 (from the environment) does
+/// not start, and says why, naming both numbers; values out of range and the flag without a
+/// Redis are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_of_another_number_of_groups_does_not_start() {
+    let redis = botfleet_testkit::RedisServer::start().unwrap();
+    let (fake, _dir, db) = one_telegram_bot("778:GOOD").await;
+    let url = redis.url();
+    let _w = Worker {
+        child: spawn_worker(&db, &["--redis-url", &url, "--coord-groups", "8"]),
+        url: String::new(),
+    };
+    polled(
+        &fake,
+        "778:GOOD",
+        "the bot polled by the worker with 8 groups",
+    )
+    .await;
+
+    let mut other = spawn_worker_env(
+        &db,
+        &["--redis-url", &url],
+        &[("BOTFLEET_COORD_GROUPS", "4")],
+    );
+    let status = wait_for(
+        "the worker with 4 groups exits",
+        Duration::from_secs(30),
+        || {
+            let exited = other.try_wait().unwrap();
+            async move { exited }
+        },
+    )
+    .await;
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut other.stderr.take().unwrap(), &mut said).unwrap();
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("into 4 group(s) (--coord-groups) but the fleet's live workers use 8"),
+        "{said}"
+    );
+    // It never joined: still one worker in the fleet.
+    let o = botfleet(&[
+        "fleet",
+        "status",
+        "--json",
+        "--redis-url",
+        &url,
+        "--database-url",
+        &db,
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["workers"].as_array().map(Vec::len), Some(1), "{doc}");
+
+    a_redis_flag_is_checked(&db, "--coord-groups", &["0", "1025", "x"], "8");
+}
+
+/// A worker refuses each of `bad` values of the Redis `flag` (usage, exit 2, naming it), and
+/// a `good` one without `--redis-url` (exit 1: the flag needs it).
+fn a_redis_flag_is_checked(db: &str, flag: &str, bad: &[&str], good: &str) {
+    for bad in bad {
+        let o = botfleet(&["worker", flag, bad, "--database-url", db]);
         assert_eq!(o.status.code(), Some(2), "{bad}: {:?}", text(&o));
-        assert!(
-            text(&o).1.contains("--redis-min-replicas"),
-            "{bad}: {:?}",
-            text(&o)
-        );
+        assert!(text(&o).1.contains(flag), "{bad}: {:?}", text(&o));
     }
     let o = botfleet(&[
         "worker",
-        "--redis-min-replicas",
-        "1",
+        flag,
+        good,
         "--database-url",
-        &db,
+        db,
         "--http-addr",
         "127.0.0.1:0",
     ]);
     assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
     assert!(
-        text(&o)
-            .1
-            .contains("--redis-min-replicas needs --redis-url"),
+        text(&o).1.contains(&format!("{flag} needs --redis-url")),
         "{:?}",
         text(&o)
+    );
+}
+
+/// Coordination groups through the binary: a worker on Redis with 8 groups; one group's keys
+/// deleted (its data lost) puts that group, and only that one, in a grace window (a lease:
+/// 30 s, long enough to be read on a busy machine), which
+/// `fleet status` (no `--coord-groups`: it reads the fleet's number from the roster), as JSON
+/// and as text, and the worker's `botfleet_grace_window_seconds{group}` show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_lost_its_data_is_shown_in_its_grace_window() {
+    let redis = botfleet_testkit::RedisServer::start().unwrap();
+    let (fake, _dir, db) = one_telegram_bot("779:GOOD").await;
+    let url = redis.url();
+    let w = start_worker_with(
+        &db,
+        &[
+            "--redis-url",
+            &url,
+            "--coord-groups",
+            "8",
+            "--lease-ms",
+            "30000",
+        ],
+    );
+    polled(&fake, "779:GOOD", "the bot polled").await;
+    let deleted = redis
+        .command(&[
+            "EVAL",
+            "local k = redis.call('KEYS', ARGV[1]) for _, x in ipairs(k) do redis.call('DEL', x) end return #k",
+            "0",
+            "{botfleet:g3}:*",
+        ])
+        .unwrap();
+    assert!(deleted.starts_with(':') && deleted != ":0", "{deleted}");
+    let status = |json: bool| {
+        let mut args = vec![
+            "fleet",
+            "status",
+            "--redis-url",
+            &url,
+            "--database-url",
+            &db,
+        ];
+        if json {
+            args.push("--json");
+        }
+        let o = botfleet(&args);
+        assert!(o.status.success(), "{:?}", text(&o));
+        o
+    };
+    // The worker finds its liveness in g3 gone at its next renewal and registers again.
+    let doc = wait_for("g3 in its grace window", Duration::from_secs(45), || {
+        let doc: serde_json::Value = serde_json::from_slice(&status(true).stdout).unwrap();
+        let waiting = doc["groups_in_grace"]
+            .as_array()
+            .is_some_and(|g| !g.is_empty());
+        async move { waiting.then_some(doc) }
+    })
+    .await;
+    assert_eq!(doc["groups"], 8, "{doc}");
+    let waiting = doc["groups_in_grace"].as_array().unwrap();
+    assert_eq!(waiting.len(), 1, "{doc}");
+    assert_eq!(waiting[0]["group"], "g3", "{doc}");
+    let left = waiting[0]["grace_window_ms"].as_u64().unwrap();
+    assert!(left > 0 && left <= 30_000, "{doc}");
+    assert_eq!(doc["grace_window_ms"].as_u64(), Some(left), "{doc}");
+    let said = text(&status(false)).0;
+    assert!(
+        said.contains("in 1 of 8 coordination groups: g3 ("),
+        "{said}"
+    );
+
+    let http = reqwest::Client::new();
+    let metrics = wait_for(
+        "the group's grace in the metrics",
+        Duration::from_secs(10),
+        || {
+            let (http, url) = (http.clone(), w.url.clone());
+            async move {
+                let text = http
+                    .get(format!("{url}/metrics"))
+                    .send()
+                    .await
+                    .ok()?
+                    .text()
+                    .await
+                    .ok()?;
+                text.contains("group=\"g3\"").then_some(text)
+            }
+        },
+    )
+    .await;
+    let grace: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("botfleet_grace_window_seconds{"))
+        .collect();
+    assert_eq!(grace.len(), 2, "the fleet's and g3's: {grace:?}");
+    assert!(
+        grace.iter().any(|l| l.contains(",group=\"g3\"} ")),
+        "{grace:?}"
     );
 }

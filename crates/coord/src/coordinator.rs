@@ -218,6 +218,32 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// Backend failures.
     async fn epoch(&self) -> Result<Option<EpochInfo>>;
 
+    /// How many coordination groups this backend's keys fall in (see
+    /// [`KeySpace`](crate::KeySpace)); 1 unless it splits them.
+    fn groups(&self) -> u16 {
+        1
+    }
+
+    /// The coordination group of `bot`'s owner record and fence.
+    fn group_of_bot(&self, bot: &BotId) -> Group {
+        let _ = bot;
+        Group::ZERO
+    }
+
+    /// Every group's epoch that exists, by group: where [`Coordinator::epoch`] combines them
+    /// (the longest grace window), this says which groups lost their data. Read-only.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn group_epochs(&self) -> Result<Vec<(Group, EpochInfo)>> {
+        Ok(self
+            .epoch()
+            .await?
+            .map(|e| (Group::ZERO, e))
+            .into_iter()
+            .collect())
+    }
+
     /// Leads the singleton job `name` for `ttl`: answers the lock's fence while this handle
     /// leads (calling again renews), `None` while another does.
     ///
@@ -395,7 +421,19 @@ pub(crate) struct Knowledge {
 #[derive(Debug, Default)]
 struct GroupKnown {
     epoch: std::sync::Mutex<String>,
-    seq: std::sync::atomic::AtomicU64,
+    seq: std::sync::Mutex<SeqAt>,
+}
+
+/// A registration's write sequence in one group, and which registration of the handle it
+/// belongs to (`gen`, counted up by every [`Knowledge::reset_seq`]): an answer to a call sent
+/// for an earlier registration may arrive after the next one began, and must not move the new
+/// registration's sequence (a higher stale one would make its next renewal look like lost
+/// writes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SeqAt {
+    gen: u64,
+    /// The highest write sequence answered.
+    pub(crate) seq: u64,
 }
 
 impl Default for Knowledge {
@@ -454,23 +492,41 @@ impl Knowledge {
         self.max_lease_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    fn seq_state(&self, g: Group) -> std::sync::MutexGuard<'_, SeqAt> {
+        self.of(g).seq.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A new registration starts its write sequence in group `g` at `seq`.
     pub(crate) fn reset_seq(&self, g: Group, seq: u64) {
-        self.of(g)
-            .seq
-            .store(seq, std::sync::atomic::Ordering::SeqCst);
+        let mut s = self.seq_state(g);
+        s.gen += 1;
+        s.seq = seq;
     }
 
     /// Group `g` answered a write with sequence `seq`.
     pub(crate) fn saw_seq(&self, g: Group, seq: u64) {
-        self.of(g)
-            .seq
-            .fetch_max(seq, std::sync::atomic::Ordering::SeqCst);
+        let mut s = self.seq_state(g);
+        s.seq = s.seq.max(seq);
+    }
+
+    /// Group `g` answered a write sent at `at` ([`Knowledge::seq_at`]) with sequence `seq`:
+    /// noted only if no registration began since.
+    pub(crate) fn saw_seq_at(&self, g: Group, at: SeqAt, seq: u64) {
+        let mut s = self.seq_state(g);
+        if s.gen == at.gen {
+            s.seq = s.seq.max(seq);
+        }
     }
 
     /// The highest write sequence group `g` answered to this registration.
     pub(crate) fn seq(&self, g: Group) -> u64 {
-        self.of(g).seq.load(std::sync::atomic::Ordering::SeqCst)
+        self.seq_state(g).seq
+    }
+
+    /// [`Knowledge::seq`], with the registration it belongs to, for
+    /// [`Knowledge::saw_seq_at`].
+    pub(crate) fn seq_at(&self, g: Group) -> SeqAt {
+        *self.seq_state(g)
     }
 }
 
@@ -506,5 +562,25 @@ mod knowledge_tests {
         let one = Knowledge::default();
         one.saw_seq(g[0], 5);
         assert_eq!(one.seq(g[0]), 5);
+    }
+
+    /// An answer to a write sent for an earlier registration that arrives after the next one
+    /// began does not move the new one's sequence: its next renewal would look like lost
+    /// writes. Answers for the current registration still do.
+    #[test]
+    fn a_late_answer_of_an_earlier_registration_is_ignored() {
+        let ks = KeySpace::with_groups("k", 2).unwrap();
+        let known = Knowledge::with_groups(ks.groups());
+        let g = ks.all_groups().nth(1).unwrap();
+        known.reset_seq(g, 1);
+        known.saw_seq(g, 500);
+        let sent = known.seq_at(g);
+        assert_eq!(sent.seq, 500);
+        known.reset_seq(g, 1);
+        known.saw_seq_at(g, sent, 501);
+        assert_eq!(known.seq(g), 1, "the stale answer is not kept");
+        let now = known.seq_at(g);
+        known.saw_seq_at(g, now, 2);
+        assert_eq!(known.seq(g), 2);
     }
 }

@@ -58,6 +58,16 @@ pub enum CoordError {
         /// How long it waited.
         within: Duration,
     },
+    /// The worker splits the coordination keys into another number of groups than the live
+    /// workers of its fleet ([`RedisConfig::groups`](crate::RedisConfig::groups)): it may not
+    /// join them. Retrying does not help; every worker of a fleet must use one number.
+    #[error("this worker splits coordination into {ours} group(s) (--coord-groups) but the fleet's live workers use {fleet}: every worker of a fleet must use the same number (to change it, stop every worker first)")]
+    GroupsMismatch {
+        /// This worker's number of groups.
+        ours: u16,
+        /// The fleet's, as its roster records it.
+        fleet: u16,
+    },
     /// The call did not finish within its deadline.
     #[error("timed out after {0:?}")]
     Timeout(Duration),

@@ -218,6 +218,10 @@ impl KeySpace {
     pub fn meta(&self) -> String {
         self.key(&["meta"])
     }
+    /// Hash: the fleet's layout (`groups`: how many coordination groups its workers use).
+    pub fn layout(&self) -> String {
+        self.key(&["layout"])
+    }
     /// Pub/sub channel announcing joins and leaves.
     pub fn members_channel(&self) -> String {
         self.key(&["members"])
@@ -305,6 +309,7 @@ mod tests {
             ("fence", ks.fence(bot)),
             ("turn", ks.turn(chat)),
             ("meta", ks.meta()),
+            ("layout", ks.layout()),
             ("members", ks.members_channel()),
             ("events", ks.events()),
             ("cmd", ks.commands(&w)),
@@ -336,6 +341,7 @@ mod tests {
             ("fence", "{prod}:fence:b1"),
             ("turn", "{prod}:turn:b1/42"),
             ("meta", "{prod}:meta"),
+            ("layout", "{prod}:layout"),
             ("members", "{prod}:members"),
             ("events", "{prod}:events"),
             ("cmd", "{prod}:cmd:w1"),

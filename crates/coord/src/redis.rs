@@ -8,6 +8,7 @@ use std::{
 
 use async_trait::async_trait;
 use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
+use futures_util::future::{join_all, try_join_all};
 use redis::{
     streams::{StreamRangeReply, StreamReadReply},
     Script,
@@ -16,7 +17,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::{
-    coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
+    coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge, SeqAt},
     link::{Blocking, Link, RedisMode},
     BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, Group, KeySpace,
     LifecycleEvent, LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn,
@@ -41,6 +42,8 @@ pub struct RedisConfig {
     /// How many replicas must have a grant before it is acted on; `None`: the mode's default
     /// (see [`RedisConfig::min_replicas`]).
     min_replicas: Option<u32>,
+    /// How many coordination groups the keys fall in (see [`RedisConfig::groups`]).
+    groups: u16,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -54,6 +57,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("max_events", &self.max_events)
             .field("command_ttl", &self.command_ttl)
             .field("min_replicas", &self.replicas_wanted())
+            .field("groups", &self.groups)
             .finish()
     }
 }
@@ -71,7 +75,20 @@ impl RedisConfig {
             max_events: 10_000,
             command_ttl: Duration::from_secs(600),
             min_replicas: None,
+            groups: 1,
         }
+    }
+
+    /// Splits the coordination keys into `groups` groups (1–[`crate::MAX_GROUPS`], default
+    /// 1), each under a hash tag of its own, with its own view of the workers' liveness and
+    /// its own epoch (see [`KeySpace`]): every script then touches one group's keys, which a
+    /// Redis Cluster keeps in one slot. A worker registers and renews in every group. One
+    /// group is the layout every fleet had before groups. [`RedisCoordinator::connect`]
+    /// refuses a count out of range.
+    #[must_use]
+    pub fn groups(mut self, groups: u16) -> Self {
+        self.groups = groups;
+        self
     }
 
     /// How many replicas must have a grant (a bot's claim, a chat's turn, a fenced lock)
@@ -223,7 +240,7 @@ impl RedisCoordinator {
     /// [`CoordError::InvalidUrl`] for a malformed URL or prefix, [`CoordError::Unreachable`]
     /// when Redis (or every Sentinel) does not answer within the connect timeout.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
-        let ks = KeySpace::new(&config.prefix)?;
+        let ks = KeySpace::with_groups(&config.prefix, config.groups)?;
         let known = Arc::new(Knowledge::with_groups(ks.groups()));
         let config = Arc::new(config);
         let link = Link::connect(config.clone()).await?;
@@ -241,6 +258,27 @@ impl RedisCoordinator {
     /// The key space in use.
     pub fn keyspace(&self) -> &KeySpace {
         &self.ks
+    }
+
+    /// How many coordination groups the fleet's workers use, as its roster records it: `None`
+    /// when no worker recorded it (a fleet that began before groups has one).
+    ///
+    /// # Errors
+    /// Backend failures; a record that is not a number.
+    pub async fn fleet_groups(&self) -> Result<Option<u16>> {
+        let v: Option<String> = self
+            .query(
+                "read the fleet's layout",
+                redis::cmd("HGET").arg(self.ks.layout()).arg("groups"),
+            )
+            .await?;
+        v.map(|v| {
+            v.parse().map_err(|_| CoordError::Protocol {
+                what: "read the fleet's layout",
+                detail: format!("groups is {v:?}"),
+            })
+        })
+        .transpose()
     }
 
     fn reg(&self) -> Result<Registration> {
@@ -386,10 +424,11 @@ impl RedisCoordinator {
         chat: &str,
         arg: &str,
         fence: Fence,
-    ) -> Result<Vec<String>> {
+    ) -> Result<(Vec<String>, SeqAt)> {
         check_key_len("chat key", chat, 300)?;
         let reg = self.reg()?;
         let g = self.ks.group_of_chat(chat);
+        let at = self.known.seq_at(g);
         let mut inv = SCRIPTS.turn.prepare_invoke();
         let grace = self.known.grace_ms();
         inv.key(self.ks.workers_in(g))
@@ -409,18 +448,21 @@ impl RedisCoordinator {
             .arg(grace)
             .arg(nonce())
             .arg(after_loss_settle_ms(grace))
-            .arg(self.known.seq(g));
+            .arg(at.seq);
         // A grant answers `granted` or `takeover` (after the ticket, for a take).
-        self.run_granting("turn", inv, |r: &Vec<String>| {
-            r.iter().take(2).any(|a| a == "granted" || a == "takeover")
-        })
-        .await
+        let r = self
+            .run_granting("turn", inv, |r: &Vec<String>| {
+                r.iter().take(2).any(|a| a == "granted" || a == "takeover")
+            })
+            .await?;
+        Ok((r, at))
     }
 
-    /// A turn answer (`r`) about `chat`, the caller's new write sequence in its group noted.
-    fn turn_answer(&self, chat: &str, r: &[String]) -> Result<Turn> {
+    /// A turn answer (`r`, to a call sent at `at`) about `chat`, the caller's new write
+    /// sequence in its group noted.
+    fn turn_answer(&self, chat: &str, at: SeqAt, r: &[String]) -> Result<Turn> {
         let (turn, seq) = parse_turn(r)?;
-        self.known.saw_seq(self.ks.group_of_chat(chat), seq);
+        self.known.saw_seq_at(self.ks.group_of_chat(chat), at, seq);
         Ok(turn)
     }
 
@@ -429,6 +471,8 @@ impl RedisCoordinator {
         u64::try_from(self.config.command_ttl.as_millis()).unwrap_or(600_000)
     }
 
+    /// The roster's membership keys, as `live.lua` reads them: workers, deadlines, metadata,
+    /// renewals.
     fn membership_keys<'a, 's>(
         &self,
         inv: &'a mut redis::ScriptInvocation<'s>,
@@ -437,6 +481,160 @@ impl RedisCoordinator {
             .key(self.ks.deadlines())
             .key(self.ks.meta())
             .key(self.ks.beats())
+    }
+
+    /// Group `g`'s liveness keys as `register.lua` and `renew.lua` take them: workers,
+    /// deadlines, epoch, write sequences, and for the roster (group 0) its metadata and
+    /// renewals.
+    fn liveness_keys<'a, 's>(
+        &self,
+        g: Group,
+        inv: &'a mut redis::ScriptInvocation<'s>,
+    ) -> &'a mut redis::ScriptInvocation<'s> {
+        inv.key(self.ks.workers_in(g))
+            .key(self.ks.deadlines_in(g))
+            .key(self.ks.epoch_in(g))
+            .key(self.ks.seqs_in(g));
+        if g == Group::ZERO {
+            inv.key(self.ks.meta()).key(self.ks.beats());
+        }
+        inv
+    }
+
+    /// `register.lua`'s keys in group `g`: its liveness keys, and the roster's layout.
+    fn register_keys<'a, 's>(
+        &self,
+        g: Group,
+        inv: &'a mut redis::ScriptInvocation<'s>,
+    ) -> &'a mut redis::ScriptInvocation<'s> {
+        self.liveness_keys(g, inv);
+        if g == Group::ZERO {
+            inv.key(self.ks.layout());
+        }
+        inv
+    }
+
+    /// Registers `worker` as incarnation `inc` in group `g` (`register.lua`): the roster
+    /// announces the join. Notes the group's epoch and first write sequence.
+    async fn register_in(
+        &self,
+        g: Group,
+        worker: &WorkerId,
+        inc: &Incarnation,
+        lease_ms: u64,
+        meta: &str,
+    ) -> Result<()> {
+        let roster = g == Group::ZERO;
+        let mut inv = SCRIPTS.register.prepare_invoke();
+        self.register_keys(g, &mut inv)
+            .arg(worker.as_str())
+            .arg(inc.as_str())
+            .arg(lease_ms)
+            .arg(if roster { meta } else { "" })
+            .arg(if roster {
+                self.ks.members_channel()
+            } else {
+                String::new()
+            })
+            .arg(self.known.epoch(g))
+            .arg(self.known.grace_ms())
+            .arg(nonce())
+            .arg(self.ks.groups());
+        let r: Vec<String> = self.run("register", inv).await?;
+        let (epoch, seq) = match r.as_slice() {
+            [what, fleet] if what == "groups" => {
+                return Err(match fleet.parse() {
+                    Ok(fleet) => CoordError::GroupsMismatch {
+                        ours: self.ks.groups(),
+                        fleet,
+                    },
+                    Err(_) => CoordError::Protocol {
+                        what: "register",
+                        detail: format!("the fleet's number of groups is {fleet:?}"),
+                    },
+                });
+            }
+            [_now, epoch, seq] => (
+                epoch,
+                seq.parse().map_err(|_| CoordError::Protocol {
+                    what: "register",
+                    detail: format!("write sequence {seq:?}"),
+                })?,
+            ),
+            _ => {
+                return Err(CoordError::Protocol {
+                    what: "register",
+                    detail: format!("reply has {} fields", r.len()),
+                })
+            }
+        };
+        self.known.saw_epoch(g, epoch);
+        self.known.reset_seq(g, seq);
+        Ok(())
+    }
+
+    /// Renews `reg` in group `g` (`renew.lua`): `false` when its liveness there is lost.
+    async fn renew_in(&self, g: Group, reg: &Registration, meta: &str) -> Result<bool> {
+        let roster = g == Group::ZERO;
+        let at = self.known.seq_at(g);
+        let mut inv = SCRIPTS.renew.prepare_invoke();
+        self.liveness_keys(g, &mut inv)
+            .arg(reg.worker.as_str())
+            .arg(reg.incarnation.as_str())
+            .arg(reg.lease_ms)
+            .arg(if roster { meta } else { "" })
+            .arg(self.known.epoch(g))
+            .arg(at.seq)
+            .arg(self.known.grace_ms())
+            .arg(nonce());
+        let seq: u64 = self.run("renew", inv).await?;
+        if seq == 0 {
+            return Ok(false);
+        }
+        self.known.saw_seq_at(g, at, seq);
+        Ok(true)
+    }
+
+    /// Ends `reg`'s liveness in group `g` (`unregister.lua`): the roster announces the leave.
+    async fn unregister_in(&self, g: Group, reg: &Registration) -> Result<()> {
+        let mut inv = SCRIPTS.unregister.prepare_invoke();
+        inv.key(self.ks.workers_in(g))
+            .key(self.ks.deadlines_in(g))
+            .key(self.ks.seqs_in(g));
+        let channel = if g == Group::ZERO {
+            inv.key(self.ks.meta()).key(self.ks.beats());
+            self.ks.members_channel()
+        } else {
+            String::new()
+        };
+        inv.arg(reg.worker.as_str())
+            .arg(reg.incarnation.as_str())
+            .arg(channel);
+        let _: i64 = self.run("unregister", inv).await?;
+        Ok(())
+    }
+
+    /// Group `g`'s epoch (`epoch_info.lua`), `None` when it has none.
+    async fn epoch_in(&self, g: Group) -> Result<Option<EpochInfo>> {
+        let mut inv = SCRIPTS.epoch_info.prepare_invoke();
+        inv.key(self.ks.epoch_in(g));
+        let r: Vec<String> = self.run("epoch", inv).await?;
+        if r.is_empty() {
+            return Ok(None);
+        }
+        let ms = |s: &str| Duration::from_millis(s.parse().unwrap_or(0));
+        match r.as_slice() {
+            [id, age, left, lost] => Ok(Some(EpochInfo {
+                id: id.clone(),
+                age: ms(age),
+                grace_left: ms(left),
+                after_loss: lost == "1",
+            })),
+            _ => Err(CoordError::Protocol {
+                what: "epoch",
+                detail: format!("reply has {} fields", r.len()),
+            }),
+        }
     }
 }
 
@@ -485,27 +683,54 @@ impl Coordinator for RedisCoordinator {
         let lease_ms = check_ttl("lease", lease)?;
         self.known.saw_lease(lease_ms);
         let inc = Incarnation::from_nonce(nonce());
-        let mut inv = SCRIPTS.register.prepare_invoke();
-        self.membership_keys(&mut inv)
-            .key(self.ks.epoch())
-            .key(self.ks.seqs())
-            .arg(worker.as_str())
-            .arg(inc.as_str())
-            .arg(lease_ms)
-            .arg(meta_json(meta))
-            .arg(self.ks.members_channel())
-            .arg(self.known.epoch(Group::ZERO))
-            .arg(self.known.grace_ms())
-            .arg(nonce());
-        let (_now, epoch, seq): (String, String, u64) = self.run("register", inv).await?;
-        self.known.saw_epoch(Group::ZERO, &epoch);
-        self.known.reset_seq(Group::ZERO, seq);
-        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some(Registration {
+        let json = meta_json(meta);
+        let reg = Registration {
             worker: worker.clone(),
             incarnation: inc.clone(),
             lease_ms,
             meta: meta.clone(),
-        });
+        };
+        let others = || {
+            try_join_all(
+                self.ks
+                    .all_groups()
+                    .skip(1)
+                    .map(|g| self.register_in(g, worker, &inc, lease_ms, &json)),
+            )
+        };
+        if self.fleet_groups().await?.unwrap_or(1) != self.ks.groups() {
+            // The roster records another number of groups: it refuses this worker while the
+            // fleet has live workers, so it is asked first, before anything is written in the
+            // other groups; else this worker's number is recorded, and it joins them all.
+            self.register_in(Group::ZERO, worker, &inc, lease_ms, &json)
+                .await?;
+            others().await?;
+        } else {
+            // The other groups first, together, and the roster last: a worker told of the
+            // join finds the newcomer live in every group (a bot handed to it there is not
+            // dropped as handed to a dead worker). A group that fails fails the registration;
+            // what the others wrote expires with the lease (the next registration there
+            // prunes it).
+            others().await?;
+            // The roster refuses a worker whose number of groups is not the live fleet's (it
+            // changed since it was read): what it wrote in the other groups goes again.
+            if let Err(e) = self
+                .register_in(Group::ZERO, worker, &inc, lease_ms, &json)
+                .await
+            {
+                if matches!(e, CoordError::GroupsMismatch { .. }) {
+                    let _ = try_join_all(
+                        self.ks
+                            .all_groups()
+                            .skip(1)
+                            .map(|g| self.unregister_in(g, &reg)),
+                    )
+                    .await;
+                }
+                return Err(e);
+            }
+        }
+        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
         debug!(%worker, incarnation = %inc, lease_ms, "registered");
         Ok(inc)
     }
@@ -514,23 +739,22 @@ impl Coordinator for RedisCoordinator {
         let mut reg = self.reg()?;
         reg.meta.bots_held = bots_held;
         reg.meta.rss_bytes = rss_bytes;
-        let mut inv = SCRIPTS.renew.prepare_invoke();
-        self.membership_keys(&mut inv)
-            .key(self.ks.epoch())
-            .key(self.ks.seqs())
-            .arg(reg.worker.as_str())
-            .arg(reg.incarnation.as_str())
-            .arg(reg.lease_ms)
-            .arg(meta_json(&reg.meta))
-            .arg(self.known.epoch(Group::ZERO))
-            .arg(self.known.seq(Group::ZERO))
-            .arg(self.known.grace_ms())
-            .arg(nonce());
-        let seq: u64 = self.run("renew", inv).await?;
-        if seq == 0 {
-            return Ok(Renewal::Lost);
+        let json = meta_json(&reg.meta);
+        // Every group at once (on one connection, pipelined). A group where the liveness is
+        // lost loses the whole lease (its bots' and chats' grants there can no longer be
+        // trusted), and so does one that did not answer: the lease keeper fences on time.
+        let renewed = join_all(self.ks.all_groups().map(|g| self.renew_in(g, &reg, &json))).await;
+        let mut failed = None;
+        for r in renewed {
+            match r {
+                Ok(true) => {}
+                Ok(false) => return Ok(Renewal::Lost),
+                Err(e) => failed = failed.or(Some(e)),
+            }
         }
-        self.known.saw_seq(Group::ZERO, seq);
+        if let Some(e) = failed {
+            return Err(e);
+        }
         Ok(Renewal::Renewed)
     }
 
@@ -538,13 +762,7 @@ impl Coordinator for RedisCoordinator {
         let Ok(reg) = self.reg() else {
             return Ok(());
         };
-        let mut inv = SCRIPTS.unregister.prepare_invoke();
-        self.membership_keys(&mut inv)
-            .key(self.ks.seqs())
-            .arg(reg.worker.as_str())
-            .arg(reg.incarnation.as_str())
-            .arg(self.ks.members_channel());
-        let _: i64 = self.run("unregister", inv).await?;
+        try_join_all(self.ks.all_groups().map(|g| self.unregister_in(g, &reg))).await?;
         *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }
@@ -668,6 +886,7 @@ impl Coordinator for RedisCoordinator {
     async fn claim(&self, bot: &BotId, min_fence: Fence) -> Result<ClaimOutcome> {
         let reg = self.reg()?;
         let g = self.ks.group_of_bot(bot);
+        let at = self.known.seq_at(g);
         let mut inv = SCRIPTS.claim.prepare_invoke();
         inv.key(self.ks.workers_in(g))
             .key(self.ks.deadlines_in(g))
@@ -681,7 +900,7 @@ impl Coordinator for RedisCoordinator {
             .arg(self.known.epoch(g))
             .arg(self.known.grace_ms())
             .arg(nonce())
-            .arg(self.known.seq(g));
+            .arg(at.seq);
         let r: Vec<String> = self
             .run_granting("claim", inv, |r: &Vec<String>| {
                 r.first().is_some_and(|a| a == "granted")
@@ -689,7 +908,7 @@ impl Coordinator for RedisCoordinator {
             .await?;
         match r.first().map(String::as_str) {
             Some("granted") if r.len() == 3 => {
-                self.known.saw_seq(g, r[2].parse().unwrap_or(0));
+                self.known.saw_seq_at(g, at, r[2].parse().unwrap_or(0));
                 Ok(ClaimOutcome::Granted(parse_fence("claim", &r[1])?))
             }
             Some("grace") if r.len() == 2 => Ok(ClaimOutcome::Grace(Duration::from_millis(
@@ -713,14 +932,15 @@ impl Coordinator for RedisCoordinator {
     async fn release(&self, bot: &BotId, fence: Fence) -> Result<bool> {
         let reg = self.reg()?;
         let g = self.ks.group_of_bot(bot);
+        let at = self.known.seq_at(g);
         let mut inv = SCRIPTS.release.prepare_invoke();
         inv.key(self.ks.owner(bot))
             .key(self.ks.seqs_in(g))
             .arg(reg.worker.as_str())
             .arg(fence.0)
-            .arg(self.known.seq(g));
+            .arg(at.seq);
         let seq: i64 = self.run("release", inv).await?;
-        self.known.saw_seq(g, seq.max(0).unsigned_abs());
+        self.known.saw_seq_at(g, at, seq.max(0).unsigned_abs());
         Ok(seq >= 0)
     }
 
@@ -734,6 +954,7 @@ impl Coordinator for RedisCoordinator {
         // share its tag (group 0, so always with one group), else right after it.
         let g = self.ks.group_of_bot(bot);
         let in_script = g == Group::ZERO;
+        let at = self.known.seq_at(g);
         let mut inv = SCRIPTS.hand_over.prepare_invoke();
         inv.key(self.ks.workers_in(g))
             .key(self.ks.deadlines_in(g))
@@ -742,7 +963,7 @@ impl Coordinator for RedisCoordinator {
             .arg(reg.worker.as_str())
             .arg(fence.0)
             .arg(to.as_str())
-            .arg(self.known.seq(g));
+            .arg(at.seq);
         if in_script {
             inv.key(self.ks.commands(to))
                 .arg(command_json("hand over", &take)?)
@@ -757,7 +978,7 @@ impl Coordinator for RedisCoordinator {
             }
         }
         let (r, seq) = answer?;
-        self.known.saw_seq(g, seq);
+        self.known.saw_seq_at(g, at, seq);
         Ok(r != 0)
     }
 
@@ -1015,7 +1236,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, Turn)> {
-        let r = self.turn_call("take", chat, entry, Fence::ZERO).await?;
+        let (r, at) = self.turn_call("take", chat, entry, Fence::ZERO).await?;
         let ticket =
             r.first()
                 .and_then(|t| t.parse().ok())
@@ -1023,22 +1244,22 @@ impl Coordinator for RedisCoordinator {
                     what: "turn take",
                     detail: format!("reply {r:?}"),
                 })?;
-        Ok((ticket, self.turn_answer(chat, &r[1..])?))
+        Ok((ticket, self.turn_answer(chat, at, &r[1..])?))
     }
 
     async fn turn_try(&self, chat: &str, ticket: u64) -> Result<Turn> {
-        let r = self
+        let (r, at) = self
             .turn_call("try", chat, &ticket.to_string(), Fence::ZERO)
             .await?;
-        self.turn_answer(chat, &r)
+        self.turn_answer(chat, at, &r)
     }
 
     async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
-        let r = self
+        let (r, at) = self
             .turn_call("release", chat, &ticket.to_string(), fence)
             .await?;
         if let Some(seq) = r.get(1).and_then(|s| s.parse().ok()) {
-            self.known.saw_seq(self.ks.group_of_chat(chat), seq);
+            self.known.saw_seq_at(self.ks.group_of_chat(chat), at, seq);
         }
         Ok(r.first().is_some_and(|v| v == "1"))
     }
@@ -1185,25 +1406,29 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn epoch(&self) -> Result<Option<EpochInfo>> {
-        let mut inv = SCRIPTS.epoch_info.prepare_invoke();
-        inv.key(self.ks.epoch());
-        let r: Vec<String> = self.run("epoch", inv).await?;
-        if r.is_empty() {
-            return Ok(None);
-        }
-        let ms = |s: &str| Duration::from_millis(s.parse().unwrap_or(0));
-        match r.as_slice() {
-            [id, age, left, lost] => Ok(Some(EpochInfo {
-                id: id.clone(),
-                age: ms(age),
-                grace_left: ms(left),
-                after_loss: lost == "1",
-            })),
-            _ => Err(CoordError::Protocol {
-                what: "epoch",
-                detail: format!("reply has {} fields", r.len()),
-            }),
-        }
+        // With groups: the roster's epoch, in the window of the group that waits longest (a
+        // group that lost its data makes its bots wait, not the others').
+        Ok(EpochInfo::combine(
+            self.group_epochs().await?.into_iter().map(|(_, e)| e),
+        ))
+    }
+
+    fn groups(&self) -> u16 {
+        self.ks.groups()
+    }
+
+    fn group_of_bot(&self, bot: &BotId) -> Group {
+        self.ks.group_of_bot(bot)
+    }
+
+    async fn group_epochs(&self) -> Result<Vec<(Group, EpochInfo)>> {
+        let each = try_join_all(self.ks.all_groups().map(|g| self.epoch_in(g))).await?;
+        Ok(self
+            .ks
+            .all_groups()
+            .zip(each)
+            .filter_map(|(g, e)| Some((g, e?)))
+            .collect())
     }
 
     async fn try_lead(&self, name: &str, ttl: Duration) -> Result<Option<Fence>> {

@@ -105,6 +105,22 @@ pub struct EpochInfo {
     pub after_loss: bool,
 }
 
+impl EpochInfo {
+    /// The fleet's epoch from its groups' (`each`, in group order): the first one's id (the
+    /// roster's, unless it has none yet), the youngest age, the longest grace window, after a
+    /// loss if any group is. `None` when there is none.
+    pub fn combine(each: impl IntoIterator<Item = EpochInfo>) -> Option<EpochInfo> {
+        let mut each = each.into_iter();
+        let mut out = each.next()?;
+        for e in each {
+            out.age = out.age.min(e.age);
+            out.grace_left = out.grace_left.max(e.grace_left);
+            out.after_loss |= e.after_loss;
+        }
+        Some(out)
+    }
+}
+
 /// A bot lifecycle event, published by the CLI or an API and seen by every worker.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "bot", rename_all = "lowercase")]

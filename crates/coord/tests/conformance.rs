@@ -28,9 +28,11 @@ impl CoordFixture for Memory {
     }
 }
 
-/// Handles on a private `redis-server`, killed when the fixture drops.
+/// Handles on a private `redis-server`, killed when the fixture drops, the keys in `groups`
+/// coordination groups.
 struct Redis {
     server: RedisServer,
+    groups: u16,
 }
 
 /// Every key of the fleet with its remaining TTL (ms, 0 for none) and its `DUMP`.
@@ -45,10 +47,10 @@ async fn raw(url: String) -> ::redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
-/// A coordinator on `config`, keys under `conf`.
-async fn coordinator(config: RedisConfig) -> Arc<dyn Coordinator> {
+/// A coordinator on `config`, keys under `conf` in `groups` groups.
+async fn coordinator(config: RedisConfig, groups: u16) -> Arc<dyn Coordinator> {
     Arc::new(
-        RedisCoordinator::connect(config.prefix("conf"))
+        RedisCoordinator::connect(config.prefix("conf").groups(groups))
             .await
             .unwrap(),
     )
@@ -57,7 +59,7 @@ async fn coordinator(config: RedisConfig) -> Arc<dyn Coordinator> {
 impl CoordFixture for Redis {
     type Snapshot = Dump;
     async fn handle(&self) -> Arc<dyn Coordinator> {
-        coordinator(RedisConfig::new(self.server.url())).await
+        coordinator(RedisConfig::new(self.server.url()), self.groups).await
     }
     async fn lose_everything(&self) {
         self.server.flushall().unwrap();
@@ -70,10 +72,10 @@ impl CoordFixture for Redis {
     }
 }
 
-/// Every key of the fleet, with its TTL and its `DUMP`.
+/// Every key of the fleet (the roster's and every group's), with its TTL and its `DUMP`.
 async fn dump(c: &mut ::redis::aio::MultiplexedConnection) -> Dump {
     let keys: Vec<String> = ::redis::cmd("KEYS")
-        .arg("{conf}:*")
+        .arg("{conf*")
         .query_async(c)
         .await
         .unwrap();
@@ -110,7 +112,17 @@ mod memory {
 mod redis {
     use super::*;
     botfleet_testkit::coordinator_conformance!(Redis {
-        server: RedisServer::start().unwrap()
+        server: RedisServer::start().unwrap(),
+        groups: 1,
+    });
+}
+
+/// The suite with the keys split into 8 coordination groups.
+mod redis_groups {
+    use super::*;
+    botfleet_testkit::coordinator_conformance!(Redis {
+        server: RedisServer::start().unwrap(),
+        groups: 8,
     });
 }
 
@@ -118,12 +130,17 @@ mod redis {
 /// fixture drops: the suite's data losses and snapshots act on the primary.
 struct Sentinel {
     setup: SentinelSetup,
+    groups: u16,
 }
 
 impl CoordFixture for Sentinel {
     type Snapshot = Dump;
     async fn handle(&self) -> Arc<dyn Coordinator> {
-        coordinator(RedisConfig::new(self.setup.urls()).sentinel(SENTINEL_MASTER)).await
+        coordinator(
+            RedisConfig::new(self.setup.urls()).sentinel(SENTINEL_MASTER),
+            self.groups,
+        )
+        .await
     }
     async fn lose_everything(&self) {
         self.setup.primary().flushall().unwrap();
@@ -139,6 +156,203 @@ impl CoordFixture for Sentinel {
 mod sentinel {
     use super::*;
     botfleet_testkit::coordinator_conformance!(Sentinel {
-        setup: SentinelSetup::start().unwrap()
+        setup: SentinelSetup::start().unwrap(),
+        groups: 1,
     });
+}
+
+/// The suite through Sentinel with the keys split into 8 coordination groups.
+mod sentinel_groups {
+    use super::*;
+    botfleet_testkit::coordinator_conformance!(Sentinel {
+        setup: SentinelSetup::start().unwrap(),
+        groups: 8,
+    });
+}
+
+/// With 8 groups a fleet's keys fall in exactly 8 hash tags — each group's under its own,
+/// the roster's under group 0's — whatever it does: workers registered in every group
+/// (liveness, epoch, write sequences there, metadata only in the roster), bots claimed and
+/// handed over, chats' turns taken, commands, events, locks, buckets, the journal. A bot of
+/// every group is granted (its group knows the worker live), and unregistering leaves no
+/// group's liveness behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keys_of_eight_groups_fall_in_eight_hash_tags() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::Duration;
+
+    use botfleet_coord::{ClaimOutcome, KeySpace, LifecycleEvent, RateLimit, WorkerCommand};
+    use botfleet_core::Fence;
+    use botfleet_testkit::coord_suite::{bid, meta, wid};
+
+    let server = RedisServer::start().unwrap();
+    let ks = KeySpace::with_groups("conf", 8).unwrap();
+    let a = coordinator(RedisConfig::new(server.url()), 8).await;
+    let b = coordinator(RedisConfig::new(server.url()), 8).await;
+    a.register(&wid("w-a"), &meta(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    b.register(&wid("w-b"), &meta(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let mut groups_granted = BTreeSet::new();
+    for i in 0..64 {
+        let bot = bid(&format!("bot-{i}"));
+        let ClaimOutcome::Granted(fence) = a.claim(&bot, Fence(0)).await.unwrap() else {
+            panic!("bot-{i} is not granted");
+        };
+        groups_granted.insert(ks.group_of_bot(&bot));
+        if i % 4 == 0 {
+            assert!(a.hand_over(&bot, fence, &wid("w-b")).await.unwrap());
+            assert!(matches!(
+                b.claim(&bot, Fence(0)).await.unwrap(),
+                ClaimOutcome::Granted(_)
+            ));
+        }
+        let chat = format!("bot-{i}/{}", i * 3);
+        let (_, turn) = b.turn_take(&chat, "k").await.unwrap();
+        assert!(
+            matches!(turn, botfleet_coord::Turn::Granted { .. }),
+            "{chat}: {turn:?}"
+        );
+    }
+    assert_eq!(
+        groups_granted.len(),
+        8,
+        "bots of every group: {groups_granted:?}"
+    );
+    a.send_command(&wid("w-b"), &WorkerCommand::Stop { bot: bid("bot-1") })
+        .await
+        .unwrap();
+    a.publish(&LifecycleEvent::Activate(bid("bot-1")))
+        .await
+        .unwrap();
+    assert!(a
+        .acquire_lock_fenced("x", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .is_some());
+    let limit = RateLimit {
+        per_second: 10.0,
+        burst: 10,
+    };
+    a.acquire_rate_many("connect", limit, 1).await.unwrap();
+    a.take_buckets(&[("tg:1", limit)]).await.unwrap();
+    a.journal_append(&["{}".to_owned()]).await.unwrap();
+    a.avoid(&bid("bot-1"), &wid("w-b"), Duration::from_secs(5))
+        .await
+        .unwrap();
+
+    let mut c = raw(server.url()).await;
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let mut tags = BTreeMap::<String, usize>::new();
+    for k in &keys {
+        let tag = k
+            .strip_prefix('{')
+            .and_then(|r| r.split_once('}'))
+            .unwrap_or_else(|| panic!("{k} has no hash tag"))
+            .0;
+        *tags.entry(tag.to_owned()).or_default() += 1;
+    }
+    let want: BTreeSet<String> = ks
+        .all_groups()
+        .map(|g| ks.group_tag(g).trim_matches(['{', '}']).to_owned())
+        .collect();
+    assert_eq!(
+        tags.keys().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "{keys:?}"
+    );
+    // Every group knows both workers; only the roster keeps their metadata.
+    for g in ks.all_groups() {
+        let members: BTreeMap<String, String> = ::redis::cmd("HGETALL")
+            .arg(ks.workers_in(g))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(members.len(), 2, "{g}: {members:?}");
+        let beats: i64 = ::redis::cmd("EXISTS")
+            .arg(ks.beats_in(g))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(beats, i64::from(g == botfleet_coord::Group::ZERO), "{g}");
+    }
+    assert_eq!(a.renew(0).await.unwrap(), botfleet_coord::Renewal::Renewed);
+    a.unregister().await.unwrap();
+    for g in ks.all_groups() {
+        let left: Vec<String> = ::redis::cmd("HKEYS")
+            .arg(ks.workers_in(g))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(left, ["w-b"], "{g}");
+    }
+}
+
+/// Every worker of a fleet uses one number of groups, recorded in the roster: a worker with
+/// another number is refused while the fleet has live workers — naming both numbers, leaving
+/// no liveness of its own in any group — and a fleet that began before groups (no record)
+/// counts as one group. Once every worker is gone, the fleet may start again with another
+/// number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_of_another_number_of_groups_is_refused() {
+    use std::time::Duration;
+
+    use botfleet_coord::CoordError;
+    use botfleet_testkit::coord_suite::{meta, wid};
+
+    let server = RedisServer::start().unwrap();
+    let lease = Duration::from_secs(10);
+    let mut c = raw(server.url()).await;
+    let a = coordinator(RedisConfig::new(server.url()), 8).await;
+    a.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    let b = coordinator(RedisConfig::new(server.url()), 4).await;
+    let e = b.register(&wid("w-b"), &meta(), lease).await.unwrap_err();
+    assert!(
+        matches!(e, CoordError::GroupsMismatch { ours: 4, fleet: 8 }),
+        "{e:?}"
+    );
+    let said = e.to_string();
+    assert!(
+        said.contains('4') && said.contains('8') && said.contains("--coord-groups"),
+        "{said}"
+    );
+    assert!(b.registration().is_none());
+    let ks = botfleet_coord::KeySpace::with_groups("conf", 8).unwrap();
+    for g in ks.all_groups() {
+        let members: Vec<String> = ::redis::cmd("HKEYS")
+            .arg(ks.workers_in(g))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(members, ["w-a"], "{g}");
+    }
+    // The same number joins.
+    let a2 = coordinator(RedisConfig::new(server.url()), 8).await;
+    a2.register(&wid("w-a2"), &meta(), lease).await.unwrap();
+    a2.unregister().await.unwrap();
+    // The fleet gone, another number starts it again and is recorded.
+    a.unregister().await.unwrap();
+    b.register(&wid("w-b"), &meta(), lease).await.unwrap();
+    let one = coordinator(RedisConfig::new(server.url()), 1).await;
+    assert!(matches!(
+        one.register(&wid("w-c"), &meta(), lease).await.unwrap_err(),
+        CoordError::GroupsMismatch { ours: 1, fleet: 4 }
+    ));
+    // A fleet without a record (its workers began before groups) has one group.
+    let _: () = ::redis::cmd("DEL")
+        .arg(ks.layout())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(matches!(
+        a.register(&wid("w-a"), &meta(), lease).await.unwrap_err(),
+        CoordError::GroupsMismatch { ours: 8, fleet: 1 }
+    ));
+    one.register(&wid("w-c"), &meta(), lease).await.unwrap();
 }

@@ -151,6 +151,8 @@ pub struct Metrics {
     held: AtomicI64,
     /// Unix ms when the grace window the worker last saw ends (0: none).
     grace_until_ms: AtomicI64,
+    /// Per coordination group in a grace window: unix ms when it ends.
+    grace_groups: Mutex<Vec<(botfleet_coord::Group, i64)>>,
     // std Mutex: held for one map update, never across .await.
     failures: Mutex<BTreeMap<(Platform, &'static str), u64>>,
     /// Per platform: undeliverable, redelivered, handler retries.
@@ -267,6 +269,23 @@ impl Metrics {
             botfleet_core::unix_ms() + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2)
         };
         self.grace_until_ms.store(until, Ordering::Relaxed);
+    }
+    /// The coordination groups in a grace window, with the time left in each (the others are
+    /// not): shown as [`GRACE_WINDOW_SECONDS`] with a `group` label, beside the fleet's.
+    pub fn set_group_graces(&self, each: &[(botfleet_coord::Group, std::time::Duration)]) {
+        let now = botfleet_core::unix_ms();
+        let mut groups: Vec<_> = each
+            .iter()
+            .filter(|(_, left)| !left.is_zero())
+            .map(|(g, left)| {
+                (
+                    *g,
+                    now + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2),
+                )
+            })
+            .collect();
+        groups.sort_unstable();
+        *self.grace_groups.lock().unwrap_or_else(|e| e.into_inner()) = groups;
     }
     /// Seconds left in the grace window the worker last saw.
     pub fn grace_left_s(&self) -> f64 {
@@ -463,6 +482,20 @@ impl Metrics {
             "# HELP {GRACE_WINDOW_SECONDS} Seconds left in the fleet's grace window after a coordinator data loss.\n# TYPE {GRACE_WINDOW_SECONDS} gauge\n{GRACE_WINDOW_SECONDS}{{worker_id=\"{w}\"}} {:.3}",
             self.grace_left_s()
         );
+        let now = botfleet_core::unix_ms();
+        for (g, until) in self
+            .grace_groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, until)| *until > now)
+        {
+            let _ = writeln!(
+                out,
+                "{GRACE_WINDOW_SECONDS}{{worker_id=\"{w}\",group=\"{g}\"}} {:.3}",
+                (until - now) as f64 / 1000.0
+            );
+        }
         for (name, help) in [
             (
                 MESSAGES_UNDELIVERABLE_TOTAL,
@@ -818,6 +851,29 @@ mod tests {
         assert!(!m
             .render("w-1")
             .contains("botfleet_grace_window_seconds{worker_id=\"w-1\"} 0.000"));
+        // Only the groups in a window are shown, each with its own time left.
+        assert!(!m.render("w-1").contains("group="));
+        m.set_group_graces(&[
+            (botfleet_coord::Group::ZERO, std::time::Duration::ZERO),
+            (
+                botfleet_coord::KeySpace::with_groups("p", 8)
+                    .unwrap()
+                    .all_groups()
+                    .nth(3)
+                    .unwrap(),
+                std::time::Duration::from_secs(30),
+            ),
+        ]);
+        let text = m.render("w-1");
+        assert!(!text.contains("group=\"g0\""), "{text}");
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("botfleet_grace_window_seconds{worker_id=\"w-1\",group=\"g3\"} ")
+            })
+            .unwrap_or_else(|| panic!("{text}"));
+        let left: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(left > 20.0 && left <= 30.0, "{line}");
     }
 
     #[test]

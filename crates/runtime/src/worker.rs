@@ -20,8 +20,8 @@ use std::{
 };
 
 use botfleet_coord::{
-    CoordError, Coordinator, EventCursor, LeaseHandle, LeaseKeeper, LeaseLost, LifecycleEvent,
-    MemberWatch, WorkerCommand, WorkerMeta,
+    CoordError, Coordinator, EpochInfo, EventCursor, LeaseHandle, LeaseKeeper, LeaseLost,
+    LifecycleEvent, MemberWatch, WorkerCommand, WorkerMeta,
 };
 use botfleet_core::{BotId, BotRecord, Clock, Fence, Platform, SystemClock, WorkerId};
 use botfleet_platform::Connector;
@@ -464,7 +464,13 @@ impl State {
     /// from the stream's head and the whole registry afresh. Events and commands published
     /// while this worker was away (or that a coordinator lost with its data) are covered by
     /// the registry read: it is the truth the events only hint at.
-    async fn start_keeper(&mut self) {
+    ///
+    /// # Errors
+    /// On the `first` registration, a fleet whose coordination groups are not this worker's
+    /// ([`CoordError::GroupsMismatch`]): the worker does not start. Later (this worker's
+    /// liveness lost, and meanwhile the fleet restarted with another number) it keeps trying,
+    /// saying why.
+    async fn start_keeper(&mut self, first: bool) -> Result<(), WorkerError> {
         let mut attempt = 0u32;
         loop {
             match LeaseKeeper::start(
@@ -485,6 +491,7 @@ impl State {
                     self.fenced = false;
                     break;
                 }
+                Err(e @ CoordError::GroupsMismatch { .. }) if first => return Err(e.into()),
                 Err(e) => {
                     warn!(worker = %self.me(), error = %e, "cannot register; retrying");
                     tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt.min(10) + 1)))
@@ -516,22 +523,37 @@ impl State {
         self.registry_stale = true;
         self.held_by.clear();
         self.check_grace().await;
+        Ok(())
     }
 
     /// Reads the fleet's grace window (after a coordinator data loss) into the metrics, and
     /// plans a pass for when it ends.
     async fn check_grace(&mut self) {
-        match self.w.coord.epoch().await {
-            Ok(Some(e)) if !e.grace_left.is_zero() => {
+        let each = match self.w.coord.group_epochs().await {
+            Ok(each) => each,
+            Err(e) => {
+                debug!(error = %e, "cannot read the fleet epoch");
+                return;
+            }
+        };
+        let graces: Vec<_> = each.iter().map(|(g, e)| (*g, e.grace_left)).collect();
+        self.w.metrics.set_group_graces(&graces);
+        match EpochInfo::combine(each.into_iter().map(|(_, e)| e)) {
+            Some(e) if !e.grace_left.is_zero() => {
+                let groups: Vec<String> = graces
+                    .iter()
+                    .filter(|(_, left)| !left.is_zero())
+                    .map(|(g, _)| g.to_string())
+                    .collect();
                 warn!(
                     left_ms = e.grace_left.as_millis() as u64,
+                    groups = %groups.join(","),
                     "the coordinator lost its data: bots that had owners wait out the grace window"
                 );
                 self.w.metrics.set_grace(e.grace_left);
                 self.wake_at(Instant::now() + e.grace_left);
             }
-            Ok(_) => self.w.metrics.set_grace(Duration::ZERO),
-            Err(e) => debug!(error = %e, "cannot read the fleet epoch"),
+            _ => self.w.metrics.set_grace(Duration::ZERO),
         }
     }
 
@@ -612,7 +634,7 @@ impl State {
         mut rx: mpsc::UnboundedReceiver<Signal>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), WorkerError> {
-        self.start_keeper().await;
+        self.start_keeper(true).await?;
         let forwarders = spawn_forwarders(&self.w.coord, self.w.cfg.lease, &self.tx);
         let (journal_stop, journal_task) = spawn_journal_forwarder(
             self.w.coord.clone(),
@@ -654,7 +676,7 @@ impl State {
                 why = async { match lease.as_ref() { Some(l) if !fenced => l.lost().await, _ => std::future::pending().await } } => {
                     self.self_fence(&why);
                     if matches!(why, LeaseLost::Revoked | LeaseLost::Stopped) {
-                        self.start_keeper().await;
+                        self.start_keeper(false).await?;
                         dirty = true;
                     }
                 }
@@ -700,7 +722,7 @@ impl State {
                             // The liveness is gone for good (e.g. we were frozen past it, or
                             // the coordinator lost it): register again as a new incarnation.
                             _ => {
-                                self.start_keeper().await;
+                                self.start_keeper(false).await?;
                                 dirty = true;
                             }
                         }

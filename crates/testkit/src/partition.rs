@@ -10,8 +10,9 @@ use std::{
 };
 
 use botfleet_coord::{
-    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, LifecycleEvent,
-    LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, WorkerCommand, WorkerMeta,
+    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, Group,
+    LifecycleEvent, LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result,
+    WorkerCommand, WorkerMeta,
 };
 use botfleet_core::{BotId, Fence, Incarnation, WorkerId};
 use tokio::sync::mpsc;
@@ -128,6 +129,16 @@ impl Coordinator for Partition {
     async fn epoch(&self) -> Result<Option<EpochInfo>> {
         self.check().await?;
         self.inner.epoch().await
+    }
+    fn groups(&self) -> u16 {
+        self.inner.groups()
+    }
+    fn group_of_bot(&self, bot: &BotId) -> Group {
+        self.inner.group_of_bot(bot)
+    }
+    async fn group_epochs(&self) -> Result<Vec<(Group, EpochInfo)>> {
+        self.check().await?;
+        self.inner.group_epochs().await
     }
     async fn acquire_rate_many(&self, k: &str, l: RateLimit, n: u32) -> Result<RateGrant> {
         self.check().await?;

@@ -1,8 +1,8 @@
 -- Extends a worker's liveness, only if it still holds this incarnation, has not expired, and
 -- Redis still has every write the worker made (none was lost to a restart or a failover).
 -- (Prefixed with epoch.lua.)
--- KEYS[1] workers, KEYS[2] deadlines, KEYS[3] meta, KEYS[4] beats, KEYS[5] epoch, KEYS[6] seqs
--- (see register.lua)
+-- KEYS[1] workers, KEYS[2] deadlines, KEYS[3] epoch, KEYS[4] seqs; the roster's also KEYS[5]
+-- meta and KEYS[6] beats (see register.lua): in one coordination group
 -- ARGV[1] worker id, ARGV[2] incarnation, ARGV[3] lease ms, ARGV[4] metadata JSON,
 -- ARGV[5] the epoch id the caller registered in, ARGV[6] the highest write sequence the
 -- caller was answered, ARGV[7] grace ms (the longest lease in the fleet), ARGV[8] id for a new
@@ -14,16 +14,16 @@
 -- renewals may be lost too, so their liveness looks shorter here than they believe. Until one
 -- grace from now, no bot that had an owner is granted (a fleet-wide hold, see claim.lua).
 local now = now_ms()
-local e = fleet_epoch(KEYS[5], now, ARGV[5], tonumber(ARGV[7]), ARGV[8])
+local e = fleet_epoch(KEYS[3], now, ARGV[5], tonumber(ARGV[7]), ARGV[8])
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   return 0
 end
 -- Before the deadline: a rolled-back deadline may have passed already, and that is the very
 -- case that must start the hold.
-if tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '0') < tonumber(ARGV[6]) then
+if tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0') < tonumber(ARGV[6]) then
   local till = now + tonumber(ARGV[7])
   if e.id and till > e.hold then
-    redis.call('HSET', KEYS[5], 'hold', string.format('%d', till), 'lost', '1')
+    redis.call('HSET', KEYS[3], 'hold', string.format('%d', till), 'lost', '1')
   end
   return 0
 end
@@ -35,6 +35,8 @@ if ARGV[5] ~= '' and e.id ~= ARGV[5] then
   return 0
 end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
-redis.call('HSET', KEYS[4], ARGV[1], now)
-return redis.call('HINCRBY', KEYS[6], ARGV[1], 1)
+if #KEYS >= 6 then
+  redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])
+  redis.call('HSET', KEYS[6], ARGV[1], now)
+end
+return redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
