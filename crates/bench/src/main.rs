@@ -2,7 +2,7 @@
 //!
 //! Run with: `cargo build --release -p botfleet -p botfleet-bench && target/release/botfleet-bench`
 //! (`--quick` for 1,000 bots only;
-//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|loss|turn|hooks|sends|held|streams|files|whatsapp-idle`
+//! `--only idle|slack|slack-idle|slack-refresh|discord|discord-idle|discord-cold|discord-failover|reclaim|moves|failover|coord|loss|turn|hooks|sends|held|streams|files|whatsapp-idle`
 //! for one part). It prints,
 //! for 1,000 and 10,000 bots: time from start to all bots polling at a given connect rate,
 //! then RSS and CPU of the idle worker (10 s poll timeout); the time from `kill -9` of one of
@@ -476,6 +476,20 @@ async fn main() -> anyhow::Result<()> {
     if only.as_deref().is_none_or(|o| o == "failover") {
         let per = arg("--size").unwrap_or(if quick { 2_000 } else { 10_000 });
         moves::failover(per).await?;
+    }
+    if only.as_deref().is_none_or(|o| o == "coord") {
+        // `--size N` for one size, `--groups G` for one number of groups.
+        let sizes: Vec<usize> = match arg("--size") {
+            Some(n) => vec![n],
+            None if quick => vec![1_000],
+            None => vec![1_000, 10_000],
+        };
+        let groups: Vec<u16> = match arg::<u16>("--groups") {
+            Some(g) => vec![g],
+            None => vec![1, 16, 64],
+        };
+        let window = Duration::from_secs(arg("--window-s").unwrap_or(30));
+        moves::coord_load(&sizes, &groups, window).await?;
     }
     if only.as_deref().is_none_or(|o| o == "loss") {
         moves::data_loss(if quick { 200 } else { 2_000 }).await?;

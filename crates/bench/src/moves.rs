@@ -438,3 +438,89 @@ pub(crate) async fn data_loss(n: usize) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Redis's `INFO commandstats`, summed: (scripts run, every command — a script's own calls
+/// included).
+fn command_counts(redis: &RedisServer) -> anyhow::Result<(u64, u64)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", redis.port()))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n") {
+        s.read_exact(&mut byte)?;
+        head.push(byte[0]);
+    }
+    let len: usize = std::str::from_utf8(&head[1..head.len() - 2])?.parse()?;
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body)?;
+    let (mut scripts, mut all) = (0, 0);
+    for line in String::from_utf8_lossy(&body).lines() {
+        let Some((name, stats)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let calls: u64 = stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        all += calls;
+        if name == "evalsha" || name == "eval" {
+            scripts += calls;
+        }
+    }
+    Ok((scripts, all))
+}
+
+/// Redis load of one worker at steady state (every bot polling, nothing changing), by
+/// number of bots and of coordination groups: a renewal per group each lease/3 and the
+/// worker's own reads, none per bot.
+pub(crate) async fn coord_load(
+    sizes: &[usize],
+    groups: &[u16],
+    window: Duration,
+) -> anyhow::Result<()> {
+    let lease_ms = 15_000;
+    let limit = Duration::from_secs(300);
+    for &n in sizes {
+        let shards = Shards::start(n, 10_000)?;
+        let all: Vec<usize> = (0..n).collect();
+        for &g in groups {
+            let fleet = fleet_at(n, lease_ms, |i| shards.url_of(i)).await?;
+            let t = SystemTime::now();
+            let g_arg = g.to_string();
+            let _w = fleet.worker_with(
+                "a",
+                free_port()?,
+                &[
+                    "--poll-timeout-s",
+                    "9",
+                    "--connect-rate",
+                    "100000",
+                    "--coord-groups",
+                    &g_arg,
+                ],
+            )?;
+            polled(&shards, "every bot polling", &all, t, limit).await?;
+            // Past the start's claims and the first renewals.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let (s0, c0) = command_counts(&fleet.redis)?;
+            let t0 = Instant::now();
+            tokio::time::sleep(window).await;
+            let (s1, c1) = command_counts(&fleet.redis)?;
+            let secs = t0.elapsed().as_secs_f64();
+            println!(
+                "{n:>6} bots, {g:>4} coordination groups: {:.1} scripts/s, {:.1} Redis commands/s (scripts' own calls included), one worker at steady state, lease {:.0} s, over {:.0} s",
+                (s1 - s0) as f64 / secs,
+                (c1 - c0) as f64 / secs,
+                lease_ms as f64 / 1000.0,
+                secs
+            );
+        }
+    }
+    Ok(())
+}
