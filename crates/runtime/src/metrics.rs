@@ -263,34 +263,23 @@ impl Metrics {
     }
     /// The fleet is in a grace window for `left` more (zero: not in one).
     pub fn set_grace(&self, left: std::time::Duration) {
-        let until = if left.is_zero() {
-            0
-        } else {
-            botfleet_core::unix_ms() + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2)
-        };
+        let until = if left.is_zero() { 0 } else { ends_at(left) };
         self.grace_until_ms.store(until, Ordering::Relaxed);
     }
     /// The coordination groups in a grace window, with the time left in each (the others are
     /// not): shown as [`GRACE_WINDOW_SECONDS`] with a `group` label, beside the fleet's.
     pub fn set_group_graces(&self, each: &[(botfleet_coord::Group, std::time::Duration)]) {
-        let now = botfleet_core::unix_ms();
         let mut groups: Vec<_> = each
             .iter()
             .filter(|(_, left)| !left.is_zero())
-            .map(|(g, left)| {
-                (
-                    *g,
-                    now + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2),
-                )
-            })
+            .map(|(g, left)| (*g, ends_at(*left)))
             .collect();
         groups.sort_unstable();
         *self.grace_groups.lock().unwrap_or_else(|e| e.into_inner()) = groups;
     }
     /// Seconds left in the grace window the worker last saw.
     pub fn grace_left_s(&self) -> f64 {
-        let until = self.grace_until_ms.load(Ordering::Relaxed);
-        (until - botfleet_core::unix_ms()).max(0) as f64 / 1000.0
+        seconds_until(self.grace_until_ms.load(Ordering::Relaxed))
     }
     /// A message was recorded as undeliverable.
     pub fn undeliverable(&self, p: Platform) {
@@ -493,7 +482,7 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "{GRACE_WINDOW_SECONDS}{{worker_id=\"{w}\",group=\"{g}\"}} {:.3}",
-                (until - now) as f64 / 1000.0
+                seconds_until(*until)
             );
         }
         for (name, help) in [
@@ -820,6 +809,16 @@ fn process_stats() -> (Option<u64>, Option<u64>) {
         .ok()
         .map(|d| d.count() as u64);
     (rss, fds)
+}
+
+/// Unix ms `left` from now (a grace window's end).
+fn ends_at(left: std::time::Duration) -> i64 {
+    botfleet_core::unix_ms() + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+/// Seconds from now until unix ms `until` (0 once past).
+fn seconds_until(until: i64) -> f64 {
+    (until - botfleet_core::unix_ms()).max(0) as f64 / 1000.0
 }
 
 #[cfg(test)]
