@@ -987,6 +987,66 @@ async fn a_hung_coordinator_link_cannot_hold_up_the_fence() {
     w.shutdown().await;
 }
 
+/// A claim granted to a registration that is gone by the time its answer is read starts
+/// nothing: the worker's liveness is lost (the coordinator's data wiped) while the answer is on
+/// its way back, the worker registers again, then the answer arrives. The bot runs only once
+/// claimed again, under the live registration — never on an owner record that names none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_after_the_worker_registered_again_starts_nothing() {
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, 1).await;
+    let hub = MemoryHub::new();
+    let link = botfleet_testkit::Partition::new(Arc::new(hub.coordinator()));
+    link.hold_claim_answers(true);
+    let w = start(config("w0"), Arc::new(link.clone()), store.clone());
+    wait_for(
+        "the claim granted, its answer held",
+        Duration::from_secs(20),
+        || async { (link.claim_answers_held() == 1).then_some(()) },
+    )
+    .await;
+    hub.wipe();
+    wait_for(
+        "the worker registered again",
+        Duration::from_secs(20),
+        || async {
+            let m = w.metrics.render("w0");
+            let n: u64 = m
+                .lines()
+                .find(|l| l.starts_with("botfleet_registrations_total"))
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or(0);
+            (n >= 2).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !fake.state().is_polling(&token(0)),
+        "nothing runs while the answer is held"
+    );
+    link.hold_claim_answers(false);
+    wait_for("the bot polling", Duration::from_secs(20), || async {
+        fake.state().is_polling(&token(0)).then_some(())
+    })
+    .await;
+    let owner = hub.coordinator().owner(&bots[0]).await.unwrap();
+    let live = hub.coordinator().live_workers().await.unwrap();
+    let owner = owner.expect("the running bot has an owner record");
+    assert!(
+        owner.live,
+        "the bot runs on a claim of a registration that is gone: {owner:?}"
+    );
+    assert_eq!(
+        Some(&owner.incarnation),
+        live.iter()
+            .find(|l| l.id.as_str() == "w0")
+            .map(|l| &l.incarnation),
+        "the claim is the live registration's"
+    );
+    w.shutdown().await;
+}
+
 /// A hand-over whose Take never reaches its target is not left waiting for the next registry
 /// read: the target, answered `Held` when it first asked for its share, asks again within a
 /// lease and finds the bots handed to it. (The target's command list holds a string, so each

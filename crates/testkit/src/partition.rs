@@ -19,12 +19,17 @@ use tokio::sync::mpsc;
 
 /// Wraps a coordinator; while [`Partition::cut`] is on, every call fails as if the backend
 /// were unreachable; while [`Partition::hang`] is on, every call waits (with no answer and no
-/// error, as on a link whose packets are dropped) until the link is healed.
+/// error, as on a link whose packets are dropped) until the link is healed; while
+/// [`Partition::hold_claim_answers`] is on, a claim reaches the backend but its answer waits
+/// (as on a link slow on the way back).
 #[derive(Debug, Clone)]
 pub struct Partition {
     inner: Arc<dyn Coordinator>,
     cut: Arc<AtomicBool>,
     hung: tokio::sync::watch::Sender<bool>,
+    claims_held: tokio::sync::watch::Sender<bool>,
+    /// Claims the backend answered whose answers are waiting now.
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Partition {
@@ -34,7 +39,20 @@ impl Partition {
             inner,
             cut: Arc::new(AtomicBool::new(false)),
             hung: tokio::sync::watch::Sender::new(false),
+            claims_held: tokio::sync::watch::Sender::new(false),
+            waiting: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         }
+    }
+
+    /// Holds the answers of claims (`true`) — each claim is made, its answer kept from the
+    /// caller — until let go (`false`).
+    pub fn hold_claim_answers(&self, on: bool) {
+        self.claims_held.send_replace(on);
+    }
+
+    /// Claims made whose answers [`Self::hold_claim_answers`] is keeping now.
+    pub fn claim_answers_held(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// Makes every call hang (`true`) until healed (`false`); calls hung meanwhile then go on.
@@ -87,7 +105,15 @@ impl Coordinator for Partition {
     }
     async fn claim(&self, b: &BotId, f: Fence) -> Result<ClaimOutcome> {
         self.check().await?;
-        self.inner.claim(b, f).await
+        let answer = self.inner.claim(b, f).await;
+        let mut held = self.claims_held.subscribe();
+        if *held.borrow() {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            // The sender lives as long as `self`: this ends only when let go.
+            let _ = held.wait_for(|h| !*h).await;
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        answer
     }
     async fn release(&self, b: &BotId, f: Fence) -> Result<bool> {
         self.check().await?;

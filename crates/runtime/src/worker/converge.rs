@@ -12,9 +12,9 @@ use std::{
 
 use botfleet_coord::{
     placement::{Ring, RingConfig, DEFAULT_BALANCE},
-    ClaimOutcome, Coordinator, LiveWorker, WorkerCommand,
+    ClaimOutcome, Coordinator, LeaseHandle, LiveWorker, WorkerCommand,
 };
-use botfleet_core::{BotId, BotStatus, Fence, WorkerId};
+use botfleet_core::{BotId, BotStatus, Fence, Incarnation, WorkerId};
 use botfleet_store::Store;
 use futures_util::{future::join_all, stream, StreamExt};
 use tokio::{
@@ -407,6 +407,11 @@ impl State {
         if wanted.is_empty() {
             return;
         }
+        // The registration the claims are made under, taken before they are sent: an answer
+        // read after this worker registered again belongs to the earlier one.
+        let Some(under) = self.lease.as_ref().map(|l| l.incarnation().clone()) else {
+            return;
+        };
         debug!(bots = wanted.len(), "claiming");
         self.claiming.extend(wanted.iter().cloned());
         let (coord, store, slots, tx) = (
@@ -419,15 +424,20 @@ impl State {
             let chunks: Vec<Vec<BotId>> = wanted.chunks(CLAIM_BATCH).map(<[_]>::to_vec).collect();
             stream::iter(chunks)
                 .for_each_concurrent(4, |chunk| {
-                    let (coord, store, slots, tx) =
-                        (coord.clone(), store.clone(), slots.clone(), tx.clone());
+                    let (coord, store, slots, tx, under) = (
+                        coord.clone(),
+                        store.clone(),
+                        slots.clone(),
+                        tx.clone(),
+                        under.clone(),
+                    );
                     async move {
                         let results = {
                             let _slots = slots.acquire_many(chunk.len() as u32).await;
                             claim_many(&*coord, &*store, chunk).await
                         };
                         for (bot, r) in results {
-                            let _ = tx.send(Signal::Claimed(bot, r));
+                            let _ = tx.send(Signal::Claimed(bot, r, under.clone()));
                         }
                     }
                 })
@@ -435,12 +445,28 @@ impl State {
         });
     }
 
-    /// A claim job answered; answers whether placement should be looked at again.
-    pub(super) fn on_claimed(&mut self, bot: BotId, result: ClaimResult) -> bool {
+    /// A claim job answered (the claim made under registration `under`); answers whether
+    /// placement should be looked at again.
+    pub(super) fn on_claimed(
+        &mut self,
+        bot: BotId,
+        result: ClaimResult,
+        under: &Incarnation,
+    ) -> bool {
         if !self.claiming.remove(&bot) {
             return false;
         }
         match result {
+            ClaimResult::Granted(_)
+                if self.lease.as_ref().map(LeaseHandle::incarnation) != Some(under) =>
+            {
+                // Granted to an earlier registration of ours, whose liveness is gone (the
+                // answer was on its way while this worker registered again): the owner
+                // record names a dead incarnation, so another worker may claim the bot at any
+                // moment. Nothing runs on it; the next pass claims again.
+                debug!(%bot, "a claim granted to an earlier registration; claiming again");
+                true
+            }
             ClaimResult::Granted(fence) => {
                 self.w.metrics.claim();
                 let handed = self.takes.remove(&bot);
