@@ -69,6 +69,39 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// The registration of this handle, if any.
     fn registration(&self) -> Option<(WorkerId, Incarnation)>;
 
+    /// This handle's incarnation in group `g`: the registration's own, or the one `g` was
+    /// joined again with ([`Coordinator::rejoin_group`]). A grant in `g` belongs to the
+    /// incarnation this answered just before the call.
+    fn registration_in(&self, g: Group) -> Option<(WorkerId, Incarnation)> {
+        let _ = g;
+        self.registration()
+    }
+
+    /// [`Coordinator::renew_with`] with each group's answer apart, in group order: a group
+    /// that answered [`Renewal::Lost`] is not renewed again (it answers `Lost` at once, with no
+    /// call, so a group that went back in time is not pushed further into its hold) until it
+    /// is joined again ([`Coordinator::rejoin_group`]) or the worker registers again. Groups
+    /// are independent: one lost or not answering says nothing of the others' grants.
+    async fn renew_groups(&self, bots_held: u32, rss_bytes: u64) -> Vec<(Group, Result<Renewal>)> {
+        vec![(Group::ZERO, self.renew_with(bots_held, rss_bytes).await)]
+    }
+
+    /// Joins group `g` again under a fresh incarnation there, after its liveness in `g` was
+    /// lost (the group lost its data, or this worker's deadline there passed): every grant
+    /// held in `g` under the earlier incarnation is void (a call of it still in flight is
+    /// refused), the other groups' grants stay good. Group 0 also holds the roster: joining
+    /// it again announces a join. A group that lost its data starts its grace window.
+    ///
+    /// # Errors
+    /// [`CoordError::NotRegistered`](crate::CoordError) before `register`;
+    /// [`CoordError::InvalidArgument`](crate::CoordError) for a backend with one group
+    /// (register again instead); backend failures.
+    async fn rejoin_group(&self, g: Group) -> Result<Incarnation> {
+        Err(crate::CoordError::InvalidArgument(format!(
+            "this coordinator has one coordination group: register again instead of joining {g} again"
+        )))
+    }
+
     /// Every worker whose liveness is current, sorted by id.
     ///
     /// # Errors
@@ -224,9 +257,21 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
         1
     }
 
+    /// Every coordination group, in order.
+    fn all_groups(&self) -> Vec<Group> {
+        vec![Group::ZERO]
+    }
+
     /// The coordination group of `bot`'s owner record and fence.
     fn group_of_bot(&self, bot: &BotId) -> Group {
         let _ = bot;
+        Group::ZERO
+    }
+
+    /// The coordination group of a chat's turn queue (`chat`: the key [`Coordinator::turn_take`]
+    /// takes).
+    fn group_of_chat(&self, chat: &str) -> Group {
+        let _ = chat;
         Group::ZERO
     }
 

@@ -11,6 +11,13 @@
 //! the clock and `t_ok`. Each bot task waits on it beside its poll or socket, so a worker whose
 //! control loop is stuck in a coordinator call (a hung Redis link) still stops every bot on
 //! time.
+//!
+//! With its coordination groups kept apart ([`LeaseKeeper::start_with`]), the keeper keeps a
+//! `t_ok` per group: a group that does not answer fences only the handles of that group
+//! ([`LeaseHandle::in_group`]), and a group where the liveness was lost (its data lost, or
+//! this worker's deadline there passed) is joined again under a fresh incarnation at once,
+//! its earlier handles revoked for good. The roster's group (0) is the whole lease: lost
+//! there, the worker registers again.
 
 use std::{
     sync::{
@@ -21,10 +28,11 @@ use std::{
 };
 
 use botfleet_core::{Clock, Incarnation, WorkerId};
+use futures_util::future::join_all;
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::{info, warn};
 
-use crate::{Coordinator, Renewal, Result, WorkerMeta};
+use crate::{Coordinator, Group, Renewal, Result, WorkerMeta};
 
 /// Why a lease is no longer good.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -41,18 +49,31 @@ pub enum LeaseLost {
     Stopped,
 }
 
+/// One coordination group's renewals, when groups are kept apart.
+#[derive(Debug)]
+struct GroupState {
+    /// Monotonic ms at which the last renewal that succeeded in the group was sent;
+    /// `u64::MAX` while the liveness there is lost (until the group is joined again).
+    t_ok: AtomicU64,
+    /// How many times the group was joined again: a handle of an earlier one is revoked.
+    generation: AtomicU64,
+}
+
 #[derive(Debug)]
 struct Shared {
     clock: Arc<dyn Clock>,
     lease_ms: u64,
     /// Monotonic ms at which the last successful renewal was sent; `u64::MAX` once revoked.
+    /// With groups kept apart, the roster's (group 0's); else one that every group answered.
     t_ok: AtomicU64,
+    /// Each group's, in group order, when groups are kept apart (else empty).
+    groups: Vec<GroupState>,
     bots_held: AtomicU32,
 }
 
 impl Shared {
-    fn check(&self) -> Result<(), LeaseLost> {
-        let t_ok = self.t_ok.load(Ordering::SeqCst);
+    /// Whether acting on a renewal sent at `t_ok` is safe now.
+    fn fresh(&self, t_ok: u64) -> Result<(), LeaseLost> {
         if t_ok == u64::MAX {
             return Err(LeaseLost::Revoked);
         }
@@ -62,17 +83,78 @@ impl Shared {
         }
         Ok(())
     }
+
+    fn check(&self) -> Result<(), LeaseLost> {
+        self.fresh(self.t_ok.load(Ordering::SeqCst))
+    }
+
+    /// The check of a handle of group `k` (its `generation`): revoked with the whole lease
+    /// (the roster's liveness lost: every group's is), else the group's own renewals.
+    fn check_group(&self, k: usize, generation: u64) -> Result<(), LeaseLost> {
+        let whole = self.t_ok.load(Ordering::SeqCst);
+        if whole == u64::MAX {
+            return Err(LeaseLost::Revoked);
+        }
+        match self.groups.get(k).filter(|_| k > 0) {
+            None => self.fresh(whole),
+            Some(g) => {
+                if g.generation.load(Ordering::SeqCst) != generation {
+                    return Err(LeaseLost::Revoked);
+                }
+                self.fresh(g.t_ok.load(Ordering::SeqCst))
+            }
+        }
+    }
+
+    /// Group `k`'s generation now (0 without groups kept apart).
+    fn generation(&self, k: usize) -> u64 {
+        self.groups
+            .get(k)
+            .map_or(0, |s| s.generation.load(Ordering::SeqCst))
+    }
+
+    /// Whether each part is unsafe now: the whole lease, then each group's (generation
+    /// aside: a group joined again is safe again for new handles).
+    fn unsafe_parts(&self) -> Vec<bool> {
+        std::iter::once(self.check().is_err())
+            .chain(
+                self.groups
+                    .iter()
+                    .skip(1)
+                    .map(|g| self.fresh(g.t_ok.load(Ordering::SeqCst)).is_err()),
+            )
+            .collect()
+    }
+
+    /// When the next part now safe turns unsafe (monotonic ms), if any is safe.
+    fn next_fall(&self) -> Option<u64> {
+        let span = self.lease_ms * 2 / 3;
+        std::iter::once(self.t_ok.load(Ordering::SeqCst))
+            .chain(
+                self.groups
+                    .iter()
+                    .skip(1)
+                    .map(|g| g.t_ok.load(Ordering::SeqCst)),
+            )
+            .filter(|t| *t != u64::MAX)
+            .map(|t| t.saturating_add(span))
+            .filter(|at| *at > self.clock.now_ms())
+            .min()
+    }
 }
 
-/// A cheap, cloneable view of a running [`LeaseKeeper`].
+/// A cheap, cloneable view of a running [`LeaseKeeper`]: of the whole lease, or of one
+/// coordination group's part of it ([`LeaseHandle::in_group`]).
 #[derive(Clone, Debug)]
 pub struct LeaseHandle {
     shared: Arc<Shared>,
-    /// `true` while acting is not safe; flipped by the keeper's fence timer on transitions
-    /// only, so its waiters are not woken by every renewal.
-    fence: watch::Receiver<bool>,
+    /// Bumped by the keeper's fence timer each time some part turns unsafe or safe again
+    /// (transitions only, so its waiters are not woken by every renewal).
+    fence: watch::Receiver<u64>,
     worker: WorkerId,
     incarnation: Incarnation,
+    /// The group this handle is for, and its generation then (`None`: the whole lease).
+    group: Option<(usize, u64)>,
 }
 
 impl LeaseHandle {
@@ -82,29 +164,58 @@ impl LeaseHandle {
     /// # Errors
     /// [`LeaseLost`] says why not.
     pub fn check(&self) -> Result<(), LeaseLost> {
-        self.shared.check()
+        match self.group {
+            None => self.shared.check(),
+            Some((k, generation)) => self.shared.check_group(k, generation),
+        }
     }
 
     /// Resolves when the lease is no longer safe to act on (see [`LeaseHandle::check`]); at
     /// once if it already is not. Driven by the keeper's own fence timer, never by a
     /// coordinator call: it resolves at the latest a few milliseconds after
     /// `t_ok + 2/3 · lease`, whatever else the worker is awaiting. It takes `&self`, wakes
-    /// only when the lease turns unsafe (not on every renewal) and holds no timer of its own,
-    /// so thousands of bot tasks can wait on it beside their polls.
+    /// only when some part of the lease turns unsafe or safe again (not on every renewal) and
+    /// holds no timer of its own, so thousands of bot tasks can wait on it beside their polls.
     pub async fn lost(&self) -> LeaseLost {
         let mut fence = self.fence.clone();
         loop {
-            if let Err(e) = self.shared.check() {
+            // Marked seen before the check: a flip after it wakes the wait below.
+            fence.borrow_and_update();
+            if let Err(e) = self.check() {
                 return e;
             }
-            // Safe now. A raised flag is stale (a renewal landed since): wait for the timer to
-            // lower it; a lowered one, for the timer to raise it.
-            let up = *fence.borrow_and_update();
-            if fence.wait_for(|f| *f != up).await.is_err() {
+            if fence.changed().await.is_err() {
                 // Keeper gone.
-                return self.shared.check().err().unwrap_or(LeaseLost::Stopped);
+                return self.check().err().unwrap_or(LeaseLost::Stopped);
             }
         }
+    }
+
+    /// The view of group `g`'s part of the lease: with groups kept apart, it fails when `g`
+    /// is not renewed in time (the roster's group late does not fail the others), when the
+    /// whole lease is revoked, and for good once `g` is joined again (the grants it guards
+    /// were the earlier incarnation's there); a handle taken while `g` is lost is already
+    /// revoked. Take it before the call whose grant it guards. Without groups kept apart, the
+    /// whole lease. [`LeaseHandle::incarnation`] stays the registration's: a group's own is
+    /// [`Coordinator::registration_in`].
+    #[must_use]
+    pub fn in_group(&self, g: Group) -> Self {
+        let k = usize::from(g.index());
+        let generation = self.shared.generation(k);
+        Self {
+            group: Some((k, generation)),
+            ..self.clone()
+        }
+    }
+
+    /// [`LeaseHandle::check`] of group `g`'s part as it is now: whether a grant in `g`
+    /// asked for now could be acted on (see [`LeaseHandle::in_group`]).
+    ///
+    /// # Errors
+    /// [`LeaseLost`] says why not.
+    pub fn check_in(&self, g: Group) -> Result<(), LeaseLost> {
+        let k = usize::from(g.index());
+        self.shared.check_group(k, self.shared.generation(k))
     }
 
     /// Sets the bot count reported on the next renewal.
@@ -135,7 +246,8 @@ pub struct LeaseKeeper {
 }
 
 impl LeaseKeeper {
-    /// Registers `worker` on `coord` and starts renewing every `lease / 3`.
+    /// Registers `worker` on `coord` and starts renewing every `lease / 3`; a group lost or
+    /// not answering counts for the whole lease.
     ///
     /// # Errors
     /// Registration failures (backend unreachable, lease out of range).
@@ -146,17 +258,46 @@ impl LeaseKeeper {
         meta: WorkerMeta,
         lease: Duration,
     ) -> Result<Self> {
+        Self::start_with(coord, clock, worker, meta, lease, false).await
+    }
+
+    /// [`LeaseKeeper::start`], with the coordination groups kept apart when `groups_apart`
+    /// (see the module's notes): the whole lease is then the roster's group's.
+    ///
+    /// # Errors
+    /// Registration failures (backend unreachable, lease out of range).
+    pub async fn start_with(
+        coord: Arc<dyn Coordinator>,
+        clock: Arc<dyn Clock>,
+        worker: WorkerId,
+        meta: WorkerMeta,
+        lease: Duration,
+        groups_apart: bool,
+    ) -> Result<Self> {
         let t_send = clock.now_ms();
         let incarnation = coord.register(&worker, &meta, lease).await?;
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        let groups = if groups_apart {
+            coord
+                .all_groups()
+                .iter()
+                .map(|_| GroupState {
+                    t_ok: AtomicU64::new(t_send),
+                    generation: AtomicU64::new(0),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let shared = Arc::new(Shared {
             clock,
             lease_ms,
             t_ok: AtomicU64::new(t_send),
+            groups,
             bots_held: AtomicU32::new(meta.bots_held),
         });
-        let (tx, rx) = watch::channel(t_send);
-        let (fence_tx, fence_rx) = watch::channel(false);
+        let (tx, rx) = watch::channel(0u64);
+        let (fence_tx, fence_rx) = watch::channel(0u64);
         let task = tokio::spawn(renew_loop(coord, shared.clone(), tx, worker.clone()));
         let timer = tokio::spawn(fence_timer(shared.clone(), rx, fence_tx));
         Ok(Self {
@@ -165,6 +306,7 @@ impl LeaseKeeper {
                 fence: fence_rx,
                 worker,
                 incarnation,
+                group: None,
             },
             task,
             timer,
@@ -191,37 +333,35 @@ impl Drop for LeaseKeeper {
     }
 }
 
-/// Flips `fence` to `true` at `t_ok + 2/3 · lease` and back to `false` when a renewal makes
-/// acting safe again. It awaits only the clock and `t_ok`'s changes, never the coordinator:
-/// however long a renewal (or any other call) hangs on a dead link, the fence falls on time.
+/// Bumps `fence` when a part of the lease turns unsafe (at its `t_ok + 2/3 · lease`) and when
+/// a renewal makes it safe again. It awaits only the clock and the renewals' notices, never
+/// the coordinator: however long a renewal (or any other call) hangs on a dead link, the
+/// fence falls on time. O(groups) a wake-up.
 async fn fence_timer(
     shared: Arc<Shared>,
     mut changed: watch::Receiver<u64>,
-    fence: watch::Sender<bool>,
+    fence: watch::Sender<u64>,
 ) {
+    let mut was = shared.unsafe_parts();
     loop {
-        let unsafe_now = shared.check().is_err();
-        fence.send_if_modified(|f| {
-            let flip = *f != unsafe_now;
-            *f = unsafe_now;
-            flip
-        });
-        let t_ok = shared.t_ok.load(Ordering::SeqCst);
-        if t_ok == u64::MAX {
-            // Revoked for good; the flag stays up.
+        let now_unsafe = shared.unsafe_parts();
+        if now_unsafe != was {
+            was = now_unsafe;
+            fence.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        if shared.t_ok.load(Ordering::SeqCst) == u64::MAX {
+            // Revoked for good: every handle fails from now on.
+            fence.send_modify(|n| *n = n.wrapping_add(1));
             return;
         }
-        // Until the lease turns unsafe (or, once it has, until a renewal lands).
-        let wait = if unsafe_now {
-            None
-        } else {
-            let stop_at = t_ok.saturating_add(shared.lease_ms * 2 / 3);
-            Some(stop_at.saturating_sub(shared.clock.now_ms()))
-        };
+        // Until the next part turns unsafe (or, with none safe, until a renewal lands).
+        let wait = shared
+            .next_fall()
+            .map(|at| at.saturating_sub(shared.clock.now_ms()));
         tokio::select! {
             r = changed.changed() => if r.is_err() {
                 // The renewals ended (keeper stopped): nothing will make acting safe again.
-                fence.send_replace(true);
+                fence.send_modify(|n| *n = n.wrapping_add(1));
                 return;
             },
             () = async {
@@ -243,45 +383,129 @@ async fn renew_loop(
     let period = Duration::from_millis((shared.lease_ms / 3).max(1));
     // After a failure, try again sooner, but not in a tight loop.
     let retry = Duration::from_millis((shared.lease_ms / 10).clamp(20, 1000));
+    let budget = Duration::from_millis(shared.lease_ms / 3);
     let mut next = period;
     loop {
         tokio::time::sleep(next).await;
         let t_send = shared.clock.now_ms();
         // A renewal that takes longer than the lease is useless: its answer would be stale.
         let answer = tokio::time::timeout(
-            Duration::from_millis(shared.lease_ms / 3),
-            coord.renew_with(shared.bots_held.load(Ordering::Relaxed), rss_bytes()),
+            budget,
+            coord.renew_groups(shared.bots_held.load(Ordering::Relaxed), rss_bytes()),
         )
         .await;
-        match answer {
-            Ok(Ok(Renewal::Renewed)) => {
-                if shared.t_ok.load(Ordering::SeqCst) != u64::MAX {
-                    shared.t_ok.store(t_send, Ordering::SeqCst);
-                    let _ = tx.send(t_send);
+        next = match answer {
+            Ok(answers) => match take_answers(&*coord, &shared, &worker, t_send, answers).await {
+                Some(true) => period,
+                Some(false) => retry,
+                None => {
+                    warn!(%worker, "liveness lost in the coordinator; stopping bots");
+                    shared.t_ok.store(u64::MAX, Ordering::SeqCst);
+                    tx.send_modify(|n| *n = n.wrapping_add(1));
+                    return;
                 }
-                next = period;
-            }
-            Ok(Ok(Renewal::Lost)) => {
-                warn!(%worker, "liveness lost in the coordinator; stopping bots");
-                shared.t_ok.store(u64::MAX, Ordering::SeqCst);
-                let _ = tx.send(u64::MAX);
-                return;
-            }
-            Ok(Err(e)) => {
-                warn!(%worker, error = %e, "lease renewal failed; retrying");
-                next = retry;
-            }
+            },
             Err(_) => {
                 warn!(%worker, "lease renewal timed out; retrying");
-                next = retry;
+                retry
             }
-        }
+        };
+        // Wake the timer: a part may be safe again, or (nothing renewed) due to fall.
+        tx.send_modify(|n| *n = n.wrapping_add(1));
         if shared.check().is_err() {
-            // Wake watchers so they notice the expiry even though nothing was renewed.
-            let _ = tx.send(shared.t_ok.load(Ordering::SeqCst));
             info!(%worker, "lease no longer safe to act on");
         }
     }
+}
+
+/// Takes one round of renewals (sent at `t_send`): `None` when the whole lease is lost (a
+/// group lost, or with groups kept apart the roster's), else whether every group renewed.
+/// With groups kept apart, a group lost is joined again here (it stays fenced until that
+/// succeeds: the next round answers it lost again, and it is tried again).
+async fn take_answers(
+    coord: &dyn Coordinator,
+    shared: &Shared,
+    worker: &WorkerId,
+    t_send: u64,
+    answers: Vec<(Group, Result<Renewal>)>,
+) -> Option<bool> {
+    let mut all = !answers.is_empty();
+    let mut lost = Vec::new();
+    let mut failed = (0usize, None);
+    for (g, r) in answers {
+        match r {
+            Ok(Renewal::Renewed) => {
+                if let Some(s) = shared.groups.get(usize::from(g.index())) {
+                    if s.t_ok.load(Ordering::SeqCst) != u64::MAX {
+                        s.t_ok.store(t_send, Ordering::SeqCst);
+                    }
+                }
+            }
+            Ok(Renewal::Lost) => {
+                all = false;
+                lost.push(g);
+            }
+            Err(e) => {
+                all = false;
+                failed.0 += 1;
+                failed.1 = failed.1.or(Some((g, e)));
+            }
+        }
+    }
+    if let (n, Some((g, e))) = failed {
+        warn!(%worker, groups = n, first = %g, error = %e, "lease renewal failed; retrying");
+    }
+    let apart = !shared.groups.is_empty();
+    if lost.contains(&Group::ZERO) || (!apart && !lost.is_empty()) {
+        return None;
+    }
+    if !apart {
+        if all && shared.t_ok.load(Ordering::SeqCst) != u64::MAX {
+            shared.t_ok.store(t_send, Ordering::SeqCst);
+        }
+        return Some(all);
+    }
+    // The whole lease is the roster's group's.
+    if let Some(roster) = shared.groups.first() {
+        shared
+            .t_ok
+            .store(roster.t_ok.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+    for g in &lost {
+        if let Some(s) = shared.groups.get(usize::from(g.index())) {
+            s.t_ok.store(u64::MAX, Ordering::SeqCst);
+        }
+    }
+    let budget = Duration::from_millis(shared.lease_ms / 3);
+    let joins = join_all(lost.into_iter().map(|g| async move {
+        let t_join = shared.clock.now_ms();
+        (
+            g,
+            t_join,
+            tokio::time::timeout(budget, coord.rejoin_group(g)).await,
+        )
+    }))
+    .await;
+    for (g, t_join, r) in joins {
+        let Some(s) = shared.groups.get(usize::from(g.index())) else {
+            continue;
+        };
+        match r {
+            Ok(Ok(inc)) => {
+                // The generation first: a handle of the earlier one never sees the new t_ok.
+                s.generation.fetch_add(1, Ordering::SeqCst);
+                s.t_ok.store(t_join, Ordering::SeqCst);
+                info!(%worker, group = %g, incarnation = %inc, "liveness lost in one coordination group; joined it again");
+            }
+            Ok(Err(e)) => {
+                warn!(%worker, group = %g, error = %e, "cannot join a coordination group again; retrying")
+            }
+            Err(_) => {
+                warn!(%worker, group = %g, "joining a coordination group again timed out; retrying")
+            }
+        }
+    }
+    Some(all)
 }
 
 /// This process's resident memory in bytes (Linux: `/proc/self/statm`); 0 when unknown.

@@ -1,7 +1,7 @@
 //! The Redis backend: one fleet's coordination state in one Redis (or one Cluster slot).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{atomic::Ordering, Arc},
     time::Duration,
 };
@@ -182,6 +182,18 @@ struct Registration {
     incarnation: Incarnation,
     lease_ms: u64,
     meta: crate::WorkerMeta,
+    /// Groups joined again on their own, with the incarnation there (the others hold
+    /// `incarnation`).
+    rejoined: HashMap<Group, Incarnation>,
+    /// Groups where the liveness was found lost: not renewed until joined again.
+    out: HashSet<Group>,
+}
+
+impl Registration {
+    /// The incarnation this registration holds in group `g`.
+    fn inc_in(&self, g: Group) -> &Incarnation {
+        self.rejoined.get(&g).unwrap_or(&self.incarnation)
+    }
 }
 
 /// A [`Coordinator`] on Redis. Cloning shares the connections and the registration.
@@ -286,6 +298,16 @@ impl RedisCoordinator {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+            .ok_or(CoordError::NotRegistered)
+    }
+
+    /// The worker and its incarnation in group `g`: what a call in `g` acts for.
+    fn member_in(&self, g: Group) -> Result<(WorkerId, Incarnation)> {
+        self.reg
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|r| (r.worker.clone(), r.inc_in(g).clone()))
             .ok_or(CoordError::NotRegistered)
     }
 
@@ -426,8 +448,8 @@ impl RedisCoordinator {
         fence: Fence,
     ) -> Result<(Vec<String>, SeqAt)> {
         check_key_len("chat key", chat, 300)?;
-        let reg = self.reg()?;
         let g = self.ks.group_of_chat(chat);
+        let (worker, inc) = self.member_in(g)?;
         let at = self.known.seq_at(g);
         let mut inv = SCRIPTS.turn.prepare_invoke();
         let grace = self.known.grace_ms();
@@ -437,8 +459,8 @@ impl RedisCoordinator {
             .key(self.ks.epoch_in(g))
             .key(self.ks.seqs_in(g))
             .arg(op)
-            .arg(reg.worker.as_str())
-            .arg(reg.incarnation.as_str())
+            .arg(worker.as_str())
+            .arg(inc.as_str())
             .arg(arg)
             .arg(fence.0)
             .arg(self.ks.turn_wake_prefix())
@@ -580,7 +602,7 @@ impl RedisCoordinator {
         let mut inv = SCRIPTS.renew.prepare_invoke();
         self.liveness_keys(g, &mut inv)
             .arg(reg.worker.as_str())
-            .arg(reg.incarnation.as_str())
+            .arg(reg.inc_in(g).as_str())
             .arg(reg.lease_ms)
             .arg(if roster { meta } else { "" })
             .arg(self.known.epoch(g))
@@ -608,7 +630,7 @@ impl RedisCoordinator {
             String::new()
         };
         inv.arg(reg.worker.as_str())
-            .arg(reg.incarnation.as_str())
+            .arg(reg.inc_in(g).as_str())
             .arg(channel);
         let _: i64 = self.run("unregister", inv).await?;
         Ok(())
@@ -689,6 +711,8 @@ impl Coordinator for RedisCoordinator {
             incarnation: inc.clone(),
             lease_ms,
             meta: meta.clone(),
+            rejoined: HashMap::new(),
+            out: HashSet::new(),
         };
         let others = || {
             try_join_all(
@@ -736,26 +760,95 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn renew_with(&self, bots_held: u32, rss_bytes: u64) -> Result<Renewal> {
-        let mut reg = self.reg()?;
-        reg.meta.bots_held = bots_held;
-        reg.meta.rss_bytes = rss_bytes;
-        let json = meta_json(&reg.meta);
-        // Every group at once (on one connection, pipelined). A group where the liveness is
-        // lost loses the whole lease (its bots' and chats' grants there can no longer be
-        // trusted), and so does one that did not answer: the lease keeper fences on time.
-        let renewed = join_all(self.ks.all_groups().map(|g| self.renew_in(g, &reg, &json))).await;
+        // One answer for the whole lease: a group where the liveness is lost loses it all, and
+        // so does one that did not answer (the lease keeper fences on time).
         let mut failed = None;
-        for r in renewed {
+        for (_, r) in self.renew_groups(bots_held, rss_bytes).await {
             match r {
-                Ok(true) => {}
-                Ok(false) => return Ok(Renewal::Lost),
+                Ok(Renewal::Renewed) => {}
+                Ok(Renewal::Lost) => return Ok(Renewal::Lost),
                 Err(e) => failed = failed.or(Some(e)),
             }
         }
-        if let Some(e) = failed {
-            return Err(e);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(Renewal::Renewed),
         }
-        Ok(Renewal::Renewed)
+    }
+
+    async fn renew_groups(&self, bots_held: u32, rss_bytes: u64) -> Vec<(Group, Result<Renewal>)> {
+        let mut reg = match self.reg() {
+            Ok(r) => r,
+            Err(_) => {
+                return self
+                    .ks
+                    .all_groups()
+                    .map(|g| (g, Err(CoordError::NotRegistered)))
+                    .collect()
+            }
+        };
+        reg.meta.bots_held = bots_held;
+        reg.meta.rss_bytes = rss_bytes;
+        let json = meta_json(&reg.meta);
+        // Every group at once (on one connection, pipelined), but a group already found lost.
+        let renewed = join_all(self.ks.all_groups().map(|g| {
+            let (reg, json) = (&reg, &json);
+            async move {
+                if reg.out.contains(&g) {
+                    return (g, Ok(Renewal::Lost));
+                }
+                let r = self.renew_in(g, reg, json).await;
+                (
+                    g,
+                    r.map(|ok| if ok { Renewal::Renewed } else { Renewal::Lost }),
+                )
+            }
+        }))
+        .await;
+        let lost: Vec<Group> = renewed
+            .iter()
+            .filter(|(g, r)| matches!(r, Ok(Renewal::Lost)) && !reg.out.contains(g))
+            .map(|(g, _)| *g)
+            .collect();
+        if !lost.is_empty() {
+            // Out until joined again — unless this worker registered or joined the group again
+            // while the renewal was on its way (then it was the earlier incarnation's loss).
+            let mut cur = self.reg.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(cur) = cur.as_mut().filter(|c| c.incarnation == reg.incarnation) {
+                for g in lost {
+                    if cur.inc_in(g) == reg.inc_in(g) {
+                        cur.out.insert(g);
+                    }
+                }
+            }
+        }
+        renewed
+    }
+
+    async fn rejoin_group(&self, g: Group) -> Result<Incarnation> {
+        if g.index() >= self.ks.groups() {
+            return Err(CoordError::InvalidArgument(format!(
+                "no coordination group {g}: this coordinator has {}",
+                self.ks.groups()
+            )));
+        }
+        let reg = self.reg()?;
+        // A fresh incarnation: a call of the earlier one still on its way (a claim, a turn)
+        // is refused there, not taken for the new one's.
+        let inc = Incarnation::from_nonce(nonce());
+        self.register_in(g, &reg.worker, &inc, reg.lease_ms, &meta_json(&reg.meta))
+            .await?;
+        let mut cur = self.reg.lock().unwrap_or_else(|e| e.into_inner());
+        match cur.as_mut().filter(|c| c.incarnation == reg.incarnation) {
+            Some(c) => {
+                c.rejoined.insert(g, inc.clone());
+                c.out.remove(&g);
+                debug!(worker = %reg.worker, group = %g, incarnation = %inc, "joined a group again");
+                Ok(inc)
+            }
+            // Registered again (or unregistered) meanwhile: that registration is the one.
+            None => Err(CoordError::NotRegistered),
+        }
     }
 
     async fn unregister(&self) -> Result<()> {
@@ -768,7 +861,15 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn registration(&self) -> Option<(WorkerId, Incarnation)> {
-        self.reg().ok().map(|r| (r.worker, r.incarnation))
+        self.reg
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|r| (r.worker.clone(), r.incarnation.clone()))
+    }
+
+    fn registration_in(&self, g: Group) -> Option<(WorkerId, Incarnation)> {
+        self.member_in(g).ok()
     }
 
     async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
@@ -884,8 +985,8 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn claim(&self, bot: &BotId, min_fence: Fence) -> Result<ClaimOutcome> {
-        let reg = self.reg()?;
         let g = self.ks.group_of_bot(bot);
+        let (worker, inc) = self.member_in(g)?;
         let at = self.known.seq_at(g);
         let mut inv = SCRIPTS.claim.prepare_invoke();
         inv.key(self.ks.workers_in(g))
@@ -894,8 +995,8 @@ impl Coordinator for RedisCoordinator {
             .key(self.ks.fence(bot))
             .key(self.ks.epoch_in(g))
             .key(self.ks.seqs_in(g))
-            .arg(reg.worker.as_str())
-            .arg(reg.incarnation.as_str())
+            .arg(worker.as_str())
+            .arg(inc.as_str())
             .arg(min_fence.0)
             .arg(self.known.epoch(g))
             .arg(self.known.grace_ms())
@@ -930,13 +1031,13 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn release(&self, bot: &BotId, fence: Fence) -> Result<bool> {
-        let reg = self.reg()?;
         let g = self.ks.group_of_bot(bot);
+        let (worker, _) = self.member_in(g)?;
         let at = self.known.seq_at(g);
         let mut inv = SCRIPTS.release.prepare_invoke();
         inv.key(self.ks.owner(bot))
             .key(self.ks.seqs_in(g))
-            .arg(reg.worker.as_str())
+            .arg(worker.as_str())
             .arg(fence.0)
             .arg(at.seq);
         let seq: i64 = self.run("release", inv).await?;
@@ -945,14 +1046,14 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn hand_over(&self, bot: &BotId, fence: Fence, to: &WorkerId) -> Result<bool> {
-        let reg = self.reg()?;
-        let take = WorkerCommand::Take {
-            bot: bot.clone(),
-            from: reg.worker.clone(),
-        };
         // The target's command list is the roster's: pushed in the script when the bot's keys
         // share its tag (group 0, so always with one group), else right after it.
         let g = self.ks.group_of_bot(bot);
+        let (worker, _) = self.member_in(g)?;
+        let take = WorkerCommand::Take {
+            bot: bot.clone(),
+            from: worker.clone(),
+        };
         let in_script = g == Group::ZERO;
         let at = self.known.seq_at(g);
         let mut inv = SCRIPTS.hand_over.prepare_invoke();
@@ -960,7 +1061,7 @@ impl Coordinator for RedisCoordinator {
             .key(self.ks.deadlines_in(g))
             .key(self.ks.owner(bot))
             .key(self.ks.seqs_in(g))
-            .arg(reg.worker.as_str())
+            .arg(worker.as_str())
             .arg(fence.0)
             .arg(to.as_str())
             .arg(at.seq);
@@ -1419,6 +1520,14 @@ impl Coordinator for RedisCoordinator {
 
     fn group_of_bot(&self, bot: &BotId) -> Group {
         self.ks.group_of_bot(bot)
+    }
+
+    fn group_of_chat(&self, chat: &str) -> Group {
+        self.ks.group_of_chat(chat)
+    }
+
+    fn all_groups(&self) -> Vec<Group> {
+        self.ks.all_groups().collect()
     }
 
     async fn group_epochs(&self) -> Result<Vec<(Group, EpochInfo)>> {

@@ -356,3 +356,289 @@ async fn a_worker_of_another_number_of_groups_is_refused() {
     ));
     one.register(&wid("w-c"), &meta(), lease).await.unwrap();
 }
+
+/// Every key of one group's tag (`{conf:gK}`) with its TTL and `DUMP`.
+async fn group_dump(c: &mut ::redis::aio::MultiplexedConnection, tag: &str) -> Dump {
+    dump(c)
+        .await
+        .into_iter()
+        .filter(|(k, _, _)| k.starts_with(tag))
+        .collect()
+}
+
+/// Deletes every key of one group's tag, then writes `keep`'s back: the group alone goes back
+/// to `keep` (empty: loses its data), as its own node would after a restart or a failover.
+async fn group_back_to(c: &mut ::redis::aio::MultiplexedConnection, tag: &str, keep: &Dump) {
+    for (k, _, _) in group_dump(c, tag).await {
+        let _: () = ::redis::cmd("DEL").arg(&k).query_async(c).await.unwrap();
+    }
+    for (k, ttl, dump) in keep {
+        let _: () = ::redis::cmd("RESTORE")
+            .arg(k)
+            .arg(*ttl)
+            .arg(dump.as_slice())
+            .query_async(c)
+            .await
+            .unwrap();
+    }
+}
+
+/// Eight groups, one of them (not the roster's) loses its data: renewing tells that group
+/// lost and every other renewed; the bots of the others are still granted to their holder,
+/// the lost group's are not. Joined again, the group gives this worker a fresh incarnation
+/// there (the roster's and the other groups' stay), renews, and — its data lost — holds its
+/// bots for the grace window while the other groups grant at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_lost_its_data_is_lost_alone_and_joined_again() {
+    use std::time::Duration;
+
+    use botfleet_coord::{ClaimOutcome, CoordError, Group, KeySpace, Renewal};
+    use botfleet_core::Fence;
+    use botfleet_testkit::coord_suite::{bid, meta, wid};
+
+    let server = RedisServer::start().unwrap();
+    let ks = KeySpace::with_groups("conf", 8).unwrap();
+    let lost = ks.all_groups().nth(3).unwrap();
+    let a = coordinator(RedisConfig::new(server.url()), 8).await;
+    let lease = Duration::from_secs(10);
+    a.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    let (_, first) = a.registration().unwrap();
+    let bots: Vec<_> = (0..64).map(|i| bid(&format!("bot-{i}"))).collect();
+    // Each bot's fence, as the store would keep it: the floor of its next claim.
+    let mut fences = std::collections::HashMap::new();
+    for bot in &bots {
+        let ClaimOutcome::Granted(f) = a.claim(bot, Fence(0)).await.unwrap() else {
+            panic!("{bot} not granted");
+        };
+        fences.insert(bot.clone(), f);
+    }
+    let (inside, outside): (Vec<_>, Vec<_>) = bots.iter().partition(|b| a.group_of_bot(b) == lost);
+    assert!(!inside.is_empty() && !outside.is_empty());
+
+    let mut c = raw(server.url()).await;
+    group_back_to(&mut c, &ks.group_tag(lost), &Vec::new()).await;
+    let renewed = a.renew_groups(0, 0).await;
+    assert_eq!(renewed.len(), 8);
+    for (g, r) in &renewed {
+        let want = if *g == lost {
+            Renewal::Lost
+        } else {
+            Renewal::Renewed
+        };
+        assert_eq!(r.as_ref().ok(), Some(&want), "{g}: {r:?}");
+    }
+    assert_eq!(a.renew(0).await.unwrap(), Renewal::Lost, "the whole lease");
+    assert!(matches!(
+        a.claim(outside[0], Fence(0)).await.unwrap(),
+        ClaimOutcome::Granted(_)
+    ));
+    assert!(matches!(
+        a.claim(inside[0], Fence(0)).await.unwrap(),
+        ClaimOutcome::NotLive
+    ));
+
+    let again = a.rejoin_group(lost).await.unwrap();
+    assert_ne!(again, first, "a fresh incarnation in the group");
+    assert_eq!(a.registration_in(lost).unwrap().1, again);
+    assert_eq!(a.registration().unwrap().1, first, "the registration stays");
+    for g in ks.all_groups().filter(|g| *g != lost) {
+        assert_eq!(a.registration_in(g).unwrap().1, first, "{g}");
+    }
+    let live = a.live_workers().await.unwrap();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].incarnation, first, "the roster did not change");
+    for (g, r) in a.renew_groups(0, 0).await {
+        assert_eq!(r.ok(), Some(Renewal::Renewed), "{g}");
+    }
+    match a.claim(inside[0], fences[inside[0]]).await.unwrap() {
+        ClaimOutcome::Grace(d) => assert!(d > Duration::ZERO && d <= lease, "{d:?}"),
+        o => panic!("a bot of the group that lost its data: {o:?}"),
+    }
+    assert!(matches!(
+        a.claim(outside[1], fences[outside[1]]).await.unwrap(),
+        ClaimOutcome::Granted(_)
+    ));
+    let in_grace: Vec<Group> = a
+        .group_epochs()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(_, e)| !e.grace_left.is_zero())
+        .map(|(g, _)| g)
+        .collect();
+    assert_eq!(in_grace, [lost]);
+    // A group may be joined again while its liveness there is good (its grants go).
+    a.rejoin_group(ks.all_groups().last().unwrap())
+        .await
+        .unwrap();
+    let beyond = KeySpace::with_groups("conf", 9)
+        .unwrap()
+        .all_groups()
+        .last()
+        .unwrap();
+    assert!(matches!(
+        a.rejoin_group(beyond).await,
+        Err(CoordError::InvalidArgument(_))
+    ));
+    // Unregistering ends the liveness in every group, under each group's incarnation.
+    a.unregister().await.unwrap();
+    for g in ks.all_groups() {
+        let left: Vec<String> = ::redis::cmd("HKEYS")
+            .arg(ks.workers_in(g))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(left.is_empty(), "{g}: {left:?}");
+    }
+}
+
+/// A group whose node went back in time (its keys restored to an earlier copy: the worker's
+/// writes there since are gone) is found lost once and then not renewed again until joined
+/// again: each renewal there would push its hold a grace further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_went_back_in_time_is_not_renewed_again() {
+    use std::time::Duration;
+
+    use botfleet_coord::{ClaimOutcome, KeySpace, Renewal};
+    use botfleet_core::Fence;
+    use botfleet_testkit::coord_suite::{bid, meta, wid};
+
+    let server = RedisServer::start().unwrap();
+    let ks = KeySpace::with_groups("conf", 8).unwrap();
+    let back = ks.all_groups().nth(5).unwrap();
+    let a = coordinator(RedisConfig::new(server.url()), 8).await;
+    let lease = Duration::from_secs(10);
+    a.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    let mut c = raw(server.url()).await;
+    let before = group_dump(&mut c, &ks.group_tag(back)).await;
+    // Writes in the group the copy does not have.
+    let bot = (0..)
+        .map(|i| bid(&format!("bot-{i}")))
+        .find(|b| a.group_of_bot(b) == back)
+        .unwrap();
+    assert!(matches!(
+        a.claim(&bot, Fence(0)).await.unwrap(),
+        ClaimOutcome::Granted(_)
+    ));
+    group_back_to(&mut c, &ks.group_tag(back), &before).await;
+    let lost = |r: Vec<(botfleet_coord::Group, botfleet_coord::Result<Renewal>)>| {
+        r.into_iter()
+            .filter(|(_, r)| matches!(r, Ok(Renewal::Lost)))
+            .map(|(g, _)| g)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(lost(a.renew_groups(0, 0).await), [back]);
+    let found = std::time::Instant::now();
+    let left = || async {
+        a.group_epochs()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|(g, _)| *g == back)
+            .map(|(_, e)| e.grace_left)
+            .unwrap()
+    };
+    assert!(left().await > Duration::ZERO, "the group holds its bots");
+    // Time passes; the group is answered lost again without a call, so its hold is not
+    // pushed: it ends a grace after it was first found.
+    while found.elapsed() < Duration::from_millis(1_500) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(lost(a.renew_groups(0, 0).await), [back]);
+    let now_left = left().await;
+    assert!(
+        now_left <= lease - Duration::from_millis(1_400),
+        "the hold moved: {now_left:?} left"
+    );
+    a.rejoin_group(back).await.unwrap();
+    assert!(lost(a.renew_groups(0, 0).await).is_empty());
+}
+
+/// A lease keeper with its groups kept apart, one group (not the roster's) losing its data:
+/// the handles of that group are revoked for good, the keeper joins the group again under a
+/// fresh incarnation, and a new handle of it is good again — while the whole lease and every
+/// other group's handles never fail. Without groups kept apart, the same loss revokes the
+/// whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keeper_with_groups_apart_joins_a_lost_group_again_alone() {
+    use std::time::{Duration, Instant};
+
+    use botfleet_coord::{KeySpace, LeaseKeeper, LeaseLost};
+    use botfleet_core::SystemClock;
+    use botfleet_testkit::coord_suite::{meta, wid};
+
+    let server = RedisServer::start().unwrap();
+    let ks = KeySpace::with_groups("conf", 8).unwrap();
+    let lost = ks.all_groups().nth(3).unwrap();
+    // Long enough that a renewal late on a loaded 2-core machine stays inside the fence.
+    let lease = Duration::from_secs(3);
+    let a = coordinator(RedisConfig::new(server.url()), 8).await;
+    let keeper = LeaseKeeper::start_with(
+        a.clone(),
+        Arc::new(SystemClock::new()),
+        wid("w-a"),
+        meta(),
+        lease,
+        true,
+    )
+    .await
+    .unwrap();
+    let whole = keeper.handle();
+    let first = a.registration().unwrap().1;
+    let in_lost = whole.in_group(lost);
+    let others: Vec<_> = ks
+        .all_groups()
+        .filter(|g| *g != lost)
+        .map(|g| (g, whole.in_group(g)))
+        .collect();
+    let mut c = raw(server.url()).await;
+    group_back_to(&mut c, &ks.group_tag(lost), &Vec::new()).await;
+    // Until a new handle of the lost group is good again (joined again), and for a lease
+    // after: the whole lease and the other groups' handles stay good at every look.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut back_at = None;
+    while back_at.is_none_or(|at: Instant| at.elapsed() < lease) {
+        assert!(
+            Instant::now() < deadline,
+            "the lost group is not joined again"
+        );
+        assert_eq!(whole.check(), Ok(()), "the whole lease");
+        for (g, h) in &others {
+            assert_eq!(h.check(), Ok(()), "{g}");
+        }
+        if back_at.is_none() && whole.check_in(lost).is_ok() {
+            back_at = Some(Instant::now());
+            assert_eq!(whole.in_group(lost).check(), Ok(()), "a new handle");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(in_lost.check(), Err(LeaseLost::Revoked), "revoked for good");
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(1), in_lost.lost())
+            .await
+            .unwrap(),
+        LeaseLost::Revoked
+    );
+    let again = a.registration_in(lost).unwrap().1;
+    assert_ne!(again, first, "joined again under a fresh incarnation");
+    assert_eq!(a.registration().unwrap().1, first, "the registration stays");
+    keeper.stop();
+
+    // Without groups kept apart, the whole lease.
+    let b = coordinator(RedisConfig::new(server.url()), 8).await;
+    let keeper = LeaseKeeper::start(
+        b.clone(),
+        Arc::new(SystemClock::new()),
+        wid("w-b"),
+        meta(),
+        lease,
+    )
+    .await
+    .unwrap();
+    let whole = keeper.handle();
+    group_back_to(&mut c, &ks.group_tag(lost), &Vec::new()).await;
+    let why = tokio::time::timeout(Duration::from_secs(10), whole.lost())
+        .await
+        .expect("learns in time");
+    assert_eq!(why, LeaseLost::Revoked);
+}

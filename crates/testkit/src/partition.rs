@@ -95,6 +95,30 @@ impl Coordinator for Partition {
     fn registration(&self) -> Option<(WorkerId, Incarnation)> {
         self.inner.registration()
     }
+    fn registration_in(&self, g: Group) -> Option<(WorkerId, Incarnation)> {
+        self.inner.registration_in(g)
+    }
+    async fn renew_groups(&self, n: u32, rss: u64) -> Vec<(Group, Result<Renewal>)> {
+        match self.check().await {
+            Ok(()) => self.inner.renew_groups(n, rss).await,
+            Err(_) => self
+                .inner
+                .all_groups()
+                .into_iter()
+                .map(|g| {
+                    let e = CoordError::Unreachable {
+                        what: "partitioned by test".into(),
+                        source: None,
+                    };
+                    (g, Err(e))
+                })
+                .collect(),
+        }
+    }
+    async fn rejoin_group(&self, g: Group) -> Result<Incarnation> {
+        self.check().await?;
+        self.inner.rejoin_group(g).await
+    }
     async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
         self.check().await?;
         self.inner.live_workers().await
@@ -161,6 +185,12 @@ impl Coordinator for Partition {
     }
     fn group_of_bot(&self, bot: &BotId) -> Group {
         self.inner.group_of_bot(bot)
+    }
+    fn group_of_chat(&self, chat: &str) -> Group {
+        self.inner.group_of_chat(chat)
+    }
+    fn all_groups(&self) -> Vec<Group> {
+        self.inner.all_groups()
     }
     async fn group_epochs(&self) -> Result<Vec<(Group, EpochInfo)>> {
         self.check().await?;
