@@ -77,11 +77,12 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
         self.registration()
     }
 
-    /// [`Coordinator::renew_with`] with each group's answer apart, in group order: a group
-    /// that answered [`Renewal::Lost`] is not renewed again (it answers `Lost` at once, with no
-    /// call, so a group that went back in time is not pushed further into its hold) until it
-    /// is joined again ([`Coordinator::rejoin_group`]) or the worker registers again. Groups
-    /// are independent: one lost or not answering says nothing of the others' grants.
+    /// [`Coordinator::renew_with`] with each group's answer apart, in group order, one per
+    /// group. In a backend with groups, a group that answered [`Renewal::Lost`] is not renewed
+    /// again (it answers `Lost` at once, with no call, so a group that went back in time is not
+    /// pushed further into its hold) until it is joined again ([`Coordinator::rejoin_group`])
+    /// or the worker registers again. Groups are independent: one lost or not answering says
+    /// nothing of the others' grants. The default: the one group's [`Coordinator::renew_with`].
     async fn renew_groups(&self, bots_held: u32, rss_bytes: u64) -> Vec<(Group, Result<Renewal>)> {
         vec![(Group::ZERO, self.renew_with(bots_held, rss_bytes).await)]
     }
@@ -257,7 +258,7 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
         1
     }
 
-    /// Every coordination group, in order.
+    /// Every coordination group, in order ([`Coordinator::groups`] of them; the default: one).
     fn all_groups(&self) -> Vec<Group> {
         vec![Group::ZERO]
     }

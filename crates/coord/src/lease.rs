@@ -20,6 +20,7 @@
 //! there, the worker registers again.
 
 use std::{
+    collections::HashMap,
     sync::{
         atomic::{AtomicU32, AtomicU64, Ordering},
         Arc,
@@ -28,7 +29,6 @@ use std::{
 };
 
 use botfleet_core::{Clock, Incarnation, WorkerId};
-use futures_util::future::join_all;
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::{info, warn};
 
@@ -98,10 +98,14 @@ impl Shared {
         match self.groups.get(k).filter(|_| k > 0) {
             None => self.fresh(whole),
             Some(g) => {
+                // `t_ok` before the generation: the keeper bumps the generation before it
+                // stores a rejoined group's `t_ok`, so a handle that sees the new `t_ok` sees
+                // the new generation too (and an earlier handle is refused).
+                let t_ok = g.t_ok.load(Ordering::SeqCst);
                 if g.generation.load(Ordering::SeqCst) != generation {
                     return Err(LeaseLost::Revoked);
                 }
-                self.fresh(g.t_ok.load(Ordering::SeqCst))
+                self.fresh(t_ok)
             }
         }
     }
@@ -113,16 +117,18 @@ impl Shared {
             .map_or(0, |s| s.generation.load(Ordering::SeqCst))
     }
 
-    /// Whether each part is unsafe now: the whole lease, then each group's (generation
-    /// aside: a group joined again is safe again for new handles).
-    fn unsafe_parts(&self) -> Vec<bool> {
-        std::iter::once(self.check().is_err())
-            .chain(
-                self.groups
-                    .iter()
-                    .skip(1)
-                    .map(|g| self.fresh(g.t_ok.load(Ordering::SeqCst)).is_err()),
-            )
+    /// Whether each part is unsafe now, with its generation: the whole lease, then each
+    /// group's. Any change is a transition its handles' waiters must see (a group lost and
+    /// joined again between two looks included).
+    fn unsafe_parts(&self) -> Vec<(bool, u64)> {
+        std::iter::once((self.check().is_err(), 0))
+            .chain(self.groups.iter().skip(1).map(|g| {
+                let t_ok = g.t_ok.load(Ordering::SeqCst);
+                (
+                    self.fresh(t_ok).is_err(),
+                    g.generation.load(Ordering::SeqCst),
+                )
+            }))
             .collect()
     }
 
@@ -194,8 +200,8 @@ impl LeaseHandle {
     /// The view of group `g`'s part of the lease: with groups kept apart, it fails when `g`
     /// is not renewed in time (the roster's group late does not fail the others), when the
     /// whole lease is revoked, and for good once `g` is joined again (the grants it guards
-    /// were the earlier incarnation's there); a handle taken while `g` is lost is already
-    /// revoked. Take it before the call whose grant it guards. Without groups kept apart, the
+    /// were the earlier incarnation's there); a handle taken while `g` is lost, before it is
+    /// joined again, stays revoked. Take it before the call whose grant it guards. Without groups kept apart, the
     /// whole lease. [`LeaseHandle::incarnation`] stays the registration's: a group's own is
     /// [`Coordinator::registration_in`].
     #[must_use]
@@ -384,9 +390,30 @@ async fn renew_loop(
     // After a failure, try again sooner, but not in a tight loop.
     let retry = Duration::from_millis((shared.lease_ms / 10).clamp(20, 1000));
     let budget = Duration::from_millis(shared.lease_ms / 3);
-    let mut next = period;
+    let expected = coord.all_groups().len();
+    let mut due = tokio::time::Instant::now() + period;
+    // Lost groups being joined again, each apart from the renewals (one at a time per
+    // group): a join that hangs delays no group's renewal.
+    let mut joining = tokio::task::JoinSet::new();
+    let mut in_flight: HashMap<tokio::task::Id, Group> = HashMap::new();
+    let mut join_failures = Failures::default();
     loop {
-        tokio::time::sleep(next).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(due) => {}
+            Some(done) = joining.join_next_with_id(), if !joining.is_empty() => {
+                match done {
+                    Ok((id, (g, t_join, r))) => {
+                        in_flight.remove(&id);
+                        joined(&shared, &worker, g, t_join, r, &mut join_failures);
+                    }
+                    Err(e) => {
+                        in_flight.remove(&e.id());
+                    }
+                }
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+                continue;
+            }
+        }
         let t_send = shared.clock.now_ms();
         // A renewal that takes longer than the lease is useless: its answer would be stale.
         let answer = tokio::time::timeout(
@@ -394,15 +421,35 @@ async fn renew_loop(
             coord.renew_groups(shared.bots_held.load(Ordering::Relaxed), rss_bytes()),
         )
         .await;
-        next = match answer {
-            Ok(answers) => match take_answers(&*coord, &shared, &worker, t_send, answers).await {
-                Some(true) => period,
-                Some(false) => retry,
+        let next = match answer {
+            Ok(answers) => match take_answers(&shared, &worker, t_send, answers, expected) {
                 None => {
                     warn!(%worker, "liveness lost in the coordinator; stopping bots");
                     shared.t_ok.store(u64::MAX, Ordering::SeqCst);
                     tx.send_modify(|n| *n = n.wrapping_add(1));
                     return;
+                }
+                Some((all, lost)) => {
+                    for g in lost {
+                        if in_flight.values().any(|f| *f == g) {
+                            continue;
+                        }
+                        let (coord, clock) = (coord.clone(), shared.clock.clone());
+                        let task = joining.spawn(async move {
+                            let t_join = clock.now_ms();
+                            (
+                                g,
+                                t_join,
+                                tokio::time::timeout(budget, coord.rejoin_group(g)).await,
+                            )
+                        });
+                        in_flight.insert(task.id(), g);
+                    }
+                    if all {
+                        period
+                    } else {
+                        retry
+                    }
                 }
             },
             Err(_) => {
@@ -410,7 +457,12 @@ async fn renew_loop(
                 retry
             }
         };
-        // Wake the timer: a part may be safe again, or (nothing renewed) due to fall.
+        join_failures.log(
+            &worker,
+            "cannot join lost coordination groups again; retrying",
+        );
+        due = tokio::time::Instant::now() + next;
+        // Wake the timer: a part may be safe again, lost, or (nothing renewed) due to fall.
         tx.send_modify(|n| *n = n.wrapping_add(1));
         if shared.check().is_err() {
             info!(%worker, "lease no longer safe to act on");
@@ -418,20 +470,44 @@ async fn renew_loop(
     }
 }
 
-/// Takes one round of renewals (sent at `t_send`): `None` when the whole lease is lost (a
-/// group lost, or with groups kept apart the roster's), else whether every group renewed.
-/// With groups kept apart, a group lost is joined again here (it stays fenced until that
-/// succeeds: the next round answers it lost again, and it is tried again).
-async fn take_answers(
-    coord: &dyn Coordinator,
+/// Failures of one kind in a round, logged once: the count and the first.
+#[derive(Default)]
+struct Failures {
+    count: usize,
+    first: Option<(Group, String)>,
+}
+
+impl Failures {
+    fn add(&mut self, g: Group, why: String) {
+        self.count += 1;
+        self.first.get_or_insert((g, why));
+    }
+
+    fn log(&mut self, worker: &WorkerId, what: &str) {
+        if let Some((g, why)) = self.first.take() {
+            warn!(%worker, groups = self.count, first = %g, error = %why, "{what}");
+        }
+        self.count = 0;
+    }
+}
+
+/// Takes one round of renewals (sent at `t_send`; `expected` groups): `None` when the whole
+/// lease is lost (a group lost, or with groups kept apart the roster's), else whether every
+/// group renewed and, with groups kept apart, the groups lost now (fenced for good until
+/// joined again: [`joined`]).
+fn take_answers(
     shared: &Shared,
     worker: &WorkerId,
     t_send: u64,
     answers: Vec<(Group, Result<Renewal>)>,
-) -> Option<bool> {
-    let mut all = !answers.is_empty();
+    expected: usize,
+) -> Option<(bool, Vec<Group>)> {
+    let mut all = answers.len() >= expected.max(1);
+    if !all {
+        warn!(%worker, answered = answers.len(), expected, "a renewal round left groups unanswered");
+    }
     let mut lost = Vec::new();
-    let mut failed = (0usize, None);
+    let mut failed = Failures::default();
     for (g, r) in answers {
         match r {
             Ok(Renewal::Renewed) => {
@@ -447,14 +523,11 @@ async fn take_answers(
             }
             Err(e) => {
                 all = false;
-                failed.0 += 1;
-                failed.1 = failed.1.or(Some((g, e)));
+                failed.add(g, e.to_string());
             }
         }
     }
-    if let (n, Some((g, e))) = failed {
-        warn!(%worker, groups = n, first = %g, error = %e, "lease renewal failed; retrying");
-    }
+    failed.log(worker, "lease renewal failed; retrying");
     let apart = !shared.groups.is_empty();
     if lost.contains(&Group::ZERO) || (!apart && !lost.is_empty()) {
         return None;
@@ -463,7 +536,7 @@ async fn take_answers(
         if all && shared.t_ok.load(Ordering::SeqCst) != u64::MAX {
             shared.t_ok.store(t_send, Ordering::SeqCst);
         }
-        return Some(all);
+        return Some((all, Vec::new()));
     }
     // The whole lease is the roster's group's.
     if let Some(roster) = shared.groups.first() {
@@ -476,36 +549,33 @@ async fn take_answers(
             s.t_ok.store(u64::MAX, Ordering::SeqCst);
         }
     }
-    let budget = Duration::from_millis(shared.lease_ms / 3);
-    let joins = join_all(lost.into_iter().map(|g| async move {
-        let t_join = shared.clock.now_ms();
-        (
-            g,
-            t_join,
-            tokio::time::timeout(budget, coord.rejoin_group(g)).await,
-        )
-    }))
-    .await;
-    for (g, t_join, r) in joins {
-        let Some(s) = shared.groups.get(usize::from(g.index())) else {
-            continue;
-        };
-        match r {
-            Ok(Ok(inc)) => {
-                // The generation first: a handle of the earlier one never sees the new t_ok.
-                s.generation.fetch_add(1, Ordering::SeqCst);
-                s.t_ok.store(t_join, Ordering::SeqCst);
-                info!(%worker, group = %g, incarnation = %inc, "liveness lost in one coordination group; joined it again");
-            }
-            Ok(Err(e)) => {
-                warn!(%worker, group = %g, error = %e, "cannot join a coordination group again; retrying")
-            }
-            Err(_) => {
-                warn!(%worker, group = %g, "joining a coordination group again timed out; retrying")
-            }
+    Some((all, lost))
+}
+
+/// A join of lost group `g` again (sent at `t_join`) answered: the group's generation moves on
+/// (its earlier handles revoked for good), then its `t_ok`; a failure leaves it fenced (the
+/// next round answers it lost again, and it is tried again).
+fn joined(
+    shared: &Shared,
+    worker: &WorkerId,
+    g: Group,
+    t_join: u64,
+    r: std::result::Result<Result<Incarnation>, tokio::time::error::Elapsed>,
+    failures: &mut Failures,
+) {
+    let Some(s) = shared.groups.get(usize::from(g.index())) else {
+        return;
+    };
+    match r {
+        Ok(Ok(inc)) => {
+            // The generation first: a handle of the earlier one never sees the new t_ok.
+            s.generation.fetch_add(1, Ordering::SeqCst);
+            s.t_ok.store(t_join, Ordering::SeqCst);
+            info!(%worker, group = %g, incarnation = %inc, "liveness lost in one coordination group; joined it again");
         }
+        Ok(Err(e)) => failures.add(g, e.to_string()),
+        Err(_) => failures.add(g, "timed out".to_owned()),
     }
-    Some(all)
 }
 
 /// This process's resident memory in bytes (Linux: `/proc/self/statm`); 0 when unknown.

@@ -591,6 +591,11 @@ async fn a_keeper_with_groups_apart_joins_a_lost_group_again_alone() {
         .filter(|g| *g != lost)
         .map(|g| (g, whole.in_group(g)))
         .collect();
+    // A bot task of the lost group, waiting beside its poll: woken by the loss.
+    let waiter = tokio::spawn({
+        let h = in_lost.clone();
+        async move { h.lost().await }
+    });
     let mut c = raw(server.url()).await;
     group_back_to(&mut c, &ks.group_tag(lost), &Vec::new()).await;
     // Until a new handle of the lost group is good again (joined again), and for a lease
@@ -612,6 +617,13 @@ async fn a_keeper_with_groups_apart_joins_a_lost_group_again_alone() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("a waiter of the lost group is woken")
+            .unwrap(),
+        LeaseLost::Revoked
+    );
     assert_eq!(in_lost.check(), Err(LeaseLost::Revoked), "revoked for good");
     assert_eq!(
         tokio::time::timeout(Duration::from_secs(1), in_lost.lost())

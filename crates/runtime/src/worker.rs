@@ -23,7 +23,7 @@ use botfleet_coord::{
     CoordError, Coordinator, EpochInfo, EventCursor, LeaseHandle, LeaseKeeper, LeaseLost,
     LifecycleEvent, MemberWatch, WorkerCommand, WorkerMeta,
 };
-use botfleet_core::{BotId, BotRecord, Clock, Fence, Incarnation, Platform, SystemClock, WorkerId};
+use botfleet_core::{BotId, BotRecord, Clock, Fence, Platform, SystemClock, WorkerId};
 use botfleet_platform::Connector;
 use botfleet_store::{BotFilter, Store, StoreError};
 use tokio::{
@@ -71,8 +71,9 @@ enum Signal {
     Event(LifecycleEvent),
     /// A bot task ended by itself (failed, fenced) or was stopped.
     Exited(BotId, Fence, BotExit),
-    /// A claim job answered for one bot; the claim was made under this registration.
-    Claimed(BotId, ClaimResult, Incarnation),
+    /// A claim job answered for one bot; the claim was made under this part of the lease
+    /// (the bot's group's).
+    Claimed(BotId, ClaimResult, LeaseHandle),
     /// A let-go job finished: the bot's task has ended and its claim is dealt with.
     LetGo(BotId),
     /// The fleet was told to keep this bot off this worker: let it go now.
@@ -865,7 +866,7 @@ impl State {
                     }
                 }
             }
-            Signal::Claimed(bot, result, under) => self.on_claimed(bot, result, &under),
+            Signal::Claimed(bot, result, under) => self.on_claimed(bot, result, under),
             Signal::Avoided(bot) => {
                 self.avoid_pending.remove(&bot);
                 self.let_go(&bot, After::Release);

@@ -132,10 +132,17 @@ impl Coordinator for Partition {
         let answer = self.inner.claim(b, f).await;
         let mut held = self.claims_held.subscribe();
         if *held.borrow() {
+            /// Counts a held answer while it waits, also when its caller goes away.
+            struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+            impl Drop for Waiting<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
             self.waiting.fetch_add(1, Ordering::SeqCst);
+            let _waiting = Waiting(&self.waiting);
             // The sender lives as long as `self`: this ends only when let go.
             let _ = held.wait_for(|h| !*h).await;
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
         answer
     }

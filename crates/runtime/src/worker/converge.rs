@@ -12,9 +12,9 @@ use std::{
 
 use botfleet_coord::{
     placement::{Ring, RingConfig, DEFAULT_BALANCE},
-    ClaimOutcome, Coordinator, LeaseHandle, LiveWorker, WorkerCommand,
+    ClaimOutcome, Coordinator, LeaseHandle, LeaseLost, LiveWorker, WorkerCommand,
 };
-use botfleet_core::{BotId, BotStatus, Fence, Incarnation, WorkerId};
+use botfleet_core::{BotId, BotStatus, Fence, WorkerId};
 use botfleet_store::Store;
 use futures_util::{future::join_all, stream, StreamExt};
 use tokio::{
@@ -387,12 +387,19 @@ impl State {
         let mut room = u64::from(self.w.cfg.capacity).saturating_sub(busy);
         let mine = self.plan.mine.clone();
         let mut wanted: Vec<BotId> = Vec::new();
+        // Bots of a coordination group not safe now (not renewed in time, or lost and not
+        // joined again yet) wait for it: still short, so a later pass asks again.
+        let mut waiting = 0;
         for b in mine.iter().filter(|b| {
             !self.running.contains_key(*b)
                 && !self.claiming.contains(*b)
                 && !self.stopping.contains(*b)
                 && (!self.held_by.contains_key(*b) || self.takes.contains(*b))
         }) {
+            if lease.check_in(self.w.coord.group_of_bot(b)).is_err() {
+                waiting += 1;
+                continue;
+            }
             let w = u64::from(self.weight(b));
             if w > room {
                 continue;
@@ -403,15 +410,17 @@ impl State {
                 break;
             }
         }
-        self.short = 0;
+        self.short = waiting;
         if wanted.is_empty() {
             return;
         }
-        // The registration the claims are made under, taken before they are sent: an answer
-        // read after this worker registered again belongs to the earlier one.
-        let Some(under) = self.lease.as_ref().map(|l| l.incarnation().clone()) else {
-            return;
-        };
+        // Each claim's part of the lease (its group's), taken before it is sent: an answer
+        // read after this worker registered again, or joined the bot's group again, belongs
+        // to the earlier one.
+        let under: Vec<(BotId, LeaseHandle)> = wanted
+            .iter()
+            .map(|b| (b.clone(), lease.in_group(self.w.coord.group_of_bot(b))))
+            .collect();
         debug!(bots = wanted.len(), "claiming");
         self.claiming.extend(wanted.iter().cloned());
         let (coord, store, slots, tx) = (
@@ -421,23 +430,25 @@ impl State {
             self.tx.clone(),
         );
         self.jobs.spawn(async move {
-            let chunks: Vec<Vec<BotId>> = wanted.chunks(CLAIM_BATCH).map(<[_]>::to_vec).collect();
+            let chunks: Vec<Vec<(BotId, LeaseHandle)>> =
+                under.chunks(CLAIM_BATCH).map(<[_]>::to_vec).collect();
             stream::iter(chunks)
                 .for_each_concurrent(4, |chunk| {
-                    let (coord, store, slots, tx, under) = (
-                        coord.clone(),
-                        store.clone(),
-                        slots.clone(),
-                        tx.clone(),
-                        under.clone(),
-                    );
+                    let (coord, store, slots, tx) =
+                        (coord.clone(), store.clone(), slots.clone(), tx.clone());
                     async move {
+                        let (bots, mut under): (Vec<BotId>, HashMap<BotId, LeaseHandle>) = (
+                            chunk.iter().map(|(b, _)| b.clone()).collect(),
+                            chunk.into_iter().collect(),
+                        );
                         let results = {
-                            let _slots = slots.acquire_many(chunk.len() as u32).await;
-                            claim_many(&*coord, &*store, chunk).await
+                            let _slots = slots.acquire_many(bots.len() as u32).await;
+                            claim_many(&*coord, &*store, bots).await
                         };
                         for (bot, r) in results {
-                            let _ = tx.send(Signal::Claimed(bot, r, under.clone()));
+                            if let Some(part) = under.remove(&bot) {
+                                let _ = tx.send(Signal::Claimed(bot, r, part));
+                            }
                         }
                     }
                 })
@@ -445,25 +456,28 @@ impl State {
         });
     }
 
-    /// A claim job answered (the claim made under registration `under`); answers whether
-    /// placement should be looked at again.
+    /// A claim job answered (the claim made under `under`, its group's part of the lease then);
+    /// answers whether placement should be looked at again.
     pub(super) fn on_claimed(
         &mut self,
         bot: BotId,
         result: ClaimResult,
-        under: &Incarnation,
+        under: LeaseHandle,
     ) -> bool {
         if !self.claiming.remove(&bot) {
             return false;
         }
         match result {
             ClaimResult::Granted(_)
-                if self.lease.as_ref().map(LeaseHandle::incarnation) != Some(under) =>
+                if self.lease.as_ref().map(LeaseHandle::incarnation)
+                    != Some(under.incarnation())
+                    || under.check() == Err(LeaseLost::Revoked) =>
             {
-                // Granted to an earlier registration of ours, whose liveness is gone (the
-                // answer was on its way while this worker registered again): the owner
-                // record names a dead incarnation, so another worker may claim the bot at any
-                // moment. Nothing runs on it; the next pass claims again.
+                // Asked for under an earlier registration of ours, or in the bot's group
+                // before this worker joined it again (the answer was on its way meanwhile):
+                // the grant may be the earlier incarnation's, which another worker may take
+                // over at any moment. Nothing runs on it; the next pass claims again (a grant
+                // that was the new incarnation's is granted again).
                 debug!(%bot, "a claim granted to an earlier registration; claiming again");
                 true
             }
@@ -471,7 +485,7 @@ impl State {
                 self.w.metrics.claim();
                 let handed = self.takes.remove(&bot);
                 if self.should_run(&bot) && !self.running.contains_key(&bot) {
-                    self.start_bot(bot, fence, handed);
+                    self.start_bot(bot, fence, handed, under);
                     false
                 } else if self.fenced {
                     // The claim ends with our lease; the next pass asks again.
@@ -564,8 +578,8 @@ impl State {
 
     /// Starts the task of a bot we hold under `fence`; `handed` when its last owner handed
     /// it over (it ran there a moment ago, with credentials the platform accepted).
-    fn start_bot(&mut self, bot: BotId, fence: Fence, handed: bool) {
-        let (Some(rec), Some(lease)) = (self.registry.get(&bot), self.lease.clone()) else {
+    fn start_bot(&mut self, bot: BotId, fence: Fence, handed: bool, lease: LeaseHandle) {
+        let Some(rec) = self.registry.get(&bot) else {
             return;
         };
         let (stop_tx, stop_rx) = watch::channel(false);
