@@ -383,6 +383,28 @@ async fn group_back_to(c: &mut ::redis::aio::MultiplexedConnection, tag: &str, k
     }
 }
 
+/// A private Redis and worker "w-a" registered there (lease 10 s) with its keys in 8 groups;
+/// the key space, and the group `nth` of it.
+async fn worker_in_eight_groups(
+    nth: usize,
+) -> (
+    RedisServer,
+    botfleet_coord::KeySpace,
+    botfleet_coord::Group,
+    Arc<dyn Coordinator>,
+    std::time::Duration,
+) {
+    use botfleet_testkit::coord_suite::{meta, wid};
+
+    let server = RedisServer::start().unwrap();
+    let ks = botfleet_coord::KeySpace::with_groups("conf", 8).unwrap();
+    let g = ks.all_groups().nth(nth).unwrap();
+    let a = coordinator(RedisConfig::new(server.url()), 8).await;
+    let lease = std::time::Duration::from_secs(10);
+    a.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    (server, ks, g, a, lease)
+}
+
 /// Eight groups, one of them (not the roster's) loses its data: renewing tells that group
 /// lost and every other renewed; the bots of the others are still granted to their holder,
 /// the lost group's are not. Joined again, the group gives this worker a fresh incarnation
@@ -394,14 +416,9 @@ async fn a_group_that_lost_its_data_is_lost_alone_and_joined_again() {
 
     use botfleet_coord::{ClaimOutcome, CoordError, Group, KeySpace, Renewal};
     use botfleet_core::Fence;
-    use botfleet_testkit::coord_suite::{bid, meta, wid};
+    use botfleet_testkit::coord_suite::bid;
 
-    let server = RedisServer::start().unwrap();
-    let ks = KeySpace::with_groups("conf", 8).unwrap();
-    let lost = ks.all_groups().nth(3).unwrap();
-    let a = coordinator(RedisConfig::new(server.url()), 8).await;
-    let lease = Duration::from_secs(10);
-    a.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    let (server, ks, lost, a, lease) = worker_in_eight_groups(3).await;
     let (_, first) = a.registration().unwrap();
     let bots: Vec<_> = (0..64).map(|i| bid(&format!("bot-{i}"))).collect();
     // Each bot's fence, as the store would keep it: the floor of its next claim.
@@ -499,16 +516,11 @@ async fn a_group_that_lost_its_data_is_lost_alone_and_joined_again() {
 async fn a_group_that_went_back_in_time_is_not_renewed_again() {
     use std::time::Duration;
 
-    use botfleet_coord::{ClaimOutcome, KeySpace, Renewal};
+    use botfleet_coord::{ClaimOutcome, Renewal};
     use botfleet_core::Fence;
-    use botfleet_testkit::coord_suite::{bid, meta, wid};
+    use botfleet_testkit::coord_suite::bid;
 
-    let server = RedisServer::start().unwrap();
-    let ks = KeySpace::with_groups("conf", 8).unwrap();
-    let back = ks.all_groups().nth(5).unwrap();
-    let a = coordinator(RedisConfig::new(server.url()), 8).await;
-    let lease = Duration::from_secs(10);
-    a.register(&wid("w-a"), &meta(), lease).await.unwrap();
+    let (server, ks, back, a, lease) = worker_in_eight_groups(5).await;
     let mut c = raw(server.url()).await;
     let before = group_dump(&mut c, &ks.group_tag(back)).await;
     // Writes in the group the copy does not have.

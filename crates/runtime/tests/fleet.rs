@@ -82,6 +82,16 @@ fn start(cfg: WorkerConfig, coord: Arc<dyn Coordinator>, store: Arc<dyn Store>) 
     }
 }
 
+/// How many times worker `name` (run as `w`) registered, by its metrics.
+fn registrations(w: &Running, name: &str) -> u64 {
+    w.metrics
+        .render(name)
+        .lines()
+        .find(|l| l.starts_with("botfleet_registrations_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Per token and chat, the texts sent, in order.
 fn by_chat(sent: &[Sent]) -> HashMap<(String, String), Vec<String>> {
     let mut m: HashMap<(String, String), Vec<String>> = HashMap::new();
@@ -678,18 +688,8 @@ async fn after_the_coordinator_loses_its_data_the_fleet_waits_then_recovers_from
         0,
         "never two pollers on one token"
     );
-    let registrations: String = ws[0]
-        .metrics
-        .render("w0")
-        .lines()
-        .filter(|l| l.starts_with("botfleet_registrations_total"))
-        .collect();
-    let n: u64 = registrations
-        .rsplit(' ')
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(n >= 2, "registered again after the loss: {registrations}");
+    let n = registrations(&ws[0], "w0");
+    assert!(n >= 2, "registered again after the loss: {n}");
     for w in ws {
         w.shutdown().await;
     }
@@ -1010,15 +1010,7 @@ async fn a_claim_answered_after_the_worker_registered_again_starts_nothing() {
     wait_for(
         "the worker registered again",
         Duration::from_secs(20),
-        || async {
-            let m = w.metrics.render("w0");
-            let n: u64 = m
-                .lines()
-                .find(|l| l.starts_with("botfleet_registrations_total"))
-                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-                .unwrap_or(0);
-            (n >= 2).then_some(())
-        },
+        || async { (registrations(&w, "w0") >= 2).then_some(()) },
     )
     .await;
     assert!(
