@@ -472,6 +472,20 @@ impl Traffic {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_survive_kill_join_term_and_stop() {
+    kill_join_term_and_stop(1).await;
+}
+
+/// The same drill with the fleet's keys in 16 coordination groups (`--coord-groups 16`), each
+/// group's part of every worker's lease kept apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_in_sixteen_coordination_groups_survive_kill_join_term_and_stop() {
+    kill_join_term_and_stop(16).await;
+}
+
+/// Three workers of `groups` coordination groups, users writing to 300 Telegram and 60 Slack
+/// bots all along: kill -9 of one, a join, SIGTERM of another, SIGSTOP of a third past its
+/// lease; never two pollers or sockets, every message answered once, in order.
+async fn kill_join_term_and_stop(groups: u16) {
     let _one = ONE_AT_A_TIME.lock().await;
     let Setup {
         redis,
@@ -481,10 +495,18 @@ async fn three_workers_survive_kill_join_term_and_stop() {
         db,
         store: _store,
     } = setup_mixed(BOTS, SLACK_BOTS).await;
-    let coord = coordinator(&redis).await;
-    let mut procs: Vec<Proc> = (0..3)
-        .map(|i| spawn_worker(&format!("w{i}"), &db, &redis.url(), &dir.0))
-        .collect();
+    let coord =
+        RedisCoordinator::connect(RedisConfig::new(redis.url()).prefix("itest").groups(groups))
+            .await
+            .unwrap();
+    let groups = groups.to_string();
+    let spawn = |name: &str| {
+        let lease = LEASE_MS.to_string();
+        let flags = ["--lease-ms", &lease, "--poll-timeout-s", "2"];
+        let flags = [&flags[..], &["--coord-groups", &groups]].concat();
+        spawn_worker_with(name, &db, &redis.url(), &dir.0, &flags)
+    };
+    let mut procs: Vec<Proc> = (0..3).map(|i| spawn(&format!("w{i}"))).collect();
     let t = Instant::now();
     let startup = all_polling(
         &fake,
@@ -526,7 +548,7 @@ async fn three_workers_survive_kill_join_term_and_stop() {
 
     // 2. w3 joins and takes its share.
     let joined_at = Instant::now();
-    procs.push(spawn_worker("w3", &db, &redis.url(), &dir.0));
+    procs.push(spawn("w3"));
     holding(&coord, &dir.0, "w3", 50, slack).await;
     all_polling(
         &fake,

@@ -117,15 +117,15 @@ impl Shared {
             .map_or(0, |s| s.generation.load(Ordering::SeqCst))
     }
 
-    /// Whether each part is unsafe now, with its generation: the whole lease, then each
-    /// group's. Any change is a transition its handles' waiters must see (a group lost and
-    /// joined again between two looks included).
-    fn unsafe_parts(&self) -> Vec<(bool, u64)> {
-        std::iter::once((self.check().is_err(), 0))
+    /// How each part stands now (safe, late or revoked), with its generation: the whole
+    /// lease, then each group's. Any change is a transition its handles' waiters must see (a
+    /// late group found lost, and a group lost and joined again between two looks, included).
+    fn standings(&self) -> Vec<(Standing, u64)> {
+        std::iter::once((Standing::of(self.check()), 0))
             .chain(self.groups.iter().skip(1).map(|g| {
                 let t_ok = g.t_ok.load(Ordering::SeqCst);
                 (
-                    self.fresh(t_ok).is_err(),
+                    Standing::of(self.fresh(t_ok)),
                     g.generation.load(Ordering::SeqCst),
                 )
             }))
@@ -146,6 +146,24 @@ impl Shared {
             .map(|t| t.saturating_add(span))
             .filter(|at| *at > self.clock.now_ms())
             .min()
+    }
+}
+
+/// How a part of the lease stands, for the fence timer's transitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Standing {
+    Safe,
+    Late,
+    Revoked,
+}
+
+impl Standing {
+    fn of(check: Result<(), LeaseLost>) -> Self {
+        match check {
+            Ok(()) => Self::Safe,
+            Err(LeaseLost::Revoked) => Self::Revoked,
+            Err(_) => Self::Late,
+        }
     }
 }
 
@@ -197,6 +215,26 @@ impl LeaseHandle {
         }
     }
 
+    /// Resolves once this handle is revoked for good ([`LeaseLost::Revoked`]: the liveness
+    /// it stands for is gone, or its group was found lost or joined again), never while it is
+    /// merely late; never either once the keeper stopped without revoking it. Woken like
+    /// [`LeaseHandle::lost`], by the keeper's transitions only.
+    pub async fn revoked(&self) {
+        let mut fence = self.fence.clone();
+        loop {
+            fence.borrow_and_update();
+            if self.check() == Err(LeaseLost::Revoked) {
+                return;
+            }
+            if fence.changed().await.is_err() {
+                if self.check() == Err(LeaseLost::Revoked) {
+                    return;
+                }
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// The view of group `g`'s part of the lease: with groups kept apart, it fails when `g`
     /// is not renewed in time (the roster's group late does not fail the others), when the
     /// whole lease is revoked, and for good once `g` is joined again (the grants it guards
@@ -222,6 +260,17 @@ impl LeaseHandle {
     pub fn check_in(&self, g: Group) -> Result<(), LeaseLost> {
         let k = usize::from(g.index());
         self.shared.check_group(k, self.shared.generation(k))
+    }
+
+    /// How many times a coordination group was joined again under this lease (with groups
+    /// kept apart; else 0): when it moves, a group lost its data or this worker's liveness
+    /// there, and its grace window (if any) may have begun.
+    pub fn groups_rejoined(&self) -> u64 {
+        self.shared
+            .groups
+            .iter()
+            .map(|g| g.generation.load(Ordering::SeqCst))
+            .sum()
     }
 
     /// Sets the bot count reported on the next renewal.
@@ -348,11 +397,11 @@ async fn fence_timer(
     mut changed: watch::Receiver<u64>,
     fence: watch::Sender<u64>,
 ) {
-    let mut was = shared.unsafe_parts();
+    let mut was = shared.standings();
     loop {
-        let now_unsafe = shared.unsafe_parts();
-        if now_unsafe != was {
-            was = now_unsafe;
+        let now = shared.standings();
+        if now != was {
+            was = now;
             fence.send_modify(|n| *n = n.wrapping_add(1));
         }
         if shared.t_ok.load(Ordering::SeqCst) == u64::MAX {

@@ -608,6 +608,15 @@ async fn a_keeper_with_groups_apart_joins_a_lost_group_again_alone() {
         let h = in_lost.clone();
         async move { h.lost().await }
     });
+    // A turn of the lost group and one of another, each given up once revoked for good.
+    let given_up = tokio::spawn({
+        let h = in_lost.clone();
+        async move { h.revoked().await }
+    });
+    let kept = tokio::spawn({
+        let h = others[0].1.clone();
+        async move { h.revoked().await }
+    });
     let mut c = raw(server.url()).await;
     group_back_to(&mut c, &ks.group_tag(lost), &Vec::new()).await;
     // Until a new handle of the lost group is good again (joined again), and for a lease
@@ -637,6 +646,11 @@ async fn a_keeper_with_groups_apart_joins_a_lost_group_again_alone() {
         LeaseLost::Revoked
     );
     assert_eq!(in_lost.check(), Err(LeaseLost::Revoked), "revoked for good");
+    tokio::time::timeout(Duration::from_secs(1), given_up)
+        .await
+        .expect("a turn of the lost group is given up")
+        .unwrap();
+    assert!(!kept.is_finished(), "a turn of another group is kept");
     assert_eq!(
         tokio::time::timeout(Duration::from_secs(1), in_lost.lost())
             .await
@@ -660,9 +674,50 @@ async fn a_keeper_with_groups_apart_joins_a_lost_group_again_alone() {
     .await
     .unwrap();
     let whole = keeper.handle();
+    let given_up = tokio::spawn({
+        let h = whole.clone();
+        async move { h.revoked().await }
+    });
+    // A Redis that does not answer makes the lease late, not revoked: nothing is given up.
+    let pid = server.pid().unwrap().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    let why = tokio::time::timeout(Duration::from_secs(10), whole.lost()).await;
+    // Let a waiter that would wrongly resolve on lateness run before it is looked at.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let late_only = !given_up.is_finished();
+    signal("-CONT");
+    assert!(
+        matches!(why, Ok(LeaseLost::Expired(_))),
+        "late while Redis is frozen: {why:?}"
+    );
+    assert!(late_only, "a late lease gives nothing up");
+    // Answering again: safe again (or revoked, had its deadline passed while it was frozen).
+    let until = |want: fn(&Result<(), LeaseLost>) -> bool, what: &'static str| {
+        let whole = whole.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !want(&whole.check()) {
+                assert!(Instant::now() < deadline, "{what}: {:?}", whole.check());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    until(
+        |r| !matches!(r, Err(LeaseLost::Expired(_))),
+        "late no longer",
+    )
+    .await;
     group_back_to(&mut c, &ks.group_tag(lost), &Vec::new()).await;
-    let why = tokio::time::timeout(Duration::from_secs(10), whole.lost())
+    until(|r| *r == Err(LeaseLost::Revoked), "learns in time").await;
+    tokio::time::timeout(Duration::from_secs(1), given_up)
         .await
-        .expect("learns in time");
-    assert_eq!(why, LeaseLost::Revoked);
+        .expect("given up once revoked")
+        .unwrap();
 }

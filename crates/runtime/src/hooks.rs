@@ -30,7 +30,7 @@ use axum::{
     routing::any,
     Router,
 };
-use botfleet_coord::{Coordinator, LeaseHandle, Turn};
+use botfleet_coord::{Coordinator, Group, LeaseHandle, LeaseLost, Turn};
 use botfleet_core::Incarnation;
 use botfleet_core::{BotId, BotSpec, BotStatus, Fence, Platform};
 use botfleet_platform::{ErrorKind, HookAnswer, HookRequest, Sender, Webhooks};
@@ -316,15 +316,25 @@ impl Hooks {
         self.inner.lease.borrow().clone()
     }
 
+    /// Whether this worker is registered and not revoked: deliveries are then taken, each
+    /// message as its chat's group's part of the lease allows ([`Hooks::deliver`]).
+    fn live(&self) -> bool {
+        !self.closed()
+            && self
+                .lease()
+                .is_some_and(|l| l.check() != Err(LeaseLost::Revoked))
+    }
+
     fn may_act(&self) -> bool {
         !self.closed() && self.lease().is_some_and(|l| l.check().is_ok())
     }
 
-    /// [`Hooks::may_act`] for what was granted to the registration `inc`: never once the
-    /// worker registered again (that registration's turns are others' to take over, while a
-    /// task from before may still run here).
-    fn may_act_as(&self, inc: &Option<Incarnation>) -> bool {
-        self.may_act() && self.same_registration(inc)
+    /// Whether this worker may act now on what was granted as `grant`: while its chat's
+    /// group's part of the lease is safe, and never once the worker registered again there
+    /// (that registration's turns are others' to take over, while a task from before may
+    /// still run here).
+    fn may_act_as(&self, grant: &Grant) -> bool {
+        !self.closed() && grant.safe() && self.same_registration(grant)
     }
 
     /// Dispatches this worker's turn wake-ups to the tickets waiting here.
@@ -446,11 +456,15 @@ impl Hooks {
     ) -> botfleet_coord::Result<()> {
         let ck = chat_key(unit, chat);
         match self.take_now(&ck, key).await {
-            (inc, Ok((ticket, turn))) => {
+            (grant, Ok((ticket, turn))) => {
                 let h = self.clone();
                 let (spec, chat, key) = (spec.clone(), chat.to_owned(), key.to_owned());
                 tokio::spawn(async move {
-                    let t = Taken { ticket, turn, inc };
+                    let t = Taken {
+                        ticket,
+                        turn,
+                        grant,
+                    };
                     h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
                         .await;
                 });
@@ -574,18 +588,34 @@ impl Hooks {
                 continue;
             }
             let ck = chat_key(&spec.id, &m.message.chat.chat);
-            let (inc, taken) = self.take_now(&ck, &m.key).await;
+            let grant = self.grant(&ck);
+            if !self.may_act_as(&grant) {
+                // This worker may not act in the chat's coordination group now (its part of
+                // the lease is late): the platform delivers again, here or elsewhere.
+                self.unclaim_local(&spec.id, &m.key);
+                failed = true;
+                break;
+            }
+            let taken = self.inner.coord.turn_take(&ck, &m.key).await;
             match taken {
                 Ok((_, Turn::NotLive)) => {
                     self.unclaim_local(&spec.id, &m.key);
                     failed = true;
                     break;
                 }
-                Ok((ticket, turn)) => tickets.push((idx, ck, Taken { ticket, turn, inc })),
+                Ok((ticket, turn)) => tickets.push((
+                    idx,
+                    ck,
+                    Taken {
+                        ticket,
+                        turn,
+                        grant,
+                    },
+                )),
                 Err(e) => {
                     warn!(bot = %spec.id, error = %e, "cannot take a turn ticket; answering 503");
                     let chat = m.message.chat.chat.clone();
-                    self.retake(spec.clone(), ck, chat, m.key.clone(), inc);
+                    self.retake(spec.clone(), ck, chat, m.key.clone(), grant);
                     failed = true;
                     break;
                 }
@@ -672,28 +702,25 @@ impl Hooks {
     /// After a ticket take whose answer was lost (it may have happened): asks again (the
     /// same ticket comes back) until known, then serves it (empty: it is released). Until
     /// then the key is marked as being retaken.
-    fn retake(
-        &self,
-        spec: Arc<BotSpec>,
-        ck: String,
-        chat: String,
-        key: String,
-        inc: Option<Incarnation>,
-    ) {
+    fn retake(&self, spec: Arc<BotSpec>, ck: String, chat: String, key: String, grant: Grant) {
         let h = self.clone();
         let mark = (spec.id.clone(), key.clone());
         lock(&self.inner.retaking).insert(mark.clone());
         tokio::spawn(async move {
-            match h.take(&ck, &key, &inc).await {
+            match h.take(&ck, &key, &grant).await {
                 Some((ticket, turn)) => {
-                    let t = Taken { ticket, turn, inc };
+                    let t = Taken {
+                        ticket,
+                        turn,
+                        grant,
+                    };
                     h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
                         .await;
                 }
                 // The worker registered again meanwhile (a failover lost its writes): the
                 // entry is still this worker's to see through, as the new registration.
-                None if inc.is_some() && !h.closed() && !h.draining() => {
-                    h.again_as_registered(spec, ck, chat, key, inc);
+                None if grant.inc.is_some() && !h.closed() && !h.draining() => {
+                    h.again_as_registered(spec, ck, chat, key, grant);
                 }
                 None => h.unclaim_local(&spec.id, &key),
             }
@@ -717,18 +744,22 @@ impl Hooks {
     ) -> Result<bool, crate::sends::SendError> {
         let ck = chat_key(&spec.id, &item.chat);
         let ticket = if self.claim_local(&spec.id, &item.key) {
-            let (inc, taken) = self.take_now(&ck, &item.key).await;
+            let (grant, taken) = self.take_now(&ck, &item.key).await;
             match taken {
                 Ok((_, Turn::NotLive)) => {
                     self.unclaim_local(&spec.id, &item.key);
                     None
                 }
-                Ok((ticket, turn)) => Some(Taken { ticket, turn, inc }),
+                Ok((ticket, turn)) => Some(Taken {
+                    ticket,
+                    turn,
+                    grant,
+                }),
                 Err(e) => {
                     // Not journaled meanwhile: that ticket's turn could come and go before
                     // the entry exists.
                     let (chat, key) = (item.chat.clone(), item.key.clone());
-                    self.retake(spec, ck, chat, key, inc);
+                    self.retake(spec, ck, chat, key, grant);
                     return Err(crate::sends::SendError::Coordinator(e.to_string()));
                 }
             }
@@ -790,7 +821,7 @@ impl Hooks {
         let Taken {
             mut ticket,
             mut turn,
-            inc,
+            grant,
         } = taken;
         let waiter = self.waiter(&ck);
         let coord = &self.inner.coord;
@@ -817,7 +848,7 @@ impl Hooks {
                             (fence, after_loss),
                             Some(arrived),
                             pre,
-                            &inc,
+                            &grant,
                             ticket,
                         )
                         .await
@@ -845,7 +876,7 @@ impl Hooks {
                             (fence, after_loss),
                             None,
                             None,
-                            &inc,
+                            &grant,
                             ticket,
                         )
                         .await
@@ -853,7 +884,7 @@ impl Hooks {
                         Served::Stop => break None,
                         Served::Held(held) => break Some((dead, held)),
                         Served::Done | Served::Again(_) => {
-                            self.try_as(&inc, coord.turn_try(&ck, ticket)).await
+                            self.try_as(&grant, coord.turn_try(&ck, ticket)).await
                         }
                     }
                 }
@@ -870,10 +901,10 @@ impl Hooks {
                     notified.as_mut().enable();
                     // Asked once more after arming: a release between the last answer and
                     // now is not missed.
-                    match self.try_as(&inc, coord.turn_try(&ck, ticket)).await {
+                    match self.try_as(&grant, coord.turn_try(&ck, ticket)).await {
                         Ok(Turn::Wait) => {
                             let _ = tokio::time::timeout(recheck, notified).await;
-                            self.try_as(&inc, coord.turn_try(&ck, ticket)).await
+                            self.try_as(&grant, coord.turn_try(&ck, ticket)).await
                         }
                         other => other,
                     }
@@ -887,7 +918,7 @@ impl Hooks {
                                 .as_ref()
                                 .is_some_and(|e| e.state == InboxState::Pending) =>
                         {
-                            match self.take(&ck, &key, &inc).await {
+                            match self.take(&ck, &key, &grant).await {
                                 Some((t, next)) => {
                                     ticket = t;
                                     Ok(next)
@@ -898,7 +929,7 @@ impl Hooks {
                         Ok(_) => break None,
                         Err(e) => {
                             debug!(error = %e, "cannot read the entry of a passed ticket");
-                            if !self.same_registration(&inc) {
+                            if !self.same_registration(&grant) {
                                 break None;
                             }
                             tokio::time::sleep(backoff(attempt)).await;
@@ -917,7 +948,7 @@ impl Hooks {
                 }
                 Err(e) => {
                     debug!(error = %e, "turn queue unavailable; retrying");
-                    match self.try_again(&ck, ticket, &inc).await {
+                    match self.try_again(&ck, ticket, &grant).await {
                         Some(t) => t,
                         None => break None,
                     }
@@ -948,36 +979,31 @@ impl Hooks {
                     own: ticket,
                     ticket: held_ticket,
                     fence,
-                    inc,
+                    grant,
                 }));
             }
-            None => self.ticket_over(spec, ck, chat, key, inc),
+            None => self.ticket_over(spec, ck, chat, key, grant),
         }
     }
 
     /// What a ticket's task does last: forgets the entry's mark, or, when the worker
     /// registered again meanwhile, sees the entry through as the new registration.
-    fn ticket_over(
-        &self,
-        spec: Arc<BotSpec>,
-        ck: String,
-        chat: String,
-        key: String,
-        inc: Option<Incarnation>,
-    ) {
-        if inc.is_some() && !self.same_registration(&inc) && !self.closed() && !self.draining() {
-            // The worker registered again (Redis lost some of its writes): this ticket is the
-            // earlier registration's, taken over in its turn by whoever comes next, but the
-            // entry is still this worker's to see through, also when no later message of its
-            // chat comes (else it would wait for the sweeper).
-            self.again_as_registered(spec, ck, chat, key, inc);
+    fn ticket_over(&self, spec: Arc<BotSpec>, ck: String, chat: String, key: String, grant: Grant) {
+        let gone = !self.same_registration(&grant) || grant.revoked();
+        if grant.inc.is_some() && gone && !self.closed() && !self.draining() {
+            // The worker registered again in the chat's group, or is about to (Redis lost some
+            // of its writes): this ticket is the earlier registration's, taken over in its
+            // turn by whoever comes next, but the entry is still this worker's to see
+            // through, also when no later message of its chat comes (else it would wait for
+            // the sweeper).
+            self.again_as_registered(spec, ck, chat, key, grant);
             return;
         }
         self.unclaim_local(&spec.id, &key);
     }
 
-    /// Serves `key` (an entry of `chat`, whose ticket was taken as the registration `was`)
-    /// again once the worker is registered anew: if it is still pending, with a ticket of the
+    /// Serves `key` (an entry of `chat`, whose ticket was taken as `was`) again once the worker
+    /// is registered anew in the chat's group: if it is still pending, with a ticket of the
     /// new registration (the old ticket's turn, when it comes, is taken over and serves it;
     /// the new one then finds it done). Nothing while the worker stops or drains.
     fn again_as_registered(
@@ -986,7 +1012,7 @@ impl Hooks {
         ck: String,
         chat: String,
         key: String,
-        was: Option<Incarnation>,
+        was: Grant,
     ) {
         let h = self.clone();
         tokio::spawn(async move {
@@ -996,8 +1022,14 @@ impl Hooks {
                     h.unclaim_local(&spec.id, &key);
                     return;
                 }
-                let now = h.incarnation();
-                if now.is_some() && now != was {
+                let now = h.incarnation_in(was.group);
+                // Registered anew there; or `was` was taken while the keeper had not caught up
+                // with a join of the group yet (its handle revoked, its incarnation already the
+                // new one): served again under a grant taken once the part is not revoked.
+                let caught_up = now == was.inc
+                    && h.lease()
+                        .is_some_and(|l| l.check_in(was.group) != Err(LeaseLost::Revoked));
+                if now.is_some() && (now != was.inc || caught_up) {
                     break;
                 }
                 if let Ok(Err(_)) =
@@ -1019,15 +1051,19 @@ impl Hooks {
             info!(bot = %spec.id, chat = %chat, key = %key, "registered again: taking a ticket again for an entry of the earlier registration");
             // Through coordinator failures (just after a failover a grant may wait for a
             // replica to follow the new primary) while this registration lasts.
-            let inc = h.incarnation();
-            match h.take(&ck, &key, &inc).await {
+            let grant = h.grant(&ck);
+            match h.take(&ck, &key, &grant).await {
                 Some((ticket, turn)) if turn != Turn::NotLive => {
-                    let t = Taken { ticket, turn, inc };
+                    let t = Taken {
+                        ticket,
+                        turn,
+                        grant,
+                    };
                     h.run_ticket(spec, ck, chat, key, t, Instant::now(), None)
                         .await;
                 }
                 // Not live, or registered again meanwhile: once more as the next one.
-                _ => h.again_as_registered(spec, ck, chat, key, inc),
+                _ => h.again_as_registered(spec, ck, chat, key, grant),
             }
         });
     }
@@ -1050,7 +1086,7 @@ impl Hooks {
         (mut fence, mut after_loss): (Fence, bool),
         arrived: Option<Instant>,
         mut preload: Option<TurnView>,
-        inc: &Option<Incarnation>,
+        grant: &Grant,
         asker: u64,
     ) -> Served {
         let takeover = asker != ticket;
@@ -1062,7 +1098,7 @@ impl Hooks {
             // A taken-over turn's holder may still be frozen somewhere: the fence is recorded
             // first, so its late state write (for this entry or an older one) is refused.
             let accepted = if takeover {
-                match self.accept(spec, chat, fence, inc).await {
+                match self.accept(spec, chat, fence, grant).await {
                     Accepted::Yes => Handled::Done,
                     // A newer turn of the chat was granted: this one is void.
                     Accepted::Superseded => return Served::Done,
@@ -1075,14 +1111,14 @@ impl Hooks {
                 Handled::Done if after_loss => {
                     // Read before older entries may change the chat's state: read again.
                     preload = None;
-                    self.serve_older(spec, chat, entry, fence, inc).await
+                    self.serve_older(spec, chat, entry, fence, grant).await
                 }
                 other => other,
             };
             let done = match older {
                 Handled::Done => {
                     let pre = preload.take();
-                    self.handle_entry(spec, chat, entry, fence, inc, arrived, pre, true)
+                    self.handle_entry(spec, chat, entry, fence, grant, arrived, pre, true)
                         .await
                 }
                 other => other,
@@ -1090,7 +1126,7 @@ impl Hooks {
             let done = match done {
                 // The chat's later entries wait behind this one, in order, as a polling bot's
                 // do while it is failed; once the bot's spec changes it is answered again.
-                Handled::Refused => match self.until_replaced(spec, inc).await {
+                Handled::Refused => match self.until_replaced(spec, grant).await {
                     Replaced::Spec(newer) => {
                         *spec = newer;
                         preload = None;
@@ -1120,16 +1156,16 @@ impl Hooks {
                     // Answered under the new spec: the bot works again.
                     self.report_working(spec, self.spec_at(spec));
                 }
-                return if self.release(ck, ticket, fence, inc).await {
+                return if self.release(ck, ticket, fence, grant).await {
                     Served::Done
                 } else {
                     Served::Stop
                 };
             }
-            if !self.recover(inc).await {
+            if !self.recover(grant).await {
                 return Served::Stop;
             }
-            match self.try_again(ck, asker, inc).await {
+            match self.try_again(ck, asker, grant).await {
                 Some(Turn::Granted {
                     fence: f,
                     after_loss: recent,
@@ -1162,11 +1198,11 @@ impl Hooks {
     /// Holds a turn of a bot whose credentials were refused under `spec` until the bot's
     /// spec changes (an operator replaced the token), it is removed or disabled, or this
     /// worker stops.
-    async fn until_replaced(&self, spec: &Arc<BotSpec>, inc: &Option<Incarnation>) -> Replaced {
+    async fn until_replaced(&self, spec: &Arc<BotSpec>, grant: &Grant) -> Replaced {
         let refused_at = self.spec_at(spec);
         let mut stop = self.inner.closed.subscribe();
         loop {
-            if self.closed() || !self.same_registration(inc) {
+            if self.closed() || !self.same_registration(grant) {
                 return Replaced::Stop;
             }
             if sleep_or_stop(REFUSED_LOOK, &mut stop).await {
@@ -1198,11 +1234,11 @@ impl Hooks {
         chat: &str,
         entry: &str,
         fence: Fence,
-        inc: &Option<Incarnation>,
+        grant: &Grant,
     ) -> Handled {
         let mut attempt = 0;
         let pending = loop {
-            if !self.may_act_as(inc) {
+            if !self.may_act_as(grant) {
                 return Handled::Fenced;
             }
             match self
@@ -1234,7 +1270,7 @@ impl Hooks {
                 .count(TURN_OLDER_FIRST_TOTAL, spec.platform, 1);
             // Held in this task if it is held (the entry it was served for is next).
             let done = self
-                .handle_entry(spec, chat, &e.key, fence, inc, None, None, false)
+                .handle_entry(spec, chat, &e.key, fence, grant, None, None, false)
                 .await;
             if !matches!(done, Handled::Done) {
                 return done;
@@ -1251,7 +1287,7 @@ impl Hooks {
         chat: &str,
         entry: &str,
         fence: Fence,
-        inc: &Option<Incarnation>,
+        grant: &Grant,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
         park: bool,
@@ -1259,22 +1295,16 @@ impl Hooks {
         if entry.is_empty() {
             return Handled::Done;
         }
-        self.handle(spec, chat, entry, fence, inc, arrived, preload, park)
+        self.handle(spec, chat, entry, fence, grant, arrived, preload, park)
             .await
     }
 
     /// Records a taken-over turn's fence in the store, through store failures, while this
-    /// worker may act under the registration `inc`.
-    async fn accept(
-        &self,
-        spec: &BotSpec,
-        chat: &str,
-        fence: Fence,
-        inc: &Option<Incarnation>,
-    ) -> Accepted {
+    /// worker may act as `grant`.
+    async fn accept(&self, spec: &BotSpec, chat: &str, fence: Fence, grant: &Grant) -> Accepted {
         let mut attempt = 0;
         loop {
-            if !self.may_act_as(inc) {
+            if !self.may_act_as(grant) {
                 return Accepted::Fenced;
             }
             match self.inner.store.turn_accept(&spec.id, chat, fence).await {
@@ -1294,7 +1324,7 @@ impl Hooks {
     async fn while_registered<T, F, Fut>(
         &self,
         what: &'static str,
-        inc: &Option<Incarnation>,
+        grant: &Grant,
         mut op: F,
     ) -> Option<T>
     where
@@ -1304,7 +1334,7 @@ impl Hooks {
         let mut attempt = 0;
         loop {
             // Checked just before the call: it acts for the registration current as it starts.
-            if !self.same_registration(inc) {
+            if !self.same_registration(grant) {
                 return None;
             }
             match op().await {
@@ -1320,15 +1350,17 @@ impl Hooks {
 
     /// Takes a ticket for `key` (idempotent per entry), through coordinator failures, while
     /// this registration lasts.
-    async fn take(&self, ck: &str, key: &str, inc: &Option<Incarnation>) -> Option<(u64, Turn)> {
-        self.while_registered("take a ticket", inc, || self.inner.coord.turn_take(ck, key))
-            .await
+    async fn take(&self, ck: &str, key: &str, grant: &Grant) -> Option<(u64, Turn)> {
+        self.while_registered("take a ticket", grant, || {
+            self.inner.coord.turn_take(ck, key)
+        })
+        .await
     }
 
     /// Asks for `ticket`'s turn again, through coordinator failures, while this registration
     /// lasts.
-    async fn try_again(&self, ck: &str, ticket: u64, inc: &Option<Incarnation>) -> Option<Turn> {
-        self.while_registered("ask for a turn", inc, || {
+    async fn try_again(&self, ck: &str, ticket: u64, grant: &Grant) -> Option<Turn> {
+        self.while_registered("ask for a turn", grant, || {
             self.inner.coord.turn_try(ck, ticket)
         })
         .await
@@ -1337,12 +1369,12 @@ impl Hooks {
     /// Waits until this worker may act again under the same registration: true then; false
     /// when the registration ended or changed, or the worker is leaving (its turns are then
     /// taken over by others).
-    async fn recover(&self, inc: &Option<Incarnation>) -> bool {
+    async fn recover(&self, grant: &Grant) -> bool {
         loop {
-            if self.closed() || !self.same_registration(inc) {
+            if self.closed() || !self.same_registration(grant) || grant.revoked() {
                 return false;
             }
-            if self.may_act() {
+            if grant.safe() {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1351,14 +1383,8 @@ impl Hooks {
 
     /// Ends the turn, through coordinator failures, while this registration lasts (a turn
     /// left held by a live worker would hold its chat up). False when it could not.
-    async fn release(
-        &self,
-        ck: &str,
-        ticket: u64,
-        fence: Fence,
-        inc: &Option<Incarnation>,
-    ) -> bool {
-        self.while_registered("release a turn", inc, || {
+    async fn release(&self, ck: &str, ticket: u64, fence: Fence, grant: &Grant) -> bool {
+        self.while_registered("release a turn", grant, || {
             self.inner.coord.turn_release(ck, ticket, fence)
         })
         .await
@@ -1428,47 +1454,59 @@ impl Hooks {
             .map_or_else(|| Arc::from(""), |l| Arc::from(l.worker().to_string()))
     }
 
-    /// The coordinator's current registration's incarnation, if registered: what its calls
-    /// act for.
-    fn incarnation(&self) -> Option<Incarnation> {
-        self.inner.coord.registration().map(|(_, inc)| inc)
+    /// The worker's incarnation in coordination group `g`, if registered: what its calls of
+    /// that group act for.
+    fn incarnation_in(&self, g: Group) -> Option<Incarnation> {
+        self.inner.coord.registration_in(g).map(|(_, inc)| inc)
     }
 
-    /// Takes a ticket for `key` in the chat `ck`: the answer, and the registration it was
-    /// taken under (read just before the call, which acts for the registration current as
-    /// it starts).
-    async fn take_now(
-        &self,
-        ck: &str,
-        key: &str,
-    ) -> (Option<Incarnation>, botfleet_coord::Result<(u64, Turn)>) {
-        let inc = self.incarnation();
-        (inc, self.inner.coord.turn_take(ck, key).await)
+    /// What a call for the chat `ck` made now acts for (see [`Grant`]): its group's part of
+    /// the lease, then the worker's incarnation there.
+    fn grant(&self, ck: &str) -> Grant {
+        let group = self.inner.coord.group_of_chat(ck);
+        let lease = self.lease().map(|l| l.in_group(group));
+        let inc = self.incarnation_in(group);
+        Grant { group, lease, inc }
     }
 
-    /// The turn-queue ask `call` as the registration `inc`; [`Turn::NotLive`] without asking
-    /// once the worker registered again (checked just before the call, which acts for the
+    /// Takes a ticket for `key` in the chat `ck`: the answer, and what it was granted as
+    /// (read just before the call, which acts for the registration current as it starts).
+    async fn take_now(&self, ck: &str, key: &str) -> (Grant, botfleet_coord::Result<(u64, Turn)>) {
+        let grant = self.grant(ck);
+        (grant, self.inner.coord.turn_take(ck, key).await)
+    }
+
+    /// The turn-queue ask `call` as `grant`; [`Turn::NotLive`] without asking once the worker
+    /// registered again in its group (checked just before the call, which acts for the
     /// registration current as it starts).
     async fn try_as(
         &self,
-        inc: &Option<Incarnation>,
+        grant: &Grant,
         call: impl std::future::Future<Output = botfleet_coord::Result<Turn>>,
     ) -> botfleet_coord::Result<Turn> {
-        if self.same_registration(inc) {
+        if self.same_registration(grant) {
             call.await
         } else {
             Ok(Turn::NotLive)
         }
     }
 
-    /// Whether the worker is still registered as `inc` (and not past its leave).
-    fn same_registration(&self, inc: &Option<Incarnation>) -> bool {
-        inc.is_some() && self.incarnation() == *inc
+    /// Whether the worker is still registered in `grant`'s group as it was then (and not past
+    /// its leave).
+    fn same_registration(&self, grant: &Grant) -> bool {
+        grant.inc.is_some() && self.incarnation_in(grant.group) == grant.inc
     }
 
-    /// Handles the journaled entry `key` under the turn's `fence`, granted to the registration
-    /// `inc`: handler with the chat's state, send (unless the outbox has it), then outbox,
-    /// state and entry end at once. A turn held open for an answer that comes later is handed
+    /// Whether the worker registered again in `grant`'s group since (it has another
+    /// incarnation there now): what was granted is others' to take over.
+    fn registered_again(&self, grant: &Grant) -> bool {
+        self.incarnation_in(grant.group)
+            .is_some_and(|now| grant.inc.as_ref() != Some(&now))
+    }
+
+    /// Handles the journaled entry `key` under the turn's `fence`, granted as `grant`: handler
+    /// with the chat's state, send (unless the outbox has it), then outbox, state and entry end
+    /// at once. A turn held open for an answer that comes later is handed
     /// back as data when `park` (for the lot), else held here until it ends.
     #[allow(clippy::too_many_arguments)]
     async fn handle(
@@ -1477,7 +1515,7 @@ impl Hooks {
         chat: &str,
         key: &str,
         fence: Fence,
-        inc: &Option<Incarnation>,
+        grant: &Grant,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
         park: bool,
@@ -1487,7 +1525,7 @@ impl Hooks {
             // Leaving: this turn is taken over once the worker unregisters.
             return Handled::Fenced;
         }
-        self.handle_inner(spec, chat, key, fence, inc, arrived, preload, park)
+        self.handle_inner(spec, chat, key, fence, grant, arrived, preload, park)
             .await
     }
 
@@ -1515,7 +1553,7 @@ impl Hooks {
         chat: &str,
         key: &str,
         fence: Fence,
-        inc: &Option<Incarnation>,
+        grant: &Grant,
         arrived: Option<Instant>,
         preload: Option<TurnView>,
         park: bool,
@@ -1539,7 +1577,7 @@ impl Hooks {
         };
         let hold = TurnHold {
             hooks: self,
-            inc,
+            grant,
             parks: park.then_some(&self.inner.posted),
         };
         let r = if park {
@@ -1571,22 +1609,50 @@ impl Hooks {
     }
 }
 
-/// A ticket just taken: its number, its turn as first answered, and the registration it was
-/// taken under (which alone may act on it).
+/// A ticket just taken: its number, its turn as first answered, and what it was granted as
+/// (which alone may act on it).
 struct Taken {
     ticket: u64,
     turn: Turn,
+    grant: Grant,
+}
+
+/// What a chat's turn calls act for, read just before the first of them: the chat's
+/// coordination group, this worker's part of the lease there, then its incarnation there (the
+/// handle first: a group joined again in between leaves a handle that is revoked, never one
+/// that passes for the new incarnation's grants). What is granted may be acted on only while
+/// that part is safe and the incarnation is still the group's; once the group is joined again,
+/// or the worker registers again, its turns are others' to take over.
+#[derive(Clone, Debug)]
+pub(super) struct Grant {
+    group: Group,
+    lease: Option<LeaseHandle>,
     inc: Option<Incarnation>,
 }
 
-/// A turn's hold here: this worker may act for it while its lease is safe, under the
-/// registration the turn was granted to. A worker whose liveness was lost (a failover that
-/// lost its renewals) registers again at once; the turns of its earlier registration are
-/// then taken over by others, so a task still running one of them must act on nothing, even
-/// though the new registration's lease is safe.
+impl Grant {
+    /// Whether its part of the lease is safe to act on now.
+    fn safe(&self) -> bool {
+        self.lease.as_ref().is_some_and(|l| l.check().is_ok())
+    }
+
+    /// Whether its part of the lease is revoked for good (the liveness it was granted under
+    /// is gone, or its group was joined again): it is never safe again.
+    fn revoked(&self) -> bool {
+        self.lease
+            .as_ref()
+            .is_some_and(|l| l.check() == Err(LeaseLost::Revoked))
+    }
+}
+
+/// A turn's hold here: this worker may act for it while its chat's group's part of the lease
+/// is safe, under the registration the turn was granted to. A worker whose liveness was lost
+/// (a failover that lost its renewals) registers again at once (or joins the group again);
+/// the turns of its earlier registration are then taken over by others, so a task still
+/// running one of them must act on nothing, even though the new registration's lease is safe.
 struct TurnHold<'a> {
     hooks: &'a Hooks,
-    inc: &'a Option<Incarnation>,
+    grant: &'a Grant,
     /// Where the wake-ups of a turn held open go when it is kept as data (the lot's).
     parks: Option<&'a Arc<Posted>>,
 }
@@ -1609,8 +1675,15 @@ impl Drop for Busy<'_> {
 
 impl Hold for TurnHold<'_> {
     fn check(&self) -> Result<(), Halt> {
-        self.hooks.check()?;
-        if self.hooks.same_registration(self.inc) {
+        if self.hooks.closed() {
+            return Err(Halt::Stopped);
+        }
+        if !self.grant.safe() {
+            return Err(Halt::Fenced(
+                "this worker's lease is not safe in the chat's coordination group".into(),
+            ));
+        }
+        if self.hooks.same_registration(self.grant) {
             Ok(())
         } else {
             Err(Halt::Fenced(
@@ -1627,22 +1700,34 @@ impl Hold for TurnHold<'_> {
         self.parks
     }
 
-    /// Once the worker registered again: the turn was the earlier registration's.
+    /// Once the turn's part of the lease is revoked, or the worker registered again: the
+    /// turn was the earlier registration's.
     fn gone(&self) -> impl std::future::Future<Output = ()> + Send {
         let mut lease = self.hooks.inner.lease.clone();
-        let inc = self.inc.clone();
+        let coord = self.hooks.inner.coord.clone();
+        let grant = self.grant.clone();
         async move {
-            loop {
-                let now = lease
-                    .borrow_and_update()
-                    .as_ref()
-                    .map(|l| l.incarnation().clone());
-                if now.is_some() && now != inc {
-                    return;
+            let revoked = async {
+                match &grant.lease {
+                    Some(l) => l.revoked().await,
+                    None => std::future::pending().await,
                 }
-                if lease.changed().await.is_err() {
-                    return std::future::pending().await;
+            };
+            let again = async {
+                loop {
+                    lease.borrow_and_update();
+                    let now = coord.registration_in(grant.group).map(|(_, inc)| inc);
+                    if now.is_some() && now != grant.inc {
+                        return;
+                    }
+                    if lease.changed().await.is_err() {
+                        return std::future::pending().await;
+                    }
                 }
+            };
+            tokio::select! {
+                () = revoked => {}
+                () = again => {}
             }
         }
     }
@@ -1770,7 +1855,7 @@ async fn hook(
                 // Not taken: the platform keeps it and retries.
                 return (StatusCode::SERVICE_UNAVAILABLE, "bot disabled\n").into_response();
             }
-            if !h.may_act() || h.draining() {
+            if !h.live() || h.draining() {
                 h.inner.metrics.count(HOOKS_UNAVAILABLE_TOTAL, p, 1);
                 return (StatusCode::SERVICE_UNAVAILABLE, "worker not live; retry\n")
                     .into_response();

@@ -20,7 +20,7 @@ use std::{
 };
 
 use botfleet_coord::{
-    CoordError, Coordinator, EpochInfo, EventCursor, LeaseHandle, LeaseKeeper, LeaseLost,
+    CoordError, Coordinator, EpochInfo, EventCursor, Group, LeaseHandle, LeaseKeeper, LeaseLost,
     LifecycleEvent, MemberWatch, WorkerCommand, WorkerMeta,
 };
 use botfleet_core::{BotId, BotRecord, Clock, Fence, Platform, SystemClock, WorkerId};
@@ -305,6 +305,7 @@ impl Worker {
             coord_slots: Arc::new(Semaphore::new(converge::COORD_CONCURRENCY)),
             lease: None,
             keeper: None,
+            rejoined: 0,
             fenced: false,
             draining: false,
             registry_stale: false,
@@ -362,6 +363,8 @@ struct State {
     coord_slots: Arc<Semaphore>,
     lease: Option<LeaseHandle>,
     keeper: Option<LeaseKeeper>,
+    /// The lease's [`LeaseHandle::groups_rejoined`] last seen.
+    rejoined: u64,
     /// Bots were stopped because the lease was unsafe; waiting for it to be good again.
     fenced: bool,
     /// Shutting down: nothing is started any more.
@@ -474,12 +477,15 @@ impl State {
     async fn start_keeper(&mut self, first: bool) -> Result<(), WorkerError> {
         let mut attempt = 0u32;
         loop {
-            match LeaseKeeper::start(
+            // With more than one coordination group, each group's part of the lease stands
+            // alone: one group late or lost fences only its own bots and chats.
+            match LeaseKeeper::start_with(
                 self.w.coord.clone(),
                 self.w.clock.clone(),
                 self.me().clone(),
                 me_meta(&self.w.cfg),
                 self.w.cfg.lease,
+                self.w.coord.groups() > 1,
             )
             .await
             {
@@ -487,6 +493,7 @@ impl State {
                     info!(worker = %self.me(), incarnation = %k.handle().incarnation(), "registered");
                     self.w.metrics.registered();
                     self.lease = Some(k.handle());
+                    self.rejoined = 0;
                     self.w.lease_tx.send_replace(Some(k.handle()));
                     self.keeper = Some(k);
                     self.fenced = false;
@@ -700,6 +707,15 @@ impl State {
                     check = true;
                 }
                 _ = tick.tick() => {
+                    if let Some(n) = self.lease.as_ref().map(LeaseHandle::groups_rejoined) {
+                        if n != self.rejoined {
+                            // A group joined again (it lost its data, or our liveness there):
+                            // its grace window shows, and its bots are claimed again.
+                            self.rejoined = n;
+                            self.check_grace().await;
+                            dirty = true;
+                        }
+                    }
                     self.cold_start_progress();
                     self.refresh_avoid().await;
                     for (p, c) in &self.w.connectors {
@@ -721,8 +737,16 @@ impl State {
                             // Still unsure (the backend may be away): keep waiting.
                             Some(Err(LeaseLost::Expired(_))) => {}
                             // The liveness is gone for good (e.g. we were frozen past it, or
-                            // the coordinator lost it): register again as a new incarnation.
-                            _ => {
+                            // the coordinator lost it): register again as a new incarnation,
+                            // after stopping what the fence left running (the other groups'
+                            // bots, with groups kept apart).
+                            other => {
+                                if !self.running.is_empty() {
+                                    let why = other
+                                        .and_then(Result::err)
+                                        .unwrap_or(LeaseLost::Revoked);
+                                    self.self_fence(&why);
+                                }
                                 self.start_keeper(false).await?;
                                 dirty = true;
                             }
@@ -763,19 +787,32 @@ impl State {
     }
 
     /// Stops every bot at once, keeping no claim: the lease may be gone. The stops run as
-    /// jobs; a bot is not started again before its old task has ended.
+    /// jobs; a bot is not started again before its old task has ended. With the coordination
+    /// groups kept apart, a lease only late (the roster's group not renewed in time) stops
+    /// the roster group's bots alone: each other group's bots run on their own group's part of
+    /// the lease, and fence themselves if it fails too. Passes wait until the lease is safe.
     fn self_fence(&mut self, why: &LeaseLost) {
-        warn!(worker = %self.me(), reason = %why, bots = self.running.len(), "lease not safe; stopping every bot");
+        let apart = self.w.coord.groups() > 1 && matches!(why, LeaseLost::Expired(_));
+        let stop: Vec<BotId> = self
+            .running
+            .keys()
+            .filter(|b| !apart || self.w.coord.group_of_bot(b) == Group::ZERO)
+            .cloned()
+            .collect();
+        if apart {
+            warn!(worker = %self.me(), reason = %why, bots = stop.len(), "lease not safe in the roster's coordination group; stopping its bots (the other groups' run on)");
+        } else {
+            warn!(worker = %self.me(), reason = %why, bots = stop.len(), "lease not safe; stopping every bot");
+        }
         self.w.metrics.self_fence();
         self.note("self_fenced", None, None, Some(&why.to_string()));
         self.fenced = true;
-        let all: Vec<BotId> = self.running.keys().cloned().collect();
-        for bot in all {
+        for bot in stop {
             self.let_go(&bot, After::Keep);
         }
         self.held_by.clear();
         if let Some(l) = &self.lease {
-            l.set_bots_held(0);
+            l.set_bots_held(u32::try_from(self.running.len()).unwrap_or(u32::MAX));
         }
     }
 

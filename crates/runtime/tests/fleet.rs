@@ -84,10 +84,15 @@ fn start(cfg: WorkerConfig, coord: Arc<dyn Coordinator>, store: Arc<dyn Store>) 
 
 /// How many times worker `name` (run as `w`) registered, by its metrics.
 fn registrations(w: &Running, name: &str) -> u64 {
+    counter(w, name, "botfleet_registrations_total")
+}
+
+/// The unlabelled (but for its worker) counter `metric` of worker `name` (run as `w`).
+fn counter(w: &Running, name: &str, metric: &str) -> u64 {
     w.metrics
         .render(name)
         .lines()
-        .find(|l| l.starts_with("botfleet_registrations_total"))
+        .find(|l| l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ']))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
 }
@@ -1111,4 +1116,175 @@ async fn a_hand_over_whose_take_is_lost_completes_within_a_lease() {
     each_bot_answers_once(&fake, bots.len()).await;
     wa.task.abort();
     wb.task.abort();
+}
+
+/// With more than one coordination group each group's part of the lease stands alone: one
+/// group losing its data (its keys deleted, as its own node restarted empty would) stops that
+/// group's bots only, for about a lease (they wait its grace window); every other bot polls on
+/// with no gap, is never claimed again, and no worker registers again or fences itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_loses_its_data_pauses_only_its_own_bots() {
+    use std::time::Instant;
+
+    const BOTS: usize = 80;
+    let redis = botfleet_testkit::RedisServer::start().unwrap();
+    let fake = FakeTelegram::start().await.unwrap();
+    let (_dir, store) = store().await;
+    let bots = add_bots(&*store, &fake, BOTS).await;
+    let lease = Duration::from_secs(3);
+    let names = ["w0", "w1"];
+    let mut coords = Vec::new();
+    let mut ws = Vec::new();
+    for name in names {
+        let coord = redis.coordinator_in_groups(8).await.unwrap();
+        let mut c = config(name);
+        c.lease = lease;
+        c.registry_refresh = Duration::from_secs(600);
+        ws.push(start(c, coord.clone(), store.clone()));
+        coords.push(coord);
+    }
+    let claims = |ws: &[Running]| -> u64 {
+        ws.iter()
+            .zip(names)
+            .map(|(w, n)| counter(w, n, "botfleet_claims_total"))
+            .sum()
+    };
+    wait_for("every bot polling", Duration::from_secs(30), || async {
+        let running: i64 = ws
+            .iter()
+            .map(|w| w.metrics.running_now(Platform::Telegram))
+            .sum();
+        (running == BOTS as i64 && fake.state().polling_tokens() == BOTS).then_some(())
+    })
+    .await;
+    // Settled: no claim for two seconds (the hand-overs of the start are done).
+    let mut settled = (claims(&ws), Instant::now());
+    wait_for("the claims settle", Duration::from_secs(20), || {
+        let now = claims(&ws);
+        if now != settled.0 {
+            settled = (now, Instant::now());
+        }
+        let done = settled.1.elapsed() >= Duration::from_secs(2);
+        async move { done.then_some(()) }
+    })
+    .await;
+    let before = settled.0;
+    // The group other than the roster's with the most bots.
+    let ks = coords[0].keyspace().clone();
+    let mut by_group: HashMap<botfleet_coord::Group, Vec<String>> = HashMap::new();
+    for (i, b) in bots.iter().enumerate() {
+        by_group
+            .entry(ks.group_of_bot(b))
+            .or_default()
+            .push(token(i));
+    }
+    let (g, lost_tokens) = by_group
+        .iter()
+        .filter(|(g, _)| **g != botfleet_coord::Group::ZERO)
+        .max_by_key(|(g, t)| (t.len(), g.index()))
+        .map(|(g, t)| (*g, t.clone()))
+        .unwrap();
+    let kept: Vec<String> = (0..BOTS)
+        .map(token)
+        .filter(|t| !lost_tokens.contains(t))
+        .collect();
+    let lost = Instant::now();
+    let deleted = redis.delete_keys(&format!("{}*", ks.group_tag(g))).unwrap();
+    assert!(deleted > 0, "the group had keys");
+    wait_for(
+        "the group's grace window shows",
+        Duration::from_secs(5),
+        || async {
+            ws.iter()
+                .any(|w| w.metrics.grace_left_s() > 0.0)
+                .then_some(())
+        },
+    )
+    .await;
+    // Its old owners stop its bots at their next renewal, which finds it lost; polls after
+    // that are new owners'.
+    wait_for(
+        "the lost group's bots stopped",
+        Duration::from_secs(10),
+        || async { (!lost_tokens.iter().any(|t| fake.state().is_polling(t))).then_some(()) },
+    )
+    .await;
+    let new_owners = Instant::now();
+    wait_for(
+        "the lost group's bots back",
+        Duration::from_secs(20),
+        || async {
+            (fake.state().polled_since_among(&lost_tokens, new_owners) == lost_tokens.len())
+                .then_some(())
+        },
+    )
+    .await;
+    let back = lost.elapsed();
+    let first = fake
+        .state()
+        .first_poll_per_token_since(new_owners)
+        .into_iter()
+        .filter(|(t, _)| lost_tokens.contains(t))
+        .map(|(_, at)| at)
+        .min()
+        .unwrap();
+    println!(
+        "group {g} ({} bots) lost: first new poll {:?} after the loss, all back {back:?} (lease {lease:?})",
+        lost_tokens.len(),
+        first.duration_since(lost)
+    );
+    assert!(
+        first.duration_since(lost) >= lease * 9 / 10,
+        "a bot of the lost group was taken {:?} after the loss, before its grace window ended",
+        first.duration_since(lost)
+    );
+    wait_for(
+        "the lost group's bots claimed again",
+        Duration::from_secs(10),
+        || async { (claims(&ws) == before + lost_tokens.len() as u64).then_some(()) },
+    )
+    .await;
+    // The other groups' bots: never stopped. No gap between one poll and the next from before
+    // the loss until now (a bot stopped and claimed again is away for a pass at least)...
+    for tok in &kept {
+        let spans: Vec<_> = fake
+            .state()
+            .poll_spans(tok)
+            .into_iter()
+            .filter(|s| s.ended.is_none_or(|e| e >= lost - Duration::from_secs(1)))
+            .collect();
+        assert!(!spans.is_empty(), "{tok} polled");
+        for pair in spans.windows(2) {
+            let gap = pair[1]
+                .started
+                .saturating_duration_since(pair[0].ended.unwrap());
+            assert!(
+                gap < lease / 2,
+                "{tok} (outside the lost group) stopped polling for {gap:?}"
+            );
+        }
+    }
+    // ... and never claimed again; nobody registered again or fenced itself.
+    assert_eq!(
+        claims(&ws),
+        before + lost_tokens.len() as u64,
+        "claims beyond the lost group's"
+    );
+    for (w, n) in ws.iter().zip(names) {
+        assert_eq!(registrations(w, n), 1, "{n} registered again");
+        assert_eq!(
+            counter(w, n, "botfleet_self_fences_total"),
+            0,
+            "{n} fenced itself"
+        );
+    }
+    assert_eq!(
+        fake.state().conflicts(),
+        0,
+        "never two pollers on one token"
+    );
+    each_bot_answers_once(&fake, BOTS).await;
+    for w in ws {
+        w.shutdown().await;
+    }
 }

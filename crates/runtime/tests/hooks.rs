@@ -6,7 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use botfleet_coord::MemoryHub;
+use botfleet_coord::{Coordinator, MemoryHub};
 use botfleet_core::{BotId, BotSpec, HandlerSpec, Platform, Secret};
 use botfleet_runtime::metrics;
 use botfleet_store::Store;
@@ -74,6 +74,89 @@ fn webhook_bot(id: &str, token: &str, fake: &FakeTelegram, handler: &str) -> Bot
         secret: None,
     };
     spec
+}
+
+/// A handler service that holds the first message it is asked about until `thaw`, then
+/// answers it `late:{text}` with a state saying so, and answers every other `re:{text}`.
+struct Hanging {
+    url: String,
+    thaw: Arc<tokio::sync::Notify>,
+    /// Whether the caller of the held call went away before it was answered.
+    given_up: Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn hanging_handler() -> Hanging {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+    /// Marks the held call given up unless it answered.
+    struct Left(Arc<AtomicBool>, bool);
+    impl Drop for Left {
+        fn drop(&mut self) {
+            if !self.1 {
+                self.0.store(true, SeqCst);
+            }
+        }
+    }
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", hang.local_addr().unwrap());
+    let first = Arc::new(AtomicBool::new(true));
+    let thaw = Arc::new(tokio::sync::Notify::new());
+    let given_up = Arc::new(AtomicBool::new(false));
+    let (f2, t2, g2) = (first, thaw.clone(), given_up.clone());
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::post(move |axum::Json(v): axum::Json<serde_json::Value>| {
+            let (f, t, g) = (f2.clone(), t2.clone(), g2.clone());
+            async move {
+                let text = v["text"].as_str().unwrap_or("").to_owned();
+                if f.swap(false, SeqCst) {
+                    let mut left = Left(g, false);
+                    t.notified().await;
+                    left.1 = true;
+                    return axum::Json(
+                        serde_json::json!({"text": format!("late:{text}"), "state": {"late": true}}),
+                    );
+                }
+                axum::Json(serde_json::json!({"text": format!("re:{text}")}))
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(hang, app).await;
+    });
+    Hanging {
+        url,
+        thaw,
+        given_up,
+    }
+}
+
+/// Delivers a Telegram message update (`id`, in private chat `chat`) to the hooks address
+/// `hook`, with the bots' secret: the answer's status.
+async fn post_update(hook: &str, id: i64, chat: i64, text: &str) -> u16 {
+    reqwest::Client::new()
+        .post(hook)
+        .header("X-Telegram-Bot-Api-Secret-Token", SECRET)
+        .json(&serde_json::json!({
+            "update_id": id,
+            "message": {"message_id": id, "date": 1_700_000_000, "chat": {"id": chat, "type": "private"}, "text": text}
+        }))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// [`post_update`] until it is answered 200 (the worker registers first), for up to 5 s.
+async fn acknowledged_at_last(hook: &str, id: i64, chat: i64, text: &str) {
+    for _ in 0..50 {
+        if post_update(hook, id, chat, text).await == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{hook} never acknowledged message {id}");
 }
 
 struct TelegramHooksFixture {
@@ -498,30 +581,11 @@ async fn a_frozen_workers_turn_is_taken_over_and_it_acts_on_nothing() {
     let token = "4545:dead-token";
     fake.state().add_bot(token);
     // A handler that never answers the first message: its worker holds the turn until it dies.
-    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hang_url = format!("http://{}/", hang.local_addr().unwrap());
-    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let thaw = Arc::new(tokio::sync::Notify::new());
-    let (f2, t2) = (first.clone(), thaw.clone());
-    let app = axum::Router::new().route(
-        "/",
-        axum::routing::post(move |axum::Json(v): axum::Json<serde_json::Value>| {
-            let (f, t) = (f2.clone(), t2.clone());
-            async move {
-                let text = v["text"].as_str().unwrap_or("").to_owned();
-                if f.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                    t.notified().await;
-                    return axum::Json(
-                        serde_json::json!({"text": format!("late:{text}"), "state": {"late": true}}),
-                    );
-                }
-                axum::Json(serde_json::json!({"text": format!("re:{text}")}))
-            }
-        }),
-    );
-    tokio::spawn(async move {
-        let _ = axum::serve(hang, app).await;
-    });
+    let Hanging {
+        url: hang_url,
+        thaw,
+        ..
+    } = hanging_handler().await;
     store
         .add_bot(&webhook_bot("deady", token, &fake, &hang_url))
         .await
@@ -540,41 +604,19 @@ async fn a_frozen_workers_turn_is_taken_over_and_it_acts_on_nothing() {
         store.clone(),
     )
     .await;
-    let http = reqwest::Client::new();
-    let post = |url: String, id: i64, text: &str| {
-        http.post(url)
-            .header("X-Telegram-Bot-Api-Secret-Token", SECRET)
-            .json(&serde_json::json!({
-                "update_id": id,
-                "message": {"message_id": id, "date": 1_700_000_000, "chat": {"id": 8, "type": "private"}, "text": text}
-            }))
-            .send()
-    };
     until(
         "a.metrics.sent_total() == 0 && fake.state().webhook(token).i",
         10,
         || a.metrics.sent_total() == 0 && fake.state().webhook(token).is_some(),
     )
     .await;
-    let mut ok = false;
-    for _ in 0..50 {
-        if post(format!("{}/hooks/telegram/deady", a.hooks_url), 1, "one")
-            .await
-            .unwrap()
-            .status()
-            == 200
-        {
-            ok = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(ok, "a acknowledges the first message");
+    let (a_hook, b_hook) = (
+        format!("{}/hooks/telegram/deady", a.hooks_url),
+        format!("{}/hooks/telegram/deady", b.hooks_url),
+    );
+    acknowledged_at_last(&a_hook, 1, 8, "one").await;
     // b's message waits behind a's turn.
-    let r = post(format!("{}/hooks/telegram/deady", b.hooks_url), 2, "two")
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(post_update(&b_hook, 2, 8, "two").await, 200);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         fake.state().sent_count(),
@@ -1800,4 +1842,122 @@ async fn telegram_held_turns_keep_no_task_each_by_webhook() {
         fake: FakeTelegram::start().await.unwrap(),
     };
     botfleet_testkit::webhook_suite::held_turns_keep_no_task_each_by_webhook(&f).await;
+}
+
+/// With more than one coordination group, a chat's turn is held under its own group's part of
+/// the lease: when that group loses its data (its keys deleted, as its own node restarted
+/// empty would) and is joined again, the turn's holder gives its handler up and acts on
+/// nothing — the chat's messages are answered again, once each and in order, under the new
+/// incarnation — while a chat of another group is answered on the same worker meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_of_a_group_that_lost_its_data_is_given_up_and_others_go_on() {
+    let redis = botfleet_testkit::RedisServer::start().unwrap();
+    let (_dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    let token = "4646:group-token";
+    fake.state().add_bot(token);
+    // A handler that holds the first message until thawed, then answers it "late:".
+    let Hanging {
+        url: hang_url,
+        thaw,
+        given_up,
+    } = hanging_handler().await;
+    store
+        .add_bot(&webhook_bot("groupy", token, &fake, &hang_url))
+        .await
+        .unwrap();
+    let ca = redis.coordinator_in_groups(8).await.unwrap();
+    let cb = redis.coordinator_in_groups(8).await.unwrap();
+    let ks = ca.keyspace().clone();
+    // Two chats in two groups, neither the roster's.
+    let group_of = |chat: i64| ks.group_of_chat(&format!("groupy/{chat}"));
+    let lost_chat = (1..)
+        .find(|c| group_of(*c) != botfleet_coord::Group::ZERO)
+        .unwrap();
+    let g = group_of(lost_chat);
+    let other_chat = (1..)
+        .find(|c| ![botfleet_coord::Group::ZERO, g].contains(&group_of(*c)))
+        .unwrap();
+    let lease = Duration::from_secs(3);
+    let cfg = |name: &str| {
+        let mut c = config(name, "http://127.0.0.1:9");
+        c.lease = lease;
+        c
+    };
+    let a = start(cfg("a"), ca.clone(), store.clone()).await;
+    let b = start(cfg("b"), cb.clone(), store.clone()).await;
+    until("the webhook is set", 10, || {
+        fake.state().webhook(token).is_some()
+    })
+    .await;
+    let (a_hook, b_hook) = (
+        format!("{}/hooks/telegram/groupy", a.hooks_url),
+        format!("{}/hooks/telegram/groupy", b.hooks_url),
+    );
+    acknowledged_at_last(&a_hook, 1, lost_chat, "one").await;
+    // b's message waits behind a's turn.
+    assert_eq!(post_update(&b_hook, 2, lost_chat, "two").await, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        fake.state().sent_count(),
+        0,
+        "the second waits for the first"
+    );
+    // The chat's group loses its data; a finds it lost and joins it again.
+    let joined = ca.registration_in(g).unwrap().1;
+    let deleted = redis.delete_keys(&format!("{}*", ks.group_tag(g))).unwrap();
+    assert!(deleted > 0, "the group had keys");
+    until("a joins the lost group again", 10, || {
+        ca.registration_in(g).is_some_and(|(_, inc)| inc != joined)
+    })
+    .await;
+    // A chat of another group is answered by a meanwhile, at its first delivery.
+    assert_eq!(
+        post_update(&a_hook, 3, other_chat, "elsewhere").await,
+        200,
+        "a takes a chat of a group it still holds"
+    );
+    until("the other group's chat is answered", 10, || {
+        fake.state().sent().iter().any(|s| s.text == "re:elsewhere")
+    })
+    .await;
+    // The lost group's chat: answered again under the new incarnation, in order.
+    let in_lost = || -> Vec<String> {
+        fake.state()
+            .sent()
+            .into_iter()
+            .filter(|s| s.chat_id == lost_chat.to_string())
+            .map(|s| s.text)
+            .collect()
+    };
+    until("the lost group's chat is answered", 20, || {
+        in_lost().len() >= 2
+    })
+    .await;
+    assert_eq!(in_lost(), ["re:one", "re:two"], "once each, in order");
+    // The turn's holder gave its handler call up once its group's part of the lease was
+    // revoked: not left working on the chat beside the turn's new holder.
+    until("the lost group's handler call is given up", 10, || {
+        given_up.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    // The handler answers at last: nothing is sent, no state written.
+    thaw.notify_waiters();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        in_lost(),
+        ["re:one", "re:two"],
+        "the given-up turn acted on nothing"
+    );
+    let v = store
+        .turn_view(&BotId::new("groupy").unwrap(), "1", &lost_chat.to_string())
+        .await
+        .unwrap();
+    assert!(
+        !v.state.unwrap_or_default().contains("late"),
+        "the given-up turn's state was not written"
+    );
+    assert_eq!(fake.state().sent_count(), 3);
+    a.shutdown().await;
+    b.shutdown().await;
 }

@@ -147,6 +147,39 @@ impl RedisServer {
         Ok(String::from_utf8_lossy(&line).into_owned())
     }
 
+    /// Deletes every key matching `pattern` (a `KEYS` glob) in one script, as the node holding
+    /// them would lose them on a restart with no data: `{prefix:gK}*` loses one coordination
+    /// group's. Answers how many there were.
+    ///
+    /// # Errors
+    /// When the server cannot be reached or does not answer a count.
+    pub fn delete_keys(&self, pattern: &str) -> std::io::Result<u64> {
+        let said = self.command(&[
+            "EVAL",
+            "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) n = n + 1 end return n",
+            "0",
+            pattern,
+        ])?;
+        said.strip_prefix(':')
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("deleting keys answered {said:?}")))
+    }
+
+    /// A coordinator on this server with the default key prefix and its keys in `groups`
+    /// coordination groups.
+    ///
+    /// # Errors
+    /// When it cannot connect.
+    pub async fn coordinator_in_groups(
+        &self,
+        groups: u16,
+    ) -> botfleet_coord::Result<std::sync::Arc<botfleet_coord::RedisCoordinator>> {
+        let config = botfleet_coord::RedisConfig::new(self.url()).groups(groups);
+        Ok(std::sync::Arc::new(
+            botfleet_coord::RedisCoordinator::connect(config).await?,
+        ))
+    }
+
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)

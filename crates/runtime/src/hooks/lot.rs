@@ -22,10 +22,10 @@ use std::{
     time::Instant,
 };
 
-use botfleet_core::{BotSpec, Fence, Incarnation};
+use botfleet_core::{BotSpec, Fence};
 use tokio::sync::mpsc;
 
-use super::{lock, Hooks, Taken, TurnHold};
+use super::{lock, Grant, Hooks, Taken, TurnHold};
 use crate::{
     chats::sleep_until_timer,
     later::EntryOf,
@@ -52,8 +52,8 @@ pub(super) struct Lodged {
     pub(super) ticket: u64,
     /// The fence of the chat's turn.
     pub(super) fence: Fence,
-    /// The registration the turn was granted to.
-    pub(super) inc: Option<Incarnation>,
+    /// What the turn was granted as.
+    pub(super) grant: Grant,
 }
 
 impl Lodged {
@@ -160,7 +160,7 @@ impl Hooks {
             let ctx = self.turn_ctx(&l.spec, l.spec_at);
             let hold = TurnHold {
                 hooks: &self,
-                inc: &l.inc,
+                grant: &l.grant,
                 parks: None,
             };
             let r = turn::step_held(&ctx, &hold, &mut l.turn, posted).await;
@@ -193,17 +193,17 @@ impl Hooks {
             own,
             ticket,
             fence,
-            inc,
+            grant,
             ..
         } = *l;
         self.disarm(&spec.id, turn.key(), turn.armed());
         drop(turn);
         // Answered under a newer spec than the one refused: nothing is held any more.
         lock(&self.inner.refused).remove(&spec.id);
-        if self.release(&ck, ticket, fence, &inc).await && ticket != own {
-            self.serve_own_again(spec, ck, chat, key, own, inc).await;
+        if self.release(&ck, ticket, fence, &grant).await && ticket != own {
+            self.serve_own_again(spec, ck, chat, key, own, grant).await;
         } else {
-            self.ticket_over(spec, ck, chat, key, inc);
+            self.ticket_over(spec, ck, chat, key, grant);
         }
     }
 
@@ -218,7 +218,7 @@ impl Hooks {
             spec,
             spec_at,
             own,
-            inc,
+            grant,
             ..
         } = *l;
         // Its hold ends here (counted, watched and kept no longer): the ticket's turn may be
@@ -239,15 +239,16 @@ impl Hooks {
         } else {
             spec
         };
-        if !matches!(halt, Halt::Stopped) && self.recover(&inc).await {
-            self.serve_own_again(spec, ck, chat, key, own, inc).await;
+        if !matches!(halt, Halt::Stopped) && self.recover(&grant).await {
+            self.serve_own_again(spec, ck, chat, key, own, grant).await;
         } else {
-            self.ticket_over(spec, ck, chat, key, inc);
+            self.ticket_over(spec, ck, chat, key, grant);
         }
     }
 
     /// Serves the ticket `own` (of the entry `key`) on from its turn's next answer, asked for
-    /// now, as its task would; or ends that task's work once the registration `inc` ended.
+    /// now, as its task would; or ends that task's work once what `grant` was granted
+    /// under ended.
     async fn serve_own_again(
         &self,
         spec: Arc<BotSpec>,
@@ -255,18 +256,18 @@ impl Hooks {
         chat: String,
         key: String,
         own: u64,
-        inc: Option<Incarnation>,
+        grant: Grant,
     ) {
-        match self.try_again(&ck, own, &inc).await {
+        match self.try_again(&ck, own, &grant).await {
             Some(next) => {
                 let t = Taken {
                     ticket: own,
                     turn: next,
-                    inc,
+                    grant,
                 };
                 Box::pin(self.run_ticket(spec, ck, chat, key, t, Instant::now(), None)).await;
             }
-            None => self.ticket_over(spec, ck, chat, key, inc),
+            None => self.ticket_over(spec, ck, chat, key, grant),
         }
     }
 }
@@ -281,9 +282,7 @@ impl Lot {
             return;
         }
         let entry = l.turn.entry();
-        if h.incarnation()
-            .is_some_and(|now| l.inc.as_ref() != Some(&now))
-        {
+        if h.registered_again(&l.grant) {
             // An earlier registration's: let go (seen through as the new one).
             self.over(entry);
             let_go(h, l, LOST);
@@ -302,8 +301,7 @@ impl Lot {
             // Two held turns of one entry: an earlier registration's and this one's. The
             // earlier one is let go (seen through as the new registration).
             self.timers.remove(&(due, entry));
-            let now = h.incarnation();
-            let (keep, go) = if other.inc == now && l.inc != now {
+            let (keep, go) = if !h.registered_again(&other.grant) && h.registered_again(&l.grant) {
                 (other, l)
             } else {
                 (l, other)
@@ -369,13 +367,10 @@ impl Lot {
     /// The worker's registration changed: the held turns of an earlier one are let go (their
     /// tickets are others' to take over; their entries are seen through as the new one).
     fn registered(&mut self, h: &Hooks) {
-        let Some(now) = h.incarnation() else {
-            return;
-        };
         let stale: Vec<EntryOf> = self
             .parked
             .iter()
-            .filter(|(_, (_, l))| l.inc.as_ref() != Some(&now))
+            .filter(|(_, (_, l))| h.registered_again(&l.grant))
             .map(|(e, _)| *e)
             .collect();
         for entry in stale {
