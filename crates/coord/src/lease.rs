@@ -354,7 +354,7 @@ impl LeaseKeeper {
         let (tx, rx) = watch::channel(0u64);
         let (fence_tx, fence_rx) = watch::channel(0u64);
         let task = tokio::spawn(renew_loop(coord, shared.clone(), tx, worker.clone()));
-        let timer = tokio::spawn(fence_timer(shared.clone(), rx, fence_tx));
+        let timer = tokio::spawn(fence_timer(shared.clone(), rx, fence_tx, worker.clone()));
         Ok(Self {
             handle: LeaseHandle {
                 shared,
@@ -396,11 +396,13 @@ async fn fence_timer(
     shared: Arc<Shared>,
     mut changed: watch::Receiver<u64>,
     fence: watch::Sender<u64>,
+    worker: WorkerId,
 ) {
     let mut was = shared.standings();
     loop {
         let now = shared.standings();
         if now != was {
+            log_groups(&worker, &was, &now);
             was = now;
             fence.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -426,6 +428,36 @@ async fn fence_timer(
                 }
             } => {}
         }
+    }
+}
+
+/// Says which coordination groups (kept apart) turned unsafe, and which safe again, between
+/// two looks of the fence timer: one line each way, naming the first few (a Redis away makes
+/// every group late at once).
+fn log_groups(worker: &WorkerId, was: &[(Standing, u64)], now: &[(Standing, u64)]) {
+    const NAMED: usize = 8;
+    let (mut fell, mut back) = (Vec::new(), Vec::new());
+    // Part 0 is the whole lease (the roster's group), logged by the renewals.
+    for (k, (before, after)) in was.iter().zip(now).enumerate().skip(1) {
+        match (before.0, after.0) {
+            (Standing::Safe, Standing::Late | Standing::Revoked) => fell.push(k),
+            (Standing::Late | Standing::Revoked, Standing::Safe) => back.push(k),
+            _ => {}
+        }
+    }
+    // As a group shows itself (`g3`).
+    let names = |gs: &[usize]| {
+        let mut s: Vec<String> = gs.iter().take(NAMED).map(|k| format!("g{k}")).collect();
+        if gs.len() > NAMED {
+            s.push(format!("and {} more", gs.len() - NAMED));
+        }
+        s.join(", ")
+    };
+    if !fell.is_empty() {
+        warn!(%worker, groups = fell.len(), which = %names(&fell), "lease not safe in coordination groups; their bots and chats are fenced");
+    }
+    if !back.is_empty() {
+        info!(%worker, groups = back.len(), which = %names(&back), "lease safe again in coordination groups");
     }
 }
 
