@@ -201,18 +201,7 @@ impl LeaseHandle {
     /// only when some part of the lease turns unsafe or safe again (not on every renewal) and
     /// holds no timer of its own, so thousands of bot tasks can wait on it beside their polls.
     pub async fn lost(&self) -> LeaseLost {
-        let mut fence = self.fence.clone();
-        loop {
-            // Marked seen before the check: a flip after it wakes the wait below.
-            fence.borrow_and_update();
-            if let Err(e) = self.check() {
-                return e;
-            }
-            if fence.changed().await.is_err() {
-                // Keeper gone.
-                return self.check().err().unwrap_or(LeaseLost::Stopped);
-            }
-        }
+        self.until(Result::err).await.unwrap_or(LeaseLost::Stopped)
     }
 
     /// Resolves once this handle is revoked for good ([`LeaseLost::Revoked`]: the liveness
@@ -220,17 +209,24 @@ impl LeaseHandle {
     /// merely late; never either once the keeper stopped without revoking it. Woken like
     /// [`LeaseHandle::lost`], by the keeper's transitions only.
     pub async fn revoked(&self) {
+        let revoked = |r: Result<(), LeaseLost>| (r == Err(LeaseLost::Revoked)).then_some(());
+        if self.until(revoked).await.is_none() {
+            std::future::pending().await
+        }
+    }
+
+    /// Waits, woken by the keeper's transitions, until `f` of [`LeaseHandle::check`] answers
+    /// something; `None` once the keeper is gone and it still answers nothing.
+    async fn until<T>(&self, f: impl Fn(Result<(), LeaseLost>) -> Option<T>) -> Option<T> {
         let mut fence = self.fence.clone();
         loop {
+            // Marked seen before the check: a flip after it wakes the wait below.
             fence.borrow_and_update();
-            if self.check() == Err(LeaseLost::Revoked) {
-                return;
+            if let Some(t) = f(self.check()) {
+                return Some(t);
             }
             if fence.changed().await.is_err() {
-                if self.check() == Err(LeaseLost::Revoked) {
-                    return;
-                }
-                return std::future::pending().await;
+                return f(self.check());
             }
         }
     }

@@ -1704,11 +1704,9 @@ impl Hold for TurnHold<'_> {
     /// turn was the earlier registration's.
     fn gone(&self) -> impl std::future::Future<Output = ()> + Send {
         let mut lease = self.hooks.inner.lease.clone();
-        let coord = self.hooks.inner.coord.clone();
-        let grant = self.grant.clone();
         async move {
             let revoked = async {
-                match &grant.lease {
+                match &self.grant.lease {
                     Some(l) => l.revoked().await,
                     None => std::future::pending().await,
                 }
@@ -1716,8 +1714,7 @@ impl Hold for TurnHold<'_> {
             let again = async {
                 loop {
                     lease.borrow_and_update();
-                    let now = coord.registration_in(grant.group).map(|(_, inc)| inc);
-                    if now.is_some() && now != grant.inc {
+                    if self.hooks.registered_again(self.grant) {
                         return;
                     }
                     if lease.changed().await.is_err() {

@@ -485,7 +485,7 @@ impl State {
                 self.me().clone(),
                 me_meta(&self.w.cfg),
                 self.w.cfg.lease,
-                self.w.coord.groups() > 1,
+                self.groups_apart(),
             )
             .await
             {
@@ -786,13 +786,18 @@ impl State {
         });
     }
 
+    /// Whether each coordination group's part of the lease stands alone (more than one group).
+    fn groups_apart(&self) -> bool {
+        self.w.coord.groups() > 1
+    }
+
     /// Stops every bot at once, keeping no claim: the lease may be gone. The stops run as
     /// jobs; a bot is not started again before its old task has ended. With the coordination
     /// groups kept apart, a lease only late (the roster's group not renewed in time) stops
     /// the roster group's bots alone: each other group's bots run on their own group's part of
     /// the lease, and fence themselves if it fails too. Passes wait until the lease is safe.
     fn self_fence(&mut self, why: &LeaseLost) {
-        let apart = self.w.coord.groups() > 1 && matches!(why, LeaseLost::Expired(_));
+        let apart = self.groups_apart() && matches!(why, LeaseLost::Expired(_));
         let stop: Vec<BotId> = self
             .running
             .keys()

@@ -159,6 +159,28 @@ async fn acknowledged_at_last(hook: &str, id: i64, chat: i64, text: &str) {
     panic!("{hook} never acknowledged message {id}");
 }
 
+/// Webhook bot `id` (`token`, on a fresh fake Bot API and store) answered by a
+/// [`hanging_handler`].
+async fn hanging_bot(
+    id: &str,
+    token: &str,
+) -> (
+    botfleet_testkit::TempDir,
+    Arc<dyn Store>,
+    FakeTelegram,
+    Hanging,
+) {
+    let (dir, store) = store().await;
+    let fake = FakeTelegram::start().await.unwrap();
+    fake.state().add_bot(token);
+    let hanging = hanging_handler().await;
+    store
+        .add_bot(&webhook_bot(id, token, &fake, &hanging.url))
+        .await
+        .unwrap();
+    (dir, store, fake, hanging)
+}
+
 struct TelegramHooksFixture {
     fake: FakeTelegram,
 }
@@ -576,20 +598,9 @@ async fn bad_secrets_are_refused_and_redeliveries_answered_once() {
 /// first, then its own; when the frozen worker's handler finally answers, it acts on nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_workers_turn_is_taken_over_and_it_acts_on_nothing() {
-    let (_dir, store) = store().await;
-    let fake = FakeTelegram::start().await.unwrap();
-    let token = "4545:dead-token";
-    fake.state().add_bot(token);
     // A handler that never answers the first message: its worker holds the turn until it dies.
-    let Hanging {
-        url: hang_url,
-        thaw,
-        ..
-    } = hanging_handler().await;
-    store
-        .add_bot(&webhook_bot("deady", token, &fake, &hang_url))
-        .await
-        .unwrap();
+    let token = "4545:dead-token";
+    let (_dir, store, fake, Hanging { thaw, .. }) = hanging_bot("deady", token).await;
     let hub = MemoryHub::new();
     let ca = hub.coordinator();
     let a = start(
@@ -1852,20 +1863,9 @@ async fn telegram_held_turns_keep_no_task_each_by_webhook() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_of_a_group_that_lost_its_data_is_given_up_and_others_go_on() {
     let redis = botfleet_testkit::RedisServer::start().unwrap();
-    let (_dir, store) = store().await;
-    let fake = FakeTelegram::start().await.unwrap();
-    let token = "4646:group-token";
-    fake.state().add_bot(token);
     // A handler that holds the first message until thawed, then answers it "late:".
-    let Hanging {
-        url: hang_url,
-        thaw,
-        given_up,
-    } = hanging_handler().await;
-    store
-        .add_bot(&webhook_bot("groupy", token, &fake, &hang_url))
-        .await
-        .unwrap();
+    let token = "4646:group-token";
+    let (_dir, store, fake, Hanging { thaw, given_up, .. }) = hanging_bot("groupy", token).await;
     let ca = redis.coordinator_in_groups(8).await.unwrap();
     let cb = redis.coordinator_in_groups(8).await.unwrap();
     let ks = ca.keyspace().clone();
