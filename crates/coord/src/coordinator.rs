@@ -95,8 +95,9 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// [`CoordError::NotRegistered`](crate::CoordError) before `register`;
-    /// [`CoordError::InvalidArgument`](crate::CoordError) for a backend with one group
-    /// (register again instead); backend failures.
+    /// [`CoordError::InvalidArgument`](crate::CoordError) for a group the backend does not
+    /// have, and from a backend without groups (the default: register again instead);
+    /// backend failures.
     async fn rejoin_group(&self, g: Group) -> Result<Incarnation> {
         Err(crate::CoordError::InvalidArgument(format!(
             "this coordinator has one coordination group: register again instead of joining {g} again"
@@ -384,6 +385,24 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Backend failures.
     async fn release_lock(&self, guard: &LockGuard) -> Result<bool>;
+}
+
+/// One answer for the whole lease from each group's renewal ([`Coordinator::renew_groups`]):
+/// a group where the liveness is lost loses it all, and so does one that did not answer (the
+/// lease keeper fences on time).
+pub(crate) fn whole_lease(renewed: Vec<(Group, Result<Renewal>)>) -> Result<Renewal> {
+    let mut failed = None;
+    for (_, r) in renewed {
+        match r {
+            Ok(Renewal::Renewed) => {}
+            Ok(Renewal::Lost) => return Ok(Renewal::Lost),
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(Renewal::Renewed),
+    }
 }
 
 /// Checks a lease or TTL against the accepted range.

@@ -94,6 +94,16 @@ impl KeySpace {
         })
     }
 
+    /// The in-memory hub's key space: no Redis key is built from it, only groups are hashed
+    /// (which the prefix does not change); `groups` is clamped to 1–[`MAX_GROUPS`].
+    pub(crate) fn in_memory(groups: u16) -> Self {
+        Self {
+            prefix: "memory".to_owned(),
+            tag: "{memory}".to_owned(),
+            groups: groups.clamp(1, MAX_GROUPS),
+        }
+    }
+
     /// How many groups the keys fall in.
     pub fn groups(&self) -> u16 {
         self.groups

@@ -3,9 +3,14 @@
 //! It is the embedded default (one process, no Redis) and the test double, and it runs the
 //! same protocol as the Redis backend: liveness with deadlines, fenced claims, hand-over
 //! records. Time comes from an injected [`Clock`], so a simulation can drive it step by step.
+//!
+//! Like the Redis backend it may split its state into coordination groups
+//! ([`MemoryHub::with_groups`]), each with its own view of the workers' liveness and its own
+//! epoch, holding the bots and chats that hash to it: one group can lose its data
+//! ([`MemoryHub::wipe_group`]) while the others keep theirs.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -16,12 +21,13 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::{
     coordinator::{check_key, check_key_len, check_ttl, nonce, Knowledge},
-    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, Group,
+    BucketTake, ClaimOutcome, CoordError, Coordinator, EpochInfo, EventCursor, Group, KeySpace,
     LifecycleEvent, LiveWorker, LockGuard, Owner, RateGrant, RateLimit, Renewal, Result, Turn,
     WorkerCommand, WorkerMeta,
 };
 
-/// The hub keeps one coordination group.
+/// Group 0: it also holds the roster (the members listed, their metadata) and the locks'
+/// epoch, as the Redis backend's group 0 shares the roster's tag.
 const G0: Group = Group::ZERO;
 
 /// How many lifecycle events the hub keeps.
@@ -55,6 +61,18 @@ struct Epoch {
 }
 
 impl Epoch {
+    /// The epoch of a hub made now, which knows every grant since.
+    fn trusted(now: u64) -> Self {
+        Self {
+            id: nonce(),
+            born: now,
+            till: 0,
+            lost: false,
+            hold: 0,
+            trusted: true,
+        }
+    }
+
     fn grace_left(&self, now: u64) -> u64 {
         let mut left = 0;
         if self.lost && self.till > now {
@@ -79,9 +97,30 @@ struct Lock {
     deadline_ms: u64,
 }
 
-/// A worker's registration, shared by the tickets it takes and the turns it holds (a held
-/// turn of the embedded worker costs its chat's queue here: kept small).
+/// A worker's registration in a group, shared by the tickets it takes and the turns it holds
+/// (a held turn of the embedded worker costs its chat's queue here: kept small).
 type Taker = Arc<(WorkerId, Incarnation)>;
+
+/// A handle's registration (what the Redis backend's `Registration` keeps).
+#[derive(Debug, Clone)]
+struct Reg {
+    /// The worker and the incarnation it registered with.
+    taker: Taker,
+    lease_ms: u64,
+    meta: WorkerMeta,
+    /// Groups joined again on their own, with the incarnation there (the others hold
+    /// `taker`'s).
+    rejoined: HashMap<Group, Taker>,
+    /// Groups where the liveness was found lost: not renewed until joined again.
+    out: HashSet<Group>,
+}
+
+impl Reg {
+    /// The worker and its incarnation in group `g`.
+    fn taker_in(&self, g: Group) -> &Taker {
+        self.rejoined.get(&g).unwrap_or(&self.taker)
+    }
+}
 
 /// A ticket of a chat's turn queue: its number, taker and journal key.
 #[derive(Debug, Clone)]
@@ -128,12 +167,72 @@ impl ChatTurns {
     }
 }
 
+/// One coordination group's part of the hub: its own view of the workers' liveness, its
+/// epoch, and the records of the bots and chats that hash to it (what the Redis backend keeps
+/// under the group's hash tag).
 #[derive(Debug, Default, Clone)]
-struct State {
+struct GroupState {
+    /// Missing after the group lost its data (until a worker comes: a new one, in grace).
     epoch: Option<Epoch>,
     members: HashMap<WorkerId, Member>,
     owners: HashMap<BotId, OwnerRec>,
     fence_counters: HashMap<BotId, u64>,
+    /// Per chat key: its turn queue (gone while the chat has no ticket).
+    turns: HashMap<Box<str>, ChatTurns>,
+    /// The last turn fence granted, of any chat (a forgotten chat's next fences stay above).
+    turn_fence: u64,
+}
+
+impl GroupState {
+    fn is_live(&self, worker: &WorkerId, inc: &Incarnation, now: u64) -> bool {
+        self.members
+            .get(worker)
+            .is_some_and(|m| &m.incarnation == inc && m.deadline_ms > now)
+    }
+
+    /// Bumps a member's write sequence if it has every write the caller was answered
+    /// (`known`); answers the new one (0 if not: the caller's next renewal finds the loss).
+    fn bump(&mut self, w: &WorkerId, known: u64) -> u64 {
+        match self.members.get_mut(w) {
+            Some(m) if m.seq >= known => {
+                m.seq += 1;
+                m.seq
+            }
+            _ => 0,
+        }
+    }
+
+    /// Makes `worker` a member as incarnation `inc`, live for `lease_ms` from `now`.
+    fn join(
+        &mut self,
+        worker: &WorkerId,
+        inc: &Incarnation,
+        meta: &WorkerMeta,
+        lease_ms: u64,
+        now: u64,
+    ) {
+        self.members.insert(
+            worker.clone(),
+            Member {
+                incarnation: inc.clone(),
+                meta: meta.clone(),
+                lease_ms,
+                renewed_at_ms: now,
+                deadline_ms: now + lease_ms,
+                seq: 1,
+            },
+        );
+    }
+}
+
+/// The hub's state: its groups, and the fleet-wide things (kept with the roster in Redis).
+#[derive(Debug, Default, Clone)]
+struct State {
+    /// Indexed by the group's number; one at least.
+    groups: Vec<GroupState>,
+    /// Every group keeps its epoch in group 0 (a mutation only tests set: a group's loss then
+    /// goes unseen).
+    one_epoch: bool,
     events: VecDeque<(EventCursor, LifecycleEvent)>,
     next_event: u64,
     commands: HashMap<WorkerId, VecDeque<WorkerCommand>>,
@@ -148,10 +247,6 @@ struct State {
     journal: VecDeque<(u64, String)>,
     journal_seq: u64,
     member_signals: Vec<mpsc::Sender<()>>,
-    /// Per chat key: its turn queue (gone while the chat has no ticket).
-    turns: HashMap<Box<str>, ChatTurns>,
-    /// The last turn fence granted, of any chat (a forgotten chat's next fences stay above).
-    turn_fence: u64,
     /// Per worker: where its turn wake-ups go.
     turn_wakers: HashMap<WorkerId, Vec<mpsc::Sender<String>>>,
     /// Handles made unusable by [`MemoryHub::crash`].
@@ -159,15 +254,49 @@ struct State {
 }
 
 impl State {
-    fn is_live(&self, worker: &WorkerId, inc: &Incarnation, now: u64) -> bool {
-        self.members
-            .get(worker)
-            .is_some_and(|m| &m.incarnation == inc && m.deadline_ms > now)
+    /// A state of `groups` groups, each with a new trusted epoch born `now` (a hub made now).
+    fn new(groups: u16, now: u64) -> Self {
+        Self {
+            groups: (0..groups.max(1))
+                .map(|_| GroupState {
+                    epoch: Some(Epoch::trusted(now)),
+                    ..GroupState::default()
+                })
+                .collect(),
+            ..Self::default()
+        }
     }
 
-    /// The turn answer for `ticket` of `chat`, asked by `me` (see `Coordinator::turn_try`).
+    /// Group `g`'s part. Groups come from the hub's key space (or are checked against it).
+    fn grp(&self, g: Group) -> &GroupState {
+        &self.groups[usize::from(g.index())]
+    }
+
+    fn grp_mut(&mut self, g: Group) -> &mut GroupState {
+        &mut self.groups[usize::from(g.index())]
+    }
+
+    fn is_live(&self, g: Group, worker: &WorkerId, inc: &Incarnation, now: u64) -> bool {
+        self.grp(g).is_live(worker, inc, now)
+    }
+
+    /// Where group `g`'s epoch is kept: in the group (group 0's under the one-epoch mutation).
+    fn epoch_slot(&mut self, g: Group) -> &mut Option<Epoch> {
+        let g = if self.one_epoch { G0 } else { g };
+        &mut self.grp_mut(g).epoch
+    }
+
+    fn epoch_of(&self, g: Group) -> Option<&Epoch> {
+        let g = if self.one_epoch { G0 } else { g };
+        self.grp(g).epoch.as_ref()
+    }
+
+    /// The turn answer for `ticket` of `chat` (in group `g`), asked by `me` (see
+    /// `Coordinator::turn_try`).
+    #[allow(clippy::too_many_arguments)]
     fn turn_try(
         &mut self,
+        g: Group,
         chat: &str,
         ticket: u64,
         me: &Taker,
@@ -177,11 +306,11 @@ impl State {
     ) -> Turn {
         let grace = known.grace_ms();
         let abandoned_after = crate::redis::abandoned_after_ms(grace);
-        if !self.is_live(&me.0, &me.1, now) {
+        if !self.is_live(g, &me.0, &me.1, now) {
             return Turn::NotLive;
         }
-        let live = |st: &State, w: &WorkerId, i: &Incarnation| st.is_live(w, i, now);
-        let Some(q) = self.turns.get(chat) else {
+        let live = |st: &State, w: &WorkerId, i: &Incarnation| st.is_live(g, w, i, now);
+        let Some(q) = self.grp(g).turns.get(chat) else {
             // Forgotten (served to the end): nothing of it is left to wait for.
             return Turn::Passed;
         };
@@ -205,22 +334,23 @@ impl State {
         };
         // As turn.lua: nothing is granted inside a grace window after a loss (a holder from
         // before it may still be acting), and grants say when a loss was recent.
-        let after_loss = match self.epoch(now, &known.epoch(G0), grace) {
+        let after_loss = match self.epoch(g, now, &known.epoch(g), grace) {
             Some(e) if grace_rule && e.grace_left(now) > 0 => return Turn::Wait,
             Some(e) => {
                 e.lost && now < e.till.max(e.hold) + crate::redis::after_loss_settle_ms(grace)
             }
             None => false,
         };
-        if !self.turns.contains_key(chat) {
+        let gs = self.grp_mut(g);
+        if !gs.turns.contains_key(chat) {
             return Turn::Passed;
         }
         // A grant is a write of the caller's registration (as turn.lua's).
-        let seq = self.bump(&me.0, known.seq(G0));
-        known.saw_seq(G0, seq);
-        let f = (self.turn_fence + 1).max(now.saturating_mul(1000));
-        self.turn_fence = f;
-        let Some(q) = self.turns.get_mut(chat) else {
+        let seq = gs.bump(&me.0, known.seq(g));
+        known.saw_seq(g, seq);
+        let f = (gs.turn_fence + 1).max(now.saturating_mul(1000));
+        gs.turn_fence = f;
+        let Some(q) = gs.turns.get_mut(chat) else {
             return Turn::Passed;
         };
         q.fence = f;
@@ -247,10 +377,12 @@ impl State {
         }
     }
 
-    /// The epoch, created (untrusted: it follows a loss) when missing and `grace` is known.
-    fn epoch(&mut self, now: u64, known: &str, grace: u64) -> Option<&mut Epoch> {
-        if self.epoch.is_none() && grace > 0 {
-            self.epoch = Some(Epoch {
+    /// Group `g`'s epoch, created (untrusted: it follows a loss) when missing and `grace` is
+    /// known.
+    fn epoch(&mut self, g: Group, now: u64, known: &str, grace: u64) -> Option<&mut Epoch> {
+        let slot = self.epoch_slot(g);
+        if slot.is_none() && grace > 0 {
+            *slot = Some(Epoch {
                 id: nonce(),
                 born: now,
                 till: now + grace,
@@ -259,36 +391,36 @@ impl State {
                 trusted: false,
             });
         }
-        let e = self.epoch.as_mut()?;
+        let e = slot.as_mut()?;
         if !known.is_empty() && known != e.id {
             e.lost = true;
         }
         Some(e)
     }
 
-    /// Writes were lost (the hub went back in time): no bot that had an owner is granted
-    /// before `till`.
-    fn went_back(&mut self, hub: &Hub, till: u64) {
+    /// Writes were lost in group `g` (it went back in time): no bot of it that had an owner
+    /// is granted before `till`.
+    fn went_back(&mut self, g: Group, hub: &Hub, till: u64) {
         if !hub.grace_rule.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        if let Some(e) = self.epoch.as_mut() {
+        if let Some(e) = self.epoch_slot(g).as_mut() {
             e.hold = e.hold.max(till);
             e.lost = true;
             e.trusted = false;
         }
     }
 
-    /// Bumps a member's write sequence if it has every write the caller was answered
-    /// (`known`); answers the new one (0 if not: the caller's next renewal finds the loss).
-    fn bump(&mut self, w: &WorkerId, known: u64) -> u64 {
-        match self.members.get_mut(w) {
-            Some(m) if m.seq >= known => {
-                m.seq += 1;
-                m.seq
-            }
-            _ => 0,
-        }
+    /// Replaces the fleet-wide part with `with`'s (a loss or roll-back of the roster), keeping
+    /// the groups, the mutation switch, the signal subscribers and the crashed handles.
+    fn replace_fleet_wide(&mut self, with: State) {
+        *self = State {
+            groups: std::mem::take(&mut self.groups),
+            one_epoch: self.one_epoch,
+            member_signals: std::mem::take(&mut self.member_signals),
+            crashed: std::mem::take(&mut self.crashed),
+            ..with
+        };
     }
 
     fn signal_members(&mut self) {
@@ -306,6 +438,8 @@ struct Hub {
     wake: Notify,
     /// Off only in tests that prove the grace rule is needed.
     grace_rule: std::sync::atomic::AtomicBool,
+    /// Which group each bot and chat falls in.
+    ks: KeySpace,
 }
 
 /// A hub of shared coordination state; [`MemoryHub::coordinator`] makes handles on it.
@@ -330,22 +464,27 @@ impl MemoryHub {
 
     /// A hub on the given clock (e.g. a [`ManualClock`](botfleet_core::ManualClock)).
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self::build(clock, KeySpace::in_memory(1))
+    }
+
+    /// A hub on the given clock with its state split into `groups` coordination groups, as
+    /// the Redis backend splits its keys ([`KeySpace::with_groups`]: a bot or chat falls in
+    /// the same group in both).
+    ///
+    /// # Errors
+    /// [`CoordError::InvalidArgument`] for `groups` outside 1–[`MAX_GROUPS`](crate::MAX_GROUPS).
+    pub fn with_groups(clock: Arc<dyn Clock>, groups: u16) -> Result<Self> {
+        Ok(Self::build(clock, KeySpace::with_groups("memory", groups)?))
+    }
+
+    fn build(clock: Arc<dyn Clock>, ks: KeySpace) -> Self {
         Self {
             hub: Arc::new(Hub {
-                state: Mutex::new(State {
-                    epoch: Some(Epoch {
-                        id: nonce(),
-                        born: clock.now_ms(),
-                        till: 0,
-                        lost: false,
-                        hold: 0,
-                        trusted: true,
-                    }),
-                    ..State::default()
-                }),
+                state: Mutex::new(State::new(ks.groups(), clock.now_ms())),
                 clock,
                 wake: Notify::new(),
                 grace_rule: std::sync::atomic::AtomicBool::new(true),
+                ks,
             }),
         }
     }
@@ -357,7 +496,7 @@ impl MemoryHub {
             hub: self.hub.clone(),
             handle_id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             reg: Arc::new(Mutex::new(None)),
-            known: Arc::new(Knowledge::default()),
+            known: Arc::new(Knowledge::with_groups(self.hub.ks.groups())),
             lead_token: nonce(),
         }
     }
@@ -374,13 +513,30 @@ impl MemoryHub {
     /// `FLUSHALL`): the next registration starts a new epoch with a grace window.
     pub fn wipe(&self) {
         let mut st = lock(&self.hub.state);
-        let signals = std::mem::take(&mut st.member_signals);
-        let crashed = std::mem::take(&mut st.crashed);
-        *st = State {
-            member_signals: signals,
-            crashed,
+        let kept = State {
+            groups: vec![GroupState::default(); st.groups.len()],
+            one_epoch: st.one_epoch,
+            member_signals: std::mem::take(&mut st.member_signals),
+            crashed: std::mem::take(&mut st.crashed),
             ..State::default()
         };
+        *st = kept;
+    }
+
+    /// Simulates group `g` losing its data (the node that holds its keys restarted without
+    /// persistence): its workers' liveness there, its owner records, fences and turn queues,
+    /// and its epoch are gone; the other groups keep theirs. Group 0 also holds the roster,
+    /// so losing it also loses the fleet-wide state (events, commands, locks, buckets, the
+    /// journal). A group out of range is ignored.
+    pub fn wipe_group(&self, g: Group) {
+        let mut st = lock(&self.hub.state);
+        let Some(gs) = st.groups.get_mut(usize::from(g.index())) else {
+            return;
+        };
+        *gs = GroupState::default();
+        if g == G0 {
+            st.replace_fleet_wide(State::default());
+        }
     }
 
     /// A copy of the shared state now, to [`restore`](MemoryHub::restore) later.
@@ -400,9 +556,38 @@ impl MemoryHub {
             ..snapshot.0.clone()
         };
         // It can no longer vouch that its counters know every grant.
-        if let Some(e) = st.epoch.as_mut() {
+        for gs in &mut st.groups {
+            if let Some(e) = gs.epoch.as_mut() {
+                e.trusted = false;
+            }
+        }
+    }
+
+    /// Simulates group `g`'s node failing over to a replica that missed every write there
+    /// since `snapshot`: that group's part goes back to it, the others stay. Group 0 shares
+    /// its node with the roster, whose fleet-wide state goes back too. A group out of range is
+    /// ignored.
+    pub fn restore_group(&self, g: Group, snapshot: &MemorySnapshot) {
+        let mut st = lock(&self.hub.state);
+        let i = usize::from(g.index());
+        let (Some(gs), Some(then)) = (st.groups.get_mut(i), snapshot.0.groups.get(i)) else {
+            return;
+        };
+        *gs = then.clone();
+        if let Some(e) = gs.epoch.as_mut() {
             e.trusted = false;
         }
+        if g == G0 {
+            st.replace_fleet_wide(snapshot.0.clone());
+        }
+    }
+
+    /// Keeps every group's epoch in group 0, so that a group that loses its data keeps an
+    /// epoch that says nothing was lost. A mutation for the tests that prove each group
+    /// needs its own (a simulation must then find two owners); never in a real fleet.
+    #[doc(hidden)]
+    pub fn share_one_epoch_for_tests(&self) {
+        lock(&self.hub.state).one_epoch = true;
     }
 
     /// Turns off the rule that delays grants after a loss. Only for tests that prove the rule
@@ -430,7 +615,7 @@ pub struct MemorySnapshot(State);
 pub struct MemoryCoordinator {
     hub: Arc<Hub>,
     handle_id: u64,
-    reg: Arc<Mutex<Option<Taker>>>,
+    reg: Arc<Mutex<Option<Reg>>>,
     known: Arc<Knowledge>,
     lead_token: String,
 }
@@ -481,10 +666,7 @@ impl MemoryCoordinator {
     fn state(&self) -> Result<MutexGuard<'_, State>> {
         let st = lock(&self.hub.state);
         if st.crashed.contains(&self.handle_id) {
-            return Err(CoordError::Unreachable {
-                what: "memory hub (handle crashed)".into(),
-                source: None,
-            });
+            return Err(crashed());
         }
         Ok(st)
     }
@@ -500,17 +682,89 @@ impl MemoryCoordinator {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// The worker and the incarnation it registered with.
     fn me(&self) -> Result<(WorkerId, Incarnation)> {
-        Ok((*self.taker()?).clone())
+        Ok((*self.registered()?).clone())
     }
 
-    /// The registration, shared (what the turn queues keep).
-    fn taker(&self) -> Result<Taker> {
-        self.reg
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    fn reg_lock(&self) -> MutexGuard<'_, Option<Reg>> {
+        self.reg.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The worker and its incarnation in group `g`, shared (what the turn queues keep): what
+    /// a call in `g` acts for.
+    fn taker_in(&self, g: Group) -> Result<Taker> {
+        self.reg_lock()
+            .as_ref()
+            .map(|r| r.taker_in(g).clone())
             .ok_or(CoordError::NotRegistered)
+    }
+
+    /// The registration itself ([`Coordinator::registration`]).
+    fn registered(&self) -> Result<Taker> {
+        self.reg_lock()
+            .as_ref()
+            .map(|r| r.taker.clone())
+            .ok_or(CoordError::NotRegistered)
+    }
+
+    /// Renews `me` in group `g` (as renew.lua): whether its liveness there holds.
+    fn renew_in(&self, st: &mut State, g: Group, me: &Taker, held: (u32, u64)) -> Renewal {
+        let (w, inc) = &**me;
+        let now = self.now();
+        let grace = self.known.grace_ms();
+        let seq = self.known.seq(g);
+        // As renew.lua: a group that lost everything starts its new epoch at once.
+        st.epoch(g, now, &self.known.epoch(g), grace);
+        if st
+            .grp(g)
+            .members
+            .get(w)
+            .is_some_and(|m| &m.incarnation == inc && m.seq < seq)
+        {
+            // The same rule as renew.lua: lost writes mean the group went back in time.
+            st.went_back(g, &self.hub, now + grace);
+            return Renewal::Lost;
+        }
+        let known = self.known.epoch(g);
+        if st.epoch_of(g).map(|e| e.id.as_str()) != Some(known.as_str()) {
+            return Renewal::Lost;
+        }
+        match st.grp_mut(g).members.get_mut(w) {
+            Some(m) if &m.incarnation == inc && m.deadline_ms > now && m.seq >= seq => {
+                m.deadline_ms = now + m.lease_ms;
+                m.renewed_at_ms = now;
+                if g == G0 {
+                    (m.meta.bots_held, m.meta.rss_bytes) = held;
+                }
+                m.seq += 1;
+                self.known.saw_seq(g, m.seq);
+                Renewal::Renewed
+            }
+            _ => Renewal::Lost,
+        }
+    }
+
+    /// Makes `worker` a member of group `g` as `inc` (as register.lua), its epoch and first
+    /// write sequence there noted; the roster (group 0) signals the join.
+    fn join_in(
+        &self,
+        st: &mut State,
+        g: Group,
+        (worker, inc): (&WorkerId, &Incarnation),
+        meta: &WorkerMeta,
+        lease_ms: u64,
+    ) {
+        let now = self.now();
+        let epoch = st
+            .epoch(g, now, &self.known.epoch(g), self.known.grace_ms())
+            .map(|e| e.id.clone());
+        st.grp_mut(g).join(worker, inc, meta, lease_ms, now);
+        if g == G0 {
+            st.signal_members();
+        }
+        self.known.saw_epoch(g, epoch.as_deref().unwrap_or(""));
+        self.known.reset_seq(g, 1);
     }
 
     /// Waits until `f` yields something or `wait` passes; `f` runs under the state lock.
@@ -550,77 +804,107 @@ impl Coordinator for MemoryCoordinator {
         let lease_ms = check_ttl("lease", lease)?;
         self.known.saw_lease(lease_ms);
         let inc = Incarnation::from_nonce(nonce());
-        let now = self.now();
+        // Every group at once, under one lock: a worker told of the join finds the newcomer
+        // live in every group.
         let mut st = self.state()?;
-        let epoch = st
-            .epoch(now, &self.known.epoch(G0), self.known.grace_ms())
-            .map(|e| e.id.clone());
-        st.members.insert(
-            worker.clone(),
-            Member {
-                incarnation: inc.clone(),
-                meta: meta.clone(),
-                lease_ms,
-                renewed_at_ms: now,
-                deadline_ms: now + lease_ms,
-                seq: 1,
-            },
-        );
-        st.signal_members();
+        for g in self.hub.ks.all_groups() {
+            self.join_in(&mut st, g, (worker, &inc), meta, lease_ms);
+        }
         drop(st);
-        self.known.saw_epoch(G0, epoch.as_deref().unwrap_or(""));
-        self.known.reset_seq(G0, 1);
-        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(Arc::new((worker.clone(), inc.clone())));
+        *self.reg_lock() = Some(Reg {
+            taker: Arc::new((worker.clone(), inc.clone())),
+            lease_ms,
+            meta: meta.clone(),
+            rejoined: HashMap::new(),
+            out: HashSet::new(),
+        });
         Ok(inc)
     }
 
     async fn renew_with(&self, bots_held: u32, rss_bytes: u64) -> Result<Renewal> {
-        let (w, inc) = self.me()?;
-        let now = self.now();
-        let mut st = self.state()?;
-        // As renew.lua: a hub that lost everything starts its new epoch at once.
-        st.epoch(now, &self.known.epoch(G0), self.known.grace_ms());
-        if st
-            .members
-            .get(&w)
-            .is_some_and(|m| m.incarnation == inc && m.seq < self.known.seq(G0))
-        {
-            // The same rule as renew.lua: lost writes mean the hub went back in time.
-            st.went_back(&self.hub, now + self.known.grace_ms());
-            return Ok(Renewal::Lost);
-        }
-        let known = self.known.epoch(G0);
-        if st.epoch.as_ref().map(|e| e.id.as_str()) != Some(known.as_str()) {
-            return Ok(Renewal::Lost);
-        }
-        match st.members.get_mut(&w) {
-            Some(m)
-                if m.incarnation == inc && m.deadline_ms > now && m.seq >= self.known.seq(G0) =>
-            {
-                m.deadline_ms = now + m.lease_ms;
-                m.renewed_at_ms = now;
-                m.meta.bots_held = bots_held;
-                m.meta.rss_bytes = rss_bytes;
-                m.seq += 1;
-                self.known.saw_seq(G0, m.seq);
-                Ok(Renewal::Renewed)
+        crate::coordinator::whole_lease(self.renew_groups(bots_held, rss_bytes).await)
+    }
+
+    async fn renew_groups(&self, bots_held: u32, rss_bytes: u64) -> Vec<(Group, Result<Renewal>)> {
+        let groups = self.hub.ks.all_groups();
+        let Some(reg) = self.reg_lock().clone() else {
+            return groups
+                .map(|g| (g, Err(CoordError::NotRegistered)))
+                .collect();
+        };
+        let Ok(mut st) = self.state() else {
+            return groups.map(|g| (g, Err(crashed()))).collect();
+        };
+        // Every group, but a group already found lost.
+        let renewed: Vec<(Group, Result<Renewal>)> = groups
+            .map(|g| {
+                let r = if reg.out.contains(&g) {
+                    Renewal::Lost
+                } else {
+                    self.renew_in(&mut st, g, reg.taker_in(g), (bots_held, rss_bytes))
+                };
+                (g, Ok(r))
+            })
+            .collect();
+        drop(st);
+        // Out until joined again — unless this worker registered or joined the group again
+        // meanwhile (then it was the earlier incarnation's loss).
+        let mut cur = self.reg_lock();
+        if let Some(cur) = cur.as_mut().filter(|c| c.taker == reg.taker) {
+            for (g, r) in &renewed {
+                if matches!(r, Ok(Renewal::Lost)) && cur.taker_in(*g) == reg.taker_in(*g) {
+                    cur.out.insert(*g);
+                }
             }
-            _ => Ok(Renewal::Lost),
+        }
+        renewed
+    }
+
+    async fn rejoin_group(&self, g: Group) -> Result<Incarnation> {
+        if g.index() >= self.hub.ks.groups() {
+            return Err(CoordError::InvalidArgument(format!(
+                "no coordination group {g}: this coordinator has {}",
+                self.hub.ks.groups()
+            )));
+        }
+        let reg = self.reg_lock().clone().ok_or(CoordError::NotRegistered)?;
+        // A fresh incarnation: a call of the earlier one is refused there, not taken for the
+        // new one's.
+        let inc = Incarnation::from_nonce(nonce());
+        let worker = &reg.taker.0;
+        let mut st = self.state()?;
+        self.join_in(&mut st, g, (worker, &inc), &reg.meta, reg.lease_ms);
+        drop(st);
+        let mut cur = self.reg_lock();
+        match cur.as_mut().filter(|c| c.taker == reg.taker) {
+            Some(c) => {
+                c.rejoined
+                    .insert(g, Arc::new((worker.clone(), inc.clone())));
+                c.out.remove(&g);
+                Ok(inc)
+            }
+            // Registered again (or unregistered) meanwhile: that registration is the one.
+            None => Err(CoordError::NotRegistered),
         }
     }
 
     async fn unregister(&self) -> Result<()> {
-        let Ok((w, inc)) = self.me() else {
+        let Some(reg) = self.reg_lock().clone() else {
             return Ok(());
         };
         let mut st = self.state()?;
-        if st.members.get(&w).is_some_and(|m| m.incarnation == inc) {
-            st.members.remove(&w);
-            st.signal_members();
+        for g in self.hub.ks.all_groups() {
+            let (w, inc) = &**reg.taker_in(g);
+            let members = &mut st.grp_mut(g).members;
+            if members.get(w).is_some_and(|m| &m.incarnation == inc) {
+                members.remove(w);
+                if g == G0 {
+                    st.signal_members();
+                }
+            }
         }
         drop(st);
-        *self.reg.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.reg_lock() = None;
         Ok(())
     }
 
@@ -628,12 +912,17 @@ impl Coordinator for MemoryCoordinator {
         self.me().ok()
     }
 
+    fn registration_in(&self, g: Group) -> Option<(WorkerId, Incarnation)> {
+        self.taker_in(g).ok().map(|t| (*t).clone())
+    }
+
     async fn live_workers(&self) -> Result<Vec<LiveWorker>> {
         let now = self.now();
         let mut st = self.state()?;
-        // As live.lua: a hub that lost everything starts its new epoch at once.
-        st.epoch(now, &self.known.epoch(G0), self.known.grace_ms());
+        // As live.lua: a roster that lost everything starts its new epoch at once.
+        st.epoch(G0, now, &self.known.epoch(G0), self.known.grace_ms());
         let mut out: Vec<LiveWorker> = st
+            .grp(G0)
             .members
             .iter()
             .filter(|(_, m)| m.deadline_ms > now)
@@ -661,7 +950,8 @@ impl Coordinator for MemoryCoordinator {
     }
 
     async fn claim(&self, bot: &BotId, min_fence: Fence) -> Result<ClaimOutcome> {
-        let (w, inc) = self.me()?;
+        let g = self.hub.ks.group_of_bot(bot);
+        let (w, inc) = (*self.taker_in(g)?).clone();
         let now = self.now();
         let grace = self.known.grace_ms();
         let grace_rule = self
@@ -669,22 +959,23 @@ impl Coordinator for MemoryCoordinator {
             .grace_rule
             .load(std::sync::atomic::Ordering::SeqCst);
         let mut st = self.state()?;
-        if !st.is_live(&w, &inc, now) {
+        if !st.is_live(g, &w, &inc, now) {
             return Ok(ClaimOutcome::NotLive);
         }
-        let epoch = st.epoch(now, &self.known.epoch(G0), grace).cloned();
+        let epoch = st.epoch(g, now, &self.known.epoch(g), grace).cloned();
         if st
+            .grp(g)
             .members
             .get(&w)
-            .is_some_and(|m| m.seq < self.known.seq(G0))
+            .is_some_and(|m| m.seq < self.known.seq(g))
         {
             // The same rule as claim.lua: the caller's own writes were lost.
-            st.went_back(&self.hub, now + grace);
+            st.went_back(g, &self.hub, now + grace);
             return Ok(ClaimOutcome::NotLive);
         }
-        if let Some(o) = st.owners.get(bot) {
+        if let Some(o) = st.grp(g).owners.get(bot) {
             let ours = o.worker == w && o.incarnation == inc;
-            if !ours && st.is_live(&o.worker, &o.incarnation, now) {
+            if !ours && st.is_live(g, &o.worker, &o.incarnation, now) {
                 return Ok(ClaimOutcome::Held(Owner {
                     worker: o.worker.clone(),
                     incarnation: o.incarnation.clone(),
@@ -694,7 +985,7 @@ impl Coordinator for MemoryCoordinator {
                 }));
             }
         }
-        let mut counter = st.fence_counters.get(bot).copied().unwrap_or(0);
+        let mut counter = st.grp(g).fence_counters.get(bot).copied().unwrap_or(0);
         let min = min_fence.0;
         // The same rule as claim.lua: a store fence above the counter is a grant the hub
         // forgot, and its owner may still run the bot; after a loss found within the epoch, no
@@ -704,14 +995,14 @@ impl Coordinator for MemoryCoordinator {
             if min > counter {
                 if min < e.born {
                     till = e.till;
-                    if let Some(cur) = st.epoch.as_mut() {
+                    if let Some(cur) = st.epoch_slot(g).as_mut() {
                         cur.lost = true;
                     }
                 } else {
                     till = now + grace;
-                    st.fence_counters.insert(bot.clone(), min);
+                    st.grp_mut(g).fence_counters.insert(bot.clone(), min);
                     counter = min;
-                    if let Some(cur) = st.epoch.as_mut() {
+                    if let Some(cur) = st.epoch_slot(g).as_mut() {
                         cur.hold = cur.hold.max(till);
                         cur.lost = true;
                     }
@@ -725,8 +1016,9 @@ impl Coordinator for MemoryCoordinator {
             }
         }
         let fence = Fence((counter + 1).max(min + 1).max(now));
-        st.fence_counters.insert(bot.clone(), fence.0);
-        st.owners.insert(
+        let gs = st.grp_mut(g);
+        gs.fence_counters.insert(bot.clone(), fence.0);
+        gs.owners.insert(
             bot.clone(),
             OwnerRec {
                 worker: w.clone(),
@@ -735,21 +1027,25 @@ impl Coordinator for MemoryCoordinator {
                 handed_over: false,
             },
         );
-        let seq = st.bump(&w, self.known.seq(G0));
+        let seq = gs.bump(&w, self.known.seq(g));
+        // Noted under the lock: a rejoin of the group (which starts its sequence again) comes
+        // wholly before or after.
+        self.known.saw_seq(g, seq);
         drop(st);
-        self.known.saw_seq(G0, seq);
         Ok(ClaimOutcome::Granted(fence))
     }
 
     async fn release(&self, bot: &BotId, fence: Fence) -> Result<bool> {
-        let (w, _) = self.me()?;
+        let g = self.hub.ks.group_of_bot(bot);
+        let w = self.taker_in(g)?.0.clone();
         let mut st = self.state()?;
-        match st.owners.get(bot) {
+        let gs = st.grp_mut(g);
+        match gs.owners.get(bot) {
             Some(o) if o.worker == w && o.fence == fence => {
-                st.owners.remove(bot);
-                let seq = st.bump(&w, self.known.seq(G0));
+                gs.owners.remove(bot);
+                let seq = gs.bump(&w, self.known.seq(g));
+                self.known.saw_seq(g, seq);
                 drop(st);
-                self.known.saw_seq(G0, seq);
                 Ok(true)
             }
             _ => Ok(false),
@@ -757,22 +1053,26 @@ impl Coordinator for MemoryCoordinator {
     }
 
     async fn hand_over(&self, bot: &BotId, fence: Fence, to: &WorkerId) -> Result<bool> {
-        let (w, _) = self.me()?;
+        let g = self.hub.ks.group_of_bot(bot);
+        let w = self.taker_in(g)?.0.clone();
         let now = self.now();
         let mut st = self.state()?;
-        match st.owners.get(bot) {
+        let gs = st.grp_mut(g);
+        match gs.owners.get(bot) {
             Some(o) if o.worker == w && o.fence == fence && !o.handed_over => {}
             _ => return Ok(false),
         }
-        let seq = st.bump(&w, self.known.seq(G0));
-        let target = st
+        let seq = gs.bump(&w, self.known.seq(g));
+        self.known.saw_seq(g, seq);
+        // The target's liveness as the bot's group knows it.
+        let target = gs
             .members
             .get(to)
             .filter(|m| m.deadline_ms > now)
             .map(|m| m.incarnation.clone());
         match target {
             Some(target_inc) => {
-                st.owners.insert(
+                gs.owners.insert(
                     bot.clone(),
                     OwnerRec {
                         worker: to.clone(),
@@ -793,21 +1093,22 @@ impl Coordinator for MemoryCoordinator {
                 self.hub.wake.notify_waiters();
             }
             None => {
-                st.owners.remove(bot);
+                st.grp_mut(g).owners.remove(bot);
             }
         }
-        self.known.saw_seq(G0, seq);
         Ok(true)
     }
 
     async fn owner(&self, bot: &BotId) -> Result<Option<Owner>> {
+        let g = self.hub.ks.group_of_bot(bot);
         let now = self.now();
         let st = self.state()?;
-        Ok(st.owners.get(bot).map(|o| Owner {
+        let gs = st.grp(g);
+        Ok(gs.owners.get(bot).map(|o| Owner {
             worker: o.worker.clone(),
             incarnation: o.incarnation.clone(),
             fence: o.fence,
-            live: st.is_live(&o.worker, &o.incarnation, now),
+            live: gs.is_live(&o.worker, &o.incarnation, now),
             handed_over: o.handed_over,
         }))
     }
@@ -923,14 +1224,48 @@ impl Coordinator for MemoryCoordinator {
     }
 
     async fn epoch(&self) -> Result<Option<EpochInfo>> {
+        // As the Redis backend's: group 0's, in the window of the group that waits longest.
+        Ok(EpochInfo::combine(
+            self.group_epochs().await?.into_iter().map(|(_, e)| e),
+        ))
+    }
+
+    fn groups(&self) -> u16 {
+        self.hub.ks.groups()
+    }
+
+    fn all_groups(&self) -> Vec<Group> {
+        self.hub.ks.all_groups().collect()
+    }
+
+    fn group_of_bot(&self, bot: &BotId) -> Group {
+        self.hub.ks.group_of_bot(bot)
+    }
+
+    fn group_of_chat(&self, chat: &str) -> Group {
+        self.hub.ks.group_of_chat(chat)
+    }
+
+    async fn group_epochs(&self) -> Result<Vec<(Group, EpochInfo)>> {
         let now = self.now();
         let st = self.state()?;
-        Ok(st.epoch.as_ref().map(|e| EpochInfo {
-            id: e.id.clone(),
-            age: Duration::from_millis(now.saturating_sub(e.born)),
-            grace_left: Duration::from_millis(e.grace_left(now)),
-            after_loss: e.lost,
-        }))
+        Ok(self
+            .hub
+            .ks
+            .all_groups()
+            .filter_map(|g| {
+                let e = st.epoch_of(g)?;
+                Some((
+                    g,
+                    EpochInfo {
+                        id: e.id.clone(),
+                        age: Duration::from_millis(now.saturating_sub(e.born)),
+                        grace_left: Duration::from_millis(e.grace_left(now)),
+                        after_loss: e.lost,
+                    },
+                ))
+            })
+            .collect())
     }
 
     async fn try_lead(&self, name: &str, ttl: Duration) -> Result<Option<Fence>> {
@@ -991,20 +1326,22 @@ impl Coordinator for MemoryCoordinator {
 
     async fn turn_take(&self, chat: &str, entry: &str) -> Result<(u64, Turn)> {
         check_key_len("chat key", chat, 300)?;
-        let me = self.taker()?;
+        let g = self.hub.ks.group_of_chat(chat);
+        let me = self.taker_in(g)?;
         let now = self.now();
         let rule = self.grace_rule();
         let mut st = self.state()?;
-        if !st.is_live(&me.0, &me.1, now) {
+        if !st.is_live(g, &me.0, &me.1, now) {
             return Ok((0, Turn::NotLive));
         }
-        if let Some(have) = st.turns.get(chat).and_then(|q| q.by_entry(entry)) {
-            let turn = st.turn_try(chat, have, &me, now, &self.known, rule);
+        if let Some(have) = st.grp(g).turns.get(chat).and_then(|q| q.by_entry(entry)) {
+            let turn = st.turn_try(g, chat, have, &me, now, &self.known, rule);
             return Ok((have, turn));
         }
+        let gs = st.grp_mut(g);
         // Numbers start above every ticket given before: never reused for a chat.
-        let base = (st.turn_fence + 1).max(now.saturating_mul(1000));
-        let q = st.turns.entry(chat.into()).or_insert_with(|| ChatTurns {
+        let base = (gs.turn_fence + 1).max(now.saturating_mul(1000));
+        let q = gs.turns.entry(chat.into()).or_insert_with(|| ChatTurns {
             next: base,
             serving: base,
             since_ms: now,
@@ -1019,26 +1356,29 @@ impl Coordinator for MemoryCoordinator {
             taker: me.clone(),
             entry: entry.into(),
         });
-        st.turn_fence = st.turn_fence.max(ticket);
-        let turn = st.turn_try(chat, ticket, &me, now, &self.known, rule);
+        gs.turn_fence = gs.turn_fence.max(ticket);
+        let turn = st.turn_try(g, chat, ticket, &me, now, &self.known, rule);
         Ok((ticket, turn))
     }
 
     async fn turn_try(&self, chat: &str, ticket: u64) -> Result<Turn> {
         check_key_len("chat key", chat, 300)?;
-        let me = self.taker()?;
+        let g = self.hub.ks.group_of_chat(chat);
+        let me = self.taker_in(g)?;
         let now = self.now();
         let rule = self.grace_rule();
         Ok(self
             .state()?
-            .turn_try(chat, ticket, &me, now, &self.known, rule))
+            .turn_try(g, chat, ticket, &me, now, &self.known, rule))
     }
 
     async fn turn_release(&self, chat: &str, ticket: u64, fence: Fence) -> Result<bool> {
         check_key_len("chat key", chat, 300)?;
-        let me = self.taker()?;
+        let g = self.hub.ks.group_of_chat(chat);
+        let me = self.taker_in(g)?;
         let mut st = self.state()?;
-        let Some(q) = st.turns.get_mut(chat) else {
+        let gs = st.grp_mut(g);
+        let Some(q) = gs.turns.get_mut(chat) else {
             return Ok(false);
         };
         if q.holder.as_ref() != Some(&me) || q.serving != ticket || q.fence != fence.0 {
@@ -1052,13 +1392,13 @@ impl Coordinator for MemoryCoordinator {
         q.holder = None;
         let done = q.serving >= q.next;
         // A release is a write of the caller's registration (as turn.lua's).
-        let seq = st.bump(&me.0, self.known.seq(G0));
-        self.known.saw_seq(G0, seq);
+        let seq = gs.bump(&me.0, self.known.seq(g));
+        self.known.saw_seq(g, seq);
         if done {
-            st.turns.remove(chat);
+            gs.turns.remove(chat);
             return Ok(true);
         }
-        let Some(q) = st.turns.get_mut(chat) else {
+        let Some(q) = gs.turns.get(chat) else {
             return Ok(true);
         };
         let next = q.ticket(q.serving).map(|t| t.taker.0.clone());
@@ -1120,7 +1460,7 @@ fn acquire(
     let grace_rule = c.hub.grace_rule.load(std::sync::atomic::Ordering::SeqCst);
     let mut st = c.state()?;
     let epoch = st
-        .epoch(now, &c.known.epoch(G0), c.known.grace_ms())
+        .epoch(G0, now, &c.known.epoch(G0), c.known.grace_ms())
         .map(|e| (e.id.clone(), e.grace_left(now)));
     if let Some((id, _)) = &epoch {
         c.known.saw_epoch(G0, id);
@@ -1158,4 +1498,12 @@ fn acquire(
         token: token.to_owned(),
         fence,
     }))
+}
+
+/// What a crashed handle answers ([`MemoryHub::crash`]).
+fn crashed() -> CoordError {
+    CoordError::Unreachable {
+        what: "memory hub (handle crashed)".into(),
+        source: None,
+    }
 }

@@ -760,20 +760,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     async fn renew_with(&self, bots_held: u32, rss_bytes: u64) -> Result<Renewal> {
-        // One answer for the whole lease: a group where the liveness is lost loses it all, and
-        // so does one that did not answer (the lease keeper fences on time).
-        let mut failed = None;
-        for (_, r) in self.renew_groups(bots_held, rss_bytes).await {
-            match r {
-                Ok(Renewal::Renewed) => {}
-                Ok(Renewal::Lost) => return Ok(Renewal::Lost),
-                Err(e) => failed = failed.or(Some(e)),
-            }
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(Renewal::Renewed),
-        }
+        crate::coordinator::whole_lease(self.renew_groups(bots_held, rss_bytes).await)
     }
 
     async fn renew_groups(&self, bots_held: u32, rss_bytes: u64) -> Vec<(Group, Result<Renewal>)> {

@@ -109,6 +109,14 @@ mod memory {
     });
 }
 
+/// The suite on a hub with its state split into 8 coordination groups.
+mod memory_groups {
+    use super::*;
+    botfleet_testkit::coordinator_conformance!(Memory {
+        hub: MemoryHub::with_groups(Arc::new(botfleet_core::SystemClock::new()), 8).unwrap()
+    });
+}
+
 mod redis {
     use super::*;
     botfleet_testkit::coordinator_conformance!(Redis {
@@ -414,7 +422,7 @@ async fn worker_in_eight_groups(
 async fn a_group_that_lost_its_data_is_lost_alone_and_joined_again() {
     use std::time::Duration;
 
-    use botfleet_coord::{ClaimOutcome, CoordError, Group, KeySpace, Renewal};
+    use botfleet_coord::{ClaimOutcome, Renewal};
     use botfleet_core::Fence;
     use botfleet_testkit::coord_suite::bid;
 
@@ -475,28 +483,15 @@ async fn a_group_that_lost_its_data_is_lost_alone_and_joined_again() {
         a.claim(outside[1], fences[outside[1]]).await.unwrap(),
         ClaimOutcome::Granted(_)
     ));
-    let in_grace: Vec<Group> = a
-        .group_epochs()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|(_, e)| !e.grace_left.is_zero())
-        .map(|(g, _)| g)
-        .collect();
-    assert_eq!(in_grace, [lost]);
+    assert_eq!(
+        botfleet_testkit::coord_suite::groups_in_grace(&*a).await,
+        [lost]
+    );
     // A group may be joined again while its liveness there is good (its grants go).
     a.rejoin_group(ks.all_groups().last().unwrap())
         .await
         .unwrap();
-    let beyond = KeySpace::with_groups("conf", 9)
-        .unwrap()
-        .all_groups()
-        .last()
-        .unwrap();
-    assert!(matches!(
-        a.rejoin_group(beyond).await,
-        Err(CoordError::InvalidArgument(_))
-    ));
+    botfleet_testkit::coord_suite::a_group_beyond_is_refused(&*a).await;
     // Unregistering ends the liveness in every group, under each group's incarnation.
     a.unregister().await.unwrap();
     for g in ks.all_groups() {
@@ -516,7 +511,7 @@ async fn a_group_that_lost_its_data_is_lost_alone_and_joined_again() {
 async fn a_group_that_went_back_in_time_is_not_renewed_again() {
     use std::time::Duration;
 
-    use botfleet_coord::{ClaimOutcome, Renewal};
+    use botfleet_coord::ClaimOutcome;
     use botfleet_core::Fence;
     use botfleet_testkit::coord_suite::bid;
 
@@ -533,23 +528,10 @@ async fn a_group_that_went_back_in_time_is_not_renewed_again() {
         ClaimOutcome::Granted(_)
     ));
     group_back_to(&mut c, &ks.group_tag(back), &before).await;
-    let lost = |r: Vec<(botfleet_coord::Group, botfleet_coord::Result<Renewal>)>| {
-        r.into_iter()
-            .filter(|(_, r)| matches!(r, Ok(Renewal::Lost)))
-            .map(|(g, _)| g)
-            .collect::<Vec<_>>()
-    };
+    let lost = botfleet_testkit::coord_suite::lost_groups;
     assert_eq!(lost(a.renew_groups(0, 0).await), [back]);
     let found = std::time::Instant::now();
-    let left = || async {
-        a.group_epochs()
-            .await
-            .unwrap()
-            .into_iter()
-            .find(|(g, _)| *g == back)
-            .map(|(_, e)| e.grace_left)
-            .unwrap()
-    };
+    let left = || botfleet_testkit::coord_suite::grace_left_in(&*a, back);
     assert!(left().await > Duration::ZERO, "the group holds its bots");
     // Time passes; the group is answered lost again without a call, so its hold is not
     // pushed: it ends a grace after it was first found.

@@ -4,8 +4,8 @@
 use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
 
 use botfleet_coord::{
-    ClaimOutcome, Coordinator, LeaseKeeper, LeaseLost, LifecycleEvent, MemberEvent, MemberWatch,
-    Permit, RateLimit, Renewal, Turn, WorkerCommand, WorkerMeta,
+    ClaimOutcome, Coordinator, Group, LeaseKeeper, LeaseLost, LifecycleEvent, MemberEvent,
+    MemberWatch, Permit, RateLimit, Renewal, Turn, WorkerCommand, WorkerMeta,
 };
 use botfleet_core::{BotId, Fence, SystemClock, WorkerId};
 use botfleet_store::{MemoryStore, Store, StoreError};
@@ -62,6 +62,51 @@ async fn worker<F: CoordFixture>(f: &F, name: &str, lease: Duration) -> Arc<dyn 
         .await
         .expect("register");
     h
+}
+
+/// The groups a renewal of every group ([`Coordinator::renew_groups`]) answered lost.
+pub fn lost_groups(renewed: Vec<(Group, botfleet_coord::Result<Renewal>)>) -> Vec<Group> {
+    renewed
+        .into_iter()
+        .filter(|(_, r)| matches!(r, Ok(Renewal::Lost)))
+        .map(|(g, _)| g)
+        .collect()
+}
+
+/// The groups inside a grace window now ([`Coordinator::group_epochs`]), in order.
+pub async fn groups_in_grace(c: &dyn Coordinator) -> Vec<Group> {
+    c.group_epochs()
+        .await
+        .expect("group epochs")
+        .into_iter()
+        .filter(|(_, e)| !e.grace_left.is_zero())
+        .map(|(g, _)| g)
+        .collect()
+}
+
+/// How much of group `g`'s grace window is left (zero outside one; the group must have an
+/// epoch).
+pub async fn grace_left_in(c: &dyn Coordinator, g: Group) -> Duration {
+    c.group_epochs()
+        .await
+        .expect("group epochs")
+        .into_iter()
+        .find(|(k, _)| *k == g)
+        .map(|(_, e)| e.grace_left)
+        .expect("the group has an epoch")
+}
+
+/// Asserts that `c` refuses to join again a group it does not have (the one past its last).
+pub async fn a_group_beyond_is_refused(c: &dyn Coordinator) {
+    let beyond = botfleet_coord::KeySpace::with_groups("x", c.groups() + 1)
+        .expect("a key space")
+        .all_groups()
+        .last()
+        .expect("a group");
+    assert!(matches!(
+        c.rejoin_group(beyond).await,
+        Err(botfleet_coord::CoordError::InvalidArgument(_))
+    ));
 }
 
 fn grace(o: ClaimOutcome) -> Duration {
