@@ -144,8 +144,10 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug {
 
     /// Hands `bot` (held under `fence`) to `to` and sends `to` a
     /// [`WorkerCommand::Take`]: while `to` is live, nobody else may claim the bot; `to` claims
-    /// it with a new fence. If `to` is not live the bot is simply released. Answers whether
-    /// this worker held the bot under `fence`.
+    /// it with a new fence. If `to` is not live the bot is simply released. A hand-over `to`
+    /// has not taken within a grace (the longest lease) lapses: the bot goes to whoever claims
+    /// it then (`to` may have let the Take go). Answers whether this worker held the bot under
+    /// `fence`.
     ///
     /// # Errors
     /// Backend failures; `NotRegistered` before `register`.

@@ -88,6 +88,16 @@ struct OwnerRec {
     incarnation: Incarnation,
     fence: Fence,
     handed_over: bool,
+    /// When it was handed over (ms; 0 if it was not).
+    handed_at: u64,
+}
+
+impl OwnerRec {
+    /// As claim.lua: a hand-over its target has not taken within `grace` (the longest lease)
+    /// lapses, and the bot is nobody's.
+    fn lapsed(&self, now: u64, grace: u64) -> bool {
+        self.handed_over && now >= self.handed_at + grace
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -975,7 +985,7 @@ impl Coordinator for MemoryCoordinator {
         }
         if let Some(o) = st.grp(g).owners.get(bot) {
             let ours = o.worker == w && o.incarnation == inc;
-            if !ours && st.is_live(g, &o.worker, &o.incarnation, now) {
+            if !ours && !o.lapsed(now, grace) && st.is_live(g, &o.worker, &o.incarnation, now) {
                 return Ok(ClaimOutcome::Held(Owner {
                     worker: o.worker.clone(),
                     incarnation: o.incarnation.clone(),
@@ -1025,6 +1035,7 @@ impl Coordinator for MemoryCoordinator {
                 incarnation: inc,
                 fence,
                 handed_over: false,
+                handed_at: 0,
             },
         );
         let seq = gs.bump(&w, self.known.seq(g));
@@ -1079,6 +1090,7 @@ impl Coordinator for MemoryCoordinator {
                         incarnation: target_inc,
                         fence,
                         handed_over: true,
+                        handed_at: now,
                     },
                 );
                 let q = st.commands.entry(to.clone()).or_default();
@@ -1102,13 +1114,14 @@ impl Coordinator for MemoryCoordinator {
     async fn owner(&self, bot: &BotId) -> Result<Option<Owner>> {
         let g = self.hub.ks.group_of_bot(bot);
         let now = self.now();
+        let grace = self.known.grace_ms();
         let st = self.state()?;
         let gs = st.grp(g);
         Ok(gs.owners.get(bot).map(|o| Owner {
             worker: o.worker.clone(),
             incarnation: o.incarnation.clone(),
             fence: o.fence,
-            live: gs.is_live(&o.worker, &o.incarnation, now),
+            live: gs.is_live(&o.worker, &o.incarnation, now) && !o.lapsed(now, grace),
             handed_over: o.handed_over,
         }))
     }

@@ -1075,7 +1075,8 @@ impl Coordinator for RedisCoordinator {
         let mut inv = SCRIPTS.owner.prepare_invoke();
         inv.key(self.ks.workers_in(g))
             .key(self.ks.deadlines_in(g))
-            .key(self.ks.owner(bot));
+            .key(self.ks.owner(bot))
+            .arg(self.known.grace_ms());
         let r: Vec<String> = self.run("owner", inv).await?;
         if r.is_empty() {
             return Ok(None);

@@ -64,8 +64,9 @@ pub struct Owner {
     pub incarnation: Incarnation,
     /// The fence of the grant.
     pub fence: Fence,
-    /// Whether the holder's liveness still carries that incarnation. A record whose holder is
-    /// not live is free to claim.
+    /// Whether the holder's liveness still carries that incarnation (and, handed over, the
+    /// hand-over has not lapsed: see [`Coordinator::hand_over`](crate::Coordinator::hand_over)).
+    /// A record whose holder is not live is free to claim.
     pub live: bool,
     /// The bot was handed over to `worker`, which has not claimed it yet.
     pub handed_over: bool,

@@ -360,6 +360,35 @@ pub async fn hand_over_reserves_for_the_target<F: CoordFixture>(f: &F) {
     assert!(!b.owner(&bot).await.unwrap().unwrap().handed_over);
 }
 
+/// A hand-over its target does not take within a lease lapses: the bot then goes to whoever
+/// claims it (the target may have let the Take go: the bot was no longer its own by its view
+/// and its claim could not be granted then), and the target, asking late, finds it held.
+pub async fn an_untaken_hand_over_lapses_after_a_lease<F: CoordFixture>(f: &F) {
+    let a = worker(f, "w-a", LEASE).await;
+    let b = worker(f, "w-b", LEASE).await;
+    let c = worker(f, "w-c", LEASE).await;
+    let bot = bid("bot-1");
+    let f1 = granted(a.claim(&bot, Fence::ZERO).await.unwrap());
+    assert!(a.hand_over(&bot, f1, &wid("w-b")).await.unwrap());
+    assert!(matches!(
+        c.claim(&bot, f1).await.unwrap(),
+        ClaimOutcome::Held(o) if o.worker == wid("w-b") && o.handed_over
+    ));
+    assert!(c.owner(&bot).await.unwrap().unwrap().live);
+    outlive_lease(&[&b, &c]).await;
+    let o = c.owner(&bot).await.unwrap().unwrap();
+    assert!(
+        o.handed_over && !o.live,
+        "a lapsed hand-over is nobody's: {o:?}"
+    );
+    let f2 = granted(c.claim(&bot, f1).await.unwrap());
+    assert!(f2 > f1);
+    assert!(matches!(
+        b.claim(&bot, f1).await.unwrap(),
+        ClaimOutcome::Held(o) if o.worker == wid("w-c") && !o.handed_over
+    ));
+}
+
 /// Handing over to a worker that is not live just releases the bot.
 pub async fn hand_over_to_a_dead_worker_releases<F: CoordFixture>(f: &F) {
     let a = worker(f, "w-a", Duration::from_secs(30)).await;
@@ -1514,6 +1543,7 @@ macro_rules! coordinator_conformance {
             fences_never_go_back,
             hand_over_reserves_for_the_target,
             hand_over_to_a_dead_worker_releases,
+            an_untaken_hand_over_lapses_after_a_lease,
             unregistered_handles_cannot_claim,
             events_are_ordered_and_not_replayed,
             commands_reach_one_worker,

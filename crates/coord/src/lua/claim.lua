@@ -3,7 +3,7 @@
 -- KEYS[1] workers   hash  worker -> incarnation
 -- KEYS[2] deadlines zset  worker -> liveness deadline (server ms)
 -- KEYS[3] owner     hash  of the bot: w, inc, fence, ho (1 = handed over to w, not yet
---                   claimed)
+--                   claimed), at (when it was handed over, server ms)
 -- KEYS[4] fence     counter of the bot; never decreases, survives release
 -- KEYS[5] epoch     hash (see epoch.lua)
 -- KEYS[6] seqs      hash  worker -> write sequence of its registration
@@ -38,10 +38,15 @@ if tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '0') < tonumber(ARGV[7]) the
   end
   return { 'notlive' }
 end
-local o = redis.call('HMGET', KEYS[3], 'w', 'inc', 'fence', 'ho')
+local o = redis.call('HMGET', KEYS[3], 'w', 'inc', 'fence', 'ho', 'at')
 if o[1] then
   local ours = (o[1] == ARGV[1] and o[2] == ARGV[2])
-  if not ours and live(o[1], o[2]) then
+  -- A hand-over its target has not taken within a grace (the longest lease) lapses: the
+  -- target may have let the Take go (the bot was no longer its own by its view, and its
+  -- claim could not be granted then), and the bot goes to whoever claims it. The old owner
+  -- stopped it before handing it over.
+  local lapsed = o[4] == '1' and now >= tonumber(o[5] or '0') + grace
+  if not ours and not lapsed and live(o[1], o[2]) then
     return { 'held', o[1], o[2], o[3], o[4] or '0' }
   end
 end

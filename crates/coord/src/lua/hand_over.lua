@@ -1,5 +1,6 @@
--- Hands a bot to another worker: the owner record names the target (flagged as handed over),
--- so nobody else can claim it while the target is live, and the target is told to take it —
+-- Hands a bot to another worker: the owner record names the target (flagged as handed over,
+-- with the time), so nobody else can claim it while the target is live (for a grace at most:
+-- see claim.lua), and the target is told to take it —
 -- here when its command list is given (it shares the bot's hash tag: one group), else by the
 -- caller right after.
 -- If the target is not live, the bot is simply released.
@@ -29,7 +30,7 @@ if not target_inc or deadline <= now then
   redis.call('DEL', KEYS[3])
   return { 2, seq }
 end
-redis.call('HSET', KEYS[3], 'w', ARGV[3], 'inc', target_inc, 'ho', '1')
+redis.call('HSET', KEYS[3], 'w', ARGV[3], 'inc', target_inc, 'ho', '1', 'at', string.format('%d', now))
 if KEYS[5] then
   redis.call('RPUSH', KEYS[5], ARGV[5])
   redis.call('PEXPIRE', KEYS[5], ARGV[6])
