@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod cluster;
 pub mod connector_suite;
 pub mod coord_suite;
 mod hooks;
@@ -29,6 +30,7 @@ pub use botfleet_telegram::fake::{
 pub use botfleet_whatsapp::fake::{
     FakeGraph, FakeGraphState, SendFault as WhatsappSendFault, Sent as WhatsappSent,
 };
+pub use cluster::{ClusterNode, RedisCluster};
 pub use connector_suite::{PlatformFixture, Shown};
 pub use coord_suite::CoordFixture;
 pub use hooks::{serve_bytes, RecordingHandler, RoundRobinProxy, ScriptedHandler, StateHandler};
