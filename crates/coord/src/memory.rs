@@ -292,13 +292,21 @@ impl State {
 
     /// Where group `g`'s epoch is kept: in the group (group 0's under the one-epoch mutation).
     fn epoch_slot(&mut self, g: Group) -> &mut Option<Epoch> {
-        let g = if self.one_epoch { G0 } else { g };
+        let g = self.epoch_group(g);
         &mut self.grp_mut(g).epoch
     }
 
     fn epoch_of(&self, g: Group) -> Option<&Epoch> {
-        let g = if self.one_epoch { G0 } else { g };
-        self.grp(g).epoch.as_ref()
+        self.grp(self.epoch_group(g)).epoch.as_ref()
+    }
+
+    /// The group whose part keeps group `g`'s epoch.
+    fn epoch_group(&self, g: Group) -> Group {
+        if self.one_epoch {
+            G0
+        } else {
+            g
+        }
     }
 
     /// The turn answer for `ticket` of `chat` (in group `g`), asked by `me` (see

@@ -34,6 +34,8 @@ pub struct ClusterNode {
     pub replica_of: Option<String>,
     /// Flagged failed (`fail`) by the cluster.
     pub failed: bool,
+    /// The slot ranges it serves (a primary's), each `start..=end`.
+    pub slots: Vec<(u16, u16)>,
 }
 
 impl RedisCluster {
@@ -186,27 +188,12 @@ impl RedisCluster {
 
     /// The port of the primary serving `slot` now, if one does.
     pub fn primary_of_slot(&self, slot: u16) -> Option<u16> {
-        let port = self.nodes.first().map(RedisServer::port)?;
-        // `CLUSTER NODES` lists each primary's slot ranges after its eight fields.
-        let nodes = self.cli(port, &["CLUSTER", "NODES"]);
-        nodes.lines().find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let flags = f.get(2)?;
-            if !flags.contains("master") || flags.contains("fail") {
-                return None;
-            }
-            let serves = f.iter().skip(8).any(|r| {
-                let (a, b) = r.split_once('-').unwrap_or((r, r));
-                matches!(
-                    (a.parse::<u16>(), b.parse::<u16>()),
-                    (Ok(a), Ok(b)) if (a..=b).contains(&slot)
-                )
-            });
-            if !serves {
-                return None;
-            }
-            port_of(f.get(1)?)
-        })
+        self.nodes()
+            .into_iter()
+            .find(|n| {
+                n.primary && !n.failed && n.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
+            })
+            .map(|n| n.port)
     }
 }
 
@@ -215,7 +202,8 @@ fn port_of(addr: &str) -> Option<u16> {
     addr.split('@').next()?.rsplit(':').next()?.parse().ok()
 }
 
-/// One `CLUSTER NODES` line: `id addr flags primary-id ping pong epoch link slots...`.
+/// One `CLUSTER NODES` line: `id addr flags primary-id ping pong epoch link slots...` (a slot
+/// range `a-b` or a single slot; slots being moved, `[…]`, are skipped).
 fn parse_node(line: &str) -> Option<ClusterNode> {
     let f: Vec<&str> = line.split_whitespace().collect();
     let flags = *f.get(2)?;
@@ -225,5 +213,13 @@ fn parse_node(line: &str) -> Option<ClusterNode> {
         primary: flags.split(',').any(|x| x == "master"),
         replica_of: f.get(3).filter(|p| **p != "-").map(|p| (*p).to_owned()),
         failed: flags.split(',').any(|x| x == "fail"),
+        slots: f
+            .iter()
+            .skip(8)
+            .filter_map(|r| {
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                Some((a.parse().ok()?, b.parse().ok()?))
+            })
+            .collect(),
     })
 }
